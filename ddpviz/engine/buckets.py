@@ -1,0 +1,351 @@
+"""Bucket assignment by size: walk-through step 4, exactly as torch 2.13's C++ does it.
+
+Owns `compute_bucket_assignment_by_size` (a Python twin of
+`torch.distributed._compute_bucket_assignment_by_size`, which is only the tests' oracle) and
+`replay_bucket_assignment`, which returns the same result together with every decision taken on
+the way, so that a notebook can show *why* a parameter landed in its bucket.
+
+See [Note: partly filled buckets] for the one non-obvious part.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+# [Note: partly filled buckets]
+# torch keeps one accumulating bucket per (dtype, device) key in a std::unordered_map and, after
+# the walk, emits the partly filled ones in that map's iteration order. Only when no
+# tensor_indices are given is the result then sorted by smallest index; on the rebuild path
+# (tensor_indices given) the hash-table order is what DDP uses. libstdc++ keeps all nodes in one
+# singly linked list: a key whose hash bucket is empty goes to the front of the list, otherwise
+# it goes in front of the first node of its hash bucket; a rehash re-inserts every node, in list
+# order, by the same rule. Bucket counts grow 1 -> 13 -> 29 -> 59 ... (measured with g++ 12).
+# The key hash is c10::hash_combine(std::hash<Device>, ScalarType), with
+# std::hash<Device> = (device_type << 16) | uint8(device_index).
+
+_MASK64 = (1 << 64) - 1
+
+# (size at which the table grows, new bucket count): libstdc++'s _Prime_rehash_policy with
+# max_load_factor 1.0, read off std::unordered_map growth.
+_LIBSTDCXX_GROWTH: tuple[tuple[int, int], ...] = (
+    (1, 13), (14, 29), (30, 59), (60, 127), (128, 257), (258, 541), (542, 1109), (1110, 2357),
+    (2358, 5087), (5088, 10273), (10274, 20753), (20754, 42043), (42044, 85229),
+)
+
+# c10::ScalarType enum values (torch/headeronly/core/ScalarType.h).
+_SCALAR_TYPE_NAMES = (
+    "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex32",
+    "complex64", "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16", "quint4x2",
+    "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float8_e5m2",
+    "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "uint16", "uint32", "uint64",
+    "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7",
+    "int1", "int2", "int3", "int4", "int5", "int6", "int7", "float8_e8m0fnu", "float4_e2m1fn_x2",
+)
+SCALAR_TYPE: dict[torch.dtype, int] = {
+    getattr(torch, name): i for i, name in enumerate(_SCALAR_TYPE_NAMES) if hasattr(torch, name)
+}
+
+# c10::DeviceType enum values (torch/headeronly/core/DeviceType.h).
+DEVICE_TYPE: dict[str, int] = {
+    name: i
+    for i, name in enumerate(
+        ("cpu", "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip", "fpga", "maia", "xla",
+         "vulkan", "metal", "xpu", "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia",
+         "privateuseone")
+    )
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor described by what bucketing needs: enough to plan for a model that exists only as
+    shapes (meta device, or a description from another machine)."""
+
+    numel: int
+    element_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> TensorSpec:
+        return TensorSpec(tensor.numel(), tensor.element_size(), tensor.dtype, tensor.device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+class CloseReason(enum.Enum):
+    """Why a bucket was emitted."""
+
+    SPARSE = "sparse"  # a sparse-gradient tensor always gets a bucket of its own (limit 0)
+    LIMIT_REACHED = "limit reached"  # the bucket's bytes reached its key's current limit
+    LEFTOVER = "leftover"  # still partly filled when the walk ended
+
+
+class AssignStep(NamedTuple):
+    """One tensor's trip through the assignment, in input order."""
+
+    position: int  # position in the input list
+    tensor_index: int  # the index reported in buckets (tensor_indices[position] or position)
+    key: tuple[str, str]  # (dtype, device) the tensor is bucketed by; ("sparse", device) if sparse
+    nbytes: int  # numel * element_size
+    bucket_bytes: int  # bytes in its bucket after adding it
+    limit: int  # the limit in force for its key when it was added (0 for sparse)
+    limit_position: int  # which entry of bucket_size_limits that was (-1 for sparse)
+    closed: CloseReason | None  # set when this tensor closed (emitted) its bucket
+
+
+class EmittedBucket(NamedTuple):
+    """A bucket as it left the walk, before any sorting."""
+
+    indices: tuple[int, ...]  # tensor indices, in the order they joined
+    limit: int  # the size limit recorded for it (0 for sparse)
+    reason: CloseReason
+
+
+class BucketAssignment(NamedTuple):
+    """Result of `replay_bucket_assignment`: torch's answer plus how it was reached."""
+
+    bucket_indices: list[list[int]]  # torch's first return value
+    per_bucket_size_limits: list[int]  # torch's second return value
+    steps: list[AssignStep]  # one per input tensor, in input order
+    emitted: list[EmittedBucket]  # in emission order (closed buckets, then leftovers)
+    sorted_by_min_index: bool  # True when no tensor_indices were given (result then sorted)
+
+
+def _as_spec(t: Any, position: int) -> TensorSpec:
+    if isinstance(t, TensorSpec):
+        return t
+    if isinstance(t, torch.Tensor):
+        if t.is_sparse or t.layout != torch.strided:
+            raise ValueError(
+                f"ddpviz: tensor {position} has layout {t.layout}; bucket assignment has no "
+                "support for sparse tensors (torch: 'No support for sparse tensors.'). Pass the "
+                "dense parameter and mark it in expect_sparse_gradient instead."
+            )
+        return TensorSpec.of(t)
+    raise TypeError(
+        f"ddpviz: tensor {position} is a {type(t).__name__}; expected a torch.Tensor or a "
+        "ddpviz TensorSpec(numel, element_size, dtype, device)."
+    )
+
+
+def key_hash(dtype: torch.dtype, device: torch.device) -> int:
+    """c10::hash<BucketKey>: hash_combine(std::hash<Device>, ScalarType), in 64-bit arithmetic."""
+    try:
+        scalar_type = SCALAR_TYPE[dtype]
+        device_type = DEVICE_TYPE[device.type]
+    except KeyError as e:
+        raise ValueError(f"ddpviz: no c10 enum value known for {e.args[0]!r}") from None
+    index = device.index if device.index is not None else -1
+    seed = (device_type << 16) | (index & 0xFF)
+    return (seed ^ ((scalar_type + 0x9E3779B9 + (seed << 6) + (seed >> 2)) & _MASK64)) & _MASK64
+
+
+class _UnorderedMapOrder:
+    """The iteration order of libstdc++'s std::unordered_map with unique keys, insertions only.
+
+    See [Note: partly filled buckets]."""
+
+    def __init__(self) -> None:
+        self.keys: list[Any] = []
+        self._hash: dict[Any, int] = {}
+        self._n_buckets = 1
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._hash
+
+    def _place(self, key: Any) -> None:
+        b = self._hash[key] % self._n_buckets
+        for pos, other in enumerate(self.keys):
+            if self._hash[other] % self._n_buckets == b:
+                self.keys.insert(pos, key)
+                return
+        self.keys.insert(0, key)
+
+    def insert(self, key: Any, hash_code: int) -> None:
+        self._hash[key] = hash_code
+        size = len(self.keys) + 1
+        for at_size, n_buckets in _LIBSTDCXX_GROWTH:
+            if at_size == size:
+                old, self.keys, self._n_buckets = self.keys, [], n_buckets
+                for k in old:
+                    self._place(k)
+                break
+        self._place(key)
+
+
+def replay_bucket_assignment(
+    tensors: Sequence[torch.Tensor | TensorSpec],
+    bucket_size_limits: Sequence[int],
+    expect_sparse_gradient: Sequence[bool] = (),
+    tensor_indices: Sequence[int] = (),
+) -> BucketAssignment:
+    """Assign tensors to buckets exactly as torch 2.13 does, recording every decision.
+
+    Args:
+        tensors: parameters (or `TensorSpec`s) in the order to walk them.
+        bucket_size_limits: byte limits; each (dtype, device) key walks this list on its own and
+            the last entry repeats.
+        expect_sparse_gradient: empty, or one flag per tensor, indexed by tensor index.
+        tensor_indices: empty, or the index to report for each tensor (the rebuild path, where
+            tensors come in gradient-ready order); then the result is not sorted.
+
+    Returns:
+        A `BucketAssignment`; its first two fields equal torch's return value.
+    """
+    specs = [_as_spec(t, i) for i, t in enumerate(tensors)]
+    limits = [int(x) for x in bucket_size_limits]
+    flags = [bool(f) for f in expect_sparse_gradient]
+    indices = [int(i) for i in tensor_indices]
+    _check_inputs(len(specs), limits, flags, indices)
+
+    steps: list[AssignStep] = []
+    emitted: list[EmittedBucket] = []
+    order = _UnorderedMapOrder()
+    open_indices: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    open_bytes: dict[tuple[torch.dtype, torch.device], int] = {}
+    open_limit: dict[tuple[torch.dtype, torch.device], int] = {}
+    limit_pos: dict[tuple[torch.dtype, torch.device], int] = {}
+
+    for position, spec in enumerate(specs):
+        index = indices[position] if indices else position
+        device = torch.device(spec.device)
+        if flags and flags[index]:
+            emitted.append(EmittedBucket((index,), 0, CloseReason.SPARSE))
+            steps.append(AssignStep(position, index, ("sparse", str(device)), spec.nbytes,
+                                    spec.nbytes, 0, -1, CloseReason.SPARSE))
+            continue
+        key = (spec.dtype, device)
+        if key not in order:
+            order.insert(key, key_hash(spec.dtype, device))
+            open_indices[key], open_bytes[key], limit_pos[key] = [], 0, 0
+        open_indices[key].append(index)
+        open_bytes[key] += spec.nbytes
+        pos = limit_pos[key]
+        open_limit[key] = limits[pos]
+        closed = None
+        bucket_bytes = open_bytes[key]
+        if open_bytes[key] >= limits[pos]:
+            closed = CloseReason.LIMIT_REACHED
+            emitted.append(EmittedBucket(tuple(open_indices[key]), limits[pos], closed))
+            open_indices[key], open_bytes[key] = [], 0
+            limit_pos[key] = min(pos + 1, len(limits) - 1)
+        steps.append(AssignStep(position, index, (_dtype_name(spec.dtype), str(device)),
+                                spec.nbytes, bucket_bytes, limits[pos], pos, closed))
+
+    for key in order.keys:
+        if open_indices[key]:
+            emitted.append(EmittedBucket(tuple(open_indices[key]), open_limit[key],
+                                         CloseReason.LEFTOVER))
+
+    result = list(emitted)
+    if not indices:
+        result.sort(key=lambda b: min(b.indices))
+    return BucketAssignment(
+        bucket_indices=[list(b.indices) for b in result],
+        per_bucket_size_limits=[b.limit for b in result],
+        steps=steps,
+        emitted=emitted,
+        sorted_by_min_index=not indices,
+    )
+
+
+def compute_bucket_assignment_by_size(
+    tensors: Sequence[torch.Tensor | TensorSpec],
+    bucket_size_limits: Sequence[int],
+    expect_sparse_gradient: Sequence[bool] = (),
+    tensor_indices: Sequence[int] = (),
+) -> tuple[list[list[int]], list[int]]:
+    """Python twin of `torch.distributed._compute_bucket_assignment_by_size` (torch 2.13).
+
+    Returns `(bucket_indices, per_bucket_size_limits)`, identical to torch's for every input torch
+    accepts; where torch asserts or crashes, raises `ValueError` naming the problem. Tensors may be
+    real tensors (any device, meta included) or `TensorSpec`s. See `replay_bucket_assignment`
+    for the arguments and for a step-by-step account.
+    """
+    a = replay_bucket_assignment(tensors, bucket_size_limits, expect_sparse_gradient,
+                                 tensor_indices)
+    return a.bucket_indices, a.per_bucket_size_limits
+
+
+def _check_inputs(n: int, limits: list[int], flags: list[bool], indices: list[int]) -> None:
+    if n == 0:
+        raise ValueError("ddpviz: no tensors to assign to buckets; pass at least one tensor "
+                         "(torch hits an internal assert here).")
+    if not limits:
+        raise ValueError("ddpviz: bucket_size_limits is empty; pass at least one byte limit, "
+                         "e.g. [25 * 1024 * 1024] (torch crashes here).")
+    bad = [x for x in limits if x < 0 or x > _MASK64]
+    if bad:
+        raise ValueError(f"ddpviz: bucket size limits must be in [0, 2**64); got {bad[0]}.")
+    if indices and len(indices) != n:
+        raise ValueError(f"ddpviz: tensor_indices has {len(indices)} entries for {n} tensors; "
+                         "give one index per tensor or none.")
+    if flags and len(flags) != n:
+        raise ValueError(f"ddpviz: expect_sparse_gradient has {len(flags)} flags for {n} "
+                         "tensors; give one flag per tensor or none (torch hits an internal "
+                         "assert here).")
+    if flags and indices:
+        out = [i for i in indices if not 0 <= i < n]
+        if out:
+            raise ValueError(f"ddpviz: tensor index {out[0]} is out of range for {n} sparse "
+                             "flags; indices must lie in [0, len(tensors)).")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def bucket_keys(specs: Iterable[TensorSpec]) -> list[tuple[torch.dtype, torch.device]]:
+    """Distinct (dtype, device) keys in first-seen order (each key walks the limits on its own)."""
+    seen: dict[tuple[torch.dtype, torch.device], None] = {}
+    for s in specs:
+        seen.setdefault((s.dtype, torch.device(s.device)), None)
+    return list(seen)
+
+
+def initial_buckets(
+    tensors: Sequence[torch.Tensor | TensorSpec],
+    limits: Sequence[int],
+    expect_sparse_gradient: Sequence[bool] = (),
+) -> tuple[BucketAssignment, list[list[int]], list[int]]:
+    """The constructor's map in reduction order: torch reverses the assignment because gradients
+    become ready roughly in reverse registration order. Returns (replay, buckets, limits)."""
+    a = replay_bucket_assignment(tensors, limits, expect_sparse_gradient)
+    return a, a.bucket_indices[::-1], a.per_bucket_size_limits[::-1]
+
+
+def rebuilt_buckets(
+    tensors: Sequence[torch.Tensor | TensorSpec],
+    grad_ready_order: Sequence[int],
+    limits: Sequence[int],
+    expect_sparse_gradient: Sequence[bool] = (),
+    set_last_bucket_cap: bool = False,
+) -> tuple[BucketAssignment, list[list[int]], list[int]]:
+    """The rebuild's map: tensors walked in gradient-ready order with their indices given (so the
+    result is not sorted). With DDP_SET_LAST_BUCKET_CAP=1 the walk runs on the reversed order and
+    the result is reversed back, putting the small bucket last. Returns (replay, buckets, limits).
+    """
+    order = list(grad_ready_order)
+    if sorted(order) != list(range(len(tensors))):
+        raise ValueError(
+            f"ddpviz: the gradient-ready order must name each of the {len(tensors)} parameters "
+            f"exactly once; got {len(order)} entries"
+            + (f", missing {sorted(set(range(len(tensors))) - set(order))[:10]}" if
+               len(set(order)) < len(tensors) else "") + "."
+        )
+    if set_last_bucket_cap:
+        order.reverse()
+    a = replay_bucket_assignment([tensors[i] for i in order], limits, expect_sparse_gradient,
+                                 order)
+    buckets, caps = a.bucket_indices, a.per_bucket_size_limits
+    if set_last_bucket_cap:
+        buckets, caps = buckets[::-1], caps[::-1]
+    return a, buckets, caps

@@ -1,0 +1,212 @@
+"""The one event vocabulary of ddpviz: every fact the engine can report, typed and frozen.
+
+Events are msgspec Structs tagged with their class name, so the wire codec can encode and
+validate them without knowing each one. Every event carries the rank that saw it, the DDP
+iteration (`step`, -1 during construction), a monotonic time in ns and a per-rank sequence
+number. Fields are plain values only (ints, floats, strings, tuples), never tensors.
+Names are past-tense facts, in the order of DDP's life (see ddp-facts.md's walk-through).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Protocol, TypeVar
+
+import msgspec
+
+_now = time.monotonic_ns
+
+SCHEMA_VERSION = 1
+
+
+class Event(msgspec.Struct, frozen=True, tag=True):
+    """Base of every event; never emitted itself."""
+
+    rank: int
+    step: int  # DDP iteration; -1 while the constructor runs
+    t_ns: int  # time.monotonic_ns() on the emitting rank
+    seq: int  # per-rank sequence number, from 0, no gaps
+
+
+# --- step 1: parameters -----------------------------------------------------------------------
+
+
+class ParamInfo(msgspec.Struct, frozen=True):
+    """A parameter as DDP sees it (index = position in the reducer's parameter list)."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    sparse_grad: bool
+
+
+class ParamsBuilt(Event, frozen=True):
+    params: tuple[ParamInfo, ...]
+    buffers: tuple[str, ...]  # dotted names of the buffers synced from rank 0
+    ignored: tuple[str, ...]  # names in _ddp_params_and_buffers_to_ignore that matched
+
+
+# --- step 2: verification ---------------------------------------------------------------------
+
+
+class Mismatch(msgspec.Struct, frozen=True):
+    """One field of one parameter (or buffer) that differs across ranks."""
+
+    kind: str  # "param" | "buffer" | "count"
+    index: int  # position in the rank-0 list (-1 for counts)
+    name: str
+    field: str  # "name" | "shape" | "stride" | "dtype" | "device" | "requires_grad" | "count" ...
+    values: tuple[tuple[str, tuple[int, ...]], ...]  # (value, ranks holding it), most common first
+
+
+class VerificationStarted(Event, frozen=True):
+    world_size: int
+    n_params: int
+    n_buffers: int
+
+
+class VerificationPassed(Event, frozen=True):
+    world_size: int
+    digest: str
+
+
+class VerificationFailed(Event, frozen=True):
+    world_size: int
+    mismatches: tuple[Mismatch, ...]
+
+
+# --- step 3: state broadcast ------------------------------------------------------------------
+
+
+class BroadcastStarted(Event, frozen=True):
+    src: int
+    n_tensors: int
+    total_bytes: int
+    n_chunks: int
+
+
+class BroadcastChunkSent(Event, frozen=True):
+    """A coalesced chunk's broadcast was launched (at most 2 are in flight)."""
+
+    chunk: int
+    dtype: str
+    device: str
+    nbytes: int
+    n_tensors: int
+
+
+class BroadcastChunkDone(Event, frozen=True):
+    chunk: int
+    nbytes: int
+
+
+class BroadcastFinished(Event, frozen=True):
+    total_bytes: int
+    seconds: float
+
+
+# --- step 4: buckets --------------------------------------------------------------------------
+
+
+class BucketAssigned(Event, frozen=True):
+    """The bucket map in force from this step on (reduction order)."""
+
+    buckets: tuple[tuple[int, ...], ...]  # param indices per bucket, bucket 0 reduced first
+    limits: tuple[int, ...]  # per-bucket size limit in bytes
+    rebuilt: bool  # False for the constructor's map, True for a gradient-ready-order rebuild
+
+
+# --- steps 5-6: forward and backward ----------------------------------------------------------
+
+
+class ForwardStarted(Event, frozen=True):
+    pass
+
+
+class BuffersSynced(Event, frozen=True):
+    n_buffers: int
+    nbytes: int
+
+
+class BackwardStarted(Event, frozen=True):
+    pass
+
+
+class GradReady(Event, frozen=True):
+    param: int
+    bucket: int
+
+
+class BucketReady(Event, frozen=True):
+    bucket: int
+
+
+class AllReduceLaunched(Event, frozen=True):
+    bucket: int
+    nbytes: int
+    dtype: str
+
+
+class AllReduceDone(Event, frozen=True):
+    bucket: int
+
+
+class BackwardFinished(Event, frozen=True):
+    pass
+
+
+class UnusedParametersFound(Event, frozen=True):
+    params: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+class BucketsRebuilt(Event, frozen=True):
+    grad_ready_order: tuple[int, ...]
+
+
+# --- transport --------------------------------------------------------------------------------
+
+
+class EventsDropped(Event, frozen=True):
+    count: int
+
+
+ANY_EVENT = (
+    ParamsBuilt | VerificationStarted | VerificationPassed | VerificationFailed
+    | BroadcastStarted | BroadcastChunkSent | BroadcastChunkDone | BroadcastFinished
+    | BucketAssigned | ForwardStarted | BuffersSynced | BackwardStarted | GradReady | BucketReady
+    | AllReduceLaunched | AllReduceDone | BackwardFinished | UnusedParametersFound
+    | BucketsRebuilt | EventsDropped
+)
+
+
+class Emitter(Protocol):
+    """Anything that takes events: a list's append, a transport sender, a recorder."""
+
+    def __call__(self, event: Event, /) -> None: ...
+
+
+E = TypeVar("E", bound=Event)
+
+
+class Tap:
+    """Stamps and forwards events for one rank. With no emitter, `enabled` is False and callers
+    skip building events at all: `if tap.enabled: tap.emit(GradReady, i, b)` (fields positional, in declared order)."""
+
+    __slots__ = ("_counter", "_emitter", "enabled", "rank", "step")
+
+    def __init__(self, emitter: Emitter | None = None, rank: int = 0) -> None:
+        self._emitter = emitter
+        self.enabled = emitter is not None
+        self.rank = rank
+        self.step = -1
+        self._counter = itertools.count()
+
+    def emit(self, cls: type[E], *fields: object) -> None:
+        """Build `cls(rank, step, now, seq, *fields)` and hand it on; fields in declared order."""
+        if self._emitter is None:
+            return
+        self._emitter(cls(self.rank, self.step, _now(), next(self._counter), *fields))

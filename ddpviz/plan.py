@@ -1,0 +1,371 @@
+"""The bucket planner: the buckets torch 2.13's DDP will build for a module, without processes.
+
+`bucket_plan(module, ...)` collects parameters exactly as DDP does, applies torch's capacity
+rules and returns a `BucketPlan`: the constructor's map and, where torch rebuilds, the map after
+the first iteration. A plan keeps only descriptions of the parameters (never the module), so it
+can be re-planned with other settings at once (`with_settings`), which the BucketMap widget does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import nn
+
+from ddpviz.engine.buckets import (
+    BucketAssignment,
+    TensorSpec,
+    initial_buckets,
+    rebuilt_buckets,
+)
+from ddpviz.engine.capacity import BucketCapacity, Limits
+from ddpviz.engine.params import build_params_for_reducer
+
+if TYPE_CHECKING:
+    from ddpviz.widgets.bucket_map import BucketMap
+
+OrderSource = Literal["given", "measured", "predicted"]
+
+
+@dataclass(frozen=True)
+class PlannedParam:
+    """A parameter as the reducer sees it."""
+
+    index: int  # position in DDP's parameter list
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    numel: int
+    element_size: int
+    nbytes: int
+    sparse_grad: bool
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.numel, self.element_size, _dtype(self.dtype),
+                          torch.device(self.device))
+
+
+@dataclass(frozen=True)
+class BucketSlot:
+    """A parameter's place inside one bucket's flat buffer."""
+
+    param: PlannedParam
+    offset: int  # element offset in the flat bucket buffer (torch's bucket offsets)
+    byte_offset: int
+
+
+@dataclass(frozen=True)
+class PlannedBucket:
+    """One bucket, in reduction order (bucket 0's all-reduce is launched first)."""
+
+    index: int
+    slots: tuple[BucketSlot, ...]
+    dtype: str
+    device: str
+    numel: int
+    nbytes: int
+    limit: int  # the size limit in bytes it was filled against (0 for a sparse bucket)
+    sparse: bool
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.param.name for s in self.slots)
+
+    @property
+    def param_indices(self) -> tuple[int, ...]:
+        return tuple(s.param.index for s in self.slots)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """DDP constructor arguments that shape buckets (torch's names and defaults)."""
+
+    bucket_cap_mb: float | None = None
+    bucket_cap_mb_list: tuple[float, ...] | None = None
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    set_last_bucket_cap: bool = False  # env DDP_SET_LAST_BUCKET_CAP=1
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """The buckets DDP builds for a module: initial (iteration 0) and rebuilt (iteration 1 on).
+
+    Print it for a table, `to_records()` for plain rows, `show()` for the BucketMap widget.
+    """
+
+    model: str
+    params: tuple[PlannedParam, ...]
+    settings: PlanSettings
+    limits: Limits
+    initial: tuple[PlannedBucket, ...]
+    rebuilt: tuple[PlannedBucket, ...] | None  # None where torch never rebuilds
+    grad_ready_order: tuple[int, ...]
+    order_source: OrderSource
+    notes: tuple[str, ...] = ()
+    _initial_replay: BucketAssignment | None = field(default=None, repr=False, compare=False)
+    _rebuilt_replay: BucketAssignment | None = field(default=None, repr=False, compare=False)
+
+    # --- derived views ---------------------------------------------------------------------
+
+    @property
+    def rebuilds(self) -> bool:
+        return self.rebuilt is not None
+
+    def buckets(self, which: Literal["initial", "rebuilt"] = "initial") -> tuple[PlannedBucket, ...]:
+        if which == "rebuilt":
+            if self.rebuilt is None:
+                raise ValueError("ddpviz: this plan has no rebuilt map (torch does not rebuild "
+                                 "with find_unused_parameters=True and static_graph=False).")
+            return self.rebuilt
+        return self.initial
+
+    def bucket_indices(self, which: Literal["initial", "rebuilt"] = "initial") -> list[list[int]]:
+        """Parameter indices per bucket, in reduction order: what a comm hook sees."""
+        return [list(b.param_indices) for b in self.buckets(which)]
+
+    def replay(self, which: Literal["initial", "rebuilt"] = "initial") -> BucketAssignment:
+        """Every decision of the assignment, tensor by tensor (see `replay_bucket_assignment`)."""
+        r = self._initial_replay if which == "initial" else self._rebuilt_replay
+        if r is None:
+            raise ValueError(f"ddpviz: this plan has no {which} map to replay.")
+        return r
+
+    def with_settings(self, **changes: Any) -> BucketPlan:
+        """The same model planned with other settings (PlanSettings field names)."""
+        if "bucket_cap_mb_list" in changes and changes["bucket_cap_mb_list"] is not None:
+            changes["bucket_cap_mb_list"] = tuple(changes["bucket_cap_mb_list"])
+        settings = replace(self.settings, **changes)
+        specs = [p.spec() for p in self.params]
+        return _make_plan(self.model, self.params, specs, settings, self.grad_ready_order,
+                          self.order_source, self.notes)
+
+    # --- output ----------------------------------------------------------------------------
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One plain dict per (map, bucket, parameter): JSON-ready."""
+        rows: list[dict[str, Any]] = []
+        maps = [("initial", self.initial)] + ([("rebuilt", self.rebuilt)] if self.rebuilt else [])
+        for which, buckets in maps:
+            for b in buckets:
+                for s in b.slots:
+                    rows.append({
+                        "map": which, "bucket": b.index, "bucket_limit": b.limit,
+                        "bucket_bytes": b.nbytes, "param_index": s.param.index,
+                        "name": s.param.name, "shape": list(s.param.shape),
+                        "dtype": s.param.dtype, "device": s.param.device,
+                        "numel": s.param.numel, "nbytes": s.param.nbytes, "offset": s.offset,
+                        "byte_offset": s.byte_offset, "sparse_grad": s.param.sparse_grad,
+                    })
+        return rows
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "model": self.model,
+            "settings": {k: v if not isinstance(v, tuple) else list(v)
+                         for k, v in self.settings.__dict__.items()},
+            "limits": {"initial": self.limits.initial, "rebuild": self.limits.rebuild},
+            "grad_ready_order": list(self.grad_ready_order),
+            "order_source": self.order_source,
+            "notes": list(self.notes),
+            "buckets": self.to_records(),
+        }, indent=1)
+
+    def __str__(self) -> str:
+        from ddpviz.plan_table import format_plan
+
+        return format_plan(self)
+
+    def show(self) -> BucketMap:
+        """The BucketMap widget for this plan (needs ipywidgets and plotly)."""
+        from ddpviz.widgets.bucket_map import BucketMap
+
+        return BucketMap(self)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"ddpviz: unknown dtype {name!r}")
+    return dt
+
+
+def _describe(entries: Sequence[Any]) -> tuple[tuple[PlannedParam, ...], list[TensorSpec]]:
+    params, specs = [], []
+    for e in entries:
+        p = e.param
+        spec = TensorSpec.of(p)
+        specs.append(spec)
+        params.append(PlannedParam(e.index, e.name, tuple(p.shape), str(p.dtype).removeprefix(
+            "torch."), str(p.device), p.numel(), spec.element_size, spec.nbytes, e.sparse_grad))
+    return tuple(params), specs
+
+
+def _make_buckets(params: Sequence[PlannedParam], buckets: list[list[int]],
+                  limits: list[int]) -> tuple[PlannedBucket, ...]:
+    out = []
+    for bi, (indices, limit) in enumerate(zip(buckets, limits)):
+        slots, offset, byte_offset = [], 0, 0
+        for i in indices:
+            p = params[i]
+            slots.append(BucketSlot(p, offset, byte_offset))
+            offset += p.numel
+            byte_offset += p.nbytes
+        first = params[indices[0]]
+        out.append(PlannedBucket(bi, tuple(slots), first.dtype, first.device, offset,
+                                 byte_offset, limit, first.sparse_grad))
+    return tuple(out)
+
+
+def _make_plan(model: str, params: tuple[PlannedParam, ...], specs: list[TensorSpec],
+               settings: PlanSettings, order: Sequence[int], source: OrderSource,
+               base_notes: Sequence[str]) -> BucketPlan:
+    capacity = BucketCapacity.create(
+        settings.bucket_cap_mb,
+        list(settings.bucket_cap_mb_list) if settings.bucket_cap_mb_list else None)
+    limits = capacity.limits(
+        find_unused_parameters=settings.find_unused_parameters,
+        static_graph=settings.static_graph,
+        env={"DDP_SET_LAST_BUCKET_CAP": "1" if settings.set_last_bucket_cap else "0"})
+    flags = [p.sparse_grad for p in params]
+    init_replay, init_b, init_l = initial_buckets(specs, limits.initial, flags)
+    notes = [n for n in base_notes if not n.startswith("torch never rebuilds")]
+    rebuilt, rebuilt_replay = None, None
+    if limits.rebuild is None:
+        notes.append("torch never rebuilds buckets with find_unused_parameters=True and "
+                     "static_graph=False: the initial map is used in every iteration.")
+    elif len(order) == len(params):
+        rebuilt_replay, rb, rl = rebuilt_buckets(specs, order, limits.rebuild, flags,
+                                                 limits.set_last_bucket_cap)
+        rebuilt = _make_buckets(params, rb, rl)
+    return BucketPlan(model, params, settings, limits, _make_buckets(params, init_b, init_l),
+                      rebuilt, tuple(order), source, tuple(notes), init_replay, rebuilt_replay)
+
+
+def measure_grad_ready_order(module: nn.Module, example_inputs: Any) -> tuple[list[int], list[str]]:
+    """Run one forward/backward on a copy of `module` and record the order in which DDP's
+    parameters' gradients become ready (the order the reducer's hooks would fire in).
+
+    Returns (order of parameter indices, names of parameters that got no gradient).
+    """
+    replica = copy.deepcopy(module)
+    entries = build_params_for_reducer(replica)
+    order: list[int] = []
+    handles = [e.param.register_post_accumulate_grad_hook(
+        lambda _p, i=e.index: order.append(i)) for e in entries]
+    try:
+        if isinstance(example_inputs, dict):
+            out = replica(**example_inputs)
+        elif isinstance(example_inputs, (tuple, list)):
+            out = replica(*example_inputs)
+        else:
+            out = replica(example_inputs)
+        loss = _scalar_from_output(out)
+        if loss is None:
+            raise ValueError(
+                "ddpviz: the model's output holds no tensor that requires grad, so no backward "
+                "pass can record the gradient-ready order. Pass grad_ready_order=... instead.")
+        loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    seen = set(order)
+    unused = [e.name for e in entries if e.index not in seen]
+    return order, unused
+
+
+def _scalar_from_output(out: Any) -> torch.Tensor | None:
+    tensors: list[torch.Tensor] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad and (x.is_floating_point() or x.is_complex()):
+                tensors.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif hasattr(x, "__dataclass_fields__"):
+            for name in x.__dataclass_fields__:
+                walk(getattr(x, name))
+
+    walk(out)
+    if not tensors:
+        return None
+    return sum((t.float().sum() if not t.is_complex() else t.abs().sum() for t in tensors),
+               torch.zeros(()))
+
+
+def bucket_plan(
+    module: nn.Module,
+    *,
+    bucket_cap_mb: float | None = None,
+    bucket_cap_mb_list: Sequence[float] | None = None,
+    find_unused_parameters: bool = False,
+    static_graph: bool = False,
+    grad_ready_order: Sequence[int] | Sequence[str] | None = None,
+    example_inputs: Any = None,
+    set_last_bucket_cap: bool | None = None,
+) -> BucketPlan:
+    """Plan the buckets torch 2.13's DistributedDataParallel builds for `module`.
+
+    Args:
+        module: any nn.Module (meta-device modules work: only shapes are read).
+        bucket_cap_mb, bucket_cap_mb_list, find_unused_parameters, static_graph: as for DDP.
+        grad_ready_order: the order in which gradients become ready, as parameter indices or
+            dotted names; used for the rebuilt map.
+        example_inputs: if no order is given, one local forward/backward on a copy of the
+            module with these inputs (a tensor, a tuple of args or a dict of kwargs) records it.
+            Without either, the rebuilt map is predicted from reverse registration order.
+        set_last_bucket_cap: emulate DDP_SET_LAST_BUCKET_CAP=1 (default: read the environment).
+
+    Returns:
+        A `BucketPlan`.
+    """
+    import os
+
+    entries = build_params_for_reducer(module)
+    params, specs = _describe(entries)
+    notes: list[str] = []
+    names = {p.name: p.index for p in params}
+    source: OrderSource
+    if grad_ready_order is not None:
+        order = [names[x] if isinstance(x, str) and x in names else x for x in grad_ready_order]
+        bad = [x for x in order if not isinstance(x, int)]
+        if bad:
+            raise ValueError(f"ddpviz: grad_ready_order names unknown parameter {bad[0]!r}; "
+                             f"known names start with {list(names)[:5]}.")
+        if sorted(order) != list(range(len(params))):  # type: ignore[type-var]
+            raise ValueError(f"ddpviz: grad_ready_order must list each of the {len(params)} "
+                             f"parameters exactly once; got {len(order)} entries.")
+        source = "given"
+    elif example_inputs is not None:
+        order, unused = measure_grad_ready_order(module, example_inputs)
+        source = "measured"
+        if unused:
+            notes.append(
+                f"{len(unused)} parameter(s) got no gradient in the example backward "
+                f"({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}): with "
+                "find_unused_parameters=False torch raises at iteration 1's forward instead of "
+                "rebuilding; the rebuilt map below puts them last, in reverse registration order.")
+            order = order + [i for i in reversed(range(len(params))) if i not in set(order)]
+    else:
+        order = list(reversed(range(len(params))))
+        source = "predicted"
+        notes.append("rebuilt map predicted from reverse registration order; pass example_inputs "
+                     "or grad_ready_order for the order your model really produces gradients in.")
+    if set_last_bucket_cap is None:
+        set_last_bucket_cap = os.environ.get("DDP_SET_LAST_BUCKET_CAP") == "1"
+    settings = PlanSettings(bucket_cap_mb,
+                            tuple(bucket_cap_mb_list) if bucket_cap_mb_list else None,
+                            find_unused_parameters, static_graph, set_last_bucket_cap)
+    return _make_plan(type(module).__name__, params, specs, settings,
+                      [int(i) for i in order], source, notes)
