@@ -194,7 +194,8 @@ E = TypeVar("E", bound=Event)
 
 class Tap:
     """Stamps and forwards events for one rank. With no emitter, `enabled` is False and callers
-    skip building events at all: `if tap.enabled: tap.emit(GradReady, i, b)` (fields positional, in declared order)."""
+    skip building events at all: `if tap.enabled: tap.emit(GradReady, i, b)` (fields
+    positional, in declared order)."""
 
     __slots__ = ("_counter", "_emitter", "enabled", "rank", "step")
 

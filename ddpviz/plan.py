@@ -338,12 +338,13 @@ def bucket_plan(
     names = {p.name: p.index for p in params}
     source: OrderSource
     if grad_ready_order is not None:
-        order = [names[x] if isinstance(x, str) and x in names else x for x in grad_ready_order]
-        bad = [x for x in order if not isinstance(x, int)]
+        named = [names.get(x, x) if isinstance(x, str) else x for x in grad_ready_order]
+        bad = [x for x in named if not isinstance(x, int)]
         if bad:
             raise ValueError(f"ddpviz: grad_ready_order names unknown parameter {bad[0]!r}; "
                              f"known names start with {list(names)[:5]}.")
-        if sorted(order) != list(range(len(params))):  # type: ignore[type-var]
+        order = [int(x) for x in named]
+        if sorted(order) != list(range(len(params))):
             raise ValueError(f"ddpviz: grad_ready_order must list each of the {len(params)} "
                              f"parameters exactly once; got {len(order)} entries.")
         source = "given"

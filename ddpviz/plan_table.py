@@ -32,6 +32,7 @@ def _settings_line(plan: BucketPlan) -> str:
 
 
 def _bucket_table(buckets: tuple[PlannedBucket, ...], max_params: int) -> list[str]:
+    width = min(60, max((len(s.param.name) for b in buckets for s in b.slots), default=10))
     lines = [f"  {'bucket':>6}  {'params':>6}  {'dtype':<9} {'device':<7} {'numel':>11} "
              f"{'bytes':>10}  {'limit':>10}"]
     for b in buckets:
@@ -41,7 +42,7 @@ def _bucket_table(buckets: tuple[PlannedBucket, ...], max_params: int) -> list[s
         shown = b.slots if len(b.slots) <= max_params else b.slots[: max_params - 1]
         for s in shown:
             shape = "x".join(map(str, s.param.shape)) or "scalar"
-            lines.append(f"  {'':>6}    [{s.param.index:>4}] {s.param.name:<40} {shape:<14} "
+            lines.append(f"  {'':>6}    [{s.param.index:>4}] {s.param.name:<{width}} {shape:<14} "
                          f"@{s.offset:,}")
         if len(shown) < len(b.slots):
             lines.append(f"  {'':>6}    ... {len(b.slots) - len(shown)} more")

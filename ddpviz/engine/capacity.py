@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,11 +56,11 @@ class BucketCapacity:
         return BucketCapacity(cap, per_bucket, DEFAULT_FIRST_BUCKET_BYTES if default else cap)
 
     def limits(self, *, find_unused_parameters: bool, static_graph: bool,
-               env: dict[str, str] | None = None) -> Limits:
+               env: Mapping[str, str] | None = None) -> Limits:
         """The initial and rebuild limits for these settings."""
-        env = os.environ if env is None else env  # type: ignore[assignment]
+        source = os.environ if env is None else env
         rebuilds = static_graph or not find_unused_parameters
-        set_last = env.get("DDP_SET_LAST_BUCKET_CAP", "N/A") == "1"
+        set_last = source.get("DDP_SET_LAST_BUCKET_CAP", "N/A") == "1"
         if self.per_bucket_bytes_caps:
             caps = list(self.per_bucket_bytes_caps)
             return Limits(caps, caps if rebuilds else None, set_last)

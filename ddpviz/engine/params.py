@@ -8,13 +8,14 @@ sparse=True. Buffers: named_buffers() minus the ignore list.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 
-class ParamEntry(NamedTuple):
+@dataclass(frozen=True)
+class ParamEntry:
     """One parameter of the reducer, at its position in DDP's list."""
 
     index: int  # position in the reducer's parameter list (bucket maps use it)
@@ -72,7 +73,9 @@ def build_params_for_reducer(
     return entries
 
 
-def build_buffers(module: nn.Module, ignore: set[str] | None = None) -> list[tuple[str, torch.Tensor]]:
+def build_buffers(
+    module: nn.Module, ignore: set[str] | None = None
+) -> list[tuple[str, torch.Tensor]]:
     """Buffers DDP broadcasts from rank 0 (at construction and, by default, every forward)."""
     ignore = parameters_to_ignore(module) if ignore is None else ignore
     return [(n, b) for n, b in module.named_buffers() if n not in ignore]

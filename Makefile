@@ -1,0 +1,34 @@
+# Quick start targets. Each creates .venv on first use and installs torch first (the CPU wheel,
+# torch==2.13.0), so pip never pulls a multi-GB CUDA build through the torch>=2.4 range.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/.base: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(BIN)/.test: $(BIN)/.base pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+demo: $(BIN)/.base
+	$(BIN)/ddpviz demo
+
+lint: $(BIN)/.test
+	$(BIN)/ruff check ddpviz tests benchmarks
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/.test
+	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV)

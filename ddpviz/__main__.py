@@ -1,0 +1,3 @@
+from ddpviz.cli import main
+
+raise SystemExit(main())

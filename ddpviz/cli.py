@@ -1,0 +1,125 @@
+"""The `ddpviz` command line: `ddpviz demo` and `ddpviz buckets TARGET`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ddpviz.plan import bucket_plan
+
+
+class TargetError(ValueError):
+    """A TARGET that does not name a module factory."""
+
+
+def load_target(target: str) -> tuple[nn.Module, Any]:
+    """Resolve `package.module:callable` or `path/to/file.py:callable` and call it.
+
+    The callable returns an nn.Module, or `(module, example_inputs)` so that the gradient-ready
+    order can be measured. Raises TargetError with what was wrong and how to fix it.
+    """
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise TargetError(
+            f"ddpviz: TARGET {target!r} must be 'package.module:callable' or "
+            "'path/to/file.py:callable', e.g. 'ddpviz.zoo:tiny_transformer'.")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise TargetError(f"ddpviz: no file {str(path)!r} (from TARGET {target!r}); check "
+                              "the path, relative to the current directory.")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise TargetError(f"ddpviz: cannot import {str(path)!r} as Python source.")
+        mod = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(path.parent.resolve()))
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise TargetError(f"ddpviz: importing {str(path)!r} failed: "
+                              f"{type(e).__name__}: {e}") from e
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            mod = importlib.import_module(where)
+        except ImportError as e:
+            raise TargetError(f"ddpviz: cannot import module {where!r}: {e}. Is it installed "
+                              "or on PYTHONPATH?") from e
+    factory = getattr(mod, attr, None)
+    if factory is None:
+        names = sorted(n for n, v in vars(mod).items() if not n.startswith("_") and callable(v)
+                       and getattr(v, "__module__", None) == mod.__name__)
+        raise TargetError(f"ddpviz: {where!r} has no attribute {attr!r}; callables there: "
+                          f"{', '.join(names[:12]) or 'none'}.")
+    if isinstance(factory, nn.Module):
+        return factory, None
+    if not callable(factory):
+        raise TargetError(f"ddpviz: {target!r} is a {type(factory).__name__}, not a callable "
+                          "returning an nn.Module.")
+    try:
+        made = factory()
+    except Exception as e:
+        raise TargetError(f"ddpviz: calling {target}() failed: {type(e).__name__}: {e}. The "
+                          "factory must need no arguments.") from e
+    module, example = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
+    if not isinstance(module, nn.Module):
+        raise TargetError(f"ddpviz: {target}() returned a {type(module).__name__}; it must "
+                          "return an nn.Module or (nn.Module, example_inputs).")
+    return module, example
+
+
+def _buckets(args: argparse.Namespace) -> int:
+    try:
+        module, example = load_target(args.target)
+    except TargetError as e:
+        print(e, file=sys.stderr)
+        return 2
+    try:
+        plan = bucket_plan(module, bucket_cap_mb=args.bucket_cap_mb,
+                           bucket_cap_mb_list=args.bucket_cap_mb_list,
+                           find_unused_parameters=args.find_unused,
+                           static_graph=args.static_graph, example_inputs=example)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(plan.to_json() if args.json else str(plan))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ddpviz.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddpviz", description="An interactive debugger for "
+                                "PyTorch DistributedDataParallel.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("buckets", help="print the bucket plan torch's DDP builds for a model")
+    b.add_argument("target", help="module factory: package.module:callable or file.py:callable")
+    b.add_argument("--bucket-cap-mb", type=float, default=None)
+    b.add_argument("--bucket-cap-mb-list", type=float, nargs="+", default=None)
+    b.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
+    b.add_argument("--static-graph", action="store_true", help="static_graph=True")
+    b.add_argument("--json", action="store_true", help="print the plan as JSON")
+    b.set_defaults(func=_buckets)
+    d = sub.add_parser("demo", help="run the built-in demo")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
