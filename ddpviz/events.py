@@ -211,3 +211,20 @@ class Tap:
         if self._emitter is None:
             return
         self._emitter(cls(self.rank, self.step, _now(), next(self._counter), *fields))
+
+
+_default_emitter: Emitter | None = None
+
+
+def set_default_emitter(emitter: Emitter | None) -> Emitter | None:
+    """Install the emitter that engine objects built without one report to (a launched rank or
+    `ddpviz.connect()` sets it). Returns the previous one."""
+    global _default_emitter
+    previous, _default_emitter = _default_emitter, emitter
+    return previous
+
+
+def default_emitter() -> Emitter | None:
+    """The emitter installed by `set_default_emitter`, or None (events off)."""
+    return _default_emitter
+
