@@ -55,10 +55,12 @@ class ParamsBuilt(Event, frozen=True):
 class Mismatch(msgspec.Struct, frozen=True):
     """One field of one parameter (or buffer) that differs across ranks."""
 
-    kind: str  # "param" | "buffer" | "count"
-    index: int  # position in the rank-0 list (-1 for counts)
-    name: str
-    field: str  # "name" | "shape" | "stride" | "dtype" | "device" | "requires_grad" | "count" ...
+    kind: str  # "param" | "buffer" | "count" | "device" (ranks on one host sharing a GPU)
+    index: int  # position in the list of the lowest rank holding it (-1 for count and device)
+    name: str  # dotted name ("parameters"/"buffers" for counts, "" for device)
+    # "present" | "name" | "order" | "shape" | "stride" | "dtype" | "device" | "requires_grad"
+    # | "sparse_grad" | "count" | "cuda_device"
+    field: str
     values: tuple[tuple[str, tuple[int, ...]], ...]  # (value, ranks holding it), most common first
 
 
