@@ -9,6 +9,7 @@ can be re-planned with other settings at once (`with_settings`), which the Bucke
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -47,8 +48,8 @@ class PlannedParam:
     sparse_grad: bool
 
     def spec(self) -> TensorSpec:
-        return TensorSpec(self.numel, self.element_size, _dtype(self.dtype),
-                          torch.device(self.device))
+        dtype, device = _dtype_and_device(self.dtype, self.device)
+        return TensorSpec(self.numel, self.element_size, dtype, device)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class BucketPlan:
     def rebuilds(self) -> bool:
         return self.rebuilt is not None
 
-    def buckets(self, which: Literal["initial", "rebuilt"] = "initial") -> tuple[PlannedBucket, ...]:
+    def buckets(self, which: Literal["initial", "rebuilt"] = "initial"
+                ) -> tuple[PlannedBucket, ...]:
         if which == "rebuilt":
             if self.rebuilt is None:
                 raise ValueError("ddpviz: this plan has no rebuilt map (torch does not rebuild "
@@ -196,6 +198,13 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_and_device(dtype: str, device: str) -> tuple[torch.dtype, torch.device]:
+    # cached: re-planning 10,000 parameters (with_settings) would otherwise spend most of its
+    # time parsing the same few dtype and device strings
+    return _dtype(dtype), torch.device(device)
+
+
 def _describe(entries: Sequence[Any]) -> tuple[tuple[PlannedParam, ...], list[TensorSpec]]:
     params, specs = [], []
     for e in entries:
@@ -210,7 +219,7 @@ def _describe(entries: Sequence[Any]) -> tuple[tuple[PlannedParam, ...], list[Te
 def _make_buckets(params: Sequence[PlannedParam], buckets: list[list[int]],
                   limits: list[int]) -> tuple[PlannedBucket, ...]:
     out = []
-    for bi, (indices, limit) in enumerate(zip(buckets, limits)):
+    for bi, (indices, limit) in enumerate(zip(buckets, limits, strict=True)):
         slots, offset, byte_offset = [], 0, 0
         for i in indices:
             p = params[i]
@@ -355,9 +364,12 @@ def bucket_plan(
             notes.append(
                 f"{len(unused)} parameter(s) got no gradient in the example backward "
                 f"({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}): with "
-                "find_unused_parameters=False torch raises at iteration 1's forward instead of "
-                "rebuilding; the rebuilt map below puts them last, in reverse registration order.")
-            order = order + [i for i in reversed(range(len(params))) if i not in set(order)]
+                "static_graph=True torch marks them ready at the end of backward in registration "
+                "order, and the rebuilt map below puts them there too; with "
+                "find_unused_parameters=False (and no static_graph) torch raises at iteration "
+                "1's forward instead of rebuilding.")
+            seen = set(order)
+            order = order + [i for i in range(len(params)) if i not in seen]
     else:
         order = list(reversed(range(len(params))))
         source = "predicted"

@@ -209,41 +209,42 @@ def replay_bucket_assignment(
     steps: list[AssignStep] = []
     emitted: list[EmittedBucket] = []
     order = _UnorderedMapOrder()
-    open_indices: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    open_bytes: dict[tuple[torch.dtype, torch.device], int] = {}
-    open_limit: dict[tuple[torch.dtype, torch.device], int] = {}
-    limit_pos: dict[tuple[torch.dtype, torch.device], int] = {}
+    # per (dtype, device) key: [indices, bytes, limit position, last limit, display key]
+    open_buckets: dict[tuple[torch.dtype, torch.device], list[Any]] = {}
+    last_pos = len(limits) - 1
 
     for position, spec in enumerate(specs):
         index = indices[position] if indices else position
-        device = torch.device(spec.device)
+        device = spec.device if isinstance(spec.device, torch.device) else torch.device(
+            spec.device)
+        nbytes = spec.numel * spec.element_size
         if flags and flags[index]:
             emitted.append(EmittedBucket((index,), 0, CloseReason.SPARSE))
-            steps.append(AssignStep(position, index, ("sparse", str(device)), spec.nbytes,
-                                    spec.nbytes, 0, -1, CloseReason.SPARSE))
+            steps.append(AssignStep(position, index, ("sparse", str(device)), nbytes,
+                                    nbytes, 0, -1, CloseReason.SPARSE))
             continue
         key = (spec.dtype, device)
-        if key not in order:
+        state = open_buckets.get(key)
+        if state is None:
             order.insert(key, key_hash(spec.dtype, device))
-            open_indices[key], open_bytes[key], limit_pos[key] = [], 0, 0
-        open_indices[key].append(index)
-        open_bytes[key] += spec.nbytes
-        pos = limit_pos[key]
-        open_limit[key] = limits[pos]
+            state = open_buckets[key] = [[], 0, 0, 0, (_dtype_name(spec.dtype), str(device))]
+        state[0].append(index)
+        bucket_bytes = state[1] = state[1] + nbytes
+        pos = state[2]
+        limit = state[3] = limits[pos]
         closed = None
-        bucket_bytes = open_bytes[key]
-        if open_bytes[key] >= limits[pos]:
+        if bucket_bytes >= limit:
             closed = CloseReason.LIMIT_REACHED
-            emitted.append(EmittedBucket(tuple(open_indices[key]), limits[pos], closed))
-            open_indices[key], open_bytes[key] = [], 0
-            limit_pos[key] = min(pos + 1, len(limits) - 1)
-        steps.append(AssignStep(position, index, (_dtype_name(spec.dtype), str(device)),
-                                spec.nbytes, bucket_bytes, limits[pos], pos, closed))
+            emitted.append(EmittedBucket(tuple(state[0]), limit, closed))
+            state[0], state[1] = [], 0
+            state[2] = min(pos + 1, last_pos)
+        steps.append(AssignStep(position, index, state[4], nbytes, bucket_bytes, limit, pos,
+                                closed))
 
     for key in order.keys:
-        if open_indices[key]:
-            emitted.append(EmittedBucket(tuple(open_indices[key]), open_limit[key],
-                                         CloseReason.LEFTOVER))
+        state = open_buckets[key]
+        if state[0]:
+            emitted.append(EmittedBucket(tuple(state[0]), state[3], CloseReason.LEFTOVER))
 
     result = list(emitted)
     if not indices:
