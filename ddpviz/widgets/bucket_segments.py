@@ -1,0 +1,79 @@
+"""What the BucketMap draws, as plain data: one segment per parameter, one marker per size limit.
+
+Pure functions of a BucketPlan's buckets (no plotly, no ipywidgets), so the picture can be
+checked against the planner without a browser, and the figure code only copies lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ddpviz.plan import PlannedBucket
+from ddpviz.plan_table import human_bytes
+
+
+class Segment(NamedTuple):
+    """One parameter's stretch of its bucket's flat buffer."""
+
+    bucket: int  # bucket index, reduction order
+    label: str  # the bucket's row label on the y axis
+    param_index: int  # index in DDP's parameter list
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    numel: int
+    nbytes: int  # the bar's width
+    offset: int  # element offset in the bucket buffer
+    byte_offset: int  # the bar's base
+
+
+class LimitMarker(NamedTuple):
+    """The byte limit a bucket was filled against (only finite, non-sparse limits are drawn)."""
+
+    bucket: int
+    label: str
+    limit: int
+    filled: int  # bytes in the bucket
+
+
+def bucket_label(bucket: PlannedBucket) -> str:
+    """Row label: index, dtype and the limit, so unlimited and sparse buckets read as such."""
+    cap = "sparse" if bucket.sparse else f"cap {human_bytes(bucket.limit)}"
+    return f"{bucket.index} · {bucket.dtype} · {cap}"
+
+
+def segments(buckets: Sequence[PlannedBucket]) -> list[Segment]:
+    """Every parameter of every bucket, buckets in reduction order, slots in buffer order."""
+    out = []
+    for b in buckets:
+        label = bucket_label(b)
+        for s in b.slots:
+            p = s.param
+            out.append(Segment(b.index, label, p.index, p.name, p.shape, p.dtype, p.device,
+                               p.numel, p.nbytes, s.offset, s.byte_offset))
+    return out
+
+
+def limit_markers(buckets: Sequence[PlannedBucket]) -> list[LimitMarker]:
+    """One marker per bucket whose limit can be drawn: sys.maxsize ('unlimited') and sparse
+    buckets (limit 0) show their limit in the row label only."""
+    return [LimitMarker(b.index, bucket_label(b), b.limit, b.nbytes) for b in buckets
+            if not b.sparse and b.limit < 2**62]
+
+
+def hover_text(s: Segment) -> str:
+    """The tooltip of one segment (plotly hover text: <br> separates lines)."""
+    shape = "(" + ", ".join(map(str, s.shape)) + ("," if len(s.shape) == 1 else "") + ")"
+    return (f"<b>{s.name}</b> [param {s.param_index}]<br>"
+            f"shape {shape} · {s.dtype} · {s.device}<br>"
+            f"{s.nbytes:,} bytes ({human_bytes(s.nbytes)}), {s.numel:,} elements<br>"
+            f"bucket {s.bucket}, byte offset {s.byte_offset:,} (element {s.offset:,})")
+
+
+def limit_hover_text(m: LimitMarker) -> str:
+    """The tooltip of one limit marker."""
+    return (f"bucket {m.bucket} limit {human_bytes(m.limit)} ({m.limit:,} bytes)<br>"
+            f"filled {human_bytes(m.filled)} ({m.filled / m.limit:.0%})" if m.limit else
+            f"bucket {m.bucket} limit 0 bytes<br>filled {human_bytes(m.filled)}")
