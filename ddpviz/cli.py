@@ -1,4 +1,4 @@
-"""The `ddpviz` command line: `ddpviz demo` and `ddpviz buckets TARGET`."""
+"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`."""
 
 from __future__ import annotations
 
@@ -99,6 +99,22 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from ddpviz.report import write_report
+    from ddpviz.trace import Trace, TraceError
+
+    try:
+        traces = [Trace.load(path) for path in args.trace]
+    except (OSError, TraceError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    trace = traces[0] if len(traces) == 1 else Trace.merge(traces)
+    out = Path(args.output) if args.output else Path(args.trace[0]).with_suffix(".html")
+    write_report(trace, out, title=f"ddpviz report: {', '.join(args.trace)}")
+    print(f"ddpviz: wrote {out} ({len(trace)} events, ranks {trace.ranks})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddpviz", description="An interactive debugger for "
                                 "PyTorch DistributedDataParallel.")
@@ -113,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_buckets)
     d = sub.add_parser("demo", help="run the built-in demo")
     d.set_defaults(func=_demo)
+    r = sub.add_parser("report", help="write a self-contained HTML report of .ddpviz trace(s)")
+    r.add_argument("trace", nargs="+", help="trace file(s); several (one per rank) are merged")
+    r.add_argument("-o", "--output", default=None, help="HTML file (default: TRACE.html)")
+    r.set_defaults(func=_report)
     return p
 
 

@@ -1,0 +1,258 @@
+"""Long-lived ranks for the %%ddp magic: each keeps a namespace that lives across cells.
+
+The cell's source text (never a pickle) goes to every rank, which executes it in its own
+`__main__` namespace (see rank.py). A rank writes an end marker on stdout and stderr after each
+cell, so the cell returns only once all its output is shown. A rank that raises leaves the pool
+running (its state and the others' are kept); a rank that dies, a timeout or an interrupt stops
+the whole pool, and the next cell starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import itertools
+import linecache
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ddpviz.launcher import channel
+from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
+from ddpviz.launcher.output import OutputTarget, PipeRelay
+from ddpviz.launcher.process import (
+    RankProcess,
+    choose_backend,
+    close_fds,
+    free_port,
+    spawn_rank,
+    stop_ranks,
+)
+from ddpviz.launcher.rank import CELL_END
+from ddpviz.launcher.stacks import StackFiles
+from ddpviz.launcher.stream import EventStream
+
+if TYPE_CHECKING:
+    from ddpviz.session import Session
+
+_MARKER_WAIT_S = 2.0  # after a rank's reply, how long its cell's output may still trail
+_live: weakref.WeakSet[RankPool] = weakref.WeakSet()
+_cell_numbers = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What each rank's last expression evaluated to (repr), for the ranks that returned one."""
+
+    values: dict[int, str]
+
+
+class RankPool:
+    """`nprocs` rank processes in one process group, executing cell sources on request."""
+
+    def __init__(self, nprocs: int, backend: str | None = None,
+                 env: Mapping[str, str] | None = None, session: Session | None = None) -> None:
+        self.nprocs = nprocs
+        self.backend = backend or choose_backend(nprocs)
+        self._messages: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self._markers: set[tuple[int, str, str]] = set()
+        self._marker_cond = threading.Condition()
+        self._ready: set[int] = set()
+        self._closed = False
+        self._ranks: list[RankProcess] = []
+        self._relays: list[PipeRelay] = []
+        target = OutputTarget.capture()
+        self._stacks = StackFiles(nprocs)
+        self._events = EventStream(session)
+        port = free_port()
+        try:
+            for rank in range(nprocs):
+                rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
+                proc = spawn_rank(rank, nprocs, port=port, backend=self.backend, mode="cells",
+                                  env=rank_env)
+                self._ranks.append(proc)
+                for name, fd in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                    on_marker = functools.partial(self._marker, rank, name)
+                    self._relays.append(PipeRelay(fd, rank, name, target, on_marker=on_marker,
+                                                  marker_prefix=CELL_END))
+        except BaseException:
+            self.stop()
+            raise
+        for proc in self._ranks:
+            threading.Thread(target=self._pump, args=(proc,), name=f"ddpviz-pool{proc.rank}",
+                             daemon=True).start()
+        _live.add(self)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._ranks]
+
+    @property
+    def session(self) -> Session:
+        """The live `Session` the ranks' events stream into."""
+        return self._events.session
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    def run_cell(self, source: str, *, timeout: float | None = None) -> CellResult:
+        """Execute `source` on every rank; output appears live, prefixed by rank.
+
+        Raises:
+            RankError: some ranks raised (the pool keeps running) or a rank died (the pool is
+                stopped).
+            LaunchTimeout: ranks still running after `timeout`; the pool is stopped.
+        KeyboardInterrupt stops the pool, then propagates.
+        """
+        if self._closed:
+            raise LaunchError("ddpviz: this rank pool was stopped.\n"
+                              "Run the cell again: %%ddp starts a fresh pool.")
+        target = OutputTarget.capture()
+        for relay in self._relays:
+            relay.retarget(target)
+        number = next(_cell_numbers)
+        cell_id = str(number)
+        filename = f"<ddp-cell-{number}>"
+        # the kernel knows the cell's lines too: for the stacks of ranks stopped in it
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        for proc in self._ranks:
+            # a rank that died cannot take it: its EOF is already queued, reported below
+            with contextlib.suppress(OSError):
+                channel.send(proc.control, ("exec", cell_id, source, filename))
+        try:
+            return self._collect(cell_id, target, timeout)
+        except KeyboardInterrupt:
+            where = self._stacks.take((p.rank, p.pid) for p in self._ranks)
+            lines = [line for rank in sorted(where) for line in where[rank]]
+            target.write("stderr", "ddpviz: interrupted; where each rank was:\n"
+                         + "\n".join(lines) + "\n")
+            self.stop()
+            raise
+
+    def _collect(self, cell_id: str, target: OutputTarget, timeout: float | None) -> CellResult:
+        # The clock starts once every rank is up: a fresh pool's start-up is not the cell's.
+        def start_clock() -> float | None:
+            ready = len(self._ready) == self.nprocs
+            return None if timeout is None or not ready else time.monotonic() + timeout
+
+        deadline = start_clock()
+        values: dict[int, str] = {}
+        failures: list[RankFailure] = []
+        finished: set[int] = set()
+        crashed = False
+        while len(finished) < self.nprocs:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                running = sorted(set(range(self.nprocs)) - finished)
+                where = self._stacks.take((r, self._ranks[r].pid) for r in running)
+                self.stop()
+                assert timeout is not None
+                raise LaunchTimeout(running, timeout, self.nprocs, sorted(finished), where)
+            try:
+                rank, message = self._messages.get(timeout=min(0.25, left or 0.25))
+            except queue.Empty:
+                continue
+            if message is None or message[0] == "error":  # died, or failed to start
+                failure = self._exit_failure(rank, message)
+                failures.append(failure)
+                finished.add(rank)
+                crashed = True
+                break
+            if message[0] == "events":
+                self._events.shipped(rank, message[1])
+                continue
+            if message[0] == "ready":
+                self._ready.add(rank)
+                deadline = start_clock()
+                continue
+            _, done_id, ok, payload = message
+            if done_id != cell_id:
+                continue
+            finished.add(rank)
+            if ok:
+                if payload is not None:
+                    values[rank] = payload
+            else:
+                _, phase, exc_type, text, tb = payload
+                failures.append(RankFailure(rank, phase, exc_type, text, tb))
+                waiting = sorted(set(range(self.nprocs)) - finished)
+                if waiting:
+                    target.write("stderr", f"[rank {rank}] raised {exc_type}: {text}; still "
+                                 f"waiting for {_ranks(waiting)} (interrupt the kernel to stop "
+                                 "the pool)\n")
+        if crashed:
+            running = sorted(set(range(self.nprocs)) - finished)
+            time.sleep(0.1)  # let the dead rank's last output reach its pipe
+            self.stop()
+            hint = ("The pool was stopped; the next %%ddp cell starts fresh ranks "
+                    "(variables from earlier cells are gone).")
+            if running:
+                hint = f"{_ranks(running)} stopped too. " + hint
+            raise RankError(failures, self.nprocs, hint)
+        self._wait_markers(cell_id)
+        self._events.settle()
+        for rank, text in sorted(values.items()):
+            target.write("stdout", f"[rank {rank}] Out: {text}\n")
+        if failures:
+            raise RankError(sorted(failures, key=lambda f: f.rank), self.nprocs,
+                            "The pool keeps running with every rank's state; fix the cell and "
+                            "run it again.")
+        return CellResult(values)
+
+    def _exit_failure(self, rank: int, message: Any) -> RankFailure:
+        if message is not None:
+            _, phase, exc_type, text, tb = message
+            return RankFailure(rank, phase, exc_type, text, tb)
+        proc = self._ranks[rank]
+        with contextlib.suppress(Exception):
+            proc.popen.wait(5.0)
+        code = proc.popen.returncode
+        how = ("closed its pipe" if code is None else
+               f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        return RankFailure(rank, "exit", "", f"{how} during the cell", "")
+
+    def _wait_markers(self, cell_id: str) -> None:
+        want = {(p.rank, name, cell_id) for p in self._ranks for name in ("stdout", "stderr")}
+        with self._marker_cond:
+            self._marker_cond.wait_for(lambda: want <= self._markers, _MARKER_WAIT_S)
+            self._markers -= want
+
+    def _marker(self, rank: int, name: str, cell_id: str) -> None:
+        with self._marker_cond:
+            self._markers.add((rank, name, cell_id))
+            self._marker_cond.notify_all()
+
+    def _pump(self, proc: RankProcess) -> None:
+        while True:
+            try:
+                message = channel.recv(proc.results)
+            except Exception:
+                message = None
+            self._messages.put((proc.rank, message))
+            if message is None:
+                return
+
+    def stop(self) -> None:
+        """End every rank and everything it started (SIGTERM, then SIGKILL); within 5 s."""
+        if self._closed:
+            return
+        self._closed = True
+        stop_ranks(self._ranks)
+        for relay in self._relays:
+            relay.join(1.0)
+        close_fds(*(p.control for p in self._ranks), *(p.results for p in self._ranks))
+        self._stacks.remove()
+        self._events.close()
+        _live.discard(self)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for pool in list(_live):
+        pool.stop()

@@ -1,0 +1,291 @@
+"""A static, self-contained HTML report of a trace (`ddpviz report TRACE -o report.html`).
+
+One file, no scripts, no CDN: inline CSS, HTML tables and inline SVG. Sections: per-rank
+summary, verification result, bucket maps, all-reduce timeline, unused parameters. Everything
+shown comes from the trace's events, so a report can be made long after the run.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ddpviz import events as ev
+from ddpviz.trace import Span, Trace
+
+_ELEMENT_SIZE = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8,
+                 "complex128": 16, "float32": 4, "float": 4, "int32": 4, "int": 4,
+                 "float16": 2, "half": 2, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1,
+                 "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+_TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
+_MAX_ROWS = 64
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:2px 8px;
+text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}.bad{color:#b00020}
+.ok{color:#1b7f3b}.muted{color:#777}svg{display:block;margin:.5em 0}
+"""
+_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac")
+
+
+def render(trace: Trace, *, title: str = "ddpviz report") -> str:
+    """The report as one HTML document (a string)."""
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{_e(title)}</h1>", _summary(trace), _ranks(trace), _verification(trace),
+             _buckets(trace), _timeline(trace), _unused(trace), "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "ddpviz report"
+                 ) -> Path:
+    """Write `render(trace)` to `path`. Returns the path."""
+    out = Path(path)
+    out.write_text(render(trace, title=title), encoding="utf-8")
+    return out
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = ()) -> str:
+    """An HTML table; columns in `text` are left-aligned, the others (numbers) right."""
+    cls = [" class='l'" if i in text else "" for i in range(len(head))]
+    heads = "".join(f"<th{c}>{_e(h)}</th>" for c, h in zip(cls, head, strict=True))
+    out = [f"<table><tr>{heads}</tr>"]
+    for row in rows:
+        cells = "".join(f"<td{c}>{_e(v)}</td>" for c, v in zip(cls, row, strict=True))
+        out.append(f"<tr>{cells}</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+# --- sections ---------------------------------------------------------------------------------
+
+
+def _summary(trace: Trace) -> str:
+    n, ranks = len(trace), trace.ranks
+    meta = ", ".join(f"{k}={v}" for k, v in sorted(trace.meta.items()) if k != "rank")
+    truncated = ("<p class='bad'>The trace file ended in a torn frame: events after the "
+                 "writer's last flush are missing.</p>" if trace.truncated else "")
+    return (f"<section id='summary'><h2>Summary</h2><p>{n} events from {len(ranks)} "
+            f"rank{'s' if len(ranks) != 1 else ''} ({', '.join(map(str, ranks)) or 'none'}).</p>"
+            f"<p class='muted'>{_e(meta)}</p>{truncated}</section>")
+
+
+def _ranks(trace: Trace) -> str:
+    spans_by_rank: dict[int, list[Span]] = defaultdict(list)
+    for s in trace.spans():
+        spans_by_rank[s.rank].append(s)
+    rows: list[list[object]] = []
+    for rank in trace.ranks:
+        evs = trace.events(rank)
+        seqs = {e.seq for e in evs if type(e) is not ev.EventsDropped}
+        holes = (max(seqs) + 1 - len(seqs)) if seqs else 0
+        dropped = sum(e.count for e in evs if isinstance(e, ev.EventsDropped))
+        steps = max((e.step for e in evs), default=-1) + 1
+        duration = evs[-1].t_ns - evs[0].t_ns if evs else 0
+        sp = spans_by_rank[rank]
+        back = [s.end_ns - s.start_ns for s in sp if s.name == "backward" and s.finished]
+        ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
+        unfinished = sum(1 for s in sp if not s.finished)
+        offset, error = trace.clock.get(rank, (0, 0))
+        clock = f"{offset} ± {error} ns" if error >= 0 else f"{offset} ns (wall clock)"
+        rows.append([rank, len(evs), steps, _ms(duration),
+                     _ms(sum(back) / len(back)) if back else "-", len(ars),
+                     _ms(sum(ars) / len(ars)) if ars else "-", unfinished, dropped, holes,
+                     clock])
+    table = _table(["rank", "events", "steps", "span ms", "backward mean ms", "all-reduces",
+                    "all-reduce mean ms", "unfinished spans", "dropped", "seq holes",
+                    "clock offset"], rows)
+    return f"<section id='ranks'><h2>Per-rank summary</h2>{table}</section>"
+
+
+def _verification(trace: Trace) -> str:
+    out = ["<section id='verification'><h2>Model verification across ranks</h2>"]
+    passed = trace.of_type(ev.VerificationPassed)
+    failed = trace.of_type(ev.VerificationFailed)
+    if not passed and not failed:
+        out.append("<p class='muted'>No verification events in this trace.</p>")
+    if passed:
+        digests = sorted({e.digest for e in passed})  # type: ignore[attr-defined]
+        ranks = sorted({e.rank for e in passed})
+        out.append(f"<p class='ok'>Passed on ranks {_e(ranks)} (world size "
+                   f"{_e(passed[0].world_size)}; digest {_e(', '.join(digests))}).</p>")  # type: ignore[attr-defined]
+    seen: set[tuple[Any, ...]] = set()
+    for e in failed:
+        mismatches = e.mismatches  # type: ignore[attr-defined]
+        if mismatches in seen:
+            continue
+        seen.add(mismatches)
+        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})  # type: ignore[attr-defined]
+        out.append(f"<p class='bad'>Failed (reported by ranks {_e(ranks)}): "
+                   f"{len(mismatches)} difference(s).</p>")
+        rows = [[m.kind, m.index, m.name, m.field,
+                 "; ".join(f"{value} on ranks {','.join(map(str, rs))}" for value, rs in m.values)]
+                for m in mismatches]
+        out.append(_table(["kind", "index", "name", "field", "values"], rows, text=(0, 2, 3, 4)))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
+    """Parameter index -> (name, gradient bytes), from the first ParamsBuilt event."""
+    built = trace.of_type(ev.ParamsBuilt)
+    if not built:
+        return {}
+    out: dict[int, tuple[str, int]] = {}
+    for p in built[0].params:  # type: ignore[attr-defined]
+        numel = 1
+        for d in p.shape:
+            numel *= d
+        size = _ELEMENT_SIZE.get(p.dtype.removeprefix("torch."), 0)
+        out[p.index] = (p.name, numel * size)
+    return out
+
+
+def _buckets(trace: Trace) -> str:
+    out = ["<section id='buckets'><h2>Bucket maps</h2>"]
+    assigned = trace.of_type(ev.BucketAssigned)
+    if not assigned:
+        out.append("<p class='muted'>No bucket assignment in this trace.</p></section>")
+        return "".join(out)
+    params = _param_bytes(trace)
+    maps: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
+    for e in assigned:
+        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))  # type: ignore[attr-defined]
+    by_kind: dict[bool, set[tuple[Any, ...]]] = defaultdict(set)
+    for key in maps:
+        by_kind[key[0]].add(key[1])
+    for rebuilt, distinct in sorted(by_kind.items()):
+        if len(distinct) > 1:
+            out.append(f"<p class='bad'>Ranks disagree on the {'rebuilt' if rebuilt else ''} "
+                       "bucket map: each rank would all-reduce different tensors together."
+                       "</p>")
+    for (rebuilt, buckets, limits), where in maps.items():
+        ranks = sorted({r for r, _ in where})
+        step = min(s for _, s in where)
+        label = f"rebuilt in step {step}" if rebuilt else "at construction"
+        out.append(f"<h3>Bucket map {label} (ranks {_e(ranks)}), {len(buckets)} buckets, "
+                   "bucket 0 reduced first</h3>")
+        sizes = [sum(params.get(i, ("", 0))[1] for i in b) for b in buckets]
+        out.append(_bucket_svg(sizes))
+        rows: list[list[object]] = []
+        for i, b in enumerate(buckets):
+            names = [params.get(p, (str(p), 0))[0] for p in b]
+            shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)"
+                                            if len(names) > 6 else "")
+            limit = limits[i] if i < len(limits) else "-"
+            rows.append([i, len(b), sizes[i] if params else "?", limit, shown])
+        out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
+                          text=(4,)))
+        if len(rows) > _MAX_ROWS:
+            out.append(f"<p class='muted'>{len(rows) - _MAX_ROWS} more buckets not shown.</p>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _bucket_svg(sizes: list[int]) -> str:
+    total = sum(sizes) or len(sizes) or 1
+    width, height, x = 1000.0, 28, 0.0
+    rects = []
+    for i, size in enumerate(sizes):
+        w = width * (size if sum(sizes) else 1) / total
+        rects.append(f"<rect x='{x:.1f}' y='0' width='{max(w, 1):.1f}' height='{height}' "
+                     f"fill='{_COLORS[i % len(_COLORS)]}' stroke='#fff'><title>bucket {i}: "
+                     f"{size} bytes</title></rect>")
+        if w > 30:
+            rects.append(f"<text x='{x + 4:.1f}' y='18' font-size='12' fill='#fff'>b{i}</text>")
+        x += w
+    return (f"<svg width='{width:.0f}' height='{height}' "
+            f"role='img' aria-label='bucket sizes'>{''.join(rects)}</svg>")
+
+
+def _timeline(trace: Trace) -> str:
+    out = ["<section id='timeline'><h2>All-reduce timeline</h2>"]
+    spans = [s for s in trace.spans() if s.cat in ("allreduce", "phase")]
+    steps = sorted({s.step for s in spans if s.name == "backward"})[-_TIMELINE_STEPS:]
+    shown = [s for s in spans if s.step in steps
+             and (s.name in ("backward", "forward") or s.cat == "allreduce")]
+    if not shown:
+        out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
+                   "</section>")
+        return "".join(out)
+    out.append(f"<p>Steps {_e(', '.join(map(str, steps)))} on the aligned clock; one band per "
+               "rank: forward and backward on top, one row per bucket's all-reduce below. "
+               "Hatched: never finished.</p>")
+    t0 = min(s.start_ns for s in shown)
+    t1 = max(s.end_ns for s in shown)
+    scale = 900.0 / max(t1 - t0, 1)
+    ranks = sorted({s.rank for s in shown})
+    buckets = sorted({int(s.lane.rsplit(" ", 1)[1]) for s in shown if s.cat == "allreduce"})
+    row_h, label_w = 12, 90
+    band = (1 + len(buckets)) * row_h + 10
+    height = band * len(ranks) + 24
+    items = ["<defs><pattern id='hatch' width='6' height='6' patternUnits='userSpaceOnUse'>"
+             "<path d='M0,6 l6,-6' stroke='#b00020' stroke-width='1'/></pattern></defs>"]
+    for ri, rank in enumerate(ranks):
+        y0 = ri * band
+        items.append(f"<text x='0' y='{y0 + 10}' font-size='11'>rank {rank}</text>")
+        for bi, b in enumerate(buckets):
+            items.append(f"<text x='40' y='{y0 + (bi + 2) * row_h - 2}' font-size='9' "
+                         f"fill='#777'>b{b}</text>")
+    for s in shown:
+        y0 = ranks.index(s.rank) * band
+        if s.cat == "allreduce":
+            b = int(s.lane.rsplit(" ", 1)[1])
+            y = y0 + (buckets.index(b) + 1) * row_h
+            color = _COLORS[b % len(_COLORS)]
+        else:
+            y = y0
+            color = "#d0d7e1" if s.name == "backward" else "#eceff3"
+        x = label_w + (s.start_ns - t0) * scale
+        w = max((s.end_ns - s.start_ns) * scale, 1.0)
+        fill = color if s.finished else "url(#hatch)"
+        items.append(f"<rect x='{x:.1f}' y='{y}' width='{w:.1f}' height='{row_h - 2}' "
+                     f"fill='{fill}'><title>rank {s.rank} step {s.step} {_e(s.name)}: "
+                     f"{_ms(s.end_ns - s.start_ns)} ms</title></rect>")
+    axis_y = band * len(ranks) + 14
+    for k in range(5):
+        x = label_w + 900 * k / 4
+        items.append(f"<text x='{x:.0f}' y='{axis_y}' font-size='10' fill='#555'>"
+                     f"{_ms((t1 - t0) * k / 4)} ms</text>")
+    out.append(f"<svg width='{label_w + 960}' "
+               f"height='{height}' role='img' aria-label='all-reduce timeline'>"
+               f"{''.join(items)}</svg></section>")
+    return "".join(out)
+
+
+def _unused(trace: Trace) -> str:
+    out = ["<section id='unused'><h2>Unused parameters</h2>"]
+    found = trace.of_type(ev.UnusedParametersFound)
+    if not found:
+        out.append("<p class='muted'>No rank reported unused parameters.</p></section>")
+        return "".join(out)
+    per_rank: dict[int, dict[int, str]] = defaultdict(dict)
+    steps: dict[int, set[int]] = defaultdict(set)
+    for e in found:
+        for p, name in zip(e.params, e.names, strict=False):  # type: ignore[attr-defined]
+            per_rank[e.rank][p] = name
+        steps[e.rank].add(e.step)
+    rows: list[list[object]] = []
+    for rank in sorted(per_rank):
+        names = [f"{i} {n}" for i, n in sorted(per_rank[rank].items())]
+        rows.append([rank, len(names), ", ".join(map(str, sorted(steps[rank]))),
+                     ", ".join(names)])
+    out.append("<p class='bad'>Parameters that got no gradient: with "
+               "find_unused_parameters=False DDP would not all-reduce them.</p>")
+    out.append(_table(["rank", "count", "steps", "parameters"], rows, text=(2, 3)))
+    out.append("</section>")
+    return "".join(out)

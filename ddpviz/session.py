@@ -1,0 +1,310 @@
+"""Live sessions: `ddpviz.listen()` in the notebook, `ddpviz.connect()` on every rank.
+
+A `Session` wraps a `Collector` and keeps everything it receives in a `Trace`; consumers
+subscribe (callbacks on the collector's thread) or iterate from any thread. `connect()` runs on
+a rank (under torchrun, a launcher, or by hand): it reads DDPVIZ_CONNECT and installs a
+`Sender` as the process-wide default emitter; without the variable it records to a local
+per-rank trace file instead, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ddpviz import events
+from ddpviz.events import Event
+from ddpviz.trace import SUFFIX, Trace, TraceWriter
+from ddpviz.transport.collector import (
+    END_OF_STREAM,
+    Collector,
+    CollectorStats,
+    iterate_queue,
+)
+from ddpviz.transport.sender import Sender
+
+ENV_CONNECT = "DDPVIZ_CONNECT"
+ENV_TRACE_DIR = "DDPVIZ_TRACE_DIR"
+
+
+class Session:
+    """Every rank's events, live: subscribe, iterate, wait, save.
+
+    Args:
+        collector: where the events come from (`listen()` makes one).
+        record: also append every event to this `.ddpviz` file as it arrives (crash-safe).
+    """
+
+    def __init__(self, collector: Collector, *, record: str | os.PathLike[str] | None = None
+                 ) -> None:
+        self.collector = collector
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
+        self._trace = Trace(meta={"source": "session", "address": collector.address,
+                                  "started_wall_ns": time.time_ns()})
+        self._writer = TraceWriter(record, meta=self._trace.meta) if record else None
+        self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
+        self._queues: list[queue.SimpleQueue[Any]] = []
+        self._closed = False
+        self._unsubscribe = collector.subscribe(self._receive, batch=True)
+
+    # --- facts --------------------------------------------------------------------------------
+
+    @property
+    def connect_string(self) -> str:
+        """`tcp://HOST:PORT#SECRET`: set it as DDPVIZ_CONNECT for the ranks (keep it private)."""
+        return self.collector.connect_string
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a rank needs: `subprocess.run(..., env={**os.environ, **s.env})`."""
+        return {ENV_CONNECT: self.connect_string}
+
+    @property
+    def stats(self) -> CollectorStats:
+        return self.collector.stats
+
+    @property
+    def trace(self) -> Trace:
+        """The live trace (grows as events arrive), with the ranks' clock offsets."""
+        for rank, (offset, error) in self.collector.stats.clock.items():
+            self._trace.set_clock(rank, offset, error)
+        return self._trace
+
+    def __len__(self) -> int:
+        return len(self._trace)
+
+    # --- consumers ----------------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False,
+                  replay: bool = False) -> Callable[[], None]:
+        """Call `callback(event)` for each new event (`callback(events)` per message with
+        batch=True) on the collector's thread; with replay=True first for every event already
+        received (in this thread, none missed or doubled). Returns an unsubscribe function."""
+        entry = (callback, batch)
+        with self._lock:
+            if replay:
+                past = self._trace.events()
+                if batch:
+                    callback(past)
+                else:
+                    for e in past:
+                        callback(e)
+            self._subscribers.append(entry)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if entry in self._subscribers:
+                    self._subscribers.remove(entry)
+
+        return unsubscribe
+
+    def events(self, *, replay: bool = True, timeout: float | None = None) -> Iterator[Event]:
+        """Iterate over events from any thread: those already received (replay=True), then new
+        ones as they arrive. Ends when the session closes or after `timeout` quiet seconds."""
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            if replay:
+                q.put(self._trace.events())
+            if self._closed:
+                q.put(END_OF_STREAM)
+            else:
+                self._queues.append(q)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if q in self._queues:
+                    self._queues.remove(q)
+
+        return iterate_queue(q, unsubscribe, timeout)
+
+    def __iter__(self) -> Iterator[Event]:
+        """Same as `events()`: blocks for new events until the session closes."""
+        return self.events()
+
+    def wait(self, *, events: int | None = None, ranks: int | None = None,
+             timeout: float = 60.0) -> bool:
+        """Block until at least `events` events arrived and/or `ranks` ranks finished (their
+        sender closed and everything it sent is in). Returns False on timeout."""
+        def done() -> bool:
+            return ((events is None or len(self._trace) >= events)
+                    and (ranks is None or len(self.collector.stats.closed) >= ranks))
+
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return done()
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def _receive(self, batch: list[Event]) -> None:
+        with self._lock:
+            self._trace.extend(batch)
+            if self._writer is not None:
+                self._writer.write_many(batch)
+                self._writer.flush()
+            for q in self._queues:
+                q.put(batch)
+            for callback, is_batch in list(self._subscribers):
+                if is_batch:
+                    try:
+                        callback(batch)
+                    except Exception as exc:
+                        self.collector.report_callback_error(callback, exc)
+                    continue
+                for e in batch:
+                    try:
+                        callback(e)
+                    except Exception as exc:
+                        self.collector.report_callback_error(callback, exc)
+            self._cv.notify_all()
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Save everything received so far as a `.ddpviz` trace. Returns the path."""
+        return self.trace.save(path)
+
+    def close(self) -> None:
+        """Stop listening; iterators end; the record file (if any) gets the clock offsets."""
+        if self._closed:
+            return
+        trace = self.trace  # takes the final clock offsets
+        self.collector.close()
+        self._unsubscribe()
+        with self._lock:
+            self._closed = True
+            if self._writer is not None:
+                for rank, (offset, error) in sorted(trace.clock.items()):
+                    self._writer.write_clock(rank, offset, error)
+                self._writer.close()
+            for q in self._queues:
+                q.put(END_OF_STREAM)
+            self._queues.clear()
+            self._cv.notify_all()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> str:
+        """How to point ranks at this session (shown by `listen()`)."""
+        c = self.collector
+        scope = ("this machine only; listen(host='0.0.0.0') for other nodes"
+                 if c.host.startswith("127.") or c.host in ("::1", "localhost")
+                 else f"interface {c.host}")
+        return (f"ddpviz: listening on {c.address} ({scope}).\n"
+                "In the training script call ddpviz.connect() before building the model, "
+                "then launch it with:\n"
+                f"  {ENV_CONNECT}='{self.connect_string}' torchrun --nproc_per_node 2 train.py")
+
+    def __repr__(self) -> str:
+        s = self.collector.stats
+        state = "closed" if self._closed else "live"
+        return (f"<ddpviz Session {state} {self.collector.address}: {len(self._trace)} events "
+                f"from ranks {sorted(s.received)} ({len(s.closed)} finished), "
+                f"{s.total_rejected} rejected>")
+
+
+def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
+           advertise: str | None = None, record: str | os.PathLike[str] | None = None,
+           show: bool = True) -> Session:
+    """Start a live session in this process (the notebook) and show its connect string.
+
+    Args:
+        host: interface to bind; loopback by default ("0.0.0.0" for ranks on other nodes).
+        port: TCP port (0: a free one).
+        secret: session secret (default: a fresh random one).
+        advertise: host name to put in the connect string when binding every interface.
+        record: also stream every event into this `.ddpviz` file as it arrives.
+        show: print the connect string and how to use it.
+    Returns:
+        The Session; `session.connect_string` goes into the ranks' DDPVIZ_CONNECT.
+    """
+    session = Session(Collector(host, port, secret, advertise=advertise), record=record)
+    if show:
+        print(session.describe())
+    return session
+
+
+_connected: Sender | None = None
+_previous_emitter: events.Emitter | None = None
+_connect_lock = threading.Lock()
+
+
+def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None = None,
+            capacity: int = 1 << 16, batch: int = 1024) -> Sender:
+    """On a rank: stream this process's events to the notebook session in DDPVIZ_CONNECT.
+
+    Installs a Sender as the process-wide default emitter (so call it before building
+    `ddpviz.DistributedDataParallel`); it is flushed and closed at exit. Without DDPVIZ_CONNECT
+    the events go to `ddpviz-trace-rank{R}.ddpviz` in DDPVIZ_TRACE_DIR (or `trace_dir`, or the
+    current directory); load them with `ddpviz.Trace.load`. Calling it again returns the same
+    Sender.
+
+    Args:
+        rank: this process's rank (default: $RANK as set by torchrun, else the initialized
+            process group's rank, else 0).
+        trace_dir: where the fallback trace file goes.
+        capacity, batch: see `Sender`.
+    """
+    global _connected, _previous_emitter
+    with _connect_lock:
+        if _connected is not None:
+            return _connected
+        rank = _this_rank() if rank is None else rank
+        target = os.environ.get(ENV_CONNECT, "").strip()
+        if target:
+            sender = Sender(target, rank, capacity=capacity, batch=batch)
+        else:
+            folder = Path(trace_dir or os.environ.get(ENV_TRACE_DIR) or ".")
+            folder.mkdir(parents=True, exist_ok=True)
+            sender = Sender.to_file(folder / f"ddpviz-trace-rank{rank}{SUFFIX}", rank,
+                                    capacity=capacity, batch=max(batch, 4096))
+        _previous_emitter = events.set_default_emitter(sender)
+        _connected = sender
+        atexit.register(disconnect)
+        return sender
+
+
+def disconnect(timeout: float = 10.0) -> None:
+    """Undo `connect()`: ship what is buffered, close the Sender, restore the previous
+    default emitter. Runs at exit on its own."""
+    global _connected, _previous_emitter
+    with _connect_lock:
+        sender, _connected = _connected, None
+        if sender is None:
+            return
+        if events.default_emitter() is sender:
+            events.set_default_emitter(_previous_emitter)
+        _previous_emitter = None
+    atexit.unregister(disconnect)
+    sender.close(timeout)
+
+
+def _this_rank() -> int:
+    value = os.environ.get("RANK")
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"ddpviz: RANK={value!r} is not an integer.\nUnset it or pass "
+                             "ddpviz.connect(rank=...).") from None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    return 0

@@ -1,0 +1,522 @@
+"""Traces: the events of a run kept per rank, saved to `.ddpviz` files, exported for Perfetto.
+
+A `.ddpviz` file is data only (msgpack through msgspec's typed decoders, never pickle):
+the 8-byte magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | payload`. The
+first frame is the header (format and event-schema versions, metadata); then event chunks and
+clock records in any order. `TraceWriter` appends and flushes frame by frame, so a writer that
+dies mid-run leaves every flushed frame loadable; `Trace.load` keeps the complete frames before
+a torn last one and warns. Times: see `Trace.aligned_ns` and [Note: clock alignment].
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import struct
+import threading
+import warnings
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, cast
+
+import msgspec
+
+from ddpviz import events as ev
+from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
+
+FORMAT_VERSION = 1
+SUFFIX = ".ddpviz"
+_MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
+_FRAME = struct.Struct("<BII")
+_HEADER, _EVENTS, _CLOCK = 1, 2, 3
+_CHUNK = 8192  # events per frame when saving a whole trace
+
+
+class TraceError(ValueError):
+    """A file that is not a loadable ddpviz trace."""
+
+
+class _FileHeader(msgspec.Struct):
+    format: int
+    schema: int
+    meta: dict[str, Any] = {}
+
+
+class _Format(msgspec.Struct):
+    format: int
+
+
+class _Clock(msgspec.Struct, array_like=True):
+    rank: int
+    offset_ns: int  # add to the rank's t_ns to get the reference (collector's) clock
+    error_ns: int  # bound on the offset's error; -1 when unknown
+
+
+class Span(NamedTuple):
+    """An interval on one rank, on the aligned clock (see Trace.aligned_ns)."""
+
+    rank: int
+    name: str  # "backward", "all-reduce b3", "broadcast chunk 0", ...
+    cat: str  # "phase" | "allreduce" | "broadcast"
+    lane: str  # which row it is drawn in: "phases", "all-reduce bucket 3", ...
+    step: int
+    start_ns: int
+    end_ns: int
+    finished: bool  # False: no end event (the rank crashed or hung inside it)
+    args: dict[str, Any]
+
+
+class TraceWriter:
+    """Appends events to a `.ddpviz` file as they come; crash-safe at every `flush()`.
+
+    Args:
+        path: file to create (overwritten if it exists).
+        meta: plain data (str/int/float/bool/None, lists, dicts) stored in the header.
+        chunk: events per frame; a full chunk is written (not fsynced) immediately.
+    Also an emitter: `writer(event)`. Not thread-safe: one writing thread.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
+                 chunk: int = 4096) -> None:
+        self.path = Path(path)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._pending: list[Event] = []
+        self._chunk = chunk
+        self.count = 0  # events written to the OS so far
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._file.write(_MAGIC)
+        self._frame(_HEADER, _FileHeader(FORMAT_VERSION, SCHEMA_VERSION, dict(meta or {})))
+        self._file.flush()
+
+    def _frame(self, kind: int, obj: object) -> None:
+        payload = self._encoder.encode(obj)
+        self._file.write(_FRAME.pack(kind, len(payload), zlib.crc32(payload)))
+        self._file.write(payload)
+
+    def __call__(self, event: Event, /) -> None:
+        self._pending.append(event)
+        if len(self._pending) >= self._chunk:
+            self.flush()
+
+    def write(self, event: Event) -> None:
+        self(event)
+
+    def write_many(self, events: Iterable[Event]) -> None:
+        self._pending.extend(events)
+        if len(self._pending) >= self._chunk:
+            self.flush()
+
+    def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
+        """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
+        self._frame(_CLOCK, _Clock(rank, offset_ns, error_ns))
+
+    def flush(self, fsync: bool = False) -> None:
+        """Write pending events as one frame and hand the file's buffer to the OS (which keeps
+        it if this process dies); `fsync=True` also survives a power cut."""
+        if self._file.closed:
+            return
+        pending, self._pending = self._pending, []
+        for i in range(0, len(pending), self._chunk):
+            self._frame(_EVENTS, pending[i:i + self._chunk])
+        self.count += len(pending)
+        self._file.flush()
+        if fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.flush()
+            self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Trace:
+    """The events of a run, per rank, in the order each rank emitted them. Thread-safe.
+
+    Args:
+        events: initial events (any ranks).
+        meta: plain data describing the run.
+        clock: {rank: (offset_ns, error_ns)}: offsets onto the reference clock.
+    """
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, events: Iterable[Event] = (), *, meta: dict[str, Any] | None = None,
+                 clock: dict[int, tuple[int, int]] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._by_rank: dict[int, list[Event]] = {}
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.clock: dict[int, tuple[int, int]] = dict(clock or {})
+        self.truncated = False  # set by load() when the file ended in a torn frame
+        self.extend(events)
+
+    # --- recording ----------------------------------------------------------------------------
+
+    def append(self, event: Event) -> None:
+        with self._lock:
+            self._by_rank.setdefault(event.rank, []).append(event)
+
+    def extend(self, events: Iterable[Event]) -> None:
+        batch = events if isinstance(events, list) else list(events)
+        if not batch:
+            return
+        rank = batch[0].rank
+        if batch[-1].rank == rank and all(e.rank == rank for e in batch):
+            with self._lock:  # the usual case: one rank's chunk or message
+                self._by_rank.setdefault(rank, []).extend(batch)
+            return
+        with self._lock:
+            by_rank = self._by_rank
+            for e in batch:
+                lst = by_rank.get(e.rank)
+                if lst is None:
+                    lst = by_rank[e.rank] = []
+                lst.append(e)
+
+    def set_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
+        with self._lock:
+            self.clock[rank] = (offset_ns, error_ns)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    @property
+    def ranks(self) -> list[int]:
+        with self._lock:
+            return sorted(self._by_rank)
+
+    def events(self, rank: int | None = None) -> list[Event]:
+        """A snapshot: one rank's events in emission order, or all ranks merged by aligned
+        time (ties by rank, then seq)."""
+        with self._lock:
+            if rank is not None:
+                return list(self._by_rank.get(rank, ()))
+            lists = [(r, list(v)) for r, v in self._by_rank.items()]
+            clock = dict(self.clock)
+        merged = [e for _, lst in lists for e in lst]
+        merged.sort(key=lambda e: (e.t_ns + clock.get(e.rank, (0, 0))[0], e.rank, e.seq))
+        return merged
+
+    def of_type(self, *types: type[Event], rank: int | None = None) -> list[Event]:
+        return [e for e in self.events(rank) if isinstance(e, types)]
+
+    def aligned_ns(self, event: Event) -> int:
+        """`event.t_ns` on the reference clock (the collector's): t_ns + the rank's offset.
+        Offsets are 0 on one host (a shared monotonic clock); see [Note: clock alignment]."""
+        return event.t_ns + self.clock.get(event.rank, (0, 0))[0]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._by_rank.values())
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        with self._lock:
+            mine = {r: list(v) for r, v in self._by_rank.items()}
+        with other._lock:
+            theirs = {r: list(v) for r, v in other._by_rank.items()}
+        return mine == theirs and self.clock == other.clock and self.meta == other.meta
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"rank {r}: {len(self.events(r))}" for r in self.ranks)
+        return f"<ddpviz Trace, {len(self)} events ({counts or 'empty'})>"
+
+    # --- files --------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the whole trace to `path` (conventionally `*.ddpviz`). Returns the path."""
+        with TraceWriter(path, meta=self.meta, chunk=_CHUNK) as w:
+            for rank, (offset, error) in sorted(self.clock.items()):
+                w.write_clock(rank, offset, error)
+            for rank in self.ranks:
+                w.write_many(self.events(rank))
+                w.flush()
+            return w.path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read a `.ddpviz` file. A torn last frame (the writer died mid-write) is skipped with
+        a warning; every complete frame before it is kept. Raises TraceError otherwise."""
+        path = Path(path)
+        return cls.from_bytes(path.read_bytes(), path)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Trace:
+        """Like `load`, from the bytes of a `.ddpviz` file; `path` only names it in messages."""
+        path = Path(path)
+        if not data.startswith(_MAGIC):
+            raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} "
+                             "magic at its start).\nPass a file written by Trace.save, "
+                             "TraceWriter or ddpviz.connect().")
+        # A million small objects trip the cyclic GC over and over; events hold no cycles.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return cls._parse(data, path)
+        finally:
+            if enabled:
+                gc.enable()
+
+    @classmethod
+    def _parse(cls, data: bytes, path: Path) -> Trace:
+        decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
+        decode_clock = msgspec.msgpack.Decoder(_Clock).decode
+        view = memoryview(data)
+        pos, end = len(_MAGIC), len(data)
+        trace: Trace | None = None
+        chunks: list[list[Event]] = []
+        clock: dict[int, tuple[int, int]] = {}
+        while pos < end:
+            where = pos
+            if end - pos < _FRAME.size:
+                _torn(path, where, "a frame header is cut short")
+                trace = trace or cls()
+                trace.truncated = True
+                break
+            kind, length, crc = _FRAME.unpack_from(data, pos)
+            pos += _FRAME.size
+            payload = view[pos:pos + length]
+            pos += length
+            last = pos >= end
+            if len(payload) < length or zlib.crc32(payload) != crc:
+                if last:
+                    _torn(path, where, "the last frame is incomplete")
+                    trace = trace or cls()
+                    trace.truncated = True
+                    break
+                raise TraceError(f"ddpviz: {str(path)!r} is corrupt: frame at byte {where} "
+                                 "fails its checksum.\nThe file was modified after writing; "
+                                 "restore it from the original run.")
+            try:
+                if trace is None:
+                    trace = cls(meta=_read_header(path, kind, payload))
+                elif kind == _EVENTS:
+                    chunks.append(cast("list[Event]", decode_events(payload)))
+                elif kind == _CLOCK:
+                    c = decode_clock(payload)
+                    clock[c.rank] = (c.offset_ns, c.error_ns)
+                # other kinds: records from a later minor format; skip them
+            except (msgspec.MsgspecError, ValueError) as e:
+                raise TraceError(f"ddpviz: {str(path)!r}: frame at byte {where} does not "
+                                 f"decode: {e}.\nThe file is damaged or was written by an "
+                                 "incompatible ddpviz.") from None
+        if trace is None:
+            raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
+                             "The writer died before writing anything; rerun the job.")
+        for chunk in chunks:
+            trace.extend(chunk)
+        trace.clock.update(clock)
+        return trace
+
+    @classmethod
+    def merge(cls, traces: Iterable[Trace]) -> Trace:
+        """One trace from several (e.g. the per-rank files of `ddpviz.connect()` without
+        DDPVIZ_CONNECT). Ranks on other hosts are aligned by wall clock when the files carry
+        it (error: the hosts' NTP error); on the first file's host offsets stay 0."""
+        traces = list(traces)
+        merged = cls(meta=dict(traces[0].meta) if traces else None)
+        ref = traces[0].meta if traces else {}
+        for t in traces:
+            merged.extend(t.events())
+            for rank in t.ranks:
+                merged.clock[rank] = t.clock.get(rank, _wall_offset(t.meta, ref))
+        merged.meta.pop("rank", None)
+        return merged
+
+    # --- export -------------------------------------------------------------------------------
+
+    def spans(self) -> list[Span]:
+        """Phases, all-reduces and broadcast chunks as intervals (see Span)."""
+        out: list[Span] = []
+        for rank in self.ranks:
+            out.extend(_rank_spans(rank, self.events(rank), self.clock.get(rank, (0, 0))[0]))
+        return out
+
+    def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """Chrome/Perfetto trace JSON: ranks as processes, phases, all-reduces and broadcast
+        chunks as spans ("X"), gradient hooks and other events as instants. Writes it to `path`
+        if given (open in ui.perfetto.dev or chrome://tracing) and returns it."""
+        doc = _chrome(self)
+        if path is not None:
+            Path(path).write_text(json.dumps(doc))
+        return doc
+
+
+def _read_header(path: Path, kind: int, payload: memoryview) -> dict[str, Any]:
+    if kind != _HEADER:
+        raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
+                         "is damaged; restore it from the original run.")
+    fmt = msgspec.msgpack.decode(payload, type=_Format).format
+    if fmt != FORMAT_VERSION:
+        raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
+                         f"format {FORMAT_VERSION}.\nUse the ddpviz version that wrote it.")
+    header = msgspec.msgpack.decode(payload, type=_FileHeader)
+    if header.schema != SCHEMA_VERSION:
+        raise TraceError(f"ddpviz: {str(path)!r} holds event schema {header.schema}; this "
+                         f"ddpviz reads schema {SCHEMA_VERSION}.\nUse the ddpviz version that "
+                         "wrote it.")
+    return header.meta
+
+
+def _torn(path: Path, where: int, what: str) -> None:
+    warnings.warn(f"ddpviz: {str(path)!r} ends in a torn frame at byte {where} ({what}); "
+                  "the writer stopped mid-write.\nEverything before it was loaded; events "
+                  "after the last flush are lost.", UserWarning, stacklevel=5)
+
+
+def _wall_offset(meta: dict[str, Any], ref: dict[str, Any]) -> tuple[int, int]:
+    """(offset, error) of a per-rank file's clock onto the reference file's clock."""
+    if meta.get("boot") and meta.get("boot") == ref.get("boot"):
+        return (0, 0)  # same kernel: same monotonic clock
+    if not all(isinstance(m.get(k), int) for m in (meta, ref) for k in ("wall_ns", "mono_ns")):
+        return (0, -1)  # unknown
+    return ((meta["wall_ns"] - meta["mono_ns"]) - (ref["wall_ns"] - ref["mono_ns"]), -1)
+
+
+# --- spans ------------------------------------------------------------------------------------
+
+_PHASES: dict[type[Event], tuple[str, tuple[type[Event], ...]]] = {
+    ev.VerificationStarted: ("verify", (ev.VerificationPassed, ev.VerificationFailed)),
+    ev.BroadcastStarted: ("broadcast", (ev.BroadcastFinished,)),
+    ev.ForwardStarted: ("forward", (ev.BackwardStarted, ev.ForwardStarted)),
+    ev.BackwardStarted: ("backward", (ev.BackwardFinished,)),
+}
+_ENDS = {end: start for start, (_, ends) in _PHASES.items() for end in ends}
+
+
+def _args(event: Event) -> dict[str, Any]:
+    d: dict[str, Any] = msgspec.to_builtins(event)
+    for k in ("type", "rank", "t_ns"):
+        d.pop(k, None)
+    return d
+
+
+def _rank_spans(rank: int, events: list[Event], offset: int) -> list[Span]:
+    out: list[Span] = []
+    open_phase: dict[type[Event], Event] = {}
+    open_ar: dict[int, list[Event]] = {}
+    open_chunk: dict[int, list[Event]] = {}
+    chunk_lanes: list[int] = []  # end time of the last span in each broadcast lane
+
+    def close(start: Event, end_ns: int, name: str, cat: str, lane: str, done: bool,
+              extra: dict[str, Any]) -> None:
+        args = _args(start)
+        args.update(extra)
+        if not done:
+            args["unfinished"] = True
+        out.append(Span(rank, name, cat, lane, start.step, start.t_ns + offset, end_ns + offset,
+                        done, args))
+
+    for e in events:
+        cls = type(e)
+        if cls in _ENDS or cls in _PHASES:
+            start_cls = _ENDS.get(cls)
+            if start_cls is not None and start_cls in open_phase:
+                s = open_phase.pop(start_cls)
+                close(s, e.t_ns, _PHASES[start_cls][0], "phase", "phases", True,
+                      {"ended_by": cls.__name__})
+            if cls in _PHASES:
+                open_phase[cls] = e
+        elif cls is ev.AllReduceLaunched:
+            open_ar.setdefault(e.bucket, []).append(e)  # type: ignore[attr-defined]
+        elif cls is ev.AllReduceDone:
+            pending = open_ar.get(e.bucket)  # type: ignore[attr-defined]
+            if pending:
+                s = pending.pop(0)
+                b = e.bucket  # type: ignore[attr-defined]
+                close(s, e.t_ns, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}",
+                      True, {})
+        elif cls is ev.BroadcastChunkSent:
+            open_chunk.setdefault(e.chunk, []).append(e)  # type: ignore[attr-defined]
+        elif cls is ev.BroadcastChunkDone:
+            pending = open_chunk.get(e.chunk)  # type: ignore[attr-defined]
+            if pending:
+                s = pending.pop(0)
+                close(s, e.t_ns, f"broadcast chunk {e.chunk}", "broadcast",  # type: ignore[attr-defined]
+                      "", True, {})
+    last = events[-1].t_ns if events else 0
+    for s in open_phase.values():
+        close(s, last, _PHASES[type(s)][0], "phase", "phases", False, {})
+    for pending in open_ar.values():
+        for s in pending:
+            b = s.bucket  # type: ignore[attr-defined]
+            close(s, last, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}", False, {})
+    for pending in open_chunk.values():
+        for s in pending:
+            close(s, last, f"broadcast chunk {s.chunk}", "broadcast", "",  # type: ignore[attr-defined]
+                  False, {})
+    # Broadcast chunks overlap (2 in flight): give each the first lane free at its start.
+    result: list[Span] = []
+    for sp in sorted(out, key=lambda s: s.start_ns):
+        if sp.cat == "broadcast":
+            lane = next((i for i, t in enumerate(chunk_lanes) if t <= sp.start_ns), None)
+            if lane is None:
+                lane = len(chunk_lanes)
+                chunk_lanes.append(sp.end_ns)
+            chunk_lanes[lane] = sp.end_ns
+            sp = sp._replace(lane=f"broadcast lane {lane}")
+        result.append(sp)
+    return result
+
+
+# --- Chrome / Perfetto JSON -------------------------------------------------------------------
+
+_INSTANT_LANES: dict[type[Event], str] = {ev.GradReady: "gradient hooks"}
+_SPAN_EVENTS = (set(_PHASES) | set(_ENDS)
+                | {ev.AllReduceLaunched, ev.AllReduceDone, ev.BroadcastChunkSent,
+                   ev.BroadcastChunkDone})
+
+
+def _chrome(trace: Trace) -> dict[str, Any]:
+    spans = trace.spans()
+    per_rank = {r: trace.events(r) for r in trace.ranks}
+    starts = [s.start_ns for s in spans] + [trace.aligned_ns(lst[0])
+                                            for lst in per_rank.values() if lst]
+    t0 = min(starts) if starts else 0
+    out: list[dict[str, Any]] = []
+    tids: dict[tuple[int, str], int] = {}
+
+    def tid(rank: int, lane: str) -> int:
+        key = (rank, lane)
+        if key not in tids:
+            tids[key] = n = len([k for k in tids if k[0] == rank])
+            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": n,
+                        "args": {"name": lane}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": n,
+                        "args": {"sort_index": n}})
+        return tids[key]
+
+    for rank in per_rank:
+        out.append({"ph": "M", "name": "process_name", "pid": rank,
+                    "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": rank,
+                    "args": {"sort_index": rank}})
+        tid(rank, "phases")
+    for s in spans:
+        out.append({"name": s.name, "cat": s.cat, "ph": "X", "pid": s.rank,
+                    "tid": tid(s.rank, s.lane), "ts": (s.start_ns - t0) / 1000,
+                    "dur": max(0, s.end_ns - s.start_ns) / 1000, "args": s.args})
+    for rank, lst in per_rank.items():
+        offset = trace.clock.get(rank, (0, 0))[0]
+        for e in lst:
+            cls = type(e)
+            if cls in _SPAN_EVENTS:
+                continue
+            lane = _INSTANT_LANES.get(cls, "events")
+            name = f"grad p{e.param}" if cls is ev.GradReady else cls.__name__  # type: ignore[attr-defined]
+            out.append({"name": name, "cat": "hook" if cls is ev.GradReady else "event",
+                        "ph": "i", "s": "t", "pid": rank, "tid": tid(rank, lane),
+                        "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
+    clock = {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in trace.clock.items()}
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"generator": "ddpviz", "clock": clock, "meta": trace.meta}}

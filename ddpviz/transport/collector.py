@@ -1,0 +1,380 @@
+"""The kernel side of the event stream: a `Collector` receives every rank's events.
+
+One zmq ROUTER socket, bound to 127.0.0.1 unless told otherwise, served by one background
+thread. Every message is checked by the codec (signature with the per-session secret first);
+refused ones are counted per reason and the thread carries on. It answers clock pings (See
+[Note: clock alignment] in sender.py), finds holes in each rank's sequence numbers, and hands
+events to subscribers: callbacks run on its thread, `events()` iterates from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import secrets
+import socket
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import zmq
+
+from ddpviz.events import Event, EventsDropped
+from ddpviz.transport.codec import (
+    MAX_MESSAGE_BYTES,
+    REASONS,
+    Codec,
+    Header,
+    WireError,
+    boot_id,
+    make_header,
+)
+
+_WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
+END_OF_STREAM = object()  # put on an iterate_queue queue to end the iteration
+
+
+class CollectorStats(NamedTuple):
+    """A snapshot of what the collector has seen, per rank unless noted."""
+
+    received: dict[int, int]  # events accepted (EventsDropped markers included)
+    frames: dict[int, int]  # event messages accepted
+    rejected: dict[str, int]  # messages refused, per reason (every reason in codec.REASONS)
+    gaps: dict[int, int]  # seq numbers never received and not explained by an EventsDropped
+    #                       marker: silent loss, which should stay 0
+    dropped: dict[int, int]  # events the rank's sender reported dropped (EventsDropped)
+    reordered: dict[int, int]  # events whose seq went backwards (duplicates, a second Tap)
+    lost_frames: dict[int, int]  # messages missing from a sender's frame numbering
+    clock: dict[int, tuple[int, int]]  # (offset_ns, error_ns); error -1: wall-clock estimate
+    peers: dict[int, str]  # "host pid" from the rank's hello
+    closed: dict[int, tuple[int, int]]  # ranks that said goodbye: (events sent, dropped)
+    callback_errors: int  # exceptions raised by subscribers (the first one is warned about)
+
+    @property
+    def total_received(self) -> int:
+        return sum(self.received.values())
+
+    @property
+    def total_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+
+@dataclass
+class _RankState:
+    sender: str = ""
+    next_seq: int = 0  # next expected event seq
+    next_frame: int = 0  # next expected frame number from the current sender
+    received: int = 0
+    frames: int = 0
+    gaps: int = 0
+    dropped: int = 0
+    reordered: int = 0
+    lost_frames: int = 0
+    clock: tuple[int, int] | None = None
+    peer: str = ""
+    closed: tuple[int, int] | None = None
+
+
+@dataclass
+class _Subscriber:
+    callback: Callable[[Any], None]
+    batch: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Collector:
+    """Receives events from every rank over zmq, validated and signed.
+
+    Args:
+        host: interface to bind; loopback by default. Pass "0.0.0.0" (or an address) to accept
+            ranks on other machines; the secret still guards it, but the traffic is not
+            encrypted.
+        port: TCP port; 0 picks a free one.
+        secret: the session secret (hex text); a fresh random one by default.
+        advertise: host name put in the connect string (default: `host`, or this machine's
+            name when binding every interface).
+        max_bytes: messages larger than this are refused as "oversized".
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | None = None, *,
+                 advertise: str | None = None, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.secret = secret or secrets.token_hex(32)
+        self._codec = Codec(self.secret.encode(), max_bytes=max_bytes)
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # zmq disconnects a peer sending one frame beyond this, before we could count it.
+        sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_bytes + (1 << 16))
+        sock.setsockopt(zmq.RCVHWM, 1024)
+        host = "127.0.0.1" if host == "localhost" else host
+        ipv6 = ":" in host
+        if ipv6:
+            sock.setsockopt(zmq.IPV6, 1)
+        bind_host = "*" if host in _WILDCARD_HOSTS else (f"[{host}]" if ipv6 else host)
+        try:
+            sock.bind(f"tcp://{bind_host}:{port or '*'}")
+        except zmq.ZMQError as e:
+            sock.close()
+            self._ctx.term()
+            raise OSError(f"ddpviz: cannot listen on {host}:{port}: {e}.\nPick another port "
+                          "(port=0 takes a free one) or an address of this machine.") from e
+        endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+        assert isinstance(endpoint, bytes)
+        self.port = int(endpoint.decode().rsplit(":", 1)[1])
+        self.host = host
+        shown = advertise or (socket.gethostname() if host in _WILDCARD_HOSTS else host)
+        self.address = f"tcp://[{shown}]:{self.port}" if ":" in shown else \
+            f"tcp://{shown}:{self.port}"
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._ranks: dict[int, _RankState] = {}
+        self._rejected = dict.fromkeys(REASONS, 0)
+        self._callback_errors = 0
+        self._internal_errors = 0
+        self._subscribers: tuple[_Subscriber, ...] = ()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddpviz-collector", daemon=True)
+        self._thread.start()
+
+    @property
+    def connect_string(self) -> str:
+        """What a rank needs to send here: `tcp://HOST:PORT#SECRET` (keep it private)."""
+        return f"{self.address}#{self.secret}"
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
+    # --- consumers ----------------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False
+                  ) -> Callable[[], None]:
+        """Call `callback(event)` for every accepted event (or `callback(list_of_events)` per
+        message with batch=True), on the collector's thread. Returns an unsubscribe function.
+        Exceptions from callbacks are counted in stats.callback_errors, never fatal."""
+        return self._subscribe(_Subscriber(callback, batch))
+
+    def _subscribe(self, sub: _Subscriber) -> Callable[[], None]:
+        with self._lock:
+            self._subscribers = (*self._subscribers, sub)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+
+        return unsubscribe
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Iterate over events as they arrive (from this call on), from any thread. Ends when
+        the collector closes, or after `timeout` seconds without an event."""
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        done = {"done": lambda: q.put(END_OF_STREAM)}
+        unsubscribe = self._subscribe(_Subscriber(q.put, True, done))
+        if self.closed:
+            q.put(END_OF_STREAM)
+        return iterate_queue(q, unsubscribe, timeout)
+
+    @property
+    def stats(self) -> CollectorStats:
+        with self._lock:
+            r = self._ranks
+            return CollectorStats(
+                received={k: s.received for k, s in r.items()},
+                frames={k: s.frames for k, s in r.items()},
+                rejected=dict(self._rejected),
+                gaps={k: s.gaps for k, s in r.items()},
+                dropped={k: s.dropped for k, s in r.items()},
+                reordered={k: s.reordered for k, s in r.items()},
+                lost_frames={k: s.lost_frames for k, s in r.items()},
+                clock={k: s.clock for k, s in r.items() if s.clock is not None},
+                peers={k: s.peer for k, s in r.items()},
+                closed={k: s.closed for k, s in r.items() if s.closed is not None},
+                callback_errors=self._callback_errors)
+
+    def wait(self, predicate: Callable[[CollectorStats], bool], timeout: float = 30.0) -> bool:
+        """Block until `predicate(stats)` holds (checked after every message); False on
+        timeout."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self.stats):
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed:
+                return predicate(self.stats)
+            with self._cv:
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def close(self) -> None:
+        """Stop receiving; iterators end. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(10)
+        self._sock.close(linger=0)
+        self._ctx.term()
+        for sub in self._subscribers:
+            done = sub.extra.get("done")
+            if done is not None:
+                done()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"<ddpviz Collector {self.address}: {s.total_received} events from ranks "
+                f"{sorted(s.received)}, {s.total_rejected} rejected>")
+
+    # --- the receiving thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        sock = self._sock
+        while not self._stop.is_set():
+            if not sock.poll(50, zmq.POLLIN):
+                continue
+            for _ in range(256):
+                try:
+                    msg = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    self._handle(msg, time.monotonic_ns())
+                except Exception as exc:  # a bug must not stop the stream: say so, go on
+                    self._internal_error(exc)
+            with self._cv:
+                self._cv.notify_all()
+
+    def _handle(self, msg: list[bytes], t_recv: int) -> None:
+        identity, parts = msg[0], msg[1:]
+        try:
+            frame = self._codec.decode(parts)
+        except WireError as e:
+            with self._lock:
+                self._rejected[e.reason] += 1
+            return
+        h, events = frame.header, frame.events
+        if h.kind == "events":
+            self._accept(h, events)
+            return
+        with self._lock:
+            st = self._state(h)
+            if h.kind == "hello":
+                st.peer = f"{h.host} {h.pid}"
+                if h.boot and h.boot == boot_id():
+                    st.clock = (0, 0)  # same kernel, same monotonic clock: exact
+                elif st.clock is None:
+                    # Until a ping answers: compare wall clocks (error: the hosts' NTP error).
+                    st.clock = ((time.time_ns() - t_recv) - (h.wall_ns - h.t_ns), -1)
+            elif h.kind == "clock":
+                if st.clock is None or st.clock[1] < 0 or 0 <= h.error_ns < st.clock[1]:
+                    st.clock = (h.offset_ns, h.error_ns)
+            elif h.kind == "bye":
+                st.closed = (h.count, h.dropped)
+        if h.kind in ("hello", "ping"):
+            pong = make_header("pong", h.rank, h.sender, 0, t_ns=h.t_ns, peer_ns=t_recv)
+            # If the peer went away the pong is lost; it pings again if it still cares.
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send_multipart([identity, *self._codec.encode(pong)], zmq.NOBLOCK)
+
+    def _state(self, h: Header) -> _RankState:
+        """The rank's state, reset when a new Sender (a restarted rank) shows up."""
+        st = self._ranks.get(h.rank)
+        if st is None:
+            st = self._ranks[h.rank] = _RankState()
+        if st.sender != h.sender:
+            if st.sender:
+                st.next_seq, st.closed = 0, None
+            st.sender, st.next_frame = h.sender, h.seq
+        if h.seq > st.next_frame:
+            st.lost_frames += h.seq - st.next_frame
+        st.next_frame = max(st.next_frame, h.seq + 1)
+        return st
+
+    def _accept(self, h: Header, events: list[Event]) -> None:
+        with self._lock:
+            st = self._state(h)
+            nxt, gaps, dropped, reordered = st.next_seq, 0, 0, 0
+            for e in events:
+                s = e.seq
+                if type(e) is EventsDropped:
+                    # Its seq is where the sender's hole begins; the hole is explained, not a gap.
+                    dropped += e.count
+                    if s > nxt:
+                        gaps += s - nxt
+                    nxt = max(nxt, s + e.count)
+                    continue
+                if s == nxt:
+                    nxt += 1
+                elif s > nxt:
+                    gaps += s - nxt
+                    nxt = s + 1
+                else:
+                    reordered += 1
+            st.next_seq = nxt
+            st.gaps += gaps
+            st.dropped += dropped
+            st.reordered += reordered
+            st.received += len(events)
+            st.frames += 1
+            subscribers = self._subscribers
+        for sub in subscribers:
+            if sub.batch:
+                try:
+                    sub.callback(events)
+                except Exception as exc:
+                    self.report_callback_error(sub.callback, exc)
+                continue
+            for e in events:
+                try:
+                    sub.callback(e)
+                except Exception as exc:  # costs nothing until raised (3.11 zero-cost try)
+                    self.report_callback_error(sub.callback, exc)
+
+    def _internal_error(self, exc: Exception) -> None:
+        with self._lock:
+            self._internal_errors += 1
+            first = self._internal_errors == 1
+        if first:
+            with contextlib.suppress(Warning):
+                warnings.warn(f"ddpviz: the collector failed on a message ({type(exc).__name__}:"
+                              f" {exc}); it skipped it and keeps running.\nPlease report this "
+                              "as a ddpviz bug.", UserWarning, stacklevel=2)
+
+    def report_callback_error(self, callback: object, exc: Exception) -> None:
+        """Count a consumer's exception (and warn about the first); the stream goes on."""
+        with self._lock:
+            self._callback_errors += 1
+            first = self._callback_errors == 1
+        if first:
+            with contextlib.suppress(Warning):  # warnings-as-errors must not kill the thread
+                warnings.warn(f"ddpviz: a subscriber ({callback!r}) raised "
+                              f"{type(exc).__name__}: {exc}; later errors are only counted in "
+                              "stats.callback_errors.\nFix the callback; the collector keeps "
+                              "running.", UserWarning, stacklevel=2)
+
+
+def iterate_queue(q: queue.SimpleQueue[Any], unsubscribe: Callable[[], None],
+                  timeout: float | None) -> Iterator[Event]:
+    """Yield the events of the batches put on `q` until END_OF_STREAM or `timeout` seconds of quiet;
+    unsubscribes when exhausted, closed or garbage collected (even if never started)."""
+    it = _iterate(q, timeout)
+    weakref.finalize(it, unsubscribe)
+    return it
+
+
+def _iterate(q: queue.SimpleQueue[Any], timeout: float | None) -> Iterator[Event]:
+    while True:
+        try:
+            item = q.get(timeout=timeout)
+        except queue.Empty:
+            return
+        if item is END_OF_STREAM:
+            return
+        yield from item

@@ -1,0 +1,440 @@
+"""The rank side of the event stream: a `Sender` takes events without ever blocking training.
+
+`sender(event)` appends to a bounded in-process buffer (a deque; append and popleft are atomic
+under the GIL) and returns. A background thread drains it in batches and ships them: to the
+notebook's collector over zmq (`Sender(connect, rank)`), or into a local trace file
+(`Sender.to_file(path, rank)`). When the buffer is full the event is dropped and counted; the
+next event that fits is preceded by an `EventsDropped(count)` marker, and the thread warns.
+See [Note: clock alignment] for the hello/ping exchange that aligns this rank's clock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+import zmq
+
+from ddpviz.events import Event, EventsDropped
+from ddpviz.trace import TraceWriter
+from ddpviz.transport.codec import (
+    MAX_MESSAGE_BYTES,
+    Codec,
+    WireError,
+    boot_id,
+    make_header,
+    parse_connect_string,
+)
+
+_MIN_IDLE_S = 0.001  # the shipping thread polls the buffer, backing off to _MAX_IDLE_S
+_MAX_IDLE_S = 0.02
+_PINGS = 5  # clock samples per connection; the one with the shortest round trip wins
+_PING_RETRY_S = 1.0
+_WARN_EVERY_S = 5.0
+
+# [Note: clock alignment]
+# Events carry time.monotonic_ns() of their rank. On one host every process shares that clock;
+# across nodes the clocks are unrelated. At connect, the sender pings the collector like NTP:
+# it sends t1 (its clock), the collector stamps t2 (its clock) on arrival and answers, the
+# sender reads t4 on receipt. Then offset = t2 - (t1 + t4) / 2 maps the rank's clock onto the
+# collector's, and because t2 happened somewhere between t1 and t4, the error is at most
+# (t4 - t1) / 2, half the round trip (tens of microseconds on loopback, about half a network
+# RTT across nodes; asymmetric routes make the real error approach that bound). Of _PINGS
+# samples the shortest round trip is kept and sent as a "clock" message. Until a pong arrives,
+# the collector falls back to comparing wall clocks from the hello (error: NTP's, ~ms).
+# Processes under one kernel (same Linux boot id, sent in the hello) share CLOCK_MONOTONIC:
+# their offset is exactly 0 and pings cannot improve on it.
+
+
+class SenderStats(NamedTuple):
+    sent: int  # events shipped, including EventsDropped markers
+    markers: int  # EventsDropped markers among them
+    dropped: int  # events dropped because the buffer was full (or undeliverable at close)
+    frames: int  # messages (or trace chunks) written
+
+
+class _Sink(Protocol):
+    def open(self, deadline: Callable[[], float | None]) -> None: ...
+    def ship(self, events: list[Event]) -> bool: ...
+    def service(self) -> None: ...
+    def close(self, sent: int, dropped: int, deadline: float) -> None: ...
+    def describe(self) -> str: ...
+
+
+class Sender:
+    """Emitter that ships a rank's events from a background thread; never blocks the caller.
+
+    Args:
+        connect: the connect string `tcp://HOST:PORT#SECRET` shown by `ddpviz.listen()`.
+        rank: this process's rank (stamped on control messages; events carry their own).
+        capacity: events the buffer holds; beyond it events are dropped and counted.
+        batch: most events per message.
+        clock: the monotonic clock events are stamped with (a test can skew it).
+    """
+
+    def __init__(self, connect: str, rank: int, *, capacity: int = 1 << 16, batch: int = 1024,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        address, secret = parse_connect_string(connect)
+        self._init(_ZmqSink(address, secret, rank, clock), rank, capacity, batch)
+
+    @classmethod
+    def to_file(cls, path: str | os.PathLike[str], rank: int, *, capacity: int = 1 << 16,
+                batch: int = 4096) -> Sender:
+        """A Sender that records into a `.ddpviz` trace file instead of a socket (crash-safe:
+        every batch reaches the OS before the next is taken)."""
+        self = cls.__new__(cls)
+        self._init(_FileSink(Path(path), rank), rank, capacity, batch)
+        return self
+
+    def _init(self, sink: _Sink, rank: int, capacity: int, batch: int) -> None:
+        if capacity < 1 or batch < 1:
+            raise ValueError(f"ddpviz: Sender needs capacity >= 1 and batch >= 1, got "
+                             f"capacity={capacity}, batch={batch}.")
+        self.rank = rank
+        self._sink = sink
+        self._capacity = capacity
+        self._nominal_capacity = capacity
+        self._batch = batch
+        self._buf: collections.deque[Event] = collections.deque()
+        self._lock = threading.Lock()
+        self._dropped = 0  # drops since the last marker
+        self._first_drop: Event | None = None
+        self._dropped_total = 0
+        self._unwarned = 0
+        self._last_warn = 0.0
+        self._sent = 0
+        self._markers = 0
+        self._frames = 0
+        self._wake = threading.Event()
+        self._cv = threading.Condition()
+        self._flush_req = 0  # flush() calls so far; the thread answers with _flush_done
+        self._flush_done = 0
+        self._closing = threading.Event()
+        self._deadline: float | None = None
+        self._closed = False
+        self.error: BaseException | None = None  # why the shipping thread stopped, if it did
+        self._thread = threading.Thread(target=self._run, name=f"ddpviz-sender-{rank}",
+                                        daemon=True)
+        self._thread.start()
+        _open_senders.add(self)
+
+    # --- the caller's side (hot path) ---------------------------------------------------------
+
+    def __call__(self, event: Event, /) -> None:
+        buf = self._buf
+        if len(buf) < self._capacity:
+            if self._dropped:
+                self._mark()
+            buf.append(event)
+        else:
+            self._drop(event)
+
+    def _drop(self, event: Event) -> None:
+        with self._lock:
+            if self._dropped == 0:
+                self._first_drop = event
+            self._dropped += 1
+            self._dropped_total += 1
+
+    def _mark(self) -> None:
+        with self._lock:
+            first, n = self._first_drop, self._dropped
+            if not n or first is None:
+                return
+            # The marker takes the first dropped event's seq: that number was never delivered,
+            # so it cannot collide, and it says where the hole begins.
+            self._buf.append(EventsDropped(first.rank, first.step, first.t_ns, first.seq, n))
+            self._dropped, self._first_drop = 0, None
+            self._unwarned += n
+
+    # --- control ------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> SenderStats:
+        return SenderStats(self._sent, self._markers, self._dropped_total, self._frames)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event emitted so far has been shipped. Returns False on timeout."""
+        with self._cv:
+            self._flush_req += 1
+            target = self._flush_req
+            self._wake.set()
+            return self._cv.wait_for(
+                lambda: self._flush_done >= target or not self._thread.is_alive(), timeout
+            ) and self._flush_done >= target
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ship what is buffered (up to `timeout` seconds), say goodbye, stop the thread.
+
+        Events still undelivered at the deadline are counted as dropped and warned about.
+        Emitting after close discards the event (counted)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._deadline = time.monotonic() + timeout
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout + 5.0)
+        self._capacity = 0  # later emits are counted as drops
+        _open_senders.discard(self)
+        self._warn_drops(force=True)
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"<ddpviz Sender rank={self.rank} to {self._sink.describe()}: sent={s.sent} "
+                f"dropped={s.dropped}{' closed' if self._closed else ''}>")
+
+    # --- the shipping thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._sink.open(lambda: self._deadline)
+            self._loop()
+        except BaseException as e:  # keep training alive; report through .error and a warning
+            self.error = e
+            self._capacity = 0
+            _warn(f"ddpviz: rank {self.rank}'s event sender to {self._sink.describe()} stopped: "
+                  f"{type(e).__name__}: {e}\nLater events are dropped (counted); check the "
+                  "connect string and that the notebook still listens.")
+            with self._cv:
+                self._cv.notify_all()
+
+    def _loop(self) -> None:
+        buf, idle_s = self._buf, _MIN_IDLE_S
+        while True:
+            req = self._flush_req  # read before looking at the buffer: see flush()
+            n = len(buf)
+            if n:
+                take = min(n, self._batch)
+                batch = [buf.popleft() for _ in range(take)]
+                self._ship(batch)
+                self._warn_drops()
+                idle_s = _MIN_IDLE_S
+                continue
+            if self._dropped and (self._closing.is_set() or req > self._flush_done):
+                self._mark()  # flush/close: report drops even if no later event arrives
+                continue
+            if req > self._flush_done:
+                with self._cv:
+                    self._flush_done = req
+                    self._cv.notify_all()
+            if self._closing.is_set():
+                break
+            self._sink.service()
+            if self._wake.wait(idle_s):
+                self._wake.clear()
+                idle_s = _MIN_IDLE_S
+            else:
+                idle_s = min(idle_s * 2, _MAX_IDLE_S)
+        self._sink.close(self._sent, self._dropped_total, self._deadline or time.monotonic())
+
+    def _ship(self, batch: list[Event]) -> None:
+        if not self._sink.ship(batch):  # undeliverable before the close deadline
+            rest = [self._buf.popleft() for _ in range(len(self._buf))]
+            # the rest cannot go either: do not wait for each batch. Markers are not events.
+            lost = sum(1 for e in batch + rest if type(e) is not EventsDropped)
+            with self._lock:
+                self._dropped_total += lost
+                self._unwarned += lost
+            return
+        self._frames += 1
+        self._sent += len(batch)
+        self._markers += sum(1 for e in batch if type(e) is EventsDropped)
+
+    def _warn_drops(self, force: bool = False) -> None:
+        with self._lock:  # called from the shipping thread and from close()
+            n = self._unwarned
+            if not n or not (force or time.monotonic() - self._last_warn > _WARN_EVERY_S):
+                return
+            self._unwarned, self._last_warn = 0, time.monotonic()
+        _warn(f"ddpviz: rank {self.rank} dropped {n} events ({self._dropped_total} in total): "
+              f"the sender's buffer (capacity {self._nominal_capacity}) was full or "
+              f"{self._sink.describe()} was unreachable.\nThe stream shows EventsDropped "
+              "markers where events are missing; pass a larger capacity= or emit fewer events.")
+
+
+_open_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_senders() -> None:
+    """At interpreter exit, ship what open Senders still hold (their threads are daemons)."""
+    for sender in list(_open_senders):
+        sender.close(timeout=5.0)
+
+
+def _forget_in_child() -> None:
+    """A forked child has no shipping thread: its inherited Senders drop (and count)."""
+    for sender in list(_open_senders):
+        sender._capacity = 0
+        sender._closed = True
+    _open_senders.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _warn(message: str) -> None:
+    # Called from the shipping thread: a warnings-as-errors filter must not kill it.
+    with contextlib.suppress(Warning):
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+class _ZmqSink:
+    """Ships batches over a zmq DEALER socket and runs the clock exchange."""
+
+    def __init__(self, address: str, secret: bytes, rank: int,
+                 clock: Callable[[], int]) -> None:
+        self.address, self.rank, self._clock = address, rank, clock
+        self._codec = Codec(secret)
+        self._id = uuid.uuid4().hex
+        self._seq = 0
+        self._samples = 0
+        self._best_error: int | None = None
+        self._last_ping = 0.0
+        self._deadline: Callable[[], float | None] = lambda: None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+
+    def describe(self) -> str:
+        return self.address
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq - 1
+
+    def open(self, deadline: Callable[[], float | None]) -> None:
+        self._deadline = deadline
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.SNDHWM, 256)
+        sock.setsockopt(zmq.SNDTIMEO, 100)
+        sock.setsockopt(zmq.LINGER, 0)
+        # Queue only on a live connection: while the collector is away, events wait in (and
+        # overflow from) our counted buffer, never in an invisible zmq queue.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        if ":[" in self.address or self.address.count(":") > 2:
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(self.address)
+        self._sock = sock
+        header = make_header("hello", self.rank, self._id, self._next_seq(), t_ns=self._clock(),
+                             wall_ns=time.time_ns(), host=socket.gethostname(), pid=os.getpid(),
+                             boot=boot_id() if self._clock is time.monotonic_ns else "")
+        self._send(self._codec.encode(header))
+        self._last_ping = time.monotonic()
+
+    def _send(self, parts: list[bytes], limit_s: float | None = None) -> bool:
+        """Blocking send, retried while the collector is slow or away; False once past the
+        close deadline (or `limit_s` seconds)."""
+        assert self._sock is not None
+        give_up = None if limit_s is None else time.monotonic() + limit_s
+        while True:
+            try:
+                self._sock.send_multipart(parts, copy=False)
+                return True
+            except zmq.Again:
+                deadline = self._deadline()
+                if deadline is not None and give_up is not None:
+                    deadline = min(deadline, give_up)
+                elif deadline is None:
+                    deadline = give_up
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
+
+    def ship(self, events: list[Event]) -> bool:
+        body = self._codec.encode_body(events)
+        if len(body) + 1024 > MAX_MESSAGE_BYTES and len(events) > 1:
+            half = len(events) // 2
+            return self.ship(events[:half]) and self.ship(events[half:])
+        header = make_header("events", self.rank, self._id, self._next_seq(), count=len(events))
+        ok = self._send(self._codec.encode_with_body(header, body))
+        self.service()
+        return ok
+
+    def service(self) -> None:
+        """Read pongs; ping again until _PINGS samples are in (See [Note: clock alignment])."""
+        sock = self._sock
+        assert sock is not None
+        while sock.poll(0, zmq.POLLIN):
+            parts = sock.recv_multipart()
+            t4 = self._clock()
+            try:
+                frame = self._codec.decode(parts)
+            except WireError:
+                continue  # not our collector; nothing to align with
+            h = frame.header
+            if h.kind != "pong":
+                continue
+            self._samples += 1
+            error = (t4 - h.t_ns + 1) // 2
+            if self._best_error is None or error < self._best_error:
+                self._best_error = error
+                offset = h.peer_ns - (h.t_ns + t4) // 2
+                clock = make_header("clock", self.rank, self._id, self._next_seq(),
+                                    offset_ns=offset, error_ns=error)
+                self._send(self._codec.encode(clock), 1.0)
+            self._last_ping = 0.0  # answered: the next ping may go now
+        if self._samples < _PINGS and time.monotonic() - self._last_ping > _PING_RETRY_S:
+            ping = make_header("ping", self.rank, self._id, self._next_seq(), t_ns=self._clock())
+            self._last_ping = time.monotonic()
+            self._send(self._codec.encode(ping), 1.0)
+
+    def close(self, sent: int, dropped: int, deadline: float) -> None:
+        if self._sock is None or self._ctx is None:
+            return
+        bye = make_header("bye", self.rank, self._id, self._next_seq(), count=sent,
+                          dropped=dropped)
+        self._send(self._codec.encode(bye), max(0.0, deadline - time.monotonic()))
+        # Linger until the queued messages reach the collector (or the deadline passes).
+        linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        self._sock.close(linger=linger_ms)
+        self._ctx.term()
+        self._sock = self._ctx = None
+
+
+class _FileSink:
+    """Appends batches to a trace file; each batch reaches the OS before the next is taken."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        self.path, self.rank = path, rank
+        self._writer: TraceWriter | None = None
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    def open(self, deadline: Callable[[], float | None]) -> None:
+        # Enough to align this file's clock with another host's (Trace.merge).
+        meta = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "boot": boot_id(), "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+        self._writer = TraceWriter(self.path, meta=meta)
+
+    def ship(self, events: list[Event]) -> bool:
+        assert self._writer is not None
+        self._writer.write_many(events)
+        self._writer.flush()
+        return True
+
+    def service(self) -> None:
+        pass
+
+    def close(self, sent: int, dropped: int, deadline: float) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,109 @@
+"""Functions the launcher tests run on ranks (kept light: the ranks import this module).
+
+Each one that starts a grandchild records its pid in `pid_dir/<rank>.pid` first, so a test can
+prove by pid that nothing outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+# A "notebook cell": executed by the tests in a fake __main__ namespace, so its functions exist
+# in no importable module (plain pickle cannot ship them; cloudpickle can).
+NOTEBOOK_CELL = '''
+import torch
+import torch.distributed as dist
+
+SCALE = 10
+
+
+class Accumulator:
+    def __init__(self):
+        self.total = 0.0
+
+
+def scaled(x):
+    return x * SCALE
+
+
+def notebook_fn(offset):
+    acc = Accumulator()
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    acc.total = scaled(t.item()) + offset
+    return acc.total
+
+
+def notebook_fails_on_rank_1(pid_dir):
+    from tests.launch.rank_fns import start_grandchild
+    import time
+    start_grandchild(pid_dir)
+    dist.barrier()  # both grandchildren exist before anything fails
+    if dist.get_rank() == 1:
+        raise ValueError("planted failure on rank 1")
+    time.sleep(600)
+'''
+
+
+def emit(n: int) -> bool:
+    """Emit n events through the process-wide default emitter, as the engine would."""
+    from ddpviz import events
+
+    emitter = events.default_emitter()
+    tap = events.Tap(emitter, rank=int(os.environ["RANK"]))
+    for step in range(n):
+        tap.step = step
+        tap.emit(events.ForwardStarted)
+    return emitter is not None
+
+
+def reduce_and_report(tag: str) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    emit(5 + dist.get_rank())
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"hello {tag}")
+    print(f"to stderr {tag}", file=sys.stderr)
+    return {"env": {k: os.environ[k] for k in ENV_KEYS}, "sum": t.item(),
+            "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "omp": os.environ.get("OMP_NUM_THREADS")}
+
+
+def start_grandchild(pid_dir: str) -> int:
+    """Start a process that would sleep for 10 minutes, record its pid."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    rank = os.environ["RANK"]
+    tmp = Path(pid_dir) / f"{rank}.tmp"
+    tmp.write_text(f"{os.getpid()} {child.pid}")
+    tmp.rename(Path(pid_dir) / f"{rank}.pid")  # appears complete or not at all
+    return child.pid
+
+
+def sleep_forever(pid_dir: str) -> None:
+    start_grandchild(pid_dir)
+    time.sleep(600)
+
+
+def rank_1_hangs(pid_dir: str) -> str:
+    import torch.distributed as dist
+
+    start_grandchild(pid_dir)
+    dist.barrier()
+    if os.environ["RANK"] == "1":
+        time.sleep(600)
+    return "rank 0 done"
+
+
+def rank_1_exits_hard() -> None:
+    if os.environ["RANK"] == "1":
+        os._exit(3)
+    time.sleep(600)

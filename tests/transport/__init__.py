@@ -1,0 +1,1 @@
+"""Tests of the live event stream: codec, sender, collector, sessions, traces, reports."""
