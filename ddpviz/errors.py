@@ -26,3 +26,30 @@ class RankMismatchError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         # Exceptions pickle their args only; keep the report when crossing process boundaries.
         return (type(self), (self.report, str(self)))
+
+    @property
+    def findings(self) -> tuple[Any, ...]:
+        """One `ddpviz.findings.Finding` per difference (kind, parameter, ranks, field)."""
+        from ddpviz.diagnose import mismatch_findings
+
+        return tuple(mismatch_findings(self.report.mismatches, self.report.world_size))
+
+
+class RankHangError(RuntimeError):
+    """Ranks stopped meeting each other: one never arrived, lags behind, runs other
+    collectives, crashed, or failed. Raised on every rank that is still waiting, well before the
+    process group's own timeout, naming the missing or lagging ranks and where each one was.
+
+    `findings` holds the structured diagnosis (`ddpviz.findings.Finding`, kind "missing_rank",
+    "rank_hang", "rank_exited" or "peer_failed"); `positions` maps each rank to where it was
+    last seen (plain data: step, phase, collective, bucket, params), absent if it never said.
+    """
+
+    def __init__(self, message: str, findings: tuple[Any, ...] = (),
+                 positions: dict[int, dict[str, Any]] | None = None) -> None:
+        self.findings = tuple(findings)
+        self.positions = dict(positions or {})
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.findings, self.positions))

@@ -10,10 +10,13 @@ Names are past-tense facts, in the order of DDP's life (see ddp-facts.md's walk-
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from typing import Protocol, TypeVar
 
 import msgspec
+
+from ddpviz.findings import Finding
 
 _now = time.monotonic_ns
 
@@ -176,12 +179,21 @@ class EventsDropped(Event, frozen=True):
     count: int
 
 
+# --- diagnosis --------------------------------------------------------------------------------
+
+
+class FindingReported(Event, frozen=True):
+    """A rank diagnosed a problem (a mismatch, a hang, a reassigned buffer): see findings.py."""
+
+    finding: Finding
+
+
 ANY_EVENT = (
     ParamsBuilt | VerificationStarted | VerificationPassed | VerificationFailed
     | BroadcastStarted | BroadcastChunkSent | BroadcastChunkDone | BroadcastFinished
     | BucketAssigned | ForwardStarted | BuffersSynced | BackwardStarted | GradReady | BucketReady
     | AllReduceLaunched | AllReduceDone | BackwardFinished | UnusedParametersFound
-    | BucketsRebuilt | EventsDropped
+    | BucketsRebuilt | EventsDropped | FindingReported
 )
 
 
@@ -194,25 +206,50 @@ class Emitter(Protocol):
 E = TypeVar("E", bound=Event)
 
 
+ENV_SLOW_MOTION = "DDPVIZ_SLOW_MOTION"
+
+
+def slow_motion_from_env() -> float:
+    """Seconds to pause after each event, from DDPVIZ_SLOW_MOTION (teaching mode; 0: off)."""
+    raw = os.environ.get(ENV_SLOW_MOTION, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"ddpviz: {ENV_SLOW_MOTION}={raw!r} is not a number of seconds >= 0.\n"
+                         "Set it to e.g. 0.2, or unset it to run at full speed.")
+    return value
+
+
 class Tap:
     """Stamps and forwards events for one rank. With no emitter, `enabled` is False and callers
     skip building events at all: `if tap.enabled: tap.emit(GradReady, i, b)` (fields
-    positional, in declared order)."""
+    positional, in declared order).
 
-    __slots__ = ("_counter", "_emitter", "enabled", "rank", "step")
+    `slow_motion` (seconds; default from DDPVIZ_SLOW_MOTION) pauses after each emitted event,
+    so a class can watch broadcast chunks, hooks and buckets happen one by one."""
 
-    def __init__(self, emitter: Emitter | None = None, rank: int = 0) -> None:
+    __slots__ = ("_counter", "_emitter", "enabled", "rank", "slow_motion", "step")
+
+    def __init__(self, emitter: Emitter | None = None, rank: int = 0, *,
+                 slow_motion: float | None = None) -> None:
         self._emitter = emitter
         self.enabled = emitter is not None
         self.rank = rank
         self.step = -1
         self._counter = itertools.count()
+        self.slow_motion = slow_motion_from_env() if slow_motion is None else float(slow_motion)
 
     def emit(self, cls: type[E], *fields: object) -> None:
         """Build `cls(rank, step, now, seq, *fields)` and hand it on; fields in declared order."""
         if self._emitter is None:
             return
         self._emitter(cls(self.rank, self.step, _now(), next(self._counter), *fields))
+        if self.slow_motion:
+            time.sleep(self.slow_motion)
 
 
 _default_emitter: Emitter | None = None

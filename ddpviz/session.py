@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpviz import events
 from ddpviz.events import Event
@@ -28,6 +28,9 @@ from ddpviz.transport.collector import (
     iterate_queue,
 )
 from ddpviz.transport.sender import Sender
+
+if TYPE_CHECKING:
+    from ddpviz.widgets.dashboard import Dashboard
 
 ENV_CONNECT = "DDPVIZ_CONNECT"
 ENV_TRACE_DIR = "DDPVIZ_TRACE_DIR"
@@ -196,6 +199,12 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def dashboard(self, **kwargs: Any) -> Dashboard:
+        """The live Dashboard of this session's events (see ddpviz.widgets.dashboard)."""
+        from ddpviz.widgets.dashboard import Dashboard
+
+        return Dashboard(self, **kwargs)
 
     def describe(self) -> str:
         """How to point ranks at this session (shown by `listen()`)."""

@@ -19,12 +19,15 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import msgspec
 
 from ddpviz import events as ev
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
+
+if TYPE_CHECKING:
+    from ddpviz.widgets.dashboard import Dashboard
 
 FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
@@ -332,6 +335,12 @@ class Trace:
                 merged.clock[rank] = t.clock.get(rank, _wall_offset(t.meta, ref))
         merged.meta.pop("rank", None)
         return merged
+
+    def dashboard(self, **kwargs: Any) -> Dashboard:
+        """A replay Dashboard of this trace, with iteration and time sliders."""
+        from ddpviz.widgets.dashboard import Dashboard
+
+        return Dashboard(self, **kwargs)
 
     # --- export -------------------------------------------------------------------------------
 

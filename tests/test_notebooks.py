@@ -48,7 +48,19 @@ def check_01_buckets(nb: Any) -> None:
     print(f"\n01_buckets widget state: {len(json.dumps(nb.metadata['widgets'])):,} bytes")
 
 
-CHECKS: dict[str, Callable[[Any], None]] = {"01_buckets.ipynb": check_01_buckets}
+def check_00_tour(nb: Any) -> None:
+    text = stream_text(nb)
+    assert "✔ identical on all 2 ranks: 6 parameters, 0 buffers" in text
+    assert "{'4.weight': ('same', 'differs'), '4.bias': ('same', 'differs')}" in text
+    assert "rebuilt: [[5, 4, 3, 2], [1, 0]] planner: [[5, 4, 3, 2], [1, 0]]" in text
+    state = widget_state(nb)
+    figures = [m for m in state.values() if m["model_module"] == "anywidget"
+               and m["state"].get("_anywidget_id", "").startswith("plotly.")]
+    assert len(figures) <= 2  # one per dashboard (live and replay), none elsewhere
+
+
+CHECKS: dict[str, Callable[[Any], None]] = {"00_tour.ipynb": check_00_tour,
+                                             "01_buckets.ipynb": check_01_buckets}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,9 +66,12 @@ class _Chunk:
         self.nbytes = self.flat.numel() * self.flat.element_size()
         self.work = dist.broadcast(self.flat, group=group, group_src=src, async_op=True)
 
-    def finish(self, receiving: bool) -> None:
+    def finish(self, receiving: bool, wait: Callable[[Any], None] | None = None) -> None:
         if self.work is not None:
-            self.work.wait()
+            if wait is None:
+                self.work.wait()
+            else:
+                wait(self.work)
         if not receiving:
             return
         offset = 0
@@ -99,7 +104,8 @@ def _check(tensors: list[torch.Tensor], group: dist.ProcessGroup, src: int,
 
 def broadcast_coalesced(tensors: list[torch.Tensor], process_group: dist.ProcessGroup | None = None,
                         *, src: int = 0, chunk_bytes: int = 250 * 2**20,
-                        tap: Tap | None = None) -> None:
+                        tap: Tap | None = None, wait: Callable[[Any], None] | None = None
+                        ) -> None:
     """Overwrite `tensors` on every rank with rank `src`'s values (collective; in place).
 
     Args:
@@ -110,6 +116,7 @@ def broadcast_coalesced(tensors: list[torch.Tensor], process_group: dist.Process
         chunk_bytes: the coalescing limit per flat buffer (torch's `buffer_size`, 250 MiB in DDP).
         tap: receives BroadcastStarted, a BroadcastChunkSent and a BroadcastChunkDone per chunk,
             and BroadcastFinished; nothing is built when None or disabled.
+        wait: waits for each chunk's `Work` instead of `work.wait()` (the hang watchdog's).
     """
     group = dist.group.WORLD if process_group is None else process_group
     if group is None:
@@ -132,7 +139,7 @@ def broadcast_coalesced(tensors: list[torch.Tensor], process_group: dist.Process
     with torch.no_grad():
         for index, members in enumerate(chunks):
             if len(in_flight) >= MAX_IN_FLIGHT:
-                _finish(in_flight.popleft(), receiving, tap)
+                _finish(in_flight.popleft(), receiving, tap, wait)
             chunk = _Chunk(index, [tensors[i].detach() for i in members], group, src)
             in_flight.append(chunk)
             if tap is not None:
@@ -140,12 +147,13 @@ def broadcast_coalesced(tensors: list[torch.Tensor], process_group: dist.Process
                 tap.emit(BroadcastChunkSent, index, str(first.dtype).removeprefix("torch."),
                          str(first.device), chunk.nbytes, len(members))
         while in_flight:
-            _finish(in_flight.popleft(), receiving, tap)
+            _finish(in_flight.popleft(), receiving, tap, wait)
     if tap is not None:
         tap.emit(BroadcastFinished, total, time.perf_counter() - start)
 
 
-def _finish(chunk: _Chunk, receiving: bool, tap: Tap | None) -> None:
-    chunk.finish(receiving)
+def _finish(chunk: _Chunk, receiving: bool, tap: Tap | None,
+            wait: Callable[[Any], None] | None = None) -> None:
+    chunk.finish(receiving, wait)
     if tap is not None:
         tap.emit(BroadcastChunkDone, chunk.index, chunk.nbytes)

@@ -38,6 +38,7 @@ from ddpviz.launcher.stream import EventStream
 if TYPE_CHECKING:
     from ddpviz.session import Session
     from ddpviz.trace import Trace
+    from ddpviz.widgets.dashboard import Dashboard
 
 _EXIT_GRACE_S = 2.0  # a rank that returned gets this long to exit by itself before SIGTERM
 _RELAY_JOIN_S = 2.0
@@ -48,7 +49,7 @@ _live: weakref.WeakSet[Run] = weakref.WeakSet()
 def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = None,
            args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
            timeout: float | None = None, env: Mapping[str, str] | None = None,
-           session: Session | None = None) -> Run:
+           session: Session | None = None, slow_motion: float | None = None) -> Run:
     """Run `fn(*args, **kwargs)` on `nprocs` ranks of a fresh process group; returns at once.
 
     Each rank is a new interpreter (spawned, never forked: CUDA-safe) with MASTER_ADDR,
@@ -66,10 +67,22 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         session: the `Session` (from `ddpviz.listen()`) the ranks' events stream into; by
             default a new one per run, `run.session`. Every rank runs `ddpviz.connect()`, so a
             `ddpviz.DistributedDataParallel` built there reports to it.
+        slow_motion: teaching mode: seconds every rank pauses after each event it emits
+            (sets DDPVIZ_SLOW_MOTION), so broadcast chunks, hooks and buckets can be watched
+            one by one in `run.dashboard()`. None: full speed.
 
     Returns:
         A `Run`: `run.wait()` gives the per-rank return values, `run.stop()` ends every rank.
     """
+    if slow_motion is not None:
+        if isinstance(slow_motion, bool) or not isinstance(slow_motion, (int, float)) \
+                or not slow_motion >= 0:
+            raise ValueError(f"ddpviz: slow_motion must be seconds >= 0 or None, got "
+                             f"{slow_motion!r}.\nPass e.g. slow_motion=0.2 (a pause after each "
+                             "event), or None for full speed.")
+        from ddpviz.events import ENV_SLOW_MOTION
+
+        env = {**(env or {}), ENV_SLOW_MOTION: repr(float(slow_motion))}
     return Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
                session=session)
 
@@ -220,6 +233,12 @@ class Run:
             self._cond.notify_all()
         stop_ranks(self._ranks)
         self._done.wait(5.0)
+
+    def dashboard(self, **kwargs: Any) -> Dashboard:
+        """The live Dashboard of this run (see `ddpviz.widgets.dashboard.Dashboard`)."""
+        from ddpviz.widgets.dashboard import Dashboard
+
+        return Dashboard(self, **kwargs)
 
     def __repr__(self) -> str:
         return (f"<ddpviz.Run nprocs={self.nprocs} backend={self.backend!r} "

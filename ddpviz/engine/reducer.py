@@ -1,0 +1,849 @@
+"""The reducer (walk-through steps 4-6): one hook per parameter, flat bucket buffers, an async
+all-reduce per ready bucket in bucket order, the wait and write-back at the end of backward, and
+the one-time rebuild of buckets in gradient-ready order. A Python twin of torch 2.13's C++
+`Reducer`; see [Note: reducer timeline] for when each piece runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpviz.engine.buckets import rebuilt_buckets
+from ddpviz.engine.capacity import Limits
+from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
+from ddpviz.engine.forward import unused_parameters
+from ddpviz.engine.logger import DDPLogger
+from ddpviz.engine.params import ParamEntry
+from ddpviz.events import (
+    AllReduceDone,
+    AllReduceLaunched,
+    BackwardFinished,
+    BackwardStarted,
+    BucketAssigned,
+    BucketReady,
+    BucketsRebuilt,
+    GradReady,
+    Tap,
+    UnusedParametersFound,
+)
+
+# [Note: reducer timeline]
+# construction: buckets from the constructor's map; a post hook on every parameter's
+#   AccumulateGrad node (it fires once per backward, after the gradient is accumulated, even
+#   when the incoming gradient is undefined -- which is why it is not a tensor hook).
+# forward (DDP.forward): prepare_for_forward (counts synced iterations), rebuild_buckets
+#   (once, before the 2nd synced forward; before the 3rd with static_graph), then after the
+#   module ran, prepare_for_backward (arms the hooks; with find_unused_parameters the graph walk).
+# backward: each hook copies its gradient into its bucket (scaled by 1/world_size unless a comm
+#   hook is registered); a bucket whose last gradient arrived is launched only when every bucket
+#   before it was launched; after the last one (find_unused_parameters) the used-parameter map
+#   is all-reduced. At the end of the autograd graph task: wait for every bucket in order and
+#   write the results back to param.grad.
+# static_graph, iteration 0: the hooks only count; one callback at the end of backward fills
+#   every bucket and reduces them all (used map first), then finalizes.
+# torch only queues its end-of-backward callback once every bucket is launched, so a backward
+# that misses a parameter just returns; here the callback is queued by the first hook, which
+# lets the first synced iteration detect missing gradients. See [Note: missing gradients].
+
+# [Note: missing gradients]
+# find_unused_parameters=False and a parameter gets no gradient: torch leaves the iteration
+# unfinished (the buckets holding it are never reduced, gradients stay local) and fails at the
+# next forward. Here the end of the first synced backward notices, reduces the remaining buckets
+# (the missing slots hold zeros, so ranks that did see every gradient are not left waiting),
+# writes the results back, emits UnusedParametersFound and raises UnusedParametersError. Later
+# iterations fail at the next forward, like torch, but name the parameters.
+
+_UNSET = -1  # div factor not yet known for this backward
+
+log = logging.getLogger(__name__)
+
+
+class UnusedParametersError(RuntimeError):
+    """Some parameters got no gradient in a backward that DDP had to reduce."""
+
+
+def _is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch._C._is_alias_of(a, b))  # type: ignore[attr-defined]
+
+
+def non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """c10's is_non_overlapping_and_dense: some permutation of the dims is contiguous."""
+    sizes, strides = t.shape, t.stride()
+    if t.dim() == 1:
+        return sizes[0] < 2 or strides[0] == 1
+    order = sorted(range(t.dim()), key=lambda d: (sizes[d] < 2, strides[d]))
+    expected = 1
+    for d in order:
+        if sizes[d] < 2:
+            return True
+        if strides[d] != expected:
+            return False
+        expected *= sizes[d]
+    return True
+
+
+def _layout_view(flat: torch.Tensor, param: torch.Tensor, offset: int) -> torch.Tensor:
+    """A view of `flat` at `offset` laid out like `param` (its strides when dense), as torch's
+    bucket views are, anticipating AccumulateGrad's gradient layout contract."""
+    if non_overlapping_and_dense(param):
+        return flat.as_strided(param.size(), param.stride(), offset)
+    return flat.narrow(0, offset, param.numel()).view(param.size())
+
+
+def _clone_obey_contract(src: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    if non_overlapping_and_dense(param):
+        return torch.empty_strided(param.size(), param.stride(), dtype=src.dtype,
+                                   device=src.device).copy_(src)
+    return src.clone(memory_format=torch.contiguous_format)
+
+
+@dataclass(eq=False)
+class Bucket:
+    """One bucket: its parameters and the flat buffer their gradients are reduced in."""
+
+    variables: list[int]  # parameter indices, in bucket order
+    params: list[torch.Tensor]
+    sparse: bool  # a single parameter with a sparse gradient; `gradients` is that gradient
+    limit: int  # the size limit the assignment gave it (bytes; 0 for sparse)
+    gradients: torch.Tensor  # flat buffer (dense), or the sparse gradient once ready
+    offsets: list[int] = field(default_factory=list)  # in elements
+    lengths: list[int] = field(default_factory=list)
+    sizes: list[torch.Size] = field(default_factory=list)
+    views_in: list[torch.Tensor] = field(default_factory=list)  # where gradients are copied in
+    views_out: list[torch.Tensor] = field(default_factory=list)  # where results are read out
+    pending: int = 0
+    future: torch.futures.Future | None = None
+    skipped: bool = False  # skip_all_reduce_unused_params: not reduced this iteration
+    deferred: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # batched_grad_copy
+
+    @property
+    def nbytes(self) -> int:
+        flat = self.gradients._values() if self.gradients.is_sparse else self.gradients
+        return flat.numel() * flat.element_size()
+
+
+class Reducer:
+    """Reduces gradients of `params` across `process_group` in buckets, like torch's Reducer.
+
+    Args:
+        params: the parameters to reduce (engine.params.build_params_for_reducer).
+        bucket_indices: parameter indices per bucket, in reduction order.
+        bucket_limits: each bucket's size limit (bytes), for events and logging.
+        process_group: the group gradients are averaged over.
+        limits: the capacity rules (the rebuild uses `limits.rebuild`).
+        find_unused_parameters, gradient_as_bucket_view, skip_all_reduce_unused_params,
+        batched_grad_copy: as in DistributedDataParallel.
+        tap: where events go.
+    """
+
+    def __init__(self, params: Sequence[ParamEntry], bucket_indices: list[list[int]],
+                 bucket_limits: list[int], process_group: dist.ProcessGroup, *, limits: Limits,
+                 find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
+                 skip_all_reduce_unused_params: bool = False, batched_grad_copy: bool = False,
+                 tap: Tap | None = None) -> None:
+        self.entries = list(params)
+        self.params = [e.param for e in self.entries]
+        self.names = [e.name for e in self.entries]
+        self.sparse_flags = [e.sparse_grad for e in self.entries]
+        self.process_group = process_group
+        self.limits = limits
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
+        self.batched_grad_copy = batched_grad_copy
+        self.tap = tap if tap is not None else Tap()
+        self.static_graph = False
+        self.comm_hook: Callable[[Any, GradBucket], torch.futures.Future] | None = None
+        self.comm_hook_state: Any = None
+        self.mixed_precision_param_dtype: torch.dtype | None = None
+        self._lock = threading.RLock()
+
+        self.buckets: list[Bucket] = []
+        self.bucket_limits: list[int] = []
+        self.locators: list[tuple[int, int]] = []
+        self.initialize_buckets(bucket_indices, bucket_limits)
+
+        # Per-iteration accounting (names follow torch's reducer.hpp).
+        self.expect_autograd_hooks = False
+        self.require_finalize = False
+        self.next_bucket = 0
+        self.has_marked_unused_parameters = False
+        self.unused_parameters: list[int] = []
+        self.per_iteration_ready: set[int] = set()
+        self.grad_ready_order: list[int] = []
+        self.num_iterations = 0
+        self.num_buckets_ready = 0
+        self.num_buckets_reduced = 0
+        self.first_autograd_hook_called = False
+        self.div_factor = _UNSET
+        self.forward_work: tuple[Any, bool] | None = None  # join: (work, divide by initial size)
+        self.installed_futures: list[torch.futures.Future] = []
+        # Rebuild (once): gradient-ready order of the first synced iteration(s).
+        self.has_rebuilt_bucket = False
+        self.rebuilt_param_indices: list[int] = []
+        self.rebuilt_bucket_indices: list[list[int]] | None = None
+        # find_unused_parameters / static_graph: which parameters were used, as ints (CPU side).
+        self.local_used: list[int] | None = None
+        self.local_used_dev: torch.Tensor | None = None
+        self.local_used_work: Any = None
+        self.local_used_reduced = False
+        # static_graph: how many times each hook fires in one backward (learnt in iteration 0).
+        self.hooks_per_iteration: dict[int, int] = {i: 0 for i in range(len(self.params))}
+        self.hooks_left: dict[int, int] = {}
+        # Missing-gradient check of the first synced iteration. See [Note: missing gradients].
+        self.checked_first_iteration = False
+        self.unreachable: list[int] | None = None
+        self._end_callback_queued = False
+        self._stride_warned = False
+        self._warned_all_used = False
+        self._drain_sparse: dict[int, torch.Tensor] = {}  # see _fail_missing_gradients
+        self.logger: DDPLogger | None = None  # set by DistributedDataParallel
+        if find_unused_parameters:
+            self._initialize_local_used_map()
+
+        self.grad_accumulators: list[Any] = []
+        self.hook_handles: list[Any] = []
+        self._register_hooks()
+
+    # --- buckets --------------------------------------------------------------------------
+
+    def initialize_buckets(self, bucket_indices: list[list[int]], limits: list[int]) -> None:
+        """(Re)build bucket buffers and views for this map (reduction order)."""
+        n = len(self.params)
+        seen = [False] * n
+        buckets: list[Bucket] = []
+        locators: list[tuple[int, int]] = [(-1, -1)] * n
+        for b, indices in enumerate(bucket_indices):
+            if not indices:
+                raise ValueError(f"ddpviz: bucket {b} of the map is empty; every bucket must "
+                                 "hold at least one parameter index.")
+            for i in indices:
+                if not 0 <= i < n or seen[i]:
+                    raise ValueError(f"ddpviz: bucket {b} names parameter index {i}, which is "
+                                     f"{'out of range' if not 0 <= i < n else 'already bucketed'}"
+                                     f" ({n} parameters); each index must appear exactly once.")
+                seen[i] = True
+            limit = limits[b] if b < len(limits) else 0
+            buckets.append(self._make_bucket(b, indices, limit))
+            for intra, i in enumerate(indices):
+                locators[i] = (b, intra)
+        missing = [i for i in range(n) if not seen[i]]
+        if missing:
+            raise ValueError(f"ddpviz: the bucket map leaves out parameters {missing[:10]} "
+                             f"({self.names[missing[0]]!r} first); every parameter needs a "
+                             "bucket.")
+        self.buckets, self.locators = buckets, locators
+        self.bucket_limits = [limits[b] if b < len(limits) else 0 for b in range(len(buckets))]
+
+    def _make_bucket(self, b: int, indices: list[int], limit: int) -> Bucket:
+        params: list[torch.Tensor] = [self.params[i] for i in indices]
+        if any(self.sparse_flags[i] for i in indices):
+            if len(indices) != 1:
+                raise ValueError(f"ddpviz: bucket {b} mixes a sparse-gradient parameter with "
+                                 "others; a sparse gradient needs a bucket of its own.")
+            p = params[0]
+            return Bucket(list(indices), params, True, limit,
+                          torch.empty(0, dtype=p.dtype, device=p.device))
+        first = params[0]
+        for i, p in zip(indices, params, strict=True):
+            if p.dtype != first.dtype or p.device != first.device:
+                raise ValueError(
+                    f"ddpviz: bucket {b} mixes {first.dtype} on {first.device} with parameter "
+                    f"{i} '{self.names[i]}' ({p.dtype} on {p.device}); a bucket holds one dtype "
+                    "on one device.")
+        dtype = self.mixed_precision_param_dtype or first.dtype
+        offsets, lengths, offset = [], [], 0
+        for p in params:
+            offsets.append(offset)
+            lengths.append(p.numel())
+            offset += p.numel()
+        flat = torch.empty(offset, dtype=dtype, device=first.device)
+        bucket = Bucket(list(indices), params, False, limit, flat, offsets, lengths,
+                        [p.size() for p in params])
+        bucket.views_in = [_layout_view(flat, p, o) for p, o in zip(params, offsets, strict=True)]
+        bucket.views_out = list(bucket.views_in)
+        if self.gradient_as_bucket_view:
+            # A rebuild moves gradients that already exist into the new buckets; at
+            # construction grads stay undefined (globally unused ones must remain None).
+            with torch.no_grad():
+                for p, view in zip(params, bucket.views_in, strict=True):
+                    if p.grad is not None and not _is_alias_of(p.grad, view) and \
+                            p.grad.dtype == view.dtype:
+                        view.copy_(p.grad)
+                        p.grad = view
+        return bucket
+
+    def bucket_indices(self) -> list[list[int]]:
+        """The map in force: parameter indices per bucket, reduction order."""
+        return [list(b.variables) for b in self.buckets]
+
+    # --- hooks ----------------------------------------------------------------------------
+
+    def _register_hooks(self) -> None:
+        ref = weakref.ref(self)
+        for index, p in enumerate(self.params):
+            with torch.enable_grad():
+                acc: Any = p.view_as(p).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+
+            def hook(grad_inputs: Any, grad_outputs: Any, index: int = index) -> None:
+                reducer = ref()
+                if reducer is not None:
+                    reducer.autograd_hook(index)
+
+            self.grad_accumulators.append(acc)  # keeps the node (and its hook) alive
+            self.hook_handles.append(acc.register_hook(hook))
+
+    def remove_autograd_hooks(self) -> None:
+        """Detach every hook this reducer registered."""
+        for h in self.hook_handles:
+            h.remove()
+        self.hook_handles.clear()
+
+    def autograd_hook(self, index: int) -> None:
+        """Parameter `index`'s gradient was accumulated (or its node ran with no gradient)."""
+        with self._lock:
+            if not self.first_autograd_hook_called:
+                self.first_autograd_hook_called = True
+                if self.expect_autograd_hooks and self.tap.enabled:
+                    self.tap.emit(BackwardStarted)
+            # Usage is recorded even under no_sync (before the expect check, as torch does): a
+            # parameter used only in accumulated micro-batches still counts as used. Only when
+            # .grad exists: an undefined gradient must not be reduced.
+            used_map = self._dynamic_find_unused() or self._static_first_iteration()
+            if used_map and self.params[index].grad is not None:
+                assert self.local_used is not None
+                self.local_used[index] = 1
+            if self._static_first_iteration():
+                self.hooks_per_iteration[index] += 1
+                return
+            if not self.expect_autograd_hooks:
+                return  # no_sync, or a second backward after this iteration was finalized
+            self.grad_ready_order.append(index)
+            self._queue_end_of_backward()
+            if not self.has_marked_unused_parameters:
+                self.has_marked_unused_parameters = True
+                for u in self.unused_parameters:
+                    self._mark_variable_ready(u)
+            if self._static_after_first_iteration():
+                left = self.hooks_left.get(index, 0)
+                if left <= 0:
+                    raise RuntimeError(
+                        f"ddpviz: parameter {index} '{self.names[index]}' got a gradient in "
+                        "this iteration but not in iteration 0 (or more often than then); "
+                        "static_graph=True requires the same graph every iteration. Use "
+                        "find_unused_parameters=True instead of static_graph.")
+                self.hooks_left[index] = left - 1
+                if left - 1 > 0:
+                    return
+            if self.should_rebuild_buckets():
+                self.rebuilt_param_indices.append(index)
+            if self.tap.enabled:
+                self.tap.emit(GradReady, index, self.locators[index][0])
+            self._mark_variable_ready(index)
+
+    def _queue_end_of_backward(self) -> None:
+        if not self._end_callback_queued:
+            self._end_callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    # --- marking ready --------------------------------------------------------------------
+
+    def _mark_variable_ready(self, index: int) -> None:
+        if index in self.per_iteration_ready:
+            raise RuntimeError(
+                f"ddpviz: parameter {index} '{self.names[index]}' was marked ready twice in one "
+                "iteration: its gradient was accumulated by two backward passes (or two "
+                "reentrant checkpoints) before DDP reduced it. Use static_graph=True for "
+                "reentrant checkpointing, or run one backward per forward.")
+        self.per_iteration_ready.add(index)
+        self.require_finalize = True
+        b, _ = self.locators[index]
+        bucket = self.buckets[b]
+        self._set_divide_factor()
+        if bucket.sparse:
+            self._mark_ready_sparse(index)
+        else:
+            self._mark_ready_dense(index)
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            if bucket.deferred:
+                self._flush_deferred(bucket)
+            if self.tap.enabled:
+                self.tap.emit(BucketReady, b)
+            self._mark_bucket_ready(b)
+        if self.next_bucket == len(self.buckets) and self._dynamic_find_unused():
+            self._all_reduce_local_used_map()
+
+    def _mark_ready_dense(self, index: int) -> None:
+        b, intra = self.locators[index]
+        bucket = self.buckets[b]
+        view = bucket.views_in[intra]
+        p = self.params[index]
+        grad = p.grad
+        with torch.no_grad():
+            if grad is None:
+                view.zero_()
+                return
+            self._check_grad_layout(index, grad, view)
+            if _is_alias_of(grad, view):
+                if self.comm_hook is None and not self.batched_grad_copy:
+                    view.div_(self.div_factor)
+                return
+            if self.batched_grad_copy:
+                bucket.deferred.append((intra, grad))
+            elif self.comm_hook is None:
+                if not grad.requires_grad:
+                    # Divide while copying: one pass over the gradient. Multiplying by the
+                    # reciprocal (not dividing) is what makes results bitwise equal to torch.
+                    torch.mul(grad, 1.0 / self.div_factor, out=view)
+                else:
+                    view.copy_(torch.mul(grad, 1.0 / self.div_factor))
+            else:
+                view.copy_(grad)
+            if self.gradient_as_bucket_view and self.mixed_precision_param_dtype is None:
+                p.grad = view
+
+    def _flush_deferred(self, bucket: Bucket) -> None:
+        # batched_grad_copy: one foreach copy, then one flat division (a true division, so the
+        # results differ from the per-gradient multiply in the last bit, as in torch).
+        with torch.no_grad():
+            views = [bucket.views_in[intra] for intra, _ in bucket.deferred]
+            torch._foreach_copy_(views, [g for _, g in bucket.deferred])
+            if self.comm_hook is None:
+                bucket.gradients.div_(self.div_factor)
+        bucket.deferred.clear()
+
+    def _mark_ready_sparse(self, index: int) -> None:
+        b, _ = self.locators[index]
+        bucket = self.buckets[b]
+        grad = self.params[index].grad
+        if grad is None and index in self._drain_sparse:
+            bucket.gradients = self._drain_sparse[index]
+            return
+        if grad is None:
+            raise RuntimeError(f"ddpviz: parameter {index} '{self.names[index]}' expects a "
+                               "sparse gradient, but it has none. Use the Embedding in every "
+                               "forward, or pass find_unused_parameters=True.")
+        if grad.layout != torch.sparse_coo:
+            raise RuntimeError(f"ddpviz: parameter {index} '{self.names[index]}' was declared "
+                               f"sparse (Embedding(sparse=True)) but its gradient is {grad.layout}"
+                               ". Do not mix sparse and dense uses of one embedding.")
+        # The bucket *is* the gradient: results land in param.grad with no copy back.
+        bucket.gradients = grad
+        if self.comm_hook is None:
+            with torch.no_grad():
+                grad.div_(self.div_factor)
+
+    def _check_grad_layout(self, index: int, grad: torch.Tensor, view: torch.Tensor) -> None:
+        expected = self.mixed_precision_param_dtype or view.dtype
+        if grad.dtype != expected:
+            raise RuntimeError(f"ddpviz: parameter {index} '{self.names[index]}' has a "
+                               f"{grad.dtype} gradient, expected {expected}. Keep .grad in the "
+                               "parameter's dtype.")
+        if grad.stride() != view.stride() and not self._stride_warned:
+            self._stride_warned = True
+            warnings.warn(
+                f"ddpviz: parameter {index} '{self.names[index]}': gradient strides "
+                f"{grad.stride()} differ from its bucket view's {view.stride()}; copies into the "
+                "bucket will be slower. Keep parameters and gradients in one memory format.",
+                stacklevel=2)
+
+    def _set_divide_factor(self) -> None:
+        if self.div_factor != _UNSET:
+            return
+        self.div_factor = self.process_group.size()
+        if self.forward_work is not None:
+            work, static_world_size = self.forward_work
+            if not static_world_size:
+                work.wait()
+                self.div_factor = int(work.get_future().value()[0].item())
+
+    # --- launching ------------------------------------------------------------------------
+
+    def _mark_bucket_ready(self, b: int) -> None:
+        if b > self.next_bucket:
+            return  # buckets are reduced strictly in order; an earlier one is still filling
+        while self.next_bucket < len(self.buckets) and \
+                self.buckets[self.next_bucket].pending == 0:
+            self.num_buckets_ready += 1
+            if self.num_buckets_ready == 1 and self.logger is not None:
+                self.logger.backward_comm_start = self.logger.now()
+            bucket = self.buckets[self.next_bucket]
+            if self._should_skip(bucket):
+                bucket.skipped = True
+            else:
+                self._all_reduce_bucket(self.next_bucket, self.next_bucket)
+                self.num_buckets_reduced += 1
+            self.next_bucket += 1
+
+    def _should_skip(self, bucket: Bucket) -> bool:
+        # skip_all_reduce_unused_params: a bucket none of whose parameters was used here.
+        if not self.skip_all_reduce_unused_params or self.local_used is None:
+            return False
+        if not (self.find_unused_parameters or self.static_graph):
+            return False
+        return all(self.local_used[i] == 0 for i in bucket.variables)
+
+    def _all_reduce_bucket(self, b: int, hook_index: int) -> None:
+        bucket = self.buckets[b]
+        grad_bucket = GradBucket(hook_index, len(self.buckets), bucket.gradients,
+                                 bucket.offsets, bucket.lengths, bucket.sizes, bucket.params)
+        if self.tap.enabled:
+            self.tap.emit(AllReduceLaunched, b, bucket.nbytes,
+                          str(bucket.gradients.dtype).removeprefix("torch."))
+        bucket.future = self.run_comm_hook(grad_bucket)
+
+    def run_comm_hook(self, grad_bucket: GradBucket) -> torch.futures.Future:
+        """The registered comm hook on this bucket, or the built-in SUM all-reduce."""
+        if self.comm_hook is None:
+            return allreduce_sum(self.process_group, grad_bucket)
+        return self.comm_hook(self.comm_hook_state, grad_bucket)
+
+    def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
+        """Use `hook(state, bucket) -> Future[Tensor]` instead of the built-in all-reduce."""
+        if self.comm_hook is not None:
+            raise RuntimeError("ddpviz: register_comm_hook can only be called once; a comm hook "
+                               f"({getattr(self.comm_hook, '__qualname__', self.comm_hook)}) is "
+                               "already registered. Combine the hooks into one function.")
+        self.comm_hook, self.comm_hook_state = hook, state
+
+    # --- used-parameter map ---------------------------------------------------------------
+
+    def _initialize_local_used_map(self) -> None:
+        self.local_used = [0] * len(self.params)
+
+    def _all_reduce_local_used_map(self) -> None:
+        assert self.local_used is not None
+        used = torch.tensor(self.local_used, dtype=torch.int32)
+        device = self.params[0].device
+        if device.type != "cpu":
+            used = used.pin_memory().to(device, non_blocking=True)
+        self.local_used_dev = used
+        self.local_used_work = dist.all_reduce(used, group=self.process_group, async_op=True)
+
+    def _global_used(self, index: int) -> bool:
+        assert self.local_used is not None
+        if self.local_used[index] == 0 and not self.local_used_reduced:
+            # Only a locally unused parameter needs the global answer: wait lazily.
+            self.local_used_work.wait()
+            assert self.local_used_dev is not None
+            self.local_used = [int(v) for v in self.local_used_dev.tolist()]
+            self.local_used_reduced = True
+        return self.local_used[index] != 0
+
+    def get_local_used_map(self) -> torch.Tensor:
+        """The used-parameter map as the device tensor that gets all-reduced (join support)."""
+        if self.local_used_dev is None:
+            assert self.local_used is not None
+            self.local_used_dev = torch.tensor(self.local_used, dtype=torch.int32,
+                                               device=self.params[0].device)
+        return self.local_used_dev
+
+    # --- the end of backward --------------------------------------------------------------
+
+    def _end_of_backward(self) -> None:
+        with self._lock:
+            self._end_callback_queued = False
+            if not self.expect_autograd_hooks:
+                return
+            if self.next_bucket == len(self.buckets):
+                if self.logger is not None:
+                    self.logger.backward_compute_end = self.logger.now()
+                if self._static_after_first_iteration() and self.should_rebuild_buckets():
+                    self.rebuilt_param_indices.extend(self.unused_parameters)
+                self.finalize_backward()
+                self.checked_first_iteration = True
+            elif not self.checked_first_iteration and not self._dynamic_find_unused():
+                self._fail_missing_gradients()
+
+    def _missing(self) -> list[int]:
+        return [i for i in range(len(self.params)) if i not in self.per_iteration_ready]
+
+    def _fail_missing_gradients(self) -> None:
+        # See [Note: missing gradients].
+        missing = self._missing()
+        self.has_marked_unused_parameters = True
+        for i in missing:
+            p = self.params[i]
+            if self.sparse_flags[i] and p.grad is None:
+                # A sparse bucket reduces the gradient tensor itself: stand in an empty one.
+                self._drain_sparse[i] = torch.sparse_coo_tensor(
+                    torch.empty((1, 0), dtype=torch.long, device=p.device),
+                    torch.empty((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape,
+                    check_invariants=True)
+            self._mark_variable_ready(i)
+        self._drain_sparse.clear()
+        self.finalize_backward()
+        self.rebuilt_param_indices.clear()
+        self.checked_first_iteration = True
+        raise self._unused_error(missing, at_forward=False)
+
+    def _unused_error(self, missing: list[int], *, at_forward: bool) -> UnusedParametersError:
+        if self.tap.enabled:
+            self.tap.emit(UnusedParametersFound, tuple(missing),
+                          tuple(self.names[i] for i in missing))
+        rank = self.process_group.rank()
+        # Reachability is only known for the first synced iteration's graph.
+        unreachable = set(self.unreachable or ()) if not at_forward else set()
+        lines = []
+        for i in missing:
+            why = ("not used in forward" if i in unreachable
+                   else "no gradient reached it in backward")
+            lines.append(f"  parameter {i} '{self.names[i]}' "
+                         f"{tuple(self.params[i].shape)}: {why}")
+        when = ("in the previous backward, so its reduction never finished" if at_forward
+                else "in this backward")
+        return UnusedParametersError(
+            f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
+            f"{rank} {when} (find_unused_parameters=False):\n" + "\n".join(lines) + "\n"
+            "Their buckets could not be averaged across ranks. Pass "
+            "find_unused_parameters=True to DistributedDataParallel, or use these parameters in "
+            "every forward (and make every output that depends on them part of the loss).")
+
+    def finalize_backward(self) -> None:
+        """Wait for every bucket in order and write averaged gradients back to param.grad."""
+        self.expect_autograd_hooks = False
+        self.first_autograd_hook_called = False
+        self.require_finalize = False
+        for b, bucket in enumerate(self.buckets):
+            if bucket.skipped:
+                continue
+            assert bucket.future is not None, "bucket was never launched"
+            bucket.future.wait()
+            result = hook_result(bucket.future.value())
+            with torch.no_grad():
+                if bucket.sparse:
+                    bucket.gradients.copy_(result)
+                else:
+                    bucket.views_out = [_layout_view(result, p, o)
+                                        for p, o in zip(bucket.params, bucket.offsets,
+                                                        strict=True)]
+            if self.tap.enabled:
+                self.tap.emit(AllReduceDone, b)
+            if not bucket.sparse:
+                self._finalize_bucket_dense(bucket)
+        self.div_factor = _UNSET  # join may change it for the next backward
+        for fut in self.installed_futures:
+            fut.wait()
+        self.installed_futures = []
+        if (self._dynamic_find_unused() or self._static_first_iteration()) and \
+                not self.local_used_reduced and self.local_used_work is not None:
+            self.local_used_work.wait()
+        if self._dynamic_find_unused():
+            self.local_used = [0] * len(self.params)
+            self.local_used_reduced = False
+        if self.logger is not None:
+            self.logger.backward_comm_end = self.logger.now()
+        if self.tap.enabled:
+            self.tap.emit(BackwardFinished)
+
+    def _finalize_bucket_dense(self, bucket: Bucket) -> None:
+        with torch.no_grad():
+            for intra, index in enumerate(bucket.variables):
+                p = self.params[index]
+                global_unused = False
+                if self.static_graph or self.find_unused_parameters:
+                    global_unused = not self._global_used(index)
+                out = bucket.views_out[intra]
+                # Mixed precision upcasts .grad in its comm hook, so .grad can no longer be a
+                # view of the (low-precision) bucket: copy the result instead. torch fails
+                # here ("not the expected DDP bucket view") once buckets are rebuilt.
+                if not self.gradient_as_bucket_view or self.mixed_precision_param_dtype:
+                    if not global_unused:
+                        if p.grad is None:
+                            p.grad = _clone_obey_contract(out, p)
+                        else:
+                            p.grad.copy_(out)
+                    continue
+                view_in = bucket.views_in[intra]
+                if not _is_alias_of(view_in, out):
+                    view_in.copy_(out)
+                if global_unused:
+                    continue
+                if p.grad is None:
+                    p.grad = view_in
+                elif not _is_alias_of(p.grad, view_in):
+                    raise RuntimeError(
+                        f"ddpviz: parameter {index} '{self.names[index]}' has a gradient that is "
+                        "not its DDP bucket view although gradient_as_bucket_view=True (was "
+                        ".grad replaced, or a second all-reduce hook registered?). Let DDP own "
+                        ".grad, or pass gradient_as_bucket_view=False.")
+
+    # --- static graph ---------------------------------------------------------------------
+
+    def set_static_graph(self) -> None:
+        """Declare the graph static; must come before the first forward."""
+        if self.num_iterations != 0:
+            raise RuntimeError("ddpviz: set_static_graph() should be called before training "
+                               "loop starts and after DistributedDataParallel is constructed.")
+        self.static_graph = True
+        self._initialize_local_used_map()
+
+    def delay_all_reduce(self) -> None:
+        """static_graph, iteration 0: fill and reduce every bucket at the end of backward."""
+        with self._lock:
+            if self.logger is not None:
+                self.logger.backward_compute_end = self.logger.now()
+                self.logger.backward_comm_start = self.logger.backward_compute_end
+            self._all_reduce_local_used_map()
+            self.unused_parameters = []
+            self.require_finalize = True
+            for i in range(len(self.params)):
+                if self.hooks_per_iteration[i] == 0:
+                    self.unused_parameters.append(i)
+                self._set_divide_factor()
+                if self.sparse_flags[i]:
+                    self._mark_ready_sparse(i)
+                else:
+                    self._mark_ready_dense(i)
+            for b, bucket in enumerate(self.buckets):
+                if bucket.deferred:
+                    self._flush_deferred(bucket)
+                if self.tap.enabled:
+                    self.tap.emit(BucketReady, b)
+            for b in range(len(self.buckets)):
+                # torch passes next_bucket (0) as every bucket's index here.
+                self._all_reduce_bucket(b, self.next_bucket)
+            if self.unused_parameters and self.tap.enabled:
+                self.tap.emit(UnusedParametersFound, tuple(self.unused_parameters),
+                              tuple(self.names[i] for i in self.unused_parameters))
+            self.finalize_backward()
+            self.checked_first_iteration = True
+
+    # --- per iteration --------------------------------------------------------------------
+
+    def prepare_for_forward(self) -> None:
+        """A synced forward starts (grad enabled, not under no_sync)."""
+        self.num_iterations += 1
+        if self.logger is not None:
+            self.logger.forward_start = self.logger.now()
+
+    def prepare_for_backward(self, outputs: Sequence[torch.Tensor]) -> None:
+        """Arm the hooks for the backward of this forward's outputs."""
+        with self._lock:
+            if self.logger is not None:
+                self.logger.backward_compute_start = self.logger.now()
+            self.expect_autograd_hooks = True
+            self.grad_ready_order = []
+            self.next_bucket = 0
+            self.num_buckets_ready = 0
+            self.num_buckets_reduced = 0
+            for bucket in self.buckets:
+                bucket.pending = len(bucket.variables)
+                bucket.future = None
+                bucket.skipped = False
+                bucket.deferred.clear()
+            if self.static_graph:
+                self.hooks_left = dict(self.hooks_per_iteration)
+            self.has_marked_unused_parameters = False
+            self.per_iteration_ready.clear()
+            if self._dynamic_find_unused():
+                self.unused_parameters = unused_parameters(outputs, self.grad_accumulators)
+                if not self.unused_parameters and not self._warned_all_used:
+                    self._warned_all_used = True
+                    log.warning(
+                        "ddpviz: find_unused_parameters=True was specified, but this forward "
+                        "used every parameter; the flag costs a walk of the autograd graph every "
+                        "iteration. Turn it off unless later iterations leave parameters unused.")
+                if self.unused_parameters and self.tap.enabled:
+                    self.tap.emit(UnusedParametersFound, tuple(self.unused_parameters),
+                                  tuple(self.names[i] for i in self.unused_parameters))
+
+    def note_outputs_for_check(self, outputs: Sequence[torch.Tensor]) -> None:
+        """First synced iteration only: remember which parameters the outputs cannot reach,
+        to explain a missing gradient. See [Note: missing gradients]."""
+        if not self.checked_first_iteration and self.unreachable is None:
+            self.unreachable = unused_parameters(outputs, self.grad_accumulators)
+
+    def ensure_prior_reduction_finished(self) -> None:
+        """Raise if the previous synced backward left buckets unreduced."""
+        if self.require_finalize:
+            missing = self._missing()
+            self.require_finalize = False
+            self.expect_autograd_hooks = False
+            raise self._unused_error(missing, at_forward=True)
+
+    # --- rebuild --------------------------------------------------------------------------
+
+    def should_rebuild_buckets(self) -> bool:
+        return (self.static_graph or not self.find_unused_parameters) and \
+            not self.has_rebuilt_bucket
+
+    def rebuild_buckets(self) -> bool:
+        """Before a forward: rebuild once in gradient-ready order, synced from rank 0."""
+        with self._lock:
+            self.ensure_prior_reduction_finished()
+            if not self.should_rebuild_buckets() or not self.rebuilt_param_indices:
+                return False
+            order = list(self.rebuilt_param_indices)
+            if sorted(order) != list(range(len(self.params))):
+                raise RuntimeError(
+                    f"ddpviz: internal error: the gradient-ready order names {len(order)} "
+                    f"parameters, expected each of {len(self.params)} once.")
+            rebuild_limits = self.limits.rebuild
+            assert rebuild_limits is not None
+            _, indices, limits = rebuilt_buckets(self.params, order, rebuild_limits,
+                                                 self.sparse_flags, self.limits.set_last_bucket_cap)
+            indices = self._sync_bucket_indices(indices)
+            self.has_rebuilt_bucket = True
+            self.rebuilt_param_indices = []
+            self.initialize_buckets(indices, limits)
+            self.rebuilt_bucket_indices = self.bucket_indices()
+            if self.tap.enabled:
+                self.tap.emit(BucketsRebuilt, tuple(order))
+                self.tap.emit(BucketAssigned, tuple(tuple(b) for b in indices),
+                              tuple(self.bucket_limits), True)
+            return True
+
+    def _sync_bucket_indices(self, indices: list[list[int]]) -> list[list[int]]:
+        # Rank 0's map wins: broadcast [indices..., bucket count], then the bucket sizes
+        # (int32 on the parameters' device, as torch does).
+        device = self.params[0].device
+        flat = [i for b in indices for i in b] + [len(indices)]
+        t = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
+        dist.broadcast(t, group=self.process_group, group_src=0)
+        values = t.tolist()
+        count = values[-1]
+        sizes = torch.tensor([len(indices[min(i, len(indices) - 1)]) for i in range(count)],
+                             dtype=torch.int32).to(device, non_blocking=True)
+        dist.broadcast(sizes, group=self.process_group, group_src=0)
+        out, pos = [], 0
+        for size in sizes.tolist():
+            out.append(values[pos:pos + size])
+            pos += size
+        return out
+
+    def push_all_rebuilt_params(self) -> None:
+        """Join: a joined rank records registration order so it can rebuild like the others."""
+        if self.should_rebuild_buckets() and not self.rebuilt_param_indices:
+            self.rebuilt_param_indices = list(range(len(self.params)))
+
+    def zeros_like_grad_buckets(self) -> list[GradBucket]:
+        """Join: zero-filled stand-ins for every bucket, in reduction order."""
+        return [GradBucket(b, len(self.buckets), torch.zeros_like(bucket.gradients),
+                           bucket.offsets, bucket.lengths, bucket.sizes, bucket.params)
+                for b, bucket in enumerate(self.buckets)]
+
+    def install_futures(self, futures: Sequence[torch.futures.Future]) -> None:
+        """Futures to await at the end of this backward (buffer comm hooks)."""
+        self.installed_futures.extend(futures)
+
+    # --- modes ----------------------------------------------------------------------------
+
+    def _dynamic_find_unused(self) -> bool:
+        return not self.static_graph and self.find_unused_parameters
+
+    def _static_first_iteration(self) -> bool:
+        return self.static_graph and self.num_iterations == 1
+
+    def _static_after_first_iteration(self) -> bool:
+        return self.static_graph and self.num_iterations > 1

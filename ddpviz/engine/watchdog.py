@@ -1,0 +1,455 @@
+"""The hang watchdog: DDP's waits (bucket all-reduces, buffer broadcasts, the bucket rebuild)
+with a deadline, so that a rank that never arrives is named long before the process group's own
+timeout, on every rank that waits for it.
+
+While a collective is pending, the waiting rank polls the DDP's notice board in the store
+(rendezvous.Board) for errors other ranks raised; past `hang_timeout` it posts where it is,
+reads where the others are and raises `RankHangError` naming the lagging ranks and the
+collective, bucket and parameters it waited in. See [Note: hang protocol].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpviz.errors import RankHangError
+from ddpviz.events import FindingReported, Tap
+from ddpviz.findings import Finding, format_ranks, group_ranks
+from ddpviz.rendezvous import Board, Scope, as_text, exchange, store_lost
+
+# [Note: hang protocol]
+# Normal collectives finish before the first poll and never touch the store. A wait that
+# lasts longer polls the board's alert counter every _POLL_S (one store round trip). Then:
+#  - another rank posted an alert (it raised a ddpviz error): raise at once, carrying its
+#    findings ("peer_failed"), or its hang verdict verbatim;
+#  - the collective failed (gloo: "Connection closed by peer"): post "failed", give the
+#    other ranks a short grace to post too, and name the ranks that did not (they exited);
+#  - hang_timeout passed: post "waiting" with step, collective, bucket and parameters, give
+#    the others a grace to post too, then compare positions: ranks that never got here are
+#    lagging (their last heartbeat says where they were), ranks waiting elsewhere run other
+#    collectives.
+# The first rank to conclude writes the verdict (Board.decide) and posts it as an alert; every
+# rank raises that same text, including a laggard that arrives later.
+
+ENV_HANG_TIMEOUT = "DDPVIZ_HANG_TIMEOUT"
+DEFAULT_HANG_TIMEOUT = 300.0  # seconds; gloo's and NCCL's own defaults are 30 and 10 minutes
+_POLL_S = 0.25
+_FIX_LAGGING = ("A rank that is behind ran out of data (uneven inputs: use ddp.join(), or the "
+                "same number of batches on every rank, e.g. DistributedSampler with "
+                "drop_last=True), is stuck outside DDP (data loading, I/O, a collective only it "
+                "runs), or is just slower than hang_timeout allows (raise it).")
+_FIX_SKIPPED = ("A rank at the same step that never reached this collective skipped it: "
+                "look for no_sync() or an extra backward on some ranks only, or rank-dependent "
+                "control flow around forward/backward.")
+_FIX_DIFFERENT = ("Every rank must issue the same collectives in the same order: look for "
+                  "no_sync() or an extra forward/backward on some ranks only, uneven inputs "
+                  "(use ddp.join()), or collectives only some ranks call.")
+_FIX_EXITED = ("Read the output of the rank that stopped: it crashed, or returned early "
+               "(uneven inputs: use ddp.join(), or the same number of batches on every rank).")
+
+
+def resolve_hang_timeout(value: float | None) -> float | None:
+    """`value`, else $DDPVIZ_HANG_TIMEOUT, else 300 s; 0 or less turns the watchdog off."""
+    if value is None:
+        env = os.environ.get(ENV_HANG_TIMEOUT, "").strip()
+        if env:
+            try:
+                value = float(env)
+            except ValueError:
+                raise ValueError(f"ddpviz: {ENV_HANG_TIMEOUT}={env!r} is not a number of "
+                                 "seconds.\nSet it to e.g. 60, or 0 to turn the hang watchdog "
+                                 "off.") from None
+        else:
+            value = DEFAULT_HANG_TIMEOUT
+    return float(value) if value > 0 else None
+
+
+def describe(position: dict[str, Any], now: float | None = None) -> str:
+    """One rank's position in words ("waiting in the all-reduce of bucket 0 at step 2 ...")."""
+    now = time.time() if now is None else now
+    state = position.get("state", "running")
+    step = position.get("step", -1)
+    at = "in the constructor" if step < 0 else f"at step {step}"
+    if state in ("waiting", "failed"):
+        what = collective_name(position)
+        params = position.get("params") or []
+        shown = ", ".join(repr(p) for p in params[:4]) + (", ..." if len(params) > 4 else "")
+        for_ = f" for {shown}" if shown else ""
+        if state == "failed":
+            return f"failed in {what} {at}{for_}: {position.get('error', '')}"
+        waited = now - float(position.get("since", now))
+        return f"waiting in {what} {at}{for_} ({waited:.1f}s)"
+    if state == "gone":
+        return "gone"
+    ago = now - float(position.get("t", now))
+    return f"last seen {at} ({position.get('phase', '?')}, {ago:.1f}s ago)"
+
+
+def collective_name(position: dict[str, Any]) -> str:
+    collective = position.get("collective", "?")
+    bucket = int(position.get("bucket", -1))
+    return f"the {collective} of bucket {bucket}" if bucket >= 0 else f"the {collective}"
+
+
+class Watchdog:
+    """Deadlines for one DDP's waits on this rank.
+
+    Args:
+        process_group: the DDP's group.
+        timeout: seconds a collective may take before the ranks are compared (None: no
+            watchdog; waits are plain waits, and no store traffic happens).
+        tap: receives a FindingReported for every finding raised.
+        store: the store to use (default: the group's).
+        clone: use a private store connection (for watchers running in another thread).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup, *, timeout: float | None,
+                 tap: Tap | None = None, store: dist.Store | None = None,
+                 clone: bool = False) -> None:
+        self.group = process_group
+        self.timeout = timeout
+        self.tap = tap if tap is not None else Tap()
+        self.rank = process_group.rank()
+        self.world_size = process_group.size()
+        self._store = store
+        self._clone = clone
+        self.board: Board | None = None
+        self.step = -1
+        self.phase = "constructor"
+        self.raised: RankHangError | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout is not None and self.world_size > 1
+
+    # --- meeting points -----------------------------------------------------------------------
+
+    def start(self, what: str = "DistributedDataParallel's constructor") -> None:
+        """Every rank must get here (or the missing ones are named, on every rank that did);
+        then this DDP's notice board opens."""
+        if not self.enabled:
+            return
+        assert self.timeout is not None
+        scope = Scope(self.group, store=self._store, clone=self._clone)
+        epoch = scope.generation("board")
+        try:
+            exchange("ddp", "", timeout=self.timeout, what=what, scope=scope)
+        except RankHangError as exc:
+            self._report(exc)
+            raise
+        self.board = Board(scope, epoch)
+
+    def exchange(self, name: str, payload: str, what: str) -> list[str]:
+        """Every rank's payload via the store (not a collective), with the hang timeout."""
+        if not self.enabled or self.board is None:
+            return [payload]
+        assert self.timeout is not None
+        try:
+            return exchange(name, payload, timeout=self.timeout, what=what,
+                            scope=self.board.scope)
+        except RankHangError as exc:
+            self._report(exc)
+            raise
+
+    def heartbeat(self, step: int, phase: str) -> None:
+        """This rank reached `phase` of `step` (one store write); raises if another rank
+        already failed, so this one stops before the next collective."""
+        self.step, self.phase = step, phase
+        board = self.board
+        if board is None:
+            return
+        try:
+            board.post_position({"state": "running", "step": step, "phase": phase,
+                                 "t": time.time()})
+            if board.has_alerts():
+                raise self._from_alerts(None)
+        except RuntimeError as exc:
+            if isinstance(exc, RankHangError):
+                raise
+            raise self._report(store_lost(board.scope, f"step {step}", exc)) from exc
+
+    def fail(self, message: str, findings: Sequence[Finding]) -> None:
+        """This rank is about to raise `message`: tell the others (they stop waiting for it)
+        and record the findings."""
+        for f in findings:
+            if self.tap.enabled:
+                self.tap.emit(FindingReported, f)
+        board = self.board
+        if board is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the store is gone: they see the socket close
+            board.post_alert(message, findings)
+
+    # --- waiting ------------------------------------------------------------------------------
+
+    def wait(self, waitable: Any, *, collective: str, bucket: int = -1,
+             params: Sequence[str] = ()) -> None:
+        """Wait for a collective (`dist.Work` or `torch.futures.Future`) with the deadline.
+
+        Raises:
+            RankHangError: another rank failed, the collective failed (a rank exited), or it
+                did not complete within the hang timeout; names where every rank was.
+        """
+        future = waitable.get_future() if hasattr(waitable, "get_future") else waitable
+        board = self.board
+        if board is None or self.timeout is None or future.done():
+            self._plain_wait(waitable, collective, bucket, params)
+            return
+        done = threading.Event()
+        future.add_done_callback(lambda _f: done.set())
+        start, since = time.monotonic(), time.time()
+        deadline = start + self.timeout
+        position = self._position(collective, bucket, params, since=since)
+        while not done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
+            try:
+                if board.has_alerts():
+                    raise self._from_alerts(position)
+            except RankHangError:
+                raise
+            except RuntimeError as exc:
+                raise self._report(store_lost(board.scope, collective_name(position), exc)
+                                   ) from exc
+            if time.monotonic() >= deadline:
+                raise self._hang(position)
+        try:
+            waitable.wait()
+        except RuntimeError as exc:
+            raise self._failed(position, exc) from exc
+
+    def failed(self, exc: BaseException, *, collective: str, bucket: int = -1,
+               params: Sequence[str] = ()) -> BaseException:
+        """The error to raise for a collective that failed to launch with `exc` (a peer's
+        connection closed): a RankHangError naming who went away, or `exc` itself without a
+        watchdog."""
+        if self.board is None or isinstance(exc, RankHangError):
+            return exc
+        return self._failed(self._position(collective, bucket, params), exc)
+
+    def _plain_wait(self, waitable: Any, collective: str, bucket: int,
+                    params: Sequence[str]) -> None:
+        try:
+            waitable.wait()
+        except RuntimeError as exc:
+            if self.board is None:
+                raise
+            raise self._failed(self._position(collective, bucket, params), exc) from exc
+
+    # --- diagnosis ----------------------------------------------------------------------------
+
+    def _position(self, collective: str, bucket: int, params: Sequence[str], *,
+                  since: float | None = None) -> dict[str, Any]:
+        return {"state": "waiting", "step": self.step, "phase": self.phase,
+                "collective": collective, "bucket": bucket, "params": list(params),
+                "since": time.time() if since is None else since, "t": time.time()}
+
+    def _report(self, exc: RankHangError) -> RankHangError:
+        if self.raised is None:
+            self.raised = exc
+            for f in exc.findings:
+                if self.tap.enabled:
+                    self.tap.emit(FindingReported, f)
+        return exc
+
+    def _gather(self, board: Board, grace: float) -> dict[int, dict[str, Any]]:
+        """Positions once every other rank posted a waiting/failed one, or after `grace`."""
+        end = time.monotonic() + grace
+        while True:
+            positions = board.positions()
+            settled = all(positions.get(r, {}).get("state") in ("waiting", "failed")
+                          for r in range(self.world_size) if r != self.rank)
+            if settled or time.monotonic() >= end or board.has_alerts():
+                return positions
+            time.sleep(0.05)
+
+    def _conclude(self, board: Board, proposal: tuple[str, tuple[Finding, ...]],
+                  positions: dict[int, dict[str, Any]]) -> RankHangError:
+        message, findings = proposal
+        data = json.dumps({"message": message,
+                           "findings": [_builtins(f) for f in findings]})
+        decided = json.loads(board.decide("hang", data))
+        if decided["message"] == message:
+            board.post_alert(message, findings)
+            verdict = findings
+        else:
+            verdict = tuple(_finding(f) for f in decided["findings"])
+        return self._report(RankHangError(decided["message"], verdict, positions))
+
+    def _from_alerts(self, position: dict[str, Any] | None) -> RankHangError:
+        """The error another rank posted, as this rank's (position None: between collectives,
+        at a heartbeat)."""
+        board = self.board
+        assert board is not None
+        alerts = board.alerts()
+        positions = board.positions()
+        store = board.scope.store
+        verdict_key = f"{board.base}/verdict/hang"
+        if store.check([verdict_key]):
+            decided = json.loads(as_text(store.get(verdict_key)))
+            return self._report(RankHangError(
+                decided["message"], tuple(_finding(f) for f in decided["findings"]), positions))
+        others = [r for r in alerts if r != self.rank]
+        first = min(others) if others else self.rank
+        alert = alerts[first]
+        if first == self.rank:  # only this rank failed before: its own error again
+            return self._report(RankHangError(str(alert["message"]), alert["findings"],
+                                              positions))
+        if position is None:
+            title = (f"rank {first} failed, so rank {self.rank} stops before the collectives of "
+                     f"step {self.step}")
+        else:
+            title = (f"rank {first} failed while rank {self.rank} was "
+                     f"{_strip_waited(describe(position))}")
+        finding = Finding(
+            kind="peer_failed", severity="error", title=title,
+            ranks=(first,), step=self.step,
+            detail=tuple(str(alert["message"]).splitlines()),
+            fix=f"Fix the error on rank {first}; this rank stopped instead of hanging.",
+            world_size=self.world_size)
+        return self._report(RankHangError(finding.text(), (finding, *alert["findings"]),
+                                          positions))
+
+    def _hang(self, position: dict[str, Any]) -> RankHangError:
+        board = self.board
+        assert board is not None and self.timeout is not None
+        try:
+            board.post_position(position)
+            positions = self._gather(board, min(5.0, max(1.0, self.timeout / 4)))
+            if board.has_alerts() and not board.scope.store.check(
+                    [f"{board.base}/verdict/hang"]):
+                return self._from_alerts(position)
+            return self._conclude(board, self._compose_hang(position, positions), positions)
+        except RankHangError:
+            raise
+        except RuntimeError as exc:
+            return self._report(store_lost(board.scope, collective_name(position), exc))
+
+    def _failed(self, position: dict[str, Any], exc: BaseException) -> RankHangError:
+        board = self.board
+        assert board is not None
+        failed = {**position, "state": "failed", "error": str(exc).splitlines()[0][:200]}
+        try:
+            board.post_position(failed)
+            if board.has_alerts():
+                return self._from_alerts(position)
+            positions = self._gather(board, 2.0)
+            if board.has_alerts():
+                return self._from_alerts(position)
+            return self._conclude(board, self._compose_exit(failed, positions), positions)
+        except RankHangError as err:
+            return err
+        except RuntimeError as err:
+            return self._report(store_lost(board.scope, collective_name(position), err))
+
+    def _compose_hang(self, me: dict[str, Any], positions: dict[int, dict[str, Any]]
+                      ) -> tuple[str, tuple[Finding, ...]]:
+        positions = {**positions, self.rank: me}
+        now = time.time()
+        waiting = {r: p for r, p in positions.items() if p.get("state") in ("waiting", "failed")}
+        lagging = tuple(r for r in range(self.world_size) if r not in waiting)
+        states = {r: describe(positions[r], now) if r in positions
+                  else "never reported (no DDP step on this rank yet)"
+                  for r in range(self.world_size)}
+        values = tuple((states[r], (r,)) for r in range(self.world_size))
+        # Name the place after the lowest waiting rank, so whichever rank concludes first
+        # proposes the same verdict.
+        me = waiting[min(waiting)]
+        where = collective_name(me)
+        at = f"step {me['step']}" if me["step"] >= 0 else "construction"
+        if lagging:
+            steps = [positions[r].get("step", -1) for r in lagging if r in positions]
+            behind = not steps or min(steps) < me["step"]
+            title = (f"{format_ranks(lagging)} did not reach {where} at {at} within "
+                     f"{self.timeout:g}s")
+            finding = Finding(
+                kind="rank_hang", severity="error", title=title, ranks=lagging,
+                param=-1, name=(me["params"] or [""])[0], field=me["collective"],
+                bucket=int(me["bucket"]), step=int(me["step"]), values=values,
+                fix=_FIX_LAGGING if behind else _FIX_SKIPPED, world_size=self.world_size)
+        else:
+            places = {r: (p.get("step"), p.get("collective"), p.get("bucket"))
+                      for r, p in waiting.items()}
+            groups = group_ranks({r: json.dumps(v) for r, v in places.items()})
+            odd = tuple(sorted(r for _, rs in groups[1:] for r in rs))
+            title = ("ranks wait in different collectives" if len(groups) > 1
+                     else f"every rank waits in {where} at {at} and it does not complete")
+            finding = Finding(
+                kind="collective_mismatch" if len(groups) > 1 else "rank_hang",
+                severity="error", title=title, ranks=odd, field=me["collective"],
+                bucket=int(me["bucket"]), step=int(me["step"]), values=values,
+                fix=(_FIX_DIFFERENT if len(groups) > 1 else
+                     "The collective itself is stuck: check the network and the backend "
+                     "(NCCL_DEBUG=INFO), or raise hang_timeout if it is just slow."),
+                world_size=self.world_size)
+        return finding.text(), (finding,)
+
+    def _compose_exit(self, me: dict[str, Any], positions: dict[int, dict[str, Any]]
+                      ) -> tuple[str, tuple[Finding, ...]]:
+        positions = {**positions, self.rank: me}
+        now = time.time()
+        alive = {r for r, p in positions.items() if p.get("state") in ("waiting", "failed")}
+        gone = tuple(r for r in range(self.world_size) if r not in alive)
+        states: dict[int, str] = {}
+        for r in range(self.world_size):
+            if r in alive:
+                states[r] = describe(positions[r], now)
+            elif r in positions:
+                states[r] = f"gone; {describe(positions[r], now)}"
+            else:
+                states[r] = "gone; never reported a position"
+        values = tuple((states[r], (r,)) for r in range(self.world_size))
+        first = min(alive)
+        me = positions[first]
+        at = f"step {me['step']}" if me["step"] >= 0 else "construction"
+        title = (f"{format_ranks(gone) if gone else 'a rank'} closed its connection while "
+                 f"rank {first} waited in {collective_name(me)} at {at}: it exited or "
+                 "crashed")
+        finding = Finding(
+            kind="rank_exited", severity="error", title=title, ranks=gone,
+            name=(me["params"] or [""])[0], field=me["collective"], bucket=int(me["bucket"]),
+            step=int(me["step"]), values=values, fix=_FIX_EXITED, world_size=self.world_size)
+        return finding.text(), (finding,)
+
+
+def _strip_waited(text: str) -> str:
+    return text.rsplit(" (", 1)[0] if text.endswith("s)") else text
+
+
+def _builtins(finding: Finding) -> Any:
+    import msgspec
+
+    return msgspec.to_builtins(finding)
+
+
+def _finding(data: Any) -> Finding:
+    import msgspec
+
+    return msgspec.convert(data, Finding)
+
+
+def guarded_future(watchdog: Watchdog, future: torch.futures.Future, *, collective: str,
+                   bucket: int = -1, params: Sequence[str] = ()) -> torch.futures.Future:
+    """A future that completes like `future`, or fails with the watchdog's RankHangError when
+    it would hang: for waits that happen where ddpviz cannot wait itself (inside torch's C++
+    reducer, which waits on the future a comm hook returns). Waits in a helper thread."""
+    out: torch.futures.Future = torch.futures.Future()
+
+    def run() -> None:
+        try:
+            watchdog.wait(future, collective=collective, bucket=bucket, params=params)
+            out.set_result(future.value())
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    if future.done() and not watchdog.enabled:
+        return future
+    threading.Thread(target=run, name="ddpviz-watchdog", daemon=True).start()
+    return out

@@ -1,0 +1,244 @@
+"""Meeting points that never hang: ranks check in through the process group's store (the
+TCP key-value store every process group is built on), never through a collective, so a rank
+that does not arrive is *named* after a timeout instead of blocking the others forever.
+
+`exchange` / `rendezvous`: every rank posts a value under a key of its own and waits, with a
+timeout, for all the others; on timeout every rank that did arrive raises the same
+`RankHangError` naming the ranks that never came. `Board`: the per-DDP notice board where each
+rank posts where it is (heartbeats, the collective it waits in) and the errors it raised, read
+by the watchdog. See [Note: one verdict].
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import torch.distributed as dist
+
+from ddpviz.errors import RankHangError
+from ddpviz.findings import Finding, format_ranks, group_ranks
+
+# [Note: one verdict]
+# A rank that times out and a rank that arrives at the same moment must not disagree (one
+# raising, the other walking into a collective nobody will join). So the outcome of every
+# meeting is decided once, in the store, with compare_set on a verdict key: the first rank to
+# decide ("ok" when it saw everyone, the list of missing ranks when it timed out) wins, and
+# every rank, including one arriving long after the others gave up, acts on that verdict.
+
+_PREFIX = "ddpviz"
+_FIX_MISSING = ("A rank that never arrives crashed, is stuck earlier (data loading, a collective "
+                "only it runs, a deadlock), or skips this code path: read {ranks}'s output and "
+                "look for rank-dependent control flow.")
+
+
+class Scope:
+    """A process group's store, this rank and the world size, for store-based meetings.
+
+    Args:
+        process_group: the group (the default group if None); ranks are its group ranks.
+        store: use this store instead of the group's own (tests, torchrun's store).
+        clone: use a private connection (`store.clone()`), safe to use from another thread.
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *,
+                 store: dist.Store | None = None, clone: bool = False) -> None:
+        group = dist.group.WORLD if process_group is None else process_group
+        if group is None:
+            raise RuntimeError(
+                "ddpviz: no process group to meet in: the default process group is not "
+                "initialized.\nCall torch.distributed.init_process_group(...) first, or pass "
+                "process_group=.")
+        self.group = group
+        self.rank = group.rank()
+        self.world_size = group.size()
+        self._store = store
+        self._clone = clone
+        self._resolved: dist.Store | None = None
+
+    @property
+    def store(self) -> dist.Store:
+        """The store (looked up on first use: a group of one never needs it)."""
+        if self._resolved is None:
+            base = self._store if self._store is not None else _group_store(self.group)
+            self._resolved = base.clone() if self._clone else base  # type: ignore[attr-defined]
+        return self._resolved
+
+    def generation(self, name: str) -> int:
+        """How many meetings named `name` this rank started on this store before. Counted in
+        the store itself, so a new process group starts from 0 on every rank; every rank
+        meets in the same order, so the numbers agree across ranks."""
+        return int(self.store.add(f"{_PREFIX}/gen/{name}/{self.rank}", 1)) - 1
+
+
+def _group_store(group: dist.ProcessGroup) -> dist.Store:
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        return c10d._get_process_group_store(group)
+    except (KeyError, AttributeError, RuntimeError):
+        return c10d._get_default_store()
+
+
+def as_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def exchange(name: str, payload: str = "", process_group: dist.ProcessGroup | None = None, *,
+             timeout: float, store: dist.Store | None = None, what: str | None = None,
+             scope: Scope | None = None) -> list[str]:
+    """Every rank posts `payload`; returns all payloads (index = group rank). Not a
+    collective: only the store is used, so ranks can never hang in it.
+
+    Args:
+        name: the meeting's name; each call with a name is a new meeting (same order on every
+            rank).
+        payload: this rank's value (text).
+        process_group, store: where to meet (the default group's store by default).
+        timeout: seconds to wait for the other ranks.
+        what: how to name the place in the error ("DistributedDataParallel's constructor").
+
+    Raises:
+        RankHangError: on every rank that arrived, with the same message, naming the ranks
+            that did not arrive within `timeout` (finding kind "missing_rank").
+    """
+    scope = scope or Scope(process_group, store=store)
+    if scope.world_size == 1:
+        return [payload]
+    s = scope.store
+    start = time.monotonic()
+    try:
+        base = f"{_PREFIX}/meet/{name}/{scope.generation(name)}"
+        verdict_key = f"{base}/verdict"
+        s.set(f"{base}/{scope.rank}", payload)
+        if s.add(f"{base}/count", 1) >= scope.world_size:
+            verdict = as_text(s.compare_set(verdict_key, "", "ok"))
+        else:
+            verdict = _wait_verdict(scope, base, verdict_key, start + timeout, timeout)
+        if verdict == "ok":
+            return [as_text(s.get(f"{base}/{r}")) for r in range(scope.world_size)]
+    except RuntimeError as exc:  # the store itself is gone: its host (rank 0) exited
+        raise store_lost(scope, what or name, exc) from exc
+    raise missing_error(json.loads(verdict), scope.world_size, what or name)
+
+
+def _wait_verdict(scope: Scope, base: str, verdict_key: str, deadline: float,
+                  timeout: float) -> str:
+    # Polling `check` rather than `store.wait(timeout)`: a timed-out wait makes c10d log socket
+    # warnings on stderr, which would show up in the notebook on every rank.
+    s = scope.store
+    pause = 0.002
+    while time.monotonic() < deadline:
+        if s.check([verdict_key]):
+            return as_text(s.get(verdict_key))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    arrived = [r for r in range(scope.world_size) if s.check([f"{base}/{r}"])]
+    missing = [r for r in range(scope.world_size) if r not in arrived]
+    proposal = "ok" if not missing else json.dumps(
+        {"missing": missing, "arrived": arrived, "timeout": timeout, "by": scope.rank})
+    return as_text(s.compare_set(verdict_key, "", proposal))
+
+
+def rendezvous(name: str, process_group: dist.ProcessGroup | None = None, *, timeout: float,
+               store: dist.Store | None = None, what: str | None = None) -> None:
+    """Wait until every rank of the group got here, or raise `RankHangError` on every rank
+    that did, naming those that did not (within `timeout` seconds). See `exchange`."""
+    exchange(name, "", process_group, timeout=timeout, store=store, what=what)
+
+
+def missing_error(verdict: dict[str, Any], world_size: int, what: str) -> RankHangError:
+    """The error for a meeting some ranks never reached (the same on every rank)."""
+    missing = tuple(int(r) for r in verdict["missing"])
+    timeout = float(verdict["timeout"])
+    states = {r: "never arrived" if r in missing else "arrived" for r in range(world_size)}
+    values = group_ranks(states)
+    finding = Finding(
+        kind="missing_rank", severity="error",
+        title=f"{format_ranks(missing)} never reached {what} within {timeout:g}s",
+        ranks=missing, field="arrival", values=values,
+        fix=_FIX_MISSING.format(ranks=format_ranks(missing)), world_size=world_size)
+    return RankHangError(finding.text(), (finding,), {})
+
+
+def store_lost(scope: Scope, what: str, exc: BaseException) -> RankHangError:
+    """The store became unreachable: the rank hosting it (rank 0 under env:// and torchrun)
+    exited or crashed."""
+    finding = Finding(
+        kind="rank_exited", severity="error",
+        title=f"rank {scope.rank} lost the process group's store at {what}: the rank hosting it "
+              "(usually rank 0) exited or crashed",
+        ranks=(0,), field="store", detail=(f"{type(exc).__name__}: {str(exc).splitlines()[0]}",),
+        fix="Read the output of rank 0 (or the host of MASTER_ADDR): it stopped first.",
+        world_size=scope.world_size)
+    return RankHangError(finding.text(), (finding,), {})
+
+
+class Board:
+    """Where the ranks of one DDP post where they are and what went wrong (store keys under
+    `ddpviz/board/<epoch>/`). Every method is a few store round trips; none blocks long.
+
+    Args:
+        scope: the store and ranks (use a cloned Scope when called from another thread).
+        epoch: separates DDP instances built on one process group (from `exchange`'s
+            generation), so an old DDP's alerts never reach a new one.
+    """
+
+    def __init__(self, scope: Scope, epoch: int) -> None:
+        self.scope = scope
+        self.epoch = epoch
+        self.base = f"{_PREFIX}/board/{epoch}"
+        self._alerts_seen = 0
+
+    @property
+    def rank(self) -> int:
+        return self.scope.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.scope.world_size
+
+    def post_position(self, position: dict[str, Any]) -> None:
+        """Publish where this rank is (plain JSON data)."""
+        self.scope.store.set(f"{self.base}/pos/{self.rank}", json.dumps(position))
+
+    def positions(self) -> dict[int, dict[str, Any]]:
+        """Every rank's latest position; ranks that never posted are absent."""
+        s = self.scope.store
+        out: dict[int, dict[str, Any]] = {}
+        for r in range(self.world_size):
+            key = f"{self.base}/pos/{r}"
+            if s.check([key]):
+                out[r] = json.loads(as_text(s.get(key)))
+        return out
+
+    def post_alert(self, message: str, findings: Sequence[Finding]) -> None:
+        """Tell the other ranks this rank raised `message` (they stop waiting for it)."""
+        s = self.scope.store
+        data = {"rank": self.rank, "message": message,
+                "findings": [msgspec.to_builtins(f) for f in findings]}
+        s.set(f"{self.base}/alert/{self.rank}", json.dumps(data))
+        s.add(f"{self.base}/alerts", 1)
+
+    def has_alerts(self) -> bool:
+        """True when some rank posted an alert (one store round trip)."""
+        return int(self.scope.store.add(f"{self.base}/alerts", 0)) > 0
+
+    def alerts(self) -> dict[int, dict[str, Any]]:
+        """{rank: {"message", "findings"}} of every rank that posted one (findings decoded)."""
+        s = self.scope.store
+        out: dict[int, dict[str, Any]] = {}
+        for r in range(self.world_size):
+            key = f"{self.base}/alert/{r}"
+            if s.check([key]):
+                data = json.loads(as_text(s.get(key)))
+                data["findings"] = tuple(msgspec.convert(f, Finding) for f in data["findings"])
+                out[r] = data
+        return out
+
+    def decide(self, name: str, proposal: str) -> str:
+        """The first proposal made under `name` by any rank (see [Note: one verdict])."""
+        return as_text(self.scope.store.compare_set(f"{self.base}/verdict/{name}", "", proposal))

@@ -1,0 +1,268 @@
+"""BroadcastProgress: the constructor's state sync, rank by rank, chunk by chunk.
+
+Before the broadcast, the verification exchange (walk-through step 2); then rank 0's parameters
+and buffers are broadcast coalesced into flat chunks of at most 250 MiB per dtype, at most 2
+in flight (step 3). Per rank: a progress bar of bytes done, bytes/s, the chunks in flight;
+below, every chunk (dtype, size, tensors) with its state on each rank. Plain ipywidgets.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, NamedTuple
+
+import ipywidgets as w
+
+from ddpviz import events as ev
+from ddpviz.plan_table import human_bytes
+from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, RankState
+from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.replay_controls import Cursor
+
+
+class ChunkState(NamedTuple):
+    chunk: int
+    dtype: str  # "" until its BroadcastChunkSent arrived
+    nbytes: int
+    n_tensors: int
+    sent: int | None  # aligned ns
+    done: int | None
+
+
+class RankBroadcast(NamedTuple):
+    """One rank's progress through the verification exchange and the broadcast."""
+
+    rank: int
+    verification: str  # "waiting" | "exchanging" | "passed" | "failed"
+    state: str  # "waiting" | "broadcasting" | "done" | "skipped"
+    src: int | None
+    total_bytes: int
+    bytes_done: int
+    n_chunks: int
+    chunks_done: int
+    in_flight: tuple[int, ...]  # chunk indices launched and not done
+    bytes_per_s: float | None  # done bytes over the time from start to the last chunk done
+    seconds: float | None  # BroadcastFinished's own measure
+    chunks: tuple[ChunkState, ...]
+
+    @property
+    def fraction(self) -> float:
+        if self.state == "done":
+            return 1.0
+        return self.bytes_done / self.total_bytes if self.total_bytes else 0.0
+
+
+def rank_broadcast(s: RankState) -> RankBroadcast:
+    """Progress of one rank from its constructor facts (already cut at the cursor's time)."""
+    verification = "waiting"
+    if s.verify_result is not None:
+        verification = ("passed" if isinstance(s.verify_result.event, ev.VerificationPassed)
+                        else "failed")
+    elif s.verify_started is not None:
+        verification = "exchanging"
+    started = s.broadcast_started
+    chunks: list[ChunkState] = []
+    total = n_chunks = 0
+    src = None
+    if started is not None:
+        b = started.event
+        assert isinstance(b, ev.BroadcastStarted)
+        total, n_chunks, src = b.total_bytes, b.n_chunks, b.src
+    for i in range(max([n_chunks, *[c + 1 for c in s.chunks_sent],
+                        *[c + 1 for c in s.chunks_done]])):
+        sent, done = s.chunks_sent.get(i), s.chunks_done.get(i)
+        e = sent.event if sent is not None else None
+        nbytes = (e.nbytes if isinstance(e, ev.BroadcastChunkSent)
+                  else done.event.nbytes if done is not None
+                  and isinstance(done.event, ev.BroadcastChunkDone) else 0)
+        chunks.append(ChunkState(i, e.dtype if isinstance(e, ev.BroadcastChunkSent) else "",
+                                 nbytes, e.n_tensors if isinstance(e, ev.BroadcastChunkSent)
+                                 else 0, sent.t if sent else None, done.t if done else None))
+    done_bytes = sum(c.nbytes for c in chunks if c.done is not None)
+    in_flight = tuple(c.chunk for c in chunks if c.sent is not None and c.done is None)
+    last_done = max((c.done for c in chunks if c.done is not None), default=None)
+    rate = None
+    if started is not None and last_done is not None and last_done > started.t:
+        rate = done_bytes / ((last_done - started.t) / 1e9)
+    seconds = None
+    if s.broadcast_finished is not None:
+        f = s.broadcast_finished.event
+        assert isinstance(f, ev.BroadcastFinished)
+        seconds = f.seconds
+        state = "done"
+    elif started is not None:
+        state = "broadcasting"
+    elif s.maps:
+        state = "skipped"  # init_sync=False: buckets were assigned without a broadcast
+    else:
+        state = "waiting"
+    return RankBroadcast(s.rank, verification, state, src, total, done_bytes, n_chunks,
+                         sum(c.done is not None for c in chunks), in_flight, rate, seconds,
+                         tuple(chunks))
+
+
+def _rate(x: float | None) -> str:
+    return "—" if x is None else f"{human_bytes(int(x))}/s"
+
+
+_V_GLYPH = {"waiting": "○", "exchanging": "◔", "passed": "✔", "failed": "✘"}
+_B_COLOUR = {"waiting": "#999", "broadcasting": "#4c78a8", "done": "#1e7b34",
+             "skipped": "#8a6d00"}
+
+
+class BroadcastProgress(EventView):
+    """Each rank's progress through verification and the coalesced state broadcast.
+
+    Kernel-side state: `progress` ({rank: RankBroadcast}), `bars` ({rank: FloatProgress}),
+    `labels` ({rank: HTML}), `chunks_html`, `exchange_html`.
+
+    Args:
+        source: a Run, Session, Trace, `.ddpviz` path or list of events (see `EventView`).
+        max_chunk_rows: chunks listed at most (those in flight or differing across ranks
+            first); DDP's 250 MiB chunks make this a handful for most models.
+    """
+
+    def __init__(self, source: object = None, *, max_chunk_rows: int = 24,
+                 **kwargs: Any) -> None:
+        self.max_chunk_rows = max_chunk_rows
+        self.progress: dict[int, RankBroadcast] = {}
+        self.bars: dict[int, w.FloatProgress] = {}
+        self.labels: dict[int, w.HTML] = {}
+        self._key: tuple[Any, ...] | None = None
+        super().__init__(source, **kwargs)
+
+    @classmethod
+    def embedded_in(cls, model: EventModel, **kwargs: Any) -> BroadcastProgress:
+        return cls(model=model, embedded=True, controls=False, **kwargs)
+
+    def _build(self) -> list[w.Widget]:
+        self.exchange_html = w.HTML()
+        self.rows_box = w.VBox()
+        self.chunks_html = w.HTML()
+        return [self.exchange_html, self.rows_box, self.chunks_html]
+
+    def render(self, cursor: Cursor) -> bool:
+        as_of = self.model.settled(CONSTRUCTION, cursor.as_of)
+        key = (self.model.versions["construction"], as_of)
+        if key == self._key:
+            return False
+        self._key = key
+        states = self.model.construction(as_of)
+        self.progress = {r: rank_broadcast(s) for r, s in states.items()}
+        self._draw()
+        return False
+
+    def _draw(self) -> None:
+        ranks = sorted(self.progress)
+        added = [r for r in ranks if r not in self.bars]
+        for r in added:
+            self.bars[r] = w.FloatProgress(value=0.0, min=0.0, max=1.0,
+                                           layout=w.Layout(width="220px"))
+            self.labels[r] = w.HTML(layout=w.Layout(width="auto"))
+        if added:
+            self.rows_box.children = [
+                w.HBox([w.HTML(f"<b>rank {r}</b>", layout=w.Layout(width="60px")),
+                        self.bars[r], self.labels[r]]) for r in ranks]
+        for r in ranks:
+            p = self.progress[r]
+            if self.bars[r].value != p.fraction:
+                self.bars[r].value = p.fraction
+            style = "success" if p.state == "done" else ""
+            if self.bars[r].bar_style != style:
+                self.bars[r].bar_style = style
+            text = self._label(p)
+            if self.labels[r].value != text:
+                self.labels[r].value = text
+        exchange = self._exchange()
+        if self.exchange_html.value != exchange:
+            self.exchange_html.value = exchange
+        chunks = self._chunks()
+        if self.chunks_html.value != chunks:
+            self.chunks_html.value = chunks
+
+    def _label(self, p: RankBroadcast) -> str:
+        v = f"{_V_GLYPH[p.verification]} verify"
+        if p.state == "waiting":
+            b = "broadcast: waiting"
+        elif p.state == "skipped":
+            b = "broadcast skipped (init_sync=False)"
+        else:
+            role = "sends" if p.src == p.rank else f"receives from rank {p.src}"
+            flight = (" · in flight: " + ", ".join(
+                f"#{c} ({p.chunks[c].dtype} {human_bytes(p.chunks[c].nbytes)})"
+                for c in p.in_flight) if p.in_flight else "")
+            took = f" · {p.seconds * 1e3:,.1f} ms" if p.seconds is not None else ""
+            b = (f"{role}: {human_bytes(p.bytes_done)} / {human_bytes(p.total_bytes)} · "
+                 f"{p.chunks_done}/{p.n_chunks} chunks · {_rate(p.bytes_per_s)}{flight}{took}")
+        colour = _B_COLOUR[p.state]
+        return (f"<span style='font-size:12px'>{v} → <span style='color:{colour}'>"
+                f"{html.escape(b)}</span></span>")
+
+    def _exchange(self) -> str:
+        states = [p.verification for p in self.progress.values()]
+        if not states:
+            return "<i style='font-size:12px'>waiting for the ranks to build DDP</i>"
+        n = len(states)
+        counts = {s: states.count(s) for s in ("waiting", "exchanging", "passed", "failed")}
+        parts = [f"{c} {s}" for s, c in counts.items() if c]
+        total = max((p.total_bytes for p in self.progress.values()), default=0)
+        chunks = max((p.n_chunks for p in self.progress.values()), default=0)
+        plan = (f"; then {human_bytes(total)} in {chunks} chunk{'s' if chunks != 1 else ''} "
+                "(≤ 250 MiB per dtype, ≤ 2 in flight)" if total else "")
+        return (f"<div style='font-size:12px'><b>2 · verification exchange</b> "
+                f"({n} ranks: {', '.join(parts)}) → <b>3 · broadcast from rank 0</b>{plan}</div>")
+
+    def shown_chunks(self) -> list[int]:
+        """Chunk rows drawn: all when few; else those in flight or in different states on
+        different ranks, plus the first and last few, up to max_chunk_rows."""
+        n = max((len(p.chunks) for p in self.progress.values()), default=0)
+        if n <= self.max_chunk_rows:
+            return list(range(n))
+        busy = set()
+        for i in range(n):
+            states = {_chunk_state(p.chunks[i] if i < len(p.chunks) else None)
+                      for p in self.progress.values()}
+            if "in flight" in states or len(states) > 1:
+                busy.add(i)
+        edges = {0, 1, 2, n - 3, n - 2, n - 1}
+        return sorted(sorted(busy)[: self.max_chunk_rows - len(edges)] + sorted(edges))
+
+    def _chunks(self) -> str:
+        ranks = sorted(self.progress)
+        shown = self.shown_chunks()
+        if not shown:
+            return ""
+        head = "".join(f"<th>r{r}</th>" for r in ranks)
+        rows = []
+        previous = -1
+        for i in shown:
+            if i != previous + 1:
+                rows.append(f"<tr><td colspan={2 + len(ranks)} style='color:#999'>… chunks "
+                            f"{previous + 1}-{i - 1}: the same state on every rank</td></tr>")
+            previous = i
+            info = next((p.chunks[i] for p in self.progress.values()
+                         if i < len(p.chunks) and p.chunks[i].dtype), None)
+            desc = (f"{info.dtype}, {human_bytes(info.nbytes)}, {info.n_tensors} tensors"
+                    if info else "not launched yet")
+            cells = []
+            for r in ranks:
+                chunks = self.progress[r].chunks
+                c = chunks[i] if i < len(chunks) else None
+                state = _chunk_state(c)
+                if state == "pending":
+                    cells.append("<td style='color:#999'>pending</td>")
+                elif state == "in flight":
+                    cells.append("<td style='background:#d6e6f5'>in flight</td>")
+                else:
+                    assert c is not None and c.done is not None and c.sent is not None
+                    cells.append(f"<td style='background:#dff3dc'>done "
+                                 f"{(c.done - c.sent) / 1e6:,.2f} ms</td>")
+            rows.append(f"<tr><td>#{i}</td><td>{html.escape(desc)}</td>{''.join(cells)}</tr>")
+        return ("<table style='font-size:11px;border-collapse:collapse'><tr><th>chunk</th>"
+                f"<th>contents</th>{head}</tr>{''.join(rows)}</table>")
+
+
+def _chunk_state(c: ChunkState | None) -> str:
+    if c is None or c.sent is None:
+        return "pending"
+    return "in flight" if c.done is None else "done"

@@ -1,0 +1,131 @@
+"""Dashboard: the four event widgets over one model, one throttle and one pair of sliders.
+
+`run.dashboard()`, `session.dashboard()` and `Trace.load(p).dashboard()` build one. A status
+header (source, ranks connected, phase, iteration, events/s, dropped and rejected counts) sits
+above the replay sliders; then DDP's life in the walk-through's order: parameters and
+verification, broadcast, buckets, hooks and all-reduce. The only plotly FigureWidget is the
+BucketMap's (~5 MB of plotly.js, shipped once); everything else is light ipywidgets.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as w
+
+from ddpviz.widgets.broadcast_progress import BroadcastProgress
+from ddpviz.widgets.event_model import Status
+from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.hook_timeline import HookTimeline
+from ddpviz.widgets.live_bucket_map import LiveBucketMap
+from ddpviz.widgets.replay_controls import Cursor
+from ddpviz.widgets.verification_matrix import format_ranks, group_ranks
+from ddpviz.widgets.verification_view import VerificationView
+
+
+def _heading(text: str) -> w.HTML:
+    return w.HTML(f"<div style='font-weight:bold;font-size:13px;border-bottom:1px solid #ddd;"
+                  f"margin-top:6px'>{html.escape(text)}</div>")
+
+
+class Dashboard(EventView):
+    """Everything about a DDP run in one widget, live or replayed.
+
+    Kernel-side state: `verification`, `broadcast`, `timeline`, `buckets` (the four widgets),
+    `status` (the header's `Status`), `status_html`, `controls` (the sliders), `throttle`
+    (redraw counts), `source`.
+
+    Args:
+        source: a `ddpviz.Run`, a `Session`, a `Trace`, a `.ddpviz` path or a list of events.
+        max_hz: live redraws per second at most.
+        timeline_bytes_per_s: live byte budget of the hook timeline's redraws.
+    """
+
+    def __init__(self, source: object = None, *, max_hz: float = 10.0,
+                 timeline_bytes_per_s: int = 30_000, **kwargs: Any) -> None:
+        self._timeline_budget = timeline_bytes_per_s
+        self.status: Status | None = None
+        super().__init__(source, max_hz=max_hz, **kwargs)
+
+    def _build(self) -> list[w.Widget]:
+        self.status_html = w.HTML()
+        self.verification = VerificationView.embedded_in(self.model)
+        self.broadcast = BroadcastProgress.embedded_in(self.model)
+        self.buckets = LiveBucketMap.embedded_in(self.model)
+        self.timeline = HookTimeline.embedded_in(self.model,
+                                                 live_bytes_per_s=self._timeline_budget)
+        for part in (self.verification, self.broadcast, self.buckets, self.timeline):
+            # one lock for every redraw: the throttle's thread and the sections' own controls
+            # (row and rank pickers) never draw at the same time
+            part._render_lock = self._render_lock
+        half = w.Layout(flex="1 1 420px", min_width="360px", margin="0 8px 0 0")
+        return [
+            self.status_html,
+            w.HBox([w.VBox([_heading("1-2 · parameters and verification"), self.verification],
+                           layout=half),
+                    w.VBox([_heading("2-3 · verification exchange and state broadcast"),
+                            self.broadcast], layout=half)],
+                   layout=w.Layout(flex_flow="row wrap")),
+            _heading("4 · buckets (the maps DDP really used)"), self.buckets,
+            _heading("5-6 · forward and backward: hooks, buckets, all-reduce"), self.timeline,
+        ]
+
+    def render(self, cursor: Cursor) -> bool:
+        deferred = False
+        for part in (self.verification, self.broadcast, self.buckets, self.timeline):
+            deferred |= part.render(cursor)
+        self._draw_status(cursor)
+        return deferred
+
+    def _draw_status(self, cursor: Cursor) -> None:
+        status = self.model.status(cursor.as_of)
+        self.status = status
+        src = self.source
+        stats = src.stats() if src.stats is not None else None
+        world = status.world_size or len(status.ranks)
+        parts = [f"<b>{html.escape(src.label)}</b>"]
+        if src.run_status is not None:
+            parts.append(f"run {src.run_status()}")
+        if stats is not None:
+            connected = len(stats.received)
+            finished = len(stats.closed)
+            parts.append(f"{connected} of {world} ranks connected, {finished} finished")
+        else:
+            parts.append(f"{len(status.ranks)} of {world} ranks in the trace")
+        phases = group_ranks({r: p for r, p in status.phases.items()})
+        if phases:
+            parts.append("phase: " + "; ".join(f"{format_ranks(rs)} {p}" for p, rs in phases))
+        steps = sorted(set(status.steps.values()))
+        if steps:
+            shown = "constructor" if steps[-1] < 0 else (
+                f"{steps[-1]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}")
+            parts.append(f"iteration {shown}")
+        rate = (f"{status.events_per_s:,.0f} events/s" if src.is_live()
+                else f"{status.events_per_s:,.0f} events/s of run time")
+        parts.append(f"{status.events:,} events ({rate})")
+        dropped = status.dropped
+        rejected = 0
+        gaps = 0
+        if stats is not None:
+            dropped = max(dropped, sum(stats.dropped.values()))
+            rejected = stats.total_rejected
+            gaps = sum(stats.gaps.values())
+        findings = self.model.findings(cursor.as_of)
+        if findings:
+            first = html.escape(str(getattr(findings[0], "title", findings[0])))
+            parts.append(f"<span style='color:#b42318;font-weight:bold'>{len(findings)} "
+                         f"finding{'s' if len(findings) != 1 else ''}: {first}"
+                         f"{' …' if len(findings) > 1 else ''}</span>")
+        bad = "color:#b42318;font-weight:bold" if dropped or rejected or gaps else "color:#555"
+        parts.append(f"<span style='{bad}'>{dropped:,} dropped · {rejected:,} rejected"
+                     + (f" · {gaps:,} lost" if gaps else "") + "</span>")
+        text = ("<div style='font-size:12px;background:#f6f8fa;padding:3px 6px;"
+                f"border-radius:3px'>{' · '.join(parts)}</div>")
+        if self.status_html.value != text:
+            self.status_html.value = text
+
+
+def dashboard(source: object = None, **kwargs: Any) -> Dashboard:
+    """A Dashboard for a Run, Session, Trace, `.ddpviz` path or list of events."""
+    return Dashboard(source, **kwargs)

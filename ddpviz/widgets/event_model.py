@@ -1,0 +1,448 @@
+"""EventModel: an event stream folded into per-rank state, thread-safe and free of any UI.
+
+Every widget reads this model, never the engine: the constructor's facts (parameters,
+verification, broadcast chunks, bucket maps) per rank, and per (rank, step) the forward and
+backward instants, gradient-ready hooks, bucket readiness and all-reduce spans. Times are kept
+on the aligned clock (`t_ns` + the rank's offset, see Trace.aligned_ns) so ranks compare, and
+every query takes an optional `as_of` time so a replay can show the state at any instant.
+Feeding is the hot path (a live run, or 800k events of a trace): one dispatch per event.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ddpviz import events as ev
+from ddpviz.events import Event
+
+CONSTRUCTION = -1  # the step of every event the constructor emits
+
+_PHASE_OF: dict[type[Event], str] = {
+    ev.ParamsBuilt: "parameters built",
+    ev.VerificationStarted: "verifying",
+    ev.VerificationPassed: "verified",
+    ev.VerificationFailed: "verification failed",
+    ev.BroadcastStarted: "broadcasting",
+    ev.BroadcastChunkSent: "broadcasting",
+    ev.BroadcastChunkDone: "broadcasting",
+    ev.BroadcastFinished: "broadcast done",
+    ev.BucketAssigned: "buckets assigned",
+    ev.ForwardStarted: "forward",
+    ev.BuffersSynced: "forward",
+    ev.BucketsRebuilt: "forward",
+    ev.BackwardStarted: "backward",
+    ev.GradReady: "backward",
+    ev.BucketReady: "backward",
+    ev.AllReduceLaunched: "backward",
+    ev.AllReduceDone: "backward",
+    ev.UnusedParametersFound: "backward",
+    ev.BackwardFinished: "after backward",
+}
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One rank's events of one iteration; every time is aligned ns."""
+
+    first: int  # earliest event of this step on this rank
+    last: int  # latest event
+    forward: int | None = None
+    backward: int | None = None
+    backward_end: int | None = None
+    grads: list[tuple[int, int, int]] = field(default_factory=list)  # (t, param, bucket)
+    bucket_ready: dict[int, int] = field(default_factory=dict)
+    launched: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # (t, nbytes, dtype)
+    done: dict[int, int] = field(default_factory=dict)
+    unused: tuple[int, ...] = ()
+    unused_names: tuple[str, ...] = ()
+    rebuilt_order: tuple[int, ...] | None = None
+    buffers: tuple[int, int, int] | None = None  # (t, n_buffers, nbytes)
+
+    def copy(self, as_of: int | None = None) -> StepRecord:
+        """A copy holding only what happened at or before `as_of` (everything if None)."""
+        if as_of is None or self.last <= as_of:
+            return StepRecord(self.first, self.last, self.forward, self.backward,
+                              self.backward_end, list(self.grads), dict(self.bucket_ready),
+                              dict(self.launched), dict(self.done), self.unused,
+                              self.unused_names, self.rebuilt_order, self.buffers)
+
+        def upto(t: int | None) -> int | None:
+            return t if t is not None and t <= as_of else None
+
+        # grads arrive in time order on one rank: cut with a binary search
+        n = bisect.bisect_right(self.grads, as_of, key=lambda g: g[0])
+        return StepRecord(
+            self.first, min(self.last, as_of), upto(self.forward), upto(self.backward),
+            upto(self.backward_end), self.grads[:n],
+            {b: t for b, t in self.bucket_ready.items() if t <= as_of},
+            {b: v for b, v in self.launched.items() if v[0] <= as_of},
+            {b: t for b, t in self.done.items() if t <= as_of},
+            self.unused if self.unused and self.last <= as_of else (),
+            self.unused_names if self.unused and self.last <= as_of else (),
+            self.rebuilt_order, self.buffers if self.buffers and self.buffers[0] <= as_of
+            else None)
+
+
+class Timed(NamedTuple):
+    """A constructor event with its aligned time."""
+
+    t: int
+    event: Event
+
+
+@dataclass(slots=True)
+class RankState:
+    """Everything one rank reported."""
+
+    rank: int
+    count: int = 0
+    dropped: int = 0  # events its sender reported dropped
+    last_type: type[Event] | None = None
+    last_t: int = 0
+    step: int = CONSTRUCTION  # highest step seen
+    params: Timed | None = None  # ParamsBuilt
+    verify_started: Timed | None = None
+    verify_result: Timed | None = None  # VerificationPassed | VerificationFailed
+    broadcast_started: Timed | None = None
+    chunks_sent: dict[int, Timed] = field(default_factory=dict)
+    chunks_done: dict[int, Timed] = field(default_factory=dict)
+    broadcast_finished: Timed | None = None
+    maps: list[Timed] = field(default_factory=list)  # BucketAssigned, in order
+    steps: dict[int, StepRecord] = field(default_factory=dict)
+
+
+class Status(NamedTuple):
+    """What the dashboard's header shows."""
+
+    ranks: tuple[int, ...]
+    world_size: int | None
+    phases: dict[int, str]  # rank -> phase of its latest event
+    steps: dict[int, int]  # rank -> highest iteration seen
+    events: int
+    events_per_s: float  # arrival rate over the last second (live), else over the trace
+    dropped: int  # reported by EventsDropped markers
+    t_first: int | None
+    t_last: int | None
+
+
+def aligned_offset(clock: Mapping[int, tuple[int, int]], rank: int) -> int:
+    return clock.get(rank, (0, 0))[0]
+
+
+class EventModel:
+    """Per-rank state of a run, fed from any thread; queried from any thread.
+
+    Args:
+        clock: {rank: (offset_ns, error_ns)} as in `Trace.clock`; offsets are added to t_ns.
+    """
+
+    def __init__(self, clock: Mapping[int, tuple[int, int]] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._offsets = {r: o for r, (o, _) in (clock or {}).items()}
+        self._ranks: dict[int, RankState] = {}
+        self._world_size: int | None = None
+        # step -> [first, last] aligned t over all ranks, and a version per step
+        self._step_bounds: dict[int, list[int]] = {}
+        self._step_versions: dict[int, int] = {}
+        self.version = 0  # bumped by every feed
+        self.versions = {"construction": 0, "maps": 0}
+        self._findings: list[Timed] = []  # FindingReported events
+        self._arrivals: deque[tuple[float, int]] = deque()  # (monotonic s, events) per feed
+        self._total = 0
+
+    # --- feeding ------------------------------------------------------------------------------
+
+    def set_clock(self, clock: Mapping[int, tuple[int, int]]) -> None:
+        """Offsets for ranks not yet seen (events already fed keep their times)."""
+        with self._lock:
+            for r, (o, _) in clock.items():
+                if r not in self._ranks:
+                    self._offsets[r] = o
+
+    def feed(self, events: Iterable[Event]) -> int:
+        """Fold events in (any ranks, each rank's in emission order). Returns how many."""
+        n = 0
+        with self._lock:
+            cache_key: tuple[int, int] | None = None
+            rec: StepRecord | None = None
+            state: RankState | None = None
+            offset = 0
+            for e in events:
+                n += 1
+                cls = type(e)
+                if state is None or state.rank != e.rank:
+                    state = self._rank(e.rank)
+                    offset = self._offsets.get(e.rank, 0)
+                t = e.t_ns + offset
+                state.count += 1
+                if cls in _PHASE_OF:
+                    state.last_type = cls
+                state.last_t = t
+                step = e.step
+                if step >= 0:
+                    if step > state.step:
+                        state.step = step
+                    key = (e.rank, step)
+                    if key != cache_key or rec is None:
+                        rec = state.steps.get(step)
+                        if rec is None:
+                            rec = state.steps[step] = StepRecord(t, t)
+                        cache_key = key
+                    if t > rec.last:
+                        rec.last = t
+                    if cls is ev.GradReady:
+                        rec.grads.append((t, e.param, e.bucket))  # type: ignore[attr-defined]
+                    else:
+                        self._step_event(state, rec, cls, e, t)
+                else:
+                    self._construction_event(state, cls, e, t)
+                bounds = self._step_bounds.get(step)
+                if bounds is None:
+                    self._step_bounds[step] = [t, t]
+                    self._step_versions[step] = 1
+                else:
+                    if t < bounds[0]:
+                        bounds[0] = t
+                    elif t > bounds[1]:
+                        bounds[1] = t
+                    self._step_versions[step] += 1
+            if n:
+                self.version += 1
+                self._total += n
+                now = time.monotonic()
+                self._arrivals.append((now, n))
+                while self._arrivals and self._arrivals[0][0] < now - 1.0:
+                    self._arrivals.popleft()
+        return n
+
+    def _rank(self, rank: int) -> RankState:
+        state = self._ranks.get(rank)
+        if state is None:
+            state = self._ranks[rank] = RankState(rank)
+        return state
+
+    def _step_event(self, state: RankState, rec: StepRecord, cls: type[Event], e: Event,
+                    t: int) -> None:
+        if cls is ev.AllReduceLaunched:
+            rec.launched[e.bucket] = (t, e.nbytes, e.dtype)  # type: ignore[attr-defined]
+        elif cls is ev.AllReduceDone:
+            rec.done[e.bucket] = t  # type: ignore[attr-defined]
+        elif cls is ev.BucketReady:
+            rec.bucket_ready[e.bucket] = t  # type: ignore[attr-defined]
+        elif cls is ev.BackwardStarted:
+            rec.backward = t
+        elif cls is ev.BackwardFinished:
+            rec.backward_end = t
+        elif cls is ev.ForwardStarted:
+            rec.forward = t
+        elif cls is ev.UnusedParametersFound:
+            rec.unused = tuple(e.params)  # type: ignore[attr-defined]
+            rec.unused_names = tuple(e.names)  # type: ignore[attr-defined]
+        elif cls is ev.BuffersSynced:
+            rec.buffers = (t, e.n_buffers, e.nbytes)  # type: ignore[attr-defined]
+        elif cls is ev.BucketsRebuilt:
+            rec.rebuilt_order = tuple(e.grad_ready_order)  # type: ignore[attr-defined]
+        elif cls is ev.BucketAssigned:
+            state.maps.append(Timed(t, e))
+            self.versions["maps"] += 1
+        elif cls is ev.EventsDropped:
+            state.dropped += e.count  # type: ignore[attr-defined]
+        else:
+            self._construction_event(state, cls, e, t)
+
+    def _other_event(self, cls: type[Event], e: Event, t: int) -> None:
+        # diagnosis results travel as FindingReported events (by name: the widgets need only
+        # the finding's plain fields)
+        if cls.__name__ == "FindingReported":
+            self._findings.append(Timed(t, e))
+
+    def _construction_event(self, state: RankState, cls: type[Event], e: Event, t: int) -> None:
+        timed = Timed(t, e)
+        self.versions["construction"] += 1
+        if cls is ev.BroadcastChunkSent:
+            state.chunks_sent[e.chunk] = timed  # type: ignore[attr-defined]
+        elif cls is ev.BroadcastChunkDone:
+            state.chunks_done[e.chunk] = timed  # type: ignore[attr-defined]
+        elif cls is ev.ParamsBuilt:
+            state.params = timed
+        elif cls is ev.VerificationStarted:
+            state.verify_started = timed
+            self._world_size = e.world_size  # type: ignore[attr-defined]
+        elif cls in (ev.VerificationPassed, ev.VerificationFailed):
+            state.verify_result = timed
+            self._world_size = e.world_size  # type: ignore[attr-defined]
+        elif cls is ev.BroadcastStarted:
+            state.broadcast_started = timed
+        elif cls is ev.BroadcastFinished:
+            state.broadcast_finished = timed
+        elif cls is ev.BucketAssigned:
+            state.maps.append(timed)
+            self.versions["maps"] += 1
+        elif cls is ev.EventsDropped:
+            state.dropped += e.count  # type: ignore[attr-defined]
+        else:
+            self._other_event(cls, e, t)
+
+    # --- queries ------------------------------------------------------------------------------
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(sorted(self._ranks))
+
+    @property
+    def world_size(self) -> int | None:
+        """From the verification events; else the highest rank seen + 1 (None: no events)."""
+        with self._lock:
+            if self._world_size is not None:
+                return self._world_size
+            return max(self._ranks) + 1 if self._ranks else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._total
+
+    def rank_states(self) -> dict[int, RankState]:
+        """The per-rank states (live objects: read them under `lock()` or copy what you need;
+        the constructor fields only ever get replaced, never mutated)."""
+        with self._lock:
+            return dict(self._ranks)
+
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    def construction(self, as_of: int | None = None) -> dict[int, RankState]:
+        """Per rank, the constructor's facts known at `as_of` (step records left out)."""
+        def seen(x: Timed | None) -> Timed | None:
+            return x if x is not None and (as_of is None or x.t <= as_of) else None
+
+        def upto(d: dict[int, Timed]) -> dict[int, Timed]:
+            return {k: v for k, v in d.items() if as_of is None or v.t <= as_of}
+
+        with self._lock:
+            return {r: RankState(
+                r, s.count, s.dropped, s.last_type, s.last_t, s.step, seen(s.params),
+                seen(s.verify_started), seen(s.verify_result), seen(s.broadcast_started),
+                upto(s.chunks_sent), upto(s.chunks_done), seen(s.broadcast_finished),
+                [m for m in s.maps if as_of is None or m.t <= as_of], {})
+                for r, s in sorted(self._ranks.items())}
+
+    def maps(self, as_of: int | None = None) -> dict[int, list[Timed]]:
+        """Per rank, the BucketAssigned events (with aligned times) up to `as_of`."""
+        with self._lock:
+            return {r: [m for m in s.maps if as_of is None or m.t <= as_of]
+                    for r, s in sorted(self._ranks.items())}
+
+    @property
+    def steps(self) -> list[int]:
+        """Iterations with at least one event (not the constructor's -1)."""
+        with self._lock:
+            return sorted(s for s in self._step_bounds if s >= 0)
+
+    def step_bounds(self, step: int) -> tuple[int, int] | None:
+        with self._lock:
+            b = self._step_bounds.get(step)
+            return (b[0], b[1]) if b else None
+
+    def settled(self, step: int, as_of: int | None) -> int | None:
+        """`as_of`, or None when it lies after every event of `step` received so far (the
+        state of that step is then the same as with no cut: lets views skip recomputing)."""
+        if as_of is None:
+            return None
+        with self._lock:
+            b = self._step_bounds.get(step)
+            return None if b is None or as_of >= b[1] else as_of
+
+    def step_version(self, step: int) -> int:
+        with self._lock:
+            return self._step_versions.get(step, 0)
+
+    def step_at(self, t: int) -> int | None:
+        """The iteration going on at aligned time `t`: the latest one started by then
+        (CONSTRUCTION before the first; None before any event)."""
+        with self._lock:
+            starts = sorted((b[0], s) for s, b in self._step_bounds.items())
+        i = bisect.bisect_right(starts, (t, float("inf"))) - 1
+        if i < 0:
+            return None
+        return max(s for _, s in starts[: i + 1])
+
+    def step_records(self, step: int, as_of: int | None = None) -> dict[int, StepRecord]:
+        """Per rank, copies of its record of `step` (cut at `as_of`)."""
+        with self._lock:
+            return {r: s.steps[step].copy(as_of) for r, s in sorted(self._ranks.items())
+                    if step in s.steps and (as_of is None or s.steps[step].first <= as_of)}
+
+    def step_history(self, ranks: Iterable[int] | None = None) -> dict[int, dict[int, StepRecord]]:
+        """step -> rank -> record, uncopied (for aggregates over many iterations; read only)."""
+        with self._lock:
+            chosen = set(self._ranks if ranks is None else ranks)
+            out: dict[int, dict[int, StepRecord]] = {}
+            for r in sorted(chosen & set(self._ranks)):
+                for step, rec in self._ranks[r].steps.items():
+                    out.setdefault(step, {})[r] = rec
+            return out
+
+    def findings(self, as_of: int | None = None) -> list[object]:
+        """The findings reported by ranks (`ddpviz.findings.Finding`), up to `as_of`."""
+        with self._lock:
+            return [x.event.finding for x in self._findings  # type: ignore[attr-defined]
+                    if as_of is None or x.t <= as_of]
+
+    def time_range(self) -> tuple[int, int] | None:
+        with self._lock:
+            if not self._step_bounds:
+                return None
+            return (min(b[0] for b in self._step_bounds.values()),
+                    max(b[1] for b in self._step_bounds.values()))
+
+    def status(self, as_of: int | None = None) -> Status:
+        """Ranks, phases, iteration, counts and rates for the status header."""
+        with self._lock:
+            ranks = tuple(sorted(self._ranks))
+            phases = {r: _PHASE_OF.get(s.last_type, "started") if s.last_type else "waiting"
+                      for r, s in sorted(self._ranks.items())}
+            steps = {r: s.step for r, s in sorted(self._ranks.items())}
+            dropped = sum(s.dropped for s in self._ranks.values())
+            span = self.time_range()
+            now = time.monotonic()
+            recent = sum(n for t, n in self._arrivals if t >= now - 1.0)
+            total = self._total
+        rate = float(recent)
+        if (as_of is not None or not recent) and span and span[1] > span[0]:
+            rate = total / ((span[1] - span[0]) / 1e9)
+        if as_of is not None:
+            with self._lock:
+                phases, steps = self._phases_at(as_of)
+        return Status(ranks, self.world_size, phases, steps, total, rate, dropped,
+                      span[0] if span else None, span[1] if span else None)
+
+    def _phases_at(self, as_of: int) -> tuple[dict[int, str], dict[int, int]]:
+        phases: dict[int, str] = {}
+        steps: dict[int, int] = {}
+        for r, s in sorted(self._ranks.items()):
+            started = [st for st, rec in s.steps.items() if rec.first <= as_of]
+            step = max(started) if started else CONSTRUCTION
+            steps[r] = step
+            if step >= 0:
+                rec = s.steps[step]
+                if rec.backward_end is not None and rec.backward_end <= as_of:
+                    phases[r] = "after backward"
+                elif rec.backward is not None and rec.backward <= as_of:
+                    phases[r] = "backward"
+                else:
+                    phases[r] = "forward"
+                continue
+            seen = [(x.t, type(x.event)) for x in (s.params, s.verify_started, s.verify_result,
+                                                   s.broadcast_started, s.broadcast_finished,
+                                                   *s.maps) if x is not None and x.t <= as_of]
+            seen += [(x.t, type(x.event)) for x in s.chunks_sent.values() if x.t <= as_of]
+            phases[r] = _PHASE_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
+                else "waiting"
+        return phases, steps

@@ -1,0 +1,190 @@
+"""One iteration's hooks and all-reduces, analysed across ranks: plain data, no widgets.
+
+Per rank: the order its gradient hooks fired in, each bucket's all-reduce span, and how much of
+that span was exposed, i.e. still running after the rank's last gradient hook (backward
+compute is over then, and the reducer can only wait). Across ranks: the most common firing
+order and every position where a rank departs from it (different orders across ranks make
+DDP rebuild different buckets, or hang), and per-bucket timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from statistics import fmean
+from typing import NamedTuple
+
+from ddpviz.widgets.event_model import StepRecord
+from ddpviz.widgets.verification_matrix import group_ranks
+
+
+class AllReduceSpan(NamedTuple):
+    bucket: int
+    start: int  # AllReduceLaunched, aligned ns
+    end: int | None  # AllReduceDone; None: not done (yet, or ever)
+    nbytes: int
+    dtype: str
+    exposed_ns: int  # the part after the rank's last gradient hook
+
+
+class Lane(NamedTuple):
+    """One rank in one iteration."""
+
+    rank: int
+    record: StepRecord
+    order: tuple[int, ...]  # parameter indices in hook firing order
+    compute_end: int | None  # last GradReady: backward compute is over
+    allreduce: tuple[AllReduceSpan, ...]
+    exposed_ns: int  # from compute_end to the last all-reduce done
+    unused: tuple[int, ...]  # reported unused, or never ready though backward finished
+
+
+class OrderDiff(NamedTuple):
+    reference: tuple[int, ...]  # the most common order (ties: the lowest rank's)
+    reference_ranks: tuple[int, ...]
+    positions: dict[int, tuple[int, ...]]  # rank -> positions where it departs from reference
+
+    @property
+    def differs(self) -> bool:
+        return any(self.positions.values())
+
+
+class BucketTiming(NamedTuple):
+    """One bucket across ranks (ms; max over ranks unless noted)."""
+
+    bucket: int
+    nbytes: int
+    dtype: str
+    n_params: int  # gradient hooks seen for it (max over ranks)
+    ready_ms: float | None  # BucketReady after BackwardStarted
+    allreduce_ms: float | None  # launch -> done
+    exposed_ms: float | None
+    exposed_mean_ms: float | None  # mean over ranks
+
+
+class IterationView(NamedTuple):
+    step: int
+    lanes: dict[int, Lane]
+    t0: int  # the window drawn: earliest start over ranks
+    t1: int  # latest event over ranks
+    order: OrderDiff
+    buckets: tuple[BucketTiming, ...]
+
+    @property
+    def unused(self) -> dict[int, tuple[int, ...]]:
+        return {r: lane.unused for r, lane in self.lanes.items() if lane.unused}
+
+
+def _lane(rank: int, rec: StepRecord, n_params: int | None) -> Lane:
+    order = tuple(p for _, p, _ in rec.grads)
+    compute_end = rec.grads[-1][0] if rec.grads else rec.backward
+    spans = []
+    for b, (start, nbytes, dtype) in sorted(rec.launched.items()):
+        end = rec.done.get(b)
+        exposed = 0
+        if end is not None and compute_end is not None:
+            exposed = max(0, end - max(start, compute_end))
+        spans.append(AllReduceSpan(b, start, end, nbytes, dtype, exposed))
+    ends = [s.end for s in spans if s.end is not None]
+    exposed_total = max(0, max(ends) - compute_end) if ends and compute_end is not None else 0
+    unused = set(rec.unused)
+    if rec.backward_end is not None and n_params is not None and rec.grads:
+        unused |= set(range(n_params)) - set(order)
+    return Lane(rank, rec, order, compute_end, tuple(spans), exposed_total,
+                tuple(sorted(unused)))
+
+
+def order_diff(orders: Mapping[int, tuple[int, ...]]) -> OrderDiff:
+    """The reference order and each rank's departures from it, position by position."""
+    if not orders:
+        return OrderDiff((), (), {})
+    groups = group_ranks({r: ",".join(map(str, o)) for r, o in orders.items()})
+    ref_ranks = groups[0][1]
+    reference = orders[ref_ranks[0]]
+    positions: dict[int, tuple[int, ...]] = {}
+    for r, o in orders.items():
+        n = max(len(o), len(reference))
+        positions[r] = tuple(i for i in range(n)
+                             if (o[i] if i < len(o) else None)
+                             != (reference[i] if i < len(reference) else None))
+    return OrderDiff(reference, ref_ranks, positions)
+
+
+def analyse(step: int, records: Mapping[int, StepRecord],
+            n_params: int | None = None) -> IterationView:
+    """The iteration `step` from each rank's record (EventModel.step_records)."""
+    lanes = {r: _lane(r, rec, n_params) for r, rec in sorted(records.items())}
+    starts = [x for lane in lanes.values()
+              for x in (lane.record.forward, lane.record.backward, lane.record.first)
+              if x is not None]
+    t0 = min(starts) if starts else 0
+    t1 = max([lane.record.last for lane in lanes.values()] + [t0])
+    # Ranks still inside backward are compared on the prefix they have.
+    order = order_diff({r: lane.order for r, lane in lanes.items()})
+    buckets: dict[int, dict[str, list[float]]] = {}
+    info: dict[int, tuple[int, str]] = {}
+    counts: dict[int, int] = {}
+    for lane in lanes.values():
+        rec = lane.record
+        per_bucket: dict[int, int] = {}
+        for _, _, b in rec.grads:
+            per_bucket[b] = per_bucket.get(b, 0) + 1
+        for b, n in per_bucket.items():
+            counts[b] = max(counts.get(b, 0), n)
+        for s in lane.allreduce:
+            d = buckets.setdefault(s.bucket, {"ready": [], "ar": [], "exp": []})
+            info[s.bucket] = (s.nbytes, s.dtype)
+            if s.end is not None:
+                d["ar"].append((s.end - s.start) / 1e6)
+                d["exp"].append(s.exposed_ns / 1e6)
+        for b, t in rec.bucket_ready.items():
+            d = buckets.setdefault(b, {"ready": [], "ar": [], "exp": []})
+            if rec.backward is not None:
+                d["ready"].append((t - rec.backward) / 1e6)
+    timing = tuple(BucketTiming(
+        b, info.get(b, (0, ""))[0], info.get(b, (0, ""))[1], counts.get(b, 0),
+        max(d["ready"]) if d["ready"] else None, max(d["ar"]) if d["ar"] else None,
+        max(d["exp"]) if d["exp"] else None, fmean(d["exp"]) if d["exp"] else None)
+        for b, d in sorted(buckets.items()))
+    return IterationView(step, lanes, t0, t1, order, timing)
+
+
+class BucketAverages(NamedTuple):
+    """One bucket over many iterations (ms, means over iterations of the max over ranks)."""
+
+    bucket: int
+    iterations: int
+    ready_ms: float | None
+    allreduce_ms: float | None
+    exposed_ms: float | None
+
+
+def bucket_averages(history: Mapping[int, Mapping[int, StepRecord]],
+                    steps: list[int]) -> tuple[BucketAverages, ...]:
+    """Per-bucket timing averaged over `steps` (e.g. every iteration one bucket map served).
+    Reads only the per-bucket instants, never the per-parameter hooks: cheap at any scale."""
+    acc: dict[int, dict[str, list[float]]] = {}
+    for step in steps:
+        per: dict[int, dict[str, float]] = {}
+        for rec in history.get(step, {}).values():
+            compute_end = rec.grads[-1][0] if rec.grads else rec.backward
+            for b, (start, _, _) in rec.launched.items():
+                d = per.setdefault(b, {})
+                end = rec.done.get(b)
+                if end is not None:
+                    d["ar"] = max(d.get("ar", 0.0), (end - start) / 1e6)
+                    if compute_end is not None:
+                        exposed = max(0, end - max(start, compute_end)) / 1e6
+                        d["exp"] = max(d.get("exp", 0.0), exposed)
+            if rec.backward is not None:
+                for b, t in rec.bucket_ready.items():
+                    d = per.setdefault(b, {})
+                    d["ready"] = max(d.get("ready", 0.0), (t - rec.backward) / 1e6)
+        for b, d in per.items():
+            a = acc.setdefault(b, {"ready": [], "ar": [], "exp": []})
+            for k, v in d.items():
+                a[k].append(v)
+    return tuple(BucketAverages(b, max(len(d["ar"]), len(d["ready"])),
+                                fmean(d["ready"]) if d["ready"] else None,
+                                fmean(d["ar"]) if d["ar"] else None,
+                                fmean(d["exp"]) if d["exp"] else None)
+                 for b, d in sorted(acc.items()))

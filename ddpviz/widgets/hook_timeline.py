@@ -1,0 +1,256 @@
+"""HookTimeline: one iteration's backward on every rank, hook by hook, bucket by bucket.
+
+One lane per rank (see timeline_svg.py), then the hook firing order per rank with every
+departure from the most common order highlighted, per-bucket timing with the exposed (not
+overlapped) part of each all-reduce, and unused parameters. Live it follows the newest
+iteration; its redraws are rate-limited by bytes (`live_bytes_per_s`) as well as by time, so a
+1,000-parameter model on 8 ranks cannot flood the browser.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import ipywidgets as w
+
+from ddpviz import events as ev
+from ddpviz.plan_table import human_bytes
+from ddpviz.widgets import timeline_svg
+from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
+from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.hook_analysis import IterationView, OrderDiff, analyse
+from ddpviz.widgets.replay_controls import Cursor
+from ddpviz.widgets.verification_matrix import format_ranks
+
+_CELL = ("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
+         ".ddpviz-ho td,.ddpviz-ho th{padding:0 3px;border:1px solid #eee;text-align:center}"
+         ".ddpviz-ho .d{background:#f6c5c5;font-weight:bold}.ddpviz-ho .g{color:#aaa}</style>")
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.3f}"
+
+
+class HookTimeline(EventView):
+    """The hooks and all-reduces of one iteration on every rank, live or replayed.
+
+    Kernel-side state: `view` (an `IterationView`: lanes, firing-order differences, bucket
+    timing, unused parameters), `step` (the iteration shown), `svg_html`, `order_html`,
+    `buckets_html`, `unused_html`, `header_html`.
+
+    Args:
+        source: a Run, Session, Trace, `.ddpviz` path or list of events (see `EventView`).
+        live_bytes_per_s: while following a live run, redraw no more bytes per second than
+            this (a large model's timeline is redrawn less often).
+        max_order_columns: firing positions shown per rank (departures always among them).
+    """
+
+    def __init__(self, source: object = None, *, live_bytes_per_s: int = 30_000,
+                 max_order_columns: int = 40, **kwargs: Any) -> None:
+        self.live_bytes_per_s = live_bytes_per_s
+        self.max_order_columns = max_order_columns
+        self.view: IterationView | None = None
+        self.step: int | None = None
+        self.bytes_drawn = 0  # bytes of HTML/SVG changed by the last redraw
+        self._key: tuple[Any, ...] | None = None
+        self._next_live = 0.0
+        self._names: tuple[int, dict[int, str], int | None] = (-1, {}, None)
+        super().__init__(source, **kwargs)
+
+    @classmethod
+    def embedded_in(cls, model: EventModel, **kwargs: Any) -> HookTimeline:
+        return cls(model=model, embedded=True, controls=False, **kwargs)
+
+    def _build(self) -> list[w.Widget]:
+        self.header_html = w.HTML()
+        self.svg_html = w.HTML(layout=w.Layout(overflow="auto"))
+        self.order_html = w.HTML(layout=w.Layout(overflow="auto"))
+        self.buckets_html = w.HTML(layout=w.Layout(overflow="auto"))
+        self.unused_html = w.HTML()
+        return [self.header_html, self.svg_html, self.unused_html, self.order_html,
+                self.buckets_html]
+
+    # --- data -----------------------------------------------------------------------------
+
+    def param_names(self) -> tuple[dict[int, str], int | None]:
+        """{index: dotted name} and the parameter count, from the lowest rank's ParamsBuilt."""
+        version = self.model.versions["construction"]
+        if self._names[0] != version:
+            names: dict[int, str] = {}
+            count = None
+            for s in self.model.construction().values():
+                if s.params is not None and isinstance(s.params.event, ev.ParamsBuilt):
+                    names = {p.index: p.name for p in s.params.event.params}
+                    count = len(s.params.event.params)
+                    break
+            self._names = (version, names, count)
+        return self._names[1], self._names[2]
+
+    def _shown_step(self, cursor: Cursor) -> int | None:
+        if cursor.step is not None:
+            return cursor.step
+        steps = self.model.steps
+        return steps[-1] if steps else None
+
+    # --- drawing --------------------------------------------------------------------------
+
+    def render(self, cursor: Cursor) -> bool:
+        step = self._shown_step(cursor)
+        key = (step, self.model.step_version(step) if step is not None else 0, cursor.as_of,
+               self.model.versions["construction"])
+        if key == self._key:
+            return False
+        following = cursor.step is None
+        now = time.monotonic()
+        if following and now < self._next_live:
+            return True  # over the bytes budget: the throttle asks again later
+        self._key = key
+        self.step = step
+        names, n_params = self.param_names()
+        if step is None or step == CONSTRUCTION:
+            self.view = None
+            self.bytes_drawn = self._set(
+                header="<i style='font-size:12px'>" + (
+                    "no iteration yet: the hooks fire in backward"
+                    if step is None else "the constructor registers one hook per parameter; "
+                    "pick iteration 0 or later to see them fire") + "</i>",
+                svg="", order="", buckets="", unused="")
+            return False
+        self.view = analyse(step, self.model.step_records(step, cursor.as_of), n_params)
+        self.bytes_drawn = self._set(
+            header=self._header(self.view), svg=timeline_svg.render(self.view, names,
+                                                                    cursor.as_of),
+            order=self._order(self.view.order, names), buckets=self._buckets(self.view),
+            unused=self._unused(self.view, names))
+        if following:
+            self._next_live = now + self.bytes_drawn / self.live_bytes_per_s
+        return False
+
+    def _set(self, **parts: str) -> int:
+        sent = 0
+        for name, value in parts.items():
+            widget = getattr(self, f"{name}_html")
+            if widget.value != value:
+                widget.value = value
+                sent += len(value)
+        return sent
+
+    def _header(self, v: IterationView) -> str:
+        n = len(v.lanes)
+        in_backward = [r for r, lane in v.lanes.items() if lane.record.backward is not None
+                       and lane.record.backward_end is None]
+        backward = [(lane.record.backward_end - lane.record.backward) / 1e6
+                    for lane in v.lanes.values()
+                    if lane.record.backward is not None and lane.record.backward_end is not None]
+        worst = max(v.lanes.values(), key=lambda lane: lane.exposed_ns)
+        parts = [f"<b>iteration {v.step}</b> · {n} rank{'s' if n != 1 else ''}"]
+        if backward:
+            parts.append(f"backward {max(backward):,.3f} ms (slowest rank)")
+        parts.append(f"exposed communication {worst.exposed_ns / 1e6:,.3f} ms "
+                     f"(rank {worst.rank}, after its last hook)")
+        if in_backward:
+            parts.append(f"{format_ranks(in_backward)} still in backward")
+        if v.order.differs:
+            parts.append("<span style='color:#b42318'>hook order differs across ranks</span>")
+        legend = ("<span style='color:#777'>lanes: forward ▭ grey, backward ▭ blue · hooks | "
+                  "(shade per bucket; red: out of order) · ▼ bucket ready · all-reduce ▭ "
+                  "(red: exposed) · ┊ last hook</span>")
+        return f"<div style='font-size:12px'>{' · '.join(parts)}<br>{legend}</div>"
+
+    def order_columns(self, order: OrderDiff) -> list[int]:
+        """Firing positions shown: all when few; else every departure (and its neighbours)
+        plus the first positions, up to max_order_columns."""
+        n = max([len(order.reference)] + [len(p) and max(p) + 1 for p in
+                                           order.positions.values()])
+        if n <= self.max_order_columns:
+            return list(range(n))
+        wanted: set[int] = set()
+        for positions in order.positions.values():
+            for p in positions:
+                wanted |= {p - 1, p, p + 1}
+        wanted = {p for p in wanted if 0 <= p < n}
+        shown = sorted(wanted)[: self.max_order_columns]
+        room = self.max_order_columns - len(shown)
+        return sorted(set(shown) | set(range(min(room, n))))
+
+    def _order(self, order: OrderDiff, names: dict[int, str]) -> str:
+        if not order.reference and not order.positions:
+            return ""
+        lanes = self.view.lanes if self.view else {}
+        columns = self.order_columns(order)
+        head, prev = [], -1
+        for c in columns:
+            if c != prev + 1:
+                head.append("<th class=g>…</th>")
+            head.append(f"<th>{c}</th>")
+            prev = c
+        rows = []
+        for r, lane in lanes.items():
+            bad = set(order.positions.get(r, ()))
+            cells, prev = [], -1
+            for c in columns:
+                if c != prev + 1:
+                    cells.append("<td class=g>…</td>")
+                prev = c
+                if c >= len(lane.order):
+                    cells.append("<td class=g>·</td>")
+                    continue
+                p = lane.order[c]
+                title = html.escape(names.get(p, ""), quote=True)
+                cls = " class=d" if c in bad else ""
+                cells.append(f"<td{cls} title='{title}'>{p}</td>")
+            rows.append(f"<tr><th>r{r}</th>{''.join(cells)}</tr>")
+        if order.differs:
+            worst = max(order.positions, key=lambda r: len(order.positions[r]))
+            first = order.positions[worst][0]
+            mine = lanes[worst].order[first] if first < len(lanes[worst].order) else None
+            theirs = order.reference[first] if first < len(order.reference) else None
+
+            def name(p: int | None) -> str:
+                return "nothing" if p is None else f"p{p} '{names.get(p, '?')}'"
+
+            summary = (f"<b style='color:#b42318'>✘ rank {worst} departs from the order of "
+                       f"{format_ranks(order.reference_ranks)} at "
+                       f"{len(order.positions[worst])} position(s); first at #{first}: "
+                       f"{html.escape(name(mine))} where they fire "
+                       f"{html.escape(name(theirs))}</b>")
+        else:
+            summary = (f"✔ the same hook firing order on {format_ranks(list(lanes))} "
+                       f"({len(order.reference)} hooks)")
+        return (f"{_CELL}<div style='font-size:12px'>hook firing order (parameter index per "
+                f"position): {summary}</div><table class=ddpviz-ho><tr><th>pos</th>"
+                f"{''.join(head)}</tr>{''.join(rows)}</table>")
+
+    def _buckets(self, v: IterationView) -> str:
+        if not v.buckets:
+            return ""
+        rows = []
+        for b in v.buckets:
+            exposed = (f"<b style='color:#b42318'>{_ms(b.exposed_ms)}</b>"
+                       if b.exposed_ms else _ms(b.exposed_ms))
+            rows.append(f"<tr><td>{b.bucket}</td><td>{b.dtype}</td>"
+                        f"<td>{human_bytes(b.nbytes)}</td><td>{b.n_params}</td>"
+                        f"<td>{_ms(b.ready_ms)}</td><td>{_ms(b.allreduce_ms)}</td>"
+                        f"<td>{exposed}</td><td>{_ms(b.exposed_mean_ms)}</td></tr>")
+        return ("<table style='font-size:11px;border-collapse:collapse' cellpadding=2>"
+                "<tr><th>bucket</th><th>dtype</th><th>bytes</th><th>hooks</th>"
+                "<th>ready ms after backward start</th><th>all-reduce ms</th>"
+                "<th>exposed ms (max)</th><th>exposed ms (mean)</th></tr>"
+                f"{''.join(rows)}</table>")
+
+    def _unused(self, v: IterationView, names: dict[int, str]) -> str:
+        unused = v.unused
+        if not unused:
+            return ""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, params in unused.items():
+            groups.setdefault(params, []).append(r)
+        lines = []
+        for params, ranks in groups.items():
+            listed = ", ".join(f"p{p} '{names.get(p, '?')}'" for p in params[:10])
+            more = f" and {len(params) - 10} more" if len(params) > 10 else ""
+            lines.append(f"{format_ranks(ranks)}: {html.escape(listed)}{more}")
+        return ("<div style='font-size:12px;color:#b42318'>✕ unused parameters (no gradient "
+                f"this iteration): {'; '.join(lines)}</div>")

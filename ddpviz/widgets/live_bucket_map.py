@@ -1,0 +1,294 @@
+"""LiveBucketMap: the planner's BucketMap fed from a run's events, with per-bucket timing.
+
+`observed_plan` turns a rank's ParamsBuilt and BucketAssigned events into a `BucketPlan` whose
+initial and rebuilt maps are the ones DDP actually used (a map not observed yet, e.g. the
+rebuild during iteration 0, is predicted by the planner from settings inferred from the
+observed limits, and says so in the plan's notes). The widget wraps the existing BucketMap
+(one FigureWidget, created when the first map arrives), shows the map in force at the cursor's
+iteration, and below it each bucket's timing averaged over the iterations that used that map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import ipywidgets as w
+import torch
+
+from ddpviz import events as ev
+from ddpviz.engine.capacity import Limits
+from ddpviz.plan import BucketPlan, BucketSlot, PlannedBucket, PlannedParam, PlanSettings
+from ddpviz.plan_table import human_bytes
+from ddpviz.widgets.bucket_map import BucketMap, Which
+from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, Timed
+from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.hook_analysis import bucket_averages
+from ddpviz.widgets.replay_controls import Cursor
+
+MB = 1024 * 1024
+_DEFAULT_FIRST, _DEFAULT_CAP = 1 * MB, 25 * MB
+
+
+class ObservedMaps(NamedTuple):
+    """A plan built from events, and when its rebuilt map took over."""
+
+    plan: BucketPlan
+    rank: int  # whose events it was built from
+    rebuilt_step: int | None  # first iteration using the rebuilt map (None: not observed)
+    disagreements: tuple[str, ...]  # other ranks whose maps differ from this rank's
+
+
+def _itemsize(dtype: str) -> int:
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"ddpviz: ParamsBuilt names an unknown dtype {dtype!r}.\n"
+                         "Record the trace with the same torch version that reads it.")
+    return dt.itemsize
+
+
+def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
+    """The planner's description of each parameter a rank reported."""
+    out = []
+    for p in built.params:
+        numel = math.prod(p.shape)
+        size = _itemsize(p.dtype)
+        out.append(PlannedParam(p.index, p.name, tuple(p.shape), p.dtype, p.device, numel, size,
+                                numel * size, p.sparse_grad))
+    return tuple(out)
+
+
+def planned_buckets(params: Sequence[PlannedParam], buckets: Sequence[Sequence[int]],
+                    limits: Sequence[int]) -> tuple[PlannedBucket, ...]:
+    """PlannedBuckets for an observed map (parameter indices per bucket, reduction order)."""
+    by_index = {p.index: p for p in params}
+    out = []
+    for bi, (indices, limit) in enumerate(zip(buckets, limits, strict=True)):
+        slots, offset, byte_offset = [], 0, 0
+        for i in indices:
+            p = by_index[i]
+            slots.append(BucketSlot(p, offset, byte_offset))
+            offset += p.numel
+            byte_offset += p.nbytes
+        first = by_index[indices[0]]
+        out.append(PlannedBucket(bi, tuple(slots), first.dtype, first.device, offset,
+                                 byte_offset, limit, first.sparse_grad))
+    return tuple(out)
+
+
+def _cap_of(limits: Sequence[int]) -> float | None:
+    """bucket_cap_mb from a map's per-bucket limits: None for torch's 1 MiB + 25 MiB default."""
+    caps = [x for x in limits if 0 < x < sys.maxsize]
+    if not caps:
+        return None
+    if caps[0] == _DEFAULT_FIRST and set(caps) <= {_DEFAULT_FIRST, _DEFAULT_CAP}:
+        return None
+    cap = max(caps)
+    for digits in range(1, 10):  # the shortest decimal torch turns into this byte count
+        mb = round(cap / MB, digits)
+        if int(mb * MB) == cap:
+            return mb
+    return cap / MB
+
+
+def infer_settings(initial: ev.BucketAssigned, rebuilt: ev.BucketAssigned | None,
+                   rebuilt_step: int | None) -> PlanSettings:
+    """The DDP settings that explain the observed limits (bucket_cap_mb_list and
+    DDP_SET_LAST_BUCKET_CAP are not told apart from bucket_cap_mb)."""
+    unlimited = all(x in (0, sys.maxsize) for x in initial.limits)
+    if rebuilt is not None:
+        return PlanSettings(_cap_of(rebuilt.limits), None, False,
+                            rebuilt_step is not None and rebuilt_step >= 2)
+    if not unlimited:
+        return PlanSettings(_cap_of(initial.limits), None, True, False)
+    return PlanSettings(None, None, False, False)
+
+
+def observed_plan(built: ev.ParamsBuilt, maps: Sequence[Timed], *, rank: int = 0,
+                  model: str = "observed run",
+                  grad_ready_order: Sequence[int] | None = None) -> ObservedMaps:
+    """A BucketPlan of the maps one rank used (BucketAssigned events in order).
+
+    Args:
+        built: the rank's ParamsBuilt.
+        maps: its BucketAssigned events with times (EventModel.maps()).
+        grad_ready_order: iteration 0's hook order, used to predict a rebuild not seen yet.
+    """
+    assigned = [m.event for m in maps if isinstance(m.event, ev.BucketAssigned)]
+    initial = next((a for a in assigned if not a.rebuilt), None)
+    rebuilt = next((a for a in assigned if a.rebuilt), None)
+    if initial is None:
+        raise ValueError(f"ddpviz: rank {rank} reported no constructor BucketAssigned event.\n"
+                         "Wait for the constructor to finish, or record the whole run.")
+    params = planned_params(built)
+    rebuilt_step = rebuilt.step if rebuilt is not None else None
+    settings = infer_settings(initial, rebuilt, rebuilt_step)
+    order: tuple[int, ...] = tuple(reversed(range(len(params))))
+    source: Any = "predicted"
+    if grad_ready_order is not None and sorted(grad_ready_order) == list(range(len(params))):
+        order, source = tuple(grad_ready_order), "measured"
+    # with_settings re-plans both maps (and the limits) from the settings: the seed's own
+    # limits and maps are placeholders it never reads
+    seed = BucketPlan(model, params, settings, Limits([sys.maxsize], None, False), (), None,
+                      order, source)
+    predicted = seed.with_settings()
+    notes = [f"initial map observed on rank {rank} (BucketAssigned in the constructor)"]
+    rebuilt_buckets = predicted.rebuilt
+    if rebuilt is not None:
+        rebuilt_buckets = planned_buckets(params, rebuilt.buckets, rebuilt.limits)
+        notes.append(f"rebuilt map observed on rank {rank} (iteration {rebuilt_step} on)")
+    elif predicted.rebuilt is not None:
+        notes.append("rebuilt map predicted by the planner: not rebuilt yet in this run")
+    plan = dataclasses.replace(
+        predicted, initial=planned_buckets(params, initial.buckets, initial.limits),
+        rebuilt=rebuilt_buckets, notes=tuple(notes) + tuple(
+            n for n in predicted.notes if n.startswith("torch never rebuilds")))
+    return ObservedMaps(plan, rank, rebuilt_step, ())
+
+
+def map_disagreements(maps: dict[int, list[Timed]], rank: int) -> tuple[str, ...]:
+    """Ranks whose bucket maps differ from `rank`'s (DDP requires the same buckets)."""
+    def key(lst: list[Timed]) -> list[tuple[bool, tuple[tuple[int, ...], ...]]]:
+        return [(m.event.rebuilt, m.event.buckets) for m in lst
+                if isinstance(m.event, ev.BucketAssigned)]
+
+    mine = key(maps.get(rank, []))
+    out = []
+    for r, lst in sorted(maps.items()):
+        theirs = key(lst)
+        if r != rank and theirs and theirs != mine[: len(theirs)]:
+            out.append(f"rank {r}'s bucket map differs from rank {rank}'s")
+    return tuple(out)
+
+
+class LiveBucketMap(EventView):
+    """The bucket maps a run really used, in the planner's BucketMap, plus bucket timing.
+
+    Kernel-side state: `observed` (ObservedMaps or None), `bucket_map` (the BucketMap, None
+    until the constructor's BucketAssigned arrives), `which` ("initial"/"rebuilt" in force at
+    the cursor), `timing` (per-bucket averages), `header_html`, `timing_html`.
+    """
+
+    def __init__(self, source: object = None, **kwargs: Any) -> None:
+        self.observed: ObservedMaps | None = None
+        self.bucket_map: BucketMap | None = None
+        self.which: Which = "initial"
+        self.timing: tuple[Any, ...] = ()
+        self._plan_key: tuple[Any, ...] | None = None
+        self._timing_key: tuple[Any, ...] | None = None
+        super().__init__(source, **kwargs)
+
+    @classmethod
+    def embedded_in(cls, model: EventModel, **kwargs: Any) -> LiveBucketMap:
+        return cls(model=model, embedded=True, controls=False, **kwargs)
+
+    def _build(self) -> list[w.Widget]:
+        self.header_html = w.HTML()
+        self.map_box = w.VBox()
+        self.timing_html = w.HTML()
+        return [self.header_html, self.map_box, self.timing_html]
+
+    def render(self, cursor: Cursor) -> bool:
+        self._update_plan(cursor)
+        obs = self.observed
+        if obs is None:
+            self._set(self.header_html, "<i style='font-size:12px'>waiting for the "
+                      "constructor's BucketAssigned event</i>")
+            return False
+        step = self._step(cursor)
+        which = self.which = self._which(obs, cursor)
+        assert self.bucket_map is not None
+        if self.bucket_map.map_toggle.value != which:
+            self.bucket_map.map_toggle.value = which  # the BucketMap redraws itself
+        span = (f"iteration {obs.rebuilt_step} on" if which == "rebuilt" else
+                "the constructor's map" + (f", iterations 0-{obs.rebuilt_step - 1}"
+                                           if obs.rebuilt_step else ""))
+        where = "construction" if step < 0 else f"iteration {step}"
+        warn = "".join(f"<br><b style='color:#b42318'>✘ {html.escape(d)}</b>"
+                       for d in obs.disagreements)
+        self._set(self.header_html,
+                  f"<div style='font-size:12px'>map in force at {where}: <b>{which}</b> "
+                  f"({span}); observed on rank {obs.rank}{warn}</div>")
+        self._draw_timing(step, which, obs, cursor)
+        return False
+
+    def _step(self, cursor: Cursor) -> int:
+        return cursor.step if cursor.step is not None else (self.model.steps or [-1])[-1]
+
+    def _which(self, obs: ObservedMaps, cursor: Cursor) -> Which:
+        """The map in force at the cursor's iteration."""
+        step = self._step(cursor)
+        return ("rebuilt" if obs.rebuilt_step is not None and step >= obs.rebuilt_step
+                else "initial")
+
+    def _update_plan(self, cursor: Cursor) -> None:
+        # the plan depends on the maps seen by then and on iteration 0's hook order
+        maps = self.model.maps(cursor.as_of)
+        key = (self.model.versions["maps"], self.model.versions["construction"],
+               self.model.settled(CONSTRUCTION, cursor.as_of),
+               tuple(len(v) for v in maps.values()), self.model.settled(0, cursor.as_of),
+               self.model.step_version(0))
+        if key == self._plan_key:
+            return
+        self._plan_key = key
+        states = self.model.construction(cursor.as_of)
+        rank = next((r for r, s in states.items() if s.params is not None and maps.get(r)),
+                    None)
+        if rank is None:
+            return
+        built = states[rank].params
+        assert built is not None and isinstance(built.event, ev.ParamsBuilt)
+        order = None
+        records = self.model.step_records(0, cursor.as_of).get(rank)
+        if records is not None and records.backward_end is not None:
+            order = [p for _, p, _ in records.grads]
+        observed = observed_plan(built.event, maps[rank], rank=rank, grad_ready_order=order)
+        observed = observed._replace(disagreements=map_disagreements(maps, rank))
+        if self.observed is not None and self.observed.plan == observed.plan:
+            self.observed = observed
+            return
+        self.observed = observed
+        if self.bucket_map is None:
+            # open on the map in force, so the figure ships its data once, not twice
+            self.bucket_map = BucketMap(observed.plan, which=self._which(observed, cursor))
+            self.map_box.children = [self.bucket_map]
+        else:
+            self.bucket_map.set_plan(observed.plan)
+
+    def _draw_timing(self, step: int, which: Which, obs: ObservedMaps, cursor: Cursor) -> None:
+        steps = [s for s in self.model.steps if s <= step and (
+            (obs.rebuilt_step is None or s < obs.rebuilt_step) if which == "initial"
+            else s >= (obs.rebuilt_step or 0))]
+        key = (which, tuple(steps[-1:]), len(steps), cursor.as_of,
+               self.model.step_version(steps[-1]) if steps else 0)
+        if key == self._timing_key:
+            return
+        self._timing_key = key
+        with self.model.lock():
+            self.timing = bucket_averages(self.model.step_history(), steps)
+        buckets = obs.plan.buckets(which) if which == "initial" or obs.plan.rebuilt else ()
+        size = {b.index: b.nbytes for b in buckets}
+        rows = "".join(
+            f"<tr><td>{t.bucket}</td><td>{human_bytes(size.get(t.bucket, 0))}</td>"
+            f"<td>{t.iterations}</td><td>{_ms(t.ready_ms)}</td><td>{_ms(t.allreduce_ms)}</td>"
+            f"<td>{_ms(t.exposed_ms)}</td></tr>" for t in self.timing)
+        text = ("" if not rows else
+                "<div style='font-size:12px'>per-bucket timing, mean over the iterations that "
+                f"used this map (max over ranks each):</div><table style='font-size:11px' "
+                "cellpadding=2><tr><th>bucket</th><th>bytes</th><th>iterations</th>"
+                "<th>ready ms after backward start</th><th>all-reduce ms</th>"
+                f"<th>exposed ms</th></tr>{rows}</table>")
+        self._set(self.timing_html, text)
+
+    @staticmethod
+    def _set(widget: w.HTML, value: str) -> None:
+        if widget.value != value:
+            widget.value = value
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.3f}"

@@ -1,0 +1,176 @@
+"""The hook timeline drawn as one small SVG string: one lane per rank, one iteration.
+
+Why SVG in an HTML widget rather than plotly: every plotly FigureWidget ships ~5 MB of
+plotly.js, and the dashboard's one figure is the BucketMap's. An SVG costs only its own bytes,
+and those are bounded by decimation: gradient-hook instants are merged per pixel column (1,000
+parameters x 8 ranks draw as at most width x 8 runs), so a redraw stays a few tens of KB at
+any scale. Per rank: forward and backward spans, hook ticks (alternate shades per bucket, red
+where the firing order departs from the reference), bucket-ready marks, all-reduce spans with
+their exposed part in red, unused parameters, and the end of backward compute.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterable, Mapping
+
+from ddpviz.widgets.hook_analysis import IterationView, Lane
+
+WIDTH = 860
+LABEL = 64
+LANE = 52
+AXIS = 24
+_TICK_COLOURS = ("#4c78a8", "#72b7b2")
+_OUT_OF_ORDER = "#d62728"
+_AR = "#9ecae9"
+_EXPOSED = "#e45756"
+MAX_SPANS = 48  # all-reduce spans per lane drawn one by one (with tooltips); more are merged
+
+
+def _runs(columns: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted pixel columns -> (start, width) runs of adjacent columns."""
+    out: list[tuple[int, int]] = []
+    for x in sorted(set(columns)):
+        if out and x == out[-1][0] + out[-1][1]:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((x, 1))
+    return out
+
+
+def _path(runs: list[tuple[int, int]], y: int, h: int) -> str:
+    return "".join(f"M{x} {y}h{w}v{h}h-{w}z" for x, w in runs)
+
+
+def _ticks_ms(span_ns: int) -> list[float]:
+    span_ms = max(span_ns / 1e6, 1e-6)
+    step = 10 ** len(str(int(span_ms))) / 10 if span_ms >= 1 else 0.1
+    while span_ms / step > 8:
+        step *= 2
+    while span_ms / step < 3:
+        step /= 2
+    return [i * step for i in range(int(span_ms / step) + 1)]
+
+
+def render(view: IterationView, names: Mapping[int, str] | None = None,
+           as_of: int | None = None, width: int = WIDTH) -> str:
+    """The SVG (a string) for one iteration; empty string when there is nothing to draw."""
+    if not view.lanes:
+        return ""
+    names = names or {}
+    t0, t1 = view.t0, max(view.t1, view.t0 + 1)
+    plot = width - LABEL - 8
+    scale = plot / (t1 - t0)
+
+    def x(t: int) -> int:
+        return LABEL + int((t - t0) * scale)
+
+    height = LANE * len(view.lanes) + AXIS
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+           "style='font:10px sans-serif'>"]
+    for i, (rank, lane) in enumerate(view.lanes.items()):
+        out.append(_lane_svg(lane, i * LANE, x, names, view.order.positions.get(rank, ()),
+                             t1))
+    # time axis, ms since the window's start
+    y = LANE * len(view.lanes)
+    out.append(f"<path d='M{LABEL} {y + 2}h{plot}' stroke='#999'/>")
+    for ms in _ticks_ms(t1 - t0):
+        tx = x(t0 + int(ms * 1e6))
+        out.append(f"<path d='M{tx} {y + 2}v4' stroke='#999'/>"
+                   f"<text x='{tx}' y='{y + 16}' text-anchor='middle'>{ms:g} ms</text>")
+    if as_of is not None and t0 <= as_of <= t1:
+        out.append(f"<path d='M{x(as_of)} 0v{y}' stroke='#000' stroke-dasharray='2 2'/>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, str],
+              departures: tuple[int, ...], t_end: int) -> str:
+    rec = lane.record
+    out = [f"<text x='2' y='{y + 20}' font-weight='bold'>rank {lane.rank}</text>"]
+    if lane.unused:
+        listed = ", ".join(names.get(p, f"p{p}") for p in lane.unused[:20])
+        more = f" (+{len(lane.unused) - 20})" if len(lane.unused) > 20 else ""
+        out.append(f"<text x='2' y='{y + 34}' fill='{_EXPOSED}'>✕ {len(lane.unused)} unused"
+                   f"<title>unused: {html.escape(listed + more)}</title></text>")
+    # phases: forward (grey), backward (light blue)
+    if rec.forward is not None:
+        f_end = rec.backward if rec.backward is not None else rec.last
+        out.append(f"<rect x='{x(rec.forward)}' y='{y + 2}' "
+                   f"width='{max(1, x(f_end) - x(rec.forward))}' height='8' fill='#ddd'>"
+                   "<title>forward</title></rect>")
+    if rec.backward is not None:
+        b_end = rec.backward_end if rec.backward_end is not None else rec.last
+        out.append(f"<rect x='{x(rec.backward)}' y='{y + 2}' "
+                   f"width='{max(1, x(b_end) - x(rec.backward))}' height='8' fill='#c6dbef'>"
+                   f"<title>backward {(b_end - rec.backward) / 1e6:,.3f} ms</title></rect>")
+    # gradient hooks: merged per pixel column, one path per shade
+    bad = set(departures)
+    cols: tuple[list[int], list[int]] = ([], [])
+    red: list[int] = []
+    for pos, (t, _p, b) in enumerate(rec.grads):
+        (red if pos in bad else cols[b & 1]).append(x(t))
+    for shade, c in zip(_TICK_COLOURS, cols, strict=True):
+        if c:
+            out.append(f"<path d='{_path(_runs(c), y + 13, 10)}' fill='{shade}'/>")
+    if red:
+        out.append(f"<path d='{_path(_runs(red), y + 12, 12)}' fill='{_OUT_OF_ORDER}'>"
+                   f"<title>{len(red)} hook(s) out of the reference order</title></path>")
+    # bucket ready: small triangles under the ticks (one per pixel column)
+    marks = "".join(f"M{c - 3} {y + 24}h6l-3 4z"
+                    for c in sorted({x(t) for t in rec.bucket_ready.values()}))
+    if marks:
+        out.append(f"<path d='{marks}' fill='#333'/>")
+    if len(lane.allreduce) <= MAX_SPANS:
+        out.append(_spans(lane, y, x, t_end))
+    else:
+        out.append(_merged_spans(lane, y, x, t_end))
+    if lane.compute_end is not None and rec.grads:
+        out.append(f"<path d='M{x(lane.compute_end)} {y + 11}v36' stroke='#555' "
+                   "stroke-dasharray='1 2'/>")
+    return "".join(out)
+
+
+def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
+    """Each all-reduce its own rect with a tooltip, alternating sub-rows; exposed part red."""
+    out = []
+    for s in lane.allreduce:
+        sy = y + 30 + 9 * (s.bucket & 1)
+        end = s.end if s.end is not None else t_end
+        x0, x1 = x(s.start), x(end)
+        took = (f"{(s.end - s.start) / 1e6:,.3f} ms" if s.end is not None else "not done")
+        title = (f"bucket {s.bucket}: {s.nbytes:,} bytes {s.dtype}, all-reduce {took}, "
+                 f"exposed {s.exposed_ns / 1e6:,.3f} ms")
+        dash = "" if s.end is not None else " stroke='#333' stroke-dasharray='3 2'"
+        out.append(f"<rect x='{x0}' y='{sy}' width='{max(1, x1 - x0)}' height='8' "
+                   f"fill='{_AR}'{dash}><title>{html.escape(title)}</title></rect>")
+        if s.exposed_ns and s.end is not None:
+            ex0 = x(s.end - s.exposed_ns)
+            out.append(f"<rect x='{ex0}' y='{sy}' width='{max(1, x1 - ex0)}' height='8' "
+                       f"fill='{_EXPOSED}'/>")
+    return "".join(out)
+
+
+def _merged_spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
+    """Many buckets: the pixel columns covered by all-reduces (and by their exposed parts)
+    per sub-row, as runs; one tooltip for the lane."""
+    covered: tuple[set[int], set[int]] = (set(), set())
+    exposed: tuple[set[int], set[int]] = (set(), set())
+    for s in lane.allreduce:
+        end = s.end if s.end is not None else t_end
+        covered[s.bucket & 1].update(range(x(s.start), max(x(s.start) + 1, x(end))))
+        if s.exposed_ns and s.end is not None:
+            exposed[s.bucket & 1].update(range(x(s.end - s.exposed_ns),
+                                               max(x(s.end - s.exposed_ns) + 1, x(s.end))))
+    done = [s for s in lane.allreduce if s.end is not None]
+    title = (f"{len(lane.allreduce)} all-reduces ({len(done)} done), exposed "
+             f"{lane.exposed_ns / 1e6:,.3f} ms after the last hook")
+    out = [f"<g><title>{html.escape(title)}</title>"]
+    for row in (0, 1):
+        sy = y + 30 + 9 * row
+        if covered[row]:
+            out.append(f"<path d='{_path(_runs(covered[row]), sy, 8)}' fill='{_AR}'/>")
+        if exposed[row]:
+            out.append(f"<path d='{_path(_runs(exposed[row]), sy, 8)}' fill='{_EXPOSED}'/>")
+    out.append("</g>")
+    return "".join(out)

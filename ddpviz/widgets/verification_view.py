@@ -1,0 +1,279 @@
+"""VerificationView: is the model the same on every rank? Parameter x rank matrix, live.
+
+A one-line verdict on top; below it one row per parameter (then buffer), one coloured cell per
+rank (same / differs / missing / pending), differing rows first when the model is large; pick
+a row and a rank to see the values on every rank, ranks grouped per distinct value. Plain
+ipywidgets (HTML + dropdowns): no plotly, so it costs a few KB, not megabytes.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import ipywidgets as w
+
+from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
+from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.replay_controls import Cursor
+from ddpviz.widgets.verification_matrix import (
+    FIELD_ORDER,
+    Matrix,
+    Row,
+    build_matrix,
+    format_ranks,
+    group_ranks,
+)
+
+COLOURS = {"same": "#dff3dc", "differs": "#fdd9b5", "missing": "#f6c5c5", "pending": "#eeeeee"}
+GLYPHS = {"same": "✓", "differs": "≠", "missing": "∅", "pending": "…"}
+_VERDICT_COLOUR = {"passed": "#1e7b34", "failed": "#b42318", "verifying": "#555",
+                   "waiting": "#555", "unverified": "#8a6d00"}
+_STYLE = (
+    "<style>.ddpviz-vm{border-collapse:collapse;font-size:11px;font-family:monospace}"
+    ".ddpviz-vm td,.ddpviz-vm th{padding:1px 5px;border:1px solid #fff;white-space:nowrap}"
+    ".ddpviz-vm th{background:#f4f4f4;font-weight:normal}"
+    + "".join(f".ddpviz-vm .{s[0]}{{background:{c};text-align:center}}"
+              for s, c in COLOURS.items())
+    + ".ddpviz-vm tr.sel td{outline:1px solid #333}.ddpviz-vm .rsel{font-weight:bold}</style>")
+ALL_RANKS = -1
+
+
+def _row_label(row: Row) -> str:
+    return f"{'p' if row.kind == 'param' else 'b'}{row.position} {row.name}"
+
+
+class VerificationView(EventView):
+    """The verification matrix of a run, live or replayed.
+
+    Kernel-side state: `matrix` (a `Matrix`: rows, per-rank cell statuses, verdict),
+    `verdict_html`, `matrix_html`, `row_select`, `rank_select`, `details_html`,
+    `cell(name, rank)`, `select(name, rank)`.
+
+    Args:
+        source: a Run, Session, Trace, `.ddpviz` path or list of events (see `EventView`).
+        max_rows: rows drawn in the table (rows that differ first); every row stays
+            selectable in the dropdown.
+        group_ranks: one column per group of ranks that agree on everything (default: when
+            there are more than 8 ranks).
+    """
+
+    def __init__(self, source: object = None, *, max_rows: int = 40,
+                 group_ranks: bool | None = None, **kwargs: Any) -> None:
+        self.max_rows = max_rows
+        self._group_default = group_ranks
+        self.matrix: Matrix = build_matrix({})
+        self._key: tuple[Any, ...] | None = None
+        super().__init__(source, **kwargs)
+
+    def _build(self) -> list[w.Widget]:
+        self.verdict_html = w.HTML()
+        self.matrix_html = w.HTML(layout=w.Layout(max_height="420px", overflow="auto"))
+        self.row_select = w.Dropdown(options=[("(no parameters yet)", "")], value="",
+                                     description="row", layout=w.Layout(width="340px"),
+                                     style={"description_width": "initial"})
+        self.rank_select = w.Dropdown(options=[("all ranks", ALL_RANKS)], value=ALL_RANKS,
+                                      description="rank", layout=w.Layout(width="150px"),
+                                      style={"description_width": "initial"})
+        self.group_checkbox = w.Checkbox(value=bool(self._group_default),
+                                         description="group ranks that agree", indent=False,
+                                         layout=w.Layout(width="190px"))
+        self.details_html = w.HTML()
+        self._user_grouping = self._group_default is not None
+        for control in (self.row_select, self.rank_select):
+            control.observe(self._on_select, names="value")
+        self.group_checkbox.observe(self._on_group, names="value")
+        return [self.verdict_html, self.matrix_html,
+                w.HBox([self.row_select, self.rank_select, self.group_checkbox]),
+                self.details_html]
+
+    # --- public ---------------------------------------------------------------------------
+
+    @classmethod
+    def embedded_in(cls, model: EventModel, **kwargs: Any) -> VerificationView:
+        return cls(model=model, embedded=True, controls=False, **kwargs)
+
+    def cell(self, name: str, rank: int, kind: str = "param") -> str:
+        """The status drawn for `name` on `rank`: same, differs, missing or pending."""
+        row = self._row(f"{kind}:{name}")
+        return row.cells[self.matrix.ranks.index(rank)]
+
+    def select(self, name: str, rank: int = ALL_RANKS, kind: str = "param") -> None:
+        """Show `name`'s values on every rank, `rank`'s group first (like clicking a cell)."""
+        key = f"{kind}:{name}"
+        self._row(key)
+        self.rank_select.value = rank
+        self.row_select.value = key
+
+    # --- drawing --------------------------------------------------------------------------
+
+    def render(self, cursor: Cursor) -> bool:
+        as_of = self.model.settled(CONSTRUCTION, cursor.as_of)
+        key = (self.model.versions["construction"], as_of)
+        if key == self._key:
+            return False
+        self._key = key
+        self.matrix = build_matrix(self.model.construction(as_of),
+                                   self.model.world_size)
+        if not self._user_grouping:
+            self._set_group(len(self.matrix.ranks) > 8)
+        self._sync_selects()
+        self._draw()
+        return False
+
+    def _row(self, key: str) -> Row:
+        for row in self.matrix.rows:
+            if row.key == key:
+                return row
+        names = ", ".join(r.key for r in self.matrix.rows[:5])
+        raise KeyError(f"ddpviz: no row {key!r} in the verification matrix (rows start with "
+                       f"{names or 'nothing yet'}).\nPass a dotted parameter name and "
+                       "kind='param' or kind='buffer'.")
+
+    def _set_group(self, value: bool) -> None:
+        if self.group_checkbox.value != value:
+            self.group_checkbox.unobserve(self._on_group, names="value")
+            self.group_checkbox.value = value
+            self.group_checkbox.observe(self._on_group, names="value")
+
+    def _sync_selects(self) -> None:
+        m = self.matrix
+        rows = [(f"{GLYPHS[r.status]} {_row_label(r)}", r.key) for r in m.rows]
+        ranks = [("all ranks", ALL_RANKS)] + [(f"rank {r}", r) for r in m.ranks]
+        for control, options in ((self.row_select, rows or [("(no parameters yet)", "")]),
+                                 (self.rank_select, ranks)):
+            if [tuple(o) for o in control.options] != options:
+                value = control.value
+                control.unobserve(self._on_select, names="value")
+                control.options = options
+                values = [v for _, v in options]
+                control.value = value if value in values else self._default(values)
+                control.observe(self._on_select, names="value")
+
+    def _default(self, values: Sequence[Any]) -> Any:
+        if values and isinstance(values[0], str):
+            bad = [r.key for r in self.matrix.rows if r.status in ("differs", "missing")]
+            return bad[0] if bad else values[0]
+        return ALL_RANKS
+
+    def _on_select(self, _change: dict[str, Any]) -> None:
+        with self._render_lock:
+            self._draw()
+
+    def _on_group(self, _change: dict[str, Any]) -> None:
+        self._user_grouping = True
+        with self._render_lock:
+            self._draw()
+
+    def _draw(self) -> None:
+        m = self.matrix
+        colour = _VERDICT_COLOUR[m.state]
+        verdict = (f"<div style='font-weight:bold;color:{colour};font-size:13px'>"
+                   f"{html.escape(m.verdict)}</div>")
+        if self.verdict_html.value != verdict:
+            self.verdict_html.value = verdict
+        table = self._table()
+        if self.matrix_html.value != table:
+            self.matrix_html.value = table
+        details = self._details()
+        if self.details_html.value != details:
+            self.details_html.value = details
+
+    def columns(self) -> list[tuple[int, ...]]:
+        """The matrix's columns: one rank each, or groups of ranks identical on every row."""
+        m = self.matrix
+        if not self.group_checkbox.value:
+            return [(r,) for r in m.ranks]
+        signature: dict[int, tuple[str, ...]] = {
+            r: tuple(row.cells[i] + "|" + str(sorted(row.values.get(r, {}).items()))
+                     for row in m.rows) for i, r in enumerate(m.ranks)}
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for r in m.ranks:
+            groups.setdefault(signature[r], []).append(r)
+        return sorted((tuple(rs) for rs in groups.values()), key=lambda g: g[0])
+
+    def shown_rows(self) -> list[Row]:
+        """The rows drawn in the table: every row that is not "same" first, in order, then as
+        many "same" rows as fit in `max_rows`, in order."""
+        rows = self.matrix.rows
+        if len(rows) <= self.max_rows:
+            return list(rows)
+        bad = [i for i, r in enumerate(rows) if r.status != "same"][: self.max_rows]
+        room = self.max_rows - len(bad)
+        good = [i for i, r in enumerate(rows) if r.status == "same"][:room]
+        return [rows[i] for i in sorted(bad + good)]
+
+    def _table(self) -> str:
+        m = self.matrix
+        if not m.rows:
+            return ""
+        columns = self.columns()
+        index = {r: i for i, r in enumerate(m.ranks)}
+        chosen = self.rank_select.value
+        head = "".join(
+            f"<th{' class=rsel' if chosen in g else ''}>"
+            f"{html.escape(format_ranks(g).replace('ranks ', 'r').replace('rank ', 'r'))}</th>"
+            for g in columns)
+        lines = [_STYLE, f"<table class=ddpviz-vm><tr><th>#</th><th>name</th>{head}</tr>"]
+        shown = self.shown_rows()
+        for row in shown:
+            sel = " class=sel" if row.key == self.row_select.value else ""
+            cells = []
+            for g in columns:
+                status = row.cells[index[g[0]]]
+                title = ""
+                if status not in ("same", "pending"):
+                    values = row.values.get(g[0], {})
+                    what = "missing" if status == "missing" else " ".join(
+                        f"{f}={values[f]}" for f in row.differing if f in values)
+                    title = f" title='{html.escape(format_ranks(g) + ': ' + what, quote=True)}'"
+                cells.append(f"<td class={status[0]}{title}>{GLYPHS[status]}</td>")
+            lines.append(f"<tr{sel}><td>{'p' if row.kind == 'param' else 'b'}{row.position}</td>"
+                         f"<td>{html.escape(row.name)}</td>{''.join(cells)}</tr>")
+        lines.append("</table>")
+        hidden = len(m.rows) - len(shown)
+        if hidden:
+            lines.append(f"<div style='font-size:11px;color:#555'>… and {hidden:,} more rows, "
+                         "the same on every rank (pick them in the row list)</div>")
+        for note in m.notes:
+            lines.append(f"<div style='font-size:11px;color:#b42318'>{html.escape(note)}</div>")
+        return "".join(lines)
+
+    def _details(self) -> str:
+        key = self.row_select.value
+        row = next((r for r in self.matrix.rows if r.key == key), None)
+        if row is None:
+            return ""
+        chosen = self.rank_select.value
+        described: dict[int, str] = {}
+        for r, status in zip(self.matrix.ranks, row.cells, strict=True):
+            values = row.values.get(r, {})
+            if status == "missing":
+                described[r] = "missing"
+            elif status == "pending":
+                described[r] = "not reported yet"
+            else:
+                described[r] = _describe_html(values, row.differing)
+        what = "parameter" if row.kind == "param" else "buffer"
+        lines = [f"<b>{what} {row.position} '{html.escape(row.name)}'</b>"
+                 + (f" · differs in: {', '.join(f for f in row.differing if f != 'present')}"
+                    if row.differing else " · the same on every rank")]
+        for text, ranks in group_ranks(described):
+            mark = "▶ " if chosen in ranks else ""
+            weight = "bold" if chosen in ranks else "normal"
+            lines.append(f"<div style='font-weight:{weight}'>{mark}{format_ranks(ranks)}: "
+                         f"{text}</div>")
+        return f"<div style='font-size:12px;font-family:monospace'>{''.join(lines)}</div>"
+
+
+def _describe_html(values: dict[str, str], differing: Sequence[str]) -> str:
+    parts = []
+    for f in FIELD_ORDER:
+        if f not in values or f == "present":
+            continue
+        label = "index" if f == "order" else f
+        text = html.escape(f"{label}={values[f]}")
+        parts.append(f"<span style='color:#b42318;font-weight:bold'>{text}</span>"
+                     if f in differing else text)
+    return " ".join(parts) or "present"

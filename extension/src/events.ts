@@ -1,0 +1,327 @@
+/**
+ * The event vocabulary of ddpviz, mirrored from `ddpviz/events.py` (and the `Finding` struct of
+ * `ddpviz/findings.py`). Events travel as msgpack maps tagged by class name in `type`; fields
+ * keep Python's names and order. `tests/extension/test_event_schema.py` compares every
+ * interface and the runtime table `EVENT_FIELDS` with `msgspec.json.schema` of the Python
+ * structs, so a change on either side fails the tests until the other follows.
+ */
+
+/** `ddpviz.events.SCHEMA_VERSION`: traces with another event schema are refused. */
+export const SCHEMA_VERSION = 1;
+
+/** Fields every event carries. */
+export interface EventBase {
+  /** The event's class name in Python. */
+  type: EventType;
+  rank: number;
+  /** DDP iteration; -1 while the constructor runs. */
+  step: number;
+  /** time.monotonic_ns() on the emitting rank. */
+  t_ns: number;
+  /** Per-rank sequence number, from 0, no gaps. */
+  seq: number;
+}
+
+/** A parameter as DDP sees it (index = position in the reducer's parameter list). */
+export interface ParamInfo {
+  index: number;
+  name: string;
+  shape: number[];
+  dtype: string;
+  device: string;
+  sparse_grad: boolean;
+}
+
+/** One field of one parameter (or buffer) that differs across ranks. */
+export interface Mismatch {
+  /** "param" | "buffer" | "count" | "device". */
+  kind: string;
+  index: number;
+  name: string;
+  field: string;
+  /** (value, ranks holding it), most common first. */
+  values: [string, number[]][];
+}
+
+/** One diagnosed problem (`ddpviz.findings.Finding`). */
+export interface Finding {
+  kind: string;
+  /** "error" | "warning" | "info". */
+  severity: string;
+  title: string;
+  ranks?: number[];
+  param?: number;
+  name?: string;
+  field?: string;
+  bucket?: number;
+  step?: number;
+  values?: [string, number[]][];
+  detail?: string[];
+  fix?: string;
+  world_size?: number;
+}
+
+/** Step 1: the parameters DDP reduces and the buffers it syncs. */
+export interface ParamsBuilt extends EventBase {
+  type: 'ParamsBuilt';
+  params: ParamInfo[];
+  buffers: string[];
+  ignored: string[];
+}
+
+/** Step 2: cross-rank verification started. */
+export interface VerificationStarted extends EventBase {
+  type: 'VerificationStarted';
+  world_size: number;
+  n_params: number;
+  n_buffers: number;
+}
+
+/** Step 2: every rank holds the same parameters and buffers. */
+export interface VerificationPassed extends EventBase {
+  type: 'VerificationPassed';
+  world_size: number;
+  digest: string;
+}
+
+/** Step 2: ranks differ; what differs. */
+export interface VerificationFailed extends EventBase {
+  type: 'VerificationFailed';
+  world_size: number;
+  mismatches: Mismatch[];
+}
+
+/** Step 3: rank `src` starts broadcasting its state. */
+export interface BroadcastStarted extends EventBase {
+  type: 'BroadcastStarted';
+  src: number;
+  n_tensors: number;
+  total_bytes: number;
+  n_chunks: number;
+}
+
+/** Step 3: a coalesced chunk's broadcast was launched (at most 2 in flight). */
+export interface BroadcastChunkSent extends EventBase {
+  type: 'BroadcastChunkSent';
+  chunk: number;
+  dtype: string;
+  device: string;
+  nbytes: number;
+  n_tensors: number;
+}
+
+/** Step 3: a chunk's broadcast completed. */
+export interface BroadcastChunkDone extends EventBase {
+  type: 'BroadcastChunkDone';
+  chunk: number;
+  nbytes: number;
+}
+
+/** Step 3: the whole state arrived. */
+export interface BroadcastFinished extends EventBase {
+  type: 'BroadcastFinished';
+  total_bytes: number;
+  seconds: number;
+}
+
+/** Step 4: the bucket map in force from this step on (reduction order). */
+export interface BucketAssigned extends EventBase {
+  type: 'BucketAssigned';
+  /** Parameter indices per bucket, bucket 0 reduced first. */
+  buckets: number[][];
+  /** Per-bucket size limit in bytes. */
+  limits: number[];
+  /** False for the constructor's map, true for the gradient-ready-order rebuild. */
+  rebuilt: boolean;
+}
+
+/** Steps 5-6: a forward pass started. */
+export interface ForwardStarted extends EventBase {
+  type: 'ForwardStarted';
+}
+
+/** Buffers were broadcast from rank 0 before a forward. */
+export interface BuffersSynced extends EventBase {
+  type: 'BuffersSynced';
+  n_buffers: number;
+  nbytes: number;
+}
+
+/** A backward pass reached DDP. */
+export interface BackwardStarted extends EventBase {
+  type: 'BackwardStarted';
+}
+
+/** A parameter's gradient hook fired. */
+export interface GradReady extends EventBase {
+  type: 'GradReady';
+  param: number;
+  bucket: number;
+}
+
+/** All gradients of a bucket are ready. */
+export interface BucketReady extends EventBase {
+  type: 'BucketReady';
+  bucket: number;
+}
+
+/** A bucket's all-reduce was launched. */
+export interface AllReduceLaunched extends EventBase {
+  type: 'AllReduceLaunched';
+  bucket: number;
+  nbytes: number;
+  dtype: string;
+}
+
+/** A bucket's all-reduce completed. */
+export interface AllReduceDone extends EventBase {
+  type: 'AllReduceDone';
+  bucket: number;
+}
+
+/** Every bucket of this backward was reduced. */
+export interface BackwardFinished extends EventBase {
+  type: 'BackwardFinished';
+}
+
+/** Parameters that got no gradient in this backward. */
+export interface UnusedParametersFound extends EventBase {
+  type: 'UnusedParametersFound';
+  params: number[];
+  names: string[];
+}
+
+/** Buckets were rebuilt in this gradient-ready order. */
+export interface BucketsRebuilt extends EventBase {
+  type: 'BucketsRebuilt';
+  grad_ready_order: number[];
+}
+
+/** The transport dropped this many events. */
+export interface EventsDropped extends EventBase {
+  type: 'EventsDropped';
+  count: number;
+}
+
+/** A rank diagnosed a problem. */
+export interface FindingReported extends EventBase {
+  type: 'FindingReported';
+  finding: Finding;
+}
+
+/** Any event, discriminated by `type`. */
+export type DDPEvent =
+  | ParamsBuilt
+  | VerificationStarted
+  | VerificationPassed
+  | VerificationFailed
+  | BroadcastStarted
+  | BroadcastChunkSent
+  | BroadcastChunkDone
+  | BroadcastFinished
+  | BucketAssigned
+  | ForwardStarted
+  | BuffersSynced
+  | BackwardStarted
+  | GradReady
+  | BucketReady
+  | AllReduceLaunched
+  | AllReduceDone
+  | BackwardFinished
+  | UnusedParametersFound
+  | BucketsRebuilt
+  | EventsDropped
+  | FindingReported;
+
+/** How a field is checked when a trace is decoded. */
+export type FieldKind = 'int' | 'float' | 'str' | 'bool' | 'array' | 'struct';
+
+/** The fields every event carries, checked on every decoded event. */
+export const BASE_FIELDS: Readonly<Record<string, FieldKind>> = {
+  rank: 'int',
+  step: 'int',
+  t_ns: 'int',
+  seq: 'int'
+};
+
+/**
+ * Each event's own fields in declared order, with their kinds: what decoding validates
+ * (an event that does not match is counted as rejected, never shown).
+ */
+export const EVENT_FIELDS = {
+  ParamsBuilt: { params: 'array', buffers: 'array', ignored: 'array' },
+  VerificationStarted: { world_size: 'int', n_params: 'int', n_buffers: 'int' },
+  VerificationPassed: { world_size: 'int', digest: 'str' },
+  VerificationFailed: { world_size: 'int', mismatches: 'array' },
+  BroadcastStarted: { src: 'int', n_tensors: 'int', total_bytes: 'int', n_chunks: 'int' },
+  BroadcastChunkSent: {
+    chunk: 'int',
+    dtype: 'str',
+    device: 'str',
+    nbytes: 'int',
+    n_tensors: 'int'
+  },
+  BroadcastChunkDone: { chunk: 'int', nbytes: 'int' },
+  BroadcastFinished: { total_bytes: 'int', seconds: 'float' },
+  BucketAssigned: { buckets: 'array', limits: 'array', rebuilt: 'bool' },
+  ForwardStarted: {},
+  BuffersSynced: { n_buffers: 'int', nbytes: 'int' },
+  BackwardStarted: {},
+  GradReady: { param: 'int', bucket: 'int' },
+  BucketReady: { bucket: 'int' },
+  AllReduceLaunched: { bucket: 'int', nbytes: 'int', dtype: 'str' },
+  AllReduceDone: { bucket: 'int' },
+  BackwardFinished: {},
+  UnusedParametersFound: { params: 'array', names: 'array' },
+  BucketsRebuilt: { grad_ready_order: 'array' },
+  EventsDropped: { count: 'int' },
+  FindingReported: { finding: 'struct' }
+} as const satisfies Record<string, Readonly<Record<string, FieldKind>>>;
+
+/** The name of an event class. */
+export type EventType = keyof typeof EVENT_FIELDS;
+
+/** Every event type, in `ddpviz.events.ANY_EVENT` order. */
+export const EVENT_TYPES = Object.keys(EVENT_FIELDS) as EventType[];
+
+/** True when `value` holds a value of `kind` (ints must be integral). */
+export function hasKind(value: unknown, kind: FieldKind): boolean {
+  switch (kind) {
+    case 'int':
+      return typeof value === 'number' && Number.isInteger(value);
+    case 'float':
+      return typeof value === 'number';
+    case 'str':
+      return typeof value === 'string';
+    case 'bool':
+      return typeof value === 'boolean';
+    case 'array':
+      return Array.isArray(value);
+    case 'struct':
+      return typeof value === 'object' && value !== null && !Array.isArray(value);
+  }
+}
+
+/**
+ * The event in `value`, or a one-line reason why it is not one: an unknown `type`, a missing
+ * field or a field of the wrong kind.
+ */
+export function asEvent(value: unknown): DDPEvent | string {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    return 'not a map';
+  }
+  const record = value as Record<string, unknown>;
+  const type = record.type;
+  if (typeof type !== 'string' || !Object.prototype.hasOwnProperty.call(EVENT_FIELDS, type)) {
+    return `unknown event type ${JSON.stringify(type)}`;
+  }
+  const own: Readonly<Record<string, FieldKind>> = EVENT_FIELDS[type as EventType];
+  for (const fields of [BASE_FIELDS, own]) {
+    for (const [name, kind] of Object.entries(fields)) {
+      if (!hasKind(record[name], kind)) {
+        return `${type}.${name} is not ${kind === 'int' ? 'an' : 'a'} ${kind}`;
+      }
+    }
+  }
+  return value as DDPEvent;
+}

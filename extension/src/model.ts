@@ -1,0 +1,418 @@
+/**
+ * What the trace viewer shows, computed from a parsed trace with no DOM: bucket maps grouped
+ * across ranks, each rank's verification outcome, broadcast progress and, per DDP iteration,
+ * a timeline of gradient hooks and bucket all-reduces. The same readings as the Python side
+ * (`Trace.spans()`, the widgets), from the same events.
+ */
+
+import {
+  AllReduceDone,
+  AllReduceLaunched,
+  BucketAssigned,
+  DDPEvent,
+  EventType,
+  Finding,
+  Mismatch,
+  ParamInfo
+} from './events';
+import { ParsedTrace } from './trace';
+
+/** Bytes per element of torch dtypes, as ddpviz writes them ("float32", not "torch.float32"). */
+const ITEMSIZE: Record<string, number> = {
+  float64: 8,
+  float32: 4,
+  float16: 2,
+  bfloat16: 2,
+  complex128: 16,
+  complex64: 8,
+  complex32: 4,
+  int64: 8,
+  int32: 4,
+  int16: 2,
+  int8: 1,
+  uint64: 8,
+  uint32: 4,
+  uint16: 2,
+  uint8: 1,
+  bool: 1
+};
+
+/** Bytes of a parameter's gradient: numel times the element size (float8 types: 1). */
+export function paramBytes(p: ParamInfo): number {
+  const numel = p.shape.reduce((a, b) => a * b, 1);
+  const size = ITEMSIZE[p.dtype] ?? (p.dtype.startsWith('float8') ? 1 : 4);
+  return numel * size;
+}
+
+/** A bucket map that one or more ranks used (ranks that differ get their own group). */
+export interface BucketMapGroup {
+  rebuilt: boolean;
+  /** DDP iteration of the BucketAssigned event (-1: the constructor). */
+  step: number;
+  ranks: number[];
+  /** Parameter indices per bucket, in reduction order. */
+  buckets: number[][];
+  limits: number[];
+  /** Gradient bytes per bucket (0 where the parameters are unknown). */
+  bytes: number[];
+}
+
+/** One rank's verification outcome (its last verification). */
+export interface VerificationRow {
+  rank: number;
+  /** "running": started, never passed nor failed (the rank crashed or hung in it). */
+  status: 'passed' | 'failed' | 'running' | 'absent';
+  worldSize: number;
+  nParams: number;
+  nBuffers: number;
+  digest: string;
+  mismatches: Mismatch[];
+}
+
+/** One rank's state broadcast (its last one). */
+export interface BroadcastRow {
+  rank: number;
+  src: number;
+  totalBytes: number;
+  nChunks: number;
+  chunksDone: number;
+  bytesDone: number;
+  /** Seconds from BroadcastFinished; null while unfinished. */
+  seconds: number | null;
+}
+
+/** An interval on the aligned clock, in ns. */
+export interface Interval {
+  name: string;
+  start: number;
+  end: number;
+  /** False: no end event (the rank crashed or hung inside it). */
+  finished: boolean;
+}
+
+/** A bucket's all-reduce in one iteration. */
+export interface AllReduceSpan extends Interval {
+  bucket: number;
+  nbytes: number;
+}
+
+/** A gradient hook firing. */
+export interface GradMark {
+  t: number;
+  param: number;
+  bucket: number;
+}
+
+/** One rank's lane of the hook timeline. */
+export interface TimelineRow {
+  rank: number;
+  phases: Interval[];
+  grads: GradMark[];
+  allreduces: AllReduceSpan[];
+}
+
+/** The hook timeline of one DDP iteration, every rank on the aligned clock. */
+export interface Timeline {
+  step: number;
+  t0: number;
+  t1: number;
+  rows: TimelineRow[];
+  /** Marks (phases, hooks, all-reduces) in this iteration, and how many are drawn. */
+  total: number;
+  shown: number;
+}
+
+/** Everything the viewer shows, computed once per file. */
+export class TraceModel {
+  /**
+   * @param trace - a parsed trace.
+   */
+  constructor(readonly trace: ParsedTrace) {
+    this.ranks = [...trace.byRank.keys()].sort((a, b) => a - b);
+    this.params = this._params();
+    this.bucketMaps = this._bucketMaps();
+    this.verification = this.ranks.map(r => this._verification(r));
+    this.broadcast = this.ranks
+      .map(r => this._broadcast(r))
+      .filter((row): row is BroadcastRow => row !== null);
+    this.steps = this._steps();
+    this.findings = this._findings();
+    this.dropped = this._all('EventsDropped').reduce((n, e) => n + e.count, 0);
+  }
+
+  readonly ranks: number[];
+  /** The parameters DDP reduces (from the lowest rank's ParamsBuilt), or [] if unknown. */
+  readonly params: ParamInfo[];
+  readonly bucketMaps: BucketMapGroup[];
+  readonly verification: VerificationRow[];
+  readonly broadcast: BroadcastRow[];
+  /** DDP iterations with a backward (steps >= 0), ascending. */
+  readonly steps: number[];
+  /** Diagnosed problems, one per (kind, title, ranks). */
+  readonly findings: Finding[];
+  /** Events the transport dropped (EventsDropped), summed over ranks. */
+  readonly dropped: number;
+
+  /** Events of one rank (file order). */
+  events(rank: number): DDPEvent[] {
+    return this.trace.byRank.get(rank) ?? [];
+  }
+
+  /** How many events of each type one rank emitted. */
+  counts(rank: number): Map<EventType, number> {
+    const out = new Map<EventType, number>();
+    for (const e of this.events(rank)) {
+      out.set(e.type, (out.get(e.type) ?? 0) + 1);
+    }
+    return out;
+  }
+
+  /** `t_ns` on the reference clock: t_ns + the rank's offset (0 on one host). */
+  aligned(e: DDPEvent): number {
+    return e.t_ns + (this.trace.clock.get(e.rank)?.[0] ?? 0);
+  }
+
+  /**
+   * The hook timeline of iteration `step`.
+   *
+   * @param step - a DDP iteration (see `steps`).
+   * @param maxMarks - at most this many marks are drawn (hooks first in time order per rank).
+   */
+  timeline(step: number, maxMarks: number): Timeline {
+    const rows: TimelineRow[] = [];
+    let t0 = Infinity;
+    let t1 = -Infinity;
+    let total = 0;
+    for (const rank of this.ranks) {
+      const events = this.events(rank).filter(e => e.step === step);
+      if (events.length === 0) {
+        continue;
+      }
+      const row = this._row(rank, events);
+      rows.push(row);
+      total += row.phases.length + row.grads.length + row.allreduces.length;
+      for (const e of events) {
+        t0 = Math.min(t0, this.aligned(e));
+        t1 = Math.max(t1, this.aligned(e));
+      }
+    }
+    let shown = total;
+    if (total > maxMarks && rows.length > 0) {
+      const per = Math.max(1, Math.floor(maxMarks / rows.length));
+      shown = 0;
+      for (const row of rows) {
+        row.phases = row.phases.slice(0, per);
+        row.allreduces = row.allreduces.slice(0, Math.max(0, per - row.phases.length));
+        row.grads = row.grads.slice(
+          0,
+          Math.max(0, per - row.phases.length - row.allreduces.length)
+        );
+        shown += row.phases.length + row.grads.length + row.allreduces.length;
+      }
+    }
+    if (!Number.isFinite(t0)) {
+      t0 = t1 = 0;
+    }
+    return { step, t0, t1: Math.max(t1, t0 + 1), rows, total, shown };
+  }
+
+  private _all<T extends EventType>(type: T): Extract<DDPEvent, { type: T }>[] {
+    const out: Extract<DDPEvent, { type: T }>[] = [];
+    for (const rank of this.ranks) {
+      for (const e of this.events(rank)) {
+        if (e.type === type) {
+          out.push(e as Extract<DDPEvent, { type: T }>);
+        }
+      }
+    }
+    return out;
+  }
+
+  private _params(): ParamInfo[] {
+    const built = this._all('ParamsBuilt');
+    return built.length > 0 ? built[0].params : [];
+  }
+
+  private _bucketMaps(): BucketMapGroup[] {
+    const groups = new Map<string, BucketMapGroup>();
+    const sizes = new Map(this.params.map(p => [p.index, paramBytes(p)]));
+    for (const e of this._all('BucketAssigned') as BucketAssigned[]) {
+      const key = JSON.stringify([e.rebuilt, e.buckets, e.limits]);
+      const group = groups.get(key);
+      if (group === undefined) {
+        groups.set(key, {
+          rebuilt: e.rebuilt,
+          step: e.step,
+          ranks: [e.rank],
+          buckets: e.buckets,
+          limits: e.limits,
+          bytes: e.buckets.map(b => b.reduce((n, i) => n + (sizes.get(i) ?? 0), 0))
+        });
+      } else if (!group.ranks.includes(e.rank)) {
+        group.ranks.push(e.rank);
+      }
+    }
+    return [...groups.values()];
+  }
+
+  private _verification(rank: number): VerificationRow {
+    const row: VerificationRow = {
+      rank,
+      status: 'absent',
+      worldSize: 0,
+      nParams: 0,
+      nBuffers: 0,
+      digest: '',
+      mismatches: []
+    };
+    for (const e of this.events(rank)) {
+      if (e.type === 'VerificationStarted') {
+        Object.assign(row, {
+          status: 'running',
+          worldSize: e.world_size,
+          nParams: e.n_params,
+          nBuffers: e.n_buffers,
+          digest: '',
+          mismatches: []
+        });
+      } else if (e.type === 'VerificationPassed') {
+        Object.assign(row, { status: 'passed', worldSize: e.world_size, digest: e.digest });
+      } else if (e.type === 'VerificationFailed') {
+        Object.assign(row, {
+          status: 'failed',
+          worldSize: e.world_size,
+          mismatches: e.mismatches
+        });
+      }
+    }
+    return row;
+  }
+
+  private _broadcast(rank: number): BroadcastRow | null {
+    let row: BroadcastRow | null = null;
+    for (const e of this.events(rank)) {
+      if (e.type === 'BroadcastStarted') {
+        row = {
+          rank,
+          src: e.src,
+          totalBytes: e.total_bytes,
+          nChunks: e.n_chunks,
+          chunksDone: 0,
+          bytesDone: 0,
+          seconds: null
+        };
+      } else if (row !== null && e.type === 'BroadcastChunkDone') {
+        row.chunksDone++;
+        row.bytesDone += e.nbytes;
+      } else if (row !== null && e.type === 'BroadcastFinished') {
+        row.seconds = e.seconds;
+        row.bytesDone = Math.max(row.bytesDone, e.total_bytes);
+        row.chunksDone = Math.max(row.chunksDone, row.nChunks);
+      }
+    }
+    return row;
+  }
+
+  private _steps(): number[] {
+    const steps = new Set<number>();
+    for (const rank of this.ranks) {
+      for (const e of this.events(rank)) {
+        if (e.step >= 0 && (e.type === 'GradReady' || e.type === 'BackwardStarted')) {
+          steps.add(e.step);
+        }
+      }
+    }
+    return [...steps].sort((a, b) => a - b);
+  }
+
+  private _findings(): Finding[] {
+    const seen = new Map<string, Finding>();
+    for (const e of this._all('FindingReported')) {
+      const f = e.finding;
+      const key = JSON.stringify([f.kind, f.title, f.ranks ?? []]);
+      if (!seen.has(key)) {
+        seen.set(key, f);
+      }
+    }
+    return [...seen.values()];
+  }
+
+  private _row(rank: number, events: DDPEvent[]): TimelineRow {
+    const row: TimelineRow = { rank, phases: [], grads: [], allreduces: [] };
+    const last = this.aligned(events[events.length - 1]);
+    let forward: DDPEvent | null = null;
+    let backward: DDPEvent | null = null;
+    const open = new Map<number, AllReduceLaunched[]>();
+    const phase = (name: string, start: DDPEvent, end: number, finished: boolean) =>
+      row.phases.push({ name, start: this.aligned(start), end, finished });
+    for (const e of events) {
+      const t = this.aligned(e);
+      switch (e.type) {
+        case 'ForwardStarted':
+          if (forward !== null) {
+            phase('forward', forward, t, true);
+          }
+          forward = e;
+          break;
+        case 'BackwardStarted':
+          if (forward !== null) {
+            phase('forward', forward, t, true);
+            forward = null;
+          }
+          backward = e;
+          break;
+        case 'BackwardFinished':
+          if (backward !== null) {
+            phase('backward', backward, t, true);
+            backward = null;
+          }
+          break;
+        case 'GradReady':
+          row.grads.push({ t, param: e.param, bucket: e.bucket });
+          break;
+        case 'AllReduceLaunched': {
+          const pending = open.get(e.bucket) ?? [];
+          pending.push(e);
+          open.set(e.bucket, pending);
+          break;
+        }
+        case 'AllReduceDone': {
+          const start = open.get((e as AllReduceDone).bucket)?.shift();
+          if (start !== undefined) {
+            row.allreduces.push({
+              name: `all-reduce b${start.bucket}`,
+              bucket: start.bucket,
+              nbytes: start.nbytes,
+              start: this.aligned(start),
+              end: t,
+              finished: true
+            });
+          }
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    if (forward !== null) {
+      phase('forward', forward, last, false);
+    }
+    if (backward !== null) {
+      phase('backward', backward, last, false);
+    }
+    for (const pending of open.values()) {
+      for (const start of pending) {
+        row.allreduces.push({
+          name: `all-reduce b${start.bucket}`,
+          bucket: start.bucket,
+          nbytes: start.nbytes,
+          start: this.aligned(start),
+          end: last,
+          finished: false
+        });
+      }
+    }
+    row.allreduces.sort((a, b) => a.start - b.start);
+    return row;
+  }
+}

@@ -1,0 +1,211 @@
+/**
+ * Reading `.ddpviz` trace files in the browser, as `ddpviz/trace.py` writes them: the 8-byte
+ * magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | msgpack payload`. The
+ * first frame is the header; then event chunks and clock records. Like `Trace.load`, a torn
+ * last frame is skipped (the writer died mid-write) and marks the trace truncated; a bad
+ * checksum elsewhere, a wrong magic or another format or schema version is an error.
+ */
+
+import { decode } from '@msgpack/msgpack';
+
+import { asEvent, DDPEvent, SCHEMA_VERSION } from './events';
+
+/** `ddpviz.trace.FORMAT_VERSION`. */
+export const FORMAT_VERSION = 1;
+
+/** `ddpviz.trace._MAGIC`: "DDPVIZ\0\x1a". */
+export const MAGIC = [0x44, 0x44, 0x50, 0x56, 0x49, 0x5a, 0x00, 0x1a];
+
+/** Frame kinds (`ddpviz.trace._HEADER`, `_EVENTS`, `_CLOCK`). */
+export const FRAME_KINDS = { header: 1, events: 2, clock: 3 } as const;
+
+const FRAME_HEADER_BYTES = 9;
+
+/** A file that is not a loadable ddpviz trace; the message follows ddpviz's error style. */
+export class TraceError extends Error {}
+
+/** The events of a run, per rank, in the order each rank emitted them. */
+export interface ParsedTrace {
+  /** Plain data the writer stored in the header. */
+  meta: Record<string, unknown>;
+  format: number;
+  schema: number;
+  /** Events per rank, in file order (each rank's emission order). */
+  byRank: Map<number, DDPEvent[]>;
+  /** Per rank: [offset_ns onto the reference clock, error bound (-1 unknown)]. */
+  clock: Map<number, [number, number]>;
+  /** The file ended in a torn frame; everything before it was read. */
+  truncated: boolean;
+  /** Events that did not match the vocabulary, with the first few reasons. */
+  rejected: number;
+  rejectReasons: string[];
+  /** Total events kept. */
+  count: number;
+}
+
+const CRC_TABLE = (() => {
+  const table = new Uint32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) {
+      c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    }
+    table[n] = c >>> 0;
+  }
+  return table;
+})();
+
+/** zlib's crc32 (what Python's `zlib.crc32` computes). */
+export function crc32(bytes: Uint8Array): number {
+  let crc = 0xffffffff;
+  for (let i = 0; i < bytes.length; i++) {
+    crc = CRC_TABLE[(crc ^ bytes[i]) & 0xff] ^ (crc >>> 8);
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
+/** The bytes of a base64 string (the Jupyter contents API's `format: "base64"`). */
+export function base64ToBytes(text: string): Uint8Array {
+  const binary = atob(text.replace(/\s+/g, ''));
+  const out = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) {
+    out[i] = binary.charCodeAt(i);
+  }
+  return out;
+}
+
+/**
+ * Parse a `.ddpviz` file.
+ *
+ * @param data - the whole file.
+ * @param name - the file's name, for messages.
+ * @returns the trace; raises TraceError when the file cannot be read.
+ */
+export function parseTrace(data: Uint8Array, name: string): ParsedTrace {
+  if (data.length < MAGIC.length || MAGIC.some((b, i) => data[i] !== b)) {
+    throw new TraceError(
+      `ddpviz: '${name}' is not a ddpviz trace (no DDPVIZ magic at its start).\n` +
+        'Open a file written by Trace.save, TraceWriter or ddpviz.connect().'
+    );
+  }
+  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
+  const trace: ParsedTrace = {
+    meta: {},
+    format: 0,
+    schema: 0,
+    byRank: new Map(),
+    clock: new Map(),
+    truncated: false,
+    rejected: 0,
+    rejectReasons: [],
+    count: 0
+  };
+  let pos = MAGIC.length;
+  let sawHeader = false;
+  while (pos < data.length) {
+    const where = pos;
+    if (data.length - pos < FRAME_HEADER_BYTES) {
+      trace.truncated = true;
+      break;
+    }
+    const kind = view.getUint8(pos);
+    const length = view.getUint32(pos + 1, true);
+    const crc = view.getUint32(pos + 5, true);
+    pos += FRAME_HEADER_BYTES;
+    const payload = data.subarray(pos, pos + length);
+    pos += length;
+    if (payload.length < length || crc32(payload) !== crc) {
+      if (pos >= data.length) {
+        trace.truncated = true;
+        break;
+      }
+      throw new TraceError(
+        `ddpviz: '${name}' is corrupt: frame at byte ${where} fails its checksum.\n` +
+          'The file was modified after writing; restore it from the original run.'
+      );
+    }
+    let value: unknown;
+    try {
+      value = decode(payload, { useBigInt64: false });
+    } catch (err) {
+      throw new TraceError(
+        `ddpviz: '${name}': frame at byte ${where} does not decode: ${err}.\n` +
+          'The file is damaged or was written by an incompatible ddpviz.'
+      );
+    }
+    if (!sawHeader) {
+      readHeader(trace, kind, value, name);
+      sawHeader = true;
+    } else if (kind === FRAME_KINDS.events) {
+      readEvents(trace, value);
+    } else if (kind === FRAME_KINDS.clock) {
+      if (Array.isArray(value) && value.length === 3 && value.every(Number.isFinite)) {
+        const [rank, offset, error] = value as number[];
+        trace.clock.set(rank, [offset, error]);
+      }
+    }
+    // other kinds: records of a later minor format, skipped as trace.py does
+  }
+  if (!sawHeader) {
+    throw new TraceError(
+      `ddpviz: '${name}' has no header frame (empty trace file).\n` +
+        'The writer died before writing anything; rerun the job.'
+    );
+  }
+  return trace;
+}
+
+function readHeader(trace: ParsedTrace, kind: number, value: unknown, name: string): void {
+  const header = value as { format?: unknown; schema?: unknown; meta?: unknown } | null;
+  if (kind !== FRAME_KINDS.header || typeof header !== 'object' || header === null) {
+    throw new TraceError(
+      `ddpviz: '${name}': the first frame is not a header.\n` +
+        'The file is damaged; restore it from the original run.'
+    );
+  }
+  if (header.format !== FORMAT_VERSION) {
+    throw new TraceError(
+      `ddpviz: '${name}' is trace format ${header.format}; this viewer reads format ` +
+        `${FORMAT_VERSION}.\nUse the ddpviz version that wrote it.`
+    );
+  }
+  if (header.schema !== SCHEMA_VERSION) {
+    throw new TraceError(
+      `ddpviz: '${name}' holds event schema ${header.schema}; this viewer reads schema ` +
+        `${SCHEMA_VERSION}.\nUpdate ddpviz (pip install -U ddpviz) and reload the page.`
+    );
+  }
+  trace.format = header.format;
+  trace.schema = header.schema;
+  if (typeof header.meta === 'object' && header.meta !== null) {
+    trace.meta = header.meta as Record<string, unknown>;
+  }
+}
+
+function readEvents(trace: ParsedTrace, value: unknown): void {
+  if (!Array.isArray(value)) {
+    reject(trace, 'an event frame that is not a list');
+    return;
+  }
+  for (const item of value) {
+    const event = asEvent(item);
+    if (typeof event === 'string') {
+      reject(trace, event);
+      continue;
+    }
+    let events = trace.byRank.get(event.rank);
+    if (events === undefined) {
+      events = [];
+      trace.byRank.set(event.rank, events);
+    }
+    events.push(event);
+    trace.count++;
+  }
+}
+
+function reject(trace: ParsedTrace, reason: string): void {
+  trace.rejected++;
+  if (trace.rejectReasons.length < 5 && !trace.rejectReasons.includes(reason)) {
+    trace.rejectReasons.push(reason);
+  }
+}

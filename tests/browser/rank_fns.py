@@ -1,0 +1,33 @@
+"""What the browser tests run on ranks (importable: the ranks import this module)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def build_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 1))
+
+
+def train(steps: int, bucket_cap_mb: float) -> float:
+    """A few SGD steps under ddpviz's DDP, reporting to the launcher's session."""
+    import torch.distributed as dist
+
+    import ddpviz
+    from ddpviz.events import default_emitter
+
+    torch.set_num_threads(1)
+    ddp = ddpviz.DistributedDataParallel(build_model(), bucket_cap_mb=bucket_cap_mb,
+                                         emitter=default_emitter())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    torch.manual_seed(1 + dist.get_rank())
+    loss = torch.zeros(())
+    for _ in range(steps):
+        loss = ddp(torch.randn(8, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(loss.item())

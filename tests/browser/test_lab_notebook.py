@@ -1,0 +1,84 @@
+"""A tour notebook in real JupyterLab in Chromium: 'Run All Cells' runs every cell without an
+error, and the widgets render in the page holding the kernel's data: the BucketMap's plotly
+figure draws the same bar segments the kernel-side figure holds, and its controls show the
+kernel's values. No console errors."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from tests.browser.conftest import ConsoleLog, screenshot
+from tests.browser.lab import ROOT, LabServer
+from tests.browser.ui import error_outputs, open_lab, run_all_cells
+
+pytestmark = pytest.mark.browser
+
+# Plotly keeps each figure's traces on its div: the bar segments as (row, offset, bytes).
+_FIGURE_BARS = """gd => gd.data.filter(t => t.type === 'bar').flatMap(
+    t => Array.from(t.x, (x, i) => [String(t.y[i]), Number(t.base[i]), Number(x)]))"""
+
+
+def run_in_process(path: Path) -> dict[str, Any]:
+    """Execute a notebook's code cells here (no kernel, output discarded): the widgets the
+    kernel builds, built by the same code, for comparison with what the browser shows."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                exec(compile(cell.source, str(path), "exec"), namespace)
+    return namespace
+
+
+def words(text: str) -> str:
+    """Text without tags, entities and layout: what innerText and an HTML value share."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def test_01_buckets_widgets_render_with_the_kernels_data(
+        page: Any, lab: LabServer, console: ConsoleLog) -> None:
+    from ddpviz.widgets import bucket_figure
+
+    bucket_map = run_in_process(ROOT / "notebooks" / "01_buckets.ipynb")["bucket_map"]
+    expected_bars = sorted(
+        (str(y), int(base), int(x)) for t in bucket_figure.bar_traces(bucket_map.figure)
+        for y, base, x in zip(t.y, t.base, t.x, strict=True))
+    assert len(expected_bars) == len(bucket_map.plan.params) == 52
+
+    open_lab(page, lab, "01_buckets.ipynb")
+    run_all_cells(page)
+    assert error_outputs(page) == []
+
+    plots = page.locator(".jp-OutputArea-output .js-plotly-plot")
+    plots.first.wait_for()
+    # one BucketMap displayed in two cells: two views of its one figure, both up to date
+    assert plots.count() == 2
+    for i in range(2):
+        shown = sorted(tuple(bar) for bar in plots.nth(i).evaluate(_FIGURE_BARS))
+        assert shown == expected_bars
+        assert plots.nth(i).locator("g.point").count() == 52  # every segment drawn as SVG
+
+    maps = page.locator(".jp-OutputArea-output .widget-vbox:has(.js-plotly-plot)")
+    for i in range(2):
+        view = maps.nth(i)
+        dropdown = view.locator(".widget-dropdown select")
+        assert dropdown.evaluate("s => s.selectedOptions[0].textContent").replace(
+            "\xa0", " ") == bucket_map.cap_dropdown.label
+        assert view.locator(".widget-toggle-button.mod-active").text_content() \
+            == bucket_map.map_toggle.label
+        assert view.locator(".widget-checkbox input").evaluate_all(
+            "boxes => boxes.map(b => b.checked)") == [
+                bucket_map.find_unused_checkbox.value, bucket_map.static_graph_checkbox.value]
+        assert words(view.locator(".widget-html").inner_text()) \
+            == words(bucket_map.summary_html.value)
+
+    maps.first.scroll_into_view_if_needed()
+    screenshot(page, "bucket_map_in_jupyterlab", maps.first)
+    assert console.errors == []

@@ -1,0 +1,85 @@
+"""Driving JupyterLab's UI from Playwright: open a file, run every cell (retrying the racy
+first 'Run All'), read prompts and error outputs, open a trace in the ddpviz viewer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.browser.lab import LabServer
+
+ERROR_MIME = "application/vnd.jupyter.error"
+
+_PROMPTS = "[...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) " \
+           ".jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim())"
+_STARTED = f"() => {_PROMPTS}.some(t => /\\[(\\*|\\d+)\\]/.test(t))"
+_FINISHED = f"() => {{ const p = {_PROMPTS}; " \
+            "return p.length > 0 && p.every(t => /^\\[\\d+\\]:$/.test(t)); }"
+
+
+def open_lab(page: Any, lab: LabServer, path: str = "") -> None:
+    """Load JupyterLab and wait until the file browser lists files and the launcher shows
+    the kernels (their specs loaded); then open `path`, if given, from the file browser."""
+    page.goto(lab.url("lab"))
+    page.wait_for_selector(".jp-DirListing-content .jp-DirListing-item")
+    page.wait_for_selector(".jp-LauncherCard[data-category='Notebook']")
+    if path:
+        double_click_file(page, path)
+
+
+def menu(page: Any, top: str, command: str) -> None:
+    """Click a main-menu entry by its command id (e.g. 'runmenu:run-all')."""
+    page.locator("#jp-MainMenu").get_by_role("menuitem", name=top, exact=True).click()
+    page.locator(f"li[data-command='{command}']").click()
+
+
+def run_all_cells(page: Any, timeout_s: float = 240) -> None:
+    """Run every cell of the notebook in front and wait until each has its number.
+
+    Right after a notebook opens the kernel may report idle before the session is connected
+    and 'Run All' is then dropped; it is repeated until a prompt shows [*] or a number."""
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    for _ in range(8):
+        no_dialog(page)
+        menu(page, "Run", "runmenu:run-all")
+        try:
+            page.wait_for_function(_STARTED, timeout=8_000)
+            break
+        except Exception:  # playwright's TimeoutError: not started, try again
+            continue
+    else:
+        raise AssertionError("'Run All Cells' never started the kernel (8 tries)")
+    page.wait_for_function(_FINISHED, timeout=timeout_s * 1000)
+
+
+def no_dialog(page: Any) -> None:
+    """Fail with its text if a dialog (kernel choice, error) covers the page."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() > 0:
+        raise AssertionError(f"JupyterLab shows a dialog: {dialog.first.inner_text()!r}")
+
+
+def error_outputs(page: Any) -> list[str]:
+    """Texts of the error outputs (tracebacks) in the page."""
+    texts: list[str] = page.locator(f"[data-mime-type='{ERROR_MIME}']").all_inner_texts()
+    return texts
+
+
+def stream_text(page: Any) -> str:
+    """All stdout text of the notebook in front."""
+    texts = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                         "[data-mime-type='application/vnd.jupyter.stdout']").all_inner_texts()
+    return "\n".join(texts)
+
+
+def double_click_file(page: Any, name: str) -> None:
+    """Open a file the way a user does: double-click it in the file browser."""
+    page.locator(".jp-DirListing-item", has=page.locator(
+        f".jp-DirListing-itemText span:text-is('{name}')")).dblclick()
+
+
+def wait_for_viewer(page: Any, name: str) -> Any:
+    """The ddpviz viewer panel showing `name`, once rendered."""
+    viewer = page.locator(".ddpviz-viewer:visible", has=page.locator(
+        f".ddpviz-summary h2:text-is('{name}')"))
+    viewer.wait_for()
+    return viewer

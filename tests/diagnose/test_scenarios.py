@@ -1,0 +1,342 @@
+"""Diagnosis scenarios on real gloo ranks: each situation of issue 5 planted on ONE rank, the
+exact finding asserted on EVERY rank (kind, parameter name, ranks, field), in bounded time, and
+the same situation run through stock torch DDP as the recorded baseline.
+
+Ranks come from a forkserver that imported torch once (harness start_method="forkserver"), so
+a run costs well under a second; model mismatches leave the group usable (every rank raises the
+same error), so they share one 3-rank run. Torch baselines that crash or hang get their own
+2-rank runs with a 4 s gloo timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddpviz.errors import RankMismatchError
+from ddpviz.findings import Finding
+from tests.diagnose.scenario_models import MODEL_DEFECTS, Net
+from tests.dist.harness import RankFailed, run_ranks
+
+pytestmark = pytest.mark.dist
+
+PG_TIMEOUT = 4.0  # gloo's timeout in torch baselines: how long torch lets a rank hang
+FAST: dict[str, Any] = {"start_method": "forkserver", "init": False, "allow_failures": True}
+
+
+def init(rank: int, world_size: int, timeout: float = 60.0) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout))
+
+
+def first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+
+
+def summary(findings: tuple[Finding, ...] | list[Finding]) -> list[tuple[Any, ...]]:
+    """What a scenario asserts of each finding: kind, parameter name, ranks, field."""
+    return [(f.kind, f.name, f.ranks, f.field) for f in findings]
+
+
+def outcome(value: Any) -> str:
+    """A rank's end in a torch baseline: its error's first line, SIGABRT, or an exit code."""
+    if isinstance(value, RankFailed):
+        text = next(iter(value.failures.values()))
+        if "exit code -6" in text:
+            return "SIGABRT"
+        if "exit code" in text:
+            return "exit code " + text.rsplit("exit code ", 1)[1].rstrip(")")
+        return text.strip().splitlines()[-1]
+    return str(value)
+
+
+def no_orphans(pids: list[int]) -> bool:
+    """True when none of `pids` is still running (zombies reaped by the harness count as gone)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] != "Z":
+                    return False
+        except FileNotFoundError:
+            continue
+    return True
+
+
+# --- model differences ------------------------------------------------------------------------
+
+ODD = 2  # the rank that differs in the 3-rank model scenarios
+
+EXPECTED_MODEL: dict[str, list[tuple[Any, ...]]] = {
+    "count": [("param_mismatch", "parameters", (2,), "count"),
+              ("param_mismatch", "extra.weight", (2,), "present"),
+              ("param_mismatch", "extra.bias", (2,), "present")],
+    "names": [("param_mismatch", "fc.weight", (2,), "name"),
+              ("param_mismatch", "fc.bias", (2,), "name")],
+    "order": [("param_mismatch", "a.weight", (2,), "order"),
+              ("param_mismatch", "a.bias", (2,), "order"),
+              ("param_mismatch", "b.weight", (2,), "order"),
+              ("param_mismatch", "b.bias", (2,), "order")],
+    "shape": [("param_mismatch", "fc.weight", (2,), "shape"),
+              ("param_mismatch", "fc.bias", (2,), "shape")],
+    "stride": [("param_mismatch", "a.weight", (2,), "stride")],
+    "dtype": [("param_mismatch", "fc.weight", (2,), "dtype"),
+              ("param_mismatch", "fc.bias", (2,), "dtype")],
+    "device": [("param_mismatch", "fc.weight", (2,), "device"),
+               ("param_mismatch", "fc.bias", (2,), "device")],
+    "requires_grad": [("param_mismatch", "fc.bias", (2,), "requires_grad")],
+    "buffer_count": [("buffer_mismatch", "buffers", (2,), "count"),
+                     ("buffer_mismatch", "extra_stats", (2,), "present")],
+    "buffer_shape": [("buffer_mismatch", "stats", (2,), "shape")],
+    "buffer_dtype": [("buffer_mismatch", "stats", (2,), "dtype")],
+    "initial_values": [("initial_values", "a.weight", (2,), "values")],
+}
+
+# torch 2.13's DDP on the same defect (2 ranks, defect on rank 1): rank 0, rank 1. Where torch
+# raises the same error everywhere or nothing at all, it runs in the shared 3-rank run instead.
+TORCH_MODEL_BASELINE: dict[str, tuple[str, str]] = {
+    "shape": ("Connection closed by peer",  # rank 0 blocks in the broadcast until rank 1 exits
+              "params[4] in this process with sizes [5, 8] appears not to match sizes"),
+    "stride": ("Connection closed by peer",
+               "params[0] in this process with sizes [8, 8] appears not to match strides"),
+    "device": ("Connection closed by peer",
+               "DistributedDataParallel's input module must be on the same type of devices"),
+    "dtype": ("Connection reset by peer", "SIGABRT"),  # gloo: "Received data size doesn't match"
+    "buffer_dtype": ("Connection reset by peer", "SIGABRT"),
+}
+TORCH_SHARED_BASELINE = {  # rank 0's outcome in the shared run (torch raised on every rank or none)
+    "count": "DDP expects same model across all ranks, but Rank 0 has 6 params, while rank 2 "
+             "has inconsistent 8 params.",
+    "requires_grad": "DDP expects same model across all ranks, but Rank 0 has 6 params, while "
+                     "rank 2 has inconsistent 5 params.",
+    "names": "no error", "order": "no error", "initial_values": "no error",
+    "buffer_count": "no error", "buffer_shape": "no error",  # rank 2's extra room is garbage
+}
+
+
+def model_ranks(rank: int, world_size: int) -> dict[str, Any]:
+    """Every model defect in turn through ddpviz.verify_across_ranks and ddpviz.preflight, then
+    the torch baselines that leave the group usable."""
+    import ddpviz
+
+    init(rank, world_size)
+    out: dict[str, Any] = {"ddpviz": {}, "torch": {}, "pid": os.getpid()}
+    for defect in MODEL_DEFECTS:
+        torch.manual_seed(rank if defect == "initial_values" and rank == ODD else 0)
+        model = Net(defect if rank == ODD else "none")
+        start = time.monotonic()
+        report = ddpviz.verify_across_ranks(model, timeout=10)
+        entry: dict[str, Any] = {"ok": report.ok, "findings": summary(report.findings),
+                                 "text": str(report)}
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ddpviz.preflight(model, timeout=10)
+            entry["preflight"] = (f"warned: {str(caught[0].message).splitlines()[0]}" if caught
+                                  else "passed")
+        except RankMismatchError as exc:
+            entry["preflight"] = first_line(exc)
+            entry["preflight_findings"] = summary(exc.findings)
+        entry["seconds"] = time.monotonic() - start
+        out["ddpviz"][defect] = entry
+    for defect in TORCH_SHARED_BASELINE:
+        torch.manual_seed(rank if defect == "initial_values" and rank == ODD else 0)
+        try:
+            nn.parallel.DistributedDataParallel(Net(defect if rank == ODD else "none"))
+            out["torch"][defect] = "no error"
+        except RuntimeError as exc:
+            out["torch"][defect] = str(exc).strip().splitlines()[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_runs() -> dict[int, Any]:
+    start = time.monotonic()
+    results = run_ranks(model_ranks, 3, timeout=120, start_method="forkserver", init=False)
+    results[-1] = {"seconds": time.monotonic() - start}
+    return results
+
+
+@pytest.mark.parametrize("defect", MODEL_DEFECTS)
+def test_model_difference_is_named_on_every_rank(defect: str, model_runs: dict[int, Any]
+                                                 ) -> None:
+    expected = EXPECTED_MODEL[defect]
+    entries = [model_runs[r]["ddpviz"][defect] for r in range(3)]
+    for entry in entries:
+        assert entry["findings"] == expected
+        assert entry["text"] == entries[0]["text"]  # the same message on every rank
+        assert entry["seconds"] < 10
+    text = entries[0]["text"]
+    assert text.startswith("ddpviz: ")
+    for _, name, _, _ in expected:
+        if name not in ("parameters", "buffers"):
+            assert f"'{name}'" in text
+    if defect == "initial_values":
+        assert all(e["ok"] for e in entries)  # a warning, not an error
+        assert "manual_seed" in text
+        assert all(e["preflight"].startswith("warned: ddpviz: 6 of 6 parameters have different "
+                                             "values") for e in entries)
+    else:
+        assert not any(e["ok"] for e in entries)
+        assert all(e["preflight"] == f"RankMismatchError: {text.splitlines()[0]}"
+                   and e["preflight_findings"] == expected for e in entries)
+    assert no_orphans([model_runs[r]["pid"] for r in range(3)])
+
+
+@pytest.mark.parametrize("defect", sorted(TORCH_SHARED_BASELINE))
+def test_torch_baseline_raises_the_same_everywhere_or_nothing(defect: str,
+                                                             model_runs: dict[int, Any]) -> None:
+    baseline = TORCH_SHARED_BASELINE[defect]
+    assert model_runs[0]["torch"][defect] == baseline
+    if baseline == "no error":
+        assert all(model_runs[r]["torch"][defect] == "no error" for r in range(3))
+    else:  # a count without names: torch never says which parameters differ
+        assert all("weight" not in model_runs[r]["torch"][defect]
+                   and "bias" not in model_runs[r]["torch"][defect] for r in range(3))
+
+
+def torch_model_ranks(rank: int, world_size: int, defect: str) -> str:
+    init(rank, world_size, PG_TIMEOUT)
+    torch.manual_seed(0)
+    model = Net(defect if rank == world_size - 1 else "none")
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp(torch.randn(2, 8)).sum().backward()
+        return "no error"
+    except RuntimeError as exc:
+        return str(exc).strip().splitlines()[0]
+    except ValueError as exc:
+        return str(exc).strip().splitlines()[0]
+
+
+@pytest.mark.parametrize("defect", sorted(TORCH_MODEL_BASELINE))
+def test_torch_baseline_errors_on_one_rank_and_hangs_or_crashes_the_other(defect: str) -> None:
+    results = run_ranks(torch_model_ranks, 2, defect, timeout=30, **FAST)
+    rank0, rank1 = TORCH_MODEL_BASELINE[defect]
+    assert rank0 in outcome(results[0])
+    assert rank1 in outcome(results[1])
+
+
+# --- runtime situations on stock torch DDP, through ddpviz.watch -----------------------------
+
+HANG = 2.0  # ddpviz's hang_timeout in the runtime scenarios
+GRACE = 6.0  # what a hang may take beyond HANG: the others' grace to report, polling, slack
+
+
+def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool) -> dict[str, Any]:
+    """One situation on torch's DDP, with ddpviz.watch attached (use_ddpviz) or without (the
+    baseline). The last rank is the odd one."""
+    import ddpviz
+    from tests.diagnose.scenario_models import Branchy
+
+    init(rank, world_size, 60.0 if use_ddpviz else PG_TIMEOUT)
+    odd = rank == world_size - 1
+    torch.manual_seed(0)
+    defect = {"unused": "unused", "order": "order"}.get(situation, "none")
+    model = Branchy(defect if odd else "none")
+    ddp = nn.parallel.DistributedDataParallel(
+        model, find_unused_parameters=situation == "unused_found", bucket_cap_mb=0.0003)
+    if situation == "unused_found" and odd:
+        model.defect = "unused"
+    events: list[Any] = []
+    w = ddpviz.watch(ddp, emitter=events.append, hang_timeout=HANG) if use_ddpviz else None
+    steps = 2 if situation == "uneven" and odd else 3
+    out: dict[str, Any] = {"pid": os.getpid(), "error": "no error", "findings": []}
+    start = time.monotonic()
+    try:
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            for step in range(steps):
+                if situation.startswith("crash") and odd and step == int(situation[-1]):
+                    os._exit(3)
+                ddp(torch.randn(4, 8)).sum().backward()
+    except RuntimeError as exc:
+        out["error"] = str(exc).strip().splitlines()[0 if not use_ddpviz else -1]
+        error = w.error if w is not None else None
+        if error is None and isinstance(exc, ddpviz.RankHangError):
+            error = exc
+        if error is not None:
+            out["error"] = str(error)
+            out["findings"] = summary(getattr(error, "findings", ()))
+    out["seconds"] = time.monotonic() - start
+    if situation == "uneven" and odd:
+        time.sleep(HANG + 3)  # alive but out of data: torch waits for it until its timeout
+    out["events"] = events
+    return out
+
+
+def run_watch(situation: str, world_size: int, use_ddpviz: bool) -> dict[int, Any]:
+    return run_ranks(watch_ranks, world_size, situation, use_ddpviz, timeout=60, **FAST)
+
+
+def test_watch_uneven_inputs_name_the_lagging_rank_on_every_waiting_rank() -> None:
+    results = run_watch("uneven", 3, True)
+    for r in (0, 1):
+        assert results[r]["findings"] == [("rank_hang", "", (2,), "buffer broadcast")]
+        assert results[r]["error"] == results[0]["error"]
+        assert results[r]["seconds"] < HANG + GRACE
+    lines = results[0]["error"].splitlines()
+    assert lines[0] == ("ddpviz: rank 2 did not reach the buffer broadcast at step 2 within 2s "
+                        "(world_size=3):")
+    assert lines[3].startswith("  rank 2: last seen at step 1 (forward")
+    assert results[2]["error"] == "no error"  # the lagging rank itself had nothing wrong
+    assert no_orphans([results[r]["pid"] for r in range(3)])
+    baseline = run_watch("uneven", 2, False)  # torch: a timeout naming no rank
+    assert "Timed out waiting 4000ms" in outcome(baseline[0]["error"])
+    assert baseline[1]["error"] == "no error"
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_watch_crashed_rank_is_named_with_its_last_position(step: int) -> None:
+    results = run_watch(f"crash@{step}", 3, True)
+    assert outcome(results[2]) == "exit code 3"
+    for r in (0, 1):
+        assert results[r]["error"] == results[0]["error"]
+        assert results[r]["seconds"] < HANG + GRACE
+    if step == 1:  # before torch's (unguardable) bucket rebuild: ddpviz meets there first
+        assert results[0]["findings"] == [("missing_rank", "", (2,), "arrival")]
+        assert results[0]["error"].startswith(
+            "ddpviz: rank 2 never reached the bucket rebuild at step 1 within 2s")
+    else:
+        assert results[0]["findings"] == [("rank_exited", "", (2,), "buffer broadcast")]
+        assert "  rank 2:    gone; last seen at step 1 (forward" in results[0]["error"]
+    baseline = run_watch(f"crash@{step}", 2, False)
+    assert "Connection" in baseline[0]["error"]  # "closed/reset by peer [address]": no rank
+
+
+def test_watch_unused_parameter_on_one_rank_stops_every_rank_at_iteration_0() -> None:
+    results = run_watch("unused", 2, True)
+    expected = ("unused_parameter", "spare.weight", (1,), "unused")
+    assert expected in results[0]["findings"] and expected in results[1]["findings"]
+    assert results[0]["findings"][0][0] == "peer_failed"
+    assert results[0]["seconds"] < GRACE  # rank 0 waited in iteration 0's all-reduce
+    assert "step 0" in results[1]["error"].splitlines()[0]
+    baseline = run_watch("unused", 2, False)
+    assert "Expected to have finished reduction in the prior iteration" in \
+        outcome(baseline[1]["error"])
+    assert "spare" not in baseline[1]["error"]  # torch names parameters only with DEBUG=INFO
+
+
+def test_watch_events_show_grad_order_and_unused_differences_torch_keeps_silent() -> None:
+    import ddpviz
+
+    order = run_watch("order", 2, True)
+    findings = ddpviz.diagnose([e for r in (0, 1) for e in order[r]["events"]])
+    (grad_order,) = [f for f in findings if f.kind == "grad_order"]
+    assert (grad_order.ranks, grad_order.step, grad_order.name) == ((1,), 0, "b.bias")
+    assert grad_order.bucket >= 0
+    unused = run_watch("unused_found", 2, True)
+    findings = ddpviz.diagnose([e for r in (0, 1) for e in unused[r]["events"]])
+    names = [(f.name, f.ranks, f.values) for f in findings if f.kind == "unused_parameter"]
+    assert names[:2] == [("spare.weight", (1,), (("used", (0,)), ("unused", (1,)))),
+                         ("spare.bias", (1,), (("used", (0,)), ("unused", (1,))))]
+    baseline = [run_watch(s, 2, False) for s in ("order", "unused_found")]
+    assert all(b[r]["error"] == "no error" for b in baseline for r in (0, 1))

@@ -1,0 +1,192 @@
+"""The hang watchdog with ranks as threads sharing one in-memory store and collectives as
+futures that never complete (or fail): who is named, with what, and how fast."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddpviz import events as ev
+from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.errors import RankHangError
+from ddpviz.events import Tap
+from ddpviz.findings import Finding
+from tests.diagnose.ranks_in_threads import FakeGroup, in_threads
+
+
+def dog(rank: int, store: dist.Store, world_size: int = 2, timeout: float | None = 0.5,
+        events: list[Any] | None = None) -> Watchdog:
+    tap = Tap(events.append if events is not None else None, rank=rank)
+    return Watchdog(FakeGroup(rank, world_size), timeout=timeout, tap=tap,  # type: ignore[arg-type]
+                    store=store)
+
+
+def never() -> torch.futures.Future:
+    return torch.futures.Future()
+
+
+def test_a_lagging_rank_is_named_with_where_it_was_last_seen_on_every_rank() -> None:
+    events: list[Any] = []
+
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = dog(rank, store, events=events)
+        d.start()
+        if rank == 1:
+            d.heartbeat(1, "forward")
+            time.sleep(2.5)  # lagging; then it finally reaches the all-reduce
+            d.wait(never(), collective="all-reduce", bucket=0, params=["fc.weight"])
+        d.heartbeat(2, "forward")
+        start = time.monotonic()
+        try:
+            d.wait(never(), collective="all-reduce", bucket=0, params=["fc.weight", "fc.bias"])
+        except RankHangError as exc:
+            return exc, time.monotonic() - start
+        return None
+
+    results = in_threads(rank_fn, [0, 1], dist.HashStore())
+    err0, waited = results[0]
+    err1 = results[1]
+    assert isinstance(err0, RankHangError) and isinstance(err1, RankHangError)
+    assert str(err1) == str(err0)  # the laggard gets the same verdict when it arrives
+    assert waited < 0.5 + 1.0 + 1.0  # timeout + grace + slack, nowhere near gloo's 30 min
+    lines = str(err0).splitlines()
+    assert lines[0] == ("ddpviz: rank 1 did not reach the all-reduce of bucket 0 at step 2 "
+                        "within 0.5s (world_size=2):")
+    assert lines[1].startswith("  rank 0: waiting in the all-reduce of bucket 0 at step 2 for "
+                               "'fc.weight', 'fc.bias' (")
+    assert lines[2].startswith("  rank 1: last seen at step 1 (forward, ")
+    assert "uneven inputs" in lines[-1]
+    (finding,) = err0.findings
+    assert finding.matches(kind="rank_hang", ranks=(1,), bucket=0, step=2, name="fc.weight",
+                           field="all-reduce")
+    assert err0.positions[1]["step"] == 1
+    reported = [e.finding for e in events if isinstance(e, ev.FindingReported)]
+    assert reported == [finding, finding]  # recorded once on each rank
+
+
+def test_ranks_waiting_in_different_collectives_are_told_so() -> None:
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = dog(rank, store)
+        d.start()
+        d.heartbeat(3 if rank == 0 else 2, "forward")
+        try:
+            d.wait(never(), collective="all-reduce" if rank == 0 else "broadcast",
+                   bucket=0 if rank == 0 else -1)
+        except RankHangError as exc:
+            return exc
+        return None
+
+    results = in_threads(rank_fn, [0, 1], dist.HashStore())
+    assert str(results[0]) == str(results[1])
+    (finding,) = results[0].findings
+    assert finding.kind == "collective_mismatch"
+    first, second = (v for v, _ in finding.values)
+    assert first.startswith("waiting in the all-reduce of bucket 0 at step 3")
+    assert second.startswith("waiting in the broadcast at step 2")
+
+
+def test_a_failed_collective_names_the_rank_that_went_away() -> None:
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = dog(rank, store, timeout=30)
+        d.start()
+        d.heartbeat(1, "forward")
+        if rank == 1:
+            return None  # exits after step 1
+        fut = never()
+        threading.Timer(0.2, lambda: fut.set_exception(
+            RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234"))).start()
+        d.heartbeat(2, "forward")
+        start = time.monotonic()
+        try:
+            d.wait(fut, collective="all-reduce", bucket=1, params=["fc.bias"])
+        except RankHangError as exc:
+            return exc, time.monotonic() - start
+        return None
+
+    results = in_threads(rank_fn, [0, 1], dist.HashStore())
+    err, waited = results[0]
+    assert waited < 5  # the grace for others to speak up, not the 30 s timeout
+    (finding,) = err.findings
+    assert finding.matches(kind="rank_exited", ranks=(1,), bucket=1, step=2, name="fc.bias")
+    assert finding.values[0][0].startswith("failed in the all-reduce of bucket 1 at step 2 "
+                                           "for 'fc.bias': [gloo] Connection closed by peer")
+    assert finding.values[1][0].startswith("gone; last seen at step 1 (forward, ")
+    assert str(err).startswith("ddpviz: rank 1 closed its connection while rank 0 waited in "
+                               "the all-reduce of bucket 1 at step 2: it exited or crashed")
+
+
+def test_an_error_on_another_rank_stops_the_waiting_rank_at_once_with_its_findings() -> None:
+    planted = Finding(kind="hook_fired_twice", severity="error", title="param 'w' twice",
+                      name="w", ranks=(1,), world_size=2)
+
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = dog(rank, store, timeout=60)
+        d.start()
+        if rank == 1:
+            time.sleep(0.3)
+            d.fail("ddpviz: parameter 'w' was marked ready twice on rank 1", [planted])
+            return None
+        d.heartbeat(0, "forward")
+        start = time.monotonic()
+        try:
+            d.wait(never(), collective="all-reduce", bucket=0)
+        except RankHangError as exc:
+            return exc, time.monotonic() - start
+        return None
+
+    results = in_threads(rank_fn, [0, 1], dist.HashStore())
+    err, waited = results[0]
+    assert waited < 2  # polled, not the 60 s timeout
+    peer, carried = err.findings
+    assert carried == planted
+    assert peer.matches(kind="peer_failed", ranks=(1,))
+    assert str(err).splitlines()[0] == (
+        "ddpviz: rank 1 failed while rank 0 was waiting in the all-reduce of bucket 0 at step 0 "
+        "(world_size=2):")
+    assert "  ddpviz: parameter 'w' was marked ready twice on rank 1" in str(err).splitlines()
+
+
+def test_the_next_heartbeat_stops_a_rank_after_another_failed() -> None:
+    store = dist.HashStore()
+
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = dog(rank, store)
+        d.start()
+        return d
+
+    dogs = in_threads(rank_fn, [0, 1], store)
+    d0, d1 = dogs[0], dogs[1]
+    d1.fail("ddpviz: boom on rank 1", [])
+    with pytest.raises(RankHangError, match="rank 1 failed while rank 0"):
+        d0.heartbeat(1, "forward")
+
+
+def test_a_completed_collective_and_a_disabled_watchdog_are_plain_waits() -> None:
+    d = dog(0, dist.HashStore(), timeout=None)
+    d.start()
+    assert d.board is None and not d.enabled
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(1)
+    d.wait(fut, collective="all-reduce")
+    failed: torch.futures.Future = torch.futures.Future()
+    failed.set_exception(RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        d.wait(failed, collective="all-reduce")
+
+
+def test_hang_timeout_comes_from_the_argument_then_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDPVIZ_HANG_TIMEOUT", raising=False)
+    assert resolve_hang_timeout(None) == 300.0
+    assert resolve_hang_timeout(5) == 5.0
+    assert resolve_hang_timeout(0) is None
+    monkeypatch.setenv("DDPVIZ_HANG_TIMEOUT", "12.5")
+    assert resolve_hang_timeout(None) == 12.5
+    monkeypatch.setenv("DDPVIZ_HANG_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="DDPVIZ_HANG_TIMEOUT='soon'"):
+        resolve_hang_timeout(None)
