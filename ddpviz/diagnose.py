@@ -347,23 +347,12 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
     shown = tuple((_order_text(seqs[rs[0]], names, rs[0], at), rs) for _, rs in groups)
     detail: list[str] = []
     bucket = -1
-    launches = {}
-    for r in seqs:
-        buckets = _map_at(maps.get(r, []), step)
-        if buckets:
-            launches[r] = (_launch_positions(by_rank[r], buckets), len(by_rank[r]), buckets)
-    if launches:
-        n_buckets = min(len(v[2]) for v in launches.values())
-        for b in range(n_buckets):
-            texts = {r: f"after {v[0][b]} of {v[1]} gradients" for r, v in launches.items()}
-            if len(set(texts.values())) > 1:
-                bucket = b
-                members = launches[ref_rank if ref_rank in launches else min(launches)][2][b]
-                label = ", ".join(repr(_name(names, ref_rank, p)) for p in members[:3])
-                label += ", ..." if len(members) > 3 else ""
-                detail.append(f"bucket {b} ({label}) can start its all-reduce:")
-                detail += [f"  {format_ranks(rs)}: {t}" for t, rs in group_ranks(texts)]
-                break
+    for s in differing:  # the first step where the difference delays a bucket
+        found = _bucket_delay(orders[s], _ordered_maps(maps, orders[s], s), names, ref_rank, s)
+        if found is not None:
+            bucket, lines = found
+            detail += lines
+            break
     if len(differing) > 1:
         steps = ", ".join(map(str, differing[:6])) + (", ..." if len(differing) > 6 else "")
         detail.append(f"the order differs in {len(differing)} steps ({steps})")
@@ -374,6 +363,34 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
         ranks=odd, param=param, name=name, field="grad_order", bucket=bucket, step=step,
         values=shown, detail=tuple(detail), fix=_FIX_ORDER, world_size=world_size))
     return out
+
+
+def _ordered_maps(maps: Mapping[int, list[tuple[int, tuple[tuple[int, ...], ...]]]],
+                  by_rank: Mapping[int, list[int]], step: int
+                  ) -> dict[int, tuple[tuple[int, ...], ...]]:
+    return {r: m for r in by_rank if (m := _map_at(maps.get(r, []), step))}
+
+
+def _bucket_delay(by_rank: Mapping[int, list[int]],
+                  bucket_maps: Mapping[int, tuple[tuple[int, ...], ...]],
+                  names: Mapping[int, Mapping[int, str]], ref_rank: int, step: int
+                  ) -> tuple[int, list[str]] | None:
+    """The first bucket whose all-reduce can start after a different number of gradients on
+    some ranks (buckets launch strictly in order), with a line per group of ranks."""
+    if len(bucket_maps) < 2:
+        return None
+    launches = {r: (_launch_positions(by_rank[r], m), len(by_rank[r]), m)
+                for r, m in bucket_maps.items()}
+    for b in range(min(len(v[2]) for v in launches.values())):
+        texts = {r: f"after {v[0][b]} of {v[1]} gradients" for r, v in launches.items()}
+        if len(set(texts.values())) > 1:
+            members = launches[ref_rank if ref_rank in launches else min(launches)][2][b]
+            label = ", ".join(repr(_name(names, ref_rank, p)) for p in members[:3])
+            label += ", ..." if len(members) > 3 else ""
+            lines = [f"at step {step}, bucket {b} ({label}) can start its all-reduce:"]
+            lines += [f"  {format_ranks(rs)}: {t}" for t, rs in group_ranks(texts)]
+            return b, lines
+    return None
 
 
 def _dedupe(items: Iterable[int]) -> list[int]:

@@ -53,3 +53,16 @@ class RankHangError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.findings, self.positions))
+
+
+class GradientGraphError(RuntimeError):
+    """The autograd graph does not fit what DDP expects: a parameter's gradient hook fired twice
+    in one iteration, or static_graph=True and the graph changed. `findings` says which
+    parameter, on which rank, at which step."""
+
+    def __init__(self, message: str, findings: tuple[Any, ...] = ()) -> None:
+        self.findings = tuple(findings)
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.findings))

@@ -12,25 +12,19 @@ crashes where this names the difference.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddpviz.diagnose import mismatch_findings
 from ddpviz.engine import verify
-from ddpviz.engine.params import build_params_for_reducer, parameters_to_ignore
+from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.watchdog import resolve_hang_timeout
 from ddpviz.errors import RankMismatchError
-from ddpviz.events import FindingReported, Tap
-from ddpviz.findings import DiagnosisWarning, Finding, format_findings, group_ranks, odd_ranks
+from ddpviz.events import FindingReported, Tap, default_emitter
+from ddpviz.findings import DiagnosisWarning, Finding, format_findings
 from ddpviz.rendezvous import rendezvous
-
-_FIX_SEED = ("Usually a missing torch.manual_seed(...) before building the model (DDP then "
-             "trains from rank 0's values, so this is harmless unless you rely on every rank's "
-             "own initialization, e.g. when comparing runs). Seed every rank the same way.")
 
 
 @dataclass(frozen=True)
@@ -73,70 +67,6 @@ class VerificationReport:
             raise RankMismatchError(self.verification, str(self))
 
 
-def _checksums(params: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """[n, 2] float64: each tensor's sum and position-weighted sum (order-sensitive)."""
-    out = torch.zeros(len(params), 2, dtype=torch.float64, device=device)
-    with torch.no_grad():
-        for i, p in enumerate(params):
-            flat = p.detach().reshape(-1).to(device=device, dtype=torch.float64)
-            if flat.numel() == 0:
-                continue
-            weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=device)
-            out[i, 0] = flat.sum()
-            out[i, 1] = (flat * weights).sum()
-    return out
-
-
-def initial_value_findings(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                           ignore: set[str] | None = None) -> tuple[Finding, ...]:
-    """Compare every parameter's values across ranks (collective: one all_gather of two
-    float64 checksums per parameter). Call only when verification passed (same parameters).
-
-    Returns:
-        One warning finding naming the parameters whose values differ and on which ranks, or
-        nothing when every rank holds the same values.
-    """
-    group = dist.group.WORLD if process_group is None else process_group
-    assert group is not None
-    world_size = group.size()
-    if world_size == 1:
-        return ()
-    entries = build_params_for_reducer(module, parameters_to_ignore(module)
-                                       if ignore is None else ignore)
-    params = [e.param for e in entries]
-    if not params:
-        return ()
-    device = params[0].device if params[0].device.type == "cuda" and _backend(group) == "nccl" \
-        else torch.device("cpu")
-    mine = _checksums(params, device)
-    gathered = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(gathered, mine, group=group)
-    sums = [g.cpu().tolist() for g in gathered]
-    differ = [i for i in range(len(params)) if len({tuple(s[i]) for s in sums}) > 1]
-    if not differ:
-        return ()
-    first = differ[0]
-    values = group_ranks({r: f"checksum {sums[r][first][0]:.6g} / {sums[r][first][1]:.6g}"
-                          for r in range(world_size)})
-    names = [entries[i].name for i in differ]
-    shown = ", ".join(repr(n) for n in names[:6]) + (", ..." if len(names) > 6 else "")
-    return (Finding(
-        kind="initial_values", severity="warning",
-        title=f"{len(differ)} of {len(params)} parameters have different values across ranks "
-              f"before DDP's broadcast, first parameter {first} '{entries[first].name}'",
-        ranks=odd_ranks(values), param=first, name=entries[first].name, field="values",
-        values=values, detail=(f"differing: {shown}",
-                               "DDP overwrites them with rank 0's values at construction"),
-        fix=_FIX_SEED, world_size=world_size),)
-
-
-def _backend(group: dist.ProcessGroup) -> str:
-    try:
-        return str(dist.get_backend(group))
-    except (RuntimeError, ValueError):
-        return ""
-
-
 def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
                         timeout: float | None = None, ignore: set[str] | None = None,
                         tap: Tap | None = None) -> VerificationReport:
@@ -153,7 +83,8 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
         timeout: seconds to wait for the other ranks (default: ddpviz's hang timeout,
             $DDPVIZ_HANG_TIMEOUT or 300).
         ignore: names to skip (default: `module._ddp_params_and_buffers_to_ignore`).
-        tap: receives the verification events and a FindingReported per finding.
+        tap: receives the verification events and a FindingReported per finding (default:
+            the process's default emitter, so a launched rank reports to the notebook).
 
     Returns:
         A `VerificationReport` (`.ok`, `.findings`, `str()`), the same on every rank.
@@ -161,6 +92,9 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
     Raises:
         RankHangError: some ranks did not arrive within `timeout` (on every rank that did).
     """
+    if tap is None:  # report to the notebook when launched (ddpviz.launch, ddpviz.connect)
+        group = dist.group.WORLD if process_group is None else process_group
+        tap = Tap(default_emitter(), rank=group.rank() if group is not None else 0)
     wait = resolve_hang_timeout(timeout)
     if wait is not None:
         rendezvous("verify", process_group, timeout=wait, what="verify_across_ranks")

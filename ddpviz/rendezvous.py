@@ -11,6 +11,7 @@ by the watchdog. See [Note: one verdict].
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -119,10 +120,28 @@ def exchange(name: str, payload: str = "", process_group: dist.ProcessGroup | No
         else:
             verdict = _wait_verdict(scope, base, verdict_key, start + timeout, timeout)
         if verdict == "ok":
-            return [as_text(s.get(f"{base}/{r}")) for r in range(scope.world_size)]
+            payloads = [as_text(s.get(f"{base}/{r}")) for r in range(scope.world_size)]
+            _all_read(scope, f"{base}/read")
+            return payloads
     except RuntimeError as exc:  # the store itself is gone: its host (rank 0) exited
         raise store_lost(scope, what or name, exc) from exc
     raise missing_error(json.loads(verdict), scope.world_size, what or name)
+
+
+def _all_read(scope: Scope, key: str, limit: float = 1.0) -> None:
+    # The store lives in one rank (rank 0 under env:// and torchrun). Had it raised and exited
+    # right after reading, a slower rank would lose the store before reading: wait (briefly) until
+    # every rank has read.
+    s = scope.store
+    end = time.monotonic() + limit
+    count = int(s.add(key, 1))
+    if count >= scope.world_size:
+        time.sleep(0.02)  # the last reader: give the others' next poll time to see the count
+        return
+    with contextlib.suppress(RuntimeError):  # the store went away: everyone had read
+        while count < scope.world_size and time.monotonic() < end:
+            time.sleep(0.005)
+            count = int(s.add(key, 0))
 
 
 def _wait_verdict(scope: Scope, base: str, verdict_key: str, deadline: float,

@@ -26,6 +26,7 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
+from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
@@ -90,6 +91,7 @@ class Watch:
         self._callback_queued = False
         self._rebuilt_seen = False
         self._handles: list[Any] = []
+        self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
         self._lock = threading.Lock()
         timeout = resolve_hang_timeout(hang_timeout)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
@@ -216,6 +218,10 @@ class Watch:
     def _sync_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
         # torch's own buffer sync (a coalesced broadcast from rank 0 before forward), with the
         # watchdog's deadline: a rank that never comes to this forward is named, not waited for.
+        for finding in self._buffer_identity.check(buffers, self.tap.step):
+            if self.tap.enabled:
+                self.tap.emit(ev.FindingReported, finding)
+            warnings.warn(finding.text(), DiagnosisWarning, stacklevel=2)
         tensors = list(buffers.values())
         dog = self.watchdog
         wait = None

@@ -485,6 +485,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             return self._post_forward(output)
 
     def _pre_forward(self, *inputs: Any, **kwargs: Any) -> tuple[Any, Any]:
+        # tap.step counts grad-enabled forwards (no_sync micro-batches included), from 0.
         self._lazy_init_ran = True
         if self._delay_all_reduce_all_params:
             return inputs, kwargs
@@ -520,6 +521,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         return inputs, kwargs
 
     def _post_forward(self, output: Any) -> Any:
+        # See [Note: reducer timeline] (reducer.py) for what each call below arms.
         if self._delay_all_reduce_all_params:
             self._clear_grad_buffer()
             return output

@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -53,6 +53,9 @@ _FIX_SKIPPED = ("A rank at the same step that never reached this collective skip
 _FIX_DIFFERENT = ("Every rank must issue the same collectives in the same order: look for "
                   "no_sync() or an extra forward/backward on some ranks only, uneven inputs "
                   "(use ddp.join()), or collectives only some ranks call.")
+_FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use these "
+               "parameters in every forward on every rank (and make every output that depends "
+               "on them part of the loss).")
 _FIX_EXITED = ("Read the output of the rank that stopped: it crashed, or returned early "
                "(uneven inputs: use ddp.join(), or the same number of batches on every rank).")
 
@@ -140,12 +143,14 @@ class Watchdog:
             return
         assert self.timeout is not None
         scope = Scope(self.group, store=self._store, clone=self._clone)
-        epoch = scope.generation("board")
         try:
+            epoch = scope.generation("board")
             exchange("ddp", "", timeout=self.timeout, what=what, scope=scope)
         except RankHangError as exc:
             self._report(exc)
             raise
+        except RuntimeError as exc:  # the store's host (rank 0) is gone already
+            raise self._report(store_lost(scope, what, exc)) from exc
         self.board = Board(scope, epoch)
 
     def exchange(self, name: str, payload: str, what: str) -> list[str]:
@@ -159,6 +164,36 @@ class Watchdog:
         except RankHangError as exc:
             self._report(exc)
             raise
+
+    def agree_on_unused(self, step: int, missing: Sequence[int], names: Sequence[str],
+                        shapes: Sequence[tuple[int, ...]]) -> tuple[str, tuple[Finding, ...]]:
+        """Every rank tells the others which parameters got no gradient in this backward
+        (find_unused_parameters=False, first iteration); returns the message and findings every
+        rank raises, or ("", ()) when no rank missed any. A store exchange, not a collective."""
+        payloads = self.exchange("unused", json.dumps(list(missing)),
+                                 f"the end of step {step}'s backward")
+        per_rank = {r: set(json.loads(p)) for r, p in enumerate(payloads)}
+        union = sorted(set().union(*per_rank.values()))
+        if not union:
+            return "", ()
+        findings = []
+        for i in union:
+            states = {r: "no gradient" if i in per_rank[r] else "gradient" for r in per_rank}
+            ranks = tuple(r for r in per_rank if i in per_rank[r])
+            where = "every rank" if len(ranks) == len(per_rank) else format_ranks(ranks)
+            findings.append(Finding(
+                kind="unused_parameter", severity="error",
+                title=f"parameter {i} '{names[i]}' {tuple(shapes[i])} got no gradient on {where} "
+                      f"at step {step} (find_unused_parameters=False)",
+                ranks=ranks, param=i, name=names[i], field="unused", step=step,
+                values=group_ranks(states), fix=_FIX_UNUSED, world_size=self.world_size))
+        lines = [f"ddpviz: {len(union)} of {len(names)} parameters got no gradient at step "
+                 f"{step} (find_unused_parameters=False, world_size={self.world_size}):"]
+        for f in findings:
+            lines.append(f"  parameter {f.param} '{f.name}': no gradient on "
+                         f"{format_ranks(f.ranks)}")
+        lines.append("Their buckets were averaged with zeros from those ranks. " + _FIX_UNUSED)
+        return "\n".join(lines), tuple(findings)
 
     def heartbeat(self, step: int, phase: str) -> None:
         """This rank reached `phase` of `step` (one store write); raises if another rank
@@ -225,6 +260,16 @@ class Watchdog:
         except RuntimeError as exc:
             raise self._failed(position, exc) from exc
 
+    def waiter(self, collective: str) -> Callable[[Any], None] | None:
+        """`wait` for one kind of collective, as a callable (None without a watchdog)."""
+        if self.board is None:
+            return None
+
+        def wait(work: Any) -> None:
+            self.wait(work, collective=collective)
+
+        return wait
+
     def failed(self, exc: BaseException, *, collective: str, bucket: int = -1,
                params: Sequence[str] = ()) -> BaseException:
         """The error to raise for a collective that failed to launch with `exc` (a peer's
@@ -278,9 +323,24 @@ class Watchdog:
         decided = json.loads(board.decide("hang", data))
         if decided["message"] == message:
             board.post_alert(message, findings)
-            verdict = findings
-        else:
-            verdict = tuple(_finding(f) for f in decided["findings"])
+        return self._adopt(board, decided, positions)
+
+    def _adopt(self, board: Board, decided: dict[str, Any],
+               positions: dict[int, dict[str, Any]]) -> RankHangError:
+        """Raise the verdict; first give the other waiting ranks up to a second to read it
+        (the store lives in one of the ranks, usually rank 0: if it raised and exited at once,
+        the others would lose the store before reading the verdict)."""
+        store = board.scope.store
+        alive = 1 + sum(p.get("state") in ("waiting", "failed")
+                        for r, p in positions.items() if r != self.rank)
+        acks = f"{board.base}/verdict/acks"
+        end = time.monotonic() + 1.0
+        with contextlib.suppress(RuntimeError):
+            count = int(store.add(acks, 1))
+            while count < alive and time.monotonic() < end:
+                time.sleep(0.02)
+                count = int(store.add(acks, 0))
+        verdict = tuple(_finding(f) for f in decided["findings"])
         return self._report(RankHangError(decided["message"], verdict, positions))
 
     def _from_alerts(self, position: dict[str, Any] | None) -> RankHangError:
@@ -293,9 +353,7 @@ class Watchdog:
         store = board.scope.store
         verdict_key = f"{board.base}/verdict/hang"
         if store.check([verdict_key]):
-            decided = json.loads(as_text(store.get(verdict_key)))
-            return self._report(RankHangError(
-                decided["message"], tuple(_finding(f) for f in decided["findings"]), positions))
+            return self._adopt(board, json.loads(as_text(store.get(verdict_key))), positions)
         others = [r for r in alerts if r != self.rank]
         first = min(others) if others else self.rank
         alert = alerts[first]
@@ -335,7 +393,7 @@ class Watchdog:
     def _failed(self, position: dict[str, Any], exc: BaseException) -> RankHangError:
         board = self.board
         assert board is not None
-        failed = {**position, "state": "failed", "error": str(exc).splitlines()[0][:200]}
+        failed = {**position, "state": "failed", "error": short_error(exc)}
         try:
             board.post_position(failed)
             if board.has_alerts():
@@ -417,6 +475,21 @@ class Watchdog:
             name=(me["params"] or [""])[0], field=me["collective"], bucket=int(me["bucket"]),
             step=int(me["step"]), values=values, fix=_FIX_EXITED, world_size=self.world_size)
         return finding.text(), (finding,)
+
+
+_CALLBACK_PREFIX = "Got the following error when running the callback: "
+
+
+def short_error(exc: BaseException) -> str:
+    """A collective's error in a few words: "Connection closed by peer [127.0.0.1]:4321",
+    without gloo's source path, chained-future prefixes and advice."""
+    text = str(exc).strip()
+    while text.startswith(_CALLBACK_PREFIX):
+        text = text[len(_CALLBACK_PREFIX):].split(": ", 1)[-1]
+    text = text.splitlines()[0] if text else type(exc).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]  # gloo's "[/path/pair.cc:553] "
+    return text.split(". This is typically", 1)[0][:160]
 
 
 def _strip_waited(text: str) -> str:

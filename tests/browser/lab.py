@@ -27,8 +27,8 @@ CHROMIUM_ARGS = [
 SETTINGS: dict[str, dict[str, Any]] = {
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
                                                      "checkForUpdates": False},
-    # no "Select Kernel" dialog when a notebook opens before the kernel specs are known
-    "@jupyterlab/notebook-extension:tracker": {"autoStartDefaultKernel": True},
+    # Every cell rendered (the default skips rendering off-screen cells: empty innerText).
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
     # The viewer's own settings: the tests check that both are honoured.
     "ddpviz:plugin": {"colorScheme": "okabe-ito", "maxEvents": 400},
 }

@@ -37,9 +37,10 @@ def run_in_process(path: Path) -> dict[str, Any]:
     return namespace
 
 
-def words(text: str) -> str:
-    """Text without tags, entities and layout: what innerText and an HTML value share."""
-    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+def letters(text: str) -> str:
+    """Text without tags, entities and white space: what textContent and an HTML value
+    share."""
+    return "".join(html.unescape(re.sub(r"<[^>]+>", "", text)).split())
 
 
 def test_01_buckets_widgets_render_with_the_kernels_data(
@@ -57,7 +58,7 @@ def test_01_buckets_widgets_render_with_the_kernels_data(
     assert error_outputs(page) == []
 
     plots = page.locator(".jp-OutputArea-output .js-plotly-plot")
-    plots.first.wait_for()
+    plots.first.wait_for(state="attached")
     # one BucketMap displayed in two cells: two views of its one figure, both up to date
     assert plots.count() == 2
     for i in range(2):
@@ -76,8 +77,8 @@ def test_01_buckets_widgets_render_with_the_kernels_data(
         assert view.locator(".widget-checkbox input").evaluate_all(
             "boxes => boxes.map(b => b.checked)") == [
                 bucket_map.find_unused_checkbox.value, bucket_map.static_graph_checkbox.value]
-        assert words(view.locator(".widget-html").inner_text()) \
-            == words(bucket_map.summary_html.value)
+        assert letters(view.locator(".widget-html").text_content()) \
+            == letters(bucket_map.summary_html.value)
 
     maps.first.scroll_into_view_if_needed()
     screenshot(page, "bucket_map_in_jupyterlab", maps.first)

@@ -3,6 +3,8 @@ first 'Run All'), read prompts and error outputs, open a trace in the ddpviz vie
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any
 
 from tests.browser.lab import LabServer
@@ -17,9 +19,10 @@ _FINISHED = f"() => {{ const p = {_PROMPTS}; " \
 
 
 def open_lab(page: Any, lab: LabServer, path: str = "") -> None:
-    """Load JupyterLab and wait until the file browser lists files and the launcher shows
-    the kernels (their specs loaded); then open `path`, if given, from the file browser."""
-    page.goto(lab.url("lab"))
+    """Load JupyterLab in a new workspace (nothing open but the launcher) and wait until the
+    file browser lists files and the launcher shows the kernels (their specs loaded); then
+    open `path`, if given, from the file browser."""
+    page.goto(lab.url(f"lab/workspaces/test-{secrets.token_hex(4)}"))
     page.wait_for_selector(".jp-DirListing-content .jp-DirListing-item")
     page.wait_for_selector(".jp-LauncherCard[data-category='Notebook']")
     if path:
@@ -35,9 +38,10 @@ def menu(page: Any, top: str, command: str) -> None:
 def run_all_cells(page: Any, timeout_s: float = 240) -> None:
     """Run every cell of the notebook in front and wait until each has its number.
 
-    Right after a notebook opens the kernel may report idle before the session is connected
-    and 'Run All' is then dropped; it is repeated until a prompt shows [*] or a number."""
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    'Run All' before the kernel is connected opens a "Select Kernel" dialog, and right after
+    connecting it is sometimes dropped: wait for the status bar's "| Idle", then repeat it
+    until a prompt shows [*] or a number."""
+    page.locator(".jp-StatusBar-Widget").get_by_text(re.compile(r"\| Idle$")).wait_for()
     for _ in range(8):
         no_dialog(page)
         menu(page, "Run", "runmenu:run-all")

@@ -59,6 +59,14 @@ def outcome(value: Any) -> str:
     return str(value)
 
 
+PIDS: list[int] = []  # every rank process the scenarios started (and that reported back)
+
+
+def remember(results: dict[int, Any]) -> dict[int, Any]:
+    PIDS.extend(v["pid"] for v in results.values() if isinstance(v, dict) and "pid" in v)
+    return results
+
+
 def no_orphans(pids: list[int]) -> bool:
     """True when none of `pids` is still running (zombies reaped by the harness count as gone)."""
     for pid in pids:
@@ -160,7 +168,8 @@ def model_ranks(rank: int, world_size: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def model_runs() -> dict[int, Any]:
     start = time.monotonic()
-    results = run_ranks(model_ranks, 3, timeout=120, start_method="forkserver", init=False)
+    results = remember(run_ranks(model_ranks, 3, timeout=120, start_method="forkserver",
+                                 init=False))
     results[-1] = {"seconds": time.monotonic() - start}
     return results
 
@@ -274,7 +283,8 @@ def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool) ->
 
 
 def run_watch(situation: str, world_size: int, use_ddpviz: bool) -> dict[int, Any]:
-    return run_ranks(watch_ranks, world_size, situation, use_ddpviz, timeout=60, **FAST)
+    return remember(run_ranks(watch_ranks, world_size, situation, use_ddpviz, timeout=60,
+                              **FAST))
 
 
 def test_watch_uneven_inputs_name_the_lagging_rank_on_every_waiting_rank() -> None:
@@ -307,7 +317,7 @@ def test_watch_crashed_rank_is_named_with_its_last_position(step: int) -> None:
             "ddpviz: rank 2 never reached the bucket rebuild at step 1 within 2s")
     else:
         assert results[0]["findings"] == [("rank_exited", "", (2,), "buffer broadcast")]
-        assert "  rank 2:    gone; last seen at step 1 (forward" in results[0]["error"]
+        assert "  rank 2: gone; last seen at step 1 (forward" in results[0]["error"]
     baseline = run_watch(f"crash@{step}", 2, False)
     assert "Connection" in baseline[0]["error"]  # "closed/reset by peer [address]": no rank
 
@@ -331,7 +341,7 @@ def test_watch_events_show_grad_order_and_unused_differences_torch_keeps_silent(
     order = run_watch("order", 2, True)
     findings = ddpviz.diagnose([e for r in (0, 1) for e in order[r]["events"]])
     (grad_order,) = [f for f in findings if f.kind == "grad_order"]
-    assert (grad_order.ranks, grad_order.step, grad_order.name) == ((1,), 0, "b.bias")
+    assert (grad_order.ranks, grad_order.step, grad_order.name) == ((1,), 0, "spare.bias")
     assert grad_order.bucket >= 0
     unused = run_watch("unused_found", 2, True)
     findings = ddpviz.diagnose([e for r in (0, 1) for e in unused[r]["events"]])
@@ -340,3 +350,175 @@ def test_watch_events_show_grad_order_and_unused_differences_torch_keeps_silent(
                          ("spare.bias", (1,), (("used", (0,)), ("unused", (1,))))]
     baseline = [run_watch(s, 2, False) for s in ("order", "unused_found")]
     assert all(b[r]["error"] == "no error" for b in baseline for r in (0, 1))
+
+
+# --- runtime situations on ddpviz's engine ----------------------------------------------------
+
+
+def engine_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool
+                 ) -> dict[str, Any]:
+    """One runtime situation on ddpviz.DistributedDataParallel (use_ddpviz) or on torch's DDP
+    (the baseline). The last rank is the odd one."""
+    import ddpviz
+    from tests.diagnose.scenario_models import Branchy
+
+    init(rank, world_size, 60.0 if use_ddpviz else PG_TIMEOUT)
+    odd = rank == world_size - 1
+    torch.manual_seed(0)
+    defect = {"graph_change": "graph_change" if odd else "graph_static"}.get(
+        situation, situation if odd else "none")
+    if situation == "nosync":  # no buffers: only the all-reduces pair up wrongly
+        model: nn.Module = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    else:
+        model = Branchy(defect if situation not in ("never", "uneven", "crash", "nosync",
+                                                    "unused_found") else "none")
+    if situation == "unused_found" and odd:
+        model.defect = "unused"  # type: ignore[assignment]
+    events: list[Any] = []
+    out: dict[str, Any] = {"pid": os.getpid(), "error": "no error", "findings": [],
+                           "events": events}
+    kwargs: dict[str, Any] = {"static_graph": situation == "graph_change",
+                              "find_unused_parameters": situation == "unused_found"}
+    if situation in ("order", "unused_found"):
+        kwargs["bucket_cap_mb"] = 0.0003
+    steps = 2 if situation == "uneven" and odd else 3
+    start = time.monotonic()
+    try:
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            if situation == "never" and odd:
+                time.sleep(HANG + 2)  # stuck before DDP, arrives long after the others gave up
+            if use_ddpviz:
+                ddp: nn.Module = ddpviz.DistributedDataParallel(
+                    model, emitter=events.append, hang_timeout=HANG, **kwargs)
+            else:
+                ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
+            for step in range(steps):
+                if situation == "crash" and odd and step == 2:
+                    os._exit(3)
+                x = torch.randn(4, 8)
+                if situation == "nosync" and odd and step == 1:
+                    with ddp.no_sync():  # type: ignore[operator]
+                        ddp(x).sum().backward()
+                    continue
+                ddp(x).sum().backward()
+    except RuntimeError as exc:
+        out["error"] = str(exc)
+        out["type"] = type(exc).__name__
+        out["findings"] = summary(getattr(exc, "findings", ()))
+    out["seconds"] = time.monotonic() - start
+    if situation in ("uneven", "nosync") and odd:
+        time.sleep(max(HANG, PG_TIMEOUT) + 2)  # alive, but done: the others wait for it
+    if situation == "never" and not odd:
+        time.sleep(3)  # rank 0 hosts the store: keep it up until the late rank has read it
+    return out
+
+
+def run_engine(situation: str, use_ddpviz: bool = True, world_size: int = 2) -> dict[int, Any]:
+    return remember(run_ranks(engine_ranks, world_size, situation, use_ddpviz, timeout=60,
+                              **FAST))
+
+
+def test_rank_that_never_reaches_ddp_is_named_on_every_rank() -> None:
+    results = run_engine("never", world_size=3)
+    expected = [("missing_rank", "", (2,), "arrival")]
+    for r in range(3):
+        assert results[r]["findings"] == expected
+        assert results[r]["error"] == results[0]["error"]  # the late rank too
+    assert results[0]["error"].startswith(
+        "ddpviz: rank 2 never reached DistributedDataParallel's constructor within 2s")
+    assert results[0]["seconds"] < HANG + GRACE
+    baseline = run_engine("never", False)  # torch: a send timeout that names no rank
+    assert "Timed out waiting 4000ms" in baseline[0]["error"]
+
+
+def test_unused_parameter_without_find_unused_fails_every_rank_at_iteration_0() -> None:
+    results = run_engine("unused")
+    expected = [("unused_parameter", "spare.weight", (1,), "unused"),
+                ("unused_parameter", "spare.bias", (1,), "unused")]
+    for r in (0, 1):
+        assert results[r]["findings"] == expected
+        assert results[r]["error"] == results[0]["error"]
+    assert results[0]["error"].splitlines()[0] == (
+        "ddpviz: 2 of 8 parameters got no gradient at step 0 (find_unused_parameters=False, "
+        "world_size=2):")
+    baseline = run_engine("unused", False)
+    assert "Connection closed by peer" in baseline[0]["error"]  # rank 0 hung in iteration 0
+    assert baseline[1]["error"].startswith("Expected to have finished reduction in the prior "
+                                           "iteration")  # one iteration late, no names
+    assert "spare" not in baseline[1]["error"]
+
+
+def test_hook_firing_twice_is_named_and_the_other_rank_stops() -> None:
+    results = run_engine("twice")
+    twice = ("hook_fired_twice", "b.bias", (1,), "hook")
+    assert twice in results[1]["findings"]
+    assert results[0]["findings"][0][0] == "peer_failed" and twice in results[0]["findings"]
+    assert results[0]["seconds"] < GRACE
+    baseline = run_engine("twice", False)
+    assert baseline[1]["error"].startswith("Expected to mark a variable ready only once.")
+    assert "Connection closed by peer" in baseline[0]["error"]
+
+
+def test_graph_change_under_static_graph_is_named() -> None:
+    results = run_engine("graph_change")
+    changed = ("graph_changed", "spare.bias", (1,), "static_graph")
+    assert changed in results[1]["findings"]
+    assert results[0]["findings"][0][0] == "peer_failed" and changed in results[0]["findings"]
+    baseline = run_engine("graph_change", False)
+    assert baseline[1]["error"].startswith("Your training graph has changed in this iteration")
+    assert "spare" not in baseline[1]["error"]
+
+
+def test_skipped_all_reduce_is_a_hang_at_the_end_and_a_collective_mismatch() -> None:
+    import ddpviz
+
+    results = run_engine("nosync")
+    assert results[0]["findings"] == [("rank_hang", "2.bias", (1,), "all-reduce")]
+    assert results[0]["seconds"] < HANG + GRACE
+    findings = ddpviz.diagnose([e for r in (0, 1) for e in results[r]["events"]])
+    mismatch = next(f for f in findings if f.kind == "collective_mismatch")
+    assert (mismatch.step, mismatch.ranks) == (1, (1,))
+    assert mismatch.values == (("bucket rebuild broadcast, all-reduce b0", (0,)),
+                               ("bucket rebuild broadcast", (1,)))
+    baseline = run_engine("nosync", False)
+    assert "Timed out waiting 4000ms" in baseline[0]["error"]
+
+
+@pytest.mark.parametrize("situation", ["uneven", "crash"])
+def test_engine_names_a_lagging_or_crashed_rank(situation: str) -> None:
+    results = run_engine(situation)
+    kind = {"uneven": "rank_hang", "crash": "rank_exited"}[situation]
+    assert [f[:3] for f in results[0]["findings"]] == [(kind, "", (1,))]
+    assert results[0]["seconds"] < HANG + GRACE
+    assert "rank 1: " in results[0]["error"] and "step 1 (forward" in results[0]["error"]
+    baseline = run_engine(situation, False)
+    assert "rank 1" not in baseline[0]["error"]
+
+
+def test_runs_that_finish_still_show_order_unused_and_reassigned_buffers() -> None:
+    import ddpviz
+
+    events = []
+    for situation in ("order", "unused_found", "reassign"):
+        results = run_engine(situation)
+        assert all(results[r]["error"] == "no error" for r in (0, 1))
+        events += [e for r in (0, 1) for e in results[r]["events"]]
+        baseline = run_engine(situation, False)  # torch: silent
+        assert all(baseline[r]["error"] == "no error" for r in (0, 1))
+    found = {(f.kind, f.name, f.ranks) for f in ddpviz.diagnose(events)}
+    assert ("grad_order", "spare.bias", (1,)) in found
+    assert ("unused_parameter", "spare.weight", (1,)) in found
+    assert ("buffer_reassigned", "stats", (1,)) in found
+
+
+def test_a_follow_up_run_works_and_nothing_is_left_behind() -> None:
+    results = run_ranks(_follow_up, 2, timeout=30, start_method="forkserver")
+    assert results == {0: 2.0, 1: 2.0}
+    assert len(PIDS) > 20 and no_orphans(PIDS)  # every rank of every scenario above is gone
+
+
+def _follow_up(rank: int, world_size: int) -> float:
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t.item())

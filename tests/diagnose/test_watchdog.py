@@ -113,8 +113,8 @@ def test_a_failed_collective_names_the_rank_that_went_away() -> None:
     assert waited < 5  # the grace for others to speak up, not the 30 s timeout
     (finding,) = err.findings
     assert finding.matches(kind="rank_exited", ranks=(1,), bucket=1, step=2, name="fc.bias")
-    assert finding.values[0][0].startswith("failed in the all-reduce of bucket 1 at step 2 "
-                                           "for 'fc.bias': [gloo] Connection closed by peer")
+    assert finding.values[0][0] == ("failed in the all-reduce of bucket 1 at step 2 for "
+                                    "'fc.bias': Connection closed by peer [127.0.0.1]:1234")
     assert finding.values[1][0].startswith("gone; last seen at step 1 (forward, ")
     assert str(err).startswith("ddpviz: rank 1 closed its connection while rank 0 waited in "
                                "the all-reduce of bucket 1 at step 2: it exited or crashed")
@@ -162,7 +162,8 @@ def test_the_next_heartbeat_stops_a_rank_after_another_failed() -> None:
     dogs = in_threads(rank_fn, [0, 1], store)
     d0, d1 = dogs[0], dogs[1]
     d1.fail("ddpviz: boom on rank 1", [])
-    with pytest.raises(RankHangError, match="rank 1 failed while rank 0"):
+    with pytest.raises(RankHangError, match="rank 1 failed, so rank 0 stops before the "
+                       "collectives of step 1"):
         d0.heartbeat(1, "forward")
 
 
@@ -190,3 +191,47 @@ def test_hang_timeout_comes_from_the_argument_then_the_environment(
     monkeypatch.setenv("DDPVIZ_HANG_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="DDPVIZ_HANG_TIMEOUT='soon'"):
         resolve_hang_timeout(None)
+
+
+def test_every_rank_agrees_on_which_parameters_got_no_gradient() -> None:
+    names = ["a.weight", "a.bias", "spare.weight", "spare.bias"]
+    shapes = [(8, 8), (8,), (8, 8), (8,)]
+
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = dog(rank, store, timeout=5)
+        d.start()
+        return d.agree_on_unused(0, [2, 3] if rank == 1 else [], names, shapes)
+
+    results = in_threads(rank_fn, [0, 1], dist.HashStore())
+    assert results[0] == results[1]
+    message, findings = results[0]
+    assert [(f.kind, f.name, f.ranks, f.field, f.values) for f in findings] == [
+        ("unused_parameter", "spare.weight", (1,), "unused",
+         (("gradient", (0,)), ("no gradient", (1,)))),
+        ("unused_parameter", "spare.bias", (1,), "unused",
+         (("gradient", (0,)), ("no gradient", (1,))))]
+    assert message.splitlines()[:3] == [
+        "ddpviz: 2 of 4 parameters got no gradient at step 0 (find_unused_parameters=False, "
+        "world_size=2):",
+        "  parameter 2 'spare.weight': no gradient on rank 1",
+        "  parameter 3 'spare.bias': no gradient on rank 1"]
+    none = in_threads(lambda r, s: (d := dog(r, s, timeout=5), d.start(),
+                                    d.agree_on_unused(0, [], names, shapes))[2],
+                      [0, 1], dist.HashStore())
+    assert none == {0: ("", ()), 1: ("", ())}
+
+
+def test_reassigned_and_removed_buffers_are_reported_once() -> None:
+    from ddpviz.engine.buffer_identity import BufferIdentity
+
+    check = BufferIdentity(rank=1, world_size=2)
+    stats, count = torch.zeros(3), torch.zeros(1)
+    assert check.check({"stats": stats, "count": count}, -1) == []
+    assert check.check({"stats": stats, "count": count}, 0) == []  # updated in place
+    (reassigned,) = check.check({"stats": stats * 0.9, "count": count}, 1)
+    assert reassigned.matches(kind="buffer_reassigned", name="stats", ranks=(1,), step=1,
+                              field="identity", values=(("reassigned", (1,)),))
+    assert reassigned.title == "buffer 'stats' was replaced by a new tensor before step 1 on rank 1"
+    assert check.check({"stats": stats * 0.8, "count": count}, 2) == []  # once per buffer
+    (gone,) = check.check({"stats": stats}, 3)
+    assert gone.matches(name="count", values=(("gone", (1,)),))
