@@ -12,7 +12,12 @@ $(BIN)/.base: pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(BIN)/.test: $(BIN)/.base pyproject.toml
+# The JupyterLab extension: `pip install -e .` builds it with node (extension/, into
+# ddpviz/labextension) and copies it into the venv, so reinstall when its sources change.
+EXTENSION := $(wildcard extension/package.json extension/yarn.lock extension/src/*.ts \
+	extension/style/* extension/schema/*.json ddpviz/templates/*.ipynb)
+
+$(BIN)/.test: $(BIN)/.base pyproject.toml $(EXTENSION)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@

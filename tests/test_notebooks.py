@@ -59,7 +59,18 @@ def check_00_tour(nb: Any) -> None:
     assert len(figures) <= 2  # one per dashboard (live and replay), none elsewhere
 
 
+def check_04_debugging(nb: Any) -> None:
+    text = stream_text(nb)
+    assert "rank 1: shape=(4, 32) dtype=float64" in text  # 1: dtype, named on every rank
+    assert "error: parameter 2 '2.weight' has a different shape across ranks:" in text  # 2
+    assert "parameter 4 'aux.weight' (4, 32): not used in forward on rank 1" in text  # 3
+    assert "ddpviz: rank 1 did not reach the all-reduce of bucket 0 at step 2 within 3s" in text
+    assert "gradients became ready in a different order on rank 1" in text  # 5
+    assert text.count("every rank got the same message:") == 4
+
+
 CHECKS: dict[str, Callable[[Any], None]] = {"00_tour.ipynb": check_00_tour,
+                                             "04_debugging.ipynb": check_04_debugging,
                                              "01_buckets.ipynb": check_01_buckets}
 
 

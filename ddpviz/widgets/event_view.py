@@ -115,7 +115,13 @@ class EventView(w.VBox):
 
 
 def _close_tree(widget: w.Widget) -> None:
-    for child in getattr(widget, "children", ()):
+    children = tuple(getattr(widget, "children", ()))
+    if children:
+        # Detach first, so the browser removes the children's views: a plotly FigureWidget
+        # closed while its view is still attached keeps reacting to scrolling and resizing
+        # and throws "Syncing error: no comm channel defined" (seen in Chromium).
+        widget.children = ()
+    for child in children:
         if isinstance(child, EventView):
             child.close()
         else:

@@ -350,7 +350,9 @@ function renderVerification(model: TraceModel): HTMLElement {
           h(
             'td',
             { class: 'ddpviz-mono' },
-            r.status === 'failed' ? `${r.mismatches.length} mismatches` : r.digest.slice(0, 16)
+            r.status === 'failed'
+              ? `${r.mismatches.length} mismatch${r.mismatches.length === 1 ? '' : 'es'}`
+              : r.digest.slice(0, 16)
           )
         )
       )

@@ -63,7 +63,7 @@ class ConsoleLog:
             self.errors.append(f"console.error: {message.text} ({message.location})")
 
     def on_page_error(self, error: Any) -> None:
-        self.errors.append(f"uncaught: {error}")
+        self.errors.append(f"uncaught: {error}\n{getattr(error, 'stack', '')}")
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ class LabServer:
             f"--LabApp.workspaces_dir={self.home / 'workspaces'}",
             "--ServerApp.terminals_enabled=False",
         ]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in __exit__
+        self._log = open(self.log_path, "wb")
         self._proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=self._log,
                                       stderr=subprocess.STDOUT)
         try:

@@ -1,10 +1,12 @@
-"""A tour notebook in real JupyterLab in Chromium: 'Run All Cells' runs every cell without an
-error, and the widgets render in the page holding the kernel's data: the BucketMap's plotly
-figure draws the same bar segments the kernel-side figure holds, and its controls show the
-kernel's values. No console errors."""
+"""The tour notebooks in real JupyterLab in Chromium: 'Run All Cells' runs every cell without an
+error, and the widgets render in the page holding the kernel's data: 00_tour's verification
+matrix, broadcast progress bars and dashboard bucket map (plotly) agree with what the kernel
+printed; 01_buckets' plotly figure draws the same bar segments the kernel-side figure holds and
+its controls show the kernel's values. No console errors."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import html
 import io
@@ -82,4 +84,59 @@ def test_01_buckets_widgets_render_with_the_kernels_data(
 
     maps.first.scroll_into_view_if_needed()
     screenshot(page, "bucket_map_in_jupyterlab", maps.first)
+    assert console.errors == []
+
+
+def stdout_of(page: Any, prefix: str) -> list[str]:
+    """The lines of the first stdout output that starts with `prefix`."""
+    for text in page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                             "[data-mime-type='application/vnd.jupyter.stdout']").all_text_contents():
+        if text.startswith(prefix):
+            return text.splitlines()
+    raise AssertionError(f"no output starting with {prefix!r}")
+
+
+def cell_with(page: Any, source: str) -> Any:
+    """The code cell whose source contains `source`."""
+    return page.locator(".jp-CodeCell").filter(
+        has=page.locator(".jp-InputArea", has_text=source)).first
+
+
+def test_00_tour_widgets_render_with_the_kernels_data(
+        page: Any, lab: LabServer, console: ConsoleLog) -> None:
+    open_lab(page, lab, "00_tour.ipynb")
+    run_all_cells(page)
+    assert error_outputs(page) == []
+
+    # verification matrix of the run where rank 1 built another last layer: the cells the
+    # kernel printed as differing are the ones drawn as differing, every other cell "same"
+    printed = ast.literal_eval(stdout_of(page, "✘ the model differs")[1])
+    assert printed == {"4.weight": ("same", "differs"), "4.bias": ("same", "differs")}
+    matrix = cell_with(page, "matrix.select(").locator("table.ddpviz-vm")
+    statuses = {"s": "same", "d": "differs", "m": "missing", "p": "pending"}
+    drawn = {row[1]: tuple(statuses[c] for c in row[2:]) for row in matrix.evaluate(
+        "t => [...t.querySelectorAll('tr')].slice(1).map(r => [...r.cells].map("
+        "(c, i) => i < 2 ? c.textContent : c.className.split(' ')[0]))")}
+    assert len(drawn) == 6  # the MLP's parameters
+    assert {k: v for k, v in drawn.items() if v != ("same", "same")} == printed
+    assert "shape=(3, 16)" in matrix.locator("td.d").first.get_attribute("title")
+
+    # broadcast progress: each rank's bar is as full as the kernel's bytes done / total
+    done = ast.literal_eval(stdout_of(page, "{0: ('broadcasting'")[1])
+    bars = cell_with(page, "sync = BroadcastProgress(").locator(".widget-hprogress .progress-bar")
+    assert bars.count() == len(done) == 2
+    for i, (state, nbytes, total) in enumerate(done[r] for r in sorted(done)):
+        assert state == "done" and nbytes == total > 0
+        assert bars.nth(i).evaluate("b => b.style.width") == "100%"
+
+    # the replayed dashboard's bucket map (iteration 0: the constructor's map) in plotly
+    initial = ast.literal_eval(stdout_of(page, "initial:")[0].split("planner:")[0]
+                               .removeprefix("initial:").strip())
+    plot = page.locator(".jp-OutputArea-output .js-plotly-plot").last
+    bars_drawn = plot.evaluate(_FIGURE_BARS)
+    assert len(bars_drawn) == sum(len(b) for b in initial) == 6
+    assert len({row for row, _, _ in bars_drawn}) == len(initial)
+    assert sum(width for _, _, width in bars_drawn) == done[0][2]  # every gradient byte
+    plot.scroll_into_view_if_needed()
+    screenshot(page, "tour_dashboard", page.locator("#jp-main-dock-panel"))
     assert console.errors == []

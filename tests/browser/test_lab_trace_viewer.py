@@ -192,7 +192,7 @@ def test_failed_verification_finding_and_torn_file_via_the_open_command(
     for rank in (0, 1):
         row = viewer.locator(f".ddpviz-verification tr[data-rank='{rank}']")
         assert attr(row, "data-status") == "failed"
-        assert "1 mismatches" in row.inner_text()
+        assert row.locator("td").nth(5).inner_text() == "1 mismatch"
     assert viewer.locator(".ddpviz-mismatch").all_inner_texts() == [
         "param 1 'fc.weight' differs in shape:\n  rank 0: (4, 8)\n  rank 1: (8, 4)"]
     finding = viewer.locator(".ddpviz-finding")
@@ -212,6 +212,16 @@ def test_failed_verification_finding_and_torn_file_via_the_open_command(
     assert drawn == MAX_EVENTS
     assert svg.locator(".ddpviz-unfinished").count() > 0  # backward and all-reduce never ended
     screenshot(page, "trace_viewer_mismatch", page.locator("#jp-main-dock-panel"))
+
+    # not a trace at all: the viewer says what is wrong and what to do, as Trace.load does
+    (lab_root / "notes.ddpviz").write_bytes(b"just some notes\n")
+    page.locator(".jp-BreadCrumbs-home").click()  # refreshes the listing
+    double_click_file(page, "notes.ddpviz")
+    error = page.locator(".ddpviz-viewer:visible .ddpviz-error")
+    error.wait_for()
+    assert error.inner_text() == (
+        "ddpviz: 'notes.ddpviz' is not a ddpviz trace (no DDPVIZ magic at its start).\n"
+        "Open a file written by Trace.save, TraceWriter or ddpviz.connect().")
     assert console.errors == []
 
 
