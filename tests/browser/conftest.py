@@ -7,6 +7,7 @@ not skip, without it (`.ci/run` installs it from Debian's packages)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,10 @@ import pytest
 
 from tests.browser.lab import CHROMIUM, CHROMIUM_ARGS, ROOT, LabServer
 
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Screenshots land in out/screenshots (ignored by git); DDPVIZ_UPDATE_SCREENSHOTS=1 writes them
+# into docs/screenshots instead, which is how the README's pictures are refreshed.
+SCREENSHOTS = ROOT / ("docs" if os.environ.get("DDPVIZ_UPDATE_SCREENSHOTS") == "1" else "out") / (
+    "screenshots")
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +89,7 @@ def page(browser: Any, lab: LabServer, console: ConsoleLog) -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str, locator: Any = None) -> Path:
-    """Save a PNG into docs/screenshots (the README shows these)."""
+    """Save a PNG into SCREENSHOTS (docs/screenshots feeds the README)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     (locator or page).screenshot(path=str(path))
