@@ -19,6 +19,7 @@ class TinyTransformer(nn.Module):
                  n_heads: int = 4) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)  # GPT-style: sane logits with a tied head
         self.pos = nn.Parameter(torch.zeros(64, d_model))
         layer = nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=0.0,
                                            batch_first=True)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from ddpviz import bucket_plan
+from ddpviz import Trace, bucket_plan
 from ddpviz.cli import TargetError, load_target, main
 from ddpviz.zoo import convnet, mlp
 
@@ -87,10 +87,24 @@ def test_module_without_trainable_parameters(tmp_path, capsys: pytest.CaptureFix
     assert "doesn't have any parameter that requires a gradient" in capsys.readouterr().err
 
 
-def test_console_script_demo_runs_in_a_fresh_interpreter() -> None:
-    r = subprocess.run([sys.executable, "-m", "ddpviz", "demo"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr
+def test_demo_plans_then_runs_a_real_two_rank_job(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "ddpviz", "demo", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
     assert "BucketPlan for TinyTransformer" in r.stdout
     # the tied LM head is reduced once: 28 parameters, not 29
     assert "28 parameters" in r.stdout
+    assert "replicas identical after 3 steps: yes" in r.stdout
+    trace = Trace.load(tmp_path / "ddpviz-demo.ddpviz")
+    assert sorted(trace.ranks) == [0, 1]
+    kinds = {type(e).__name__ for e in trace}
+    assert {"VerificationPassed", "BucketsRebuilt", "AllReduceDone"} <= kinds
+    html = (tmp_path / "ddpviz-demo.html").read_text()
+    assert "<html" in html.lower() and "ddpviz demo" in html
+
+
+def test_demo_plan_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--plan-only"]) == 0
+    out = capsys.readouterr().out
+    assert "why: 'encoder.layers.0.linear2.weight' brought its bucket to 1.0 MiB" in out
+    assert "2/2" not in out
