@@ -14,9 +14,18 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from ddpviz import events as ev
 from ddpviz.events import Event, Mismatch
-from ddpviz.findings import Finding, format_ranks, group_ranks, odd_ranks, sort_findings
+from ddpviz.findings import (
+    Finding,
+    Findings,
+    format_ranks,
+    group_ranks,
+    odd_ranks,
+    sort_findings,
+)
 
 _FIX_MODEL = "All ranks must build the same model; look for rank-dependent construction."
 _FIX_FIELD = {
@@ -53,12 +62,13 @@ _FIX_UNEVEN = ("Give every rank the same number of batches (DistributedSampler w
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
-def diagnose(source: Any) -> list[Finding]:
+def diagnose(source: Any) -> Findings:
     """Findings from a run: a `Run` (from ddpviz.launch), a `Session`, a `Trace`, a path to a
     `.ddpviz` file, or any iterable of events (e.g. a list an emitter appended to).
 
     Returns:
-        Findings, errors first, each identical no matter which rank's events reported it.
+        The findings, errors first, each identical no matter which rank's events reported it;
+        a list that prints as one message.
     """
     return diagnose_events(_events(source))
 
@@ -78,7 +88,7 @@ def _events(source: Any) -> list[Event]:
                     f"{type(source).__name__}.\nPass run (from ddpviz.launch) or run.trace.")
 
 
-def diagnose_events(events: Iterable[Event]) -> list[Finding]:
+def diagnose_events(events: Iterable[Event]) -> Findings:
     """`diagnose` over a list of events from any ranks."""
     per_rank: dict[int, list[Event]] = {}
     for e in events:
@@ -99,7 +109,7 @@ def diagnose_events(events: Iterable[Event]) -> list[Finding]:
     for f in computed:
         if (f.kind, f.name) not in seen and f not in out:
             out.append(f)
-    return sort_findings(out)
+    return Findings(sort_findings(out))
 
 
 # --- context ----------------------------------------------------------------------------------
@@ -172,8 +182,6 @@ def _merge_values(a: Sequence[tuple[str, tuple[int, ...]]],
 
 
 def _replace(f: Finding, **changes: Any) -> Finding:
-    import msgspec
-
     return msgspec.structs.replace(f, **changes)
 
 

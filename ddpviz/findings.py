@@ -9,7 +9,7 @@ dotted name, world size), then one line per distinct value with its ranks, then 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -78,6 +78,16 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     def matches(self, **fields: object) -> bool:
         """True when every given field has the given value (tests and filters)."""
         return all(getattr(self, k) == v for k, v in fields.items())
+
+
+class Findings(list[Finding]):
+    """A list of findings that prints (and shows in IPython) as one house-style message."""
+
+    def __str__(self) -> str:
+        return format_findings(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
 
 
 class DiagnosisWarning(UserWarning):

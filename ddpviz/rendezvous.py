@@ -121,25 +121,27 @@ def exchange(name: str, payload: str = "", process_group: dist.ProcessGroup | No
             verdict = _wait_verdict(scope, base, verdict_key, start + timeout, timeout)
         if verdict == "ok":
             payloads = [as_text(s.get(f"{base}/{r}")) for r in range(scope.world_size)]
-            _all_read(scope, f"{base}/read")
+            _all_read(scope, f"{base}/read", scope.world_size)
             return payloads
+        decided = json.loads(verdict)
+        _all_read(scope, f"{base}/read", len(decided["arrived"]))
     except RuntimeError as exc:  # the store itself is gone: its host (rank 0) exited
         raise store_lost(scope, what or name, exc) from exc
-    raise missing_error(json.loads(verdict), scope.world_size, what or name)
+    raise missing_error(decided, scope.world_size, what or name)
 
 
-def _all_read(scope: Scope, key: str, limit: float = 1.0) -> None:
+def _all_read(scope: Scope, key: str, readers: int, limit: float = 1.0) -> None:
     # The store lives in one rank (rank 0 under env:// and torchrun). Had it raised and exited
-    # right after reading, a slower rank would lose the store before reading: wait (briefly) until
-    # every rank has read.
+    # right after reading, a slower rank would lose the store before reading: wait (briefly)
+    # until all `readers` have read.
     s = scope.store
     end = time.monotonic() + limit
     count = int(s.add(key, 1))
-    if count >= scope.world_size:
+    if count >= readers:
         time.sleep(0.02)  # the last reader: give the others' next poll time to see the count
         return
     with contextlib.suppress(RuntimeError):  # the store went away: everyone had read
-        while count < scope.world_size and time.monotonic() < end:
+        while count < readers and time.monotonic() < end:
             time.sleep(0.005)
             count = int(s.add(key, 0))
 

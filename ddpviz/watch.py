@@ -31,6 +31,7 @@ from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
+from ddpviz.rendezvous import Board, Scope
 
 _FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use every "
                "parameter in every forward (and make every output that depends on them part of "
@@ -83,6 +84,7 @@ class Watch:
         entries = build_params_for_reducer(ddp.module, set(ddp.parameters_to_ignore))
         self.params = [e.param for e in entries]
         self.names = [e.name for e in entries]
+        self._sparse = [e.sparse_grad for e in entries]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.buckets: list[list[int]] = []
         self._bucket_of: dict[int, int] = {}
@@ -99,8 +101,6 @@ class Watch:
         self._monitor: _Monitor | None = None
         if self.watchdog.board is not None:
             twin = Watchdog(self.group, timeout=timeout, tap=self.tap, clone=True)
-            from ddpviz.rendezvous import Board, Scope
-
             twin.board = Board(Scope(self.group, clone=True), self.watchdog.board.epoch)
             self._monitor = _Monitor(twin)
         self._emit_params()
@@ -127,8 +127,9 @@ class Watch:
         if not self.tap.enabled:
             return
         infos = tuple(ev.ParamInfo(i, n, tuple(p.shape), str(p.dtype).removeprefix("torch."),
-                                   str(p.device), False)
-                      for i, (n, p) in enumerate(zip(self.names, self.params, strict=True)))
+                                   str(p.device), sparse)
+                      for i, (n, p, sparse) in enumerate(zip(self.names, self.params,
+                                                             self._sparse, strict=True)))
         buffers = tuple(n for n, _ in build_buffers(self.ddp.module,
                                                     set(self.ddp.parameters_to_ignore)))
         self.tap.emit(ev.ParamsBuilt, infos, buffers, tuple(sorted(self.ddp.parameters_to_ignore)))

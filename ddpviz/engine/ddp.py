@@ -21,22 +21,28 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import initial_buckets
+from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.capacity import BucketCapacity
 from ddpviz.engine.comm import check_comm_hook
 from ddpviz.engine.forward import find_tensors, pass_through_sink
+from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
 from ddpviz.engine.verify import verify_module_across_ranks
+from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import (
     BucketAssigned,
     BuffersSynced,
     Emitter,
+    FindingReported,
     ForwardStarted,
     ParamInfo,
     ParamsBuilt,
     Tap,
+    default_emitter,
 )
+from ddpviz.findings import DiagnosisWarning, Finding
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +80,11 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     Args:
         module ... forward_sync_buffers: exactly torch's arguments, defaults and meaning.
-        emitter: receives ddpviz events (`ddpviz.events`); None builds no events at all.
+        emitter: receives ddpviz events (`ddpviz.events`); None: the process's default
+            emitter (set by ddpviz.launch / ddpviz.connect), else no events at all.
+        hang_timeout: seconds a collective may wait before the ranks are compared and
+            the missing or lagging ones named (RankHangError); default
+            $DDPVIZ_HANG_TIMEOUT or 300, 0 turns the watchdog off.
     """
 
     def __init__(self, module: nn.Module, device_ids: list[int | torch.device] | None = None,
@@ -90,15 +100,20 @@ class DistributedDataParallel(nn.Module, Joinable):
                  skip_all_reduce_unused_params: bool = False,
                  bucket_cap_mb_list: list[float] | None = None,
                  batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None,
-                 *, emitter: Emitter | None = None) -> None:
+                 *, emitter: Emitter | None = None,
+                 hang_timeout: float | None = None) -> None:
         super().__init__()
         Joinable.__init__(self)
         if (delay_all_reduce_named_params is not None) != (param_to_hook_all_reduce is not None):
             raise ValueError("ddpviz: delay_all_reduce_named_params and param_to_hook_all_reduce "
                              "need to be set at the same time.")
         self.process_group = self._choose_group(process_group, device_mesh, module)
-        self._tap = Tap(emitter, rank=self.process_group.rank())
+        self._tap = Tap(emitter if emitter is not None else default_emitter(),
+                        rank=self.process_group.rank())
         tap = self._tap
+        # Names ranks that never arrive or stop coming. See [Note: hang protocol].
+        self._watchdog = Watchdog(self.process_group,
+                                  timeout=resolve_hang_timeout(hang_timeout), tap=tap)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []
@@ -179,9 +194,14 @@ class DistributedDataParallel(nn.Module, Joinable):
                              dict(module.named_buffers()))))
 
         # --- steps 2-3: verify the model, then broadcast rank 0's state ------------------------
+        self._watchdog.start()
         if init_sync:
             verify_module_across_ranks(module, self.process_group,
                                        ignore=self.parameters_to_ignore, tap=tap)
+            for finding in initial_value_findings(module, self.process_group,
+                                                  ignore=self.parameters_to_ignore):
+                if tap.enabled:  # a warning in the trace only: rank-0-only loading is valid
+                    tap.emit(FindingReported, finding)
             self._broadcast_state(src=0, buffers=init_sync_buffers)
 
         # --- step 4: buckets and the reducer ----------------------------------------------
@@ -304,6 +324,10 @@ class DistributedDataParallel(nn.Module, Joinable):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             skip_all_reduce_unused_params=self.skip_all_reduce_unused_params,
             batched_grad_copy=self.batched_grad_copy, tap=self._tap)
+        self.reducer.watchdog = self._watchdog
+        self._buffer_identity = BufferIdentity(self.process_group.rank(),
+                                               self.process_group.size())
+        self._buffer_identity.check(self.named_module_buffers, -1)
         self._logger = DDPLogger(self.reducer)
         self.reducer.logger = self._logger
         has_sync_bn = any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules())
@@ -493,6 +517,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         if grad_enabled:
             self._tap.step = self._forwards
             self._forwards += 1
+            self._watchdog.heartbeat(self._tap.step, "forward")
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
         if grad_enabled and self.require_backward_grad_sync:
@@ -570,8 +595,16 @@ class DistributedDataParallel(nn.Module, Joinable):
             else:
                 src = 0
             self._assign_modules_buffers()
+            for finding in self._buffer_identity.check(self.named_module_buffers,
+                                                       self._tap.step):
+                self._warn(finding)
             with torch.autograd._unsafe_preserve_version_counter(tuple(self.modules_buffers)):
                 self._sync_module_buffers(src)
+
+    def _warn(self, finding: Finding) -> None:
+        if self._tap.enabled:
+            self._tap.emit(FindingReported, finding)
+        warnings.warn(finding.text(), DiagnosisWarning, stacklevel=3)
 
     def _sync_module_buffers(self, src: int) -> None:
         hook = getattr(self, "_buffer_hook", None)
@@ -580,8 +613,12 @@ class DistributedDataParallel(nn.Module, Joinable):
             if futures is not None:
                 self.reducer.install_futures(futures)
             return
-        broadcast_coalesced(self.modules_buffers, self.process_group, src=src,
-                            chunk_bytes=self.broadcast_bucket_size, tap=self._tap)
+        try:
+            broadcast_coalesced(self.modules_buffers, self.process_group, src=src,
+                                chunk_bytes=self.broadcast_bucket_size, tap=self._tap,
+                                wait=self._watchdog.waiter("buffer broadcast"))
+        except RuntimeError as exc:  # a rank is gone or hangs: name it
+            raise self._watchdog.failed(exc, collective="buffer broadcast") from exc
         if self._tap.enabled:
             self._tap.emit(BuffersSynced, len(self.modules_buffers),
                            sum(b.numel() * b.element_size() for b in self.modules_buffers))

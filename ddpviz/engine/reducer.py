@@ -23,6 +23,8 @@ from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import ParamEntry
+from ddpviz.engine.watchdog import Watchdog
+from ddpviz.errors import GradientGraphError
 from ddpviz.events import (
     AllReduceDone,
     AllReduceLaunched,
@@ -31,10 +33,12 @@ from ddpviz.events import (
     BucketAssigned,
     BucketReady,
     BucketsRebuilt,
+    FindingReported,
     GradReady,
     Tap,
     UnusedParametersFound,
 )
+from ddpviz.findings import Finding
 
 # [Note: reducer timeline]
 # construction: buckets from the constructor's map; a post hook on every parameter's
@@ -69,6 +73,8 @@ log = logging.getLogger(__name__)
 
 class UnusedParametersError(RuntimeError):
     """Some parameters got no gradient in a backward that DDP had to reduce."""
+
+    findings: tuple[Finding, ...] = ()  # per parameter: which ranks gave it no gradient
 
 
 def _is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -207,6 +213,7 @@ class Reducer:
         self._warned_all_used = False
         self._drain_sparse: dict[int, torch.Tensor] = {}  # see _fail_missing_gradients
         self.logger: DDPLogger | None = None  # set by DistributedDataParallel
+        self.watchdog: Watchdog | None = None  # set by DistributedDataParallel
         if find_unused_parameters:
             self._initialize_local_used_map()
 
@@ -336,11 +343,15 @@ class Reducer:
             if self._static_after_first_iteration():
                 left = self.hooks_left.get(index, 0)
                 if left <= 0:
-                    raise RuntimeError(
+                    message = (
                         f"ddpviz: parameter {index} '{self.names[index]}' got a gradient in "
                         "this iteration but not in iteration 0 (or more often than then); "
                         "static_graph=True requires the same graph every iteration. Use "
                         "find_unused_parameters=True instead of static_graph.")
+                    raise self._fail(message, "graph_changed", index, "static_graph",
+                                     f"parameter {index} '{self.names[index]}' joined the graph "
+                                     f"at step {self.tap.step} on rank "
+                                     f"{self.process_group.rank()} although static_graph=True")
                 self.hooks_left[index] = left - 1
                 if left - 1 > 0:
                     return
@@ -359,11 +370,14 @@ class Reducer:
 
     def _mark_variable_ready(self, index: int) -> None:
         if index in self.per_iteration_ready:
-            raise RuntimeError(
+            message = (
                 f"ddpviz: parameter {index} '{self.names[index]}' was marked ready twice in one "
                 "iteration: its gradient was accumulated by two backward passes (or two "
                 "reentrant checkpoints) before DDP reduced it. Use static_graph=True for "
                 "reentrant checkpointing, or run one backward per forward.")
+            raise self._fail(message, "hook_fired_twice", index, "hook",
+                             f"parameter {index} '{self.names[index]}' was marked ready twice "
+                             f"at step {self.tap.step} on rank {self.process_group.rank()}")
         self.per_iteration_ready.add(index)
         self.require_finalize = True
         b, _ = self.locators[index]
@@ -500,7 +514,13 @@ class Reducer:
         if self.tap.enabled:
             self.tap.emit(AllReduceLaunched, b, bucket.nbytes,
                           str(bucket.gradients.dtype).removeprefix("torch."))
-        bucket.future = self.run_comm_hook(grad_bucket)
+        try:
+            bucket.future = self.run_comm_hook(grad_bucket)
+        except RuntimeError as exc:  # a peer is gone already
+            if self.watchdog is None:
+                raise
+            raise self.watchdog.failed(exc, collective="all-reduce", bucket=b,
+                                       params=self._bucket_names(b)) from exc
 
     def run_comm_hook(self, grad_bucket: GradBucket) -> torch.futures.Future:
         """The registered comm hook on this bucket, or the built-in SUM all-reduce."""
@@ -534,7 +554,7 @@ class Reducer:
         assert self.local_used is not None
         if self.local_used[index] == 0 and not self.local_used_reduced:
             # Only a locally unused parameter needs the global answer: wait lazily.
-            self.local_used_work.wait()
+            self._wait(self.local_used_work, "used-parameter all-reduce")
             assert self.local_used_dev is not None
             self.local_used = [int(v) for v in self.local_used_dev.tolist()]
             self.local_used_reduced = True
@@ -560,8 +580,11 @@ class Reducer:
                     self.logger.backward_compute_end = self.logger.now()
                 if self._static_after_first_iteration() and self.should_rebuild_buckets():
                     self.rebuilt_param_indices.extend(self.unused_parameters)
+                first = not self.checked_first_iteration
                 self.finalize_backward()
                 self.checked_first_iteration = True
+                if first and self._agrees_on_unused():
+                    self._agree_on_unused([])
             elif not self.checked_first_iteration and not self._dynamic_find_unused():
                 self._fail_missing_gradients()
 
@@ -585,7 +608,62 @@ class Reducer:
         self.finalize_backward()
         self.rebuilt_param_indices.clear()
         self.checked_first_iteration = True
+        if self._agrees_on_unused():
+            self._agree_on_unused(missing)
         raise self._unused_error(missing, at_forward=False)
+
+    # --- diagnosis across ranks (see engine/watchdog.py) ----------------------------------
+
+    def _agrees_on_unused(self) -> bool:
+        return (self.watchdog is not None and self.watchdog.enabled and not self.static_graph
+                and not self._dynamic_find_unused())
+
+    def _agree_on_unused(self, missing: list[int]) -> None:
+        """First synced backward: every rank learns which parameters got no gradient on which
+        ranks, and every rank raises the same UnusedParametersError if any did."""
+        assert self.watchdog is not None
+        message, findings = self.watchdog.agree_on_unused(
+            self.tap.step, missing, [i for i in missing if i in set(self.unreachable or ())],
+            self.names, [tuple(p.shape) for p in self.params])
+        if not findings:
+            return
+        if self.tap.enabled:
+            if missing:
+                self.tap.emit(UnusedParametersFound, tuple(missing),
+                              tuple(self.names[i] for i in missing))
+            for f in findings:
+                self.tap.emit(FindingReported, f)
+        error = UnusedParametersError(message)
+        error.findings = findings
+        raise error
+
+    def _fail(self, message: str, kind: str, index: int, field: str,
+              title: str) -> GradientGraphError:
+        """The error to raise for `message`: records the finding and tells the other ranks, so
+        that those waiting for this one stop at once (see Watchdog.fail)."""
+        rank = self.process_group.rank()
+        finding = Finding(kind=kind, severity="error", title=title, ranks=(rank,),
+                          param=index, name=self.names[index], field=field,
+                          step=self.tap.step, detail=tuple(message.splitlines()[1:]),
+                          fix=message.split(". ", 1)[-1], world_size=self.process_group.size())
+        if self.watchdog is not None:
+            self.watchdog.fail(message, [finding])
+        elif self.tap.enabled:
+            self.tap.emit(FindingReported, finding)
+        return GradientGraphError(message, (finding,))
+
+    def _bucket_names(self, b: int) -> list[str]:
+        return [self.names[i] for i in self.buckets[b].variables]
+
+    def _wait(self, waitable: Any, collective: str, b: int = -1) -> None:
+        """Wait for a collective; with a watchdog, a rank that never joins is named."""
+        if self.watchdog is None:
+            waitable.wait()
+            return
+        self.watchdog.phase = "backward" if collective != "bucket rebuild broadcast" else \
+            "forward"
+        self.watchdog.wait(waitable, collective=collective, bucket=b,
+                           params=self._bucket_names(b) if b >= 0 else ())
 
     def _unused_error(self, missing: list[int], *, at_forward: bool) -> UnusedParametersError:
         if self.tap.enabled:
@@ -618,7 +696,7 @@ class Reducer:
             if bucket.skipped:
                 continue
             assert bucket.future is not None, "bucket was never launched"
-            bucket.future.wait()
+            self._wait(bucket.future, "all-reduce", b)
             result = hook_result(bucket.future.value())
             with torch.no_grad():
                 if bucket.sparse:
@@ -637,7 +715,7 @@ class Reducer:
         self.installed_futures = []
         if (self._dynamic_find_unused() or self._static_first_iteration()) and \
                 not self.local_used_reduced and self.local_used_work is not None:
-            self.local_used_work.wait()
+            self._wait(self.local_used_work, "used-parameter all-reduce")
         if self._dynamic_find_unused():
             self.local_used = [0] * len(self.params)
             self.local_used_reduced = False
@@ -810,12 +888,14 @@ class Reducer:
         device = self.params[0].device
         flat = [i for b in indices for i in b] + [len(indices)]
         t = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
-        dist.broadcast(t, group=self.process_group, group_src=0)
+        self._wait(dist.broadcast(t, group=self.process_group, group_src=0, async_op=True),
+                   "bucket rebuild broadcast")
         values = t.tolist()
         count = values[-1]
         sizes = torch.tensor([len(indices[min(i, len(indices) - 1)]) for i in range(count)],
                              dtype=torch.int32).to(device, non_blocking=True)
-        dist.broadcast(sizes, group=self.process_group, group_src=0)
+        self._wait(dist.broadcast(sizes, group=self.process_group, group_src=0,
+                                  async_op=True), "bucket rebuild broadcast")
         out, pos = [], 0
         for size in sizes.tolist():
             out.append(values[pos:pos + size])

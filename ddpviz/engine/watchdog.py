@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
+import msgspec
 import torch.distributed as dist
 
 from ddpviz.errors import RankHangError
@@ -27,8 +27,9 @@ from ddpviz.findings import Finding, format_ranks, group_ranks
 from ddpviz.rendezvous import Board, Scope, as_text, exchange, store_lost
 
 # [Note: hang protocol]
-# Normal collectives finish before the first poll and never touch the store. A wait that
-# lasts longer polls the board's alert counter every _POLL_S (one store round trip). Then:
+# Each synced forward posts this rank's position (a heartbeat: one store write, no reply). A
+# collective that finishes before the first poll never touches the store; a wait that lasts
+# longer polls the board's alert counter every _POLL_S (one store round trip). Then:
 #  - another rank posted an alert (it raised a ddpviz error): raise at once, carrying its
 #    findings ("peer_failed"), or its hang verdict verbatim;
 #  - the collective failed (gloo: "Connection closed by peer"): post "failed", give the
@@ -43,6 +44,7 @@ from ddpviz.rendezvous import Board, Scope, as_text, exchange, store_lost
 ENV_HANG_TIMEOUT = "DDPVIZ_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT = 300.0  # seconds; gloo's and NCCL's own defaults are 30 and 10 minutes
 _POLL_S = 0.25
+_ALERT_CHECK_S = 0.5  # heartbeats look for other ranks' errors at most this often
 _FIX_LAGGING = ("A rank that is behind ran out of data (uneven inputs: use ddp.join(), or the "
                 "same number of batches on every rank, e.g. DistributedSampler with "
                 "drop_last=True), is stuck outside DDP (data loading, I/O, a collective only it "
@@ -91,8 +93,6 @@ def describe(position: dict[str, Any], now: float | None = None) -> str:
             return f"failed in {what} {at}{for_}: {position.get('error', '')}"
         waited = now - float(position.get("since", now))
         return f"waiting in {what} {at}{for_} ({waited:.1f}s)"
-    if state == "gone":
-        return "gone"
     ago = now - float(position.get("t", now))
     return f"last seen {at} ({position.get('phase', '?')}, {ago:.1f}s ago)"
 
@@ -129,6 +129,8 @@ class Watchdog:
         self.step = -1
         self.phase = "constructor"
         self.raised: RankHangError | None = None
+        self._alerts_checked = -_ALERT_CHECK_S
+        self._own_alert: tuple[str, tuple[Finding, ...]] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -165,48 +167,63 @@ class Watchdog:
             self._report(exc)
             raise
 
-    def agree_on_unused(self, step: int, missing: Sequence[int], names: Sequence[str],
-                        shapes: Sequence[tuple[int, ...]]) -> tuple[str, tuple[Finding, ...]]:
+    def agree_on_unused(self, step: int, missing: Sequence[int], unreachable: Sequence[int],
+                        names: Sequence[str], shapes: Sequence[tuple[int, ...]]
+                        ) -> tuple[str, tuple[Finding, ...]]:
         """Every rank tells the others which parameters got no gradient in this backward
-        (find_unused_parameters=False, first iteration); returns the message and findings every
-        rank raises, or ("", ()) when no rank missed any. A store exchange, not a collective."""
-        payloads = self.exchange("unused", json.dumps(list(missing)),
-                                 f"the end of step {step}'s backward")
-        per_rank = {r: set(json.loads(p)) for r, p in enumerate(payloads)}
-        union = sorted(set().union(*per_rank.values()))
+        (find_unused_parameters=False, first iteration) and why (`unreachable`: not used in
+        forward); returns the message and findings every rank raises, or ("", ()) when no rank
+        missed any. A store exchange, not a collective.
+        """
+        mine = {"missing": list(missing), "unreachable": list(unreachable)}
+        payloads = self.exchange("unused", json.dumps(mine), f"the end of step {step}'s backward")
+        per_rank = {r: json.loads(p) for r, p in enumerate(payloads)}
+        union = sorted({i for p in per_rank.values() for i in p["missing"]})
         if not union:
             return "", ()
-        findings = []
+        findings, lines = [], []
         for i in union:
-            states = {r: "no gradient" if i in per_rank[r] else "gradient" for r in per_rank}
-            ranks = tuple(r for r in per_rank if i in per_rank[r])
-            where = "every rank" if len(ranks) == len(per_rank) else format_ranks(ranks)
+            states = {r: ("not used in forward" if i in p["unreachable"]
+                          else "no gradient reached it in backward") if i in p["missing"]
+                      else "got its gradient" for r, p in per_rank.items()}
+            ranks = tuple(r for r, p in per_rank.items() if i in p["missing"])
+            where = format_ranks(ranks)
+            values = group_ranks(states)
             findings.append(Finding(
                 kind="unused_parameter", severity="error",
-                title=f"parameter {i} '{names[i]}' {tuple(shapes[i])} got no gradient on {where} "
-                      f"at step {step} (find_unused_parameters=False)",
+                title=f"parameter {i} '{names[i]}' {tuple(shapes[i])} got no gradient on "
+                      f"{where} at step {step} (find_unused_parameters=False)",
                 ranks=ranks, param=i, name=names[i], field="unused", step=step,
-                values=group_ranks(states), fix=_FIX_UNUSED, world_size=self.world_size))
-        lines = [f"ddpviz: {len(union)} of {len(names)} parameters got no gradient at step "
-                 f"{step} (find_unused_parameters=False, world_size={self.world_size}):"]
-        for f in findings:
-            lines.append(f"  parameter {f.param} '{f.name}': no gradient on "
-                         f"{format_ranks(f.ranks)}")
-        lines.append("Their buckets were averaged with zeros from those ranks. " + _FIX_UNUSED)
-        return "\n".join(lines), tuple(findings)
+                values=values, fix=_FIX_UNUSED, world_size=self.world_size))
+            why = "; ".join(f"{v} on {format_ranks(rs)}" for v, rs in values
+                            if v != "got its gradient")
+            lines.append(f"  parameter {i} '{names[i]}' {tuple(shapes[i])}: {why}")
+        ranks = tuple(sorted({r for f in findings for r in f.ranks}))
+        head = (f"ddpviz: {len(union)} of {len(names)} parameters got no gradient on "
+                f"{format_ranks(ranks)} at step {step} (find_unused_parameters=False, "
+                f"world_size={self.world_size}):")
+        tail = ("Their buckets were averaged with zeros from those ranks. " + _FIX_UNUSED)
+        return "\n".join([head, *lines, tail]), tuple(findings)
 
     def heartbeat(self, step: int, phase: str) -> None:
-        """This rank reached `phase` of `step` (one store write); raises if another rank
-        already failed, so this one stops before the next collective."""
+        """This rank reached `phase` of `step`: one store write (no reply awaited, ~2 us); at
+        most every _ALERT_CHECK_S also one round trip (~50 us) to see whether another rank
+        failed, so that this one stops before its next collective."""
         self.step, self.phase = step, phase
         board = self.board
         if board is None:
             return
+        if self._own_alert is not None:  # this rank failed before: no collective can follow
+            message, findings = self._own_alert
+            raise self._report(RankHangError(message, findings, {}))
         try:
+            now = time.monotonic()
             board.post_position({"state": "running", "step": step, "phase": phase,
                                  "t": time.time()})
-            if board.has_alerts():
-                raise self._from_alerts(None)
+            if now - self._alerts_checked >= _ALERT_CHECK_S:
+                self._alerts_checked = now
+                if board.has_alerts():
+                    raise self._from_alerts(None)
         except RuntimeError as exc:
             if isinstance(exc, RankHangError):
                 raise
@@ -221,6 +238,7 @@ class Watchdog:
         board = self.board
         if board is None:
             return
+        self._own_alert = (message, tuple(findings))
         with contextlib.suppress(RuntimeError):  # the store is gone: they see the socket close
             board.post_alert(message, findings)
 
@@ -497,32 +515,8 @@ def _strip_waited(text: str) -> str:
 
 
 def _builtins(finding: Finding) -> Any:
-    import msgspec
-
     return msgspec.to_builtins(finding)
 
 
 def _finding(data: Any) -> Finding:
-    import msgspec
-
     return msgspec.convert(data, Finding)
-
-
-def guarded_future(watchdog: Watchdog, future: torch.futures.Future, *, collective: str,
-                   bucket: int = -1, params: Sequence[str] = ()) -> torch.futures.Future:
-    """A future that completes like `future`, or fails with the watchdog's RankHangError when
-    it would hang: for waits that happen where ddpviz cannot wait itself (inside torch's C++
-    reducer, which waits on the future a comm hook returns). Waits in a helper thread."""
-    out: torch.futures.Future = torch.futures.Future()
-
-    def run() -> None:
-        try:
-            watchdog.wait(future, collective=collective, bucket=bucket, params=params)
-            out.set_result(future.value())
-        except BaseException as exc:
-            out.set_exception(exc)
-
-    if future.done() and not watchdog.enabled:
-        return future
-    threading.Thread(target=run, name="ddpviz-watchdog", daemon=True).start()
-    return out

@@ -14,7 +14,7 @@ import pytest
 from ddpviz import events as ev
 from ddpviz.diagnose import diagnose, mismatch_findings
 from ddpviz.events import Mismatch
-from ddpviz.findings import Finding, format_findings
+from ddpviz.findings import Finding, Findings, format_findings
 from ddpviz.trace import Trace
 from tests.diagnose.synthetic import Ranks
 
@@ -243,3 +243,4 @@ def test_several_findings_read_as_one_message_errors_first_fixes_last() -> None:
     assert lines[2] == "warning: order differs:"
     assert lines[-2:] == ["Fix hang.", "Fix order."]
     assert format_findings([]) == "ddpviz: no problems found."
+    assert str(Findings([warning, error])) == format_findings([warning, error])

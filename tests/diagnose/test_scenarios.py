@@ -110,15 +110,17 @@ EXPECTED_MODEL: dict[str, list[tuple[Any, ...]]] = {
 
 # torch 2.13's DDP on the same defect (2 ranks, defect on rank 1): rank 0, rank 1. Where torch
 # raises the same error everywhere or nothing at all, it runs in the shared 3-rank run instead.
-TORCH_MODEL_BASELINE: dict[str, tuple[str, str]] = {
-    "shape": ("Connection closed by peer",  # rank 0 blocks in the broadcast until rank 1 exits
-              "params[4] in this process with sizes [5, 8] appears not to match sizes"),
-    "stride": ("Connection closed by peer",
+# Rank 0 blocks in the state broadcast until rank 1's process is gone, then gets a transport
+# error naming an address ("Connection closed by peer" or "... reset by peer", by timing).
+TRANSPORT = ("Connection closed by peer", "Connection reset by peer")
+TORCH_MODEL_BASELINE: dict[str, tuple[tuple[str, ...], str]] = {
+    "shape": (TRANSPORT, "params[4] in this process with sizes [5, 8] appears not to match sizes"),
+    "stride": (TRANSPORT,
                "params[0] in this process with sizes [8, 8] appears not to match strides"),
-    "device": ("Connection closed by peer",
+    "device": (TRANSPORT,
                "DistributedDataParallel's input module must be on the same type of devices"),
-    "dtype": ("Connection reset by peer", "SIGABRT"),  # gloo: "Received data size doesn't match"
-    "buffer_dtype": ("Connection reset by peer", "SIGABRT"),
+    "dtype": (TRANSPORT, "SIGABRT"),  # gloo: "Received data size doesn't match expected size"
+    "buffer_dtype": (TRANSPORT, "SIGABRT"),
 }
 TORCH_SHARED_BASELINE = {  # rank 0's outcome in the shared run (torch raised on every rank or none)
     "count": "DDP expects same model across all ranks, but Rank 0 has 6 params, while rank 2 "
@@ -230,8 +232,8 @@ def torch_model_ranks(rank: int, world_size: int, defect: str) -> str:
 def test_torch_baseline_errors_on_one_rank_and_hangs_or_crashes_the_other(defect: str) -> None:
     results = run_ranks(torch_model_ranks, 2, defect, timeout=30, **FAST)
     rank0, rank1 = TORCH_MODEL_BASELINE[defect]
-    assert rank0 in outcome(results[0])
-    assert rank1 in outcome(results[1])
+    assert any(text in outcome(results[0]) for text in rank0), outcome(results[0])
+    assert rank1 in outcome(results[1]), outcome(results[1])
 
 
 # --- runtime situations on stock torch DDP, through ddpviz.watch -----------------------------
@@ -319,7 +321,7 @@ def test_watch_crashed_rank_is_named_with_its_last_position(step: int) -> None:
         assert results[0]["findings"] == [("rank_exited", "", (2,), "buffer broadcast")]
         assert "  rank 2: gone; last seen at step 1 (forward" in results[0]["error"]
     baseline = run_watch(f"crash@{step}", 2, False)
-    assert "Connection" in baseline[0]["error"]  # "closed/reset by peer [address]": no rank
+    assert any(t in baseline[0]["error"] for t in TRANSPORT), baseline[0]  # an address only
 
 
 def test_watch_unused_parameter_on_one_rank_stops_every_rank_at_iteration_0() -> None:
@@ -387,7 +389,8 @@ def engine_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             if situation == "never" and odd:
-                time.sleep(HANG + 2)  # stuck before DDP, arrives long after the others gave up
+                # stuck before DDP, arrives long after the others gave up
+                time.sleep((HANG if use_ddpviz else PG_TIMEOUT) + 2)
             if use_ddpviz:
                 ddp: nn.Module = ddpviz.DistributedDataParallel(
                     model, emitter=events.append, hang_timeout=HANG, **kwargs)
@@ -439,11 +442,13 @@ def test_unused_parameter_without_find_unused_fails_every_rank_at_iteration_0() 
     for r in (0, 1):
         assert results[r]["findings"] == expected
         assert results[r]["error"] == results[0]["error"]
-    assert results[0]["error"].splitlines()[0] == (
-        "ddpviz: 2 of 8 parameters got no gradient at step 0 (find_unused_parameters=False, "
-        "world_size=2):")
+    assert results[0]["error"].splitlines()[:3] == [
+        "ddpviz: 2 of 8 parameters got no gradient on rank 1 at step 0 "
+        "(find_unused_parameters=False, world_size=2):",
+        "  parameter 4 'spare.weight' (8, 8): not used in forward on rank 1",
+        "  parameter 5 'spare.bias' (8,): not used in forward on rank 1"]
     baseline = run_engine("unused", False)
-    assert "Connection closed by peer" in baseline[0]["error"]  # rank 0 hung in iteration 0
+    assert any(t in baseline[0]["error"] for t in TRANSPORT)  # rank 0 hung in iteration 0
     assert baseline[1]["error"].startswith("Expected to have finished reduction in the prior "
                                            "iteration")  # one iteration late, no names
     assert "spare" not in baseline[1]["error"]
@@ -457,7 +462,7 @@ def test_hook_firing_twice_is_named_and_the_other_rank_stops() -> None:
     assert results[0]["seconds"] < GRACE
     baseline = run_engine("twice", False)
     assert baseline[1]["error"].startswith("Expected to mark a variable ready only once.")
-    assert "Connection closed by peer" in baseline[0]["error"]
+    assert any(t in baseline[0]["error"] for t in TRANSPORT)
 
 
 def test_graph_change_under_static_graph_is_named() -> None:

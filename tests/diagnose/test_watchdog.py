@@ -200,23 +200,24 @@ def test_every_rank_agrees_on_which_parameters_got_no_gradient() -> None:
     def rank_fn(rank: int, store: dist.Store) -> Any:
         d = dog(rank, store, timeout=5)
         d.start()
-        return d.agree_on_unused(0, [2, 3] if rank == 1 else [], names, shapes)
+        return d.agree_on_unused(0, [2, 3] if rank == 1 else [], [2] if rank == 1 else [],
+                                 names, shapes)
 
     results = in_threads(rank_fn, [0, 1], dist.HashStore())
     assert results[0] == results[1]
     message, findings = results[0]
     assert [(f.kind, f.name, f.ranks, f.field, f.values) for f in findings] == [
         ("unused_parameter", "spare.weight", (1,), "unused",
-         (("gradient", (0,)), ("no gradient", (1,)))),
+         (("got its gradient", (0,)), ("not used in forward", (1,)))),
         ("unused_parameter", "spare.bias", (1,), "unused",
-         (("gradient", (0,)), ("no gradient", (1,))))]
+         (("got its gradient", (0,)), ("no gradient reached it in backward", (1,))))]
     assert message.splitlines()[:3] == [
-        "ddpviz: 2 of 4 parameters got no gradient at step 0 (find_unused_parameters=False, "
-        "world_size=2):",
-        "  parameter 2 'spare.weight': no gradient on rank 1",
-        "  parameter 3 'spare.bias': no gradient on rank 1"]
+        "ddpviz: 2 of 4 parameters got no gradient on rank 1 at step 0 "
+        "(find_unused_parameters=False, world_size=2):",
+        "  parameter 2 'spare.weight' (8, 8): not used in forward on rank 1",
+        "  parameter 3 'spare.bias' (8,): no gradient reached it in backward on rank 1"]
     none = in_threads(lambda r, s: (d := dog(r, s, timeout=5), d.start(),
-                                    d.agree_on_unused(0, [], names, shapes))[2],
+                                    d.agree_on_unused(0, [], [], names, shapes))[2],
                       [0, 1], dist.HashStore())
     assert none == {0: ("", ()), 1: ("", ())}
 
