@@ -29,6 +29,7 @@ from ddpviz.events import (
     VerificationPassed,
     VerificationStarted,
 )
+from ddpviz.findings import format_ranks
 
 # [Note: verification exchange]
 # Every rank runs the same collectives whatever its model looks like:
@@ -316,20 +317,6 @@ def compare_ranks(metadata: Sequence[RankMetadata]) -> tuple[Mismatch, ...]:
 
 
 # --- the message --------------------------------------------------------------------------------
-
-
-def format_ranks(ranks: Sequence[int]) -> str:
-    """(3,) -> 'rank 3'; (0, 1, 2) -> 'ranks 0,1,2'; runs of 4 or more as 'a-b'."""
-    parts: list[str] = []
-    run: list[int] = []
-    for r in [*sorted(ranks), None]:
-        if r is not None and run and r == run[-1] + 1:
-            run.append(r)
-            continue
-        if run:
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 4 else [str(x) for x in run]
-        run = [] if r is None else [r]
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
 
 
 def _title(block: Sequence[Mismatch]) -> str:

@@ -14,13 +14,14 @@ from typing import Any
 
 import ipywidgets as w
 
+from ddpviz.findings import format_ranks
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
 from ddpviz.widgets.event_model import Status
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_timeline import HookTimeline
 from ddpviz.widgets.live_bucket_map import LiveBucketMap
 from ddpviz.widgets.replay_controls import Cursor
-from ddpviz.widgets.verification_matrix import format_ranks, group_ranks
+from ddpviz.widgets.verification_matrix import group_ranks
 from ddpviz.widgets.verification_view import VerificationView
 
 

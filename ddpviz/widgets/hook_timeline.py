@@ -16,13 +16,13 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz import events as ev
+from ddpviz.findings import format_ranks
 from ddpviz.plan_table import human_bytes
 from ddpviz.widgets import timeline_svg
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_analysis import IterationView, OrderDiff, analyse
 from ddpviz.widgets.replay_controls import Cursor
-from ddpviz.widgets.verification_matrix import format_ranks
 
 _CELL = ("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
          ".ddpviz-ho td,.ddpviz-ho th{padding:0 3px;border:1px solid #eee;text-align:center}"

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 from ddpviz import events as ev
+from ddpviz.findings import format_ranks
 from ddpviz.widgets.event_model import RankState
 
 CellStatus = Literal["same", "differs", "missing", "pending"]
@@ -70,20 +71,6 @@ def group_ranks(values: Mapping[int, str]) -> list[tuple[str, tuple[int, ...]]]:
         by_value.setdefault(values[r], []).append(r)
     return sorted(((v, tuple(rs)) for v, rs in by_value.items()),
                   key=lambda g: (-len(g[1]), g[1][0]))
-
-
-def format_ranks(ranks: Sequence[int]) -> str:
-    """(3,) -> 'rank 3'; (0, 1, 2) -> 'ranks 0,1,2'; runs of 4 or more as 'a-b'."""
-    parts: list[str] = []
-    run: list[int] = []
-    for r in [*sorted(ranks), None]:
-        if r is not None and run and r == run[-1] + 1:
-            run.append(r)
-            continue
-        if run:
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 4 else [str(x) for x in run]
-        run = [] if r is None else [r]
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
 
 
 def _shape(shape: Sequence[int]) -> str:
