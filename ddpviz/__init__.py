@@ -7,7 +7,12 @@ from ddpviz.engine.buckets import (
     replay_bucket_assignment,
 )
 from ddpviz.engine.ddp import DistributedDataParallel
-from ddpviz.errors import RankHangError, RankMismatchError
+from ddpviz.errors import (
+    GradientGraphError,
+    RankHangError,
+    RankMismatchError,
+    UnusedParametersError,
+)
 from ddpviz.findings import Finding
 from ddpviz.launcher import LaunchError, RankError, Run, launch
 from ddpviz.plan import BucketPlan, bucket_plan
@@ -36,6 +41,7 @@ __all__ = [
     "BucketPlan",
     "DistributedDataParallel",
     "Finding",
+    "GradientGraphError",
     "LaunchError",
     "RankError",
     "RankHangError",
@@ -44,6 +50,7 @@ __all__ = [
     "Session",
     "TensorSpec",
     "Trace",
+    "UnusedParametersError",
     "VerificationReport",
     "Watch",
     "__version__",

@@ -66,3 +66,12 @@ class GradientGraphError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.findings))
+
+
+class UnusedParametersError(RuntimeError):
+    """Some parameters got no gradient in a backward that DDP had to reduce (with
+    find_unused_parameters=False). Raised at the end of iteration 0 on every rank, and at the next
+    forward later on; `findings` says, per parameter, which ranks gave it no gradient."""
+
+    findings: tuple[Any, ...] = ()
+

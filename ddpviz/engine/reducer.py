@@ -24,7 +24,7 @@ from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import ParamEntry
 from ddpviz.engine.watchdog import Watchdog
-from ddpviz.errors import GradientGraphError
+from ddpviz.errors import GradientGraphError, UnusedParametersError
 from ddpviz.events import (
     AllReduceDone,
     AllReduceLaunched,
@@ -69,12 +69,6 @@ from ddpviz.findings import Finding
 _UNSET = -1  # div factor not yet known for this backward
 
 log = logging.getLogger(__name__)
-
-
-class UnusedParametersError(RuntimeError):
-    """Some parameters got no gradient in a backward that DDP had to reduce."""
-
-    findings: tuple[Finding, ...] = ()  # per parameter: which ranks gave it no gradient
 
 
 def _is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:

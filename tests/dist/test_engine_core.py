@@ -129,7 +129,7 @@ class _WithUnused(nn.Module):
 
 def _unused_parameter_error(rank: int, world_size: int) -> dict[str, Any]:
     from ddpviz import DistributedDataParallel
-    from ddpviz.engine.reducer import UnusedParametersError
+    from ddpviz.errors import UnusedParametersError
 
     events: list[Any] = []
     ddp = DistributedDataParallel(_WithUnused(), emitter=events.append)
