@@ -23,13 +23,18 @@ $(BIN)/.test: $(BIN)/.base pyproject.toml $(EXTENSION)
 	touch $@
 
 demo: $(BIN)/.base
-	$(BIN)/ddpviz demo
+	$(BIN)/ddpviz demo --out out/demo
+
+# The browser tests drive Debian's Chromium: install it when it is missing (apt, as root).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq && apt-get install -y -qq chromium
 
 lint: $(BIN)/.test
 	$(BIN)/ruff check ddpviz tests benchmarks
 	$(BIN)/mypy
 
-test: lint
+test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/.test
