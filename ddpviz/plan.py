@@ -216,17 +216,20 @@ def _describe(entries: Sequence[Any]) -> tuple[tuple[PlannedParam, ...], list[Te
     return tuple(params), specs
 
 
-def _make_buckets(params: Sequence[PlannedParam], buckets: list[list[int]],
-                  limits: list[int]) -> tuple[PlannedBucket, ...]:
+def planned_buckets(params: Sequence[PlannedParam], buckets: Sequence[Sequence[int]],
+                    limits: Sequence[int]) -> tuple[PlannedBucket, ...]:
+    """PlannedBuckets (with flat-buffer offsets) for a map: parameter indices per bucket, in
+    reduction order, and each bucket's limit. Used for planned and for observed maps."""
+    by_index = {p.index: p for p in params}
     out = []
     for bi, (indices, limit) in enumerate(zip(buckets, limits, strict=True)):
         slots, offset, byte_offset = [], 0, 0
         for i in indices:
-            p = params[i]
+            p = by_index[i]
             slots.append(BucketSlot(p, offset, byte_offset))
             offset += p.numel
             byte_offset += p.nbytes
-        first = params[indices[0]]
+        first = by_index[indices[0]]
         out.append(PlannedBucket(bi, tuple(slots), first.dtype, first.device, offset,
                                  byte_offset, limit, first.sparse_grad))
     return tuple(out)
@@ -252,8 +255,8 @@ def _make_plan(model: str, params: tuple[PlannedParam, ...], specs: list[TensorS
     elif len(order) == len(params):
         rebuilt_replay, rb, rl = rebuilt_buckets(specs, order, limits.rebuild, flags,
                                                  limits.set_last_bucket_cap)
-        rebuilt = _make_buckets(params, rb, rl)
-    return BucketPlan(model, params, settings, limits, _make_buckets(params, init_b, init_l),
+        rebuilt = planned_buckets(params, rb, rl)
+    return BucketPlan(model, params, settings, limits, planned_buckets(params, init_b, init_l),
                       rebuilt, tuple(order), source, tuple(notes), init_replay, rebuilt_replay)
 
 

@@ -29,7 +29,7 @@ from ddpviz.events import (
     VerificationPassed,
     VerificationStarted,
 )
-from ddpviz.findings import format_ranks
+from ddpviz.findings import format_ranks, group_ranks
 
 # [Note: verification exchange]
 # Every rank runs the same collectives whatever its model looks like:
@@ -201,15 +201,6 @@ def decode_metadata(data: bytes) -> RankMetadata:
 
 
 # --- comparing ranks (pure; every rank runs it on the same data) ------------------------------
-
-
-def group_ranks(values: Mapping[int, str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """{rank: value} -> ((value, ranks), ...), most common value first, ties by lowest rank."""
-    by_value: dict[str, list[int]] = {}
-    for r in sorted(values):
-        by_value.setdefault(values[r], []).append(r)
-    groups = [(v, tuple(rs)) for v, rs in by_value.items()]
-    return tuple(sorted(groups, key=lambda g: (-len(g[1]), g[1][0])))
 
 
 def _fmt(field: str, value: Any) -> str:

@@ -22,7 +22,12 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz.engine.capacity import Limits
-from ddpviz.plan import BucketPlan, BucketSlot, PlannedBucket, PlannedParam, PlanSettings
+from ddpviz.plan import (
+    BucketPlan,
+    PlannedParam,
+    PlanSettings,
+    planned_buckets,
+)
 from ddpviz.plan_table import human_bytes
 from ddpviz.widgets.bucket_map import BucketMap, Which
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, Timed
@@ -59,24 +64,6 @@ def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
         size = _itemsize(p.dtype)
         out.append(PlannedParam(p.index, p.name, tuple(p.shape), p.dtype, p.device, numel, size,
                                 numel * size, p.sparse_grad))
-    return tuple(out)
-
-
-def planned_buckets(params: Sequence[PlannedParam], buckets: Sequence[Sequence[int]],
-                    limits: Sequence[int]) -> tuple[PlannedBucket, ...]:
-    """PlannedBuckets for an observed map (parameter indices per bucket, reduction order)."""
-    by_index = {p.index: p for p in params}
-    out = []
-    for bi, (indices, limit) in enumerate(zip(buckets, limits, strict=True)):
-        slots, offset, byte_offset = [], 0, 0
-        for i in indices:
-            p = by_index[i]
-            slots.append(BucketSlot(p, offset, byte_offset))
-            offset += p.numel
-            byte_offset += p.nbytes
-        first = by_index[indices[0]]
-        out.append(PlannedBucket(bi, tuple(slots), first.dtype, first.device, offset,
-                                 byte_offset, limit, first.sparse_grad))
     return tuple(out)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 from ddpviz import events as ev
-from ddpviz.findings import format_ranks
+from ddpviz.findings import format_ranks, group_ranks
 from ddpviz.widgets.event_model import RankState
 
 CellStatus = Literal["same", "differs", "missing", "pending"]
@@ -62,15 +62,6 @@ def describe(values: Mapping[str, str]) -> str:
     """'shape=(16, 8) dtype=float32 ...' in FIELD_ORDER."""
     return " ".join(f"{_LABEL.get(f, f)}={values[f]}" for f in FIELD_ORDER
                     if f in values and f != "present") or "present"
-
-
-def group_ranks(values: Mapping[int, str]) -> list[tuple[str, tuple[int, ...]]]:
-    """{rank: value} -> [(value, ranks)], most common first, ties by lowest rank."""
-    by_value: dict[str, list[int]] = {}
-    for r in sorted(values):
-        by_value.setdefault(values[r], []).append(r)
-    return sorted(((v, tuple(rs)) for v, rs in by_value.items()),
-                  key=lambda g: (-len(g[1]), g[1][0]))
 
 
 def _shape(shape: Sequence[int]) -> str:
