@@ -79,6 +79,17 @@ def _failure(phase: str, exc: BaseException, skip_frames: int = 0) -> tuple[Any,
     return ("error", phase, type(exc).__name__, str(exc), text)
 
 
+def _start(rank: int, world_size: int, backend: str,
+           reply: Callable[[Any], None]) -> _EventLink | None:
+    """Join the process group and open the event link; on failure report it and return None."""
+    try:
+        _init_process_group(rank, world_size, backend)
+        return _EventLink.open(rank, reply)
+    except BaseException as exc:
+        reply(_failure("init", exc))
+        return None
+
+
 def _serve_call(rank: int, world_size: int, backend: str, inbox: queue.Queue[Any],
                 reply: Callable[[Any], None]) -> int:
     _, payload, sources = inbox.get()
@@ -88,11 +99,8 @@ def _serve_call(rank: int, world_size: int, backend: str, inbox: queue.Queue[Any
     except BaseException as exc:
         reply(_failure("unpickle", exc))
         return 1
-    try:
-        _init_process_group(rank, world_size, backend)
-        events = _EventLink.open(rank, reply)
-    except BaseException as exc:
-        reply(_failure("init", exc))
+    events = _start(rank, world_size, backend, reply)
+    if events is None:
         return 1
     try:
         value = fn(*args, **kwargs)
@@ -119,11 +127,8 @@ def _serve_cells(rank: int, world_size: int, backend: str, inbox: queue.Queue[An
     namespace = main_module.__dict__
     namespace.update(__builtins__=builtins, rank=rank, world_size=world_size)
     sys.modules["__main__"] = main_module
-    try:
-        _init_process_group(rank, world_size, backend)
-        events = _EventLink.open(rank, reply)
-    except BaseException as exc:
-        reply(_failure("init", exc))
+    events = _start(rank, world_size, backend, reply)
+    if events is None:
         return 1
     reply(("ready",))
     while True:
