@@ -9,7 +9,8 @@ order, so every rejected message is counted under exactly one reason:
 1. garbage    first frame is not MAGIC, or more than four frames
 2. truncated  MAGIC but fewer than four frames (also: a signed header or body cut short)
 3. oversized  more than `max_bytes` in all (checked before hashing anything)
-4. auth       signature missing or wrong: the peer does not hold the session secret
+4. auth       signature missing or wrong: the peer does not hold the session secret (the
+              collector also counts here failed zmq handshakes and replayed messages)
 5. truncated / garbage: signed header or body is cut short / malformed (or invalid UTF-8)
 6. version    header's wire `version` or event `schema` differs from ours
 7. schema     valid msgpack of the wrong shape (header fields, event fields, counts, ranks)
@@ -28,7 +29,8 @@ from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
 WIRE_VERSION = 1
 MAGIC = b"ddpviz"
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_MESSAGE_BYTES = 1 << 20  # senders split larger batches; a single event is far smaller
+MAX_FRAME_SLACK = 128 << 10  # zmq's per-frame limit is max_bytes + this (see Collector)
 REASONS = ("garbage", "truncated", "oversized", "version", "schema", "auth")
 Reason = Literal["garbage", "truncated", "oversized", "version", "schema", "auth"]
 Kind = Literal["hello", "ping", "pong", "clock", "events", "bye"]

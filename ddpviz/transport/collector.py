@@ -1,8 +1,11 @@
 """The kernel side of the event stream: a `Collector` receives every rank's events.
 
 One zmq ROUTER socket, bound to 127.0.0.1 unless told otherwise, served by one background
-thread. Every message is checked by the codec (signature with the per-session secret first);
-refused ones are counted per reason and the thread carries on. It answers clock pings (See
+thread. Only peers holding the session secret get through zmq's handshake (See [Note: transport
+authentication] in handshake.py). Every message is then checked by the codec (signature with the
+per-session secret first) and must carry a frame number above the last one from its sender
+(a replayed message is refused as "auth"); refused ones are counted per reason and the thread
+carries on. It answers clock pings (See
 [Note: clock alignment] in sender.py), finds holes in each rank's sequence numbers, and hands
 events to subscribers: callbacks run on its thread, `events()` iterates from any thread.
 """
@@ -25,6 +28,7 @@ import zmq
 
 from ddpviz.events import Event, EventsDropped
 from ddpviz.transport.codec import (
+    MAX_FRAME_SLACK,
     MAX_MESSAGE_BYTES,
     REASONS,
     Codec,
@@ -33,9 +37,11 @@ from ddpviz.transport.codec import (
     boot_id,
     make_header,
 )
+from ddpviz.transport.handshake import MAX_PENDING, PendingGuard, secure_server
 
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
 END_OF_STREAM = object()  # put on an iterate_queue queue to end the iteration
+_MAX_SENDERS = 1 << 16  # senders whose last frame number is kept (for replay checks)
 
 
 class CollectorStats(NamedTuple):
@@ -53,6 +59,9 @@ class CollectorStats(NamedTuple):
     peers: dict[int, str]  # "host pid" from the rank's hello
     closed: dict[int, tuple[int, int]]  # ranks that said goodbye: (events sent, dropped)
     callback_errors: int  # exceptions raised by subscribers (the first one is warned about)
+    replays: int = 0  # signed messages refused for a frame number already seen (in "auth")
+    handshakes_failed: int = 0  # connections that failed zmq's handshake (in "auth")
+    pending_shut: int = 0  # connections shut for being over the cap mid-handshake
 
     @property
     def total_received(self) -> int:
@@ -98,18 +107,25 @@ class Collector:
         advertise: host name put in the connect string (default: `host`, or this machine's
             name when binding every interface).
         max_bytes: messages larger than this are refused as "oversized".
+        max_pending: connections allowed mid-handshake at once (See [Note: transport
+            authentication]); a peer without the secret makes the kernel hold at most about
+            `max_pending * max_bytes` bytes.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | None = None, *,
-                 advertise: str | None = None, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 advertise: str | None = None, max_bytes: int = MAX_MESSAGE_BYTES,
+                 max_pending: int = MAX_PENDING) -> None:
         self.secret = secret or secrets.token_hex(32)
         self._codec = Codec(self.secret.encode(), max_bytes=max_bytes)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        # zmq disconnects a peer sending one frame beyond this, before we could count it.
-        sock.setsockopt(zmq.MAXMSGSIZE, 4 * max_bytes + (1 << 16))
+        # zmq disconnects a peer sending one frame beyond this, before we could count it; it is
+        # also the most a peer mid-handshake (not yet authenticated) can make zmq buffer.
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes + MAX_FRAME_SLACK)
         sock.setsockopt(zmq.RCVHWM, 1024)
+        secure_server(sock, self.secret.encode())
+        self._guard = PendingGuard(sock, max_pending)
         host = "127.0.0.1" if host == "localhost" else host
         ipv6 = ":" in host
         if ipv6:
@@ -118,6 +134,7 @@ class Collector:
         try:
             sock.bind(f"tcp://{bind_host}:{port or '*'}")
         except zmq.ZMQError as e:
+            self._guard.close()
             sock.close()
             self._ctx.term()
             raise OSError(f"ddpviz: cannot listen on {host}:{port}: {e}.\nPick another port "
@@ -134,6 +151,8 @@ class Collector:
         self._cv = threading.Condition(self._lock)
         self._ranks: dict[int, _RankState] = {}
         self._rejected = dict.fromkeys(REASONS, 0)
+        self._senders: dict[str, int] = {}  # sender id -> next frame number it may send
+        self._replays = 0
         self._callback_errors = 0
         self._internal_errors = 0
         self._subscribers: tuple[_Subscriber, ...] = ()
@@ -194,7 +213,10 @@ class Collector:
                 clock={k: s.clock for k, s in r.items() if s.clock is not None},
                 peers={k: s.peer for k, s in r.items()},
                 closed={k: s.closed for k, s in r.items() if s.closed is not None},
-                callback_errors=self._callback_errors)
+                callback_errors=self._callback_errors,
+                replays=self._replays,
+                handshakes_failed=self._guard.failed,
+                pending_shut=self._guard.shut)
 
     def wait(self, predicate: Callable[[CollectorStats], bool], timeout: float = 30.0) -> bool:
         """Block until `predicate(stats)` holds (checked after every message); False on
@@ -214,6 +236,7 @@ class Collector:
             return
         self._stop.set()
         self._thread.join(10)
+        self._guard.close()
         self._sock.close(linger=0)
         self._ctx.term()
         for sub in self._subscribers:
@@ -235,9 +258,18 @@ class Collector:
     # --- the receiving thread -----------------------------------------------------------------
 
     def _run(self) -> None:
-        sock = self._sock
+        sock, guard = self._sock, self._guard
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(guard.monitor, zmq.POLLIN)
         while not self._stop.is_set():
-            if not sock.poll(50, zmq.POLLIN):
+            ready = dict(poller.poll(50))
+            if guard.monitor in ready or guard.pending:
+                failed = guard.service()
+                if failed:
+                    with self._lock:
+                        self._rejected["auth"] += failed
+            if sock not in ready:
                 continue
             for _ in range(256):
                 try:
@@ -260,6 +292,15 @@ class Collector:
                 self._rejected[e.reason] += 1
             return
         h, events = frame.header, frame.events
+        with self._lock:
+            if h.seq < self._senders.get(h.sender, 0):
+                self._rejected["auth"] += 1  # a replay: signed, but not fresh
+                self._replays += 1
+                return
+            self._senders.pop(h.sender, None)  # re-insert: the dict's order is by last use
+            self._senders[h.sender] = h.seq + 1
+            if len(self._senders) > _MAX_SENDERS:
+                del self._senders[next(iter(self._senders))]
         if h.kind == "events":
             self._accept(h, events)
             return

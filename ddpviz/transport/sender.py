@@ -36,6 +36,7 @@ from ddpviz.transport.codec import (
     make_header,
     parse_connect_string,
 )
+from ddpviz.transport.handshake import secure_client
 
 _MIN_IDLE_S = 0.001  # the shipping thread polls the buffer, backing off to _MAX_IDLE_S
 _MAX_IDLE_S = 0.02
@@ -304,7 +305,8 @@ class _ZmqSink:
                  clock: Callable[[], int]) -> None:
         self.address, self.rank, self._clock = address, rank, clock
         self._codec = Codec(secret)
-        self._id = uuid.uuid4().hex
+        self._secret = secret
+        self._id = uuid.uuid4().hex  # signed into every header: replays are told apart by it
         self._seq = 0
         self._samples = 0
         self._best_error: int | None = None
@@ -330,6 +332,7 @@ class _ZmqSink:
         # Queue only on a live connection: while the collector is away, events wait in (and
         # overflow from) our counted buffer, never in an invisible zmq queue.
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        secure_client(sock, self._secret)
         if ":[" in self.address or self.address.count(":") > 2:
             sock.setsockopt(zmq.IPV6, 1)
         sock.connect(self.address)

@@ -14,11 +14,14 @@ import zmq
 from ddpviz import events as ev
 from ddpviz.transport import REASONS, Collector, Sender
 from ddpviz.transport.codec import MAGIC, Codec, make_header
+from ddpviz.transport.handshake import secure_client
 
 
-def _dealer(address: str) -> zmq.Socket[bytes]:
+def _dealer(address: str, secret: str) -> zmq.Socket[bytes]:
+    """A raw socket of a peer that holds the secret (it passes zmq's CURVE handshake)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 2000)
+    secure_client(sock, secret.encode())
     sock.connect(address)
     return sock
 
@@ -96,7 +99,7 @@ def test_fuzz_exact_rejection_counts_and_survives():
     rng = random.Random(20261104)
     with Collector(max_bytes=limit) as collector:
         codec = Codec(collector.secret.encode())
-        sock = _dealer(collector.address)
+        sock = _dealer(collector.address, collector.secret)
         expected: Counter[str] = Counter()
         oversized = 0
         for i in range(3600):
@@ -144,7 +147,7 @@ def test_peer_without_the_secret_delivers_nothing():
 def test_gaps_and_reordering_are_counted_per_rank():
     with Collector() as collector:
         codec = Codec(collector.secret.encode())
-        sock = _dealer(collector.address)
+        sock = _dealer(collector.address, collector.secret)
         batches = {0: [list(range(10)), list(range(15, 20)), [3], list(range(20, 25))],
                    1: [list(range(8)), list(range(8, 16))]}
         for rank, seqs_list in batches.items():

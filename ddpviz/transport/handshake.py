@@ -1,0 +1,159 @@
+"""Who may talk to a collector: CURVE keys from the session secret, and a cap on the peers that
+have connected but not yet proven they hold it.
+
+[Note: transport authentication]
+Every message is HMAC-signed (codec.py), but a signature is only checked once zmq has handed the
+whole message over, and zmq buffers a peer's messages (any number of frames, per peer) before
+that. So a peer without the secret could make the kernel hold gigabytes of junk. The link is
+therefore also a CurveZMQ one: both key pairs are derived from the session secret (so the
+connect string stays `tcp://HOST:PORT#SECRET`), the server's public key never travels on the
+wire, and a peer that does not know it fails the handshake: zmq then drops the connection
+before it reads a single message. What an unauthenticated peer can still make the kernel hold is
+the handshake in progress: at most `max_frame` bytes (zmq's MAXMSGSIZE) plus zmq's 8 KiB read
+batch per connection, for at most `HANDSHAKE_S` seconds, and at most `MAX_PENDING` such
+connections at a time: the collector watches zmq's socket monitor and shuts the oldest pending
+connections down beyond that. Failed handshakes are counted as "auth" rejects. The HMAC
+signature and the per-sender sequence check (collector.py) still apply inside the encrypted link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import time
+from typing import NamedTuple
+
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+HANDSHAKE_S = 5.0  # zmq drops a connection whose handshake takes longer
+MAX_PENDING = 32  # connections allowed to be mid-handshake at once; the oldest beyond go
+
+_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_WATCHED = zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _FAILED
+
+
+class CurveKeys(NamedTuple):
+    server_public: bytes  # z85; known only to holders of the secret
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+
+
+def curve_keys(secret: bytes) -> CurveKeys:
+    """Both CURVE key pairs of a session, derived from its secret (See [Note: transport
+    authentication])."""
+    if not zmq.has("curve"):
+        raise RuntimeError("ddpviz: this pyzmq/libzmq lacks CURVE support, which ddpviz needs to "
+                           "keep peers without the secret out.\nInstall pyzmq's wheel "
+                           "(`pip install --force-reinstall pyzmq`), which bundles libsodium.")
+
+    def pair(role: bytes) -> tuple[bytes, bytes]:
+        seed = hashlib.sha256(b"ddpviz-curve-" + role + b"\0" + secret).digest()
+        secret_key = z85.encode(seed)
+        return zmq.curve_public(secret_key), secret_key
+
+    server, client = pair(b"server"), pair(b"client")
+    return CurveKeys(*server, *client)
+
+
+def secure_server(sock: zmq.Socket[bytes], secret: bytes) -> None:
+    keys = curve_keys(secret)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+
+
+def secure_client(sock: zmq.Socket[bytes], secret: bytes) -> None:
+    """Make `sock` (before connect) able to talk to a collector of this session secret."""
+    keys = curve_keys(secret)
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
+
+
+class PendingGuard:
+    """Reads a server socket's monitor: counts failed handshakes and keeps at most
+    `max_pending` connections mid-handshake (shutting the oldest down). Not thread-safe: the
+    collector's thread owns it."""
+
+    def __init__(self, sock: zmq.Socket[bytes], max_pending: int = MAX_PENDING) -> None:
+        self.monitor = sock.get_monitor_socket(_WATCHED)
+        self.max_pending = max_pending
+        self.failed = 0  # handshakes that failed: peers without the secret
+        self.shut = 0  # pending connections shut down for being over the cap
+        # remote endpoint -> (a duplicate of zmq's socket for it, when accepted). The duplicate
+        # pins the connection, so a shutdown can never hit a recycled descriptor.
+        self._pending: dict[bytes, tuple[socket.socket, float]] = {}
+
+    def service(self) -> int:
+        """Handle the monitor's queued events; returns how many handshakes failed among them."""
+        failed = 0
+        while True:
+            try:
+                msg = self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = parse_monitor_message(msg)
+            kind, value, endpoint = event["event"], int(event["value"]), event["endpoint"]
+            if kind == zmq.EVENT_ACCEPTED:
+                self._accepted(value)
+            elif kind & _FAILED:
+                failed += 1
+                self._forget(endpoint)
+            elif kind in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
+                self._forget(endpoint)
+        self._enforce()
+        self.failed += failed
+        return failed
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _accepted(self, fd: int) -> None:
+        try:
+            dup = socket.socket(fileno=os.dup(fd))
+        except OSError:  # already gone
+            return
+        try:
+            host, port = dup.getpeername()[:2]
+        except OSError:
+            dup.close()
+            return
+        key = f"tcp://{host}:{port}".encode() if ":" not in host else \
+            f"tcp://[{host}]:{port}".encode()
+        old = self._pending.pop(key, None)
+        if old is not None:
+            old[0].close()
+        self._pending[key] = (dup, time.monotonic())
+
+    def _forget(self, endpoint: bytes) -> None:
+        entry = self._pending.pop(endpoint, None)
+        if entry is not None:
+            entry[0].close()
+
+    def _enforce(self) -> None:
+        now = time.monotonic()
+        for key, (dup, since) in list(self._pending.items()):
+            if now - since > HANDSHAKE_S + 2.0:  # zmq has ended it (its event may be lost)
+                del self._pending[key]
+                dup.close()
+        while len(self._pending) > self.max_pending:
+            key = next(iter(self._pending))  # the oldest
+            dup, _ = self._pending.pop(key)
+            with contextlib.suppress(OSError):
+                dup.shutdown(socket.SHUT_RDWR)  # zmq sees the connection end and frees it
+            dup.close()
+            self.shut += 1
+
+    def close(self) -> None:
+        for dup, _ in self._pending.values():
+            dup.close()
+        self._pending.clear()
+        self.monitor.close(linger=0)
