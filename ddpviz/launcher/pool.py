@@ -34,6 +34,7 @@ from ddpviz.launcher.process import (
     stop_ranks,
 )
 from ddpviz.launcher.rank import CELL_END
+from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
 
@@ -67,13 +68,15 @@ class RankPool:
         self._ranks: list[RankProcess] = []
         self._relays: list[PipeRelay] = []
         target = OutputTarget.capture()
-        self._stacks = StackFiles(nprocs)
+        self._dir = PrivateDir()  # the rendezvous store and stack files; 0700
+        self._stacks = StackFiles(nprocs, self._dir.path)
         self._events = EventStream(session)
         port = free_port()
         try:
             for rank in range(nprocs):
                 rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
-                proc = spawn_rank(rank, nprocs, port=port, backend=self.backend, mode="cells",
+                proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
+                                  backend=self.backend, mode="cells",
                                   env=rank_env)
                 self._ranks.append(proc)
                 for name, fd in (("stdout", proc.stdout), ("stderr", proc.stderr)):
@@ -247,7 +250,7 @@ class RankPool:
         for relay in self._relays:
             relay.join(1.0)
         close_fds(*(p.control for p in self._ranks), *(p.results for p in self._ranks))
-        self._stacks.remove()
+        self._dir.remove()
         self._events.close()
         _live.discard(self)
 

@@ -57,9 +57,14 @@ class RankProcess:
         return self.popen.pid
 
 
-def spawn_rank(rank: int, world_size: int, *, port: int, backend: str, mode: str,
+def spawn_rank(rank: int, world_size: int, *, port: int, store: Path, backend: str, mode: str,
                env: Mapping[str, str] | None = None) -> RankProcess:
-    """Start `python -m ddpviz.launcher.rank` as `rank` of `world_size` in a new session."""
+    """Start `python -m ddpviz.launcher.rank` as `rank` of `world_size` in a new session.
+
+    The ranks rendezvous through a FileStore at `store` (in the run's 0700 directory), not a
+    TCPStore that any local or remote process could reach. MASTER_ADDR/MASTER_PORT are still
+    set, as torchrun sets them, for code that reads them; nothing listens there.
+    """
     to_rank_r, to_rank_w = os.pipe()
     from_rank_r, from_rank_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -68,13 +73,15 @@ def spawn_rank(rank: int, world_size: int, *, port: int, backend: str, mode: str
     child_env.update(env or {})
     if world_size > 1:  # as torchrun does: N ranks x all cores each would thrash the machine
         child_env.setdefault("OMP_NUM_THREADS", "1")
+    if _has_interface("lo"):  # gloo's pair sockets on loopback only, like everything else
+        child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     root = str(Path(__file__).resolve().parents[2])  # the directory holding ddpviz/
     paths = [root, *(p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     child_env.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
         PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)),
-        DDPVIZ_BACKEND=backend, DDPVIZ_MODE=mode,
+        DDPVIZ_BACKEND=backend, DDPVIZ_MODE=mode, DDPVIZ_STORE=str(store),
         DDPVIZ_CHANNEL=f"{to_rank_r},{from_rank_w}",
         DDPVIZ_SYS_PATH=os.pathsep.join(_absolute(sys.path)),
     )
@@ -90,6 +97,13 @@ def spawn_rank(rank: int, world_size: int, *, port: int, backend: str, mode: str
     finally:  # the rank's ends of the pipes live in the rank only
         close_fds(to_rank_r, from_rank_w, out_w, err_w)
     return RankProcess(rank, popen, to_rank_w, from_rank_r, out_r, err_r)
+
+
+def _has_interface(name: str) -> bool:
+    try:
+        return any(n == name for _, n in socket.if_nameindex())
+    except OSError:
+        return False
 
 
 def _absolute(paths: Iterable[str]) -> list[str]:

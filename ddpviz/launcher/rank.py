@@ -192,7 +192,9 @@ def _init_process_group(rank: int, world_size: int, backend: str) -> None:
 
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    # A FileStore in the run's private directory (see process.spawn_rank): no listening socket.
+    store = dist.FileStore(os.environ.pop("DDPVIZ_STORE"), world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def _destroy_process_group() -> None:

@@ -32,6 +32,7 @@ from ddpviz.launcher.process import (
     spawn_rank,
     stop_ranks,
 )
+from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
 
@@ -128,7 +129,8 @@ class Run:
         self._started = time.monotonic()
         self._ranks: list[RankProcess] = []
         self._relays: list[PipeRelay] = []
-        self._stacks = StackFiles(nprocs)
+        self._dir = PrivateDir()  # the rendezvous store and stack files; 0700
+        self._stacks = StackFiles(nprocs, self._dir.path)
         self._timeout_stacks: dict[int, list[str]] = {}
         self._events = EventStream(session)
         port = free_port()
@@ -136,14 +138,15 @@ class Run:
         try:
             for rank in range(nprocs):
                 rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
-                proc = spawn_rank(rank, nprocs, port=port, backend=self.backend, mode="call",
+                proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
+                                  backend=self.backend, mode="call",
                                   env=rank_env)
                 self._ranks.append(proc)
                 self._relays += [PipeRelay(proc.stdout, rank, "stdout", self._target),
                                  PipeRelay(proc.stderr, rank, "stderr", self._target)]
         except BaseException:
             stop_ranks(self._ranks, grace=0)
-            self._stacks.remove()
+            self._dir.remove()
             self._events.close()
             raise
         for proc in self._ranks:
@@ -328,7 +331,7 @@ class Run:
         for relay in self._relays:
             relay.join(_RELAY_JOIN_S)
         close_fds(*(p.control for p in self._ranks), *(p.results for p in self._ranks))
-        self._stacks.remove()
+        self._dir.remove()
         self._events.settle()
         self._events.close()
         self._done.set()

@@ -13,9 +13,7 @@ import contextlib
 import linecache
 import os
 import re
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,10 +43,10 @@ def install_in_rank() -> None:
 
 
 class StackFiles:
-    """One stack file per rank, in a private temporary directory."""
+    """One stack file per rank, in the run's private directory (private_dir.py)."""
 
-    def __init__(self, nprocs: int) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="ddpviz-stacks-"))
+    def __init__(self, nprocs: int, directory: Path) -> None:
+        self.dir = directory
         self.paths = [self.dir / f"rank{r}.txt" for r in range(nprocs)]
         for path in self.paths:
             path.touch()
@@ -78,9 +76,6 @@ class StackFiles:
                 break
             time.sleep(0.01)
         return last
-
-    def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _read_from(path: Path, offset: int) -> str:
