@@ -107,3 +107,51 @@ def rank_1_exits_hard() -> None:
     if os.environ["RANK"] == "1":
         os._exit(3)
     time.sleep(600)
+
+
+def rendezvous_facts() -> dict[str, Any]:
+    """How this rank met the others: its store's kind and path, every listening TCP socket this
+    process owns (address, port), and a store round trip (set/get between ranks)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    base = store.underlying_store if isinstance(store, dist.PrefixStore) else store
+    rank = dist.get_rank()
+    store.set(f"fact/{rank}", str(os.getpid()))
+    peer = store.get(f"fact/{1 - rank}").decode()
+    return {"store": type(base).__name__, "path": getattr(base, "path", ""),
+            "listening": _listening_sockets(), "peer_pid": int(peer), "pid": os.getpid()}
+
+
+def _listening_sockets() -> list[tuple[str, int]]:
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            found.append((_address(address), int(port, 16)))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    import ipaddress
+
+    raw = bytes.fromhex(hex_address)
+    # /proc/net stores each 32-bit word in host (little-endian) order
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
