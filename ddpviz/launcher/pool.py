@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ddpviz.launcher import channel
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
+from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.process import (
     RankProcess,
     choose_backend,
@@ -34,7 +35,6 @@ from ddpviz.launcher.process import (
     stop_ranks,
 )
 from ddpviz.launcher.rank import CELL_END
-from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
 

@@ -24,6 +24,7 @@ import cloudpickle
 from ddpviz.launcher import channel
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
+from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.process import (
     RankProcess,
     choose_backend,
@@ -32,7 +33,6 @@ from ddpviz.launcher.process import (
     spawn_rank,
     stop_ranks,
 )
-from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
 

@@ -21,8 +21,7 @@ from tests.launch.processes import still_alive
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_launched_ranks_meet_through_a_file_store_in_a_0700_directory_and_listen_on_no_other_interface(
-) -> None:
+def test_launched_ranks_meet_through_a_file_store_in_a_0700_dir_and_listen_on_loopback() -> None:
     run = ddpviz.launch(rank_fns.rendezvous_facts, 2)
     directory = run._dir.path
     mode = stat.S_IMODE(directory.stat().st_mode)
