@@ -55,6 +55,7 @@ class Session:
         self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._closed = False
+        self._connect_dir: Any = None  # a PrivateDir holding the connect file (listen())
         self._unsubscribe = collector.subscribe(self._receive, batch=True)
 
     # --- facts --------------------------------------------------------------------------------
@@ -63,6 +64,24 @@ class Session:
     def connect_string(self) -> str:
         """`tcp://HOST:PORT#SECRET`: set it as DDPVIZ_CONNECT for the ranks (keep it private)."""
         return self.collector.connect_string
+
+    @property
+    def connect_file(self) -> Path | None:
+        """A file only you can read (0600, in a 0700 directory) holding the connect string, made
+        by `listen()`; removed when the session closes. For a shell:
+        `DDPVIZ_CONNECT="$(cat PATH)" torchrun ...`."""
+        return None if self._connect_dir is None else self._connect_dir.file("connect")
+
+    def publish_connect_file(self) -> Path:
+        """Write the connect string into `connect_file` (once) and return its path."""
+        if self._connect_dir is None:
+            from ddpviz.launcher.private_dir import PrivateDir
+
+            self._connect_dir = PrivateDir()
+            self._connect_dir.write_private("connect", self.connect_string + "\n")
+        path = self.connect_file
+        assert path is not None
+        return path
 
     @property
     def env(self) -> dict[str, str]:
@@ -193,6 +212,8 @@ class Session:
                 q.put(END_OF_STREAM)
             self._queues.clear()
             self._cv.notify_all()
+        if self._connect_dir is not None:
+            self._connect_dir.remove()
 
     def __enter__(self) -> Session:
         return self
@@ -207,15 +228,20 @@ class Session:
         return Dashboard(self, **kwargs)
 
     def describe(self) -> str:
-        """How to point ranks at this session (shown by `listen()`)."""
+        """How to point ranks at this session (shown by `listen()`). Never shows the secret:
+        cell output is saved with the notebook. Points at `connect_file` instead."""
         c = self.collector
         scope = ("this machine only; listen(host='0.0.0.0') for other nodes"
                  if c.host.startswith("127.") or c.host in ("::1", "localhost")
                  else f"interface {c.host}")
+        path = self.publish_connect_file()
         return (f"ddpviz: listening on {c.address} ({scope}).\n"
+                f"The connect string holds the session's secret, so it is not shown here: it is "
+                f"in {path} (readable by you only) and in `session.connect_string`.\n"
                 "In the training script call ddpviz.connect() before building the model, "
                 "then launch it with:\n"
-                f"  {ENV_CONNECT}='{self.connect_string}' torchrun --nproc_per_node 2 train.py")
+                f'  {ENV_CONNECT}="$(cat {path})" torchrun --nproc_per_node 2 train.py\n'
+                "or from Python: subprocess.run([...], env={**os.environ, **session.env}).")
 
     def __repr__(self) -> str:
         s = self.collector.stats
@@ -228,7 +254,11 @@ class Session:
 def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
            advertise: str | None = None, record: str | os.PathLike[str] | None = None,
            show: bool = True) -> Session:
-    """Start a live session in this process (the notebook) and show its connect string.
+    """Start a live session in this process (the notebook) and show how to connect to it.
+
+    The connect string (address and secret) is not printed: cell outputs are saved with the
+    notebook. It is in `session.connect_string`, `session.env`, and in `session.connect_file`
+    (mode 0600), whose path is printed.
 
     Args:
         host: interface to bind; loopback by default ("0.0.0.0" for ranks on other nodes).
@@ -236,7 +266,7 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
         secret: session secret (default: a fresh random one).
         advertise: host name to put in the connect string when binding every interface.
         record: also stream every event into this `.ddpviz` file as it arrives.
-        show: print the connect string and how to use it.
+        show: print where the connect string is and how to use it (never the secret).
     Returns:
         The Session; `session.connect_string` goes into the ranks' DDPVIZ_CONNECT.
     """

@@ -1,6 +1,7 @@
 """A tiny data-parallel training job for torchrun that streams its events to a ddpviz session.
 
-Run:  DDPVIZ_CONNECT='<from ddpviz.listen()>' torchrun --nproc_per_node 2 _torchrun_job.py
+Run:  DDPVIZ_CONNECT="$(cat <the file ddpviz.listen() names>)" torchrun --nproc_per_node 2 \
+      _torchrun_job.py
 Without DDPVIZ_CONNECT each rank records ddpviz-trace-rank{R}.ddpviz instead.
 Uses ddpviz.DistributedDataParallel when this ddpviz has it; otherwise it trains with plain
 gloo all-reduces and reports the same events by hand (through the same default emitter).

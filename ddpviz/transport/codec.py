@@ -195,8 +195,11 @@ def parse_connect_string(connect: str) -> tuple[str, bytes]:
     """Split "tcp://host:port#secret" into the zmq address and the secret's bytes."""
     address, sep, secret = connect.strip().rpartition("#")
     if not sep or not address.startswith(("tcp://", "ipc://")) or len(secret) < 16:
-        shown = connect if len(connect) < 80 else connect[:77] + "..."
-        raise ValueError(f"ddpviz: connect string {shown!r} is not 'tcp://HOST:PORT#SECRET'.\n"
-                         "Copy it from the notebook's `ddpviz.listen()` output "
-                         "(`session.connect_string`) into DDPVIZ_CONNECT.")
+        # Never echo what may be (part of) a secret: error texts end up in saved outputs.
+        shown = (f"{address[:60]!r} + '#' + {len(secret)} characters" if sep else
+                 f"{len(connect)} characters without '#'")
+        raise ValueError(f"ddpviz: the connect string ({shown}) is not "
+                         "'tcp://HOST:PORT#SECRET' with a secret of 16+ characters.\n"
+                         "Set DDPVIZ_CONNECT from the file `ddpviz.listen()` names "
+                         "(DDPVIZ_CONNECT=\"$(cat PATH)\") or from `session.connect_string`.")
     return address, secret.encode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import threading
 
 import pytest
@@ -20,12 +21,21 @@ def _no_leftover_connection():
     ev.set_default_emitter(None)
 
 
-def test_listen_shows_the_connect_string(capsys):
+def test_listen_shows_where_the_connect_string_is_never_the_secret(capsys):
     with ddpviz.listen() as session:
         out = capsys.readouterr().out
-        assert session.connect_string in out and "127.0.0.1" in out
+        secret = session.collector.secret
+        assert secret not in out and session.connect_string not in out
+        assert session.collector.address in out and "127.0.0.1" in out
+        path = session.connect_file
+        assert path is not None and f'DDPVIZ_CONNECT="$(cat {path})"' in out
+        assert path.read_text().strip() == session.connect_string
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert session.env == {"DDPVIZ_CONNECT": session.connect_string}
         assert session.collector.host == "127.0.0.1"
+        assert secret not in repr(session) and secret not in repr(session.collector)
+    assert not path.exists() and not path.parent.exists()
 
 
 def test_connect_installs_a_sender_as_default_emitter(monkeypatch):
