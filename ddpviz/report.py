@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpviz import events as ev
+from ddpviz.atomic import write_text
 from ddpviz.trace import Span, Trace
 
 _ELEMENT_SIZE = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8,
@@ -47,7 +48,7 @@ def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "dd
                  ) -> Path:
     """Write `render(trace)` to `path`. Returns the path."""
     out = Path(path)
-    out.write_text(render(trace, title=title), encoding="utf-8")
+    write_text(out, render(trace, title=title))  # atomic: a failed save keeps the old file
     return out
 
 

@@ -10,15 +10,18 @@ per-rank trace file instead, so nothing is lost.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpviz import events
+from ddpviz.atomic import SaveError, commit, discard
 from ddpviz.events import Event
 from ddpviz.trace import SUFFIX, Trace, TraceWriter
 from ddpviz.transport.collector import (
@@ -41,7 +44,11 @@ class Session:
 
     Args:
         collector: where the events come from (`listen()` makes one).
-        record: also append every event to this `.ddpviz` file as it arrives (crash-safe).
+        record: also append every event to a `.ddpviz` file as it arrives: to `RECORD.part`
+            while the session runs (crash-safe: load it if the kernel died), renamed to
+            `record` when the session closes, so an earlier file there survives until then.
+            If writing fails (a full disk), events still reach every consumer; the failure is
+            warned about once and kept in `record_error`, and the earlier file is unchanged.
     """
 
     def __init__(self, collector: Collector, *, record: str | os.PathLike[str] | None = None
@@ -51,7 +58,16 @@ class Session:
         self._cv = threading.Condition(self._lock)
         self._trace = Trace(meta={"source": "session", "address": collector.address,
                                   "started_wall_ns": time.time_ns()})
-        self._writer = TraceWriter(record, meta=self._trace.meta) if record else None
+        self.record = Path(record) if record else None
+        self.record_error: SaveError | None = None  # why recording stopped, if it did
+        self._writer: TraceWriter | None = None
+        if self.record is not None:
+            part = self.record.with_name(self.record.name + ".part")
+            try:
+                self._writer = TraceWriter(part, meta=self._trace.meta)
+            except OSError as exc:
+                collector.close()
+                raise SaveError(self.record, exc) from exc
         self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._closed = False
@@ -171,8 +187,11 @@ class Session:
         with self._lock:
             self._trace.extend(batch)
             if self._writer is not None:
-                self._writer.write_many(batch)
-                self._writer.flush()
+                try:
+                    self._writer.write_many(batch)
+                    self._writer.flush()
+                except OSError as exc:  # keep delivering: recording is a side line
+                    self._record_failed(exc)
             for q in self._queues:
                 q.put(batch)
             for callback, is_batch in list(self._subscribers):
@@ -195,25 +214,56 @@ class Session:
         """Save everything received so far as a `.ddpviz` trace. Returns the path."""
         return self.trace.save(path)
 
+    def _record_failed(self, exc: OSError) -> None:
+        """Stop recording (once): drop the partial file, keep the error, warn."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        with contextlib.suppress(OSError):
+            writer.close()
+        discard(writer.path)
+        assert self.record is not None
+        self.record_error = SaveError(self.record, exc)
+        with contextlib.suppress(Warning):  # on the collector's thread: must not raise
+            warnings.warn(f"{self.record_error.message.splitlines()[0]} Recording stopped; "
+                          "the session keeps receiving events (session.trace, subscribers). "
+                          "Save them later with session.save(path).", UserWarning, stacklevel=2)
+
     def close(self) -> None:
-        """Stop listening; iterators end; the record file (if any) gets the clock offsets."""
+        """Stop listening; iterators end; the record file (if any) gets the clock offsets and
+        is renamed into place. Never raises for a recording failure (see `record_error`)."""
         if self._closed:
             return
-        trace = self.trace  # takes the final clock offsets
-        self.collector.close()
-        self._unsubscribe()
-        with self._lock:
-            self._closed = True
-            if self._writer is not None:
-                for rank, (offset, error) in sorted(trace.clock.items()):
-                    self._writer.write_clock(rank, offset, error)
-                self._writer.close()
-            for q in self._queues:
-                q.put(END_OF_STREAM)
-            self._queues.clear()
-            self._cv.notify_all()
-        if self._connect_dir is not None:
-            self._connect_dir.remove()
+        clock: dict[int, tuple[int, int]] = {}
+        try:
+            clock = dict(self.trace.clock)  # the final clock offsets
+            self.collector.close()
+            self._unsubscribe()
+        finally:
+            with self._lock:
+                self._closed = True
+                try:
+                    self._finish_record(clock)
+                finally:
+                    for q in self._queues:
+                        q.put(END_OF_STREAM)
+                    self._queues.clear()
+                    self._cv.notify_all()
+                    if self._connect_dir is not None:
+                        self._connect_dir.remove()
+
+    def _finish_record(self, clock: dict[int, tuple[int, int]]) -> None:
+        writer = self._writer
+        if writer is None or self.record is None:
+            return
+        try:
+            for rank, (offset, error) in sorted(clock.items()):
+                writer.write_clock(rank, offset, error)
+            writer.close()
+            commit(writer.path, self.record)
+            self._writer = None
+        except OSError as exc:
+            self._record_failed(exc)
 
     def __enter__(self) -> Session:
         return self

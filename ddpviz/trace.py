@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import msgspec
 
 from ddpviz import events as ev
+from ddpviz.atomic import replacing, write_text
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class Span(NamedTuple):
 
 class TraceWriter:
     """Appends events to a `.ddpviz` file as they come; crash-safe at every `flush()`.
+    (It writes in place: `Trace.save` and recording sessions point it at a temporary file and
+    rename that into place, see ddpviz/atomic.py.)
 
     Args:
         path: file to create (overwritten if it exists).
@@ -237,14 +240,17 @@ class Trace:
     # --- files --------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the whole trace to `path` (conventionally `*.ddpviz`). Returns the path."""
-        with TraceWriter(path, meta=self.meta, chunk=_CHUNK) as w:
+        """Write the whole trace to `path` (conventionally `*.ddpviz`). Returns the path.
+
+        Atomic: written next to it, synced, then renamed into place; on failure (a full disk)
+        raises `SaveError` and the previous file is unchanged (see ddpviz/atomic.py)."""
+        with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=_CHUNK) as w:
             for rank, (offset, error) in sorted(self.clock.items()):
                 w.write_clock(rank, offset, error)
             for rank in self.ranks:
                 w.write_many(self.events(rank))
                 w.flush()
-            return w.path
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
@@ -357,7 +363,7 @@ class Trace:
         if given (open in ui.perfetto.dev or chrome://tracing) and returns it."""
         doc = _chrome(self)
         if path is not None:
-            Path(path).write_text(json.dumps(doc))
+            write_text(path, json.dumps(doc))  # atomic, like every save
         return doc
 
 
