@@ -31,6 +31,7 @@ from ddpviz.launcher.process import (
     choose_backend,
     close_fds,
     free_port,
+    interrupts_deferred,
     spawn_rank,
     stop_ranks,
 )
@@ -75,21 +76,23 @@ class RankPool:
         try:
             for rank in range(nprocs):
                 rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
-                proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
-                                  backend=self.backend, mode="cells",
-                                  env=rank_env)
-                self._ranks.append(proc)
+                with interrupts_deferred():  # a rank is started and known, or not started
+                    proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
+                                      backend=self.backend, mode="cells", env=rank_env)
+                    self._ranks.append(proc)
                 for name, fd in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                     on_marker = functools.partial(self._marker, rank, name)
                     self._relays.append(PipeRelay(fd, rank, name, target, on_marker=on_marker,
                                                   marker_prefix=CELL_END))
-        except BaseException:
-            self.stop()
+            with interrupts_deferred():
+                for proc in self._ranks:
+                    threading.Thread(target=self._pump, args=(proc,),
+                                     name=f"ddpviz-pool{proc.rank}", daemon=True).start()
+                _live.add(self)
+        except BaseException:  # KeyboardInterrupt included: no rank outlives a failed start
+            with interrupts_deferred():
+                self.stop()
             raise
-        for proc in self._ranks:
-            threading.Thread(target=self._pump, args=(proc,), name=f"ddpviz-pool{proc.rank}",
-                             daemon=True).start()
-        _live.add(self)
 
     @property
     def pids(self) -> list[int]:
@@ -135,7 +138,8 @@ class RankPool:
             lines = [line for rank in sorted(where) for line in where[rank]]
             target.write("stderr", "ddpviz: interrupted; where each rank was:\n"
                          + "\n".join(lines) + "\n")
-            self.stop()
+            with interrupts_deferred():  # a second interrupt must not cut the stop short
+                self.stop()
             raise
 
     def _collect(self, cell_id: str, target: OutputTarget, timeout: float | None) -> CellResult:

@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,35 @@ def spawn_rank(rank: int, world_size: int, *, port: int, store: Path, backend: s
     finally:  # the rank's ends of the pipes live in the rank only
         close_fds(to_rank_r, from_rank_w, out_w, err_w)
     return RankProcess(rank, popen, to_rank_w, from_rank_r, out_r, err_r)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a kernel interrupt (SIGINT) back until the block is done, then raise it.
+
+    For short sections that must not be cut in half: a KeyboardInterrupt inside
+    `subprocess.Popen` after the fork would leave a rank nobody knows the pid of, and one
+    inside `stop_ranks` would leave ranks running. Only the main thread can install signal
+    handlers; elsewhere the block runs as is (interrupts only reach the main thread anyway).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # the kernel's own handler: KeyboardInterrupt
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
 
 
 def _has_interface(name: str) -> bool:

@@ -30,6 +30,7 @@ from ddpviz.launcher.process import (
     choose_backend,
     close_fds,
     free_port,
+    interrupts_deferred,
     spawn_rank,
     stop_ranks,
 )
@@ -138,22 +139,28 @@ class Run:
         try:
             for rank in range(nprocs):
                 rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
-                proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
-                                  backend=self.backend, mode="call",
-                                  env=rank_env)
-                self._ranks.append(proc)
+                with interrupts_deferred():  # a rank is started and known, or not started
+                    proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
+                                      backend=self.backend, mode="call", env=rank_env)
+                    self._ranks.append(proc)
                 self._relays += [PipeRelay(proc.stdout, rank, "stdout", self._target),
                                  PipeRelay(proc.stderr, rank, "stderr", self._target)]
-        except BaseException:
-            stop_ranks(self._ranks, grace=0)
-            self._dir.remove()
-            self._events.close()
+            with interrupts_deferred():  # the supervisor must exist once the ranks run
+                for proc in self._ranks:
+                    threading.Thread(target=self._watch, args=(proc, payload, sources),
+                                     name=f"ddpviz-rank{proc.rank}", daemon=True).start()
+                threading.Thread(target=self._supervise, name="ddpviz-supervisor",
+                                 daemon=True).start()
+                _live.add(self)
+        except BaseException:  # KeyboardInterrupt included: no rank outlives a failed launch
+            with interrupts_deferred():
+                if self in _live:  # the supervisor runs: it reaps and cleans up
+                    self.stop()
+                else:
+                    stop_ranks(self._ranks, grace=0)
+                    self._dir.remove()
+                    self._events.close()
             raise
-        for proc in self._ranks:
-            threading.Thread(target=self._watch, args=(proc, payload, sources),
-                             name=f"ddpviz-rank{proc.rank}", daemon=True).start()
-        threading.Thread(target=self._supervise, name="ddpviz-supervisor", daemon=True).start()
-        _live.add(self)
 
     # --- public -------------------------------------------------------------------------------
 
@@ -211,14 +218,16 @@ class Run:
                         f"{timeout:g}); they keep running.\n"
                         "Call run.wait() again, or run.stop() to end them.")
         except KeyboardInterrupt:
-            with self._cond:
-                interrupted = [(p.rank, p.pid) for p in self._ranks if p.rank in self._running()]
-            if interrupted and not self._done.is_set():
-                where = self._stacks.take(interrupted)
-                lines = [line for rank in sorted(where) for line in where[rank]]
-                self._target.write("stderr", "ddpviz: interrupted; where each rank was:\n"
-                                   + "\n".join(lines) + "\n")
-            self.stop()
+            with interrupts_deferred():  # a second interrupt must not cut the stop short
+                with self._cond:
+                    interrupted = [(p.rank, p.pid) for p in self._ranks
+                                   if p.rank in self._running()]
+                if interrupted and not self._done.is_set():
+                    where = self._stacks.take(interrupted)
+                    lines = [line for rank in sorted(where) for line in where[rank]]
+                    self._target.write("stderr", "ddpviz: interrupted; where each rank was:\n"
+                                       + "\n".join(lines) + "\n")
+                self.stop()
             raise
         finally:
             with self._cond:

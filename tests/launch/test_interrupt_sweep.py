@@ -1,0 +1,53 @@
+"""A kernel interrupt at any moment of launch()/wait() stops every rank and raises
+KeyboardInterrupt, also under a CPU hog (the machine this was once lost on was loaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.launch.processes import still_alive
+
+ROOT = Path(__file__).resolve().parents[2]
+OFFSETS = [0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1.2, 1.6, 2.0]
+
+
+def _with_token(token: str) -> list[int]:
+    """Processes of this user whose environment carries the token (ranks and their children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"DDPVIZ_SWEEP={token}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_interrupt_at_any_moment_of_launch_or_wait_stops_every_rank_and_raises() -> None:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    token = secrets.token_hex(8)
+    try:
+        kernel = subprocess.run(
+            [sys.executable, "-m", "tests.launch.interrupt_sweep", token,
+             *(str(o) for o in OFFSETS)],
+            cwd=ROOT, capture_output=True, text=True, timeout=240,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    results = [json.loads(line) for line in kernel.stdout.splitlines() if line.startswith("{")]
+    print("\n" + "\n".join(json.dumps(r) for r in results))
+    assert kernel.returncode == 0, kernel.stderr[-3000:]
+    assert [r["offset"] for r in results] == OFFSETS
+    assert [r["raised"] for r in results] == ["KeyboardInterrupt"] * len(OFFSETS)
+    assert {r["where"] for r in results} == {"launch", "wait"}  # both were hit
+    assert still_alive(_with_token(token), within=10.0) == []
