@@ -29,7 +29,7 @@ from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
 WIRE_VERSION = 1
 MAGIC = b"ddpviz"
-MAX_MESSAGE_BYTES = 1 << 20  # senders split larger batches; a single event is far smaller
+MAX_MESSAGE_BYTES = 4 << 20  # senders split larger batches (ParamsBuilt of 40k params fits)
 MAX_FRAME_SLACK = 128 << 10  # zmq's per-frame limit is max_bytes + this (see Collector)
 REASONS = ("garbage", "truncated", "oversized", "version", "schema", "auth")
 Reason = Literal["garbage", "truncated", "oversized", "version", "schema", "auth"]

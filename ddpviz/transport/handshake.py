@@ -30,7 +30,8 @@ from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
 HANDSHAKE_S = 5.0  # zmq drops a connection whose handshake takes longer
-MAX_PENDING = 32  # connections allowed to be mid-handshake at once; the oldest beyond go
+MAX_PENDING = 12  # connections allowed mid-handshake at once (the oldest beyond go): with
+#                  4 MiB messages, 12 x 4.125 MiB ~ 50 MiB of unverified data at most
 
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)

@@ -363,9 +363,16 @@ class _ZmqSink:
 
     def ship(self, events: list[Event]) -> bool:
         body = self._codec.encode_body(events)
-        if len(body) + 1024 > MAX_MESSAGE_BYTES and len(events) > 1:
-            half = len(events) // 2
-            return self.ship(events[:half]) and self.ship(events[half:])
+        if len(body) + 1024 > MAX_MESSAGE_BYTES:
+            if len(events) > 1:
+                half = len(events) // 2
+                return self.ship(events[:half]) and self.ship(events[half:])
+            # The collector would drop the connection: never send it; say so (its seq is the
+            # gap the collector counts).
+            _warn(f"ddpviz: rank {self.rank} did not send a {type(events[0]).__name__} event "
+                  f"of {len(body)} bytes: messages are limited to {MAX_MESSAGE_BYTES} bytes.\n"
+                  "Please report this as a ddpviz bug (events are meant to be small).")
+            return True
         header = make_header("events", self.rank, self._id, self._next_seq(), count=len(events))
         ok = self._send(self._codec.encode_with_body(header, body))
         self.service()
