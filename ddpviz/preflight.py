@@ -95,7 +95,7 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
     if tap is None:  # report to the notebook when launched (ddpviz.launch, ddpviz.connect)
         group = dist.group.WORLD if process_group is None else process_group
         tap = Tap(default_emitter(), rank=group.rank() if group is not None else 0)
-    wait = resolve_hang_timeout(timeout)
+    wait = resolve_hang_timeout(timeout, process_group)
     if wait is not None:
         rendezvous("verify", process_group, timeout=wait, what="verify_across_ranks")
     report = verify.verify_module_across_ranks(module, process_group, ignore=ignore, tap=tap,

@@ -95,7 +95,7 @@ class Watch:
         self._handles: list[Any] = []
         self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
         self._lock = threading.Lock()
-        timeout = resolve_hang_timeout(hang_timeout)
+        timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
         self._monitor: _Monitor | None = None

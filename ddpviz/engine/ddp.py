@@ -113,7 +113,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         tap = self._tap
         # Names ranks that never arrive or stop coming. See [Note: hang protocol].
         self._watchdog = Watchdog(self.process_group,
-                                  timeout=resolve_hang_timeout(hang_timeout), tap=tap)
+                                  timeout=resolve_hang_timeout(hang_timeout, self.process_group),
+                                  tap=tap)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []
