@@ -10,37 +10,41 @@ the finder wraps `DistributedDataParallel.__init__`; the first DDP constructed i
 
 from __future__ import annotations
 
-import functools
-import importlib.abc
-import importlib.machinery
 import sys
-from types import ModuleType
-from typing import Any
+
+# Only `sys` at start-up (this runs in every process of the job, torchrun's agent included):
+# annotations are strings (never evaluated), so typing is not imported.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
 
 ENV = "DDPVIZ_RECORD"
 _TARGET = "torch.nn.parallel.distributed"
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """torch's own loader for the DDP module, then the patch."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)  # type: ignore[no-any-return]
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
         patch(module.DistributedDataParallel)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """Finds nothing itself: when torch's DDP module is imported, hands torch's own spec back
     with a loader that patches the class right after the module ran."""
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None, /) -> ModuleSpec | None:
         if fullname != _TARGET:
             return None
         sys.meta_path.remove(self)  # one module, once
@@ -58,16 +62,18 @@ def patch(cls: type) -> None:
     """Wrap `cls.__init__` (torch's DistributedDataParallel) so that each instance is watched;
     the work is done by `ddpviz.autowatch`, imported at the first construction (torch is
     fully imported by then)."""
-    original = cls.__init__
+    original = cls.__init__  # type: ignore[misc]
     if getattr(original, "__ddpviz_autowatch__", False):
         return
 
-    @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         from ddpviz.autowatch import construct
 
         construct(original, self, args, kwargs)
 
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(__init__, name, getattr(original, name, None))
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
     __init__.__ddpviz_autowatch__ = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[misc]
 

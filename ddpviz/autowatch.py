@@ -61,12 +61,12 @@ def _group(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
     mesh = bound.get("device_mesh")
     if mesh is not None:
         try:
-            return mesh.get_group(mesh_dim=0)  # type: ignore[no-any-return]
+            return mesh.get_group(mesh_dim=0)
         except Exception:  # not a 1-D mesh: torch raises its own error
             return None
     group = bound.get("process_group")
     if group is not None:
-        return group  # type: ignore[no-any-return]
+        return group
     return dist.group.WORLD if dist.is_initialized() else None
 
 

@@ -106,6 +106,8 @@ def process_group_timeout(process_group: dist.ProcessGroup | None = None) -> flo
         if not (dist.is_available() and dist.is_initialized()):
             return None
         group = dist.group.WORLD
+    if group is None:
+        return None
     found: list[float] = []
     for device in ("cpu", "cuda"):
         try:

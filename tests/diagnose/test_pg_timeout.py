@@ -40,7 +40,8 @@ def deadlines(rank: int, world_size: int) -> dict[str, Any]:
     sub = dist.new_group(list(range(world_size)), timeout=datetime.timedelta(seconds=5))
     out = {"world": process_group_timeout(), "sub": process_group_timeout(sub),
            "default_world": default_hang_timeout(), "default_sub": default_hang_timeout(sub),
-           "resolved_sub": resolve_hang_timeout(None, sub), "explicit": resolve_hang_timeout(7, sub),
+           "resolved_sub": resolve_hang_timeout(None, sub),
+           "explicit": resolve_hang_timeout(7, sub),
            "off": resolve_hang_timeout(0, sub)}
     os.environ["DDPVIZ_HANG_TIMEOUT"] = "2.5"
     out["env"] = resolve_hang_timeout(None, sub)

@@ -38,7 +38,8 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(args: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], env: dict[str, str],
+        timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
