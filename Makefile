@@ -31,7 +31,7 @@ $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
 lint: $(BIN)/.test
-	$(BIN)/ruff check ddpviz tests benchmarks
+	$(BIN)/ruff check ddpviz tests benchmarks ddpviz_autowatch.py
 	$(BIN)/mypy
 
 test: lint $(CHROMIUM)
