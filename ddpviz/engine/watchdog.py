@@ -306,9 +306,6 @@ class Watchdog:
         position = self._position(collective, bucket, params, since=since)
         notice: float | None = start + notice_after(self.timeout)
         while not done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if notice is not None and time.monotonic() >= notice:
-                notice = None
-                self._wait_notice(board, position)
             try:
                 if board.has_alerts():
                     raise self._from_alerts(position)
@@ -317,6 +314,9 @@ class Watchdog:
             except RuntimeError as exc:
                 raise self._report(store_lost(board.scope, collective_name(position), exc)
                                    ) from exc
+            if notice is not None and time.monotonic() >= notice and not done.is_set():
+                notice = None
+                self._wait_notice(board, position)
             if time.monotonic() >= deadline:
                 raise self._hang(position)
         try:
