@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -136,16 +135,13 @@ def test_a_single_process_job_is_recorded(python: str, tmp_path: Path, how: str)
 def test_a_rank_that_never_constructs_ddp_is_named_before_the_group_timeout(
         python: str, tmp_path: Path) -> None:
     out = tmp_path / "traces"
-    start = time.monotonic()
     done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
                job_env(TRAIN_ABSENT="1", TRAIN_PG_TIMEOUT="8", TRAIN_ABSENT_S="40"))
-    elapsed = time.monotonic() - start
     assert done.returncode != 0
     text = done.stdout + done.stderr
     assert ("rank 1 never reached torch's DistributedDataParallel constructor within 4.8s"
             in text), text[-3000:]
     assert "Timed out" not in text  # gloo's own timeout never fired
-    assert elapsed < 40  # torchrun stopped the sleeping rank once rank 0 failed
     trace = ddpviz.Trace.load(out / "ddpviz-trace-rank0.ddpviz")
     found: list[Any] = [e.finding for e in trace if isinstance(e, ev.FindingReported)]
     assert [f.kind for f in found] == ["rank_waiting", "missing_rank"]
