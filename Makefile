@@ -4,12 +4,12 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-gpu lint bench clean
 
 $(BIN)/.base: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[lab]'
 	touch $@
 
 # The JupyterLab extension: `pip install -e .` builds it with node (extension/, into
@@ -18,7 +18,7 @@ EXTENSION := $(wildcard extension/package.json extension/yarn.lock extension/src
 	extension/style/* extension/schema/*.json ddpviz/templates/*.ipynb)
 
 $(BIN)/.test: $(BIN)/.base pyproject.toml $(EXTENSION)
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[lab,test]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -31,11 +31,17 @@ $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
 lint: $(BIN)/.test
-	$(BIN)/ruff check ddpviz tests benchmarks
+	$(BIN)/ruff check ddpviz tests benchmarks ddpviz_autowatch.py
 	$(BIN)/mypy
 
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest
+
+# On a machine with CUDA GPUs: NCCL with as many ranks as GPUs (tests/gpu, marker gpu). Where
+# torch sees no GPU every test there is skipped, saying so. Install a CUDA build of torch into
+# the venv first (the Quick start installs the CPU one).
+test-gpu: $(BIN)/.test
+	$(BIN)/python -m pytest tests/gpu -m gpu -rs
 
 bench: $(BIN)/.test
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done

@@ -1,4 +1,5 @@
-"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`."""
+"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`,
+`ddpviz record -- COMMAND`."""
 
 from __future__ import annotations
 
@@ -115,6 +116,17 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(args: argparse.Namespace) -> int:
+    from ddpviz.record import RecordError, run_recorded
+
+    try:
+        return run_recorded(args.cmd, connect=args.connect, out=args.out,
+                            hang_timeout=args.hang_timeout)
+    except RecordError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddpviz", description="An interactive debugger for "
                                 "PyTorch DistributedDataParallel.")
@@ -136,6 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("trace", nargs="+", help="trace file(s); several (one per rank) are merged")
     r.add_argument("-o", "--output", default=None, help="HTML file (default: TRACE.html)")
     r.set_defaults(func=_report)
+    w = sub.add_parser("record", help="run an unmodified training command with every torch "
+                       "DistributedDataParallel watched",
+                       usage="ddpviz record [--connect STRING | --out DIR] [--hang-timeout S] "
+                             "-- COMMAND ...")
+    where = w.add_mutually_exclusive_group()
+    where.add_argument("--connect", default=None,
+                       help="a notebook session's connect string (ddpviz.listen())")
+    where.add_argument("--out", default=None,
+                       help="folder for per-rank trace files (default: the current folder)")
+    w.add_argument("--hang-timeout", type=float, default=None,
+                   help="seconds before a hang is diagnosed (default: 0.6 x the process "
+                        "group's timeout, at most 300; 0: off)")
+    w.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="the command, e.g. torchrun --nproc-per-node 2 train.py")
+    w.set_defaults(func=_record)
     return p
 
 

@@ -154,7 +154,7 @@ def _reported(per_rank: Mapping[int, list[Event]]) -> list[Finding]:
             if not isinstance(e, ev.FindingReported):
                 continue
             f = e.finding
-            if f in out:
+            if f in out or f.kind == "rank_waiting":  # live-only: the verdict, if any, follows
                 continue
             key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step)
             if f.kind == "buffer_reassigned" and key in merged:

@@ -28,6 +28,8 @@ KINDS: dict[str, str] = {
     "graph_changed": "static_graph=True, but the set of parameters with gradients changed",
     "grad_order": "gradients became ready in a different order on some ranks",
     "missing_rank": "a rank never arrived where every rank must (or sent no events)",
+    "rank_waiting": "live, before the hang deadline: ranks wait for others that have not "
+                    "arrived yet (who is missing, since when)",
     "rank_hang": "ranks wait in a collective that other ranks did not reach",
     "rank_exited": "a rank's connection closed while others waited for it (exit or crash)",
     "peer_failed": "this rank stopped because another rank failed",

@@ -81,7 +81,7 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
         module: the model about to be wrapped.
         process_group: the group (default group if None).
         timeout: seconds to wait for the other ranks (default: ddpviz's hang timeout,
-            $DDPVIZ_HANG_TIMEOUT or 300).
+            $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most 300 s).
         ignore: names to skip (default: `module._ddp_params_and_buffers_to_ignore`).
         tap: receives the verification events and a FindingReported per finding (default:
             the process's default emitter, so a launched rank reports to the notebook).
@@ -95,7 +95,7 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
     if tap is None:  # report to the notebook when launched (ddpviz.launch, ddpviz.connect)
         group = dist.group.WORLD if process_group is None else process_group
         tap = Tap(default_emitter(), rank=group.rank() if group is not None else 0)
-    wait = resolve_hang_timeout(timeout)
+    wait = resolve_hang_timeout(timeout, process_group)
     if wait is not None:
         rendezvous("verify", process_group, timeout=wait, what="verify_across_ranks")
     report = verify.verify_module_across_ranks(module, process_group, ignore=ignore, tap=tap,

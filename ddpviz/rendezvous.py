@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -90,7 +90,8 @@ def as_text(value: bytes | str) -> str:
 
 def exchange(name: str, payload: str = "", process_group: dist.ProcessGroup | None = None, *,
              timeout: float, store: dist.Store | None = None, what: str | None = None,
-             scope: Scope | None = None) -> list[str]:
+             scope: Scope | None = None,
+             on_wait: Callable[[list[int], float], None] | None = None) -> list[str]:
     """Every rank posts `payload`; returns all payloads (index = group rank). Not a
     collective: only the store is used, so ranks can never hang in it.
 
@@ -101,6 +102,9 @@ def exchange(name: str, payload: str = "", process_group: dist.ProcessGroup | No
         process_group, store: where to meet (the default group's store by default).
         timeout: seconds to wait for the other ranks.
         what: how to name the place in the error ("DistributedDataParallel's constructor").
+        on_wait: called once, after `notice_after(timeout)` seconds, if some ranks have not
+            arrived yet: `on_wait(missing_ranks, since)` (since: time.time() of arrival), so
+            the wait can be shown live before the deadline.
 
     Raises:
         RankHangError: on every rank that arrived, with the same message, naming the ranks
@@ -118,7 +122,8 @@ def exchange(name: str, payload: str = "", process_group: dist.ProcessGroup | No
         if s.add(f"{base}/count", 1) >= scope.world_size:
             verdict = as_text(s.compare_set(verdict_key, "", "ok"))
         else:
-            verdict = _wait_verdict(scope, base, verdict_key, start + timeout, timeout)
+            verdict = _wait_verdict(scope, base, verdict_key, start + timeout, timeout,
+                                    on_wait)
         if verdict == "ok":
             payloads = [as_text(s.get(f"{base}/{r}")) for r in range(scope.world_size)]
             _all_read(scope, f"{base}/read", scope.world_size)
@@ -146,15 +151,28 @@ def _all_read(scope: Scope, key: str, readers: int, limit: float = 1.0) -> None:
             count = int(s.add(key, 0))
 
 
+def notice_after(timeout: float) -> float:
+    """Seconds a wait lasts before it is reported live (a RankWaiting finding): a quarter of
+    the deadline, at most 10 s."""
+    return min(10.0, timeout / 4)
+
+
 def _wait_verdict(scope: Scope, base: str, verdict_key: str, deadline: float,
-                  timeout: float) -> str:
+                  timeout: float, on_wait: Callable[[list[int], float], None] | None) -> str:
     # Polling `check` rather than `store.wait(timeout)`: a timed-out wait makes c10d log socket
     # warnings on stderr, which would show up in the notebook on every rank.
     s = scope.store
     pause = 0.002
+    since = time.time()
+    notice = time.monotonic() + notice_after(timeout) if on_wait is not None else None
     while time.monotonic() < deadline:
         if s.check([verdict_key]):
             return as_text(s.get(verdict_key))
+        if notice is not None and time.monotonic() >= notice:
+            notice = None
+            missing = [r for r in range(scope.world_size) if not s.check([f"{base}/{r}"])]
+            if missing and on_wait is not None:
+                on_wait(missing, since)
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     arrived = [r for r in range(scope.world_size) if s.check([f"{base}/{r}"])]

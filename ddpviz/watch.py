@@ -53,7 +53,8 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
             what DDP does without a hook.
         state: the hook's state (default: the DDP's process group).
         hang_timeout: seconds before a bucket all-reduce that does not complete is diagnosed
-            (default $DDPVIZ_HANG_TIMEOUT or 300; 0 turns the watchdog off).
+            (default $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most
+            300 s; 0 turns the watchdog off).
 
     Returns:
         A `Watch`; `.close()` removes the hooks it added (the comm hook stays: torch cannot
@@ -95,7 +96,7 @@ class Watch:
         self._handles: list[Any] = []
         self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
         self._lock = threading.Lock()
-        timeout = resolve_hang_timeout(hang_timeout)
+        timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
         self._monitor: _Monitor | None = None

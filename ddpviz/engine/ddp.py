@@ -84,7 +84,8 @@ class DistributedDataParallel(nn.Module, Joinable):
             emitter (set by ddpviz.launch / ddpviz.connect), else no events at all.
         hang_timeout: seconds a collective may wait before the ranks are compared and
             the missing or lagging ones named (RankHangError); default
-            $DDPVIZ_HANG_TIMEOUT or 300, 0 turns the watchdog off.
+            $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout (at most 300 s); 0
+            turns the watchdog off.
     """
 
     def __init__(self, module: nn.Module, device_ids: list[int | torch.device] | None = None,
@@ -113,7 +114,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         tap = self._tap
         # Names ranks that never arrive or stop coming. See [Note: hang protocol].
         self._watchdog = Watchdog(self.process_group,
-                                  timeout=resolve_hang_timeout(hang_timeout), tap=tap)
+                                  timeout=resolve_hang_timeout(hang_timeout, self.process_group),
+                                  tap=tap)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []

@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
+import torch
 import torch.distributed as dist
 
 from ddpviz.errors import RankHangError
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import Finding, format_ranks, group_ranks
-from ddpviz.rendezvous import Board, Scope, as_text, exchange, store_lost
+from ddpviz.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
 
 # [Note: hang protocol]
 # Each synced forward posts this rank's position (a heartbeat: one store write, no reply). A
@@ -43,6 +44,7 @@ from ddpviz.rendezvous import Board, Scope, as_text, exchange, store_lost
 
 ENV_HANG_TIMEOUT = "DDPVIZ_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT = 300.0  # seconds; gloo's and NCCL's own defaults are 30 and 10 minutes
+PG_FRACTION = 0.6  # of the process group's timeout: see default_hang_timeout
 _POLL_S = 0.25
 _ALERT_CHECK_S = 0.5  # heartbeats look for other ranks' errors at most this often
 _FIX_LAGGING = ("A rank that is behind ran out of data (uneven inputs: use ddp.join(), or the "
@@ -62,8 +64,10 @@ _FIX_EXITED = ("Read the output of the rank that stopped: it crashed, or returne
                "(uneven inputs: use ddp.join(), or the same number of batches on every rank).")
 
 
-def resolve_hang_timeout(value: float | None) -> float | None:
-    """`value`, else $DDPVIZ_HANG_TIMEOUT, else 300 s; 0 or less turns the watchdog off."""
+def resolve_hang_timeout(value: float | None,
+                         process_group: dist.ProcessGroup | None = None) -> float | None:
+    """`value`, else $DDPVIZ_HANG_TIMEOUT, else `default_hang_timeout(process_group)`; 0 or
+    less turns the watchdog off."""
     if value is None:
         env = os.environ.get(ENV_HANG_TIMEOUT, "").strip()
         if env:
@@ -74,8 +78,45 @@ def resolve_hang_timeout(value: float | None) -> float | None:
                                  "seconds.\nSet it to e.g. 60, or 0 to turn the hang watchdog "
                                  "off.") from None
         else:
-            value = DEFAULT_HANG_TIMEOUT
+            value = default_hang_timeout(process_group)
     return float(value) if value > 0 else None
+
+
+def default_hang_timeout(process_group: dist.ProcessGroup | None = None) -> float:
+    """The hang deadline when none is given: PG_FRACTION of the process group's own timeout,
+    at most DEFAULT_HANG_TIMEOUT (300 s; also when the group's timeout cannot be read).
+
+    Why 0.6: past the deadline a waiting rank gives the others a grace of a quarter of it
+    (1-5 s) to post where they are before it names the laggards, so the verdict comes at
+    about 0.75 x the group's timeout, leaving a quarter for store round trips on a loaded
+    machine before the backend's own timeout error (which names no rank) fires.
+    """
+    timeout = process_group_timeout(process_group)
+    if timeout is None:
+        return DEFAULT_HANG_TIMEOUT
+    return min(DEFAULT_HANG_TIMEOUT, PG_FRACTION * timeout)
+
+
+def process_group_timeout(process_group: dist.ProcessGroup | None = None) -> float | None:
+    """The timeout (seconds) the group's backends were created with (`init_process_group(...,
+    timeout=)` / `new_group(..., timeout=)`), the smallest over its CPU and CUDA backends;
+    None when no group is initialized or torch does not expose it."""
+    group = process_group
+    if group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = dist.group.WORLD
+    if group is None:
+        return None
+    found: list[float] = []
+    for device in ("cpu", "cuda"):
+        try:
+            options = group._get_backend(torch.device(device)).options
+            found.append(options._timeout.total_seconds())
+        except (RuntimeError, AttributeError, ValueError, TypeError):
+            continue  # no backend for this device type, or an older/newer torch
+    positive = [t for t in found if t > 0]
+    return min(positive) if positive else None
 
 
 def describe(position: dict[str, Any], now: float | None = None) -> str:
@@ -147,7 +188,8 @@ class Watchdog:
         scope = Scope(self.group, store=self._store, clone=self._clone)
         try:
             epoch = scope.generation("board")
-            exchange("ddp", "", timeout=self.timeout, what=what, scope=scope)
+            exchange("ddp", "", timeout=self.timeout, what=what, scope=scope,
+                     on_wait=lambda missing, since: self._arrival_notice(missing, since, what))
         except RankHangError as exc:
             self._report(exc)
             raise
@@ -262,6 +304,7 @@ class Watchdog:
         start, since = time.monotonic(), time.time()
         deadline = start + self.timeout
         position = self._position(collective, bucket, params, since=since)
+        notice: float | None = start + notice_after(self.timeout)
         while not done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
             try:
                 if board.has_alerts():
@@ -271,12 +314,69 @@ class Watchdog:
             except RuntimeError as exc:
                 raise self._report(store_lost(board.scope, collective_name(position), exc)
                                    ) from exc
+            if notice is not None and time.monotonic() >= notice and not done.is_set():
+                notice = None
+                self._wait_notice(board, position)
             if time.monotonic() >= deadline:
                 raise self._hang(position)
         try:
             waitable.wait()
         except RuntimeError as exc:
             raise self._failed(position, exc) from exc
+
+    # --- live notices (RankWaiting) -----------------------------------------------------------
+
+    def _arrival_notice(self, missing: list[int], since: float, what: str) -> None:
+        """Some ranks have not reached the meeting `what` yet: say so live (no raise)."""
+        if not self.tap.enabled:
+            return
+        assert self.timeout is not None
+        states = {r: "not arrived yet" if r in missing else "arrived"
+                  for r in range(self.world_size)}
+        self.tap.emit(FindingReported, self._waiting_finding(
+            tuple(missing), what, since, group_ranks(states), step=-1))
+
+    def _wait_notice(self, board: Board, position: dict[str, Any]) -> None:
+        """A collective has waited notice_after(timeout) seconds: post this rank's position
+        (so the others see it) and say live which ranks are not known to wait here yet."""
+        try:
+            board.post_position(position)
+            positions = {**board.positions(), self.rank: position}
+        except RuntimeError:
+            return  # the store is gone: the next poll reports it
+        if not self.tap.enabled:
+            return
+        now = time.time()
+        here = (position["step"], position["collective"], position["bucket"])
+        missing = tuple(r for r in range(self.world_size)
+                        if r not in positions or positions[r].get("state") != "waiting"
+                        or (positions[r].get("step"), positions[r].get("collective"),
+                            positions[r].get("bucket")) != here)
+        if not missing:
+            return
+        values = tuple((describe(positions[r], now) if r in positions
+                        else "never reported (no DDP step on this rank yet)", (r,))
+                       for r in range(self.world_size))
+        what = collective_name(position)
+        at = f" at step {position['step']}" if position["step"] >= 0 else ""
+        self.tap.emit(FindingReported, self._waiting_finding(
+            missing, what + at, float(position["since"]), values, step=int(position["step"]),
+            bucket=int(position["bucket"]), field=str(position["collective"])))
+
+    def _waiting_finding(self, missing: tuple[int, ...], what: str, since: float,
+                         values: Any, *, step: int, bucket: int = -1,
+                         field: str = "arrival") -> Finding:
+        assert self.timeout is not None
+        waited = time.time() - since
+        clock = time.strftime("%H:%M:%S", time.localtime(since))
+        return Finding(
+            kind="rank_waiting", severity="warning",
+            title=(f"rank {self.rank} has waited {waited:.1f}s (since {clock}) in {what} for "
+                   f"{format_ranks(missing)}; they are named at {self.timeout:g}s if they do "
+                   "not come"),
+            ranks=missing, field=field, bucket=bucket, step=step, values=tuple(values),
+            fix="Nothing to do yet: if they do not come, a RankHangError names where they are.",
+            world_size=self.world_size)
 
     def waiter(self, collective: str) -> Callable[[Any], None] | None:
         """`wait` for one kind of collective, as a callable (None without a watchdog)."""

@@ -1,6 +1,7 @@
 """Notebook widgets (ipywidgets + plotly). They consume plans, events and findings only, never
 engine objects."""
 
+import ddpviz.widgets._require  # noqa: F401  (first: a clear error without ddpviz[lab])
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
 from ddpviz.widgets.bucket_map import BucketMap
 from ddpviz.widgets.dashboard import Dashboard, dashboard

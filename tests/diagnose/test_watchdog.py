@@ -66,7 +66,11 @@ def test_a_lagging_rank_is_named_with_where_it_was_last_seen_on_every_rank() -> 
                            field="all-reduce")
     assert err0.positions[1]["step"] == 1
     reported = [e.finding for e in events if isinstance(e, ev.FindingReported)]
-    assert reported == [finding, finding]  # recorded once on each rank
+    live = [f for f in reported if f.kind == "rank_waiting"]
+    assert [f for f in reported if f.kind != "rank_waiting"] == [finding, finding]  # once a rank
+    # Before the deadline, live: rank 0 waits for rank 1 (a quarter of the deadline in).
+    assert [(f.ranks, f.step, f.bucket, f.severity) for f in live] == [((1,), 2, 0, "warning")]
+    assert reported.index(live[0]) < reported.index(finding)
 
 
 def test_ranks_waiting_in_different_collectives_are_told_so() -> None:

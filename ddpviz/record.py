@@ -1,0 +1,104 @@
+"""`ddpviz record [--connect STRING | --out DIR] -- COMMAND...`: run an unmodified training
+command (torchrun ..., python -m pkg ..., python train.py) with every torch
+DistributedDataParallel in every rank watched.
+
+It sets $DDPVIZ_RECORD, which the startup hook `ddpviz_autowatch.pth` (installed into
+site-packages with ddpviz, editable or not) honours in every Python process of the job, plus
+where the events go: $DDPVIZ_CONNECT (a notebook's `ddpviz.listen()` session) or
+$DDPVIZ_TRACE_DIR (one `ddpviz-trace-rank{R}.ddpviz` per rank). See `ddpviz.autowatch`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import site
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ddpviz.engine.watchdog import ENV_HANG_TIMEOUT
+from ddpviz.session import ENV_CONNECT, ENV_TRACE_DIR
+from ddpviz.trace import SUFFIX
+
+ENV_RECORD = "DDPVIZ_RECORD"
+HOOK = "ddpviz_autowatch.pth"
+
+
+class RecordError(ValueError):
+    """`ddpviz record` cannot run the command as asked."""
+
+
+def hook_path() -> Path | None:
+    """Where this interpreter's startup hook is, or None when it is not installed."""
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    for folder in folders:
+        path = Path(folder) / HOOK
+        if path.is_file():
+            return path
+    return None
+
+
+def record_env(*, connect: str | None, out: str | None, hang_timeout: float | None,
+               base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the command runs with."""
+    env = dict(os.environ if base is None else base)
+    env[ENV_RECORD] = "1"
+    if connect is not None:
+        env[ENV_CONNECT] = connect
+        env.pop(ENV_TRACE_DIR, None)
+    elif out is not None or not env.get(ENV_CONNECT):
+        env.pop(ENV_CONNECT, None)
+        env[ENV_TRACE_DIR] = str(Path(out or ".").resolve())
+    if hang_timeout is not None:
+        env[ENV_HANG_TIMEOUT] = str(hang_timeout)
+    return env
+
+
+def run_recorded(command: Sequence[str], *, connect: str | None = None,
+                 out: str | None = None, hang_timeout: float | None = None) -> int:
+    """Run `command` recorded; returns its exit status (128+N when killed by signal N)."""
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise RecordError("ddpviz: record needs a command after '--', e.g. `ddpviz record "
+                          "--out traces -- torchrun --nproc-per-node 2 train.py`.")
+    if connect is not None and out is not None:
+        raise RecordError("ddpviz: record got both --connect and --out; events go to one "
+                          "place.\nPass --connect STRING (a notebook's listen() session) or "
+                          "--out DIR (per-rank trace files).")
+    if hook_path() is None:
+        raise RecordError(
+            f"ddpviz: the startup hook {HOOK} is not in this Python's site-packages "
+            f"({sys.prefix}), so the ranks would run unwatched.\nReinstall ddpviz in this "
+            "environment (`pip install ddpviz`, or `pip install -e .` in a checkout): the "
+            "hook ships in the wheel.")
+    env = record_env(connect=connect, out=out, hang_timeout=hang_timeout)
+    if ENV_TRACE_DIR in env:
+        Path(env[ENV_TRACE_DIR]).mkdir(parents=True, exist_ok=True)
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise RecordError(f"ddpviz: cannot run {command[0]!r}: {exc.strerror or exc}.\nCheck "
+                          "the command (is it on PATH?).") from exc
+    # Ctrl-C reaches the child from the terminal itself; SIGTERM is passed on.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    term = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, term)
+    if ENV_TRACE_DIR in env:
+        traces = sorted(Path(env[ENV_TRACE_DIR]).glob(f"ddpviz-trace-rank*{SUFFIX}"))
+        if traces:
+            print(f"ddpviz: {len(traces)} per-rank trace(s) in {env[ENV_TRACE_DIR]}; "
+                  f"`ddpviz report {env[ENV_TRACE_DIR]}/*{SUFFIX}` writes an HTML report.",
+                  file=sys.stderr)
+        else:
+            print(f"ddpviz: no trace was written to {env[ENV_TRACE_DIR]}: the command "
+                  "constructed no torch DistributedDataParallel (or it is not a Python "
+                  "process of this environment).", file=sys.stderr)
+    return code if code >= 0 else 128 - code

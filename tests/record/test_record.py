@@ -1,0 +1,156 @@
+"""`ddpviz record -- COMMAND`: an unmodified torch DDP script (train_plain.py, no ddpviz
+import) run under torchrun (python -m torch.distributed.run, gloo), `python -m` and plain
+`python`, watched through the startup hook ddpviz_autowatch.pth."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ddpviz
+from ddpviz import events as ev
+from tests.dist.harness import free_port
+from tests.record.hooked import ROOT, hooked_python
+
+pytestmark = pytest.mark.dist
+
+SCRIPT = ROOT / "tests" / "record" / "train_plain.py"
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return hooked_python(tmp_path_factory.mktemp("hooked"))
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DDPVIZ_", "TRAIN_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def run(args: list[str], env: dict[str, str],
+        timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def torchrun(python: str, nprocs: int = 2) -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nprocs),
+            "--master-port", str(free_port()), str(SCRIPT)]
+
+
+def kinds(trace: ddpviz.Trace) -> Counter[str]:
+    return Counter(type(e).__name__ for e in trace)
+
+
+def digests(stdout: str) -> dict[int, str]:
+    return {int(line.split()[1]): line.split()[3] for line in stdout.splitlines()
+            if line.startswith("rank ") and " done " in line}
+
+
+def test_without_the_variable_no_ddpviz_module_is_imported(python: str) -> None:
+    probe = ("import sys, torch, torch.nn.parallel as p; "
+             "print(sorted(m for m in sys.modules if m.startswith('ddpviz')), "
+             "hasattr(p.DistributedDataParallel.__init__, '__ddpviz_autowatch__'))")
+    plain = run([python, "-c", probe], job_env())
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == ["[]", "False"]
+    armed = run([python, "-c", probe], job_env(DDPVIZ_RECORD="1"))
+    assert armed.returncode == 0, armed.stderr
+    # Armed: only the stdlib-only boot module, until the first DDP is constructed.
+    assert armed.stdout.split() == ["['ddpviz_autowatch']", "True"]
+
+
+def test_torchrun_job_writes_per_rank_traces_with_torch_ddp_events(python: str,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
+               job_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = sorted(out.glob("ddpviz-trace-rank*.ddpviz"))
+    assert [f.name for f in files] == ["ddpviz-trace-rank0.ddpviz", "ddpviz-trace-rank1.ddpviz"]
+    for rank, path in enumerate(files):
+        trace = ddpviz.Trace.load(path)
+        assert trace.ranks == [rank]
+        counts = kinds(trace)
+        assert counts["ParamsBuilt"] == 1
+        assert counts["ForwardStarted"] == 3
+        assert counts["AllReduceDone"] == counts["AllReduceLaunched"] >= 3
+        assert counts["GradReady"] == 3 * 4  # 4 parameters, 3 steps
+    # Unwatched, the same job ends with the same parameters.
+    plain = run(torchrun(python), job_env())
+    assert plain.returncode == 0, plain.stderr
+    assert digests(done.stdout) == digests(plain.stdout) and len(digests(plain.stdout)) == 2
+
+
+def test_torchrun_job_streams_into_a_listening_session(python: str) -> None:
+    with ddpviz.listen(show=False) as session:
+        done = run([python, "-m", "ddpviz", "record", "--connect", session.connect_string, "--",
+                    *torchrun(python)], job_env())
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert session.wait(ranks=2, events=2 * 30, timeout=30)
+        trace = session.trace
+    assert sorted(trace.ranks) == [0, 1]
+    for rank in (0, 1):
+        counts = Counter(type(e).__name__ for e in trace if e.rank == rank)
+        assert counts["ParamsBuilt"] == 1 and counts["AllReduceDone"] >= 3
+
+
+def test_a_comm_hook_registered_by_the_script_is_wrapped(python: str, tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    log = tmp_path / "hook"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
+               job_env(TRAIN_HOOK="1", TRAIN_HOOK_LOG=str(log)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        calls = Path(f"{log}.{rank}").read_text().split()
+        trace = ddpviz.Trace.load(out / f"ddpviz-trace-rank{rank}.ddpviz")
+        launched = [e for e in trace if isinstance(e, ev.AllReduceLaunched)]
+        assert len(calls) == len(launched) >= 3  # the script's hook ran under watch's wrapper
+
+
+@pytest.mark.parametrize("how", ["python", "python -m"])
+def test_a_single_process_job_is_recorded(python: str, tmp_path: Path, how: str) -> None:
+    command = ([python, str(SCRIPT)] if how == "python"
+               else [python, "-m", "tests.record.train_plain"])
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *command],
+               job_env(TRAIN_PORT=str(free_port())))
+    assert done.returncode == 0, done.stdout + done.stderr
+    trace = ddpviz.Trace.load(out / "ddpviz-trace-rank0.ddpviz")
+    counts = kinds(trace)
+    assert counts["ParamsBuilt"] == 1 and counts["ForwardStarted"] == 3
+    assert counts["AllReduceDone"] >= 3
+
+
+def test_a_rank_that_never_constructs_ddp_is_named_before_the_group_timeout(
+        python: str, tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
+               job_env(TRAIN_ABSENT="1", TRAIN_PG_TIMEOUT="8", TRAIN_ABSENT_S="40"))
+    assert done.returncode != 0
+    text = done.stdout + done.stderr
+    assert ("rank 1 never reached torch's DistributedDataParallel constructor within 4.8s"
+            in text), text[-3000:]
+    assert "Timed out" not in text  # gloo's own timeout never fired
+    trace = ddpviz.Trace.load(out / "ddpviz-trace-rank0.ddpviz")
+    found: list[Any] = [e.finding for e in trace if isinstance(e, ev.FindingReported)]
+    assert [f.kind for f in found] == ["rank_waiting", "missing_rank"]
+    assert found[0].ranks == (1,) and found[1].ranks == (1,)
+
+
+def test_record_without_a_command_or_with_both_targets_says_how() -> None:
+    from ddpviz.cli import main
+
+    assert main(["record", "--"]) == 2
+    with pytest.raises(SystemExit):
+        main(["record", "--connect", "x", "--out", "y", "--", sys.executable, "-c", "0"])

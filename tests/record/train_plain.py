@@ -1,0 +1,62 @@
+"""An unmodified torch DDP training script (no ddpviz import): what `ddpviz record` runs.
+
+Environment knobs (tests only): TRAIN_STEPS, TRAIN_HOOK=1 registers a comm hook after
+construction (it counts its calls into TRAIN_HOOK_LOG), TRAIN_ABSENT=R makes rank R sleep
+instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in seconds,
+TRAIN_DEVICE=cuda uses NCCL and one GPU per rank.
+"""
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def main() -> None:
+    cuda = os.environ.get("TRAIN_DEVICE") == "cuda"
+    timeout = datetime.timedelta(seconds=float(os.environ.get("TRAIN_PG_TIMEOUT", "60")))
+    if "RANK" not in os.environ:  # plain `python train.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("TRAIN_PORT", "29533"))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else None
+    if cuda:
+        torch.cuda.set_device(device)
+    if os.environ.get("TRAIN_ABSENT") == str(rank):
+        time.sleep(float(os.environ.get("TRAIN_ABSENT_S", "30")))
+        return
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
+    calls = []
+    if os.environ.get("TRAIN_HOOK") == "1":
+        def hook(state, bucket):
+            calls.append(bucket.index())
+            fut = dist.all_reduce(bucket.buffer().div_(state.size()), group=state,
+                                  async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+
+        ddp.register_comm_hook(dist.group.WORLD, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(int(os.environ.get("TRAIN_STEPS", "3"))):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(4, 8, generator=g).to(device)
+        opt.zero_grad()
+        ddp(x).square().sum().backward()
+        opt.step()
+    if os.environ.get("TRAIN_HOOK_LOG"):
+        with open(f"{os.environ['TRAIN_HOOK_LOG']}.{rank}", "w") as f:
+            f.write(" ".join(map(str, calls)))
+    digest = sum(float(p.detach().double().sum()) for p in ddp.parameters())
+    print(f"rank {rank} done {digest:.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
