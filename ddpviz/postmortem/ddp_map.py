@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -71,7 +72,8 @@ class DdpSchedule:
             dims = sum(2 * e.param.dim() for e in entries)
             self.constructor.append(DdpCollective("verify", -1, "all_gather", "int64", 1))
             self.constructor.append(DdpCollective("verify", -1, "broadcast", "int64", dims))
-            states = [(n, p) for n, p in module.named_parameters() if n not in ignore]
+            states: list[tuple[str, Any]] = [
+                (n, p) for n, p in module.named_parameters() if n not in ignore]
             if broadcast_buffers:
                 states += build_buffers(module, ignore)
             self.constructor += _coalesced("state_broadcast", -1, states)
@@ -106,7 +108,7 @@ class DdpSchedule:
         if position < len(self.constructor):
             return self.constructor[position]
         position -= len(self.constructor)
-        for step, items in enumerate(self._steps[:-1]):
+        for items in self._steps[:-1]:
             if position < len(items):
                 return items[position]
             position -= len(items)
