@@ -34,7 +34,9 @@ REQUIRED_TOP = ("version", "pg_config", "entries")
 REQUIRED_ENTRY = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id",
                   "profiling_name", "input_sizes", "input_dtypes", "output_sizes",
                   "output_dtypes", "state", "retired", "is_p2p", "time_created_ns")
-KNOWN_ENTRY = (*REQUIRED_ENTRY, "frames", "op_id", "thread_id", "thread_name", "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms", "duration_ms")
+KNOWN_ENTRY = (*REQUIRED_ENTRY, "frames", "op_id", "thread_id", "thread_name",
+               "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms",
+               "duration_ms")
 KNOWN_TOP = (*REQUIRED_TOP, "comm_lib_version", "pg_status", "nccl_comm_state", "nccl_version")
 
 # Flight Recorder writes c10 ScalarType names; ddpviz speaks torch's dtype names.
@@ -83,7 +85,8 @@ class FrEntry:
     @property
     def nbytes(self) -> int:
         sizes = {n: s for n, s in DTYPES.values()}
-        return sum(math.prod(s) * sizes.get(d, 0) for s, d in zip(self.input_sizes, self.dtypes, strict=False))
+        return sum(math.prod(s) * sizes.get(d, 0)
+                   for s, d in zip(self.input_sizes, self.dtypes, strict=False))
 
     def describe(self) -> str:
         """'all_reduce of 244 float32' (sizes as the recorder logged them)."""
