@@ -208,7 +208,7 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
         what = name(waiter, st.seq)
         values: dict[int, str] = {}
         for r in st.waiting:
-            values[r] = f"waits in it (collective #{st.seq})"
+            values[r] = f"waiting in it (collective #{st.seq})"
         for r in st.never_launched:
             last = g.states[r].last_completed
             values[r] = ("last completed: " + (name(r, last.seq) + f" (#{last.seq})"
