@@ -1,4 +1,5 @@
-"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`."""
+"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`,
+`ddpviz postmortem DUMP_DIR`."""
 
 from __future__ import annotations
 
@@ -115,6 +116,28 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _postmortem(args: argparse.Namespace) -> int:
+    from ddpviz.plan import PlanSettings
+    from ddpviz.postmortem import DumpError, postmortem
+
+    module, example = None, None
+    if args.model:
+        try:
+            module, example = load_target(args.model)
+        except TargetError as e:
+            print(e, file=sys.stderr)
+            return 2
+    settings = PlanSettings(args.bucket_cap_mb, tuple(args.bucket_cap_mb_list or ()) or None,
+                            args.find_unused, args.static_graph)
+    try:
+        pm = postmortem(args.dump_dir, module, settings=settings, example_inputs=example)
+    except (DumpError, OSError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(pm.to_json() if args.json else str(pm))
+    return 1 if any(f.severity == "error" for f in pm.findings) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddpviz", description="An interactive debugger for "
                                 "PyTorch DistributedDataParallel.")
@@ -136,6 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("trace", nargs="+", help="trace file(s); several (one per rank) are merged")
     r.add_argument("-o", "--output", default=None, help="HTML file (default: TRACE.html)")
     r.set_defaults(func=_report)
+    m = sub.add_parser("postmortem", help="read torch Flight Recorder dumps of a hung job and "
+                       "name the bucket, step and ranks it hung on")
+    m.add_argument("dump_dir", help="folder of per-rank dumps (PREFIX<rank>, JSON or pickle)")
+    m.add_argument("--model", default=None, help="module factory, as for `ddpviz buckets`")
+    m.add_argument("--bucket-cap-mb", type=float, default=None)
+    m.add_argument("--bucket-cap-mb-list", type=float, nargs="+", default=None)
+    m.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
+    m.add_argument("--static-graph", action="store_true", help="static_graph=True")
+    m.add_argument("--json", action="store_true", help="print findings and positions as JSON")
+    m.set_defaults(func=_postmortem)
     return p
 
 

@@ -267,12 +267,15 @@ def _plan_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world: 
             want = run[0].expected
             prev = next((lab.ddp for lab in reversed(labs[:i - len(run)]) if lab.ddp), None)
             after = f" after {prev.label()}" if prev else ""
-            seqs = ", ".join(f"#{lab.entry.seq}" for lab in run)
-            if (want is not None and want.phase == "bucket"
-                    and all(lab.entry.op == "all_reduce" for lab in run)
-                    and {d for lab in run for d in lab.entry.dtypes} == {want.dtype}
-                    and len(run) > 1):
-                got = [lab.entry.numel for lab in run]
+            seqs = ", ".join(f"#{lab.entry.seq}" for lab in run[:8])
+            lead = []  # the run's leading all-reduces of the bucket's dtype
+            for lab in run:
+                if lab.entry.op != "all_reduce" or want is None or \
+                        set(lab.entry.dtypes) != {want.dtype}:
+                    break
+                lead.append(lab)
+            if want is not None and want.phase == "bucket" and len(lead) > 1:
+                got = [lab.entry.numel for lab in lead]
                 out.append(Finding(
                     kind="plan_mismatch", severity="error", ranks=(r,), world_size=world,
                     step=want.step, bucket=want.bucket, field="bucket_sizes",

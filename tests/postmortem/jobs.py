@@ -68,7 +68,7 @@ class _Dumper:
     def _run(self) -> None:
         import torch
 
-        c10d = torch._C._distributed_c10d
+        c10d: Any = torch._C._distributed_c10d
         self.ready.wait(120)
         last, since = None, time.monotonic()
         deadline = time.monotonic() + 60
@@ -114,7 +114,10 @@ def _rank(scenario: str, rank: int, world_size: int, port: int, out: str) -> Non
     cap = SMALL_CAP_MB
     if scenario == "caps" and rank == 1:
         cap = 0.0003
-    ddp = DDP(model, bucket_cap_mb=None if scenario == "caps" and rank == 0 else cap)
+    # bucket caps only shape buckets that are never rebuilt with find_unused_parameters=True
+    # (otherwise iteration 0 has one bucket and the rebuild follows rank 0's map)
+    ddp = DDP(model, bucket_cap_mb=None if scenario == "caps" and rank == 0 else cap,
+              find_unused_parameters=scenario == "caps")
     gen = torch.Generator().manual_seed(rank)
 
     def step() -> Any:

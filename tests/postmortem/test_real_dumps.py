@@ -48,7 +48,8 @@ def test_rank_stops_mid_step(tmp_path: Path) -> None:
     assert f.ranks == (1,) and f.step == FAULT_STEP
     names = _plan_bucket(pm, f.bucket)
     assert "body.0.weight" in names  # the parameter whose hook blocked
-    assert f.bucket == len(pm.plan.rebuilt) - 1  # type: ignore[union-attr]
+    assert pm.plan is not None and pm.plan.rebuilt is not None
+    assert f.bucket == len(pm.plan.rebuilt) - 1
     last = dict(f.values)
     assert any(v.startswith(f"last completed: bucket {f.bucket - 1} of step {FAULT_STEP}")
                and rs == (1,) for v, rs in last.items())
@@ -77,7 +78,8 @@ def test_rank_runs_an_extra_collective(tmp_path: Path) -> None:
 def test_ranks_with_different_bucket_caps(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
     run_job("caps", 2, tmp_path)  # rank 0: bucket_cap_mb=None; rank 1: 0.0003
-    pm = ddpviz.postmortem(tmp_path, make_model())  # rank 0's settings
+    unused = {"find_unused_parameters": True}
+    pm = ddpviz.postmortem(tmp_path, make_model(), settings=unused)  # rank 0's settings
     f = _one(pm, "plan_mismatch")
     assert f.ranks == (1,) and f.step == 0 and f.bucket == 0
     sizes = f.values[0][0]
@@ -86,8 +88,8 @@ def test_ranks_with_different_bucket_caps(tmp_path: Path, capsys: pytest.Capture
     total = sum(p.numel() for p in make_model().parameters())
     assert sum(int(x) for x in sizes.split("[")[1].split("]")[0].split(", ")) == total
     # planned with rank 1's settings, rank 1's buckets are DDP's own
-    pm1 = ddpviz.postmortem(tmp_path, make_model(), settings={"bucket_cap_mb": 0.0003})
+    pm1 = ddpviz.postmortem(tmp_path, make_model(), settings={"bucket_cap_mb": 0.0003, **unused})
     assert not [g for g in pm1.findings if g.kind == "plan_mismatch"]
     assert main(["postmortem", str(tmp_path), "--model", "tests.postmortem.jobs:make_model",
-                 "--json"]) == 0
+                 "--find-unused", "--json"]) == 1  # exit status 1: errors found
     assert '"kind": "plan_mismatch"' in capsys.readouterr().out
