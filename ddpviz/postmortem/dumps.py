@@ -27,6 +27,9 @@ MAX_GROUPS = 65536
 MAX_GROUP_RANKS = 1 << 20
 MAX_STRING = 4096
 MAX_FRAMES = 256
+# Shapes and frames of one dump together; a pickle can repeat one big list by reference, so
+# per-entry bounds alone do not bound what parsing builds.
+MAX_ITEMS_PER_DUMP = 16_000_000
 
 # The dump versions whose fields were checked against real dumps (torch 2.13 writes "2.10").
 TESTED_VERSIONS = ("2.10",)
@@ -236,15 +239,31 @@ def _short(v: Any) -> str:
     return text[:80]
 
 
-def _sizes(v: Any, source: str, what: str) -> tuple[tuple[int, ...], ...]:
+class _Budget:
+    """Items (dimensions, frames) one dump may still build."""
+
+    def __init__(self, source: str) -> None:
+        self.left, self.source = MAX_ITEMS_PER_DUMP, source
+
+    def take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise _fail(self.source, f"the dump holds more than {MAX_ITEMS_PER_DUMP:,} shape "
+                        "dimensions and stack frames in all; a Flight Recorder dump of "
+                        f"{MAX_ENTRIES:,} entries holds far fewer, so this is not one.")
+
+
+def _sizes(v: Any, source: str, what: str, budget: _Budget) -> tuple[tuple[int, ...], ...]:
     if not isinstance(v, (list, tuple)) or len(v) > MAX_TENSORS_PER_ENTRY:
         raise _fail(source, f"{what} must be a list of at most {MAX_TENSORS_PER_ENTRY} shapes, "
                     f"found {_short(v)}.")
+    budget.take(len(v))
     out = []
     for s in v:
         if not isinstance(s, (list, tuple)) or len(s) > MAX_DIMS:
             raise _fail(source, f"{what} holds {_short(s)}, not a shape of at most {MAX_DIMS} "
                         "dimensions.")
+        budget.take(len(s))
         out.append(tuple(_int(d, source, f"a dimension in {what}", 0, 2**48) for d in s))
     return tuple(out)
 
@@ -276,6 +295,7 @@ def parse_dump(data: Any, *, rank: int, source: str) -> FrDump:
         raise _fail(source, f"'entries' must be a list of at most {MAX_ENTRIES:,} entries, found "
                     f"{_short(entries_raw)}.")
     groups = _groups(data["pg_config"], source)
+    budget = _Budget(source)
     entries, unknown = [], set()
     for i, e in enumerate(entries_raw):
         if not isinstance(e, Mapping):
@@ -285,7 +305,7 @@ def parse_dump(data: Any, *, rank: int, source: str) -> FrDump:
         if missing:
             raise _version_error(source, version, missing, sorted(set(extra)))
         unknown.update(extra)
-        entries.append(_entry(e, source, i))
+        entries.append(_entry(e, source, i, budget))
     return FrDump(rank=_int(rank, source, "rank", 0, MAX_GROUP_RANKS), source=source,
                   version=version, groups=groups, entries=tuple(entries),
                   unknown_fields=tuple(sorted(unknown)))
@@ -318,15 +338,15 @@ def _groups(v: Any, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _entry(e: Mapping[str, Any], source: str, i: int) -> FrEntry:
+def _entry(e: Mapping[str, Any], source: str, i: int, budget: _Budget) -> FrEntry:
     where = f"entry {i}"
     pg = e["process_group"]
     if not isinstance(pg, (list, tuple)) or len(pg) != 2:
         raise _fail(source, f"{where}: process_group must be (name, desc), found {_short(pg)}.")
     name = _str(e["profiling_name"], source, f"{where} profiling_name")
     backend, _, op = name.rpartition(":")
-    in_sizes = _sizes(e["input_sizes"], source, f"{where} input_sizes")
-    out_sizes = _sizes(e["output_sizes"], source, f"{where} output_sizes")
+    in_sizes = _sizes(e["input_sizes"], source, f"{where} input_sizes", budget)
+    out_sizes = _sizes(e["output_sizes"], source, f"{where} output_sizes", budget)
     raw_dtypes = e["input_dtypes"]
     if not isinstance(raw_dtypes, (list, tuple)) or len(raw_dtypes) > MAX_TENSORS_PER_ENTRY:
         raise _fail(source, f"{where}: input_dtypes must be a list, found {_short(raw_dtypes)}.")
@@ -346,12 +366,13 @@ def _entry(e: Mapping[str, Any], source: str, i: int) -> FrEntry:
         output_sizes=out_sizes, state=state,
         completed=state == "completed" or bool(e["retired"]),
         time_created_ns=_int(e["time_created_ns"], source, f"{where} time_created_ns", 0),
-        frames=_frames(e.get("frames"), source, where))
+        frames=_frames(e.get("frames"), source, where, budget))
 
 
-def _frames(v: Any, source: str, where: str) -> tuple[str, ...]:
+def _frames(v: Any, source: str, where: str, budget: _Budget) -> tuple[str, ...]:
     if not isinstance(v, (list, tuple)):
         return ()
+    budget.take(min(len(v), MAX_FRAMES))
     out = []
     for f in v[:MAX_FRAMES]:
         if isinstance(f, Mapping):

@@ -83,6 +83,18 @@ def test_hostile_sizes_are_refused(field: str, value: Any, match: str) -> None:
         load_dumps([dump([e])])
 
 
+def test_shared_references_cannot_blow_up_parsing(tmp_path: Path) -> None:
+    # one shapes list of 4096 x 64 dims, shared by reference by 100 entries in a pickle:
+    # 26M dimensions for a file of a few KB
+    shapes = [[1] * MAX_DIMS] * 4096
+    e = entry(1)
+    e["input_sizes"] = shapes
+    data = pickle.dumps(dump([e] * 100))
+    assert len(data) < 100_000
+    with pytest.raises(DumpError, match="more than 16,000,000 shape dimensions"):
+        load_dumps([tmp_path / "fr_0"] if (tmp_path / "fr_0").write_bytes(data) else [])
+
+
 def test_oversized_file_is_refused_before_reading(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
