@@ -211,8 +211,12 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
             values[r] = f"waiting in it (collective #{st.seq})"
         for r in st.never_launched:
             last = g.states[r].last_completed
-            values[r] = ("last completed: " + (name(r, last.seq) + f" (#{last.seq})"
-                                               if last else "nothing"))
+            if last is None:
+                values[r] = "last completed: nothing in its dump"
+            else:
+                done = name(r, last.seq)
+                values[r] = "last completed: " + done + (
+                    "" if done.startswith("collective #") else f" (#{last.seq})")
         for r in st.ahead:
             values[r] = "completed it"
         detail = []
