@@ -27,6 +27,7 @@ MAX_GROUPS = 65536
 MAX_GROUP_RANKS = 1 << 20
 MAX_STRING = 4096
 MAX_FRAMES = 256
+KEPT_FRAMES = 8  # innermost frames kept per entry (for the report)
 # Shapes and frames of one dump together; a pickle can repeat one big list by reference, so
 # per-entry bounds alone do not bound what parsing builds.
 MAX_ITEMS_PER_DUMP = 16_000_000
@@ -374,7 +375,7 @@ def _frames(v: Any, source: str, where: str, budget: _Budget) -> tuple[str, ...]
         return ()
     budget.take(min(len(v), MAX_FRAMES))
     out = []
-    for f in v[:MAX_FRAMES]:
+    for f in v[:KEPT_FRAMES]:
         if isinstance(f, Mapping):
             name = _str(f.get("name", "?"), source, f"{where} frame name")
             file = _str(f.get("filename", "?"), source, f"{where} frame file")

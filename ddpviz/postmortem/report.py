@@ -222,6 +222,9 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
         detail = []
         if ddp is not None and ddp.phase == "bucket":
             detail.append(f"bucket {ddp.bucket} ({ddp.which} map) holds: {', '.join(ddp.names)}")
+        frames = st.waiting[waiter].frames
+        if frames:
+            detail.append(f"rank {waiter} launched it from: {frames[-1]}")
         if st.never_launched:
             title = f"{format_ranks(st.never_launched)} never launched {what}; " \
                     f"{format_ranks(sorted(st.waiting))} {_wait(st.waiting)} in it"
