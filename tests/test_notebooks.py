@@ -80,6 +80,10 @@ def check_06_postmortem(nb: Any) -> None:
     assert "rank_hang | ranks (1,) | step 4 | bucket 0" in text
     assert "exit status 1" in text
     assert "refused to load posix.system" in text
+    views = [m for m in widget_state(nb).values() if m["model_name"] == "HTMLModel"
+             and "never launched bucket 0 of step 4" in m["state"].get("value", "")]
+    # rank 0 launched both buckets of step 4 and waits in them: two red cells
+    assert len(views) == 1 and views[0]["state"]["value"].count("background:#f04438") == 2
 
 
 CHECKS: dict[str, Callable[[Any], None]] = {"00_tour.ipynb": check_00_tour,

@@ -107,6 +107,13 @@ class PostMortem:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
+    def show(self) -> Any:
+        """A PostMortemView widget: findings, per-rank positions, each rank's last collectives
+        (needs ipywidgets)."""
+        from ddpviz.widgets.postmortem_view import PostMortemView
+
+        return PostMortemView(self)
+
 
 def _finding_dict(f: Finding) -> dict[str, Any]:
     import msgspec

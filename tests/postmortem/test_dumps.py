@@ -133,3 +133,13 @@ def test_cli_bad_folder_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureF
 
     assert main(["postmortem", str(tmp_path)]) == 2
     assert "ddpviz: no Flight Recorder dumps in" in capsys.readouterr().err
+
+
+def test_show_escapes_dump_text() -> None:
+    r0 = dump([entry(1), entry(2, op="<script>alert(1)</script>", retired=False)])
+    r1 = dump([entry(1)])
+    view = ddpviz.postmortem([r0, r1]).show()
+    text = view.html.value
+    assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "rank 1 never launched collective #2" in text
+    assert text.count("background:#f04438") == 1  # the one pending collective, in red
