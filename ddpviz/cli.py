@@ -135,6 +135,10 @@ def _postmortem(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return 2
     print(pm.to_json() if args.json else str(pm))
+    if args.trace:
+        path = pm.to_trace().save(args.trace)
+        print(f"ddpviz: wrote {path} (open it in JupyterLab or with ddpviz.Trace.load)",
+              file=sys.stderr)
     return 1 if any(f.severity == "error" for f in pm.findings) else 0
 
 
@@ -168,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
     m.add_argument("--static-graph", action="store_true", help="static_graph=True")
     m.add_argument("--json", action="store_true", help="print findings and positions as JSON")
+    m.add_argument("--trace", default=None, metavar="OUT.ddpviz",
+                   help="also write the post-mortem as a .ddpviz trace (JupyterLab viewer)")
     m.set_defaults(func=_postmortem)
     return p
 

@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -17,6 +17,9 @@ from ddpviz.plan import BucketPlan, PlanSettings, bucket_plan
 from ddpviz.postmortem.align import GroupAlignment, align
 from ddpviz.postmortem.ddp_map import DdpSchedule, Labelled, match_rank, name_span
 from ddpviz.postmortem.dumps import FrDump, FrEntry, load_dumps
+
+if TYPE_CHECKING:
+    from ddpviz.trace import Trace
 
 _FIX_HANG = ("Look at what the ranks that never launched it were doing at that point (their "
              "last completed collective above): a skipped backward, an unused parameter with "
@@ -106,6 +109,13 @@ class PostMortem:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
+
+    def to_trace(self) -> Trace:
+        """A ddpviz Trace of what the dumps say (bucket maps, DDP's all-reduces, findings):
+        `.dashboard()` it, or `.save("x.ddpviz")` for the JupyterLab viewer."""
+        from ddpviz.postmortem.trace_export import to_trace
+
+        return to_trace(self)
 
     def show(self) -> Any:
         """A PostMortemView widget: findings, per-rank positions, each rank's last collectives

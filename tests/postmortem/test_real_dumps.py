@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import ddpviz
+from ddpviz import events as ev
 from ddpviz.cli import main
 from tests.postmortem.jobs import FAULT_STEP, SMALL_CAP_MB, make_model, run_job
 
@@ -53,6 +54,18 @@ def test_rank_stops_mid_step(tmp_path: Path) -> None:
     last = dict(f.values)
     assert any(v.startswith(f"last completed: bucket {f.bucket - 1} of step {FAULT_STEP}")
                and rs == (1,) for v, rs in last.items())
+    # as a .ddpviz trace (the JupyterLab viewer and the dashboard open those)
+    out = tmp_path / "pm.ddpviz"
+    assert main(["postmortem", str(tmp_path), "--model", "tests.postmortem.jobs:make_model",
+                 "--bucket-cap-mb", str(SMALL_CAP_MB), "--trace", str(out)]) == 1
+    trace = ddpviz.Trace.load(out)
+    launched = {(e.rank, e.step, e.bucket) for e in trace.events()
+                if isinstance(e, ev.AllReduceLaunched)}
+    done = {(e.rank, e.step, e.bucket) for e in trace.events() if isinstance(e, ev.AllReduceDone)}
+    assert (0, FAULT_STEP, f.bucket) in launched - done  # rank 0 waits in it
+    assert (1, FAULT_STEP, f.bucket) not in launched
+    assert (1, FAULT_STEP, f.bucket - 1) in done
+    assert [g.title for g in ddpviz.diagnose(trace)] == [f.title]
 
 
 def test_unused_parameter_on_one_rank(tmp_path: Path) -> None:
