@@ -16,6 +16,7 @@ from ddpviz.errors import (
 from ddpviz.findings import Finding
 from ddpviz.launcher import LaunchError, RankError, Run, launch
 from ddpviz.plan import BucketPlan, bucket_plan
+from ddpviz.postmortem import PostMortem, postmortem
 from ddpviz.preflight import VerificationReport, preflight, verify_across_ranks
 from ddpviz.session import Session, connect, listen
 from ddpviz.trace import Trace
@@ -43,6 +44,7 @@ __all__ = [
     "Finding",
     "GradientGraphError",
     "LaunchError",
+    "PostMortem",
     "RankError",
     "RankHangError",
     "RankMismatchError",
@@ -60,6 +62,7 @@ __all__ = [
     "diagnose",
     "launch",
     "listen",
+    "postmortem",
     "preflight",
     "replay_bucket_assignment",
     "verify_across_ranks",

@@ -1,5 +1,5 @@
 """The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`,
-`ddpviz record -- COMMAND`."""
+`ddpviz record -- COMMAND`, `ddpviz postmortem DUMP_DIR`."""
 
 from __future__ import annotations
 
@@ -126,6 +126,31 @@ def _record(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return 2
 
+def _postmortem(args: argparse.Namespace) -> int:
+    from ddpviz.plan import PlanSettings
+    from ddpviz.postmortem import DumpError, postmortem
+
+    module, example = None, None
+    if args.model:
+        try:
+            module, example = load_target(args.model)
+        except TargetError as e:
+            print(e, file=sys.stderr)
+            return 2
+    settings = PlanSettings(args.bucket_cap_mb, tuple(args.bucket_cap_mb_list or ()) or None,
+                            args.find_unused, args.static_graph)
+    try:
+        pm = postmortem(args.dump_dir, module, settings=settings, example_inputs=example)
+    except (DumpError, OSError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(pm.to_json() if args.json else str(pm))
+    if args.trace:
+        path = pm.to_trace().save(args.trace)
+        print(f"ddpviz: wrote {path} (open it in JupyterLab or with ddpviz.Trace.load)",
+              file=sys.stderr)
+    return 1 if any(f.severity == "error" for f in pm.findings) else 0
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddpviz", description="An interactive debugger for "
@@ -163,6 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command, e.g. torchrun --nproc-per-node 2 train.py")
     w.set_defaults(func=_record)
+
+    m = sub.add_parser("postmortem", help="read torch Flight Recorder dumps of a hung job and "
+                       "name the bucket, step and ranks it hung on")
+    m.add_argument("dump_dir", help="folder of per-rank dumps (PREFIX<rank>, JSON or pickle)")
+    m.add_argument("--model", default=None, help="module factory, as for `ddpviz buckets`")
+    m.add_argument("--bucket-cap-mb", type=float, default=None)
+    m.add_argument("--bucket-cap-mb-list", type=float, nargs="+", default=None)
+    m.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
+    m.add_argument("--static-graph", action="store_true", help="static_graph=True")
+    m.add_argument("--json", action="store_true", help="print findings and positions as JSON")
+    m.add_argument("--trace", default=None, metavar="OUT.ddpviz",
+                   help="also write the post-mortem as a .ddpviz trace (JupyterLab viewer)")
+    m.set_defaults(func=_postmortem)
     return p
 
 

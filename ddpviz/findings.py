@@ -37,6 +37,8 @@ KINDS: dict[str, str] = {
     "collective_mismatch": "ranks issued different collectives in the same iteration",
     "buffer_reassigned": "a buffer was replaced by a new tensor instead of updated in place",
     "events_dropped": "events were lost on the way, so the diagnosis may be incomplete",
+    "plan_mismatch": "a rank's collectives differ from DDP's plan for the given model and "
+                     "settings (bucket sizes or order; post-mortem)",
 }
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}

@@ -69,7 +69,25 @@ def check_04_debugging(nb: Any) -> None:
     assert text.count("every rank got the same message:") == 4
 
 
+def check_06_postmortem(nb: Any) -> None:
+    text = stream_text(nb)
+    assert "Flight Recorder dumped to" in text and "['fr_0', 'fr_1']" in text
+    # without the model: collective terms; with it: the bucket, step and parameters
+    assert "ddpviz: rank 1 never launched collective #13 (all_reduce [4810] float32)" in text
+    assert ("ddpviz: rank 1 never launched bucket 0 of step 4 (5.bias … 3.weight, 4 params, "
+            "18.8 KiB); rank 0 waits in it") in text
+    assert "rank 1: last completed: bucket 1 of step 3 (1.bias … 0.weight" in text
+    assert "rank_hang | ranks (1,) | step 4 | bucket 0" in text
+    assert "exit status 1" in text
+    assert "refused to load posix.system" in text
+    views = [m for m in widget_state(nb).values() if m["model_name"] == "HTMLModel"
+             and "never launched bucket 0 of step 4" in m["state"].get("value", "")]
+    # rank 0 launched both buckets of step 4 and waits in them: two red cells
+    assert len(views) == 1 and views[0]["state"]["value"].count("background:#f04438") == 2
+
+
 CHECKS: dict[str, Callable[[Any], None]] = {"00_tour.ipynb": check_00_tour,
+                                             "06_postmortem.ipynb": check_06_postmortem,
                                              "04_debugging.ipynb": check_04_debugging,
                                              "01_buckets.ipynb": check_01_buckets}
 
