@@ -108,12 +108,14 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise ValueError("ddpviz: delay_all_reduce_named_params and param_to_hook_all_reduce "
                              "need to be set at the same time.")
         self.process_group = self._choose_group(process_group, device_mesh, module)
+        if device_mesh is not None:
+            self.device_mesh = device_mesh  # torch keeps it public (only when given)
         self._tap = Tap(emitter if emitter is not None else default_emitter(),
                         rank=self.process_group.rank())
         tap = self._tap
         # Names ranks that never arrive or stop coming. See [Note: hang protocol].
-        self._watchdog = Watchdog(self.process_group,
-                                  timeout=resolve_hang_timeout(hang_timeout), tap=tap)
+        self._hang_timeout = resolve_hang_timeout(hang_timeout)
+        self._watchdog = Watchdog(self.process_group, timeout=self._hang_timeout, tap=tap)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []
@@ -517,6 +519,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         if grad_enabled:
             self._tap.step = self._forwards
             self._forwards += 1
+            if self.require_backward_grad_sync and self.reducer.require_finalize:
+                # The previous backward did not finish: torch raises here, before any
+                # collective, and so does ddpviz (before the heartbeat, which would repeat
+                # this rank's previous failure instead).
+                self.reducer.prepare_for_forward()
+                self.reducer.ensure_prior_reduction_finished()
             self._watchdog.heartbeat(self._tap.step, "forward")
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
@@ -699,14 +707,20 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise RuntimeError("ddpviz: DDP Pickling/Unpickling are only supported when using "
                                "DDP with the default process group. Pickle .module instead.")
         state = dict(self.__dict__)
-        for key in ("process_group", "reducer", "_logger", "_tap"):
+        # Everything that holds the process group, a store or a thread is rebuilt on loading.
+        for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
+                    "_buffer_identity"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.process_group = dist.group.WORLD
         super().__setstate__(state)
+        self.__dict__.setdefault("require_forward_param_sync", True)
+        self.__dict__.setdefault("require_backward_grad_sync", True)
         self._tap = Tap(None, rank=self.process_group.rank())
+        # Unpickling happens on one rank at a time (torch.load): no constructor meeting point.
+        self._watchdog = Watchdog(self.process_group, timeout=None, tap=self._tap)
         entries = build_params_for_reducer(self.module, self.parameters_to_ignore)
         static = self.static_graph
         self.static_graph = False

@@ -24,7 +24,12 @@ from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import ParamEntry
 from ddpviz.engine.watchdog import Watchdog
-from ddpviz.errors import GradientGraphError, UnusedParametersError
+from ddpviz.errors import (
+    TORCH_GRAPH_CHANGED,
+    GradientGraphError,
+    UnusedParametersError,
+    torch_unfinished_reduction,
+)
 from ddpviz.events import (
     AllReduceDone,
     AllReduceLaunched,
@@ -181,6 +186,9 @@ class Reducer:
         self.per_iteration_ready: set[int] = set()
         self.grad_ready_order: list[int] = []
         self.num_iterations = 0
+        # Distinct backward passes (counted at their first hook, as torch's num_bwd_calls_):
+        # static_graph's "first iteration" is the first backward, however many forwards fed it.
+        self.num_bwd_calls = 0
         self.num_buckets_ready = 0
         self.num_buckets_reduced = 0
         self.first_autograd_hook_called = False
@@ -314,6 +322,7 @@ class Reducer:
         with self._lock:
             if not self.first_autograd_hook_called:
                 self.first_autograd_hook_called = True
+                self.num_bwd_calls += 1
                 if self.expect_autograd_hooks and self.tap.enabled:
                     self.tap.emit(BackwardStarted)
             # Usage is recorded even under no_sync (before the expect check, as torch does): a
@@ -342,10 +351,14 @@ class Reducer:
                         "this iteration but not in iteration 0 (or more often than then); "
                         "static_graph=True requires the same graph every iteration. Use "
                         "find_unused_parameters=True instead of static_graph.")
+                    # The backward stops here, unfinished: the next forward says so too, in
+                    # torch's words (ensure_prior_reduction_finished), as torch's reducer does.
+                    self.require_finalize = True
                     raise self._fail(message, "graph_changed", index, "static_graph",
                                      f"parameter {index} '{self.names[index]}' joined the graph "
                                      f"at step {self.tap.step} on rank "
-                                     f"{self.process_group.rank()} although static_graph=True")
+                                     f"{self.process_group.rank()} although static_graph=True",
+                                     torch_text=TORCH_GRAPH_CHANGED)
                 self.hooks_left[index] = left - 1
                 if left - 1 > 0:
                     return
@@ -627,12 +640,13 @@ class Reducer:
                               tuple(self.names[i] for i in missing))
             for f in findings:
                 self.tap.emit(FindingReported, f)
-        error = UnusedParametersError(message)
+        error = UnusedParametersError(message + "\n" + self._torch_text(missing))
         error.findings = findings
+        self._log_error(str(error))
         raise error
 
     def _fail(self, message: str, kind: str, index: int, field: str,
-              title: str) -> GradientGraphError:
+              title: str, torch_text: str = "") -> GradientGraphError:
         """The error to raise for `message`: records the finding and tells the other ranks, so
         that those waiting for this one stop at once (see Watchdog.fail)."""
         rank = self.process_group.rank()
@@ -644,6 +658,9 @@ class Reducer:
             self.watchdog.fail(message, [finding])
         elif self.tap.enabled:
             self.tap.emit(FindingReported, finding)
+        if torch_text:  # See [Note: torch's sentences] (errors.py).
+            message = f"{message}\n{torch_text}"
+        self._log_error(message)
         return GradientGraphError(message, (finding,))
 
     def _bucket_names(self, b: int) -> list[str]:
@@ -674,12 +691,30 @@ class Reducer:
                          f"{tuple(self.params[i].shape)}: {why}")
         when = ("in the previous backward, so its reduction never finished" if at_forward
                 else "in this backward")
-        return UnusedParametersError(
+        setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
+                   else f"find_unused_parameters={self.find_unused_parameters}")
+        fix = ("Use the same parameters in every iteration with static_graph=True, or use "
+               "find_unused_parameters=True instead." if self.static_graph else
+               "Pass find_unused_parameters=True to DistributedDataParallel, or use these "
+               "parameters in every forward (and make every output that depends on them part of "
+               "the loss).")
+        error = UnusedParametersError(
             f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
-            f"{rank} {when} (find_unused_parameters=False):\n" + "\n".join(lines) + "\n"
-            "Their buckets could not be averaged across ranks. Pass "
-            "find_unused_parameters=True to DistributedDataParallel, or use these parameters in "
-            "every forward (and make every output that depends on them part of the loss).")
+            f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"
+            f"Their buckets could not be averaged across ranks. {fix}\n"
+            + self._torch_text(missing))
+        self._log_error(str(error))
+        return error
+
+    def _torch_text(self, missing: list[int]) -> str:
+        """torch's own sentence for this situation. See [Note: torch's sentences] (errors.py)."""
+        return torch_unfinished_reduction(
+            self.process_group.rank(), missing, [self.names[i] for i in missing],
+            find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph)
+
+    def _log_error(self, message: str) -> None:
+        if self.logger is not None:
+            self.logger.set_error(message)
 
     def finalize_backward(self) -> None:
         """Wait for every bucket in order and write averaged gradients back to param.grad."""
@@ -917,7 +952,7 @@ class Reducer:
         return not self.static_graph and self.find_unused_parameters
 
     def _static_first_iteration(self) -> bool:
-        return self.static_graph and self.num_iterations == 1
+        return self.static_graph and self.num_bwd_calls == 1
 
     def _static_after_first_iteration(self) -> bool:
-        return self.static_graph and self.num_iterations > 1
+        return self.static_graph and self.num_bwd_calls > 1
