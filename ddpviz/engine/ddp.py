@@ -690,6 +690,69 @@ class DistributedDataParallel(nn.Module, Joinable):
         dist.all_reduce(self.reducer.get_local_used_map(), group=self.process_group)
 
     # --- torch compatibility ------------------------------------------------------------------
+    # De facto API: private by name in torch, called by libraries and torch's own tests.
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(
+            module: nn.Module, params_and_buffers_to_ignore: Any) -> None:
+        """Names (dotted) of parameters and buffers DDP leaves alone; call before wrapping."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+        for name, param in module.named_parameters():
+            if name in params_and_buffers_to_ignore:
+                param._ddp_ignored = True  # type: ignore[attr-defined]
+        for name, buffer in module.named_buffers():
+            if name in params_and_buffers_to_ignore:
+                buffer._ddp_ignored = True  # type: ignore[attr-defined]
+
+    def _build_params_for_reducer(self) -> tuple[list[nn.Parameter], list[bool]]:
+        """torch's: (parameters the reducer reduces, whether each expects a sparse gradient);
+        re-reads the module's buffers as a side effect, as torch does."""
+        entries = build_params_for_reducer(self.module, self.parameters_to_ignore)
+        self._assign_modules_buffers()
+        return [e.param for e in entries], [e.sparse_grad for e in entries]
+
+    def _build_debug_param_to_name_mapping(self, parameters: list[Any]) -> dict[int, str]:
+        """Reducer index -> dotted name, checked against the module (torch's)."""
+        index_of = {p: i for i, p in enumerate(parameters)}
+        mapping: dict[int, str] = {}
+        for module_name, sub in self.module.named_modules():
+            for param_name, param in sub.named_parameters(recurse=False):
+                fqn = f"{module_name}.{param_name}"
+                if fqn in self.parameters_to_ignore or not param.requires_grad:
+                    continue
+                if param not in index_of:
+                    self._log_and_throw(ValueError, (
+                        f"ddpviz: Param with name {fqn} found in module parameters, but not DDP "
+                        "parameters. The list passed in must come from "
+                        "_build_params_for_reducer()."))
+                mapping[index_of[param]] = fqn
+        if len(set(parameters)) != len(mapping):
+            self._log_and_throw(ValueError, (
+                "ddpviz: Expected param to name mapping to cover all parameters, but got "
+                f"conflicting lengths: {len(set(parameters))} vs {len(mapping)}. The list "
+                "passed in must be exactly _build_params_for_reducer()'s."))
+        return mapping
+
+    def _log_and_throw(self, err_type: type[Exception], err_msg: str) -> None:
+        """Record the error in the logging data (has_error/error), then raise it (torch's)."""
+        logger_ = getattr(self, "_logger", None)
+        if logger_ is not None:
+            logger_.set_error(err_msg)
+        raise err_type(err_msg)
+
+    def _default_broadcast_coalesced(self, bufs: list[torch.Tensor] | None = None,
+                                     bucket_size: int | None = None,
+                                     authoritative_rank: int = 0) -> None:
+        """Broadcast `bufs` (default: the module's buffers) from `authoritative_rank`."""
+        broadcast_coalesced(self.modules_buffers if bufs is None else list(bufs),
+                            self.process_group, src=authoritative_rank,
+                            chunk_bytes=(self.broadcast_bucket_size if bucket_size is None
+                                         else bucket_size), tap=self._tap)
+
+    def _distributed_broadcast_coalesced(self, tensors: list[torch.Tensor], buffer_size: int,
+                                         authoritative_rank: int = 0) -> None:
+        broadcast_coalesced(list(tensors), self.process_group, src=authoritative_rank,
+                            chunk_bytes=buffer_size, tap=self._tap)
 
     def scatter(self, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
         from torch.nn.parallel.scatter_gather import scatter_kwargs

@@ -6,6 +6,7 @@ the one-time rebuild of buckets in gradient-ready order. A Python twin of torch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import warnings
@@ -74,6 +75,13 @@ from ddpviz.findings import Finding
 _UNSET = -1  # div factor not yet known for this backward
 
 log = logging.getLogger(__name__)
+
+
+def _profiled(name: str) -> Any:
+    """torch's reducer's profiler range `name`; nothing at all when no profiler runs."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.autograd.profiler.record_function(name)
+    return contextlib.nullcontext()
 
 
 def _is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -189,6 +197,8 @@ class Reducer:
         # Distinct backward passes (counted at their first hook, as torch's num_bwd_calls_):
         # static_graph's "first iteration" is the first backward, however many forwards fed it.
         self.num_bwd_calls = 0
+        self.graph_static = True  # see _ddp_graph_static
+        self._prev_unused: list[int] = []
         self.num_buckets_ready = 0
         self.num_buckets_reduced = 0
         self.first_autograd_hook_called = False
@@ -422,12 +432,14 @@ class Reducer:
             if self.batched_grad_copy:
                 bucket.deferred.append((intra, grad))
             elif self.comm_hook is None:
-                if not grad.requires_grad:
-                    # Divide while copying: one pass over the gradient. Multiplying by the
-                    # reciprocal (not dividing) is what makes results bitwise equal to torch.
-                    torch.mul(grad, 1.0 / self.div_factor, out=view)
-                else:
-                    view.copy_(torch.mul(grad, 1.0 / self.div_factor))
+                with _profiled("torch::distributed::reducer::mul_out"):
+                    if not grad.requires_grad:
+                        # Divide while copying: one pass over the gradient. Multiplying by the
+                        # reciprocal (not dividing) is what makes results bitwise equal to
+                        # torch.
+                        torch.mul(grad, 1.0 / self.div_factor, out=view)
+                    else:
+                        view.copy_(torch.mul(grad, 1.0 / self.div_factor))
             else:
                 view.copy_(grad)
             if self.gradient_as_bucket_view and self.mixed_precision_param_dtype is None:
@@ -574,6 +586,13 @@ class Reducer:
             self.local_used_dev = torch.tensor(self.local_used, dtype=torch.int32,
                                                device=self.params[0].device)
         return self.local_used_dev
+
+    _get_local_used_map = get_local_used_map  # torch's name (dist.Reducer)
+
+    def _ddp_graph_static(self) -> bool:
+        """torch's: False once the set of unused parameters (find_unused_parameters) changed
+        between two iterations; True otherwise."""
+        return self.graph_static
 
     # --- the end of backward --------------------------------------------------------------
 
@@ -765,11 +784,12 @@ class Reducer:
                 # view of the (low-precision) bucket: copy the result instead. torch fails
                 # here ("not the expected DDP bucket view") once buckets are rebuilt.
                 if not self.gradient_as_bucket_view or self.mixed_precision_param_dtype:
-                    if not global_unused:
-                        if p.grad is None:
-                            p.grad = _clone_obey_contract(out, p)
-                        else:
-                            p.grad.copy_(out)
+                    with _profiled("torch.distributed.ddp.reducer::copy_bucket_to_grad"):
+                        if not global_unused:
+                            if p.grad is None:
+                                p.grad = _clone_obey_contract(out, p)
+                            else:
+                                p.grad.copy_(out)
                     continue
                 view_in = bucket.views_in[intra]
                 if not _is_alias_of(view_in, out):
@@ -854,7 +874,12 @@ class Reducer:
             self.has_marked_unused_parameters = False
             self.per_iteration_ready.clear()
             if self._dynamic_find_unused():
-                self.unused_parameters = unused_parameters(outputs, self.grad_accumulators)
+                with _profiled("torch.distributed.ddp.reducer::search_unused_parameters"):
+                    self.unused_parameters = unused_parameters(outputs, self.grad_accumulators)
+                if self.graph_static:  # torch's ddp_graph_static_
+                    if self.num_iterations > 1:
+                        self.graph_static = self._prev_unused == self.unused_parameters
+                    self._prev_unused = list(self.unused_parameters)
                 if not self.unused_parameters and not self._warned_all_used:
                     self._warned_all_used = True
                     log.warning(
