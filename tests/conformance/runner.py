@@ -57,10 +57,18 @@ class Outcome:
 
 
 def _dist_test_base(world_size: int) -> type:
-    os.environ.setdefault("BACKEND", "gloo")
-    os.environ.setdefault("WORLD_SIZE", str(world_size))
-    from torch.testing._internal.distributed.distributed_test import DistributedTest
-
+    """torch's test class, imported here only to read its source (its module reads BACKEND and
+    WORLD_SIZE at import; they are set for the import only)."""
+    saved = {k: os.environ.get(k) for k in ("BACKEND", "WORLD_SIZE")}
+    os.environ.update(BACKEND="gloo", WORLD_SIZE=str(world_size))
+    try:
+        from torch.testing._internal.distributed.distributed_test import DistributedTest
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return DistributedTest._DistTestBase
 
 
