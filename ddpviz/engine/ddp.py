@@ -441,10 +441,14 @@ class DistributedDataParallel(nn.Module, Joinable):
     def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
         """Reduce buckets with `hook(state, bucket) -> Future[Tensor]`; see torch's docs. The
         bucket is a `ddpviz.engine.comm.GradBucket` (same methods as `dist.GradBucket`)."""
-        check_comm_hook(hook)
-        self._logger.strs["comm_hook"] = getattr(hook, "__qualname__", repr(hook))
+        try:
+            check_comm_hook(hook)
+            self._logger.strs["comm_hook"] = getattr(hook, "__qualname__", repr(hook))
+            self.reducer.register_comm_hook(state, hook)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._logger.set_error(str(exc))  # torch's _log_and_throw: kept in logging_data
+            raise
         self._comm_hooks.append((hook, state))
-        self.reducer.register_comm_hook(state, hook)
 
     def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -659,7 +659,8 @@ class Reducer:
                               tuple(self.names[i] for i in missing))
             for f in findings:
                 self.tap.emit(FindingReported, f)
-        error = UnusedParametersError(message + "\n" + self._torch_text(missing))
+        body, _, tail = message.rpartition("\n")  # the fix stays last
+        error = UnusedParametersError(f"{body}\n{self._torch_text(missing)}\n{tail}")
         error.findings = findings
         self._log_error(str(error))
         raise error
@@ -677,8 +678,9 @@ class Reducer:
             self.watchdog.fail(message, [finding])
         elif self.tap.enabled:
             self.tap.emit(FindingReported, finding)
-        if torch_text:  # See [Note: torch's sentences] (errors.py).
-            message = f"{message}\n{torch_text}"
+        if torch_text:  # See [Note: torch's sentences] (errors.py); the fix stays last.
+            head, _, fix = message.partition(". ")
+            message = f"{head}.\n{torch_text}\n{fix}"
         self._log_error(message)
         return GradientGraphError(message, (finding,))
 
@@ -720,8 +722,8 @@ class Reducer:
         error = UnusedParametersError(
             f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
             f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"
-            f"Their buckets could not be averaged across ranks. {fix}\n"
-            + self._torch_text(missing))
+            "Their buckets could not be averaged across ranks.\n"
+            + self._torch_text(missing) + f"\n{fix}")
         self._log_error(str(error))
         return error
 
