@@ -80,9 +80,11 @@ TORCH_GRAPH_CHANGED = (
     "static_graph set to True.")
 
 
-def torch_unfinished_reduction(rank: int, indices: list[int], names: list[str], *,
+def torch_unfinished_reduction(missing: dict[int, list[tuple[int, str]]], *,
                                find_unused_parameters: bool, static_graph: bool) -> str:
-    """torch's text when a reduction of the prior iteration did not finish (see the Note)."""
+    """torch's text when a reduction of the prior iteration did not finish (see the Note);
+    `missing` maps a rank to its (index, name) pairs without a gradient (torch names only its
+    own rank; an error raised alike on every rank names each)."""
     import torch.distributed as dist
 
     base = ("Expected to have finished reduction in the prior iteration before starting a new "
@@ -110,19 +112,21 @@ def torch_unfinished_reduction(rank: int, indices: list[int], names: list[str], 
             "producing loss. Since `find_unused_parameters=True` is enabled, this likely  means "
             "that not all `forward` outputs participate in computing loss. You can fix this by "
             ) + outputs + bug
-    where = (f"\nParameter indices which did not receive grad for rank {rank}: "
-             + " ".join(str(i) for i in indices))
     try:
         debug_off = dist.get_debug_level() == dist.DebugLevel.OFF
     except (AttributeError, RuntimeError):
         debug_off = True
+    for rank, params in sorted(missing.items()):
+        if not debug_off:
+            text += (f"\nParameters which did not receive grad for rank {rank}: "
+                     + ", ".join(n for _, n in params))
+        text += (f"\nParameter indices which did not receive grad for rank {rank}: "
+                 + " ".join(str(i) for i, _ in params))
     if debug_off:
-        return text + where + (
-            "\n In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to "
-            "either INFO or DETAIL to print out information about which particular parameters "
-            "did not receive gradient on this rank as part of this error")
-    return (text + f"\nParameters which did not receive grad for rank {rank}: "
-            + ", ".join(names) + where)
+        text += ("\n In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG "
+                 "to either INFO or DETAIL to print out information about which particular "
+                 "parameters did not receive gradient on this rank as part of this error")
+    return text
 
 
 class UnusedParametersError(RuntimeError):

@@ -660,7 +660,11 @@ class Reducer:
             for f in findings:
                 self.tap.emit(FindingReported, f)
         body, _, tail = message.rpartition("\n")  # the fix stays last
-        error = UnusedParametersError(f"{body}\n{self._torch_text(missing)}\n{tail}")
+        by_rank: dict[int, list[tuple[int, str]]] = {}
+        for f in findings:  # the same text on every rank: each rank's missing parameters
+            for r in f.ranks:
+                by_rank.setdefault(r, []).append((f.param, f.name))
+        error = UnusedParametersError(f"{body}\n{self._torch_text(by_rank)}\n{tail}")
         error.findings = findings
         self._log_error(str(error))
         raise error
@@ -723,15 +727,15 @@ class Reducer:
             f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
             f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"
             "Their buckets could not be averaged across ranks.\n"
-            + self._torch_text(missing) + f"\n{fix}")
+            + self._torch_text({rank: [(i, self.names[i]) for i in missing]}) + f"\n{fix}")
         self._log_error(str(error))
         return error
 
-    def _torch_text(self, missing: list[int]) -> str:
+    def _torch_text(self, missing: dict[int, list[tuple[int, str]]]) -> str:
         """torch's own sentence for this situation. See [Note: torch's sentences] (errors.py)."""
         return torch_unfinished_reduction(
-            self.process_group.rank(), missing, [self.names[i] for i in missing],
-            find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph)
+            missing, find_unused_parameters=self.find_unused_parameters,
+            static_graph=self.static_graph)
 
     def _log_error(self, message: str) -> None:
         if self.logger is not None:

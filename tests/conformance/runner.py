@@ -184,10 +184,12 @@ def run(
     jobs: int = 1,
     log: bool = True,
     ddpviz_where_torch_passes: bool = False,
+    jsonl: Path | None = None,
 ) -> list[Outcome]:
     """Each (test, world size) runs its engines in order in one job. With
     `ddpviz_where_torch_passes`, ddpviz runs only where torch's DDP passed (the tests that count),
-    which halves a full run; the others are reported as not run."""
+    which halves a full run; the others are reported as not run. Each outcome is appended to
+    `jsonl` as it arrives, so an interrupted run keeps what it measured."""
     engines = list(engines)
     cases = [(t, w) for w in world_sizes for t in tests]
     done: list[Outcome] = []
@@ -205,6 +207,9 @@ def run(
                 o = run_one(test, e, w, timeout=timeout, shim=shim)
             outs.append(o)
             done.append(o)
+            if jsonl is not None:
+                with open(jsonl, "a") as f:
+                    f.write(json.dumps(asdict(o)) + "\n")
             if log:
                 print(
                     f"[{len(done)}/{total}] w={o.world_size} {o.engine:6} {o.status:7} "
@@ -250,15 +255,40 @@ def table(outcomes: list[Outcome]) -> str:
               == "passed"]
         missing = sorted(set(base) - set(ok))
         allowed = [t for t in missing if t in ALLOW_LIST]
+        unbuilt = sorted(t for t in ok if by[(t, "ddpviz", w)].constructions == 0)
         lines.append(
             f"world size {w}: ddpviz passes {len(ok)} of the {len(base)} tests that pass with "
-            f"torch's DDP ({len(allowed)} allow-listed)."
+            f"torch's DDP ({len(allowed)} allow-listed); {len(unbuilt)} of those built no DDP "
+            f"in the ranks ({', '.join(unbuilt) or '-'})."
         )
         for t in missing:
             o = by.get((t, "ddpviz", w))
             why = ALLOW_LIST.get(t, o.detail if o else "not run")
             lines.append(f"  - {t}: {why}")
     return "\n".join(lines) + "\n"
+
+
+_LOG_LINE = re.compile(r"^\[\d+/\d+\] w=(\d+) (\w+)\s+(passed|failed|skipped|timeout|not run)\s+"
+                       r"(shim )?\s*([\d.]+)s n=(\d+) (\S+) ?(.*)$")
+
+
+def outcomes_from_log(text: str) -> list[Outcome]:
+    """Outcomes from the progress lines a run printed (for a run stopped before its end)."""
+    found = []
+    for line in text.splitlines():
+        m = _LOG_LINE.match(line)
+        if m:
+            w, e, status, shim, secs, n, test, detail = m.groups()
+            found.append(Outcome(test, e, int(w), bool(shim), status, float(secs), int(n),
+                                 detail))
+    return found
+
+
+def merge(base: list[Outcome], newer: list[Outcome]) -> list[Outcome]:
+    """`base` with every (test, engine, world size) that `newer` measured replaced."""
+    latest = {(o.test, o.engine, o.world_size): o for o in newer}
+    merged = [latest.pop((o.test, o.engine, o.world_size), o) for o in base]
+    return merged + list(latest.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,7 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the selected tests and exit")
     ap.add_argument("--all-ddpviz", action="store_true",
                     help="run ddpviz's engine also where torch's DDP did not pass")
+    ap.add_argument("--resume", type=Path, action="append", default=[],
+                    help="results.json/.jsonl or a run's log: start from these outcomes")
+    ap.add_argument("--rerun-failed", action="store_true",
+                    help="with --resume: run again only the ddpviz runs that did not pass "
+                         "where torch's DDP passed (after an engine fix)")
     args = ap.parse_args(argv)
+    previous: list[Outcome] = []
+    for path in args.resume:
+        text = path.read_text()
+        if path.suffix == ".json":
+            rows = [Outcome(**r) for r in json.loads(text)]
+        elif path.suffix == ".jsonl":
+            rows = [Outcome(**json.loads(ln)) for ln in text.splitlines() if ln.strip()]
+        else:
+            rows = outcomes_from_log(text)
+        previous = merge(previous, rows)
 
     tests = list(CI_SUBSET) if args.ci_subset else ddp_tests()
     if args.substr:
@@ -283,9 +328,23 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(tests))
         print(f"{len(tests)} tests")
         return 0
-    outcomes = run(tests, args.engines, args.world_sizes, args.timeout, args.jobs,
-                   ddpviz_where_torch_passes=not args.all_ddpviz)
     args.out.mkdir(parents=True, exist_ok=True)
+    jsonl = args.out / "results.jsonl"
+    jsonl.unlink(missing_ok=True)
+    if args.rerun_failed:
+        by = {(o.test, o.engine, o.world_size): o for o in previous}
+        outcomes = list(previous)
+        for w in args.world_sizes:
+            again = [t for t in tests if by.get((t, "torch", w)) is not None
+                     and by[(t, "torch", w)].status == "passed"
+                     and by.get((t, "ddpviz", w)) is not None
+                     and by[(t, "ddpviz", w)].status != "passed"]
+            outcomes = merge(outcomes, run(again, ["ddpviz"], [w], args.timeout, args.jobs,
+                                           jsonl=jsonl))
+    else:
+        outcomes = merge(previous, run(tests, args.engines, args.world_sizes, args.timeout,
+                                       args.jobs, ddpviz_where_torch_passes=not args.all_ddpviz,
+                                       jsonl=jsonl))
     (args.out / "results.json").write_text(
         json.dumps([asdict(o) for o in outcomes], indent=1) + "\n"
     )
