@@ -708,6 +708,14 @@ class DistributedDataParallel(nn.Module, Joinable):
             if name in params_and_buffers_to_ignore:
                 buffer._ddp_ignored = True  # type: ignore[attr-defined]
 
+    @staticmethod
+    def _get_data_parallel_params(module: nn.Module, named_params: bool = False) -> Iterator[Any]:
+        """The (named) parameters of `module` that DDP manages: those not marked ignored."""
+        for item in (module.named_parameters() if named_params else module.parameters()):
+            param = item[1] if named_params else item
+            if not hasattr(param, "_ddp_ignored"):
+                yield item
+
     def _build_params_for_reducer(self) -> tuple[list[nn.Parameter], list[bool]]:
         """torch's: (parameters the reducer reduces, whether each expects a sparse gradient);
         re-reads the module's buffers as a side effect, as torch does."""
