@@ -710,10 +710,10 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @staticmethod
     def _get_data_parallel_params(module: nn.Module, named_params: bool = False) -> Iterator[Any]:
-        """The (named) parameters of `module` that DDP manages: those not marked ignored."""
+        """The parameters of `module` that DDP manages (not marked ignored). As in torch, with
+        named_params=True the check looks at the (name, param) pair, so nothing is filtered."""
         for item in (module.named_parameters() if named_params else module.parameters()):
-            param = item[1] if named_params else item
-            if not hasattr(param, "_ddp_ignored"):
+            if not hasattr(item, "_ddp_ignored"):
                 yield item
 
     def _build_params_for_reducer(self) -> tuple[list[nn.Parameter], list[bool]]:
