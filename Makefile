@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-gpu lint bench clean
+.PHONY: demo test test-gpu lint bench conformance clean
 
 $(BIN)/.base: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,13 @@ test-gpu: $(BIN)/.test
 
 bench: $(BIN)/.test
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+
+# torch 2.13's own DDP tests (its wheel's distributed_test.py) with torch's DDP, then with
+# ddpviz's swapped in, world sizes 2 and 3, each test in fresh ranks -> out/conformance/table.md.
+# Long (about 100 tests x 2 engines x 2 world sizes); CI runs a subset (tests/conformance).
+CONFORMANCE_JOBS ?= 2
+conformance: $(BIN)/.test
+	$(BIN)/python -m tests.conformance.runner --world-sizes 2 3 -j $(CONFORMANCE_JOBS)
 
 clean:
 	rm -rf $(VENV)

@@ -68,6 +68,67 @@ class GradientGraphError(RuntimeError):
         return (type(self), (str(self), self.findings))
 
 
+# [Note: torch's sentences]
+# Code and tests written against torch's DDP match on its error text ("Expected to have finished
+# reduction in the prior iteration ..."), so ddpviz's errors for the same situations keep their
+# own diagnosis first and then carry torch's text verbatim (reducer.cpp, torch 2.13), and stay
+# RuntimeErrors.
+
+TORCH_GRAPH_CHANGED = (
+    "Your training graph has changed in this iteration, e.g., one parameter is unused in first "
+    "iteration, but then got used in the second iteration. this is not compatible with "
+    "static_graph set to True.")
+
+
+def torch_unfinished_reduction(missing: dict[int, list[tuple[int, str]]], *,
+                               find_unused_parameters: bool, static_graph: bool) -> str:
+    """torch's text when a reduction of the prior iteration did not finish (see the Note);
+    `missing` maps a rank to its (index, name) pairs without a gradient (torch names only its
+    own rank; an error raised alike on every rank names each)."""
+    import torch.distributed as dist
+
+    base = ("Expected to have finished reduction in the prior iteration before starting a new "
+            "one. ")
+    outputs = "making sure all `forward` function outputs participate in calculating loss. "
+    bug = ("\nIf you already have done the above, then the distributed data parallel module "
+           "wasn't able to locate the output tensors in the return value of your module's "
+           "`forward` function. Please include the loss function and the structure of the "
+           "return value of `forward` of your module when reporting this issue (e.g. list, "
+           "dict, iterable).")
+    if static_graph:
+        text = base + (
+            "This error indicates that your training graph has changed in this iteration, "
+            "e.g., one parameter is used in first iteration, but then got unused in the second "
+            "iteration. this is not compatible with static_graph set to True.")
+    elif not find_unused_parameters:
+        text = base + (
+            "This error indicates that your module has parameters that were not used in "
+            "producing loss. You can enable unused parameter detection by passing the keyword "
+            "argument `find_unused_parameters=True` to "
+            "`torch.nn.parallel.DistributedDataParallel`, and by \n") + outputs + bug
+    else:
+        text = base + (
+            "This error indicates that your module has parameters that were not used in "
+            "producing loss. Since `find_unused_parameters=True` is enabled, this likely  means "
+            "that not all `forward` outputs participate in computing loss. You can fix this by "
+            ) + outputs + bug
+    try:
+        debug_off = dist.get_debug_level() == dist.DebugLevel.OFF
+    except (AttributeError, RuntimeError):
+        debug_off = True
+    for rank, params in sorted(missing.items()):
+        if not debug_off:
+            text += (f"\nParameters which did not receive grad for rank {rank}: "
+                     + ", ".join(n for _, n in params))
+        text += (f"\nParameter indices which did not receive grad for rank {rank}: "
+                 + " ".join(str(i) for i, _ in params))
+    if debug_off:
+        text += ("\n In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG "
+                 "to either INFO or DETAIL to print out information about which particular "
+                 "parameters did not receive gradient on this rank as part of this error")
+    return text
+
+
 class UnusedParametersError(RuntimeError):
     """Some parameters got no gradient in a backward that DDP had to reduce (with
     find_unused_parameters=False). Raised at the end of iteration 0 on every rank, and at the next

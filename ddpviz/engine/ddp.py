@@ -109,13 +109,14 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise ValueError("ddpviz: delay_all_reduce_named_params and param_to_hook_all_reduce "
                              "need to be set at the same time.")
         self.process_group = self._choose_group(process_group, device_mesh, module)
+        if device_mesh is not None:
+            self.device_mesh = device_mesh  # torch keeps it public (only when given)
         self._tap = Tap(emitter if emitter is not None else default_emitter(),
                         rank=self.process_group.rank())
         tap = self._tap
         # Names ranks that never arrive or stop coming. See [Note: hang protocol].
-        self._watchdog = Watchdog(self.process_group,
-                                  timeout=resolve_hang_timeout(hang_timeout, self.process_group),
-                                  tap=tap)
+        self._hang_timeout = resolve_hang_timeout(hang_timeout, self.process_group)
+        self._watchdog = Watchdog(self.process_group, timeout=self._hang_timeout, tap=tap)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []
@@ -441,10 +442,14 @@ class DistributedDataParallel(nn.Module, Joinable):
     def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
         """Reduce buckets with `hook(state, bucket) -> Future[Tensor]`; see torch's docs. The
         bucket is a `ddpviz.engine.comm.GradBucket` (same methods as `dist.GradBucket`)."""
-        check_comm_hook(hook)
-        self._logger.strs["comm_hook"] = getattr(hook, "__qualname__", repr(hook))
+        try:
+            check_comm_hook(hook)
+            self._logger.strs["comm_hook"] = getattr(hook, "__qualname__", repr(hook))
+            self.reducer.register_comm_hook(state, hook)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._logger.set_error(str(exc))  # torch's _log_and_throw: kept in logging_data
+            raise
         self._comm_hooks.append((hook, state))
-        self.reducer.register_comm_hook(state, hook)
 
     def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -519,6 +524,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         if grad_enabled:
             self._tap.step = self._forwards
             self._forwards += 1
+            if self.require_backward_grad_sync and self.reducer.require_finalize:
+                # The previous backward did not finish: torch raises here, before any
+                # collective, and so does ddpviz (before the heartbeat, which would repeat
+                # this rank's previous failure instead).
+                self.reducer.prepare_for_forward()
+                self.reducer.ensure_prior_reduction_finished()
             self._watchdog.heartbeat(self._tap.step, "forward")
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
@@ -684,6 +695,77 @@ class DistributedDataParallel(nn.Module, Joinable):
         dist.all_reduce(self.reducer.get_local_used_map(), group=self.process_group)
 
     # --- torch compatibility ------------------------------------------------------------------
+    # De facto API: private by name in torch, called by libraries and torch's own tests.
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(
+            module: nn.Module, params_and_buffers_to_ignore: Any) -> None:
+        """Names (dotted) of parameters and buffers DDP leaves alone; call before wrapping."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+        for name, param in module.named_parameters():
+            if name in params_and_buffers_to_ignore:
+                param._ddp_ignored = True  # type: ignore[attr-defined]
+        for name, buffer in module.named_buffers():
+            if name in params_and_buffers_to_ignore:
+                buffer._ddp_ignored = True  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _get_data_parallel_params(module: nn.Module, named_params: bool = False) -> Iterator[Any]:
+        """The parameters of `module` that DDP manages (not marked ignored). As in torch, with
+        named_params=True the check looks at the (name, param) pair, so nothing is filtered."""
+        for item in (module.named_parameters() if named_params else module.parameters()):
+            if not hasattr(item, "_ddp_ignored"):
+                yield item
+
+    def _build_params_for_reducer(self) -> tuple[list[nn.Parameter], list[bool]]:
+        """torch's: (parameters the reducer reduces, whether each expects a sparse gradient);
+        re-reads the module's buffers as a side effect, as torch does."""
+        entries = build_params_for_reducer(self.module, self.parameters_to_ignore)
+        self._assign_modules_buffers()
+        return [e.param for e in entries], [e.sparse_grad for e in entries]
+
+    def _build_debug_param_to_name_mapping(self, parameters: list[Any]) -> dict[int, str]:
+        """Reducer index -> dotted name, checked against the module (torch's)."""
+        index_of = {p: i for i, p in enumerate(parameters)}
+        mapping: dict[int, str] = {}
+        for module_name, sub in self.module.named_modules():
+            for param_name, param in sub.named_parameters(recurse=False):
+                fqn = f"{module_name}.{param_name}"
+                if fqn in self.parameters_to_ignore or not param.requires_grad:
+                    continue
+                if param not in index_of:
+                    self._log_and_throw(ValueError, (
+                        f"ddpviz: Param with name {fqn} found in module parameters, but not DDP "
+                        "parameters. The list passed in must come from "
+                        "_build_params_for_reducer()."))
+                mapping[index_of[param]] = fqn
+        if len(set(parameters)) != len(mapping):
+            self._log_and_throw(ValueError, (
+                "ddpviz: Expected param to name mapping to cover all parameters, but got "
+                f"conflicting lengths: {len(set(parameters))} vs {len(mapping)}. The list "
+                "passed in must be exactly _build_params_for_reducer()'s."))
+        return mapping
+
+    def _log_and_throw(self, err_type: type[Exception], err_msg: str) -> None:
+        """Record the error in the logging data (has_error/error), then raise it (torch's)."""
+        logger_ = getattr(self, "_logger", None)
+        if logger_ is not None:
+            logger_.set_error(err_msg)
+        raise err_type(err_msg)
+
+    def _default_broadcast_coalesced(self, bufs: list[torch.Tensor] | None = None,
+                                     bucket_size: int | None = None,
+                                     authoritative_rank: int = 0) -> None:
+        """Broadcast `bufs` (default: the module's buffers) from `authoritative_rank`."""
+        broadcast_coalesced(self.modules_buffers if bufs is None else list(bufs),
+                            self.process_group, src=authoritative_rank,
+                            chunk_bytes=(self.broadcast_bucket_size if bucket_size is None
+                                         else bucket_size), tap=self._tap)
+
+    def _distributed_broadcast_coalesced(self, tensors: list[torch.Tensor], buffer_size: int,
+                                         authoritative_rank: int = 0) -> None:
+        broadcast_coalesced(list(tensors), self.process_group, src=authoritative_rank,
+                            chunk_bytes=buffer_size, tap=self._tap)
 
     def scatter(self, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
         from torch.nn.parallel.scatter_gather import scatter_kwargs
@@ -701,14 +783,20 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise RuntimeError("ddpviz: DDP Pickling/Unpickling are only supported when using "
                                "DDP with the default process group. Pickle .module instead.")
         state = dict(self.__dict__)
-        for key in ("process_group", "reducer", "_logger", "_tap"):
+        # Everything that holds the process group, a store or a thread is rebuilt on loading.
+        for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
+                    "_buffer_identity"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.process_group = dist.group.WORLD
         super().__setstate__(state)
+        self.__dict__.setdefault("require_forward_param_sync", True)
+        self.__dict__.setdefault("require_backward_grad_sync", True)
         self._tap = Tap(None, rank=self.process_group.rank())
+        # Unpickling happens on one rank at a time (torch.load): no constructor meeting point.
+        self._watchdog = Watchdog(self.process_group, timeout=None, tap=self._tap)
         entries = build_params_for_reducer(self.module, self.parameters_to_ignore)
         static = self.static_graph
         self.static_graph = False

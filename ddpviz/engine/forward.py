@@ -55,7 +55,7 @@ def unused_parameters(outputs: Iterable[torch.Tensor], grad_accumulators: list[A
     return [i for i, acc in enumerate(grad_accumulators) if acc not in seen]
 
 
-class _Sink(torch.autograd.Function):
+class _DDPSink(torch.autograd.Function):
     """Identity on the outputs whose backward runs first; it lets DDP act at backward start
     and lets outputs left out of the loss deliver an undefined gradient (torch's _DDPSink)."""
 
@@ -92,7 +92,7 @@ def pass_through_sink(output: Any, on_backward: Callable[[], None] | None,
         ref = weakref.WeakMethod(on_backward)
     else:
         ref = lambda: on_backward  # noqa: E731
-    routed = _Sink.apply(ref, clone, *flat)
+    routed = _DDPSink.apply(ref, clone, *flat)
     for i, p in enumerate(placeholders):
         if p is None:
             placeholders[i] = routed[i]

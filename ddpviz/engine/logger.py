@@ -133,6 +133,11 @@ class DDPLogger:
                          backward_comm_time_end=self.backward_comm_end)
         self.backward_comm_end = 0
 
+    def set_error(self, message: str) -> None:
+        """torch's `set_error_and_log`: the error that stopped training, in the logging data."""
+        self.ints["has_error"] = 1
+        self.strs["error"] = message
+
     @staticmethod
     def now() -> int:
         return time.time_ns()

@@ -6,6 +6,7 @@ the one-time rebuild of buckets in gradient-ready order. A Python twin of torch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import warnings
@@ -24,7 +25,12 @@ from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import ParamEntry
 from ddpviz.engine.watchdog import Watchdog
-from ddpviz.errors import GradientGraphError, UnusedParametersError
+from ddpviz.errors import (
+    TORCH_GRAPH_CHANGED,
+    GradientGraphError,
+    UnusedParametersError,
+    torch_unfinished_reduction,
+)
 from ddpviz.events import (
     AllReduceDone,
     AllReduceLaunched,
@@ -69,6 +75,13 @@ from ddpviz.findings import Finding
 _UNSET = -1  # div factor not yet known for this backward
 
 log = logging.getLogger(__name__)
+
+
+def _profiled(name: str) -> Any:
+    """torch's reducer's profiler range `name`; nothing at all when no profiler runs."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.autograd.profiler.record_function(name)
+    return contextlib.nullcontext()
 
 
 def _is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -181,6 +194,11 @@ class Reducer:
         self.per_iteration_ready: set[int] = set()
         self.grad_ready_order: list[int] = []
         self.num_iterations = 0
+        # Distinct backward passes (counted at their first hook, as torch's num_bwd_calls_):
+        # static_graph's "first iteration" is the first backward, however many forwards fed it.
+        self.num_bwd_calls = 0
+        self.graph_static = True  # see _ddp_graph_static
+        self._prev_unused: list[int] = []
         self.num_buckets_ready = 0
         self.num_buckets_reduced = 0
         self.first_autograd_hook_called = False
@@ -314,6 +332,7 @@ class Reducer:
         with self._lock:
             if not self.first_autograd_hook_called:
                 self.first_autograd_hook_called = True
+                self.num_bwd_calls += 1
                 if self.expect_autograd_hooks and self.tap.enabled:
                     self.tap.emit(BackwardStarted)
             # Usage is recorded even under no_sync (before the expect check, as torch does): a
@@ -342,10 +361,14 @@ class Reducer:
                         "this iteration but not in iteration 0 (or more often than then); "
                         "static_graph=True requires the same graph every iteration. Use "
                         "find_unused_parameters=True instead of static_graph.")
+                    # The backward stops here, unfinished: the next forward says so too, in
+                    # torch's words (ensure_prior_reduction_finished), as torch's reducer does.
+                    self.require_finalize = True
                     raise self._fail(message, "graph_changed", index, "static_graph",
                                      f"parameter {index} '{self.names[index]}' joined the graph "
                                      f"at step {self.tap.step} on rank "
-                                     f"{self.process_group.rank()} although static_graph=True")
+                                     f"{self.process_group.rank()} although static_graph=True",
+                                     torch_text=TORCH_GRAPH_CHANGED)
                 self.hooks_left[index] = left - 1
                 if left - 1 > 0:
                     return
@@ -409,12 +432,14 @@ class Reducer:
             if self.batched_grad_copy:
                 bucket.deferred.append((intra, grad))
             elif self.comm_hook is None:
-                if not grad.requires_grad:
-                    # Divide while copying: one pass over the gradient. Multiplying by the
-                    # reciprocal (not dividing) is what makes results bitwise equal to torch.
-                    torch.mul(grad, 1.0 / self.div_factor, out=view)
-                else:
-                    view.copy_(torch.mul(grad, 1.0 / self.div_factor))
+                with _profiled("torch::distributed::reducer::mul_out"):
+                    if not grad.requires_grad:
+                        # Divide while copying: one pass over the gradient. Multiplying by the
+                        # reciprocal (not dividing) is what makes results bitwise equal to
+                        # torch.
+                        torch.mul(grad, 1.0 / self.div_factor, out=view)
+                    else:
+                        view.copy_(torch.mul(grad, 1.0 / self.div_factor))
             else:
                 view.copy_(grad)
             if self.gradient_as_bucket_view and self.mixed_precision_param_dtype is None:
@@ -562,6 +587,13 @@ class Reducer:
                                                device=self.params[0].device)
         return self.local_used_dev
 
+    _get_local_used_map = get_local_used_map  # torch's name (dist.Reducer)
+
+    def _ddp_graph_static(self) -> bool:
+        """torch's: False once the set of unused parameters (find_unused_parameters) changed
+        between two iterations; True otherwise."""
+        return self.graph_static
+
     # --- the end of backward --------------------------------------------------------------
 
     def _end_of_backward(self) -> None:
@@ -627,12 +659,18 @@ class Reducer:
                               tuple(self.names[i] for i in missing))
             for f in findings:
                 self.tap.emit(FindingReported, f)
-        error = UnusedParametersError(message)
+        body, _, tail = message.rpartition("\n")  # the fix stays last
+        by_rank: dict[int, list[tuple[int, str]]] = {}
+        for f in findings:  # the same text on every rank: each rank's missing parameters
+            for r in f.ranks:
+                by_rank.setdefault(r, []).append((f.param, f.name))
+        error = UnusedParametersError(f"{body}\n{self._torch_text(by_rank)}\n{tail}")
         error.findings = findings
+        self._log_error(str(error))
         raise error
 
     def _fail(self, message: str, kind: str, index: int, field: str,
-              title: str) -> GradientGraphError:
+              title: str, torch_text: str = "") -> GradientGraphError:
         """The error to raise for `message`: records the finding and tells the other ranks, so
         that those waiting for this one stop at once (see Watchdog.fail)."""
         rank = self.process_group.rank()
@@ -644,6 +682,10 @@ class Reducer:
             self.watchdog.fail(message, [finding])
         elif self.tap.enabled:
             self.tap.emit(FindingReported, finding)
+        if torch_text:  # See [Note: torch's sentences] (errors.py); the fix stays last.
+            head, _, fix = message.partition(". ")
+            message = f"{head}.\n{torch_text}\n{fix}"
+        self._log_error(message)
         return GradientGraphError(message, (finding,))
 
     def _bucket_names(self, b: int) -> list[str]:
@@ -674,12 +716,30 @@ class Reducer:
                          f"{tuple(self.params[i].shape)}: {why}")
         when = ("in the previous backward, so its reduction never finished" if at_forward
                 else "in this backward")
-        return UnusedParametersError(
+        setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
+                   else f"find_unused_parameters={self.find_unused_parameters}")
+        fix = ("Use the same parameters in every iteration with static_graph=True, or use "
+               "find_unused_parameters=True instead." if self.static_graph else
+               "Pass find_unused_parameters=True to DistributedDataParallel, or use these "
+               "parameters in every forward (and make every output that depends on them part of "
+               "the loss).")
+        error = UnusedParametersError(
             f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
-            f"{rank} {when} (find_unused_parameters=False):\n" + "\n".join(lines) + "\n"
-            "Their buckets could not be averaged across ranks. Pass "
-            "find_unused_parameters=True to DistributedDataParallel, or use these parameters in "
-            "every forward (and make every output that depends on them part of the loss).")
+            f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"
+            "Their buckets could not be averaged across ranks.\n"
+            + self._torch_text({rank: [(i, self.names[i]) for i in missing]}) + f"\n{fix}")
+        self._log_error(str(error))
+        return error
+
+    def _torch_text(self, missing: dict[int, list[tuple[int, str]]]) -> str:
+        """torch's own sentence for this situation. See [Note: torch's sentences] (errors.py)."""
+        return torch_unfinished_reduction(
+            missing, find_unused_parameters=self.find_unused_parameters,
+            static_graph=self.static_graph)
+
+    def _log_error(self, message: str) -> None:
+        if self.logger is not None:
+            self.logger.set_error(message)
 
     def finalize_backward(self) -> None:
         """Wait for every bucket in order and write averaged gradients back to param.grad."""
@@ -730,11 +790,12 @@ class Reducer:
                 # view of the (low-precision) bucket: copy the result instead. torch fails
                 # here ("not the expected DDP bucket view") once buckets are rebuilt.
                 if not self.gradient_as_bucket_view or self.mixed_precision_param_dtype:
-                    if not global_unused:
-                        if p.grad is None:
-                            p.grad = _clone_obey_contract(out, p)
-                        else:
-                            p.grad.copy_(out)
+                    with _profiled("torch.distributed.ddp.reducer::copy_bucket_to_grad"):
+                        if not global_unused:
+                            if p.grad is None:
+                                p.grad = _clone_obey_contract(out, p)
+                            else:
+                                p.grad.copy_(out)
                     continue
                 view_in = bucket.views_in[intra]
                 if not _is_alias_of(view_in, out):
@@ -819,7 +880,12 @@ class Reducer:
             self.has_marked_unused_parameters = False
             self.per_iteration_ready.clear()
             if self._dynamic_find_unused():
-                self.unused_parameters = unused_parameters(outputs, self.grad_accumulators)
+                with _profiled("torch.distributed.ddp.reducer::search_unused_parameters"):
+                    self.unused_parameters = unused_parameters(outputs, self.grad_accumulators)
+                if self.graph_static:  # torch's ddp_graph_static_
+                    if self.num_iterations > 1:
+                        self.graph_static = self._prev_unused == self.unused_parameters
+                    self._prev_unused = list(self.unused_parameters)
                 if not self.unused_parameters and not self._warned_all_used:
                     self._warned_all_used = True
                     log.warning(
@@ -917,7 +983,7 @@ class Reducer:
         return not self.static_graph and self.find_unused_parameters
 
     def _static_first_iteration(self) -> bool:
-        return self.static_graph and self.num_iterations == 1
+        return self.static_graph and self.num_bwd_calls == 1
 
     def _static_after_first_iteration(self) -> bool:
-        return self.static_graph and self.num_iterations > 1
+        return self.static_graph and self.num_bwd_calls > 1
