@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import msgspec
 
 from ddpviz import events as ev
+from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class _Format(msgspec.Struct):
 
 
 class _Clock(msgspec.Struct, array_like=True):
-    rank: int
+    rank: limits.Rank
     offset_ns: int  # add to the rank's t_ns to get the reference (collector's) clock
     error_ns: int  # bound on the offset's error; -1 when unknown
 
@@ -282,6 +283,8 @@ class Trace:
         while pos < end:
             where = pos
             if end - pos < _FRAME.size:
+                if trace is None:
+                    break  # no header frame: TraceError below
                 _torn(path, where, "a frame header is cut short")
                 trace = trace or cls()
                 trace.truncated = True
@@ -292,24 +295,28 @@ class Trace:
             pos += length
             last = pos >= end
             if len(payload) < length or zlib.crc32(payload) != crc:
-                if last:
+                if last and trace is not None:
                     _torn(path, where, "the last frame is incomplete")
                     trace = trace or cls()
                     trace.truncated = True
                     break
+                what = "fails its checksum" if trace is not None else (
+                    "is not a complete header frame (garbage after the magic?)")
                 raise TraceError(f"ddpviz: {str(path)!r} is corrupt: frame at byte {where} "
-                                 "fails its checksum.\nThe file was modified after writing; "
+                                 f"{what}.\nThe file was modified after writing; "
                                  "restore it from the original run.")
             try:
                 if trace is None:
                     trace = cls(meta=_read_header(path, kind, payload))
                 elif kind == _EVENTS:
-                    chunks.append(cast("list[Event]", decode_events(payload)))
+                    chunk = cast("list[Event]", decode_events(payload))
+                    limits.check_events(chunk)
+                    chunks.append(chunk)
                 elif kind == _CLOCK:
                     c = decode_clock(payload)
                     clock[c.rank] = (c.offset_ns, c.error_ns)
                 # other kinds: records from a later minor format; skip them
-            except (msgspec.MsgspecError, ValueError) as e:
+            except (msgspec.MsgspecError, ValueError, RecursionError) as e:
                 raise TraceError(f"ddpviz: {str(path)!r}: frame at byte {where} does not "
                                  f"decode: {e}.\nThe file is damaged or was written by an "
                                  "incompatible ddpviz.") from None
@@ -370,6 +377,7 @@ def _read_header(path: Path, kind: int, payload: memoryview) -> dict[str, Any]:
         raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
                          f"format {FORMAT_VERSION}.\nUse the ddpviz version that wrote it.")
     header = msgspec.msgpack.decode(payload, type=_FileHeader)
+    limits.check_meta(header.meta)
     if header.schema != SCHEMA_VERSION:
         raise TraceError(f"ddpviz: {str(path)!r} holds event schema {header.schema}; this "
                          f"ddpviz reads schema {SCHEMA_VERSION}.\nUse the ddpviz version that "
