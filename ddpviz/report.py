@@ -7,13 +7,13 @@ shown comes from the trace's events, so a report can be made long after the run.
 
 from __future__ import annotations
 
-import html
 import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from ddpviz import events as ev
+from ddpviz import markup
 from ddpviz.trace import Span, Trace
 
 _ELEMENT_SIZE = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8,
@@ -52,7 +52,7 @@ def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "dd
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return markup.escape(value)
 
 
 def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = ()) -> str:

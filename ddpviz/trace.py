@@ -318,8 +318,9 @@ class Trace:
                 # other kinds: records from a later minor format; skip them
             except (msgspec.MsgspecError, ValueError, RecursionError) as e:
                 raise TraceError(f"ddpviz: {str(path)!r}: frame at byte {where} does not "
-                                 f"decode: {e}.\nThe file is damaged or was written by an "
-                                 "incompatible ddpviz.") from None
+                                 f"decode within ddpviz's limits: {e}.\nThe file is damaged, "
+                                 "hostile, or was written by an incompatible ddpviz (limits: "
+                                 "ddpviz/limits.py).") from None
         if trace is None:
             raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
                              "The writer died before writing anything; rerun the job.")

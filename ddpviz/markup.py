@@ -1,0 +1,63 @@
+"""The one way ddpviz builds HTML and SVG: templates whose every value is escaped.
+
+Trace files are untrusted, and ipywidgets' HTML widget sets innerHTML: a parameter name, dtype
+or finding text must never become markup. `fmt(template, *values)` formats like `str.format`
+but escapes each formatted value (text and attribute values alike; templates quote attributes),
+unless the value is already `Markup` (built by this module). `join` and `tag` do the same.
+
+    fmt("<td title='{}'>{:,}</td>", name, nbytes)   # name escaped, number formatted
+    join(fmt("<tr>{}</tr>", r) for r in rows)       # Markup stays markup
+"""
+
+from __future__ import annotations
+
+import html
+import string
+from collections.abc import Iterable
+from typing import Any
+
+
+class Markup(str):
+    """A string of markup built by this module (its values escaped): embedded as is."""
+
+    __slots__ = ()
+
+
+def escape(value: object) -> Markup:
+    """`value` as text: Markup passes through, anything else is str()-ed and escaped (also
+    quotes, so the result is safe inside a quoted attribute)."""
+    if isinstance(value, Markup):
+        return value
+    return Markup(html.escape(str(value), quote=True))
+
+
+class _Formatter(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if isinstance(value, Markup):
+            return value if not format_spec else escape(format(str(value), format_spec))
+        return escape(format(value, format_spec))
+
+
+_FORMATTER = _Formatter()
+
+
+def fmt(template: str, /, *args: object, **kwargs: object) -> Markup:
+    """`template.format(*args, **kwargs)` with every value escaped (see module doc). The
+    template itself is trusted: pass a literal, never data."""
+    return Markup(_FORMATTER.vformat(template, args, kwargs))
+
+
+def join(parts: Iterable[object], sep: str = "") -> Markup:
+    """The parts joined by `sep` (a literal); parts that are not Markup are escaped."""
+    return Markup(escape(sep).join(escape(p) for p in parts))
+
+
+def tag(name: str, content: object = "", /, **attrs: object) -> Markup:
+    """`<name attr='value'...>content</name>`: attribute values and non-Markup content
+    escaped; `class_` for `class`; None or False attributes left out."""
+    out = [name]
+    for key, value in attrs.items():
+        if value is None or value is False:
+            continue
+        out.append(fmt("{}='{}'", key.rstrip("_").replace("_", "-"), value))
+    return fmt("<{}>{}</{}>", Markup(" ".join(out)), content, Markup(name))
