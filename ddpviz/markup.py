@@ -12,9 +12,7 @@ unless the value is already `Markup` (built by this module). `join` and `tag` do
 from __future__ import annotations
 
 import html
-import string
 from collections.abc import Iterable
-from typing import Any
 
 
 class Markup(str):
@@ -31,20 +29,27 @@ def escape(value: object) -> Markup:
     return Markup(html.escape(str(value), quote=True))
 
 
-class _Formatter(string.Formatter):
-    def format_field(self, value: Any, format_spec: str) -> str:
+class _Escaped:
+    """A value that formats itself escaped (str.format calls __format__ per field, in C)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __format__(self, spec: str) -> str:
+        value = self.value
         if isinstance(value, Markup):
-            return value if not format_spec else escape(format(str(value), format_spec))
-        return escape(format(value, format_spec))
-
-
-_FORMATTER = _Formatter()
+            return value if not spec else escape(format(str(value), spec))
+        return html.escape(format(value, spec), quote=True)
 
 
 def fmt(template: str, /, *args: object, **kwargs: object) -> Markup:
     """`template.format(*args, **kwargs)` with every value escaped (see module doc). The
-    template itself is trusted: pass a literal, never data."""
-    return Markup(_FORMATTER.vformat(template, args, kwargs))
+    template itself is trusted: pass a literal, never data; fields are plain `{}`/`{:spec}`
+    or `{name}` (no attribute or index lookups, which would bypass the escaping)."""
+    return Markup(template.format(*map(_Escaped, args),
+                                  **{k: _Escaped(v) for k, v in kwargs.items()}))
 
 
 def join(parts: Iterable[object], sep: str = "") -> Markup:

@@ -503,11 +503,13 @@ def _chrome(trace: Trace) -> dict[str, Any]:
     t0 = min(starts) if starts else 0
     out: list[dict[str, Any]] = []
     tids: dict[tuple[int, str], int] = {}
+    lanes: dict[int, int] = {}  # rank -> lanes so far (linear, also with 100,000 buckets)
 
     def tid(rank: int, lane: str) -> int:
         key = (rank, lane)
         if key not in tids:
-            tids[key] = n = len([k for k in tids if k[0] == rank])
+            tids[key] = n = lanes.get(rank, 0)
+            lanes[rank] = n + 1
             out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": n,
                         "args": {"name": lane}})
             out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": n,
