@@ -5,6 +5,7 @@ with MemoryError, one that makes it loop for minutes hits the time cap; either f
 from __future__ import annotations
 
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -22,10 +23,12 @@ def _cap_memory() -> None:
 def test_hostile_traces_fuzz_under_memory_and_time_caps() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-s", "-x", "-p", "no:cacheprovider",
          "-W", "error::pytest.PytestUnraisableExceptionWarning",
          str(ROOT / "tests" / "security" / "fuzz_traces.py")],
         cwd=ROOT, env=env, preexec_fn=_cap_memory, capture_output=True, text=True,
         timeout=TIME_CAP_S)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert "1 passed" in proc.stdout
+    assert "2 passed" in proc.stdout
+    loaded = re.search(r"fuzz: (\d+) of (\d+) traces loaded", proc.stdout)
+    assert loaded is not None and int(loaded[1]) >= 10, proc.stdout[-2000:]  # views exercised
