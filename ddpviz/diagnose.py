@@ -310,13 +310,16 @@ def _launch_positions(order: Sequence[int], buckets: Sequence[Sequence[int]]) ->
 def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int, str]],
                 world_size: int) -> list[Finding]:
     orders: dict[int, dict[int, list[int]]] = {}  # step -> rank -> param indices
+    fired: dict[tuple[int, int], set[int]] = {}  # (step, rank) -> params (linear lookups)
     twice: dict[tuple[int, int], list[int]] = {}  # (param, step) -> ranks
     for rank, lst in per_rank.items():
         for e in lst:
             if isinstance(e, ev.GradReady):
                 order = orders.setdefault(e.step, {}).setdefault(rank, [])
-                if e.param in order and rank not in twice.get((e.param, e.step), []):
+                seen = fired.setdefault((e.step, rank), set())
+                if e.param in seen and rank not in twice.get((e.param, e.step), []):
                     twice.setdefault((e.param, e.step), []).append(rank)
+                seen.add(e.param)
                 order.append(e.param)
     out = []
     for (param, step), ranks in sorted(twice.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -12,11 +12,33 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Protocol, TypeVar
+from typing import Annotated, Protocol, TypeVar
 
 import msgspec
 
 from ddpviz.findings import Finding
+from ddpviz.limits import (
+    MAX_PARAMS,
+    BucketIndex,
+    BucketLimits,
+    BucketMap,
+    Bytes,
+    ChunkCount,
+    ChunkIndex,
+    Count,
+    Name,
+    Names,
+    ParamCount,
+    ParamIndex,
+    ParamIndexOrNone,
+    ParamIndices,
+    Rank,
+    RankValues,
+    Shape,
+    Step,
+    TensorCount,
+    WorldSize,
+)
 
 _now = time.monotonic_ns
 
@@ -26,10 +48,10 @@ SCHEMA_VERSION = 1
 class Event(msgspec.Struct, frozen=True, tag=True):
     """Base of every event; never emitted itself."""
 
-    rank: int
-    step: int  # DDP iteration; -1 while the constructor runs
+    rank: Rank
+    step: Step  # DDP iteration; -1 while the constructor runs
     t_ns: int  # time.monotonic_ns() on the emitting rank
-    seq: int  # per-rank sequence number, from 0, no gaps
+    seq: Count  # per-rank sequence number, from 0, no gaps
 
 
 # --- step 1: parameters -----------------------------------------------------------------------
@@ -38,18 +60,18 @@ class Event(msgspec.Struct, frozen=True, tag=True):
 class ParamInfo(msgspec.Struct, frozen=True):
     """A parameter as DDP sees it (index = position in the reducer's parameter list)."""
 
-    index: int
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    device: str
+    index: ParamIndex
+    name: Name
+    shape: Shape
+    dtype: Name
+    device: Name
     sparse_grad: bool
 
 
 class ParamsBuilt(Event, frozen=True):
-    params: tuple[ParamInfo, ...]
-    buffers: tuple[str, ...]  # dotted names of the buffers synced from rank 0
-    ignored: tuple[str, ...]  # names in _ddp_params_and_buffers_to_ignore that matched
+    params: Annotated[tuple[ParamInfo, ...], msgspec.Meta(max_length=MAX_PARAMS)]
+    buffers: Names  # dotted names of the buffers synced from rank 0
+    ignored: Names  # names in _ddp_params_and_buffers_to_ignore that matched
 
 
 # --- step 2: verification ---------------------------------------------------------------------
@@ -58,58 +80,58 @@ class ParamsBuilt(Event, frozen=True):
 class Mismatch(msgspec.Struct, frozen=True):
     """One field of one parameter (or buffer) that differs across ranks."""
 
-    kind: str  # "param" | "buffer" | "count" | "device" (ranks on one host sharing a GPU)
-    index: int  # position in the list of the lowest rank holding it (-1 for count and device)
-    name: str  # dotted name ("parameters"/"buffers" for counts, "" for device)
+    kind: Name  # "param" | "buffer" | "count" | "device" (ranks on one host sharing a GPU)
+    index: ParamIndexOrNone  # position in the lowest holding rank's list (-1: count, device)
+    name: Name  # dotted name ("parameters"/"buffers" for counts, "" for device)
     # "present" | "name" | "order" | "shape" | "stride" | "dtype" | "device" | "requires_grad"
     # | "sparse_grad" | "count" | "cuda_device"
-    field: str
-    values: tuple[tuple[str, tuple[int, ...]], ...]  # (value, ranks holding it), most common first
+    field: Name
+    values: RankValues  # (value, ranks holding it), most common first
 
 
 class VerificationStarted(Event, frozen=True):
-    world_size: int
-    n_params: int
-    n_buffers: int
+    world_size: WorldSize
+    n_params: ParamCount
+    n_buffers: ParamCount
 
 
 class VerificationPassed(Event, frozen=True):
-    world_size: int
-    digest: str
+    world_size: WorldSize
+    digest: Name
 
 
 class VerificationFailed(Event, frozen=True):
-    world_size: int
-    mismatches: tuple[Mismatch, ...]
+    world_size: WorldSize
+    mismatches: Annotated[tuple[Mismatch, ...], msgspec.Meta(max_length=2 * MAX_PARAMS + 2)]
 
 
 # --- step 3: state broadcast ------------------------------------------------------------------
 
 
 class BroadcastStarted(Event, frozen=True):
-    src: int
-    n_tensors: int
-    total_bytes: int
-    n_chunks: int
+    src: Rank
+    n_tensors: TensorCount
+    total_bytes: Bytes
+    n_chunks: ChunkCount
 
 
 class BroadcastChunkSent(Event, frozen=True):
     """A coalesced chunk's broadcast was launched (at most 2 are in flight)."""
 
-    chunk: int
-    dtype: str
-    device: str
-    nbytes: int
-    n_tensors: int
+    chunk: ChunkIndex
+    dtype: Name
+    device: Name
+    nbytes: Bytes
+    n_tensors: TensorCount
 
 
 class BroadcastChunkDone(Event, frozen=True):
-    chunk: int
-    nbytes: int
+    chunk: ChunkIndex
+    nbytes: Bytes
 
 
 class BroadcastFinished(Event, frozen=True):
-    total_bytes: int
+    total_bytes: Bytes
     seconds: float
 
 
@@ -119,8 +141,8 @@ class BroadcastFinished(Event, frozen=True):
 class BucketAssigned(Event, frozen=True):
     """The bucket map in force from this step on (reduction order)."""
 
-    buckets: tuple[tuple[int, ...], ...]  # param indices per bucket, bucket 0 reduced first
-    limits: tuple[int, ...]  # per-bucket size limit in bytes
+    buckets: BucketMap  # param indices per bucket, bucket 0 reduced first
+    limits: BucketLimits  # per-bucket size limit in bytes
     rebuilt: bool  # False for the constructor's map, True for a gradient-ready-order rebuild
 
 
@@ -132,8 +154,8 @@ class ForwardStarted(Event, frozen=True):
 
 
 class BuffersSynced(Event, frozen=True):
-    n_buffers: int
-    nbytes: int
+    n_buffers: ParamCount
+    nbytes: Bytes
 
 
 class BackwardStarted(Event, frozen=True):
@@ -141,22 +163,22 @@ class BackwardStarted(Event, frozen=True):
 
 
 class GradReady(Event, frozen=True):
-    param: int
-    bucket: int
+    param: ParamIndex
+    bucket: BucketIndex
 
 
 class BucketReady(Event, frozen=True):
-    bucket: int
+    bucket: BucketIndex
 
 
 class AllReduceLaunched(Event, frozen=True):
-    bucket: int
-    nbytes: int
-    dtype: str
+    bucket: BucketIndex
+    nbytes: Bytes
+    dtype: Name
 
 
 class AllReduceDone(Event, frozen=True):
-    bucket: int
+    bucket: BucketIndex
 
 
 class BackwardFinished(Event, frozen=True):
@@ -164,19 +186,19 @@ class BackwardFinished(Event, frozen=True):
 
 
 class UnusedParametersFound(Event, frozen=True):
-    params: tuple[int, ...]
-    names: tuple[str, ...]
+    params: ParamIndices
+    names: Names
 
 
 class BucketsRebuilt(Event, frozen=True):
-    grad_ready_order: tuple[int, ...]
+    grad_ready_order: ParamIndices
 
 
 # --- transport --------------------------------------------------------------------------------
 
 
 class EventsDropped(Event, frozen=True):
-    count: int
+    count: Count
 
 
 # --- diagnosis --------------------------------------------------------------------------------

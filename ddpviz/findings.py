@@ -13,6 +13,18 @@ from typing import Any, Literal
 
 import msgspec
 
+from ddpviz.limits import (
+    BucketIndexOrNone,
+    Lines,
+    Name,
+    ParamIndexOrNone,
+    Ranks,
+    RankValues,
+    Step,
+    Text,
+    WorldSizeOrUnknown,
+)
+
 Severity = Literal["error", "warning", "info"]
 
 # Every kind of finding, with what its fields mean. Keep in step with diagnose.py and the docs.
@@ -47,19 +59,19 @@ _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
     """One diagnosed problem. Only `kind`, `severity` and `title` are always set."""
 
-    kind: str  # a key of KINDS
-    severity: str  # "error" | "warning" | "info"
-    title: str  # what is wrong, one line, without "ddpviz: " and the world size
-    ranks: tuple[int, ...] = ()  # the ranks at fault (the odd ones out), sorted
-    param: int = -1  # parameter (or buffer) index in DDP's list; -1 when not about one
-    name: str = ""  # its dotted name
-    field: str = ""  # what differs: "shape", "dtype", "order", "grad_order", ...
-    bucket: int = -1  # bucket index (reduction order); -1 when not about one
-    step: int = -1  # DDP iteration; -1 for construction or unknown
-    values: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (value, ranks), most common first
-    detail: tuple[str, ...] = ()  # further lines, printed after the values
-    fix: str = ""  # the likely fix, one or two sentences
-    world_size: int = 0  # 0 when unknown
+    kind: Name  # a key of KINDS
+    severity: Name  # "error" | "warning" | "info"
+    title: Text  # what is wrong, one line, without "ddpviz: " and the world size
+    ranks: Ranks = ()  # the ranks at fault (the odd ones out), sorted
+    param: ParamIndexOrNone = -1  # parameter (or buffer) index in DDP's list; -1 when not about one
+    name: Name = ""  # its dotted name
+    field: Name = ""  # what differs: "shape", "dtype", "order", "grad_order", ...
+    bucket: BucketIndexOrNone = -1  # bucket index (reduction order); -1 when not about one
+    step: Step = -1  # DDP iteration; -1 for construction or unknown
+    values: RankValues = ()  # (value, ranks), most common first
+    detail: Lines = ()  # further lines, printed after the values
+    fix: Text = ""  # the likely fix, one or two sentences
+    world_size: WorldSizeOrUnknown = 0  # 0 when unknown
 
     def text(self, *, header: bool = True) -> str:
         """The house-style message: title line, one line per value with its ranks, detail,

@@ -7,13 +7,13 @@ shown comes from the trace's events, so a report can be made long after the run.
 
 from __future__ import annotations
 
-import html
 import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from ddpviz import events as ev
+from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.trace import Span, Trace
 
@@ -53,7 +53,7 @@ def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "dd
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return markup.escape(value)
 
 
 def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = ()) -> str:
@@ -198,11 +198,12 @@ def _buckets(trace: Trace) -> str:
 
 
 def _bucket_svg(sizes: list[int]) -> str:
-    total = sum(sizes) or len(sizes) or 1
+    summed = sum(sizes)
+    total = summed or len(sizes) or 1
     width, height, x = 1000.0, 28, 0.0
     rects = []
     for i, size in enumerate(sizes):
-        w = width * (size if sum(sizes) else 1) / total
+        w = width * (size if summed else 1) / total
         rects.append(f"<rect x='{x:.1f}' y='0' width='{max(w, 1):.1f}' height='{height}' "
                      f"fill='{_COLORS[i % len(_COLORS)]}' stroke='#fff'><title>bucket {i}: "
                      f"{size} bytes</title></rect>")
@@ -231,6 +232,8 @@ def _timeline(trace: Trace) -> str:
     scale = 900.0 / max(t1 - t0, 1)
     ranks = sorted({s.rank for s in shown})
     buckets = sorted({int(s.lane.rsplit(" ", 1)[1]) for s in shown if s.cat == "allreduce"})
+    rank_row = {r: i for i, r in enumerate(ranks)}  # dict lookups: linear in the spans
+    bucket_row = {b: i for i, b in enumerate(buckets)}
     row_h, label_w = 12, 90
     band = (1 + len(buckets)) * row_h + 10
     height = band * len(ranks) + 24
@@ -243,10 +246,10 @@ def _timeline(trace: Trace) -> str:
             items.append(f"<text x='40' y='{y0 + (bi + 2) * row_h - 2}' font-size='9' "
                          f"fill='#777'>b{b}</text>")
     for s in shown:
-        y0 = ranks.index(s.rank) * band
+        y0 = rank_row[s.rank] * band
         if s.cat == "allreduce":
             b = int(s.lane.rsplit(" ", 1)[1])
-            y = y0 + (buckets.index(b) + 1) * row_h
+            y = y0 + (bucket_row[b] + 1) * row_h
             color = _COLORS[b % len(_COLORS)]
         else:
             y = y0

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import msgspec
 
 from ddpviz import events as ev
+from ddpviz import limits
 from ddpviz.atomic import replacing, write_text
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
@@ -53,7 +54,7 @@ class _Format(msgspec.Struct):
 
 
 class _Clock(msgspec.Struct, array_like=True):
-    rank: int
+    rank: limits.Rank
     offset_ns: int  # add to the rank's t_ns to get the reference (collector's) clock
     error_ns: int  # bound on the offset's error; -1 when unknown
 
@@ -288,6 +289,8 @@ class Trace:
         while pos < end:
             where = pos
             if end - pos < _FRAME.size:
+                if trace is None:
+                    break  # no header frame: TraceError below
                 _torn(path, where, "a frame header is cut short")
                 trace = trace or cls()
                 trace.truncated = True
@@ -298,27 +301,32 @@ class Trace:
             pos += length
             last = pos >= end
             if len(payload) < length or zlib.crc32(payload) != crc:
-                if last:
+                if last and trace is not None:
                     _torn(path, where, "the last frame is incomplete")
                     trace = trace or cls()
                     trace.truncated = True
                     break
+                what = "fails its checksum" if trace is not None else (
+                    "is not a complete header frame (garbage after the magic?)")
                 raise TraceError(f"ddpviz: {str(path)!r} is corrupt: frame at byte {where} "
-                                 "fails its checksum.\nThe file was modified after writing; "
+                                 f"{what}.\nThe file was modified after writing; "
                                  "restore it from the original run.")
             try:
                 if trace is None:
                     trace = cls(meta=_read_header(path, kind, payload))
                 elif kind == _EVENTS:
-                    chunks.append(cast("list[Event]", decode_events(payload)))
+                    chunk = cast("list[Event]", decode_events(payload))
+                    limits.check_events(chunk)
+                    chunks.append(chunk)
                 elif kind == _CLOCK:
                     c = decode_clock(payload)
                     clock[c.rank] = (c.offset_ns, c.error_ns)
                 # other kinds: records from a later minor format; skip them
-            except (msgspec.MsgspecError, ValueError) as e:
+            except (msgspec.MsgspecError, ValueError, RecursionError) as e:
                 raise TraceError(f"ddpviz: {str(path)!r}: frame at byte {where} does not "
-                                 f"decode: {e}.\nThe file is damaged or was written by an "
-                                 "incompatible ddpviz.") from None
+                                 f"decode within ddpviz's limits: {e}.\nThe file is damaged, "
+                                 "hostile, or was written by an incompatible ddpviz (limits: "
+                                 "ddpviz/limits.py).") from None
         if trace is None:
             raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
                              "The writer died before writing anything; rerun the job.")
@@ -376,6 +384,7 @@ def _read_header(path: Path, kind: int, payload: memoryview) -> dict[str, Any]:
         raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
                          f"format {FORMAT_VERSION}.\nUse the ddpviz version that wrote it.")
     header = msgspec.msgpack.decode(payload, type=_FileHeader)
+    limits.check_meta(header.meta)
     if header.schema != SCHEMA_VERSION:
         raise TraceError(f"ddpviz: {str(path)!r} holds event schema {header.schema}; this "
                          f"ddpviz reads schema {SCHEMA_VERSION}.\nUse the ddpviz version that "
@@ -500,11 +509,13 @@ def _chrome(trace: Trace) -> dict[str, Any]:
     t0 = min(starts) if starts else 0
     out: list[dict[str, Any]] = []
     tids: dict[tuple[int, str], int] = {}
+    lanes: dict[int, int] = {}  # rank -> lanes so far (linear, also with 100,000 buckets)
 
     def tid(rank: int, lane: str) -> int:
         key = (rank, lane)
         if key not in tids:
-            tids[key] = n = len([k for k in tids if k[0] == rank])
+            tids[key] = n = lanes.get(rank, 0)
+            lanes[rank] = n + 1
             out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": n,
                         "args": {"name": lane}})
             out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": n,

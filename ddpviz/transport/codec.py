@@ -25,6 +25,7 @@ from typing import Literal, NamedTuple, cast
 
 import msgspec
 
+from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
 WIRE_VERSION = 1
@@ -155,6 +156,10 @@ class Codec:
             raise _malformed("body", err) from None
         except ValueError as err:
             raise WireError("garbage", f"events: {err}") from None
+        try:
+            limits.check_events(events)
+        except limits.LimitError as err:
+            raise WireError("schema", str(err)) from None
         if header.kind == "events":
             if header.count != len(events):
                 raise WireError("schema", f"header says {header.count} events, body has "

@@ -8,12 +8,12 @@ below, every chunk (dtype, size, tensors) with its state on each rank. Plain ipy
 
 from __future__ import annotations
 
-import html
 from typing import Any, NamedTuple
 
 import ipywidgets as w
 
 from ddpviz import events as ev
+from ddpviz import markup
 from ddpviz.plan_table import human_bytes
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, RankState
 from ddpviz.widgets.event_view import EventView
@@ -196,7 +196,7 @@ class BroadcastProgress(EventView):
                  f"{p.chunks_done}/{p.n_chunks} chunks · {_rate(p.bytes_per_s)}{flight}{took}")
         colour = _B_COLOUR[p.state]
         return (f"<span style='font-size:12px'>{v} → <span style='color:{colour}'>"
-                f"{html.escape(b)}</span></span>")
+                f"{markup.escape(b)}</span></span>")
 
     def _exchange(self) -> str:
         states = [p.verification for p in self.progress.values()]
@@ -257,7 +257,7 @@ class BroadcastProgress(EventView):
                     assert c is not None and c.done is not None and c.sent is not None
                     cells.append(f"<td style='background:#dff3dc'>done "
                                  f"{(c.done - c.sent) / 1e6:,.2f} ms</td>")
-            rows.append(f"<tr><td>#{i}</td><td>{html.escape(desc)}</td>{''.join(cells)}</tr>")
+            rows.append(f"<tr><td>#{i}</td><td>{markup.escape(desc)}</td>{''.join(cells)}</tr>")
         return ("<table style='font-size:11px;border-collapse:collapse'><tr><th>chunk</th>"
                 f"<th>contents</th>{head}</tr>{''.join(rows)}</table>")
 

@@ -6,12 +6,12 @@ The widget holds only plan data (never a module): changing a control re-plans th
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import ipywidgets as w
 
+from ddpviz import markup
 from ddpviz.plan import BucketPlan, PlannedBucket
 from ddpviz.plan_table import human_bytes
 from ddpviz.widgets import bucket_figure
@@ -71,7 +71,7 @@ def _map_line(name: str, buckets: Sequence[PlannedBucket], limits: Sequence[int]
     caps = ", ".join(human_bytes(x) for x in limits) if limits else "none"
     text = (f"{name}: {n} bucket{'s' if n != 1 else ''}, {human_bytes(total)} in "
             f"{sum(len(b.slots) for b in buckets)} parameters; limits {caps}")
-    return f"<b>▶ {html.escape(text)}</b>" if shown else html.escape(text)
+    return f"<b>▶ {markup.escape(text)}</b>" if shown else markup.escape(text)
 
 
 class BucketMap(w.VBox):
@@ -206,7 +206,7 @@ class BucketMap(w.VBox):
             message = ("No rebuilt map: torch never rebuilds buckets with "
                        "find_unused_parameters=True and static_graph=False.<br>"
                        "The initial map is used in every iteration.")
-        title = (f"{html.escape(plan.model)}: {which} map, {len(buckets)} bucket"
+        title = (f"{markup.escape(plan.model)}: {which} map, {len(buckets)} bucket"
                  f"{'s' if len(buckets) != 1 else ''}, reduced top to bottom")
         return (segments(buckets), limit_markers(buckets), [bucket_label(b) for b in buckets],
                 title, message)
@@ -227,9 +227,9 @@ class BucketMap(w.VBox):
                     + (", DDP_SET_LAST_BUCKET_CAP=1" if s.set_last_bucket_cap else ""))
         total = sum(p.nbytes for p in plan.params)
         lines = [
-            f"<b>{html.escape(plan.model)}</b>: {len(plan.params)} parameters, "
+            f"<b>{markup.escape(plan.model)}</b>: {len(plan.params)} parameters, "
             f"{human_bytes(total)} of gradients",
-            f"settings: <code>{html.escape(settings)}</code>",
+            f"settings: <code>{markup.escape(settings)}</code>",
             _map_line(f"initial map ({_initial_span(plan)})", plan.initial, plan.limits.initial,
                       which == "initial"),
         ]
@@ -244,5 +244,5 @@ class BucketMap(w.VBox):
         body = "<br>".join(lines)
         if plan.notes:
             body += "<ul style='margin:2px 0'>" + "".join(
-                f"<li>{html.escape(n)}</li>" for n in plan.notes) + "</ul>"
+                f"<li>{markup.escape(n)}</li>" for n in plan.notes) + "</ul>"
         return f"<div style='font-size:12px;line-height:1.4'>{body}</div>"

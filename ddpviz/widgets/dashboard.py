@@ -9,11 +9,11 @@ BucketMap's (~5 MB of plotly.js, shipped once); everything else is light ipywidg
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import ipywidgets as w
 
+from ddpviz import markup
 from ddpviz.findings import format_ranks
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
 from ddpviz.widgets.event_model import Status
@@ -27,7 +27,7 @@ from ddpviz.widgets.verification_view import VerificationView
 
 def _heading(text: str) -> w.HTML:
     return w.HTML(f"<div style='font-weight:bold;font-size:13px;border-bottom:1px solid #ddd;"
-                  f"margin-top:6px'>{html.escape(text)}</div>")
+                  f"margin-top:6px'>{markup.escape(text)}</div>")
 
 
 class Dashboard(EventView):
@@ -85,7 +85,7 @@ class Dashboard(EventView):
         src = self.source
         stats = src.stats() if src.stats is not None else None
         world = status.world_size or len(status.ranks)
-        parts = [f"<b>{html.escape(src.label)}</b>"]
+        parts = [f"<b>{markup.escape(src.label)}</b>"]
         if src.run_status is not None:
             parts.append(f"run {src.run_status()}")
         if stats is not None:
@@ -114,7 +114,7 @@ class Dashboard(EventView):
             gaps = sum(stats.gaps.values())
         findings = self.model.findings(cursor.as_of)
         if findings:
-            first = html.escape(str(getattr(findings[0], "title", findings[0])))
+            first = markup.escape(getattr(findings[0], "title", findings[0]))
             parts.append(f"<span style='color:#b42318;font-weight:bold'>{len(findings)} "
                          f"finding{'s' if len(findings) != 1 else ''}: {first}"
                          f"{' …' if len(findings) > 1 else ''}</span>")

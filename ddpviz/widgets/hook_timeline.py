@@ -9,13 +9,13 @@ iteration; its redraws are rate-limited by bytes (`live_bytes_per_s`) as well as
 
 from __future__ import annotations
 
-import html
 import time
 from typing import Any
 
 import ipywidgets as w
 
 from ddpviz import events as ev
+from ddpviz import markup
 from ddpviz.findings import format_ranks
 from ddpviz.plan_table import human_bytes
 from ddpviz.widgets import timeline_svg
@@ -24,7 +24,7 @@ from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_analysis import IterationView, OrderDiff, analyse
 from ddpviz.widgets.replay_controls import Cursor
 
-_CELL = ("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
+_CELL = markup.Markup("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
          ".ddpviz-ho td,.ddpviz-ho th{padding:0 3px;border:1px solid #eee;text-align:center}"
          ".ddpviz-ho .d{background:#f6c5c5;font-weight:bold}.ddpviz-ho .g{color:#aaa}</style>")
 
@@ -112,10 +112,10 @@ class HookTimeline(EventView):
         if step is None or step == CONSTRUCTION:
             self.view = None
             self.bytes_drawn = self._set(
-                header="<i style='font-size:12px'>" + (
+                header=markup.fmt("<i style='font-size:12px'>{}</i>", (
                     "no iteration yet: the hooks fire in backward"
                     if step is None else "the constructor registers one hook per parameter; "
-                    "pick iteration 0 or later to see them fire") + "</i>",
+                    "pick iteration 0 or later to see them fire")),
                 svg="", order="", buckets="", unused="")
             return False
         self.view = analyse(step, self.model.step_records(step, cursor.as_of), n_params)
@@ -145,19 +145,22 @@ class HookTimeline(EventView):
                     for lane in v.lanes.values()
                     if lane.record.backward is not None and lane.record.backward_end is not None]
         worst = max(v.lanes.values(), key=lambda lane: lane.exposed_ns)
-        parts = [f"<b>iteration {v.step}</b> · {n} rank{'s' if n != 1 else ''}"]
+        parts = [markup.fmt("<b>iteration {}</b> · {} rank{}", v.step, n, "s" if n != 1 else "")]
         if backward:
-            parts.append(f"backward {max(backward):,.3f} ms (slowest rank)")
-        parts.append(f"exposed communication {worst.exposed_ns / 1e6:,.3f} ms "
-                     f"(rank {worst.rank}, after its last hook)")
+            parts.append(markup.fmt("backward {:,.3f} ms (slowest rank)", max(backward)))
+        parts.append(markup.fmt("exposed communication {:,.3f} ms (rank {}, after its last "
+                                "hook)", worst.exposed_ns / 1e6, worst.rank))
         if in_backward:
-            parts.append(f"{format_ranks(in_backward)} still in backward")
+            parts.append(markup.fmt("{} still in backward", format_ranks(in_backward)))
         if v.order.differs:
-            parts.append("<span style='color:#b42318'>hook order differs across ranks</span>")
-        legend = ("<span style='color:#777'>lanes: forward ▭ grey, backward ▭ blue · hooks | "
-                  "(shade per bucket; red: out of order) · ▼ bucket ready · all-reduce ▭ "
-                  "(red: exposed) · ┊ last hook</span>")
-        return f"<div style='font-size:12px'>{' · '.join(parts)}<br>{legend}</div>"
+            parts.append(markup.Markup("<span style='color:#b42318'>hook order differs across "
+                                       "ranks</span>"))
+        legend = markup.Markup(
+            "<span style='color:#777'>lanes: forward ▭ grey, backward ▭ blue · hooks | "
+            "(shade per bucket; red: out of order) · ▼ bucket ready · all-reduce ▭ "
+            "(red: exposed) · ┊ last hook</span>")
+        return markup.fmt("<div style='font-size:12px'>{}<br>{}</div>",
+                          markup.join(parts, " · "), legend)
 
     def order_columns(self, order: OrderDiff) -> list[int]:
         """Firing positions shown: all when few; else every departure (and its neighbours)
@@ -180,28 +183,29 @@ class HookTimeline(EventView):
             return ""
         lanes = self.view.lanes if self.view else {}
         columns = self.order_columns(order)
-        head, prev = [], -1
+        head: list[markup.Markup] = []
+        prev = -1
         for c in columns:
             if c != prev + 1:
-                head.append("<th class=g>…</th>")
-            head.append(f"<th>{c}</th>")
+                head.append(markup.Markup("<th class=g>…</th>"))
+            head.append(markup.fmt("<th>{}</th>", c))
             prev = c
         rows = []
         for r, lane in lanes.items():
             bad = set(order.positions.get(r, ()))
-            cells, prev = [], -1
+            cells: list[markup.Markup] = []
+            prev = -1
             for c in columns:
                 if c != prev + 1:
-                    cells.append("<td class=g>…</td>")
+                    cells.append(markup.Markup("<td class=g>…</td>"))
                 prev = c
                 if c >= len(lane.order):
-                    cells.append("<td class=g>·</td>")
+                    cells.append(markup.Markup("<td class=g>·</td>"))
                     continue
                 p = lane.order[c]
-                title = html.escape(names.get(p, ""), quote=True)
-                cls = " class=d" if c in bad else ""
-                cells.append(f"<td{cls} title='{title}'>{p}</td>")
-            rows.append(f"<tr><th>r{r}</th>{''.join(cells)}</tr>")
+                cls = markup.Markup(" class=d" if c in bad else "")
+                cells.append(markup.fmt("<td{} title='{}'>{}</td>", cls, names.get(p, ""), p))
+            rows.append(markup.fmt("<tr><th>r{}</th>{}</tr>", r, markup.join(cells)))
         if order.differs:
             worst = max(order.positions, key=lambda r: len(order.positions[r]))
             first = order.positions[worst][0]
@@ -211,34 +215,36 @@ class HookTimeline(EventView):
             def name(p: int | None) -> str:
                 return "nothing" if p is None else f"p{p} '{names.get(p, '?')}'"
 
-            summary = (f"<b style='color:#b42318'>✘ rank {worst} departs from the order of "
-                       f"{format_ranks(order.reference_ranks)} at "
-                       f"{len(order.positions[worst])} position(s); first at #{first}: "
-                       f"{html.escape(name(mine))} where they fire "
-                       f"{html.escape(name(theirs))}</b>")
+            summary = markup.fmt(
+                "<b style='color:#b42318'>✘ rank {} departs from the order of {} at {} "
+                "position(s); first at #{}: {} where they fire {}</b>", worst,
+                format_ranks(order.reference_ranks), len(order.positions[worst]), first,
+                name(mine), name(theirs))
         else:
-            summary = (f"✔ the same hook firing order on {format_ranks(list(lanes))} "
-                       f"({len(order.reference)} hooks)")
-        return (f"{_CELL}<div style='font-size:12px'>hook firing order (parameter index per "
-                f"position): {summary}</div><table class=ddpviz-ho><tr><th>pos</th>"
-                f"{''.join(head)}</tr>{''.join(rows)}</table>")
+            summary = markup.fmt("✔ the same hook firing order on {} ({} hooks)",
+                                 format_ranks(list(lanes)), len(order.reference))
+        return markup.fmt(
+            "{}<div style='font-size:12px'>hook firing order (parameter index per position): "
+            "{}</div><table class=ddpviz-ho><tr><th>pos</th>{}</tr>{}</table>", _CELL, summary,
+            markup.join(head), markup.join(rows))
 
     def _buckets(self, v: IterationView) -> str:
         if not v.buckets:
             return ""
         rows = []
         for b in v.buckets:
-            exposed = (f"<b style='color:#b42318'>{_ms(b.exposed_ms)}</b>"
-                       if b.exposed_ms else _ms(b.exposed_ms))
-            rows.append(f"<tr><td>{b.bucket}</td><td>{b.dtype}</td>"
-                        f"<td>{human_bytes(b.nbytes)}</td><td>{b.n_params}</td>"
-                        f"<td>{_ms(b.ready_ms)}</td><td>{_ms(b.allreduce_ms)}</td>"
-                        f"<td>{exposed}</td><td>{_ms(b.exposed_mean_ms)}</td></tr>")
-        return ("<table style='font-size:11px;border-collapse:collapse' cellpadding=2>"
-                "<tr><th>bucket</th><th>dtype</th><th>bytes</th><th>hooks</th>"
-                "<th>ready ms after backward start</th><th>all-reduce ms</th>"
-                "<th>exposed ms (max)</th><th>exposed ms (mean)</th></tr>"
-                f"{''.join(rows)}</table>")
+            exposed = (markup.fmt("<b style='color:#b42318'>{}</b>", _ms(b.exposed_ms))
+                       if b.exposed_ms else markup.escape(_ms(b.exposed_ms)))
+            rows.append(markup.fmt(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td><td>{}</td></tr>", b.bucket, b.dtype, human_bytes(b.nbytes),
+                b.n_params, _ms(b.ready_ms), _ms(b.allreduce_ms), exposed,
+                _ms(b.exposed_mean_ms)))
+        return markup.fmt("<table style='font-size:11px;border-collapse:collapse' "
+                          "cellpadding=2><tr><th>bucket</th><th>dtype</th><th>bytes</th>"
+                          "<th>hooks</th><th>ready ms after backward start</th>"
+                          "<th>all-reduce ms</th><th>exposed ms (max)</th>"
+                          "<th>exposed ms (mean)</th></tr>{}</table>", markup.join(rows))
 
     def _unused(self, v: IterationView, names: dict[int, str]) -> str:
         unused = v.unused
@@ -251,6 +257,6 @@ class HookTimeline(EventView):
         for params, ranks in groups.items():
             listed = ", ".join(f"p{p} '{names.get(p, '?')}'" for p in params[:10])
             more = f" and {len(params) - 10} more" if len(params) > 10 else ""
-            lines.append(f"{format_ranks(ranks)}: {html.escape(listed)}{more}")
-        return ("<div style='font-size:12px;color:#b42318'>✕ unused parameters (no gradient "
-                f"this iteration): {'; '.join(lines)}</div>")
+            lines.append(f"{format_ranks(ranks)}: {listed}{more}")
+        return markup.fmt("<div style='font-size:12px;color:#b42318'>✕ unused parameters (no "
+                          "gradient this iteration): {}</div>", "; ".join(lines))

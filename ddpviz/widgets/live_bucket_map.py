@@ -11,7 +11,6 @@ iteration, and below it each bucket's timing averaged over the iterations that u
 from __future__ import annotations
 
 import dataclasses
-import html
 import math
 import sys
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import ipywidgets as w
 import torch
 
 from ddpviz import events as ev
+from ddpviz import markup
 from ddpviz.engine.capacity import Limits
 from ddpviz.plan import (
     BucketPlan,
@@ -162,6 +162,7 @@ class LiveBucketMap(EventView):
 
     def __init__(self, source: object = None, **kwargs: Any) -> None:
         self.observed: ObservedMaps | None = None
+        self.plan_error: str | None = None  # why the observed maps cannot be drawn
         self.bucket_map: BucketMap | None = None
         self.which: Which = "initial"
         self.timing: tuple[Any, ...] = ()
@@ -183,8 +184,9 @@ class LiveBucketMap(EventView):
         self._update_plan(cursor)
         obs = self.observed
         if obs is None:
-            self._set(self.header_html, "<i style='font-size:12px'>waiting for the "
-                      "constructor's BucketAssigned event</i>")
+            self._set(self.header_html, markup.fmt(
+                "<i style='font-size:12px'>{}</i>", self.plan_error or
+                "waiting for the constructor's BucketAssigned event"))
             return False
         step = self._step(cursor)
         which = self.which = self._which(obs, cursor)
@@ -195,11 +197,11 @@ class LiveBucketMap(EventView):
                 "the constructor's map" + (f", iterations 0-{obs.rebuilt_step - 1}"
                                            if obs.rebuilt_step else ""))
         where = "construction" if step < 0 else f"iteration {step}"
-        warn = "".join(f"<br><b style='color:#b42318'>✘ {html.escape(d)}</b>"
-                       for d in obs.disagreements)
-        self._set(self.header_html,
-                  f"<div style='font-size:12px'>map in force at {where}: <b>{which}</b> "
-                  f"({span}); observed on rank {obs.rank}{warn}</div>")
+        warn = markup.join(markup.fmt("<br><b style='color:#b42318'>✘ {}</b>", d)
+                           for d in obs.disagreements)
+        self._set(self.header_html, markup.fmt(
+            "<div style='font-size:12px'>map in force at {}: <b>{}</b> ({}); observed on rank "
+            "{}{}</div>", where, which, span, obs.rank, warn))
         self._draw_timing(step, which, obs, cursor)
         return False
 
@@ -233,7 +235,13 @@ class LiveBucketMap(EventView):
         records = self.model.step_records(0, cursor.as_of).get(rank)
         if records is not None and records.backward_end is not None:
             order = [p for _, p, _ in records.grads]
-        observed = observed_plan(built.event, maps[rank], rank=rank, grad_ready_order=order)
+        try:
+            observed = observed_plan(built.event, maps[rank], rank=rank,
+                                     grad_ready_order=order)
+        except ValueError as err:  # e.g. a dtype this torch does not know: say so, draw on
+            self.plan_error = str(err)
+            return
+        self.plan_error = None
         observed = observed._replace(disagreements=map_disagreements(maps, rank))
         if self.observed is not None and self.observed.plan == observed.plan:
             self.observed = observed
@@ -259,16 +267,16 @@ class LiveBucketMap(EventView):
             self.timing = bucket_averages(self.model.step_history(), steps)
         buckets = obs.plan.buckets(which) if which == "initial" or obs.plan.rebuilt else ()
         size = {b.index: b.nbytes for b in buckets}
-        rows = "".join(
-            f"<tr><td>{t.bucket}</td><td>{human_bytes(size.get(t.bucket, 0))}</td>"
-            f"<td>{t.iterations}</td><td>{_ms(t.ready_ms)}</td><td>{_ms(t.allreduce_ms)}</td>"
-            f"<td>{_ms(t.exposed_ms)}</td></tr>" for t in self.timing)
-        text = ("" if not rows else
+        rows = markup.join(markup.fmt(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            t.bucket, human_bytes(size.get(t.bucket, 0)), t.iterations, _ms(t.ready_ms),
+            _ms(t.allreduce_ms), _ms(t.exposed_ms)) for t in self.timing)
+        text = ("" if not rows else markup.fmt(
                 "<div style='font-size:12px'>per-bucket timing, mean over the iterations that "
-                f"used this map (max over ranks each):</div><table style='font-size:11px' "
+                "used this map (max over ranks each):</div><table style='font-size:11px' "
                 "cellpadding=2><tr><th>bucket</th><th>bytes</th><th>iterations</th>"
                 "<th>ready ms after backward start</th><th>all-reduce ms</th>"
-                f"<th>exposed ms</th></tr>{rows}</table>")
+                "<th>exposed ms</th></tr>{}</table>", rows))
         self._set(self.timing_html, text)
 
     @staticmethod

@@ -11,9 +11,9 @@ their exposed part in red, unused parameters, and the end of backward compute.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Iterable, Mapping
 
+from ddpviz import markup
 from ddpviz.widgets.hook_analysis import IterationView, Lane
 
 WIDTH = 860
@@ -92,7 +92,7 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
         listed = ", ".join(names.get(p, f"p{p}") for p in lane.unused[:20])
         more = f" (+{len(lane.unused) - 20})" if len(lane.unused) > 20 else ""
         out.append(f"<text x='2' y='{y + 34}' fill='{_EXPOSED}'>✕ {len(lane.unused)} unused"
-                   f"<title>unused: {html.escape(listed + more)}</title></text>")
+                   f"<title>unused: {markup.escape(listed + more)}</title></text>")
     # phases: forward (grey), backward (light blue)
     if rec.forward is not None:
         f_end = rec.backward if rec.backward is not None else rec.last
@@ -143,7 +143,7 @@ def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
                  f"exposed {s.exposed_ns / 1e6:,.3f} ms")
         dash = "" if s.end is not None else " stroke='#333' stroke-dasharray='3 2'"
         out.append(f"<rect x='{x0}' y='{sy}' width='{max(1, x1 - x0)}' height='8' "
-                   f"fill='{_AR}'{dash}><title>{html.escape(title)}</title></rect>")
+                   f"fill='{_AR}'{dash}><title>{markup.escape(title)}</title></rect>")
         if s.exposed_ns and s.end is not None:
             ex0 = x(s.end - s.exposed_ns)
             out.append(f"<rect x='{ex0}' y='{sy}' width='{max(1, x1 - ex0)}' height='8' "
@@ -165,7 +165,7 @@ def _merged_spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> st
     done = [s for s in lane.allreduce if s.end is not None]
     title = (f"{len(lane.allreduce)} all-reduces ({len(done)} done), exposed "
              f"{lane.exposed_ns / 1e6:,.3f} ms after the last hook")
-    out = [f"<g><title>{html.escape(title)}</title>"]
+    out = [f"<g><title>{markup.escape(title)}</title>"]
     for row in (0, 1):
         sy = y + 30 + 9 * row
         if covered[row]:

@@ -8,12 +8,12 @@ ipywidgets (HTML + dropdowns): no plotly, so it costs a few KB, not megabytes.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as w
 
+from ddpviz import markup
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.replay_controls import Cursor
@@ -170,7 +170,7 @@ class VerificationView(EventView):
         m = self.matrix
         colour = _VERDICT_COLOUR[m.state]
         verdict = (f"<div style='font-weight:bold;color:{colour};font-size:13px'>"
-                   f"{html.escape(m.verdict)}</div>")
+                   f"{markup.escape(m.verdict)}</div>")
         if self.verdict_html.value != verdict:
             self.verdict_html.value = verdict
         table = self._table()
@@ -213,7 +213,7 @@ class VerificationView(EventView):
         chosen = self.rank_select.value
         head = "".join(
             f"<th{' class=rsel' if chosen in g else ''}>"
-            f"{html.escape(format_ranks(g).replace('ranks ', 'r').replace('rank ', 'r'))}</th>"
+            f"{markup.escape(format_ranks(g).replace('ranks ', 'r').replace('rank ', 'r'))}</th>"
             for g in columns)
         lines = [_STYLE, f"<table class=ddpviz-vm><tr><th>#</th><th>name</th>{head}</tr>"]
         shown = self.shown_rows()
@@ -227,17 +227,17 @@ class VerificationView(EventView):
                     values = row.values.get(g[0], {})
                     what = "missing" if status == "missing" else " ".join(
                         f"{f}={values[f]}" for f in row.differing if f in values)
-                    title = f" title='{html.escape(format_ranks(g) + ': ' + what, quote=True)}'"
+                    title = f" title='{markup.escape(format_ranks(g) + ': ' + what)}'"
                 cells.append(f"<td class={status[0]}{title}>{GLYPHS[status]}</td>")
             lines.append(f"<tr{sel}><td>{'p' if row.kind == 'param' else 'b'}{row.position}</td>"
-                         f"<td>{html.escape(row.name)}</td>{''.join(cells)}</tr>")
+                         f"<td>{markup.escape(row.name)}</td>{''.join(cells)}</tr>")
         lines.append("</table>")
         hidden = len(m.rows) - len(shown)
         if hidden:
             lines.append(f"<div style='font-size:11px;color:#555'>… and {hidden:,} more rows, "
                          "the same on every rank (pick them in the row list)</div>")
         for note in m.notes:
-            lines.append(f"<div style='font-size:11px;color:#b42318'>{html.escape(note)}</div>")
+            lines.append(f"<div style='font-size:11px;color:#b42318'>{markup.escape(note)}</div>")
         return "".join(lines)
 
     def _details(self) -> str:
@@ -256,7 +256,7 @@ class VerificationView(EventView):
             else:
                 described[r] = _describe_html(values, row.differing)
         what = "parameter" if row.kind == "param" else "buffer"
-        lines = [f"<b>{what} {row.position} '{html.escape(row.name)}'</b>"
+        lines = [f"<b>{what} {row.position} '{markup.escape(row.name)}'</b>"
                  + (f" · differs in: {', '.join(f for f in row.differing if f != 'present')}"
                     if row.differing else " · the same on every rank")]
         for text, ranks in group_ranks(described):
@@ -273,7 +273,7 @@ def _describe_html(values: dict[str, str], differing: Sequence[str]) -> str:
         if f not in values or f == "present":
             continue
         label = "index" if f == "order" else f
-        text = html.escape(f"{label}={values[f]}")
+        text = markup.escape(f"{label}={values[f]}")
         parts.append(f"<span style='color:#b42318;font-weight:bold'>{text}</span>"
                      if f in differing else text)
     return " ".join(parts) or "present"

@@ -1,0 +1,91 @@
+"""What small hostile trace files cost: load, diagnose, dashboard, report and Chrome export of
+each file of tests/security/bombs.py, each operation in its own process under a memory cap
+(RLIMIT_AS) and a time cap. With --before PATH, the same for another checkout (e.g. main
+before issue #12) side by side.
+
+    python benchmarks/bench_hostile.py [--before /path/to/other/checkout] [--cap-s 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's ddpviz and tests
+
+from tests.security.bombs import BOMBS, write  # noqa: E402
+
+OPS = ("load", "diagnose", "dashboard", "report", "chrome")
+CHILD = r"""
+import json, resource, sys, time, warnings
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]) << 20, int(sys.argv[3]) << 20))
+warnings.simplefilter("ignore")
+import ddpviz
+from ddpviz.trace import Trace
+t0 = time.perf_counter()
+try:
+    trace = Trace.load(sys.argv[1])
+    op = sys.argv[2]
+    if op == "diagnose":
+        ddpviz.diagnose(trace)
+    elif op == "dashboard":
+        d = trace.dashboard()
+        for s in d.model.steps:
+            d.controls.show_step(s) if d.controls else None
+    elif op == "report":
+        from ddpviz import report
+        report.render(trace)
+    elif op == "chrome":
+        trace.to_chrome_trace()
+    out = "ok"
+except MemoryError:
+    out = "MemoryError"
+except Exception as e:
+    out = type(e).__name__
+print(json.dumps([out, time.perf_counter() - t0]))
+"""
+
+
+def run(tree: Path, path: Path, op: str, cap_s: float, mem_mb: int) -> str:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    try:
+        p = subprocess.run([sys.executable, "-c", CHILD, str(path), op, str(mem_mb)],
+                           env=env, cwd=tree, capture_output=True, text=True,
+                           timeout=cap_s)
+    except subprocess.TimeoutExpired:
+        return f">{cap_s:.0f} s (killed)"
+    try:
+        outcome, seconds = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return f"died rc={p.returncode}"
+    return f"{outcome} {seconds:.2f} s"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", type=Path, help="another checkout to compare with")
+    ap.add_argument("--cap-s", type=float, default=120.0)
+    ap.add_argument("--mem-mb", type=int, default=3072)
+    ap.add_argument("--only", help="substring of the bombs to run")
+    args = ap.parse_args()
+    trees = [("after", ROOT)] + ([("before", args.before)] if args.before else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make in BOMBS.items():
+            if args.only and args.only not in name:
+                continue
+            path = write(Path(tmp) / "bomb.ddpviz", make())
+            print(f"\n{name} ({path.stat().st_size:,} bytes)")
+            print(f"  {'op':<10}" + "".join(f"{label:<28}" for label, _ in trees))
+            for op in OPS:
+                cells = [run(tree, path, op, args.cap_s, args.mem_mb) for _, tree in trees]
+                print(f"  {op:<10}" + "".join(f"{c:<28}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

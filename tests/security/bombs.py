@@ -1,0 +1,72 @@
+"""Small hostile trace files that once made ddpviz allocate until MemoryError or run for
+minutes (issue #12): a huge declared world size, ranks of +-2**63, 10**10 broadcast chunks,
+100,000 buckets, 200,000 shape dimensions. Shared by tests/security and
+benchmarks/bench_hostile.py. The events are built directly (constructors do not check limits,
+decoders do), as an attacker's writer would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ddpviz import events as ev
+from ddpviz.events import Event, ParamInfo
+from ddpviz.trace import TraceWriter
+
+
+def _ctor(rank: int = 0, world_size: int = 2) -> list[Event]:
+    return [ev.VerificationStarted(rank, -1, 1_000, 0, world_size, 1, 0),
+            ev.VerificationPassed(rank, -1, 2_000, 1, world_size, "d")]
+
+
+def world_size() -> list[Event]:
+    return _ctor(world_size=10**10)
+
+
+def huge_ranks() -> list[Event]:
+    return [*_ctor(rank=2**63 - 1), *_ctor(rank=-(2**63)),
+            ev.ForwardStarted(2**63 - 1, 0, 3_000, 2)]
+
+
+def chunks() -> list[Event]:
+    return [ev.BroadcastStarted(0, -1, 1_000, 0, 0, 1, 10, 10**10),
+            ev.BroadcastChunkSent(0, -1, 2_000, 1, 10**10 - 1, "float32", "cpu", 10, 1),
+            ev.BroadcastChunkDone(0, -1, 3_000, 2, 10**10 - 1, 10)]
+
+
+def many_buckets(n: int = 100_000) -> list[Event]:
+    params = tuple(ParamInfo(i, f"p{i}", (1,), "float32", "cpu", False) for i in range(n))
+    out: list[Event] = [ev.ParamsBuilt(0, -1, 1_000, 0, params, (), ()), *_ctor()]
+    out.append(ev.BucketAssigned(0, -1, 3_000, 3, tuple((i,) for i in range(n)),
+                                 (4,) * n, False))
+    t, seq = 10_000, 4
+    out.append(ev.ForwardStarted(0, 0, t, seq))
+    out.append(ev.BackwardStarted(0, 0, t + 1, seq + 1))
+    seq += 2
+    for i in reversed(range(n)):
+        t += 10
+        out += [ev.GradReady(0, 0, t, seq, i, i), ev.BucketReady(0, 0, t + 1, seq + 1, i),
+                ev.AllReduceLaunched(0, 0, t + 2, seq + 2, i, 4, "float32"),
+                ev.AllReduceDone(0, 0, t + 5, seq + 3, i)]
+        seq += 4
+    out.append(ev.BackwardFinished(0, 0, t + 10, seq))
+    return out
+
+
+def many_dims(n: int = 200_000) -> list[Event]:
+    p = ParamInfo(0, "w", (2,) * n, "float32", "cpu", False)
+    return [ev.ParamsBuilt(0, -1, 1_000, 0, (p,), (), ()), *_ctor(),
+            ev.BucketAssigned(0, -1, 3_000, 3, ((0,),), (4,), False)]
+
+
+BOMBS: dict[str, Callable[[], list[Event]]] = {
+    "world_size=10**10": world_size, "ranks +-2**63": huge_ranks,
+    "10**10 broadcast chunks": chunks, "100,000 buckets": many_buckets,
+    "200,000 shape dims": many_dims,
+}
+
+
+def write(path: Path, events: list[Event]) -> Path:
+    with TraceWriter(path) as w:
+        w.write_many(events)
+    return path
