@@ -98,3 +98,27 @@ def test_a_replayed_signed_frame_is_refused_and_counted():
         assert stats.received == {0: 8} and stats.reordered == {0: 0}
         assert stats.rejected["auth"] == 4 and stats.total_rejected == 4
         sock.close()
+
+
+def test_an_event_over_the_message_limit_is_not_sent_and_the_stream_goes_on():
+    import warnings
+
+    from ddpviz.transport.codec import MAX_MESSAGE_BYTES
+
+    with Collector() as collector:
+        huge = ev.ParamsBuilt(0, 0, 0, 1, params=(), buffers=("x" * (MAX_MESSAGE_BYTES + 10),),
+                              ignored=())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with Sender(collector.connect_string, 0) as sender:
+                sender(ev.GradReady(0, 0, 1, 0, 0, 0))
+                sender.flush()
+                sender(huge)
+                sender.flush()
+                sender(ev.GradReady(0, 0, 2, 2, 0, 0))
+        assert collector.wait(lambda s: 0 in s.closed, timeout=30)
+        stats = collector.stats
+        assert stats.received == {0: 2} and stats.gaps == {0: 1}  # the hole is visible
+        assert stats.total_rejected == 0  # the connection was never dropped
+        said = [str(w.message) for w in caught if "did not send a ParamsBuilt" in str(w.message)]
+        assert len(said) == 1 and f"limited to {MAX_MESSAGE_BYTES} bytes" in said[0]
