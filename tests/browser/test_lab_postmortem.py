@@ -1,6 +1,6 @@
-"""A folder of Flight Recorder dumps in the JupyterLab viewer: `ddpviz postmortem --trace` writes
-a .ddpviz trace, which opens from the file browser with the hang finding and DDP's bucket maps.
-The dumps are crafted from DDP's own schedule (fast: no processes)."""
+"""A folder of Flight Recorder dumps in the JupyterLab viewer (issue #15): `ddpviz postmortem
+--trace` writes a .ddpviz trace, which opens from the file browser with the hang finding and
+DDP's bucket maps. The dumps are crafted from DDP's own schedule (fast: no processes)."""
 
 from __future__ import annotations
 
