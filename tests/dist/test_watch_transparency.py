@@ -131,7 +131,7 @@ def _first_difference(what: str, a: dict[str, torch.Tensor | None],
                 return f"{what} {name}: None on one side only"
             continue
         if x.is_sparse:
-            x, y = x.coalesce().to_dense(), y.coalesce().to_dense()  # type: ignore[union-attr]
+            x, y = x.coalesce().to_dense(), y.coalesce().to_dense()
         assert y is not None
         if x.dtype != y.dtype or not torch.equal(x, y):
             diff = (x.double() - y.double()).abs().max().item()
