@@ -62,8 +62,17 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
           state: Any = None, hang_timeout: float | None = None,
           detail: Detail = "params") -> Watch:
     """Attach ddpviz to a torch DDP (call on every rank, after constructing it, best before
-    the first forward). Parameters, gradients and buffers stay bitwise what the unwatched DDP
-    computes (see the README's Diagnosis section for the one exception, join()).
+    the first forward).
+
+    Parameters, gradients and buffers stay bitwise what the unwatched DDP computes: tested
+    against an unwatched twin at world sizes 2, 3 and 4 with fp32/bf16/fp16 parameters, with and
+    without a comm hook, gradient_as_bucket_view (.grad reset or kept), static_graph,
+    find_unused_parameters, no_sync, batched_grad_copy and sparse gradients
+    (tests/dist/test_watch_transparency.py). Not bit-exact, untested: `ddp.join()` with
+    `divide_by_initial_world_size=False` once a rank has joined (torch then averages over the
+    ranks still training, watch over the whole world), and backward(create_graph=True) with
+    gradient_as_bucket_view and kept gradients. Errors watch diagnoses inside backward (a hang,
+    a peer that failed) are raised from backward() as `ddpviz.RankHangError`.
 
     A comm hook registered before watch() is wrapped (watch() must then come before the first
     forward: torch allows one hook per reducer, so watch rebuilds the reducer once); one
