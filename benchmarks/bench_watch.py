@@ -4,8 +4,9 @@ Inside the same rank processes, several DDP copies of one model train in alterna
 steps (the order rotates every repetition, so noise from other processes hits them alike):
 torch's DDP alone, a second unwatched copy (A/A: the noise floor of the ratios), and watched
 copies at each detail level ("params": a hook per parameter tensor; "buckets": per-bucket
-only). Printed per world size, threads per rank and model: the median plain step time and the
-median over repetitions of each copy's block time / the plain copy's block time.
+only; "steps": no comm hook, per-forward only). Printed per world size, threads per rank and
+model: the median plain step time and the median over repetitions of each copy's block time /
+the plain copy's block time, for elapsed time and for the process's CPU time.
 
     PYTHONPATH=. python benchmarks/bench_watch.py [--reps 40] [--block 20]
         [--worlds 2,3] [--threads 1,2] [--baseline-watch OLD_WATCH.py]
@@ -71,7 +72,8 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
         for model_name, dims in MODELS.items():
             variants: dict[str, nn.Module] = {}
             names = ["torch DDP", "torch DDP (A/A)", "watch detail=params",
-                     "watch detail=buckets"] + (["baseline watch"] if baseline else [])
+                     "watch detail=buckets", "watch detail=steps"]
+            names += ["baseline watch"] if baseline else []
             watches = []
             for name in names:
                 ddp = nn.parallel.DistributedDataParallel(_model(dims))

@@ -17,6 +17,7 @@ import datetime
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
@@ -34,7 +35,8 @@ from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
 from ddpviz.rendezvous import Board, Scope
 
-Detail = Literal["params", "buckets"]
+Detail = Literal["params", "buckets", "steps"]
+_WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
 _FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use every "
                "parameter in every forward (and make every output that depends on them part of "
@@ -91,8 +93,12 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
             (default $DDPVIZ_HANG_TIMEOUT or 300; 0 turns the watchdog off).
         detail: "params" (default): a GradReady event per parameter and the unused-parameter
             diagnosis at the end of each backward (one Python hook per parameter tensor);
-            "buckets": per-bucket events only, no per-parameter hooks (cheapest; the hang
-            watchdog and buffer checks are the same).
+            "buckets": per-bucket events only, no per-parameter hooks (the hang watchdog
+            and buffer checks are the same); "steps": no comm hook and no per-parameter hooks
+            at all (torch's C++ reduction runs untouched): per-forward heartbeats, the bucket
+            maps, the guarded buffer broadcast and bucket rebuild, but a rank missing from a
+            backward all-reduce is left to the process group's timeout. Measured costs per
+            level: benchmarks/bench_watch.py and the README.
 
     Returns:
         A `Watch`; `.close()` removes the hooks it added (the comm hook stays, passing
@@ -112,16 +118,16 @@ class Watch:
             raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
                             "reports its events itself: pass it emitter= instead.")
-        if detail not in ("params", "buckets"):
-            raise ValueError(f"ddpviz: watch(detail={detail!r}): expected 'params' or "
-                             "'buckets'.\nUse 'buckets' for the cheapest watch (no "
-                             "per-parameter hooks).")
-        if isinstance(getattr(ddp.register_comm_hook, "__self__", None), Watch):
+        if detail not in ("params", "buckets", "steps"):
+            raise ValueError(f"ddpviz: watch(detail={detail!r}): expected 'params', 'buckets' "
+                             "or 'steps'.\nUse 'steps' for the cheapest watch (no comm hook, "
+                             "no per-parameter hooks).")
+        if ddp in _WATCHED:
             raise RuntimeError("ddpviz: this DDP is watched already (watch() was called on it "
                                "before).\nUse the Watch that call returned, or .close() it "
                                "first.")
         existing = list(getattr(ddp, "_comm_hooks", ()))
-        if existing and hook is not None:
+        if existing and hook is not None and detail != "steps":
             raise RuntimeError(
                 f"ddpviz: watch(hook={getattr(hook, '__qualname__', hook)}) but this DDP already "
                 f"has the comm hook {getattr(existing[-1][0], '__qualname__', existing[-1][0])}"
@@ -153,7 +159,7 @@ class Watch:
         self._lock = threading.Lock()
         # gradient_as_bucket_view: .grad of every parameter after the synced forward (which
         # ones already are bucket views decides divide vs multiply; see the Note).
-        self._track_views = bool(ddp.gradient_as_bucket_view) and not getattr(
+        self._track_views = detail != "steps" and bool(ddp.gradient_as_bucket_view) and not getattr(
             ddp, "batched_grad_copy", False)
         self._grads_before: list[torch.Tensor | None] | None = None
         self._scale = 1.0 / self.world_size
@@ -164,11 +170,14 @@ class Watch:
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
         self._monitor: _Monitor | None = None
-        if self.watchdog.board is not None:
+        if self.watchdog.board is not None and detail != "steps":
             twin = Watchdog(self.group, timeout=timeout, tap=self.tap, clone=True)
             twin.board = Board(Scope(self.group, clone=True), self.watchdog.board.epoch)
             self._monitor = _Monitor(twin)
-        if existing:
+        if detail == "steps":
+            if hook is not None:  # torch's own registration: watch adds no comm hook
+                ddp.register_comm_hook(state if state is not None else self.group, hook)
+        elif existing:
             if getattr(ddp, "_lazy_init_ran", False):
                 raise RuntimeError(
                     f"ddpviz: this DDP already has the comm hook "
@@ -197,6 +206,9 @@ class Watch:
             ddp._register_buffer_comm_hook(
                 None, lambda state, buffers: self._sync_buffers(buffers),
                 _BufferCommHookLocation.PRE_FORWARD)
+        _WATCHED.add(ddp)
+        if detail == "steps":
+            return
         try:
             # A lambda: torch rejects string annotations (this module's `from __future__`).
             dist._register_comm_hook(ddp.reducer, None,
@@ -526,6 +538,7 @@ class Watch:
         """Remove the hooks (the comm hook stays registered, passing through: torch cannot
         remove one) and stop the watchdog thread."""
         self._closed = True
+        _WATCHED.discard(self.ddp)
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -79,6 +79,9 @@ CASES.update({
     "float32-buckets-detail": Case(detail="buckets"),
     "bfloat16-grad_view-buckets-detail": BASE["grad_view"]._replace(dtype="bfloat16",
                                                                     detail="buckets"),
+    "float32-steps-detail": Case(detail="steps"),
+    "float16-no_sync-steps-detail": BASE["no_sync"]._replace(dtype="float16", detail="steps",
+                                                             hook="arg"),
     "float32-control": Case(hook="control"),
 })
 WORLD4 = ["float32-default-none", "bfloat16-grad_view-none", "float16-no_sync-arg",
