@@ -28,7 +28,7 @@ from ddpviz.trace import Trace, TraceError, TraceWriter
 from ddpviz.widgets.dashboard import Dashboard
 from tests.security.hostile import PAYLOAD, raw_markup
 
-EXAMPLES = int(os.environ.get("DDPVIZ_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("DDPVIZ_FUZZ_EXAMPLES", "60"))
 I64 = (-(2**63), 2**63 - 1)
 
 
