@@ -78,6 +78,8 @@ def test_the_dashboard_in_a_notebook_shows_the_payloads_as_text(
         "for step in dash.model.steps:\n"
         "    dash.controls.show_step(step)\n"
         "dash")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     nbformat.write(nb, lab_root / "hostile.ipynb")
     dialogs = _dialogs(page)
     open_lab(page, lab, "hostile.ipynb")
@@ -108,7 +110,12 @@ def test_the_viewer_draws_100000_ranks_and_skips_a_malformed_event(
         # the viewer must skip just this event
         w.write(ev.BucketAssigned(0, -1, 3_000, 2, (("not an index",),), (1,), False))
     open_lab(page, lab, name)
-    viewer = wait_for_viewer(page, name)
+    try:
+        viewer = wait_for_viewer(page, name)
+    except Exception:
+        shown = page.locator(".ddpviz-viewer").all_inner_texts()
+        raise AssertionError(f"the viewer did not draw {name}: {shown!r:.2000} {console.errors}"
+                             ) from None
     summary = viewer.locator("[data-section='summary']")
     assert summary.get_attribute("data-ranks") == str(n)
     assert "1 events did not match" in summary.inner_text()
