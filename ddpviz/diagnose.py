@@ -494,7 +494,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
     out: list[Finding] = []
     missing = tuple(r for r in range(world_size) if r not in per_rank)
     if missing and per_rank:
-        states = {r: "no events" if r in missing else "sent events" for r in range(world_size)}
+        states = {r: "sent events" if r in per_rank else "no events" for r in range(world_size)}
         out.append(Finding(
             kind="missing_rank", severity="error",
             title=f"{format_ranks(missing)} sent no events", ranks=missing, field="events",

@@ -15,7 +15,7 @@ from typing import Any
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
-from ddpviz.trace import Span, Trace
+from ddpviz.trace import Span, Trace, gc_paused
 
 _ELEMENT_SIZE = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8,
                  "complex128": 16, "float32": 4, "float": 4, "int32": 4, "int": 4,
@@ -37,6 +37,11 @@ _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 
 def render(trace: Trace, *, title: str = "ddpviz report") -> str:
     """The report as one HTML document (a string)."""
+    with gc_paused():
+        return _render(trace, title)
+
+
+def _render(trace: Trace, title: str) -> str:
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{_e(title)}</h1>", _summary(trace), _ranks(trace), _verification(trace),

@@ -10,6 +10,7 @@ a torn last one and warns. Times: see `Trace.aligned_ns` and [Note: clock alignm
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -268,14 +269,8 @@ class Trace:
             raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} "
                              "magic at its start).\nPass a file written by Trace.save, "
                              "TraceWriter or ddpviz.connect().")
-        # A million small objects trip the cyclic GC over and over; events hold no cycles.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             return cls._parse(data, path)
-        finally:
-            if enabled:
-                gc.enable()
 
     @classmethod
     def _parse(cls, data: bytes, path: Path) -> Trace:
@@ -369,10 +364,24 @@ class Trace:
         """Chrome/Perfetto trace JSON: ranks as processes, phases, all-reduces and broadcast
         chunks as spans ("X"), gradient hooks and other events as instants. Writes it to `path`
         if given (open in ui.perfetto.dev or chrome://tracing) and returns it."""
-        doc = _chrome(self)
+        with gc_paused():
+            doc = _chrome(self)
         if path is not None:
             write_text(path, json.dumps(doc))  # atomic, like every save
         return doc
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC inside: a million small objects (events, spans, dicts; no cycles) trip it
+    over and over, which makes loading and exporting big traces superlinear."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read_header(path: Path, kind: int, payload: memoryview) -> dict[str, Any]:

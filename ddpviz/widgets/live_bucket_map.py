@@ -185,8 +185,9 @@ class LiveBucketMap(EventView):
         obs = self.observed
         if obs is None:
             self._set(self.header_html, markup.fmt(
-                "<i style='font-size:12px'>{}</i>", self.plan_error or
-                "waiting for the constructor's BucketAssigned event"))
+                "<i style='font-size:12px'>{}</i>", self.plan_error) if self.plan_error else
+                "<i style='font-size:12px'>waiting for the constructor's BucketAssigned "
+                "event</i>")
             return False
         step = self._step(cursor)
         which = self.which = self._which(obs, cursor)

@@ -6,6 +6,8 @@
  * structs, so a change on either side fails the tests until the other follows.
  */
 
+import { outOfLimits } from './limits';
+
 /** `ddpviz.events.SCHEMA_VERSION`: traces with another event schema are refused. */
 export const SCHEMA_VERSION = 1;
 
@@ -322,6 +324,10 @@ export function asEvent(value: unknown): DDPEvent | string {
         return `${type}.${name} is not ${kind === 'int' ? 'an' : 'a'} ${kind}`;
       }
     }
+  }
+  const bad = outOfLimits(type, record);
+  if (bad !== null) {
+    return `${bad} is out of ddpviz's limits or malformed`;
   }
   return value as DDPEvent;
 }

@@ -18,30 +18,39 @@ export interface ViewOptions {
 
 type Attrs = Record<string, string | number | boolean | undefined>;
 type Child = Node | string | null | undefined | false;
+/** A child, or an array of them: arrays are passed as is, never spread into a call (100,000
+ * ranks or buckets would overflow the stack). */
+type Children = Child | Child[];
 
 /** An HTML element with attributes (`class`, `title`, `data-*`, ...) and children. */
-function h(tag: string, attrs: Attrs = {}, ...children: Child[]): HTMLElement {
+function h(tag: string, attrs: Attrs = {}, ...children: Children[]): HTMLElement {
   const el = document.createElement(tag);
   setAttrs(el, attrs);
+  appendAll(el, children);
+  return el;
+}
+
+function appendAll(el: Element, children: Children[]): void {
   for (const c of children) {
-    if (c !== null && c !== undefined && c !== false) {
+    if (Array.isArray(c)) {
+      for (const x of c) {
+        if (x !== null && x !== undefined && x !== false) {
+          el.append(x);
+        }
+      }
+    } else if (c !== null && c !== undefined && c !== false) {
       el.append(c);
     }
   }
-  return el;
 }
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
 /** An SVG element with attributes and children. */
-function s(tag: string, attrs: Attrs = {}, ...children: Child[]): SVGElement {
+function s(tag: string, attrs: Attrs = {}, ...children: Children[]): SVGElement {
   const el = document.createElementNS(SVG_NS, tag);
   setAttrs(el, attrs);
-  for (const c of children) {
-    if (c !== null && c !== undefined && c !== false) {
-      el.append(c);
-    }
-  }
+  appendAll(el, children);
   return el;
 }
 
@@ -74,7 +83,9 @@ export function formatRanks(ranks: number[]): string {
     if (run.length >= 4) {
       parts.push(`${run[0]}-${run[run.length - 1]}`);
     } else {
-      parts.push(...run.map(String));
+      for (const r of run) {
+        parts.push(String(r));
+      }
     }
     run = [];
   };
@@ -91,13 +102,10 @@ export function formatRanks(ranks: number[]): string {
   return (sorted.length === 1 ? 'rank ' : 'ranks ') + parts.join(',');
 }
 
-function section(kind: string, title: string, ...children: Child[]): HTMLElement {
-  return h(
-    'section',
-    { class: `ddpviz-section ddpviz-${kind}`, 'data-section': kind },
-    h('h3', {}, title),
-    ...children
-  );
+function section(kind: string, title: string, ...children: Children[]): HTMLElement {
+  const el = h('section', { class: `ddpviz-section ddpviz-${kind}`, 'data-section': kind }, h('h3', {}, title));
+  appendAll(el, children);
+  return el;
 }
 
 function note(text: string, kind = 'note'): HTMLElement {
@@ -115,14 +123,30 @@ export function renderTrace(model: TraceModel, name: string, options: ViewOption
   return h(
     'div',
     { class: 'ddpviz-trace' },
-    renderSummary(model, name),
-    renderFindings(model),
-    renderBuckets(model, options),
-    renderVerification(model),
-    renderBroadcast(model),
-    renderTimelineSection(model, options),
-    renderCounts(model)
+    guarded('summary', 'Summary', () => renderSummary(model, name)),
+    guarded('findings', 'Findings', () => renderFindings(model)),
+    guarded('buckets', 'Bucket map', () => renderBuckets(model, options)),
+    guarded('verification', 'Verification', () => renderVerification(model)),
+    guarded('broadcast', 'State broadcast', () => renderBroadcast(model)),
+    guarded('timeline', 'Hook timeline', () => renderTimelineSection(model, options)),
+    guarded('counts', 'Events', () => renderCounts(model))
   );
+}
+
+/**
+ * One panel; if drawing it throws (a malformed trace that decoding let through), a warning
+ * in its place instead of a blank viewer: the other panels still draw.
+ */
+function guarded(kind: string, title: string, draw: () => HTMLElement | null): HTMLElement | null {
+  try {
+    return draw();
+  } catch (err) {
+    return section(
+      kind,
+      title,
+      note(`ddpviz: this panel could not be drawn from this trace (${err}); the others are shown.`, 'warning')
+    );
+  }
 }
 
 /** The error shown instead of a trace that does not load. */
@@ -159,7 +183,7 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
       const text = typeof v === 'string' ? v : JSON.stringify(v);
       return h('tr', {}, h('th', {}, k), h('td', {}, text.length > 120 ? text.slice(0, 117) + '...' : text));
     });
-    el.append(h('table', { class: 'ddpviz-meta' }, h('tbody', {}, ...rows)));
+    el.append(h('table', { class: 'ddpviz-meta' }, h('tbody', {}, rows)));
   }
   if (t.truncated) {
     el.append(
@@ -207,7 +231,7 @@ function renderFindings(model: TraceModel): HTMLElement | null {
       f.fix ? h('div', { class: 'ddpviz-fix' }, f.fix) : null
     )
   );
-  return section('findings', 'Findings', h('ul', {}, ...items));
+  return section('findings', 'Findings', h('ul', {}, items));
 }
 
 function mapTitle(group: BucketMapGroup): string {
@@ -269,7 +293,7 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
               (limit !== undefined ? ` (limit ${humanBytes(limit)})` : ''),
             style: `flex-grow: ${Math.max(bytes, 1)}`
           },
-          h('div', { class: 'ddpviz-params' }, ...segments),
+          h('div', { class: 'ddpviz-params' }, segments),
           h(
             'div',
             { class: 'ddpviz-bucket-label' },
@@ -287,7 +311,7 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
             'data-buckets': group.buckets.length
           },
           h('h4', {}, mapTitle(group)),
-          h('div', { class: 'ddpviz-bar' }, ...buckets)
+          h('div', { class: 'ddpviz-bar' }, buckets)
         )
       );
     }
@@ -299,7 +323,7 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
       'Buckets in reduction order (bucket 0 is all-reduced first); width is gradient bytes, ' +
         'each segment one parameter (hover for name, shape, dtype).'
     ),
-    ...maps
+    maps
   );
 }
 
@@ -338,7 +362,7 @@ function renderVerification(model: TraceModel): HTMLElement {
     h(
       'tbody',
       {},
-      ...model.verification.map(r =>
+      model.verification.map(r =>
         h(
           'tr',
           { 'data-rank': r.rank, 'data-status': r.status },
@@ -369,7 +393,7 @@ function renderVerification(model: TraceModel): HTMLElement {
       }
     }
   }
-  return section('verification', 'Verification', table, ...details);
+  return section('verification', 'Verification', table, details);
 }
 
 function renderBroadcast(model: TraceModel): HTMLElement {
@@ -396,7 +420,7 @@ function renderBroadcast(model: TraceModel): HTMLElement {
       )
     )
   );
-  return section('broadcast', 'State broadcast', ...rows);
+  return section('broadcast', 'State broadcast', rows);
 }
 
 function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLElement {
@@ -406,7 +430,7 @@ function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLEle
   const select = h(
     'select',
     { class: 'ddpviz-step-select', 'aria-label': 'iteration' },
-    ...model.steps.map(step => h('option', { value: step }, `iteration ${step}`))
+    model.steps.map(step => h('option', { value: step }, `iteration ${step}`))
   ) as HTMLSelectElement;
   select.value = String(model.steps[model.steps.length - 1]);
   const holder = h('div', { class: 'ddpviz-timeline-holder' });
@@ -521,7 +545,7 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
     { class: 'ddpviz-legend' },
     h('span', { class: 'ddpviz-legend-item' }, h('i', { class: 'ddpviz-swatch ddpviz-phase' }), 'forward / backward'),
     h('span', { class: 'ddpviz-legend-item' }, 'ticks: gradient hooks, bars: bucket all-reduces, coloured by bucket:'),
-    ...Array.from({ length: Math.min(buckets, 10) }, (_, b) =>
+    Array.from({ length: Math.min(buckets, 10) }, (_, b) =>
       h('span', { class: 'ddpviz-legend-item' }, h('i', { class: 'ddpviz-swatch', style: `background: ${bucketColor(options.scheme, b)}` }), `b${b}`)
     )
   );
@@ -547,7 +571,7 @@ function renderCounts(model: TraceModel): HTMLElement {
       'tr',
       { 'data-type': t },
       h('th', {}, t),
-      ...perRank.map(c => h('td', {}, String(c.get(t as never) ?? 0)))
+      perRank.map(c => h('td', {}, String(c.get(t as never) ?? 0)))
     )
   );
   return section(
@@ -556,8 +580,8 @@ function renderCounts(model: TraceModel): HTMLElement {
     h(
       'table',
       { class: 'ddpviz-table ddpviz-counts' },
-      h('thead', {}, h('tr', {}, h('th', {}, 'event'), ...model.ranks.map(r => h('th', {}, `rank ${r}`)))),
-      h('tbody', {}, ...rows)
+      h('thead', {}, h('tr', {}, h('th', {}, 'event'), model.ranks.map(r => h('th', {}, `rank ${r}`)))),
+      h('tbody', {}, rows)
     )
   );
 }

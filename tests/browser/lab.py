@@ -77,6 +77,15 @@ class LabServer:
             f"--LabApp.workspaces_dir={self.home / 'workspaces'}",
             "--ServerApp.terminals_enabled=False",
         ]
+        built = ROOT / "ddpviz" / "labextension"
+        if (built / "package.json").is_file() and not built.is_symlink():
+            # this checkout has its own build: serve it ahead of the environment's copy
+            # (extra paths come first in JupyterLab's search), leaving the venv untouched
+            extra = self.home / "labextensions"
+            extra.mkdir(exist_ok=True)
+            if not (extra / "ddpviz").exists():
+                (extra / "ddpviz").symlink_to(built, target_is_directory=True)
+            cmd.append(f"--LabApp.extra_labextensions_path={extra}")
         self._log = open(self.log_path, "wb")
         self._proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=self._log,
                                       stderr=subprocess.STDOUT)
