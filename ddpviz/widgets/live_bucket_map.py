@@ -186,8 +186,8 @@ class LiveBucketMap(EventView):
         if obs is None:
             self._set(self.header_html, markup.fmt(
                 "<i style='font-size:12px'>{}</i>", self.plan_error) if self.plan_error else
-                "<i style='font-size:12px'>waiting for the constructor's BucketAssigned "
-                "event</i>")
+                markup.fmt("<i style='font-size:12px'>waiting for the constructor's "
+                           "BucketAssigned event</i>"))
             return False
         step = self._step(cursor)
         which = self.which = self._which(obs, cursor)
