@@ -816,8 +816,10 @@ class Reducer:
     def set_static_graph(self) -> None:
         """Declare the graph static; must come before the first forward."""
         if self.num_iterations != 0:
-            raise RuntimeError("ddpviz: set_static_graph() should be called before training "
-                               "loop starts and after DistributedDataParallel is constructed.")
+            message = ("ddpviz: set_static_graph() should be called before training loop "
+                       "starts and after DistributedDataParallel is constructed.")
+            self._log_error(message)  # kept in logging_data, as torch's REDUCER_CHECK does
+            raise RuntimeError(message)
         self.static_graph = True
         self._initialize_local_used_map()
 

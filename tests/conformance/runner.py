@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rerun-failed", action="store_true",
                     help="with --resume: run again only the ddpviz runs that did not pass "
                          "where torch's DDP passed (after an engine fix)")
+    ap.add_argument("--table-only", action="store_true",
+                    help="with --resume: write results and table of those outcomes, run nothing")
     args = ap.parse_args(argv)
     previous: list[Outcome] = []
     for path in args.resume:
@@ -331,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     jsonl = args.out / "results.jsonl"
     jsonl.unlink(missing_ok=True)
-    if args.rerun_failed:
+    if args.table_only:
+        outcomes = previous
+    elif args.rerun_failed:
         by = {(o.test, o.engine, o.world_size): o for o in previous}
         outcomes = list(previous)
         for w in args.world_sizes:
