@@ -20,11 +20,11 @@ from torch import nn
 from ddpviz.diagnose import mismatch_findings
 from ddpviz.engine import verify
 from ddpviz.engine.initial_values import initial_value_findings
+from ddpviz.engine.rendezvous import rendezvous
 from ddpviz.engine.watchdog import resolve_hang_timeout
 from ddpviz.errors import RankMismatchError
 from ddpviz.events import FindingReported, Tap, default_emitter
 from ddpviz.findings import DiagnosisWarning, Finding, format_findings
-from ddpviz.rendezvous import rendezvous
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.engine.rendezvous import Board, Scope
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
-from ddpviz.rendezvous import Board, Scope
 
 _FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use every "
                "parameter in every forward (and make every output that depends on them part of "
