@@ -30,9 +30,7 @@ class RankMismatchError(RuntimeError):
     @property
     def findings(self) -> tuple[Any, ...]:
         """One `ddpviz.findings.Finding` per difference (kind, parameter, ranks, field)."""
-        from ddpviz.diagnose import mismatch_findings
-
-        return tuple(mismatch_findings(self.report.mismatches, self.report.world_size))
+        return tuple(self.report.findings())
 
 
 class RankHangError(RuntimeError):

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
-from ddpviz.diagnose import mismatch_findings
 from ddpviz.engine import verify
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.rendezvous import rendezvous
+from ddpviz.engine.verify import mismatch_findings
 from ddpviz.engine.watchdog import resolve_hang_timeout
 from ddpviz.errors import RankMismatchError
 from ddpviz.events import FindingReported, Tap, default_emitter
