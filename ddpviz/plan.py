@@ -23,11 +23,12 @@ from torch import nn
 from ddpviz import events as ev
 from ddpviz.engine.buckets import (
     BucketAssignment,
+    BucketCapacity,
+    Limits,
     TensorSpec,
     initial_buckets,
     rebuilt_buckets,
 )
-from ddpviz.engine.capacity import BucketCapacity, Limits
 from ddpviz.engine.params import build_params_for_reducer
 
 if TYPE_CHECKING:

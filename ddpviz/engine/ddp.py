@@ -20,9 +20,8 @@ from torch._utils import _get_device_index
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ddpviz.engine.broadcast import broadcast_coalesced
-from ddpviz.engine.buckets import initial_buckets
+from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
-from ddpviz.engine.capacity import BucketCapacity
 from ddpviz.engine.comm import check_comm_hook
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings

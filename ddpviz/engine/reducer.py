@@ -18,8 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpviz.engine.buckets import rebuilt_buckets
-from ddpviz.engine.capacity import Limits
+from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
