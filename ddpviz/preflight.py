@@ -32,12 +32,12 @@ class VerificationReport:
     """What `verify_across_ranks` found; the same on every rank.
 
     `ok` is False when any finding is an error (the model differs); warnings (initial values)
-    leave it True. `verification` is the engine's report with every rank's metadata.
+    leave it True. `verification` is the engine's ModelComparison with every rank's metadata.
     """
 
     world_size: int
     findings: tuple[Finding, ...]
-    verification: verify.VerificationReport
+    verification: verify.ModelComparison
 
     @property
     def ok(self) -> bool:

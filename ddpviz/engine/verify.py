@@ -100,8 +100,9 @@ class RankMetadata(NamedTuple):
 
 
 @dataclass(frozen=True)
-class VerificationReport:
-    """The outcome of `verify_module_across_ranks`; identical on every rank except `rank`."""
+class ModelComparison:
+    """The outcome of `verify_module_across_ranks`; identical on every rank except `rank`.
+    (`ddpviz.VerificationReport`, preflight's, wraps it with the findings.)"""
 
     world_size: int
     rank: int  # the rank (in the process group) that built this report
@@ -470,7 +471,7 @@ def _process_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup
 
 def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | None = None,
                                *, ignore: set[str] | None = None, tap: Tap | None = None,
-                               raise_on_mismatch: bool = True) -> VerificationReport:
+                               raise_on_mismatch: bool = True) -> ModelComparison:
     """Check that every rank of `process_group` holds the same model (collective: call it on all
     ranks). Compares names, registration order, shapes, strides, dtypes, device types,
     requires_grad and sparse-gradient flags of the parameters, and names, order, shapes, dtypes
@@ -485,7 +486,7 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
             default); False returns the failed report instead.
 
     Returns:
-        The `VerificationReport` (one all_gather when all ranks agree, two otherwise).
+        The `ModelComparison` (one all_gather when all ranks agree, two otherwise).
 
     Raises:
         RankMismatchError: on every rank, with the same message, if any rank differs.
@@ -511,7 +512,7 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
         metadata = tuple(local._replace(rank=r, host=local.host if r == rank else None,
                                         cuda_index=rows[r]["cuda_index"])
                          for r in range(world_size))
-        report = VerificationReport(world_size, rank, f"{digest & (2**64 - 1):016x}", (),
+        report = ModelComparison(world_size, rank, f"{digest & (2**64 - 1):016x}", (),
                                     metadata, 1)
     else:
         longest = max(row["length"] for row in rows)
@@ -522,7 +523,7 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
         dist.all_gather(gathered, mine, group=group)
         metadata = tuple(decode_metadata(t[:rows[r]["length"]].cpu().numpy().tobytes())
                          for r, t in enumerate(gathered))
-        report = VerificationReport(world_size, rank, f"{digest & (2**64 - 1):016x}",
+        report = ModelComparison(world_size, rank, f"{digest & (2**64 - 1):016x}",
                                     compare_ranks(metadata), metadata, 2)
     if tap is not None:
         if report.ok:
