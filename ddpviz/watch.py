@@ -1,24 +1,26 @@
 """`watch(ddp)`: ddpviz's events, findings and hang watchdog on a stock
 `torch.nn.parallel.DistributedDataParallel`, so the same widgets and diagnosis work on torch's
-own DDP.
+own DDP, without changing what it computes. See [Note: transparent by construction].
 
 What is observable from Python, and used: the reducer's parameter list (the same rule as
 ddpviz's engine, params.py), its bucket map (`reducer._get_zeros_like_grad_buckets()`, once at
-attach and once after the rebuild), a post-accumulate-grad hook per parameter (GradReady), a
-comm hook wrapping the all-reduce (BucketReady, AllReduceLaunched, AllReduceDone; its future is
-guarded by the watchdog, so a hang fails the backward with RankHangError instead of blocking in
-C++), forward hooks on the DDP module (steps, heartbeats, the rebuild), a pre-forward buffer
-comm hook doing torch's buffer broadcast under the watchdog, and an end-of-backward callback
-(parameters that got no gradient).
+attach and once after the rebuild), a post-accumulate-grad hook per parameter (GradReady;
+detail="params" only), a comm hook around the all-reduce (BucketReady, AllReduceLaunched,
+AllReduceDone; its future is guarded by the watchdog), forward hooks on the DDP module (steps,
+heartbeats, the rebuild), a pre-forward buffer comm hook doing torch's buffer broadcast under
+the watchdog, and end-of-backward callbacks (parameters that got no gradient; errors).
 """
 
 from __future__ import annotations
 
-import queue
+import datetime
 import threading
+import time
 import warnings
+import weakref
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -33,34 +35,78 @@ from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
 
+Detail = Literal["params", "buckets", "steps"]
+_WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
+
 _FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use every "
                "parameter in every forward (and make every output that depends on them part of "
                "the loss).")
+_POLL_S = 0.25  # a guarded collective still pending after this long goes to the watchdog
+_FIRST_WAIT = datetime.timedelta(seconds=_POLL_S)
+
+# [Note: transparent by construction]
+# torch's reducer scales gradients itself only when NO comm hook is registered: it copies each
+# gradient into its bucket with `mul_out(view, grad, 1/world_size)` (one pass), divides in
+# place (`view.div_(world_size)`) when .grad already is the bucket view (gradient_as_bucket_view
+# after the first iteration, unless .grad was set to None), divides the whole bucket after the
+# batched copy (batched_grad_copy) and divides a sparse gradient; then its C++ hook all-reduces
+# the bucket with SUM. Once any comm hook is registered it copies gradients unscaled and leaves
+# the averaging to the hook. watch() must register a hook (to see buckets and to guard their
+# all-reduce), so its default hook redoes exactly that scaling on the bucket (multiplying by the
+# reciprocal is not dividing at world sizes that are not powers of two) and then runs torch's
+# own C++ SUM all-reduce (`reducer._run_allreduce_hook`). Which gradients were bucket views is
+# read from .grad after each synced forward (the rebuild re-points views before that). A user
+# hook is called as is: the reducer behaves the same with any hook registered.
 
 
 def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None = None,
           hook: Callable[[Any, dist.GradBucket], torch.futures.Future] | None = None,
-          state: Any = None, hang_timeout: float | None = None) -> Watch:
-    """Attach ddpviz to a torch DDP (call on every rank, after constructing it, before training
-    and before registering any comm hook: watch registers the comm hook itself).
+          state: Any = None, hang_timeout: float | None = None,
+          detail: Detail = "params") -> Watch:
+    """Attach ddpviz to a torch DDP (call on every rank, after constructing it, best before
+    the first forward).
+
+    Parameters, gradients and buffers stay bitwise what the unwatched DDP computes: tested
+    against an unwatched twin at world sizes 2, 3 and 4 with fp32/bf16/fp16 parameters, with and
+    without a comm hook, gradient_as_bucket_view (.grad reset or kept), static_graph,
+    find_unused_parameters, no_sync, batched_grad_copy and sparse gradients
+    (tests/dist/test_watch_transparency.py). Not bit-exact, untested: `ddp.join()` with
+    `divide_by_initial_world_size=False` once a rank has joined (torch then averages over the
+    ranks still training, watch over the whole world), and backward(create_graph=True) with
+    gradient_as_bucket_view and kept gradients. Errors watch diagnoses inside backward (a hang,
+    a peer that failed) are raised from backward() as `ddpviz.RankHangError`.
+
+    A comm hook registered before watch() is wrapped (watch() must then come before the first
+    forward: torch allows one hook per reducer, so watch rebuilds the reducer once); one
+    registered after it with `ddp.register_comm_hook(state, hook)` or
+    `ddp._register_builtin_comm_hook(type)` is wrapped too.
 
     Args:
         ddp: a `torch.nn.parallel.DistributedDataParallel`.
         emitter: where events go (default: the process's default emitter, which
             `ddpviz.launch` and `ddpviz.connect()` install).
-        hook: your comm hook, if you use one (`hook(state, bucket) -> Future`); watch wraps
-            it. Default: torch's `allreduce_hook` (divide by world size, all-reduce), which is
-            what DDP does without a hook.
+        hook: your comm hook, if you use one (`hook(state, bucket) -> Future`); the same as
+            registering it with `ddp.register_comm_hook(state, hook)`. Default: none, i.e.
+            DDP's own averaging, reproduced bit for bit.
         state: the hook's state (default: the DDP's process group).
         hang_timeout: seconds before a bucket all-reduce that does not complete is diagnosed
             (default $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most
             300 s; 0 turns the watchdog off).
+        detail: "params" (default): a GradReady event per parameter and the unused-parameter
+            diagnosis at the end of each backward (one Python hook per parameter tensor);
+            "buckets": per-bucket events only, no per-parameter hooks (the hang watchdog
+            and buffer checks are the same); "steps": no comm hook and no per-parameter hooks
+            at all (torch's C++ reduction runs untouched): per-forward heartbeats, the bucket
+            maps, the guarded buffer broadcast and bucket rebuild, but a rank missing from a
+            backward all-reduce is left to the process group's timeout. Measured costs per
+            level: benchmarks/bench_watch.py and the README.
 
     Returns:
-        A `Watch`; `.close()` removes the hooks it added (the comm hook stays: torch cannot
-        unregister one).
+        A `Watch`; `.close()` removes the hooks it added (the comm hook stays, passing
+        through: torch cannot unregister one).
     """
-    return Watch(ddp, emitter=emitter, hook=hook, state=state, hang_timeout=hang_timeout)
+    return Watch(ddp, emitter=emitter, hook=hook, state=state, hang_timeout=hang_timeout,
+                 detail=detail)
 
 
 class Watch:
@@ -68,16 +114,28 @@ class Watch:
 
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
                  hook: Callable[..., torch.futures.Future] | None, state: Any,
-                 hang_timeout: float | None) -> None:
+                 hang_timeout: float | None, detail: Detail = "params") -> None:
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
                             "reports its events itself: pass it emitter= instead.")
-        if getattr(ddp, "_comm_hooks", None):
-            raise RuntimeError("ddpviz: this DDP already has a comm hook, and torch allows only "
-                               "one.\nCall ddpviz.watch(ddp, hook=your_hook, state=your_state) "
-                               "instead of ddp.register_comm_hook(...).")
+        if detail not in ("params", "buckets", "steps"):
+            raise ValueError(f"ddpviz: watch(detail={detail!r}): expected 'params', 'buckets' "
+                             "or 'steps'.\nUse 'steps' for the cheapest watch (no comm hook, "
+                             "no per-parameter hooks).")
+        if ddp in _WATCHED:
+            raise RuntimeError("ddpviz: this DDP is watched already (watch() was called on it "
+                               "before).\nUse the Watch that call returned, or .close() it "
+                               "first.")
+        existing = list(getattr(ddp, "_comm_hooks", ()))
+        if existing and hook is not None and detail != "steps":
+            raise RuntimeError(
+                f"ddpviz: watch(hook={getattr(hook, '__qualname__', hook)}) but this DDP already "
+                f"has the comm hook {getattr(existing[-1][0], '__qualname__', existing[-1][0])}"
+                "; torch runs one hook per DDP.\nPass hook= only for a DDP without a hook "
+                "(watch() wraps a registered one by itself).")
         self.ddp = ddp
+        self.detail = detail
         self.group = ddp.process_group
         self.world_size = self.group.size()
         self.tap = Tap(emitter if emitter is not None else ev.default_emitter(),
@@ -91,38 +149,125 @@ class Watch:
         self._bucket_of: dict[int, int] = {}
         self._forwards = 0
         self._fired: set[int] = set()
-        self._callback_queued = False
+        self._in_backward = False
+        self._hooks_called = 0
         self._rebuilt_seen = False
+        self._learning = False
+        self._closed = False
         self._handles: list[Any] = []
+        self._post_forward_handle: Any = None
         self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
         self._lock = threading.Lock()
+        # gradient_as_bucket_view: .grad of every parameter after the synced forward (which
+        # ones already are bucket views decides divide vs multiply; see the Note).
+        self._track_views = detail != "steps" and bool(ddp.gradient_as_bucket_view) and not getattr(
+            ddp, "batched_grad_copy", False)
+        self._grads_before: list[torch.Tensor | None] | None = None
+        self._scale = 1.0 / self.world_size
+        self._user_hook: Callable[..., torch.futures.Future] | None = None
+        self._user_state: Any = None
+        self._delivered: BaseException | None = None
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
         self._monitor: _Monitor | None = None
-        if self.watchdog.board is not None:
+        if self.watchdog.board is not None and detail != "steps":
             twin = Watchdog(self.group, timeout=timeout, tap=self.tap, clone=True)
             twin.board = Board(Scope(self.group, clone=True), self.watchdog.board.epoch)
             self._monitor = _Monitor(twin)
+        if detail == "steps":
+            if hook is not None:  # torch's own registration: watch adds no comm hook
+                ddp.register_comm_hook(state if state is not None else self.group, hook)
+        elif existing:
+            if getattr(ddp, "_lazy_init_ran", False):
+                raise RuntimeError(
+                    f"ddpviz: this DDP already has the comm hook "
+                    f"{getattr(existing[-1][0], '__qualname__', existing[-1][0])} and has run a "
+                    "forward; torch allows one hook per reducer, so watch() can wrap a "
+                    "registered hook only before the first forward.\nCall ddpviz.watch(ddp) "
+                    "right after constructing the DDP (before or after register_comm_hook).")
+            self._user_hook, self._user_state = existing[-1]
+            self._rebuild_reducer()
+        elif hook is not None:
+            self._user_hook, self._user_state = hook, (state if state is not None
+                                                       else self.group)
+            ddp._comm_hooks.append((hook, self._user_state))
+            _logger(ddp)._set_comm_hook_name(getattr(hook, "__qualname__", str(hook)))
         self._emit_params()
         self._read_buckets(rebuilt=False)
-        for i, p in enumerate(self.params):
-            self._handles.append(p.register_post_accumulate_grad_hook(
-                lambda _p, i=i: self._grad_ready(i)))
+        if detail == "params":
+            for i, p in enumerate(self.params):
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    lambda _p, i=i: self._grad_ready(i)))
         self._handles.append(ddp.register_forward_pre_hook(self._pre_forward))
-        self._handles.append(ddp.register_forward_hook(self._post_forward))
+        self._post_forward_handle = ddp.register_forward_hook(self._post_forward)
         if not hasattr(ddp, "buffer_hook") and len(getattr(ddp, "modules_buffers", ())) > 0:
             from torch.nn.parallel.distributed import _BufferCommHookLocation
 
             ddp._register_buffer_comm_hook(
                 None, lambda state, buffers: self._sync_buffers(buffers),
                 _BufferCommHookLocation.PRE_FORWARD)
-        self._user_hook = hook
-        self._user_state = state if state is not None else self.group
-        # A lambda: torch rejects string annotations (this module's `from __future__`).
-        ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
+        _WATCHED.add(ddp)
+        if detail == "steps":
+            return
+        try:
+            # A lambda: torch rejects string annotations (this module's `from __future__`).
+            dist._register_comm_hook(ddp.reducer, None,
+                                     lambda state, bucket: self._comm_hook(bucket))
+        except RuntimeError as exc:
+            self.close()
+            raise RuntimeError(
+                "ddpviz: this DDP already has a built-in comm hook "
+                "(_register_builtin_comm_hook), which watch() cannot wrap.\nCall "
+                "ddpviz.watch(ddp) before registering it: watch() then wraps it.") from exc
+        # Later registrations land in watch's hook (torch allows one hook per reducer).
+        ddp.register_comm_hook = self._register_comm_hook  # type: ignore[method-assign]
+        ddp._register_builtin_comm_hook = self._register_builtin  # type: ignore[method-assign]
 
     # --- attach -------------------------------------------------------------------------------
+
+    def _rebuild_reducer(self) -> None:
+        """Replace the DDP's reducer by an identical one without a comm hook (torch allows one
+        per reducer and cannot remove it), before the first forward, as DDP's constructor
+        built it. The old reducer's autograd hooks are removed first."""
+        ddp: Any = self.ddp  # private torch API below
+        old = ddp.reducer
+        parameters, expect_sparse = ddp._build_params_for_reducer()
+        mapping = ddp._build_debug_param_to_name_mapping(parameters)
+        old._remove_autograd_hooks()
+        ddp._ddp_init_helper(parameters, expect_sparse, mapping, ddp.static_graph)
+        if ddp.static_graph:
+            ddp.reducer._set_static_graph()
+            ddp.logger._set_static_graph()
+        if getattr(ddp, "mixed_precision", None) is not None:
+            ddp.reducer._set_mixed_precision_param_dtype(ddp.mixed_precision.param_dtype)
+        hook = self._user_hook
+        ddp.logger._set_comm_hook_name(getattr(hook, "__qualname__", str(hook)))
+
+    def _register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        """`ddp.register_comm_hook` while watched: torch's checks, then watch calls it."""
+        if self._user_hook is not None:
+            raise RuntimeError(
+                "ddpviz: register_comm_hook or register_builtin_comm_hook can only be called "
+                f"once; {getattr(self._user_hook, '__qualname__', self._user_hook)} is "
+                "registered already (ddpviz.watch wraps it).\nCombine the hooks into one "
+                "function.")
+        self.ddp._check_comm_hook(hook)
+        _logger(self.ddp)._set_comm_hook_name(hook.__qualname__)
+        self.ddp._comm_hooks.append((hook, state))
+        self._user_hook, self._user_state = hook, state
+
+    def _register_builtin(self, comm_hook_type: Any) -> None:
+        """`ddp._register_builtin_comm_hook` while watched: the same arithmetic in Python."""
+        builtin = {dist.BuiltinCommHookType.ALLREDUCE: _builtin_allreduce,
+                   dist.BuiltinCommHookType.FP16_COMPRESS: _builtin_fp16_compress}
+        if comm_hook_type not in builtin:
+            raise ValueError(f"ddpviz: unknown built-in comm hook {comm_hook_type!r}; expected "
+                             "dist.BuiltinCommHookType.ALLREDUCE or FP16_COMPRESS.")
+        if self._user_hook is not None:
+            self._register_comm_hook(self.group, builtin[comm_hook_type])  # raises: one hook
+        _logger(self.ddp)._set_comm_hook_name(str(comm_hook_type))
+        self._user_hook, self._user_state = builtin[comm_hook_type], self.group
 
     def _emit_params(self) -> None:
         if not self.tap.enabled:
@@ -136,7 +281,12 @@ class Watch:
         self.tap.emit(ev.ParamsBuilt, infos, buffers, tuple(sorted(self.ddp.parameters_to_ignore)))
 
     def _read_buckets(self, *, rebuilt: bool) -> None:
-        buckets = self.ddp.reducer._get_zeros_like_grad_buckets()
+        try:
+            buckets = self.ddp.reducer._get_zeros_like_grad_buckets()
+        except RuntimeError:  # a sparse bucket has no tensor before its first backward
+            with self._lock:  # learn the map from the comm hook's buckets instead
+                self.buckets, self._bucket_of, self._learning = [], {}, True
+            return
         indices = [[self._index[id(p)] for p in b.parameters()] for b in buckets]
         with self._lock:
             self.buckets = indices
@@ -148,11 +298,12 @@ class Watch:
                 self.tap.emit(ev.BucketsRebuilt, order)
             self.tap.emit(ev.BucketAssigned, tuple(tuple(b) for b in indices), limits, rebuilt)
 
-    # --- hooks --------------------------------------------------------------------------------
+    # --- forward ------------------------------------------------------------------------------
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if not torch.is_grad_enabled():
             return
+        self._deliver()  # an error diagnosed after the last backward returned
         self.tap.step = self._forwards
         self._forwards += 1
         self._fired = set()
@@ -173,29 +324,62 @@ class Watch:
         if not self._rebuilt_seen and getattr(self.ddp, "_has_rebuilt_buckets", False):
             self._rebuilt_seen = True
             self._read_buckets(rebuilt=True)
+        if self._track_views:
+            if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+                self._grads_before = [p.grad for p in self.params]
+        elif self._rebuilt_seen or self._rebuild_step() < 0:
+            self._post_forward_handle.remove()  # nothing left to look at after forward
+
+    # --- backward -----------------------------------------------------------------------------
+
+    def _begin_backward(self) -> None:
+        self._in_backward = True
+        self._hooks_called = 0
+        if self.tap.enabled:
+            self.tap.emit(ev.BackwardStarted)
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_hooks)
 
     def _grad_ready(self, index: int) -> None:
-        if not self._callback_queued:
-            self._callback_queued = True
-            if self.tap.enabled:
-                self.tap.emit(ev.BackwardStarted)
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        if not self._in_backward:
+            self._begin_backward()
         self._fired.add(index)
         if self.tap.enabled:
             self.tap.emit(ev.GradReady, index, self._bucket_of.get(index, -1))
 
-    def _end_of_backward(self) -> None:
-        self._callback_queued = False
+    def _after_hooks(self) -> None:
+        # Runs before torch's finalize_backward (queued later); queue the last word after it.
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_reducer)
+        if self.detail != "params" or not self.ddp.require_backward_grad_sync:
+            return
         missing = [i for i in range(len(self.params)) if i not in self._fired
                    and self.params[i].requires_grad]
-        if missing and self.ddp.require_backward_grad_sync:
+        if missing:
             names = tuple(self.names[i] for i in missing)
             if self.tap.enabled:
                 self.tap.emit(ev.UnusedParametersFound, tuple(missing), names)
             if not self.ddp.find_unused_parameters and not self.ddp.static_graph:
                 self._warn_unused(missing)
+
+    def _after_reducer(self) -> None:
+        self._in_backward = False
+        if self._learning and self.buckets:
+            self._learning = False
+            if self.tap.enabled:
+                self.tap.emit(ev.BucketAssigned, tuple(tuple(b) for b in self.buckets),
+                              tuple(-1 for _ in self.buckets), False)
+        self._grads_before = None
         if self.tap.enabled:
             self.tap.emit(ev.BackwardFinished)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Raise the error the watchdog diagnosed in a guarded all-reduce, once, here in Python
+        (from the end-of-backward callback: torch's reducer is done with the bucket futures by
+        then), so that it reaches the caller of backward() with its own type and text."""
+        error = self._monitor.error if self._monitor is not None else None
+        if error is not None and self._delivered is None:
+            self._delivered = error
+            raise error
 
     def _warn_unused(self, missing: list[int]) -> None:
         buckets = sorted({self._bucket_of.get(i, -1) for i in missing})
@@ -229,6 +413,11 @@ class Watch:
         wait = None
         if dog.board is not None:
             def wait(work: Any) -> None:
+                try:  # a plain C++ wait first: no Python callback, no store traffic
+                    work.wait(_FIRST_WAIT)
+                    return
+                except RuntimeError:
+                    pass  # still running (or failed): the watchdog diagnoses it
                 dog.wait(work, collective="buffer broadcast")
         try:
             broadcast_coalesced(tensors, self.group, src=0, chunk_bytes=int(
@@ -239,95 +428,246 @@ class Watch:
             self.tap.emit(ev.BuffersSynced, len(tensors),
                           sum(t.numel() * t.element_size() for t in tensors))
 
-    def _comm_hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
-        b = bucket.index()
+    # --- the comm hook ------------------------------------------------------------------------
+
+    def _comm_hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        if not self._in_backward and torch._C._current_graph_task_id() != -1:
+            self._begin_backward()  # detail="buckets", or no parameter hook fired first
+        b = self._hooks_called  # bucket.index() is 0 for every bucket in static_graph's 1st
+        self._hooks_called += 1
+        buffer = bucket.buffer()
+        if self._learning:
+            with self._lock:
+                members = [self._index[id(p)] for p in bucket.parameters()]
+                self.buckets.append(members)
+                self._bucket_of.update((p, b) for p in members)
+        if self._closed:
+            return self._unwrapped(self._reduce(bucket, buffer), -1)
         if self.tap.enabled:
-            buffer = bucket.buffer()
             self.tap.emit(ev.BucketReady, b)
             self.tap.emit(ev.AllReduceLaunched, b, buffer.numel() * buffer.element_size(),
                           str(buffer.dtype).removeprefix("torch."))
+        monitor = self._monitor
+        if monitor is not None and monitor.error is not None:
+            done: torch.futures.Future = torch.futures.Future()  # failed already: no more
+            done.set_result(buffer)                             # collectives, raise at the end
+            return done
         try:
-            if self._user_hook is not None:
-                fut = self._user_hook(self._user_state, bucket)
-            else:
-                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
-                    allreduce_hook,
-                )
-
-                fut = allreduce_hook(self.group, bucket)
+            fut = self._reduce(bucket, buffer)
         except RuntimeError as exc:  # a peer is gone already: the monitor names it
-            if self._monitor is None:
+            if monitor is None:
                 raise
             fut = torch.futures.Future()
             fut.set_exception(exc)
-        step = self.tap.step
-
-        def done(f: torch.futures.Future) -> torch.Tensor:
-            if self.tap.enabled:
-                self.tap.emit(ev.AllReduceDone, b)
-            return f.value()
-
-        fut = fut.then(done)
-        if self._monitor is None:
-            return fut
+        if monitor is None:
+            return self._unwrapped(fut, b)
         with self._lock:
             members = self.buckets[b] if b < len(self.buckets) else []
-        pending = [self.names[i] for i in members]
-        return self._monitor.guard(fut, step=step, bucket=b, params=pending)
+        return monitor.guard(fut, buffer, step=self.tap.step, bucket=b,
+                             params=[self.names[i] for i in members],
+                             tap=self.tap if self.tap.enabled else None)
+
+    def _reduce(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> torch.futures.Future:
+        """The user's hook, or torch's default reduction (see the Note)."""
+        if self._user_hook is not None:
+            return self._user_hook(self._user_state, bucket)
+        with torch.no_grad():
+            if buffer.is_sparse:
+                buffer.div_(self.world_size)
+            elif getattr(self.ddp, "batched_grad_copy", False):
+                if not self._all_views(bucket, buffer):
+                    buffer.div_(self.world_size)
+            elif self._grads_before is None:
+                buffer.mul_(self._scale)
+            else:
+                self._scale_by_view(bucket, buffer)
+        reducer: Any = self.ddp.reducer
+        return reducer._run_allreduce_hook(bucket)
+
+    def _was_view(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> list[bool]:
+        before = self._grads_before
+        if before is None:
+            return [False] * len(bucket.parameters())
+        storage = buffer.untyped_storage().data_ptr()
+        flags = []
+        for p in bucket.parameters():
+            g = before[self._index[id(p)]]
+            flags.append(g is not None and g.untyped_storage().data_ptr() == storage)
+        return flags
+
+    def _all_views(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> bool:
+        # batched_grad_copy: torch divides the bucket once after its batched copy, which only
+        # happens when some gradient was not a bucket view yet.
+        return self.ddp.gradient_as_bucket_view and all(self._was_view(bucket, buffer))
+
+    def _scale_by_view(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> None:
+        flags = self._was_view(bucket, buffer)
+        if not any(flags):
+            buffer.mul_(self._scale)
+        elif all(flags):
+            buffer.div_(self.world_size)
+        else:
+            for view, was_view in zip(bucket.gradients(), flags, strict=True):
+                if was_view:
+                    view.div_(self.world_size)
+                else:
+                    view.mul_(self._scale)
+
+    def _unwrapped(self, fut: torch.futures.Future, b: int) -> torch.futures.Future:
+        """`fut` as torch's reducer takes a Python hook's result: a Python tensor (torch's C++
+        all-reduce yields [buffer]); AllReduceDone on the way."""
+        tap = self.tap if self.tap.enabled and b >= 0 else None
+        if tap is None and self._user_hook is not None:
+            return fut
+
+        def done(f: torch.futures.Future) -> Any:
+            if tap is not None:
+                tap.emit(ev.AllReduceDone, b)
+            value = f.value()
+            return value[0] if isinstance(value, list) else value
+        return fut.then(done)
+
+    # --- public -------------------------------------------------------------------------------
 
     @property
     def error(self) -> Exception | None:
-        """The RankHangError the watchdog raised on this rank, if any (inside backward, torch
-        re-raises it as a RuntimeError carrying the same text)."""
+        """The ddpviz error this rank raised or is about to raise (RankHangError), if any."""
         twin = self._monitor.watchdog if self._monitor is not None else None
         return self.watchdog.raised or (twin.raised if twin is not None else None)
 
     def close(self) -> None:
-        """Remove the hooks (the comm hook stays registered: torch cannot remove one) and stop
-        the watchdog thread."""
+        """Remove the hooks (the comm hook stays registered, passing through: torch cannot
+        remove one) and stop the watchdog thread."""
+        self._closed = True
+        _WATCHED.discard(self.ddp)
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._post_forward_handle is not None:
+            self._post_forward_handle.remove()
         if self._monitor is not None:
             self._monitor.close()
 
     def __repr__(self) -> str:
         return (f"<ddpviz.Watch rank {self.group.rank()}/{self.world_size}: {len(self.params)} "
-                f"parameters, {len(self.buckets)} buckets, {self._forwards} forwards>")
+                f"parameters, {len(self.buckets)} buckets, {self._forwards} forwards, "
+                f"detail={self.detail!r}>")
+
+
+def _logger(ddp: nn.parallel.DistributedDataParallel) -> Any:
+    return ddp.logger
+
+
+def _builtin_allreduce(group: dist.ProcessGroup, bucket: dist.GradBucket
+                       ) -> torch.futures.Future:
+    # c10d's AllReduceCommHook: divide the bucket by the group size, then SUM all-reduce.
+    buffer = bucket.buffer()
+    buffer.div_(group.size())
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(
+        lambda f: f.value()[0])
+
+
+def _builtin_fp16_compress(group: dist.ProcessGroup, bucket: dist.GradBucket
+                           ) -> torch.futures.Future:
+    # c10d's FP16CompressCommHook: to fp16, divide, SUM all-reduce, copy back into the bucket.
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.float16)
+    compressed.div_(group.size())
+
+    def decompress(f: torch.futures.Future) -> torch.Tensor:
+        buffer.copy_(f.value()[0])
+        return buffer
+
+    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(
+        decompress)
+
+
+class _Guarded:
+    """One guarded all-reduce: torch's reducer waits on `out`."""
+
+    __slots__ = ("bucket", "fallback", "fut", "out", "params", "settled", "since", "step")
+
+    def __init__(self, fut: torch.futures.Future, fallback: torch.Tensor, step: int,
+                 bucket: int, params: list[str]) -> None:
+        self.fut, self.fallback, self.step, self.bucket, self.params = (fut, fallback, step,
+                                                                        bucket, params)
+        self.out: torch.futures.Future = torch.futures.Future()
+        self.settled = False
+        self.since = time.monotonic()
 
 
 class _Monitor:
-    """One thread that waits for each guarded all-reduce in launch order with the watchdog,
-    so torch's C++ reducer (which waits on the returned future) fails instead of hanging."""
+    """Completes each guarded all-reduce's future when the collective does (a done-callback:
+    no thread handoff on the way), and one thread, waking every _POLL_S, hands a collective
+    that failed or is still running to the watchdog; what it diagnoses is recorded in `error`
+    and the reducer's future is completed anyway, so that torch's C++ reducer returns and watch
+    raises the error from Python (Watch._deliver)."""
 
     def __init__(self, watchdog: Watchdog) -> None:
         self.watchdog = watchdog
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._pending: deque[_Guarded] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="ddpviz-watch", daemon=True)
         self._thread.start()
 
-    def guard(self, fut: torch.futures.Future, *, step: int, bucket: int,
-              params: list[str]) -> torch.futures.Future:
-        out: torch.futures.Future = torch.futures.Future()
-        self._queue.put((fut, out, step, bucket, params))
-        return out
+    def guard(self, fut: torch.futures.Future, fallback: torch.Tensor, *, step: int,
+              bucket: int, params: list[str], tap: Tap | None) -> torch.futures.Future:
+        item = _Guarded(fut, fallback, step, bucket, params)
+        self._pending.append(item)
+
+        def finish(f: torch.futures.Future) -> None:
+            try:
+                value = f.value()
+            except Exception:
+                self._wake.set()  # failed: the thread diagnoses it
+                return
+            if isinstance(value, list):  # torch's C++ all-reduce: [bucket buffer]
+                value = value[0]
+            if tap is not None:
+                tap.emit(ev.AllReduceDone, bucket)
+            self._settle(item, value)
+
+        fut.add_done_callback(finish)
+        return item.out
+
+    def _settle(self, item: _Guarded, value: Any) -> None:
+        with self._lock:
+            if item.settled:
+                return
+            item.settled = True
+        item.out.set_result(value)
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fut, out, step, bucket, params = item
-            dog = self.watchdog
-            dog.step, dog.phase = step, "backward"
-            try:
-                dog.wait(fut, collective="all-reduce", bucket=bucket, params=params)
-                out.set_result(fut.value())
-            except BaseException as exc:
-                # torch's reducer re-raises this as "RuntimeError: Unable to cast <text> to
-                # Tensor"; the newlines keep ddpviz's message on lines of its own.
-                out.set_exception(type(exc)(f"\n{exc}\n(diagnosed by ddpviz.watch)") if
-                                  isinstance(exc, RuntimeError) else exc)
+        while not self._closed:
+            self._wake.wait(_POLL_S)
+            self._wake.clear()
+            while self._pending and not self._closed:
+                item = self._pending[0]
+                if item.settled:
+                    self._pending.popleft()
+                    continue
+                if not item.fut.done() and time.monotonic() - item.since < _POLL_S:
+                    break
+                dog = self.watchdog
+                dog.step, dog.phase = item.step, "backward"
+                try:
+                    dog.wait(item.fut, collective="all-reduce", bucket=item.bucket,
+                             params=item.params)
+                except BaseException as exc:
+                    if self.error is None:
+                        self.error = exc
+                    # Let torch's reducer return (with local gradients): watch raises after it.
+                    while self._pending:
+                        other = self._pending.popleft()
+                        self._settle(other, other.fallback)
+                    break
+                value = item.fut.value()  # completed (its done-callback may not have run)
+                self._settle(item, value[0] if isinstance(value, list) else value)
+                self._pending.popleft()
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._closed = True
+        self._wake.set()

@@ -118,10 +118,7 @@ def _mismatches(by_rank: dict[int, dict[int, FrEntry]]) -> tuple[Mismatch, ...]:
 def _stall(states: dict[int, RankState], by_rank: dict[int, dict[int, FrEntry]]
            ) -> Stall | None:
     pending = [st.first_pending.seq for st in states.values() if st.first_pending is not None]
-    if not pending:
-        # nobody waits; but ranks may have stopped at different points (a rank launched a
-        # collective that completed nowhere else is impossible; one that others never reached
-        # shows as behind in the summary)
+    if not pending:  # nobody waits (ranks that stopped early show in the per-rank rows)
         return None
     seq = min(pending)
     waiting = {r: by_rank[r][seq] for r, st in states.items()

@@ -142,7 +142,7 @@ def _describe(lab: Labelled | None) -> str:
 
 
 def postmortem(dumps: str | os.PathLike[str] | Iterable[Any] | Mapping[int, Any],
-               model: nn.Module | BucketPlan | None = None, *,
+               model: nn.Module | None = None, *,
                settings: PlanSettings | Mapping[str, Any] | None = None,
                example_inputs: Any = None, broadcast_buffers: bool = True) -> PostMortem:
     """Read torch Flight Recorder dumps of a hung or crashed job and say, in DDP's terms, who
@@ -173,7 +173,7 @@ def postmortem(dumps: str | os.PathLike[str] | Iterable[Any] | Mapping[int, Any]
         if not isinstance(model, nn.Module):
             raise TypeError(f"ddpviz: postmortem(model=...) takes the nn.Module wrapped in DDP, "
                             f"found {type(model).__name__}.")
-        s = settings if isinstance(settings, PlanSettings) else PlanSettings(**(settings or {}))
+        s = settings if isinstance(settings, PlanSettings) else _settings(settings or {})
         plan = bucket_plan(model, bucket_cap_mb=s.bucket_cap_mb,
                            bucket_cap_mb_list=s.bucket_cap_mb_list,
                            find_unused_parameters=s.find_unused_parameters,
@@ -186,6 +186,18 @@ def postmortem(dumps: str | os.PathLike[str] | Iterable[Any] | Mapping[int, Any]
     for g in groups:
         findings += _group_findings(g, labels if g is ddp_group else {}, world)
     return PostMortem(loaded, groups, findings, labels, plan, world)
+
+
+def _settings(given: Mapping[str, Any]) -> PlanSettings:
+    known = set(PlanSettings.__dataclass_fields__)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(f"ddpviz: postmortem(settings=...) got unknown key(s) "
+                         f"{', '.join(map(repr, unknown))}; expected some of "
+                         f"{', '.join(sorted(known))} (DDP's argument names).")
+    fields: dict[str, Any] = {k: tuple(v) if k == "bucket_cap_mb_list" and v else v
+                              for k, v in given.items()}
+    return PlanSettings(**fields)
 
 
 def _ddp_group(groups: Sequence[GroupAlignment]) -> GroupAlignment | None:

@@ -143,3 +143,11 @@ def test_show_escapes_dump_text() -> None:
     assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "rank 1 never launched collective #2" in text
     assert text.count("background:#f04438") == 1  # the one pending collective, in red
+
+
+def test_unknown_setting_is_a_clear_error() -> None:
+    from tests.postmortem.jobs import make_model
+
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'bucket_cap'; expected some of "
+                                         r"bucket_cap_mb, bucket_cap_mb_list"):
+        ddpviz.postmortem([dump([entry(1)])], make_model(), settings={"bucket_cap": 1})

@@ -35,6 +35,19 @@ def test_rank_skips_backward(tmp_path: Path) -> None:
     assert f.text().startswith(f"ddpviz: rank 2 never launched bucket 0 of step {FAULT_STEP} (")
     assert dict(f.values)[f"last completed: the buffer broadcast of step {FAULT_STEP} "
                           "(broadcast of 1 int64) (#19)"] == (2,)
+    # every collective of every rank is one of DDP's, in DDP's order
+    rows = pm.to_records()
+    assert {r["ddp_phase"] for r in rows} == {"verify", "state_broadcast", "buffer_broadcast",
+                                              "rebuild", "bucket"}
+    assert {r["step"] for r in rows if r["ddp_phase"] == "rebuild"} == {1}
+    assert {r["step"] for r in rows if r["ddp_phase"] in ("verify", "state_broadcast")} == {-1}
+    buckets_per_step = {(r["rank"], r["step"]): 0 for r in rows if r["step"] >= 0}
+    for r in rows:
+        if r["ddp_phase"] == "bucket":
+            buckets_per_step[(r["rank"], r["step"])] += 1
+    assert pm.plan is not None and pm.plan.rebuilt is not None
+    assert buckets_per_step[(0, 0)] == len(pm.plan.initial) == 1
+    assert buckets_per_step[(0, 2)] == len(pm.plan.rebuilt) > 1
     # without a model: the same collective, in collective terms
     bare = ddpviz.postmortem(sorted(tmp_path.iterdir()))
     g = _one(bare, "rank_hang")
@@ -103,6 +116,8 @@ def test_ranks_with_different_bucket_caps(tmp_path: Path, capsys: pytest.Capture
     # planned with rank 1's settings, rank 1's buckets are DDP's own
     pm1 = ddpviz.postmortem(tmp_path, make_model(), settings={"bucket_cap_mb": 0.0003, **unused})
     assert not [g for g in pm1.findings if g.kind == "plan_mismatch"]
+    phases = [r["ddp_phase"] for r in pm1.to_records() if r["rank"] == 1 and r["step"] == 0]
+    assert phases[-1] == "used_map" and phases.count("bucket") > 1  # after the last bucket
     assert main(["postmortem", str(tmp_path), "--model", "tests.postmortem.jobs:make_model",
                  "--find-unused", "--json"]) == 1  # exit status 1: errors found
     assert '"kind": "plan_mismatch"' in capsys.readouterr().out

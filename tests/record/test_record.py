@@ -5,6 +5,7 @@ import) run under torchrun (python -m torch.distributed.run, gloo), `python -m` 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -53,8 +54,8 @@ def kinds(trace: ddpviz.Trace) -> Counter[str]:
 
 
 def digests(stdout: str) -> dict[int, str]:
-    return {int(line.split()[1]): line.split()[3] for line in stdout.splitlines()
-            if line.startswith("rank ") and " done " in line}
+    # Ranks share torchrun's stdout: their lines can interleave mid-line, so match, not split.
+    return {int(r): d for r, d in re.findall(r"rank (\d+) done (-?\d+\.\d{6})", stdout)}
 
 
 def test_without_the_variable_no_ddpviz_module_is_imported(python: str) -> None:
