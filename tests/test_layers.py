@@ -2,7 +2,8 @@
 
 Imports are read with `ast`: module-level and lazy (inside functions) imports both count;
 imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up:
-- the vocabulary (events, findings, errors, limits) imports only itself;
+- the vocabulary (events, findings, errors, limits) imports only itself; the utilities
+  (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
 - tracefile (the .ddpviz frame format and writer) imports only the vocabulary;
 - engine/ (DDP itself) imports only the vocabulary and engine/;
 - transport/ never imports what consumes its events (sessions, the launcher, widgets, diagnosis,
@@ -23,6 +24,7 @@ import ddpviz
 
 PACKAGE = Path(ddpviz.__file__).parent
 VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits"}
+UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps"}
 FORMAT = {"ddpviz.tracefile"}
 # What transport/ feeds (it must work without any of them: the light rank-side install).
 ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz.diagnose",
@@ -124,6 +126,11 @@ def test_the_reader_sees_lazy_imports_and_skips_type_checking_blocks() -> None:
 def test_vocabulary_imports_only_itself() -> None:
     bad = [e for e in EDGES if e[0] in VOCABULARY and e[1] not in VOCABULARY]
     assert not bad, "the vocabulary reaches up:\n" + _show(bad)
+
+
+def test_utilities_import_nothing_from_ddpviz() -> None:
+    bad = [e for e in EDGES if e[0] in UTILITIES]
+    assert not bad, "a utility imports ddpviz:\n" + _show(bad)
 
 
 def test_the_file_format_imports_only_the_vocabulary() -> None:
