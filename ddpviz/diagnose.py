@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 
 from ddpviz import events as ev
-from ddpviz.events import Event, Mismatch
+from ddpviz.engine.verify import mismatch_findings
+from ddpviz.events import Event
 from ddpviz.findings import (
     Finding,
     Findings,
@@ -27,21 +28,6 @@ from ddpviz.findings import (
     sort_findings,
 )
 
-_FIX_MODEL = "All ranks must build the same model; look for rank-dependent construction."
-_FIX_FIELD = {
-    "dtype": "Cast the model the same way on every rank: look for .half()/.to(dtype)/autocast "
-             "setup under a rank condition. (torch never checks dtypes: it crashes in the "
-             "broadcast instead.)",
-    "stride": "Convert the memory format on every rank or on none: look for "
-              ".to(memory_format=torch.channels_last) under a rank condition.",
-    "order": "Register submodules in the same order on every rank: the order of attribute "
-             "assignment in __init__ decides parameters() order, and with it the buckets.",
-    "name": "Name submodules the same on every rank: state_dict keys and DDP's ignore lists "
-            "depend on the names.",
-    "requires_grad": "Freeze the same parameters on every rank (requires_grad_(False) under a "
-                     "rank condition?).",
-    "device": "Move the whole model to the same kind of device on every rank.",
-}
 _FIX_UNUSED_SOME = ("Use the parameter on every rank in every iteration, or pass "
                     "find_unused_parameters=True. Without it, the ranks that skip it contribute "
                     "zeros (ddpviz) or leave the iteration unfinished (torch).")
@@ -194,43 +180,6 @@ def _verification(per_rank: Mapping[int, list[Event]], world_size: int) -> list[
             if isinstance(e, ev.VerificationFailed):
                 return mismatch_findings(e.mismatches, e.world_size)
     return []
-
-
-def mismatch_findings(mismatches: Sequence[Mismatch], world_size: int) -> list[Finding]:
-    """One finding per verification mismatch (what differs, which entry, which ranks)."""
-    out: list[Finding] = []
-    for m in mismatches:
-        values = tuple((v, tuple(rs)) for v, rs in m.values)
-        ranks = odd_ranks(values)
-        if m.kind == "device":
-            out.append(Finding(
-                kind="gpu_shared", severity="error", title="ranks on one host use the same GPU",
-                ranks=ranks, field=m.field, values=values,
-                fix=("Give each rank its own GPU: call torch.cuda.set_device(local_rank) before "
-                     "building the model and move the model to that device."),
-                world_size=world_size))
-            continue
-        if m.kind == "count":
-            noun = m.name  # "parameters" | "buffers"
-            kind = "param_mismatch" if noun == "parameters" else "buffer_mismatch"
-            out.append(Finding(
-                kind=kind, severity="error", title=f"the number of {noun} differs across ranks",
-                ranks=ranks, name=noun, field="count",
-                values=tuple((f"{v} {noun}", rs) for v, rs in values), fix=_FIX_MODEL,
-                world_size=world_size))
-            continue
-        what = "parameter" if m.kind == "param" else "buffer"
-        title = {
-            "present": f"{what} {m.index} '{m.name}' is missing on some ranks",
-            "name": f"{what} {m.index} is named differently across ranks",
-            "order": f"{what} '{m.name}' is registered at a different position across ranks",
-        }.get(m.field, f"{what} {m.index} '{m.name}' has a different {m.field} across ranks")
-        shown = values if m.field != "order" else tuple((f"index {v}", rs) for v, rs in values)
-        out.append(Finding(
-            kind=f"{m.kind}_mismatch", severity="error", title=title, ranks=ranks,
-            param=m.index, name=m.name, field=m.field, values=shown,
-            fix=_FIX_FIELD.get(m.field, _FIX_MODEL), world_size=world_size))
-    return out
 
 
 # --- unused parameters ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddpviz.engine.verify import VerificationReport
+    from ddpviz.engine.verify import ModelComparison
 
 
 class RankMismatchError(RuntimeError):
@@ -19,7 +19,7 @@ class RankMismatchError(RuntimeError):
     code keeps working. `report` holds every difference and the metadata gathered from all ranks.
     """
 
-    def __init__(self, report: VerificationReport, message: str | None = None) -> None:
+    def __init__(self, report: ModelComparison, message: str | None = None) -> None:
         self.report = report
         super().__init__(message if message is not None else report.message())
 
@@ -30,9 +30,7 @@ class RankMismatchError(RuntimeError):
     @property
     def findings(self) -> tuple[Any, ...]:
         """One `ddpviz.findings.Finding` per difference (kind, parameter, ranks, field)."""
-        from ddpviz.diagnose import mismatch_findings
-
-        return tuple(mismatch_findings(self.report.mismatches, self.report.world_size))
+        return tuple(self.report.findings())
 
 
 class RankHangError(RuntimeError):

@@ -11,24 +11,29 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from torch import nn
 
+from ddpviz import events as ev
 from ddpviz.engine.buckets import (
     BucketAssignment,
+    BucketCapacity,
+    Limits,
     TensorSpec,
     initial_buckets,
     rebuilt_buckets,
 )
-from ddpviz.engine.capacity import BucketCapacity, Limits
 from ddpviz.engine.params import build_params_for_reducer
 
 if TYPE_CHECKING:
     from ddpviz.widgets.bucket_map import BucketMap
+    from ddpviz.widgets.event_model import Timed
 
 OrderSource = Literal["given", "measured", "predicted"]
 
@@ -385,3 +390,111 @@ def bucket_plan(
                             find_unused_parameters, static_graph, set_last_bucket_cap)
     return _make_plan(type(module).__name__, params, specs, settings,
                       [int(i) for i in order], source, notes)
+
+
+# --- the plan of a run's observed maps --------------------------------------------------------
+# `observed_plan` turns a rank's ParamsBuilt and BucketAssigned events into a `BucketPlan` whose
+# initial and rebuilt maps are the ones DDP actually used (a map not observed yet, e.g. the
+# rebuild during iteration 0, is predicted by the planner from settings inferred from the
+# observed limits, and says so in the plan's notes). The LiveBucketMap widget draws it.
+
+MB = 1024 * 1024
+_DEFAULT_FIRST, _DEFAULT_CAP = 1 * MB, 25 * MB  # torch's default first bucket and cap
+
+
+class ObservedMaps(NamedTuple):
+    """A plan built from events, and when its rebuilt map took over."""
+
+    plan: BucketPlan
+    rank: int  # whose events it was built from
+    rebuilt_step: int | None  # first iteration using the rebuilt map (None: not observed)
+    disagreements: tuple[str, ...]  # other ranks whose maps differ from this rank's
+
+
+def _itemsize(dtype: str) -> int:
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"ddpviz: ParamsBuilt names an unknown dtype {dtype!r}.\n"
+                         "Record the trace with the same torch version that reads it.")
+    return dt.itemsize
+
+
+def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
+    """The planner's description of each parameter a rank reported."""
+    out = []
+    for p in built.params:
+        numel = math.prod(p.shape)
+        size = _itemsize(p.dtype)
+        out.append(PlannedParam(p.index, p.name, tuple(p.shape), p.dtype, p.device, numel, size,
+                                numel * size, p.sparse_grad))
+    return tuple(out)
+
+
+def _cap_of(limits: Sequence[int]) -> float | None:
+    """bucket_cap_mb from a map's per-bucket limits: None for torch's 1 MiB + 25 MiB default."""
+    caps = [x for x in limits if 0 < x < sys.maxsize]
+    if not caps:
+        return None
+    if caps[0] == _DEFAULT_FIRST and set(caps) <= {_DEFAULT_FIRST, _DEFAULT_CAP}:
+        return None
+    cap = max(caps)
+    for digits in range(1, 10):  # the shortest decimal torch turns into this byte count
+        mb = round(cap / MB, digits)
+        if int(mb * MB) == cap:
+            return mb
+    return cap / MB
+
+
+def infer_settings(initial: ev.BucketAssigned, rebuilt: ev.BucketAssigned | None,
+                   rebuilt_step: int | None) -> PlanSettings:
+    """The DDP settings that explain the observed limits (bucket_cap_mb_list and
+    DDP_SET_LAST_BUCKET_CAP are not told apart from bucket_cap_mb)."""
+    unlimited = all(x in (0, sys.maxsize) for x in initial.limits)
+    if rebuilt is not None:
+        return PlanSettings(_cap_of(rebuilt.limits), None, False,
+                            rebuilt_step is not None and rebuilt_step >= 2)
+    if not unlimited:
+        return PlanSettings(_cap_of(initial.limits), None, True, False)
+    return PlanSettings(None, None, False, False)
+
+
+def observed_plan(built: ev.ParamsBuilt, maps: Sequence[Timed], *, rank: int = 0,
+                  model: str = "observed run",
+                  grad_ready_order: Sequence[int] | None = None) -> ObservedMaps:
+    """A BucketPlan of the maps one rank used (BucketAssigned events in order).
+
+    Args:
+        built: the rank's ParamsBuilt.
+        maps: its BucketAssigned events with times (EventModel.maps()).
+        grad_ready_order: iteration 0's hook order, used to predict a rebuild not seen yet.
+    """
+    assigned = [m.event for m in maps if isinstance(m.event, ev.BucketAssigned)]
+    initial = next((a for a in assigned if not a.rebuilt), None)
+    rebuilt = next((a for a in assigned if a.rebuilt), None)
+    if initial is None:
+        raise ValueError(f"ddpviz: rank {rank} reported no constructor BucketAssigned event.\n"
+                         "Wait for the constructor to finish, or record the whole run.")
+    params = planned_params(built)
+    rebuilt_step = rebuilt.step if rebuilt is not None else None
+    settings = infer_settings(initial, rebuilt, rebuilt_step)
+    order: tuple[int, ...] = tuple(reversed(range(len(params))))
+    source: Any = "predicted"
+    if grad_ready_order is not None and sorted(grad_ready_order) == list(range(len(params))):
+        order, source = tuple(grad_ready_order), "measured"
+    # with_settings re-plans both maps (and the limits) from the settings: the seed's own
+    # limits and maps are placeholders it never reads
+    seed = BucketPlan(model, params, settings, Limits([sys.maxsize], None, False), (), None,
+                      order, source)
+    predicted = seed.with_settings()
+    notes = [f"initial map observed on rank {rank} (BucketAssigned in the constructor)"]
+    rebuilt_buckets = predicted.rebuilt
+    if rebuilt is not None:
+        rebuilt_buckets = planned_buckets(params, rebuilt.buckets, rebuilt.limits)
+        notes.append(f"rebuilt map observed on rank {rank} (iteration {rebuilt_step} on)")
+    elif predicted.rebuilt is not None:
+        notes.append("rebuilt map predicted by the planner: not rebuilt yet in this run")
+    plan = replace(
+        predicted, initial=planned_buckets(params, initial.buckets, initial.limits),
+        rebuilt=rebuilt_buckets, notes=tuple(notes) + tuple(
+            n for n in predicted.notes if n.startswith("torch never rebuilds")))
+    return ObservedMaps(plan, rank, rebuilt_step, ())

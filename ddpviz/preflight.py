@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
-from ddpviz.diagnose import mismatch_findings
 from ddpviz.engine import verify
 from ddpviz.engine.initial_values import initial_value_findings
+from ddpviz.engine.rendezvous import rendezvous
+from ddpviz.engine.verify import mismatch_findings
 from ddpviz.engine.watchdog import resolve_hang_timeout
 from ddpviz.errors import RankMismatchError
 from ddpviz.events import FindingReported, Tap, default_emitter
 from ddpviz.findings import DiagnosisWarning, Finding, format_findings
-from ddpviz.rendezvous import rendezvous
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,12 @@ class VerificationReport:
     """What `verify_across_ranks` found; the same on every rank.
 
     `ok` is False when any finding is an error (the model differs); warnings (initial values)
-    leave it True. `verification` is the engine's report with every rank's metadata.
+    leave it True. `verification` is the engine's ModelComparison with every rank's metadata.
     """
 
     world_size: int
     findings: tuple[Finding, ...]
-    verification: verify.VerificationReport
+    verification: verify.ModelComparison
 
     @property
     def ok(self) -> bool:

@@ -14,7 +14,6 @@ import contextlib
 import gc
 import json
 import os
-import struct
 import threading
 import warnings
 import zlib
@@ -29,35 +28,25 @@ from ddpviz import limits
 from ddpviz.atomic import replacing, write_text
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
+# The file format and writer live in tracefile.py (imported by transport/ too); the names the
+# reader below uses are kept here under their old spellings.
+from ddpviz.tracefile import CLOCK as _CLOCK
+from ddpviz.tracefile import EVENTS as _EVENTS
+from ddpviz.tracefile import FORMAT_VERSION as FORMAT_VERSION
+from ddpviz.tracefile import FRAME as _FRAME
+from ddpviz.tracefile import HEADER as _HEADER
+from ddpviz.tracefile import MAGIC as _MAGIC
+from ddpviz.tracefile import SUFFIX as SUFFIX
+from ddpviz.tracefile import Clock as _Clock
+from ddpviz.tracefile import FileHeader as _FileHeader
+from ddpviz.tracefile import Format as _Format
+from ddpviz.tracefile import TraceError as TraceError
+from ddpviz.tracefile import TraceWriter as TraceWriter
+
 if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
 
-FORMAT_VERSION = 1
-SUFFIX = ".ddpviz"
-_MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
-_FRAME = struct.Struct("<BII")
-_HEADER, _EVENTS, _CLOCK = 1, 2, 3
 _CHUNK = 8192  # events per frame when saving a whole trace
-
-
-class TraceError(ValueError):
-    """A file that is not a loadable ddpviz trace."""
-
-
-class _FileHeader(msgspec.Struct):
-    format: int
-    schema: int
-    meta: dict[str, Any] = {}
-
-
-class _Format(msgspec.Struct):
-    format: int
-
-
-class _Clock(msgspec.Struct, array_like=True):
-    rank: limits.Rank
-    offset_ns: int  # add to the rank's t_ns to get the reference (collector's) clock
-    error_ns: int  # bound on the offset's error; -1 when unknown
 
 
 class Span(NamedTuple):
@@ -72,77 +61,6 @@ class Span(NamedTuple):
     end_ns: int
     finished: bool  # False: no end event (the rank crashed or hung inside it)
     args: dict[str, Any]
-
-
-class TraceWriter:
-    """Appends events to a `.ddpviz` file as they come; crash-safe at every `flush()`.
-    (It writes in place: `Trace.save` and recording sessions point it at a temporary file and
-    rename that into place, see ddpviz/atomic.py.)
-
-    Args:
-        path: file to create (overwritten if it exists).
-        meta: plain data (str/int/float/bool/None, lists, dicts) stored in the header.
-        chunk: events per frame; a full chunk is written (not fsynced) immediately.
-    Also an emitter: `writer(event)`. Not thread-safe: one writing thread.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
-                 chunk: int = 4096) -> None:
-        self.path = Path(path)
-        self._encoder = msgspec.msgpack.Encoder()
-        self._pending: list[Event] = []
-        self._chunk = chunk
-        self.count = 0  # events written to the OS so far
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
-        self._file.write(_MAGIC)
-        self._frame(_HEADER, _FileHeader(FORMAT_VERSION, SCHEMA_VERSION, dict(meta or {})))
-        self._file.flush()
-
-    def _frame(self, kind: int, obj: object) -> None:
-        payload = self._encoder.encode(obj)
-        self._file.write(_FRAME.pack(kind, len(payload), zlib.crc32(payload)))
-        self._file.write(payload)
-
-    def __call__(self, event: Event, /) -> None:
-        self._pending.append(event)
-        if len(self._pending) >= self._chunk:
-            self.flush()
-
-    def write(self, event: Event) -> None:
-        self(event)
-
-    def write_many(self, events: Iterable[Event]) -> None:
-        self._pending.extend(events)
-        if len(self._pending) >= self._chunk:
-            self.flush()
-
-    def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
-        """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
-        self._frame(_CLOCK, _Clock(rank, offset_ns, error_ns))
-
-    def flush(self, fsync: bool = False) -> None:
-        """Write pending events as one frame and hand the file's buffer to the OS (which keeps
-        it if this process dies); `fsync=True` also survives a power cut."""
-        if self._file.closed:
-            return
-        pending, self._pending = self._pending, []
-        for i in range(0, len(pending), self._chunk):
-            self._frame(_EVENTS, pending[i:i + self._chunk])
-        self.count += len(pending)
-        self._file.flush()
-        if fsync:
-            os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self.flush()
-            self._file.close()
-
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Trace:

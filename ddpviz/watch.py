@@ -30,10 +30,10 @@ from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.engine.rendezvous import Board, Scope
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
-from ddpviz.rendezvous import Board, Scope
 
 Detail = Literal["params", "buckets", "steps"]
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch

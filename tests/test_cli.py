@@ -87,6 +87,7 @@ def test_module_without_trainable_parameters(tmp_path, capsys: pytest.CaptureFix
     assert "doesn't have any parameter that requires a gradient" in capsys.readouterr().err
 
 
+@pytest.mark.dist
 def test_demo_plans_then_runs_a_real_two_rank_job(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "ddpviz", "demo", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=240)

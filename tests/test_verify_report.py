@@ -11,9 +11,9 @@ from torch import nn
 
 from ddpviz.engine.verify import (
     BufferMeta,
+    ModelComparison,
     ParamMeta,
     RankMetadata,
-    VerificationReport,
     _canonical,
     compare_ranks,
     decode_metadata,
@@ -43,8 +43,8 @@ def rank(r: int, params: list[ParamMeta], buffers: tuple[BufferMeta, ...] = (),
     return RankMetadata(r, host, cuda_index, tuple(params), buffers)
 
 
-def report(metadata: list[RankMetadata]) -> VerificationReport:
-    return VerificationReport(len(metadata), 0, "0" * 16, compare_ranks(metadata),
+def report(metadata: list[RankMetadata]) -> ModelComparison:
+    return ModelComparison(len(metadata), 0, "0" * 16, compare_ranks(metadata),
                               tuple(metadata), 2)
 
 

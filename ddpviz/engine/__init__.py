@@ -1,2 +1,16 @@
-"""DDP itself, phase by phase (walk-through in ddp-facts.md). Imports torch and
-ddpviz.events only, never UI code."""
+"""DDP itself, phase by phase, in the order of the walk-through in ddp-facts.md.
+
+ddp.py is `DistributedDataParallel` and wires the phases in order: params.py (1) builds the
+parameters DDP reduces and the buffers it syncs; verify.py (2) compares the model across ranks
+without ever hanging, over rendezvous.py's store-based exchange; broadcast.py (3) broadcasts
+rank 0's state in coalesced chunks; buckets.py (4) derives torch's byte limits and assigns
+parameters to buckets exactly as torch's C++ does; reducer.py (5-6) registers the gradient
+hooks, fills bucket buffers, all-reduces them (through comm.py's hooks and GradBucket) and
+rebuilds the buckets once; forward.py is the forward-side work (outputs, the unused-parameter
+search). Alongside: watchdog.py names lagging or missing ranks before the process group times
+out; logger.py keeps torch's logging data; mixed_precision.py, buffer_identity.py and
+initial_values.py are the smaller checks and options.
+
+Imports torch and ddpviz's vocabulary (events, findings, errors, limits) only, never UI code
+(tests/test_layers.py holds this).
+"""

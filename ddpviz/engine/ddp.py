@@ -20,9 +20,8 @@ from torch._utils import _get_device_index
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ddpviz.engine.broadcast import broadcast_coalesced
-from ddpviz.engine.buckets import initial_buckets
+from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
-from ddpviz.engine.capacity import BucketCapacity
 from ddpviz.engine.comm import check_comm_hook
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
@@ -326,13 +325,12 @@ class DistributedDataParallel(nn.Module, Joinable):
             find_unused_parameters=self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             skip_all_reduce_unused_params=self.skip_all_reduce_unused_params,
-            batched_grad_copy=self.batched_grad_copy, tap=self._tap)
-        self.reducer.watchdog = self._watchdog
+            batched_grad_copy=self.batched_grad_copy, tap=self._tap, watchdog=self._watchdog,
+            logger=DDPLogger)
         self._buffer_identity = BufferIdentity(self.process_group.rank(),
                                                self.process_group.size())
         self._buffer_identity.check(self.named_module_buffers, -1)
-        self._logger = DDPLogger(self.reducer)
-        self.reducer.logger = self._logger
+        self._logger = self.reducer.logger
         has_sync_bn = any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules())
         self._logger.set_construction_data(
             module_name=type(self.module).__name__, device_ids=self.device_ids or [],

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpviz.engine.buckets import rebuilt_buckets
-from ddpviz.engine.capacity import Limits
+from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
@@ -156,13 +155,16 @@ class Reducer:
         find_unused_parameters, gradient_as_bucket_view, skip_all_reduce_unused_params,
         batched_grad_copy: as in DistributedDataParallel.
         tap: where events go.
+        watchdog: names lagging or missing ranks in collectives (None: plain waits).
+        logger: builds the logging-data collector from this reducer (torch's c10d Logger).
     """
 
     def __init__(self, params: Sequence[ParamEntry], bucket_indices: list[list[int]],
                  bucket_limits: list[int], process_group: dist.ProcessGroup, *, limits: Limits,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  skip_all_reduce_unused_params: bool = False, batched_grad_copy: bool = False,
-                 tap: Tap | None = None) -> None:
+                 tap: Tap | None = None, watchdog: Watchdog | None = None,
+                 logger: Callable[[Reducer], DDPLogger] = DDPLogger) -> None:
         self.entries = list(params)
         self.params = [e.param for e in self.entries]
         self.names = [e.name for e in self.entries]
@@ -224,8 +226,8 @@ class Reducer:
         self._stride_warned = False
         self._warned_all_used = False
         self._drain_sparse: dict[int, torch.Tensor] = {}  # see _fail_missing_gradients
-        self.logger: DDPLogger | None = None  # set by DistributedDataParallel
-        self.watchdog: Watchdog | None = None  # set by DistributedDataParallel
+        self.logger: DDPLogger = logger(self)  # reads this reducer's buckets and counters
+        self.watchdog = watchdog
         if find_unused_parameters:
             self._initialize_local_used_map()
 

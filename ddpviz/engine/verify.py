@@ -29,7 +29,7 @@ from ddpviz.events import (
     VerificationPassed,
     VerificationStarted,
 )
-from ddpviz.findings import format_ranks, group_ranks
+from ddpviz.findings import Finding, format_ranks, group_ranks, odd_ranks
 
 # [Note: verification exchange]
 # Every rank runs the same collectives whatever its model looks like:
@@ -52,6 +52,20 @@ _LABEL = {"order": "index"}
 _FIX_MODEL = "All ranks must build the same model; look for rank-dependent construction."
 _FIX_GPU = ("Give each rank its own GPU: call torch.cuda.set_device(local_rank) before building "
             "the model and move the model to that device.")
+_FIX_FIELD = {
+    "dtype": "Cast the model the same way on every rank: look for .half()/.to(dtype)/autocast "
+             "setup under a rank condition. (torch never checks dtypes: it crashes in the "
+             "broadcast instead.)",
+    "stride": "Convert the memory format on every rank or on none: look for "
+              ".to(memory_format=torch.channels_last) under a rank condition.",
+    "order": "Register submodules in the same order on every rank: the order of attribute "
+             "assignment in __init__ decides parameters() order, and with it the buckets.",
+    "name": "Name submodules the same on every rank: state_dict keys and DDP's ignore lists "
+            "depend on the names.",
+    "requires_grad": "Freeze the same parameters on every rank (requires_grad_(False) under a "
+                     "rank condition?).",
+    "device": "Move the whole model to the same kind of device on every rank.",
+}
 
 
 class ParamMeta(NamedTuple):
@@ -86,8 +100,9 @@ class RankMetadata(NamedTuple):
 
 
 @dataclass(frozen=True)
-class VerificationReport:
-    """The outcome of `verify_module_across_ranks`; identical on every rank except `rank`."""
+class ModelComparison:
+    """The outcome of `verify_module_across_ranks`; identical on every rank except `rank`.
+    (`ddpviz.VerificationReport`, preflight's, wraps it with the findings.)"""
 
     world_size: int
     rank: int  # the rank (in the process group) that built this report
@@ -108,6 +123,10 @@ class VerificationReport:
                       if own is not None else "")
             return f"ddpviz: the model is the same on all {self.world_size} ranks{counts}."
         return format_mismatches(self.mismatches, self.world_size, self.metadata)
+
+    def findings(self) -> list[Finding]:
+        """One `Finding` per difference (kind, parameter, ranks, field)."""
+        return mismatch_findings(self.mismatches, self.world_size)
 
     def raise_if_failed(self) -> None:
         """Raise `RankMismatchError` when any rank differs (every rank raises the same)."""
@@ -310,7 +329,18 @@ def compare_ranks(metadata: Sequence[RankMetadata]) -> tuple[Mismatch, ...]:
 # --- the message --------------------------------------------------------------------------------
 
 
-def _title(block: Sequence[Mismatch]) -> str:
+# One table of titles for both readers of a mismatch: the error message (one title per block of
+# mismatches on one entry) and diagnosis (one finding per mismatch, `per_field=True`).
+_TITLES = {
+    "present": "{what} {index} '{name}' is missing on some ranks",
+    "order": "{what} '{name}' is registered at a different position on some ranks",
+    "name": "{what} {index} is named differently across ranks",
+}
+
+
+def mismatch_title(block: Sequence[Mismatch], *, per_field: bool = False) -> str:
+    """The title of one entry's mismatches; `per_field` names the field when nothing else
+    (missing, reordered, renamed) explains the difference."""
     first = block[0]
     if first.kind == "count":
         return f"the number of {first.name} differs across ranks"
@@ -318,13 +348,40 @@ def _title(block: Sequence[Mismatch]) -> str:
         return "ranks on one host use the same GPU"
     what = "parameter" if first.kind == "param" else "buffer"
     fields = {m.field for m in block}
-    if "present" in fields:
-        return f"{what} {first.index} '{first.name}' is missing on some ranks"
-    if fields == {"order"}:
-        return f"{what} '{first.name}' is registered at a different position on some ranks"
-    if "name" in fields:
-        return f"{what} {first.index} is named differently across ranks"
-    return f"{what} {first.index} '{first.name}' differs across ranks"
+    key = ("present" if "present" in fields else "order" if fields == {"order"}
+           else "name" if "name" in fields else "")
+    if key:
+        return _TITLES[key].format(what=what, index=first.index, name=first.name)
+    differs = f"has a different {first.field}" if per_field else "differs"
+    return f"{what} {first.index} '{first.name}' {differs} across ranks"
+
+
+def mismatch_findings(mismatches: Sequence[Mismatch], world_size: int) -> list[Finding]:
+    """One finding per verification mismatch (what differs, which entry, which ranks)."""
+    out: list[Finding] = []
+    for m in mismatches:
+        values = tuple((v, tuple(rs)) for v, rs in m.values)
+        ranks = odd_ranks(values)
+        title = mismatch_title([m], per_field=True)
+        if m.kind == "device":
+            out.append(Finding(
+                kind="gpu_shared", severity="error", title=title, ranks=ranks, field=m.field,
+                values=values, fix=_FIX_GPU, world_size=world_size))
+            continue
+        if m.kind == "count":
+            noun = m.name  # "parameters" | "buffers"
+            kind = "param_mismatch" if noun == "parameters" else "buffer_mismatch"
+            out.append(Finding(
+                kind=kind, severity="error", title=title, ranks=ranks, name=noun, field="count",
+                values=tuple((f"{v} {noun}", rs) for v, rs in values), fix=_FIX_MODEL,
+                world_size=world_size))
+            continue
+        shown = values if m.field != "order" else tuple((f"index {v}", rs) for v, rs in values)
+        out.append(Finding(
+            kind=f"{m.kind}_mismatch", severity="error", title=title, ranks=ranks,
+            param=m.index, name=m.name, field=m.field, values=shown,
+            fix=_FIX_FIELD.get(m.field, _FIX_MODEL), world_size=world_size))
+    return out
 
 
 def _entry(metadata: Sequence[RankMetadata], rank: int, m: Mismatch,
@@ -380,7 +437,7 @@ def format_mismatches(mismatches: Sequence[Mismatch], world_size: int,
     for block in blocks:
         lines = _lines(block, metadata)
         width = max(len(format_ranks(rs)) for _, rs in lines) + 1
-        rendered.append((_title(block), [f"  {(format_ranks(rs) + ':').ljust(width)} {d}"
+        rendered.append((mismatch_title(block), [f"  {(format_ranks(rs) + ':').ljust(width)} {d}"
                                          for d, rs in lines]))
     if len(rendered) == 1:
         title, body = rendered[0]
@@ -414,7 +471,7 @@ def _process_group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup
 
 def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | None = None,
                                *, ignore: set[str] | None = None, tap: Tap | None = None,
-                               raise_on_mismatch: bool = True) -> VerificationReport:
+                               raise_on_mismatch: bool = True) -> ModelComparison:
     """Check that every rank of `process_group` holds the same model (collective: call it on all
     ranks). Compares names, registration order, shapes, strides, dtypes, device types,
     requires_grad and sparse-gradient flags of the parameters, and names, order, shapes, dtypes
@@ -429,7 +486,7 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
             default); False returns the failed report instead.
 
     Returns:
-        The `VerificationReport` (one all_gather when all ranks agree, two otherwise).
+        The `ModelComparison` (one all_gather when all ranks agree, two otherwise).
 
     Raises:
         RankMismatchError: on every rank, with the same message, if any rank differs.
@@ -455,7 +512,7 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
         metadata = tuple(local._replace(rank=r, host=local.host if r == rank else None,
                                         cuda_index=rows[r]["cuda_index"])
                          for r in range(world_size))
-        report = VerificationReport(world_size, rank, f"{digest & (2**64 - 1):016x}", (),
+        report = ModelComparison(world_size, rank, f"{digest & (2**64 - 1):016x}", (),
                                     metadata, 1)
     else:
         longest = max(row["length"] for row in rows)
@@ -466,7 +523,7 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
         dist.all_gather(gathered, mine, group=group)
         metadata = tuple(decode_metadata(t[:rows[r]["length"]].cpu().numpy().tobytes())
                          for r, t in enumerate(gathered))
-        report = VerificationReport(world_size, rank, f"{digest & (2**64 - 1):016x}",
+        report = ModelComparison(world_size, rank, f"{digest & (2**64 - 1):016x}",
                                     compare_ranks(metadata), metadata, 2)
     if tap is not None:
         if report.ok:

@@ -22,10 +22,10 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ddpviz.engine.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
 from ddpviz.errors import RankHangError
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import Finding, format_ranks, group_ranks
-from ddpviz.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
 
 # [Note: hang protocol]
 # Each synced forward posts this rank's position (a heartbeat: one store write, no reply). A

@@ -27,7 +27,7 @@ from typing import NamedTuple, Protocol
 import zmq
 
 from ddpviz.events import Event, EventsDropped
-from ddpviz.trace import TraceWriter
+from ddpviz.tracefile import TraceWriter
 from ddpviz.transport.codec import (
     MAX_MESSAGE_BYTES,
     Codec,

@@ -12,7 +12,7 @@ Facts this file pins down (torch 2.13, measured):
 - static_graph=True: iterations 0 *and 1* use the initial map; the rebuilt map from iteration 2
   (rebuilt before the 3rd forward).
 - find_unused_parameters=True: the initial map in every iteration.
-- DDP_SET_LAST_BUCKET_CAP=1 is honoured by the rebuild as capacity.py assumes.
+- DDP_SET_LAST_BUCKET_CAP=1 is honoured by the rebuild as engine/buckets.py assumes.
 """
 
 from __future__ import annotations

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.launch.processes import still_alive
+
+pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFSETS = [0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1.2, 1.6, 2.0]

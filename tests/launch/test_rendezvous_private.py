@@ -13,6 +13,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import ddpviz
 from ddpviz.launcher.private_dir import OWNER, PREFIX, PrivateDir, sweep_stale
 from tests.launch import rank_fns
@@ -21,6 +23,7 @@ from tests.launch.processes import still_alive
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.dist
 def test_launched_ranks_meet_through_a_file_store_in_a_0700_dir_and_listen_on_loopback() -> None:
     run = ddpviz.launch(rank_fns.rendezvous_facts, 2)
     directory = run._dir.path
@@ -35,6 +38,7 @@ def test_launched_ranks_meet_through_a_file_store_in_a_0700_dir_and_listen_on_lo
     assert not directory.exists()  # removed with the run
 
 
+@pytest.mark.dist
 def test_the_pool_meets_through_a_file_store_too() -> None:
     from ddpviz.launcher.pool import RankPool
 
@@ -80,6 +84,7 @@ def test_directories_of_a_killed_owner_are_swept_on_the_next_start(tmp_path: Pat
     fresh.remove()
 
 
+@pytest.mark.dist
 def test_a_killed_kernel_leaves_nothing_after_the_next_launch(tmp_path: Path) -> None:
     # A "kernel" launches ranks that hang, then is killed with SIGKILL: its ranks end on their
     # own (their control pipe closes), its directory stays until another launch sweeps it.

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 import ddpviz
-from ddpviz import atomic
+from ddpviz import atomic, tracefile
 from ddpviz import events as ev
-from ddpviz import trace as trace_module
 from ddpviz.atomic import SaveError
 from ddpviz.report import write_report
 from ddpviz.session import disconnect
@@ -60,7 +59,7 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> list[int]:
                                   buffering=0), room)
         return io.BufferedWriter(raw) if "b" in mode else io.TextIOWrapper(io.BufferedWriter(raw))
 
-    monkeypatch.setattr(trace_module, "open", opener, raising=False)
+    monkeypatch.setattr(tracefile, "open", opener, raising=False)  # TraceWriter's file
     monkeypatch.setattr(atomic, "open", opener, raising=False)
     return room
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any
 
+import pytest
+
 from ddpviz import events as ev
 from ddpviz.transport import Collector, Sender
+
+pytestmark = pytest.mark.dist
 
 RANKS = 4
 PER_RANK = 250_000

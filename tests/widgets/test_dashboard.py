@@ -119,15 +119,12 @@ def test_the_header_counts_dropped_events() -> None:
 
 
 def test_findings_reported_by_ranks_show_in_the_header() -> None:
-    reported = getattr(ev, "FindingReported", None)
-    if reported is None:
-        pytest.skip("this ddpviz has no FindingReported event")
     from ddpviz.findings import Finding
 
     events = synthetic_run(2, 4, 1)
     finding = Finding(kind="grad_order", severity="error",
                       title="gradients became ready in a different order on rank 1")
-    events.append(reported(0, 0, events[-1].t_ns + 1, 10_000, finding))
+    events.append(ev.FindingReported(0, 0, events[-1].t_ns + 1, 10_000, finding))
     d = Dashboard(events)
     assert d.model.findings() == [finding]
     assert "1 finding: gradients became ready in a different order on rank 1" \

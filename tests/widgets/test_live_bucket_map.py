@@ -4,9 +4,9 @@ one in force at the cursor's iteration, with per-bucket timing from the all-redu
 from __future__ import annotations
 
 from ddpviz import events as ev
+from ddpviz.plan import infer_settings, observed_plan
 from ddpviz.widgets import LiveBucketMap
 from ddpviz.widgets.bucket_figure import bar_traces
-from ddpviz.widgets.live_bucket_map import infer_settings, observed_plan
 from tests.widgets.streams import MAXSIZE, synthetic_run
 
 

@@ -1,0 +1,126 @@
+"""The `.ddpviz` file format and its incremental writer, shared by traces and rank-side senders.
+
+A `.ddpviz` file is data only (msgpack through msgspec's typed decoders, never pickle): the
+8-byte magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | payload`. The first
+frame is the header (format and event-schema versions, metadata); then event chunks and clock
+records in any order. `TraceWriter` appends and flushes frame by frame, so a writer that dies
+mid-run leaves every flushed frame loadable. Reading (and the `Trace` container) is trace.py's;
+this module imports only the vocabulary, so `transport/` can write files without it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ddpviz import limits
+from ddpviz.events import SCHEMA_VERSION, Event
+
+FORMAT_VERSION = 1
+SUFFIX = ".ddpviz"
+MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
+FRAME = struct.Struct("<BII")
+HEADER, EVENTS, CLOCK = 1, 2, 3
+
+
+class TraceError(ValueError):
+    """A file that is not a loadable ddpviz trace."""
+
+
+class FileHeader(msgspec.Struct):
+    """The first frame: versions and the run's metadata (plain data)."""
+
+    format: int
+    schema: int
+    meta: dict[str, Any] = {}
+
+
+class Format(msgspec.Struct):
+    """The header read for its format version only, before the rest is trusted."""
+
+    format: int
+
+
+class Clock(msgspec.Struct, array_like=True):
+    """A rank's clock offset record (see Trace.aligned_ns); the latest record wins."""
+
+    rank: limits.Rank
+    offset_ns: int  # add to the rank's t_ns to get the reference (collector's) clock
+    error_ns: int  # bound on the offset's error; -1 when unknown
+
+
+class TraceWriter:
+    """Appends events to a `.ddpviz` file as they come; crash-safe at every `flush()`.
+    (It writes in place: `Trace.save` and recording sessions point it at a temporary file and
+    rename that into place, see ddpviz/atomic.py.)
+
+    Args:
+        path: file to create (overwritten if it exists).
+        meta: plain data (str/int/float/bool/None, lists, dicts) stored in the header.
+        chunk: events per frame; a full chunk is written (not fsynced) immediately.
+    Also an emitter: `writer(event)`. Not thread-safe: one writing thread.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
+                 chunk: int = 4096) -> None:
+        self.path = Path(path)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._pending: list[Event] = []
+        self._chunk = chunk
+        self.count = 0  # events written to the OS so far
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        self._file.write(MAGIC)
+        self._frame(HEADER, FileHeader(FORMAT_VERSION, SCHEMA_VERSION, dict(meta or {})))
+        self._file.flush()
+
+    def _frame(self, kind: int, obj: object) -> None:
+        payload = self._encoder.encode(obj)
+        self._file.write(FRAME.pack(kind, len(payload), zlib.crc32(payload)))
+        self._file.write(payload)
+
+    def __call__(self, event: Event, /) -> None:
+        self._pending.append(event)
+        if len(self._pending) >= self._chunk:
+            self.flush()
+
+    def write(self, event: Event) -> None:
+        self(event)
+
+    def write_many(self, events: Iterable[Event]) -> None:
+        self._pending.extend(events)
+        if len(self._pending) >= self._chunk:
+            self.flush()
+
+    def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
+        """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
+        self._frame(CLOCK, Clock(rank, offset_ns, error_ns))
+
+    def flush(self, fsync: bool = False) -> None:
+        """Write pending events as one frame and hand the file's buffer to the OS (which keeps
+        it if this process dies); `fsync=True` also survives a power cut."""
+        if self._file.closed:
+            return
+        pending, self._pending = self._pending, []
+        for i in range(0, len(pending), self._chunk):
+            self._frame(EVENTS, pending[i:i + self._chunk])
+        self.count += len(pending)
+        self._file.flush()
+        if fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.flush()
+            self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

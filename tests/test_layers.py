@@ -1,0 +1,167 @@
+"""Data flows one way through ddpviz's modules; this test reads every module's imports to hold it.
+
+Imports are read with `ast`: module-level and lazy (inside functions) imports both count;
+imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up:
+- the vocabulary (events, findings, errors, limits) imports only itself; the utilities
+  (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
+- tracefile (the .ddpviz frame format and writer) imports only the vocabulary;
+- engine/ (DDP itself) imports only the vocabulary and engine/;
+- transport/ never imports what consumes its events (sessions, the launcher, widgets, diagnosis,
+  plans, reports, the Trace container, ...);
+- widgets/ never import engine/ (they draw plans and events);
+- nothing outside widgets/ imports widgets/, except the convenience methods listed in
+  UI_METHODS that open a widget for the object they belong to.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ddpviz
+
+PACKAGE = Path(ddpviz.__file__).parent
+VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits"}
+UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps"}
+FORMAT = {"ddpviz.tracefile"}
+# What transport/ feeds (it must work without any of them: the light rank-side install).
+ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz.diagnose",
+                   "ddpviz.plan", "ddpviz.plan_table", "ddpviz.report", "ddpviz.trace",
+                   "ddpviz.postmortem", "ddpviz.preflight", "ddpviz.watch", "ddpviz.record",
+                   "ddpviz.autowatch", "ddpviz.magic", "ddpviz.cli", "ddpviz.demo")
+# (module, function) -> why it may import a widget: each opens the UI for its own object.
+UI_METHODS = {
+    ("ddpviz.plan", "show"): "BucketPlan.show() returns the BucketMap widget of the plan",
+    ("ddpviz.trace", "dashboard"): "Trace.dashboard() opens the Dashboard over the trace",
+    ("ddpviz.session", "dashboard"): "Session.dashboard() opens the live Dashboard",
+    ("ddpviz.launcher.run", "dashboard"): "Run.dashboard() opens the Dashboard of a launch",
+    ("ddpviz.postmortem.report", "show"): "PostMortem.show() returns its PostMortemView",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    """Absolute ddpviz module names an `from ... import ...` reaches (a submodule when the
+    imported name is one, else the module)."""
+    if node.level:
+        base = module.split(".")
+        if not is_package:
+            base = base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    if not source.startswith("ddpviz"):
+        return []
+    out = []
+    for alias in node.names:
+        full = f"{source}.{alias.name}"
+        as_path = PACKAGE.parent / full.replace(".", "/")
+        out.append(full if as_path.with_suffix(".py").exists() or as_path.is_dir() else source)
+    return out
+
+
+def _imports(path: Path) -> list[tuple[str, str, int, str]]:
+    """(module, imported ddpviz module, line, enclosing function or '') for one file."""
+    module = _module_name(path)
+    is_package = path.name == "__init__.py"
+    out: list[tuple[str, str, int, str]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child, function)
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = function or node.name  # the outermost function names the method
+        if isinstance(node, ast.Import):
+            out.extend((module, a.name, node.lineno, function) for a in node.names
+                       if a.name.split(".")[0] == "ddpviz")
+        elif isinstance(node, ast.ImportFrom):
+            out.extend((module, t, node.lineno, function)
+                       for t in _resolve(module, is_package, node))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return out
+
+
+def _all_imports() -> list[tuple[str, str, int, str]]:
+    files = [p for p in sorted(PACKAGE.rglob("*.py")) if "labextension" not in p.parts]
+    return [edge for p in files for edge in _imports(p)]
+
+
+EDGES = _all_imports()
+
+
+def _under(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _show(bad: list[tuple[str, str, int, str]]) -> str:
+    return "\n".join(dict.fromkeys(f"{m}:{line} imports {t}" + (f" (in {f}())" if f else "")
+                                   for m, t, line, f in bad))
+
+
+def test_the_reader_sees_lazy_imports_and_skips_type_checking_blocks() -> None:
+    edges = {(m, t, f) for m, t, _, f in EDGES}
+    assert ("ddpviz.trace", "ddpviz.widgets.dashboard", "dashboard") in edges  # lazy
+    assert ("ddpviz.trace", "ddpviz.widgets.dashboard", "") not in edges  # TYPE_CHECKING only
+    assert len({m for m, *_ in EDGES}) > 50  # every module was read
+
+
+def test_vocabulary_imports_only_itself() -> None:
+    bad = [e for e in EDGES if e[0] in VOCABULARY and e[1] not in VOCABULARY]
+    assert not bad, "the vocabulary reaches up:\n" + _show(bad)
+
+
+def test_utilities_import_nothing_from_ddpviz() -> None:
+    bad = [e for e in EDGES if e[0] in UTILITIES]
+    assert not bad, "a utility imports ddpviz:\n" + _show(bad)
+
+
+def test_the_file_format_imports_only_the_vocabulary() -> None:
+    bad = [e for e in EDGES if e[0] in FORMAT and e[1] not in VOCABULARY]
+    assert not bad, "tracefile reaches up:\n" + _show(bad)
+
+
+def test_engine_imports_only_the_vocabulary_and_itself() -> None:
+    bad = [e for e in EDGES if _under(e[0], "ddpviz.engine")
+           and not (e[1] in VOCABULARY or _under(e[1], "ddpviz.engine"))]
+    assert not bad, "engine/ reaches up:\n" + _show(bad)
+
+
+def test_transport_never_imports_its_consumers() -> None:
+    bad = [e for e in EDGES if _under(e[0], "ddpviz.transport") and _under(e[1], *ABOVE_TRANSPORT)]
+    assert not bad, "transport/ reaches up:\n" + _show(bad)
+
+
+def test_widgets_never_import_the_engine() -> None:
+    bad = [e for e in EDGES if _under(e[0], "ddpviz.widgets") and _under(e[1], "ddpviz.engine")]
+    assert not bad, "widgets/ import engine/ (draw plans and events instead):\n" + _show(bad)
+
+
+def test_only_named_ui_methods_import_widgets() -> None:
+    bad = [e for e in EDGES if _under(e[1], "ddpviz.widgets") and not _under(e[0], "ddpviz.widgets")
+           and (e[0], e[3]) not in UI_METHODS]
+    assert not bad, ("a module outside widgets/ imports a widget (add it to UI_METHODS only if "
+                     "it is a method opening the UI of its own object):\n" + _show(bad))
+
+
+@pytest.mark.parametrize("where", sorted(UI_METHODS))
+def test_every_named_exception_is_still_needed(where: tuple[str, str]) -> None:
+    assert any((m, f) == where and _under(t, "ddpviz.widgets") for m, t, _, f in EDGES), (
+        f"{where} no longer imports a widget: remove it from UI_METHODS")
