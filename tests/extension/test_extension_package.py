@@ -43,7 +43,7 @@ def test_build_output_is_what_the_wheel_ships_as_the_ddpviz_labextension() -> No
         assert (ROOT / target).parent.is_relative_to(out)
     # the build output is not in git: built by the hook (CI) or by `pip install -e .`
     ignored = (ROOT / ".gitignore").read_text().split()
-    assert "ddpviz/labextension/" in ignored and "extension/node_modules/" in ignored
+    assert "ddpviz/labextension" in ignored and "extension/node_modules/" in ignored
 
 
 def test_settings_schema_matches_the_viewer() -> None:
