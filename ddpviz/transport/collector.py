@@ -42,6 +42,7 @@ from ddpviz.transport.handshake import MAX_PENDING, PendingGuard, secure_server
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
 END_OF_STREAM = object()  # put on an iterate_queue queue to end the iteration
 _MAX_SENDERS = 1 << 16  # senders whose last frame number is kept (for replay checks)
+_MAX_CONFIRMED = 1 << 16  # connections remembered as past their handshake (then forgotten)
 
 
 class CollectorStats(NamedTuple):
@@ -126,6 +127,7 @@ class Collector:
         sock.setsockopt(zmq.RCVHWM, 1024)
         secure_server(sock, self.secret.encode())
         self._guard = PendingGuard(sock, max_pending)
+        self._confirmed: set[bytes] = set()  # ROUTER identities whose handshake is known over
         host = "127.0.0.1" if host == "localhost" else host
         ipv6 = ":" in host
         if ipv6:
@@ -273,9 +275,17 @@ class Collector:
                 continue
             for _ in range(256):
                 try:
-                    msg = sock.recv_multipart(zmq.NOBLOCK)
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
+                msg = [f.bytes for f in frames]
+                if guard.pending and msg[0] not in self._confirmed:
+                    # Its handshake is over: take it off the pending list, so that a flood
+                    # of new connections can never shut an established sender down.
+                    guard.confirm(frames[0].get(zmq.SRCFD))
+                    if len(self._confirmed) >= _MAX_CONFIRMED:
+                        self._confirmed.clear()
+                    self._confirmed.add(msg[0])
                 try:
                     self._handle(msg, time.monotonic_ns())
                 except Exception as exc:  # a bug must not stop the stream: say so, go on

@@ -19,6 +19,7 @@ signature and the per-sender sequence check (collector.py) still apply inside th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import socket
@@ -111,6 +112,8 @@ class PendingGuard:
                 self._forget(endpoint)
         self._enforce()
         self.failed += failed
+        if failed and not self._pending:
+            _trim_heap()
         return failed
 
     @property
@@ -127,12 +130,26 @@ class PendingGuard:
         except OSError:
             dup.close()
             return
-        key = f"tcp://{host}:{port}".encode() if ":" not in host else \
-            f"tcp://[{host}]:{port}".encode()
+        key = _key(host, port)
         old = self._pending.pop(key, None)
         if old is not None:
             old[0].close()
         self._pending[key] = (dup, time.monotonic())
+
+    def confirm(self, fd: int) -> None:
+        """A message arrived on the connection with descriptor `fd` (zmq's SRCFD), so its
+        handshake succeeded: it is no longer pending. zmq's own HANDSHAKE_SUCCEEDED event names
+        the listening endpoint, not the peer, so it cannot say which connection that was."""
+        try:
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return
+        with probe:
+            try:
+                host, port = probe.getpeername()[:2]
+            except OSError:
+                return
+        self._forget(_key(host, port))
 
     def _forget(self, endpoint: bytes) -> None:
         entry = self._pending.pop(endpoint, None)
@@ -158,3 +175,25 @@ class PendingGuard:
             dup.close()
         self._pending.clear()
         self.monitor.close(linger=0)
+
+
+def _key(host: str, port: int) -> bytes:
+    """A peer's address as zmq writes endpoints."""
+    return (f"tcp://{host}:{port}" if ":" not in host else f"tcp://[{host}]:{port}").encode()
+
+
+_TRIM_EVERY_S = 1.0
+_last_trim = 0.0
+
+
+def _trim_heap() -> None:
+    """Give freed heap back to the OS (glibc keeps it in its arenas): after a flood of failed
+    handshakes, the buffers zmq freed would otherwise stay in the kernel's RSS. At most once a
+    second; a no-op where glibc's malloc_trim is missing."""
+    global _last_trim
+    now = time.monotonic()
+    if now - _last_trim < _TRIM_EVERY_S:
+        return
+    _last_trim = now
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
