@@ -76,6 +76,7 @@ def hover_text(s: Segment) -> str:
 
 def limit_hover_text(m: LimitMarker) -> str:
     """The tooltip of one limit marker."""
-    return (f"bucket {m.bucket} limit {human_bytes(m.limit)} ({m.limit:,} bytes)<br>"
-            f"filled {human_bytes(m.filled)} ({m.filled / m.limit:.0%})" if m.limit else
-            f"bucket {m.bucket} limit 0 bytes<br>filled {human_bytes(m.filled)}")
+    return (markup.fmt("bucket {} limit {} ({:,} bytes)<br>filled {} ({:.0%})", m.bucket,
+                       human_bytes(m.limit), m.limit, human_bytes(m.filled), m.filled / m.limit)
+            if m.limit else markup.fmt("bucket {} limit 0 bytes<br>filled {}", m.bucket,
+                                       human_bytes(m.filled)))

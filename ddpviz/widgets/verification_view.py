@@ -30,13 +30,14 @@ COLOURS = {"same": "#dff3dc", "differs": "#fdd9b5", "missing": "#f6c5c5", "pendi
 GLYPHS = {"same": "✓", "differs": "≠", "missing": "∅", "pending": "…"}
 _VERDICT_COLOUR = {"passed": "#1e7b34", "failed": "#b42318", "verifying": "#555",
                    "waiting": "#555", "unverified": "#8a6d00"}
-_STYLE = (
-    "<style>.ddpviz-vm{border-collapse:collapse;font-size:11px;font-family:monospace}"
+_CSS = (
+    ".ddpviz-vm{border-collapse:collapse;font-size:11px;font-family:monospace}"
     ".ddpviz-vm td,.ddpviz-vm th{padding:1px 5px;border:1px solid #fff;white-space:nowrap}"
     ".ddpviz-vm th{background:#f4f4f4;font-weight:normal}"
     + "".join(f".ddpviz-vm .{s[0]}{{background:{c};text-align:center}}"
               for s, c in COLOURS.items())
-    + ".ddpviz-vm tr.sel td{outline:1px solid #333}.ddpviz-vm .rsel{font-weight:bold}</style>")
+    + ".ddpviz-vm tr.sel td{outline:1px solid #333}.ddpviz-vm .rsel{font-weight:bold}")
+_STYLE = markup.tag("style", markup.Markup(_CSS))  # constants only
 ALL_RANKS = -1
 
 
@@ -215,8 +216,8 @@ class VerificationView(EventView):
             markup.fmt("<th{}>{}</th>", markup.Markup(" class=rsel" if chosen in g else ""),
                        format_ranks(g).replace("ranks ", "r").replace("rank ", "r"))
             for g in columns)
-        lines = [_STYLE, markup.fmt("<table class=ddpviz-vm><tr><th>#</th><th>name</th>{}</tr>",
-                                    head)]
+        lines: list[str] = [_STYLE, markup.fmt(
+            "<table class=ddpviz-vm><tr><th>#</th><th>name</th>{}</tr>", head)]
         shown = self.shown_rows()
         for row in shown:
             sel = markup.Markup(" class=sel" if row.key == self.row_select.value else "")
