@@ -39,6 +39,8 @@ class _Escaped:
 
     def __format__(self, spec: str) -> str:
         value = self.value
+        if type(value) is int or type(value) is float:  # digits only: nothing to escape
+            return format(value, spec)
         if isinstance(value, Markup):
             return value if not spec else escape(format(str(value), spec))
         return html.escape(format(value, spec), quote=True)
