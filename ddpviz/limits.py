@@ -51,6 +51,7 @@ Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
 Dim = Annotated[int, msgspec.Meta(ge=0, le=MAX_NUMEL)]
 Shape = Annotated[tuple[Dim, ...], msgspec.Meta(max_length=MAX_DIMS)]
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+Pid = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]  # a process id (pid_t is 32 bits)
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
 Ranks = Annotated[tuple[Rank, ...], msgspec.Meta(max_length=MAX_WORLD_SIZE)]
 ParamIndices = Annotated[tuple[ParamIndex, ...], msgspec.Meta(max_length=MAX_PARAMS)]

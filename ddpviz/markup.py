@@ -39,6 +39,8 @@ class _Escaped:
 
     def __format__(self, spec: str) -> str:
         value = self.value
+        if type(value) is int or type(value) is float:  # digits only: nothing to escape
+            return format(value, spec)
         if isinstance(value, Markup):
             return value if not spec else escape(format(str(value), spec))
         return html.escape(format(value, spec), quote=True)
@@ -48,7 +50,8 @@ def fmt(template: str, /, *args: object, **kwargs: object) -> Markup:
     """`template.format(*args, **kwargs)` with every value escaped (see module doc). The
     template itself is trusted: pass a literal, never data; fields are plain `{}`/`{:spec}`
     or `{name}` (no attribute or index lookups, which would bypass the escaping)."""
-    return Markup(template.format(*map(_Escaped, args),
+    return Markup(template.format(*[a if type(a) is int or type(a) is float else _Escaped(a)
+                                    for a in args],  # numbers format to digits: kept as is
                                   **{k: _Escaped(v) for k, v in kwargs.items()}))
 
 

@@ -42,9 +42,10 @@ def render(trace: Trace, *, title: str = "ddpviz report") -> str:
 
 
 def _render(trace: Trace, title: str) -> str:
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>{_e(title)}</h1>", _summary(trace), _ranks(trace), _verification(trace),
+    parts = [markup.fmt("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+                        "<title>{}</title><style>{}</style></head><body>", title,
+                        markup.Markup(_CSS)),
+             markup.fmt("<h1>{}</h1>", title), _summary(trace), _ranks(trace), _verification(trace),
              _buckets(trace), _timeline(trace), _unused(trace), "</body></html>"]
     return "\n".join(parts)
 
@@ -63,14 +64,15 @@ def _e(value: object) -> str:
 
 def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = ()) -> str:
     """An HTML table; columns in `text` are left-aligned, the others (numbers) right."""
-    cls = [" class='l'" if i in text else "" for i in range(len(head))]
-    heads = "".join(f"<th{c}>{_e(h)}</th>" for c, h in zip(cls, head, strict=True))
-    out = [f"<table><tr>{heads}</tr>"]
+    cls = [markup.Markup(" class='l'" if i in text else "") for i in range(len(head))]
+    heads = markup.join(markup.fmt("<th{}>{}</th>", c, h) for c, h in zip(cls, head, strict=True))
+    out: list[str] = [markup.fmt("<table><tr>{}</tr>", heads)]
     for row in rows:
-        cells = "".join(f"<td{c}>{_e(v)}</td>" for c, v in zip(cls, row, strict=True))
-        out.append(f"<tr>{cells}</tr>")
+        cells = markup.join(markup.fmt("<td{}>{}</td>", c, v)
+                            for c, v in zip(cls, row, strict=True))
+        out.append(markup.fmt("<tr>{}</tr>", cells))
     out.append("</table>")
-    return "".join(out)
+    return markup.Markup("".join(out))  # trusted pieces only: fmt results and literals
 
 
 def _ms(ns: float) -> str:
@@ -85,9 +87,10 @@ def _summary(trace: Trace) -> str:
     meta = ", ".join(f"{k}={v}" for k, v in sorted(trace.meta.items()) if k != "rank")
     truncated = ("<p class='bad'>The trace file ended in a torn frame: events after the "
                  "writer's last flush are missing.</p>" if trace.truncated else "")
-    return (f"<section id='summary'><h2>Summary</h2><p>{n} events from {len(ranks)} "
-            f"rank{'s' if len(ranks) != 1 else ''} ({', '.join(map(str, ranks)) or 'none'}).</p>"
-            f"<p class='muted'>{_e(meta)}</p>{truncated}</section>")
+    return markup.fmt("<section id='summary'><h2>Summary</h2><p>{} events from {} rank{} ({}).</p>"
+                      "<p class='muted'>{}</p>{}</section>", n, len(ranks),
+                      "s" if len(ranks) != 1 else "", ", ".join(map(str, ranks)) or "none",
+                      meta, markup.Markup(truncated))
 
 
 def _ranks(trace: Trace) -> str:
@@ -115,7 +118,7 @@ def _ranks(trace: Trace) -> str:
     table = _table(["rank", "events", "steps", "span ms", "backward mean ms", "all-reduces",
                     "all-reduce mean ms", "unfinished spans", "dropped", "seq holes",
                     "clock offset"], rows)
-    return f"<section id='ranks'><h2>Per-rank summary</h2>{table}</section>"
+    return markup.fmt("<section id='ranks'><h2>Per-rank summary</h2>{}</section>", table)
 
 
 def _verification(trace: Trace) -> str:
@@ -127,8 +130,8 @@ def _verification(trace: Trace) -> str:
     if passed:
         digests = sorted({e.digest for e in passed})  # type: ignore[attr-defined]
         ranks = sorted({e.rank for e in passed})
-        out.append(f"<p class='ok'>Passed on ranks {_e(ranks)} (world size "
-                   f"{_e(passed[0].world_size)}; digest {_e(', '.join(digests))}).</p>")  # type: ignore[attr-defined]
+        out.append(markup.fmt("<p class='ok'>Passed on ranks {} (world size {}; digest {}).</p>",
+                              ranks, passed[0].world_size, ", ".join(digests)))  # type: ignore[attr-defined]
     seen: set[tuple[Any, ...]] = set()
     for e in failed:
         mismatches = e.mismatches  # type: ignore[attr-defined]
@@ -136,8 +139,8 @@ def _verification(trace: Trace) -> str:
             continue
         seen.add(mismatches)
         ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})  # type: ignore[attr-defined]
-        out.append(f"<p class='bad'>Failed (reported by ranks {_e(ranks)}): "
-                   f"{len(mismatches)} difference(s).</p>")
+        out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): "
+                              "{} difference(s).</p>", ranks, len(mismatches)))
         rows = [[m.kind, m.index, m.name, m.field,
                  "; ".join(f"{value} on ranks {','.join(map(str, rs))}" for value, rs in m.values)]
                 for m in mismatches]
@@ -176,15 +179,15 @@ def _buckets(trace: Trace) -> str:
         by_kind[key[0]].add(key[1])
     for rebuilt, distinct in sorted(by_kind.items()):
         if len(distinct) > 1:
-            out.append(f"<p class='bad'>Ranks disagree on the {'rebuilt' if rebuilt else ''} "
-                       "bucket map: each rank would all-reduce different tensors together."
-                       "</p>")
+            out.append(markup.fmt("<p class='bad'>Ranks disagree on the {} "
+                                  "bucket map: each rank would all-reduce different tensors "
+                                  "together.</p>", "rebuilt" if rebuilt else ""))
     for (rebuilt, buckets, limits), where in maps.items():
         ranks = sorted({r for r, _ in where})
         step = min(s for _, s in where)
         label = f"rebuilt in step {step}" if rebuilt else "at construction"
-        out.append(f"<h3>Bucket map {label} (ranks {_e(ranks)}), {len(buckets)} buckets, "
-                   "bucket 0 reduced first</h3>")
+        out.append(markup.fmt("<h3>Bucket map {} (ranks {}), {} buckets, "
+                              "bucket 0 reduced first</h3>", label, ranks, len(buckets)))
         sizes = [sum(params.get(i, ("", 0))[1] for i in b) for b in buckets]
         out.append(_bucket_svg(sizes))
         rows: list[list[object]] = []
@@ -197,7 +200,8 @@ def _buckets(trace: Trace) -> str:
         out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
                           text=(4,)))
         if len(rows) > _MAX_ROWS:
-            out.append(f"<p class='muted'>{len(rows) - _MAX_ROWS} more buckets not shown.</p>")
+            out.append(markup.fmt("<p class='muted'>{} more buckets not shown.</p>",
+                                  len(rows) - _MAX_ROWS))
     out.append("</section>")
     return "".join(out)
 
@@ -209,14 +213,17 @@ def _bucket_svg(sizes: list[int]) -> str:
     rects = []
     for i, size in enumerate(sizes):
         w = width * (size if summed else 1) / total
-        rects.append(f"<rect x='{x:.1f}' y='0' width='{max(w, 1):.1f}' height='{height}' "
-                     f"fill='{_COLORS[i % len(_COLORS)]}' stroke='#fff'><title>bucket {i}: "
-                     f"{size} bytes</title></rect>")
+        rects.append(markup.fmt("<rect x='{:.1f}' y='0' width='{:.1f}' height='{}' "
+                                "fill='{}' stroke='#fff'><title>bucket {}: "
+                                "{} bytes</title></rect>", x, max(w, 1), height,
+                                _COLORS[i % len(_COLORS)], i, size))
         if w > 30:
-            rects.append(f"<text x='{x + 4:.1f}' y='18' font-size='12' fill='#fff'>b{i}</text>")
+            rects.append(markup.fmt("<text x='{:.1f}' y='18' font-size='12' fill='#fff'>b{}</text>",
+                                    x + 4, i))
         x += w
-    return (f"<svg width='{width:.0f}' height='{height}' "
-            f"role='img' aria-label='bucket sizes'>{''.join(rects)}</svg>")
+    return markup.fmt("<svg width='{:.0f}' height='{}' "
+                      "role='img' aria-label='bucket sizes'>{}</svg>", width, height,
+                      markup.join(rects))
 
 
 def _timeline(trace: Trace) -> str:
@@ -229,9 +236,9 @@ def _timeline(trace: Trace) -> str:
         out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
                    "</section>")
         return "".join(out)
-    out.append(f"<p>Steps {_e(', '.join(map(str, steps)))} on the aligned clock; one band per "
-               "rank: forward and backward on top, one row per bucket's all-reduce below. "
-               "Hatched: never finished.</p>")
+    out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
+                          "rank: forward and backward on top, one row per bucket's all-reduce "
+                          "below. Hatched: never finished.</p>", ", ".join(map(str, steps))))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)
     scale = 900.0 / max(t1 - t0, 1)
@@ -246,10 +253,10 @@ def _timeline(trace: Trace) -> str:
              "<path d='M0,6 l6,-6' stroke='#b00020' stroke-width='1'/></pattern></defs>"]
     for ri, rank in enumerate(ranks):
         y0 = ri * band
-        items.append(f"<text x='0' y='{y0 + 10}' font-size='11'>rank {rank}</text>")
+        items.append(markup.fmt("<text x='0' y='{}' font-size='11'>rank {}</text>", y0 + 10, rank))
         for bi, b in enumerate(buckets):
-            items.append(f"<text x='40' y='{y0 + (bi + 2) * row_h - 2}' font-size='9' "
-                         f"fill='#777'>b{b}</text>")
+            items.append(markup.fmt("<text x='40' y='{}' font-size='9' fill='#777'>b{}</text>",
+                                    y0 + (bi + 2) * row_h - 2, b))
     for s in shown:
         y0 = rank_row[s.rank] * band
         if s.cat == "allreduce":
@@ -262,17 +269,18 @@ def _timeline(trace: Trace) -> str:
         x = label_w + (s.start_ns - t0) * scale
         w = max((s.end_ns - s.start_ns) * scale, 1.0)
         fill = color if s.finished else "url(#hatch)"
-        items.append(f"<rect x='{x:.1f}' y='{y}' width='{w:.1f}' height='{row_h - 2}' "
-                     f"fill='{fill}'><title>rank {s.rank} step {s.step} {_e(s.name)}: "
-                     f"{_ms(s.end_ns - s.start_ns)} ms</title></rect>")
+        items.append(markup.fmt("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' "
+                                "fill='{}'><title>rank {} step {} {}: {} ms</title></rect>",
+                                x, y, w, row_h - 2, fill, s.rank, s.step, s.name,
+                                _ms(s.end_ns - s.start_ns)))
     axis_y = band * len(ranks) + 14
     for k in range(5):
         x = label_w + 900 * k / 4
-        items.append(f"<text x='{x:.0f}' y='{axis_y}' font-size='10' fill='#555'>"
-                     f"{_ms((t1 - t0) * k / 4)} ms</text>")
-    out.append(f"<svg width='{label_w + 960}' "
-               f"height='{height}' role='img' aria-label='all-reduce timeline'>"
-               f"{''.join(items)}</svg></section>")
+        items.append(markup.fmt("<text x='{:.0f}' y='{}' font-size='10' fill='#555'>{} ms</text>",
+                                x, axis_y, _ms((t1 - t0) * k / 4)))
+    out.append(markup.fmt("<svg width='{}' height='{}' role='img' "
+                          "aria-label='all-reduce timeline'>{}</svg></section>",
+                          label_w + 960, height, markup.Markup("".join(items))))
     return "".join(out)
 
 

@@ -51,19 +51,19 @@ class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     version: int  # WIRE_VERSION of the sender
     schema: int  # events.SCHEMA_VERSION of the sender
     kind: Kind
-    rank: int
-    sender: str  # random id of one Sender instance; a restarted rank gets a new one
-    seq: int  # frame number from this sender, from 0, every kind counted
-    count: int = 0  # events: len(body); bye: events shipped in total
-    dropped: int = 0  # bye: events dropped by this sender in total
+    rank: limits.Rank  # bounds (ddpviz.limits) are checked on decode: a "schema" reject
+    sender: limits.Name  # random id of one Sender instance; a restarted rank gets a new one
+    seq: limits.Count  # frame number from this sender, from 0, every kind counted
+    count: limits.Count = 0  # events: len(body); bye: events shipped in total
+    dropped: limits.Count = 0  # bye: events dropped by this sender in total
     t_ns: int = 0  # hello/ping: sender's monotonic clock at send; pong: echoed back
     wall_ns: int = 0  # hello: sender's wall clock (time.time_ns) at send
     peer_ns: int = 0  # pong: collector's monotonic clock when the ping arrived
     offset_ns: int = 0  # clock: estimated collector clock minus sender clock
     error_ns: int = 0  # clock: bound on the estimate's error (half the round trip)
-    host: str = ""  # hello: sender's hostname
-    pid: int = 0  # hello: sender's process id
-    boot: str = ""  # hello: kernel boot id: equal boot ids share one monotonic clock
+    host: limits.Name = ""  # hello: sender's hostname
+    pid: limits.Pid = 0  # hello: sender's process id
+    boot: limits.Name = ""  # hello: kernel boot id: equal boot ids share one monotonic clock
 
 
 class _Versions(msgspec.Struct):

@@ -161,7 +161,7 @@ class BroadcastProgress(EventView):
             self.labels[r] = w.HTML(layout=w.Layout(width="auto"))
         if added:
             self.rows_box.children = [
-                w.HBox([w.HTML(f"<b>rank {r}</b>", layout=w.Layout(width="60px")),
+                w.HBox([w.HTML(markup.fmt("<b>rank {}</b>", r), layout=w.Layout(width="60px")),
                         self.bars[r], self.labels[r]]) for r in ranks]
         for r in ranks:
             p = self.progress[r]
@@ -195,8 +195,8 @@ class BroadcastProgress(EventView):
             b = (f"{role}: {human_bytes(p.bytes_done)} / {human_bytes(p.total_bytes)} · "
                  f"{p.chunks_done}/{p.n_chunks} chunks · {_rate(p.bytes_per_s)}{flight}{took}")
         colour = _B_COLOUR[p.state]
-        return (f"<span style='font-size:12px'>{v} → <span style='color:{colour}'>"
-                f"{markup.escape(b)}</span></span>")
+        return markup.fmt("<span style='font-size:12px'>{} → <span style='color:{}'>"
+                          "{}</span></span>", v, colour, b)
 
     def _exchange(self) -> str:
         states = [p.verification for p in self.progress.values()]
@@ -209,8 +209,9 @@ class BroadcastProgress(EventView):
         chunks = max((p.n_chunks for p in self.progress.values()), default=0)
         plan = (f"; then {human_bytes(total)} in {chunks} chunk{'s' if chunks != 1 else ''} "
                 "(≤ 250 MiB per dtype, ≤ 2 in flight)" if total else "")
-        return (f"<div style='font-size:12px'><b>2 · verification exchange</b> "
-                f"({n} ranks: {', '.join(parts)}) → <b>3 · broadcast from rank 0</b>{plan}</div>")
+        return markup.fmt("<div style='font-size:12px'><b>2 · verification exchange</b> "
+                          "({} ranks: {}) → <b>3 · broadcast from rank 0</b>{}</div>", n,
+                          ", ".join(parts), plan)
 
     def shown_chunks(self) -> list[int]:
         """Chunk rows drawn: all when few; else those in flight or in different states on
@@ -232,34 +233,37 @@ class BroadcastProgress(EventView):
         shown = self.shown_chunks()
         if not shown:
             return ""
-        head = "".join(f"<th>r{r}</th>" for r in ranks)
+        head = markup.join(markup.fmt("<th>r{}</th>", r) for r in ranks)
         rows = []
         previous = -1
         for i in shown:
             if i != previous + 1:
-                rows.append(f"<tr><td colspan={2 + len(ranks)} style='color:#999'>… chunks "
-                            f"{previous + 1}-{i - 1}: the same state on every rank</td></tr>")
+                rows.append(markup.fmt("<tr><td colspan={} style='color:#999'>… chunks "
+                                       "{}-{}: the same state on every rank</td></tr>",
+                                       2 + len(ranks), previous + 1, i - 1))
             previous = i
             info = next((p.chunks[i] for p in self.progress.values()
                          if i < len(p.chunks) and p.chunks[i].dtype), None)
             desc = (f"{info.dtype}, {human_bytes(info.nbytes)}, {info.n_tensors} tensors"
                     if info else "not launched yet")
-            cells = []
+            cells: list[markup.Markup] = []
             for r in ranks:
                 chunks = self.progress[r].chunks
                 c = chunks[i] if i < len(chunks) else None
                 state = _chunk_state(c)
                 if state == "pending":
-                    cells.append("<td style='color:#999'>pending</td>")
+                    cells.append(markup.Markup("<td style='color:#999'>pending</td>"))
                 elif state == "in flight":
-                    cells.append("<td style='background:#d6e6f5'>in flight</td>")
+                    cells.append(markup.Markup("<td style='background:#d6e6f5'>in flight</td>"))
                 else:
                     assert c is not None and c.done is not None and c.sent is not None
-                    cells.append(f"<td style='background:#dff3dc'>done "
-                                 f"{(c.done - c.sent) / 1e6:,.2f} ms</td>")
-            rows.append(f"<tr><td>#{i}</td><td>{markup.escape(desc)}</td>{''.join(cells)}</tr>")
-        return ("<table style='font-size:11px;border-collapse:collapse'><tr><th>chunk</th>"
-                f"<th>contents</th>{head}</tr>{''.join(rows)}</table>")
+                    cells.append(markup.fmt("<td style='background:#dff3dc'>done "
+                                            "{:,.2f} ms</td>", (c.done - c.sent) / 1e6))
+            rows.append(markup.fmt("<tr><td>#{}</td><td>{}</td>{}</tr>", i, desc,
+                                   markup.join(cells)))
+        return markup.fmt("<table style='font-size:11px;border-collapse:collapse'><tr>"
+                          "<th>chunk</th><th>contents</th>{}</tr>{}</table>", head,
+                          markup.join(rows))
 
 
 def _chunk_state(c: ChunkState | None) -> str:

@@ -34,6 +34,9 @@ PALETTE = ("#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#54a24b", "#88d27a",
 _LIMIT_COLOR = "#d62728"
 _OUTLINE_MAX_SEGMENTS = 400  # above this, white outlines would hide the bars themselves
 _ROW_PX, _BASE_PX, _MAX_PX = 30, 150, 900
+# A 900 px figure cannot show more rows or bars than this: past it, the first buckets (in
+# reduction order) are drawn and the title says how many are left out.
+MAX_DRAWN_BUCKETS, MAX_DRAWN_SEGMENTS = 1_000, 20_000
 
 
 def bar_traces(fig: go.FigureWidget) -> list[Any]:
@@ -50,6 +53,7 @@ def _shown(segs: Sequence[Segment], markers: Sequence[LimitMarker], rows: Sequen
            title: str, message: str | None
            ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(bar traces, limit trace, layout) properties for one picture."""
+    segs, markers, rows, title = _drawable(segs, markers, rows, title)
     finite = [m.limit for m in markers]
     right = max([s.byte_offset + s.nbytes for s in segs] + finite + [1]) * 1.06
     annotations: list[dict[str, Any]] = []
@@ -78,6 +82,28 @@ def _shown(segs: Sequence[Segment], markers: Sequence[LimitMarker], rows: Sequen
         "annotations": annotations,
     }
     return bars, limits, layout
+
+
+def _drawable(segs: Sequence[Segment], markers: Sequence[LimitMarker], rows: Sequence[str],
+              title: str) -> tuple[Sequence[Segment], Sequence[LimitMarker], Sequence[str], str]:
+    """The first rows that fit MAX_DRAWN_BUCKETS and MAX_DRAWN_SEGMENTS (at least one), their
+    segments and markers, and the title saying what was left out. Linear in the segments."""
+    if len(rows) <= MAX_DRAWN_BUCKETS and len(segs) <= MAX_DRAWN_SEGMENTS:
+        return segs, markers, rows, title
+    per_row: dict[str, int] = {}
+    for s in segs:
+        per_row[s.label] = per_row.get(s.label, 0) + 1
+    kept, total = 0, 0
+    for label in rows[:MAX_DRAWN_BUCKETS]:
+        total += per_row.get(label, 0)
+        if kept and total > MAX_DRAWN_SEGMENTS:
+            break
+        kept += 1
+    keep = set(rows[:kept])
+    title = (f"{title} (first {kept:,} of {len(rows):,} buckets drawn: the figure cannot "
+             "show more; print(plan) lists all)")
+    return ([s for s in segs if s.label in keep], [m for m in markers if m.label in keep],
+            rows[:kept], title)
 
 
 def new_figure(segs: Sequence[Segment], markers: Sequence[LimitMarker], rows: Sequence[str],

@@ -71,7 +71,7 @@ def _map_line(name: str, buckets: Sequence[PlannedBucket], limits: Sequence[int]
     caps = ", ".join(human_bytes(x) for x in limits) if limits else "none"
     text = (f"{name}: {n} bucket{'s' if n != 1 else ''}, {human_bytes(total)} in "
             f"{sum(len(b.slots) for b in buckets)} parameters; limits {caps}")
-    return f"<b>▶ {markup.escape(text)}</b>" if shown else markup.escape(text)
+    return markup.fmt("<b>▶ {}</b>", text) if shown else markup.escape(text)
 
 
 class BucketMap(w.VBox):
@@ -227,22 +227,24 @@ class BucketMap(w.VBox):
                     + (", DDP_SET_LAST_BUCKET_CAP=1" if s.set_last_bucket_cap else ""))
         total = sum(p.nbytes for p in plan.params)
         lines = [
-            f"<b>{markup.escape(plan.model)}</b>: {len(plan.params)} parameters, "
-            f"{human_bytes(total)} of gradients",
-            f"settings: <code>{markup.escape(settings)}</code>",
+            markup.fmt("<b>{}</b>: {} parameters, {} of gradients", plan.model,
+                       len(plan.params), human_bytes(total)),
+            markup.fmt("settings: <code>{}</code>", settings),
             _map_line(f"initial map ({_initial_span(plan)})", plan.initial, plan.limits.initial,
                       which == "initial"),
         ]
         if plan.rebuilt is None:
             text = "rebuilt map: none, torch never rebuilds with these settings"
-            lines.append(f"<b>▶ {text}</b>" if which == "rebuilt" else text)
+            lines.append(markup.fmt("<b>▶ {}</b>", text) if which == "rebuilt"
+                         else markup.escape(text))
         else:
             lines.append(_map_line(
                 f"rebuilt map (iteration {_first_rebuilt_iteration(plan)} on, gradient-ready "
                 f"order {plan.order_source})", plan.rebuilt, plan.limits.rebuild,
                 which == "rebuilt"))
-        body = "<br>".join(lines)
+        body: str = markup.join(lines, markup.Markup("<br>"))
         if plan.notes:
-            body += "<ul style='margin:2px 0'>" + "".join(
-                f"<li>{markup.escape(n)}</li>" for n in plan.notes) + "</ul>"
-        return f"<div style='font-size:12px;line-height:1.4'>{body}</div>"
+            body += markup.fmt("<ul style='margin:2px 0'>{}</ul>", markup.join(
+                markup.fmt("<li>{}</li>", n) for n in plan.notes))
+        return markup.fmt("<div style='font-size:12px;line-height:1.4'>{}</div>",
+                          markup.Markup(body))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ddpviz import markup
 from ddpviz.plan import PlannedBucket
 from ddpviz.plan_table import human_bytes
 
@@ -66,14 +67,16 @@ def limit_markers(buckets: Sequence[PlannedBucket]) -> list[LimitMarker]:
 def hover_text(s: Segment) -> str:
     """The tooltip of one segment (plotly hover text: <br> separates lines)."""
     shape = "(" + ", ".join(map(str, s.shape)) + ("," if len(s.shape) == 1 else "") + ")"
-    return (f"<b>{s.name}</b> [param {s.param_index}]<br>"
-            f"shape {shape} · {s.dtype} · {s.device}<br>"
-            f"{s.nbytes:,} bytes ({human_bytes(s.nbytes)}), {s.numel:,} elements<br>"
-            f"bucket {s.bucket}, byte offset {s.byte_offset:,} (element {s.offset:,})")
+    return markup.fmt("<b>{}</b> [param {}]<br>shape {} · {} · {}<br>"
+                      "{:,} bytes ({}), {:,} elements<br>"
+                      "bucket {}, byte offset {:,} (element {:,})", s.name, s.param_index,
+                      shape, s.dtype, s.device, s.nbytes, human_bytes(s.nbytes), s.numel,
+                      s.bucket, s.byte_offset, s.offset)
 
 
 def limit_hover_text(m: LimitMarker) -> str:
     """The tooltip of one limit marker."""
-    return (f"bucket {m.bucket} limit {human_bytes(m.limit)} ({m.limit:,} bytes)<br>"
-            f"filled {human_bytes(m.filled)} ({m.filled / m.limit:.0%})" if m.limit else
-            f"bucket {m.bucket} limit 0 bytes<br>filled {human_bytes(m.filled)}")
+    return (markup.fmt("bucket {} limit {} ({:,} bytes)<br>filled {} ({:.0%})", m.bucket,
+                       human_bytes(m.limit), m.limit, human_bytes(m.filled), m.filled / m.limit)
+            if m.limit else markup.fmt("bucket {} limit 0 bytes<br>filled {}", m.bucket,
+                                       human_bytes(m.filled)))

@@ -26,8 +26,8 @@ from ddpviz.widgets.verification_view import VerificationView
 
 
 def _heading(text: str) -> w.HTML:
-    return w.HTML(f"<div style='font-weight:bold;font-size:13px;border-bottom:1px solid #ddd;"
-                  f"margin-top:6px'>{markup.escape(text)}</div>")
+    return w.HTML(markup.fmt("<div style='font-weight:bold;font-size:13px;border-bottom:1px "
+                             "solid #ddd;margin-top:6px'>{}</div>", text))
 
 
 class Dashboard(EventView):
@@ -85,7 +85,7 @@ class Dashboard(EventView):
         src = self.source
         stats = src.stats() if src.stats is not None else None
         world = status.world_size or len(status.ranks)
-        parts = [f"<b>{markup.escape(src.label)}</b>"]
+        parts: list[str] = [markup.fmt("<b>{}</b>", src.label)]  # join below escapes plain ones
         if src.run_status is not None:
             parts.append(f"run {src.run_status()}")
         if stats is not None:
@@ -114,15 +114,16 @@ class Dashboard(EventView):
             gaps = sum(stats.gaps.values())
         findings = self.model.findings(cursor.as_of)
         if findings:
-            first = markup.escape(getattr(findings[0], "title", findings[0]))
-            parts.append(f"<span style='color:#b42318;font-weight:bold'>{len(findings)} "
-                         f"finding{'s' if len(findings) != 1 else ''}: {first}"
-                         f"{' …' if len(findings) > 1 else ''}</span>")
+            first = getattr(findings[0], "title", findings[0])
+            parts.append(markup.fmt("<span style='color:#b42318;font-weight:bold'>{} "
+                                    "finding{}: {}{}</span>", len(findings),
+                                    "s" if len(findings) != 1 else "", first,
+                                    " …" if len(findings) > 1 else ""))
         bad = "color:#b42318;font-weight:bold" if dropped or rejected or gaps else "color:#555"
-        parts.append(f"<span style='{bad}'>{dropped:,} dropped · {rejected:,} rejected"
-                     + (f" · {gaps:,} lost" if gaps else "") + "</span>")
-        text = ("<div style='font-size:12px;background:#f6f8fa;padding:3px 6px;"
-                f"border-radius:3px'>{' · '.join(parts)}</div>")
+        parts.append(markup.fmt("<span style='{}'>{:,} dropped · {:,} rejected{}</span>", bad,
+                                dropped, rejected, f" · {gaps:,} lost" if gaps else ""))
+        text = markup.fmt("<div style='font-size:12px;background:#f6f8fa;padding:3px 6px;"
+                          "border-radius:3px'>{}</div>", markup.join(parts, " · "))
         if self.status_html.value != text:
             self.status_html.value = text
 

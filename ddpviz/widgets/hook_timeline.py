@@ -24,6 +24,7 @@ from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_analysis import IterationView, OrderDiff, analyse
 from ddpviz.widgets.replay_controls import Cursor
 
+MAX_BUCKET_ROWS = 1_000  # rows of the per-bucket table; past it a line says how many are left
 _CELL = markup.Markup("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
          ".ddpviz-ho td,.ddpviz-ho th{padding:0 3px;border:1px solid #eee;text-align:center}"
          ".ddpviz-ho .d{background:#f6c5c5;font-weight:bold}.ddpviz-ho .g{color:#aaa}</style>")
@@ -232,7 +233,7 @@ class HookTimeline(EventView):
         if not v.buckets:
             return ""
         rows = []
-        for b in v.buckets:
+        for b in v.buckets[:MAX_BUCKET_ROWS]:
             exposed = (markup.fmt("<b style='color:#b42318'>{}</b>", _ms(b.exposed_ms))
                        if b.exposed_ms else markup.escape(_ms(b.exposed_ms)))
             rows.append(markup.fmt(
@@ -240,6 +241,10 @@ class HookTimeline(EventView):
                 "<td>{}</td><td>{}</td></tr>", b.bucket, b.dtype, human_bytes(b.nbytes),
                 b.n_params, _ms(b.ready_ms), _ms(b.allreduce_ms), exposed,
                 _ms(b.exposed_mean_ms)))
+        if len(v.buckets) > MAX_BUCKET_ROWS:
+            rows.append(markup.fmt("<tr><td colspan=8>… and {:,} more buckets (the first {:,} "
+                                   "in reduction order are listed)</td></tr>",
+                                   len(v.buckets) - MAX_BUCKET_ROWS, MAX_BUCKET_ROWS))
         return markup.fmt("<table style='font-size:11px;border-collapse:collapse' "
                           "cellpadding=2><tr><th>bucket</th><th>dtype</th><th>bytes</th>"
                           "<th>hooks</th><th>ready ms after backward start</th>"

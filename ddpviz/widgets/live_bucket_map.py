@@ -22,6 +22,8 @@ from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_analysis import bucket_averages
 from ddpviz.widgets.replay_controls import Cursor
 
+MAX_TIMING_ROWS = 1_000  # rows of the timing table; past it a line says how many are left
+
 
 def map_disagreements(maps: dict[int, list[Timed]], rank: int) -> tuple[str, ...]:
     """Ranks whose bucket maps differ from `rank`'s (DDP requires the same buckets)."""
@@ -157,7 +159,11 @@ class LiveBucketMap(EventView):
         rows = markup.join(markup.fmt(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             t.bucket, human_bytes(size.get(t.bucket, 0)), t.iterations, _ms(t.ready_ms),
-            _ms(t.allreduce_ms), _ms(t.exposed_ms)) for t in self.timing)
+            _ms(t.allreduce_ms), _ms(t.exposed_ms)) for t in self.timing[:MAX_TIMING_ROWS])
+        if len(self.timing) > MAX_TIMING_ROWS:
+            rows = markup.join([rows, markup.fmt(
+                "<tr><td colspan=6>… and {:,} more buckets (the first {:,} in reduction order "
+                "are listed)</td></tr>", len(self.timing) - MAX_TIMING_ROWS, MAX_TIMING_ROWS)])
         text = ("" if not rows else markup.fmt(
                 "<div style='font-size:12px'>per-bucket timing, mean over the iterations that "
                 "used this map (max over ranks each):</div><table style='font-size:11px' "

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import ipywidgets as w
 
+from ddpviz import markup
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 
 TIME_TICKS = 1000  # positions of the time slider over the whole run
@@ -216,6 +217,6 @@ class ReplayControls(w.HBox):
             where = "constructor" if step == CONSTRUCTION else f"iteration {step}"
             text = (f"t = {(at - span[0]) / 1e6:,.3f} ms of {(span[1] - span[0]) / 1e6:,.1f}"
                     f" ms · {where}")
-        html = f"<span style='font-size:12px;color:#555'>{text}</span>"
+        html = markup.fmt("<span style='font-size:12px;color:#555'>{}</span>", text)
         if self.readout.value != html:
             self.readout.value = html

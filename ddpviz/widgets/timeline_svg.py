@@ -66,20 +66,22 @@ def render(view: IterationView, names: Mapping[int, str] | None = None,
         return LABEL + int((t - t0) * scale)
 
     height = LANE * len(view.lanes) + AXIS
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-           "style='font:10px sans-serif'>"]
+    out: list[str] = [markup.fmt("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' "
+                      "style='font:10px sans-serif'>", width, height)]
     for i, (rank, lane) in enumerate(view.lanes.items()):
         out.append(_lane_svg(lane, i * LANE, x, names, view.order.positions.get(rank, ()),
                              t1))
     # time axis, ms since the window's start
     y = LANE * len(view.lanes)
-    out.append(f"<path d='M{LABEL} {y + 2}h{plot}' stroke='#999'/>")
+    out.append(markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2, plot))
     for ms in _ticks_ms(t1 - t0):
         tx = x(t0 + int(ms * 1e6))
-        out.append(f"<path d='M{tx} {y + 2}v4' stroke='#999'/>"
-                   f"<text x='{tx}' y='{y + 16}' text-anchor='middle'>{ms:g} ms</text>")
+        out.append(markup.fmt("<path d='M{} {}v4' stroke='#999'/>"
+                              "<text x='{}' y='{}' text-anchor='middle'>{:g} ms</text>",
+                              tx, y + 2, tx, y + 16, ms))
     if as_of is not None and t0 <= as_of <= t1:
-        out.append(f"<path d='M{x(as_of)} 0v{y}' stroke='#000' stroke-dasharray='2 2'/>")
+        out.append(markup.fmt("<path d='M{} 0v{}' stroke='#000' stroke-dasharray='2 2'/>",
+                              x(as_of), y))
     out.append("</svg>")
     return "".join(out)
 
@@ -87,23 +89,26 @@ def render(view: IterationView, names: Mapping[int, str] | None = None,
 def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, str],
               departures: tuple[int, ...], t_end: int) -> str:
     rec = lane.record
-    out = [f"<text x='2' y='{y + 20}' font-weight='bold'>rank {lane.rank}</text>"]
+    out: list[str] = [markup.fmt("<text x='2' y='{}' font-weight='bold'>rank {}</text>", y + 20,
+                                 lane.rank)]
     if lane.unused:
         listed = ", ".join(names.get(p, f"p{p}") for p in lane.unused[:20])
         more = f" (+{len(lane.unused) - 20})" if len(lane.unused) > 20 else ""
-        out.append(f"<text x='2' y='{y + 34}' fill='{_EXPOSED}'>✕ {len(lane.unused)} unused"
-                   f"<title>unused: {markup.escape(listed + more)}</title></text>")
+        out.append(markup.fmt("<text x='2' y='{}' fill='{}'>✕ {} unused"
+                              "<title>unused: {}</title></text>", y + 34, _EXPOSED,
+                              len(lane.unused), listed + more))
     # phases: forward (grey), backward (light blue)
     if rec.forward is not None:
         f_end = rec.backward if rec.backward is not None else rec.last
-        out.append(f"<rect x='{x(rec.forward)}' y='{y + 2}' "
-                   f"width='{max(1, x(f_end) - x(rec.forward))}' height='8' fill='#ddd'>"
-                   "<title>forward</title></rect>")
+        out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' fill='#ddd'>"
+                              "<title>forward</title></rect>", x(rec.forward), y + 2,
+                              max(1, x(f_end) - x(rec.forward))))
     if rec.backward is not None:
         b_end = rec.backward_end if rec.backward_end is not None else rec.last
-        out.append(f"<rect x='{x(rec.backward)}' y='{y + 2}' "
-                   f"width='{max(1, x(b_end) - x(rec.backward))}' height='8' fill='#c6dbef'>"
-                   f"<title>backward {(b_end - rec.backward) / 1e6:,.3f} ms</title></rect>")
+        out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' fill='#c6dbef'>"
+                              "<title>backward {:,.3f} ms</title></rect>", x(rec.backward),
+                              y + 2, max(1, x(b_end) - x(rec.backward)),
+                              (b_end - rec.backward) / 1e6))
     # gradient hooks: merged per pixel column, one path per shade
     bad = set(departures)
     cols: tuple[list[int], list[int]] = ([], [])
@@ -112,22 +117,23 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
         (red if pos in bad else cols[b & 1]).append(x(t))
     for shade, c in zip(_TICK_COLOURS, cols, strict=True):
         if c:
-            out.append(f"<path d='{_path(_runs(c), y + 13, 10)}' fill='{shade}'/>")
+            out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(c), y + 13, 10), shade))
     if red:
-        out.append(f"<path d='{_path(_runs(red), y + 12, 12)}' fill='{_OUT_OF_ORDER}'>"
-                   f"<title>{len(red)} hook(s) out of the reference order</title></path>")
+        out.append(markup.fmt("<path d='{}' fill='{}'>"
+                              "<title>{} hook(s) out of the reference order</title></path>",
+                              _path(_runs(red), y + 12, 12), _OUT_OF_ORDER, len(red)))
     # bucket ready: small triangles under the ticks (one per pixel column)
     marks = "".join(f"M{c - 3} {y + 24}h6l-3 4z"
                     for c in sorted({x(t) for t in rec.bucket_ready.values()}))
     if marks:
-        out.append(f"<path d='{marks}' fill='#333'/>")
+        out.append(markup.fmt("<path d='{}' fill='#333'/>", marks))
     if len(lane.allreduce) <= MAX_SPANS:
         out.append(_spans(lane, y, x, t_end))
     else:
         out.append(_merged_spans(lane, y, x, t_end))
     if lane.compute_end is not None and rec.grads:
-        out.append(f"<path d='M{x(lane.compute_end)} {y + 11}v36' stroke='#555' "
-                   "stroke-dasharray='1 2'/>")
+        out.append(markup.fmt("<path d='M{} {}v36' stroke='#555' stroke-dasharray='1 2'/>",
+                              x(lane.compute_end), y + 11))
     return "".join(out)
 
 
@@ -141,13 +147,14 @@ def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
         took = (f"{(s.end - s.start) / 1e6:,.3f} ms" if s.end is not None else "not done")
         title = (f"bucket {s.bucket}: {s.nbytes:,} bytes {s.dtype}, all-reduce {took}, "
                  f"exposed {s.exposed_ns / 1e6:,.3f} ms")
-        dash = "" if s.end is not None else " stroke='#333' stroke-dasharray='3 2'"
-        out.append(f"<rect x='{x0}' y='{sy}' width='{max(1, x1 - x0)}' height='8' "
-                   f"fill='{_AR}'{dash}><title>{markup.escape(title)}</title></rect>")
+        dash = markup.Markup("" if s.end is not None else " stroke='#333' stroke-dasharray='3 2'")
+        out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' "
+                              "fill='{}'{}><title>{}</title></rect>", x0, sy, max(1, x1 - x0),
+                              _AR, dash, title))
         if s.exposed_ns and s.end is not None:
             ex0 = x(s.end - s.exposed_ns)
-            out.append(f"<rect x='{ex0}' y='{sy}' width='{max(1, x1 - ex0)}' height='8' "
-                       f"fill='{_EXPOSED}'/>")
+            out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' fill='{}'/>",
+                                  ex0, sy, max(1, x1 - ex0), _EXPOSED))
     return "".join(out)
 
 
@@ -165,12 +172,14 @@ def _merged_spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> st
     done = [s for s in lane.allreduce if s.end is not None]
     title = (f"{len(lane.allreduce)} all-reduces ({len(done)} done), exposed "
              f"{lane.exposed_ns / 1e6:,.3f} ms after the last hook")
-    out = [f"<g><title>{markup.escape(title)}</title>"]
+    out: list[str] = [markup.fmt("<g><title>{}</title>", title)]
     for row in (0, 1):
         sy = y + 30 + 9 * row
         if covered[row]:
-            out.append(f"<path d='{_path(_runs(covered[row]), sy, 8)}' fill='{_AR}'/>")
+            out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(covered[row]), sy, 8),
+                                  _AR))
         if exposed[row]:
-            out.append(f"<path d='{_path(_runs(exposed[row]), sy, 8)}' fill='{_EXPOSED}'/>")
+            out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(exposed[row]), sy, 8),
+                                  _EXPOSED))
     out.append("</g>")
     return "".join(out)

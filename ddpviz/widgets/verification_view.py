@@ -30,13 +30,14 @@ COLOURS = {"same": "#dff3dc", "differs": "#fdd9b5", "missing": "#f6c5c5", "pendi
 GLYPHS = {"same": "✓", "differs": "≠", "missing": "∅", "pending": "…"}
 _VERDICT_COLOUR = {"passed": "#1e7b34", "failed": "#b42318", "verifying": "#555",
                    "waiting": "#555", "unverified": "#8a6d00"}
-_STYLE = (
-    "<style>.ddpviz-vm{border-collapse:collapse;font-size:11px;font-family:monospace}"
+_CSS = (
+    ".ddpviz-vm{border-collapse:collapse;font-size:11px;font-family:monospace}"
     ".ddpviz-vm td,.ddpviz-vm th{padding:1px 5px;border:1px solid #fff;white-space:nowrap}"
     ".ddpviz-vm th{background:#f4f4f4;font-weight:normal}"
     + "".join(f".ddpviz-vm .{s[0]}{{background:{c};text-align:center}}"
               for s, c in COLOURS.items())
-    + ".ddpviz-vm tr.sel td{outline:1px solid #333}.ddpviz-vm .rsel{font-weight:bold}</style>")
+    + ".ddpviz-vm tr.sel td{outline:1px solid #333}.ddpviz-vm .rsel{font-weight:bold}")
+_STYLE = markup.tag("style", markup.Markup(_CSS))  # constants only
 ALL_RANKS = -1
 
 
@@ -169,8 +170,8 @@ class VerificationView(EventView):
     def _draw(self) -> None:
         m = self.matrix
         colour = _VERDICT_COLOUR[m.state]
-        verdict = (f"<div style='font-weight:bold;color:{colour};font-size:13px'>"
-                   f"{markup.escape(m.verdict)}</div>")
+        verdict = markup.fmt("<div style='font-weight:bold;color:{};font-size:13px'>{}</div>",
+                             colour, m.verdict)
         if self.verdict_html.value != verdict:
             self.verdict_html.value = verdict
         table = self._table()
@@ -211,33 +212,36 @@ class VerificationView(EventView):
         columns = self.columns()
         index = {r: i for i, r in enumerate(m.ranks)}
         chosen = self.rank_select.value
-        head = "".join(
-            f"<th{' class=rsel' if chosen in g else ''}>"
-            f"{markup.escape(format_ranks(g).replace('ranks ', 'r').replace('rank ', 'r'))}</th>"
+        head = markup.join(
+            markup.fmt("<th{}>{}</th>", markup.Markup(" class=rsel" if chosen in g else ""),
+                       format_ranks(g).replace("ranks ", "r").replace("rank ", "r"))
             for g in columns)
-        lines = [_STYLE, f"<table class=ddpviz-vm><tr><th>#</th><th>name</th>{head}</tr>"]
+        lines: list[str] = [_STYLE, markup.fmt(
+            "<table class=ddpviz-vm><tr><th>#</th><th>name</th>{}</tr>", head)]
         shown = self.shown_rows()
         for row in shown:
-            sel = " class=sel" if row.key == self.row_select.value else ""
+            sel = markup.Markup(" class=sel" if row.key == self.row_select.value else "")
             cells = []
             for g in columns:
                 status = row.cells[index[g[0]]]
-                title = ""
+                title = markup.Markup("")
                 if status not in ("same", "pending"):
                     values = row.values.get(g[0], {})
                     what = "missing" if status == "missing" else " ".join(
                         f"{f}={values[f]}" for f in row.differing if f in values)
-                    title = f" title='{markup.escape(format_ranks(g) + ': ' + what)}'"
-                cells.append(f"<td class={status[0]}{title}>{GLYPHS[status]}</td>")
-            lines.append(f"<tr{sel}><td>{'p' if row.kind == 'param' else 'b'}{row.position}</td>"
-                         f"<td>{markup.escape(row.name)}</td>{''.join(cells)}</tr>")
+                    title = markup.fmt(" title='{}'", format_ranks(g) + ": " + what)
+                cells.append(markup.fmt("<td class={}{}>{}</td>", status[0], title, GLYPHS[status]))
+            lines.append(markup.fmt("<tr{}><td>{}{}</td><td>{}</td>{}</tr>", sel,
+                                    "p" if row.kind == "param" else "b", row.position, row.name,
+                                    markup.join(cells)))
         lines.append("</table>")
         hidden = len(m.rows) - len(shown)
         if hidden:
-            lines.append(f"<div style='font-size:11px;color:#555'>… and {hidden:,} more rows, "
-                         "the same on every rank (pick them in the row list)</div>")
+            lines.append(markup.fmt("<div style='font-size:11px;color:#555'>… and {:,} more rows, "
+                                    "the same on every rank (pick them in the row list)</div>",
+                                    hidden))
         for note in m.notes:
-            lines.append(f"<div style='font-size:11px;color:#b42318'>{markup.escape(note)}</div>")
+            lines.append(markup.fmt("<div style='font-size:11px;color:#b42318'>{}</div>", note))
         return "".join(lines)
 
     def _details(self) -> str:
@@ -256,15 +260,17 @@ class VerificationView(EventView):
             else:
                 described[r] = _describe_html(values, row.differing)
         what = "parameter" if row.kind == "param" else "buffer"
-        lines = [f"<b>{what} {row.position} '{markup.escape(row.name)}'</b>"
-                 + (f" · differs in: {', '.join(f for f in row.differing if f != 'present')}"
-                    if row.differing else " · the same on every rank")]
+        lines = [markup.fmt("<b>{} {} '{}'</b>{}", what, row.position, row.name,
+                            " · differs in: "
+                            + ", ".join(f for f in row.differing if f != "present")
+                            if row.differing else " · the same on every rank")]
         for text, ranks in group_ranks(described):
             mark = "▶ " if chosen in ranks else ""
             weight = "bold" if chosen in ranks else "normal"
-            lines.append(f"<div style='font-weight:{weight}'>{mark}{format_ranks(ranks)}: "
-                         f"{text}</div>")
-        return f"<div style='font-size:12px;font-family:monospace'>{''.join(lines)}</div>"
+            lines.append(markup.fmt("<div style='font-weight:{}'>{}{}: {}</div>", weight, mark,
+                                    format_ranks(ranks), text))
+        return markup.fmt("<div style='font-size:12px;font-family:monospace'>{}</div>",
+                          markup.join(lines))
 
 
 def _describe_html(values: dict[str, str], differing: Sequence[str]) -> str:
@@ -274,6 +280,6 @@ def _describe_html(values: dict[str, str], differing: Sequence[str]) -> str:
             continue
         label = "index" if f == "order" else f
         text = markup.escape(f"{label}={values[f]}")
-        parts.append(f"<span style='color:#b42318;font-weight:bold'>{text}</span>"
+        parts.append(markup.fmt("<span style='color:#b42318;font-weight:bold'>{}</span>", text)
                      if f in differing else text)
-    return " ".join(parts) or "present"
+    return markup.join(parts, " ") or markup.Markup("present")

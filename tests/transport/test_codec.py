@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpviz import events as ev
+from ddpviz import limits
 from ddpviz.transport.codec import (
     MAGIC,
     REASONS,
@@ -127,3 +128,33 @@ def test_connect_string_parsing_and_error():
         "tcp://127.0.0.1:5555", b"ab" * 16)
     with pytest.raises(ValueError, match="DDPVIZ_CONNECT"):
         parse_connect_string("127.0.0.1:5555")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("rank", -1), ("rank", limits.MAX_WORLD_SIZE), ("rank", 2**63 - 1),
+    ("seq", -1), ("seq", limits.MAX_COUNT + 1), ("count", -5), ("dropped", -1),
+    ("pid", -1), ("pid", 1 << 40),
+    ("sender", "s" * (limits.MAX_NAME + 1)), ("host", "h" * (limits.MAX_NAME + 1)),
+    ("boot", "b" * (limits.MAX_NAME + 1)),
+])
+def test_header_fields_out_of_bounds_are_a_schema_reject_naming_the_field(field, value):
+    codec = Codec(SECRET)
+    enc = msgspec.msgpack.Encoder()
+    fields = msgspec.to_builtins(make_header("ping", 0, "s", 0))
+    head = enc.encode(fields)
+    body = enc.encode([])
+    assert codec.decode([MAGIC, codec.sign(head, body), head, body]).header.rank == 0
+    fields[field] = value  # a crafted frame, signed with the secret: only the bound refuses it
+    head = enc.encode(fields)
+    with pytest.raises(WireError) as info:
+        codec.decode([MAGIC, codec.sign(head, body), head, body])
+    assert info.value.reason == "schema"
+    assert f"$.{field}" in str(info.value)
+
+
+def test_header_fields_at_their_bounds_are_accepted():
+    codec = Codec(SECRET)
+    header = make_header("hello", limits.MAX_WORLD_SIZE - 1, "s" * limits.MAX_NAME,
+                         limits.MAX_COUNT, host="h" * limits.MAX_NAME, pid=(1 << 32) - 1,
+                         boot="b" * limits.MAX_NAME)
+    assert codec.decode(codec.encode(header)).header == header

@@ -246,3 +246,20 @@ def test_events_iterator_ends_when_the_collector_closes():
     threading.Thread(target=consume, daemon=True).start()
     collector.close()
     assert done.wait(5) and out == []
+
+
+def test_header_out_of_bounds_is_a_counted_schema_reject():
+    with Collector() as collector:
+        codec = Codec(collector.secret.encode())
+        enc = msgspec.msgpack.Encoder()
+        sock = _dealer(collector.address, collector.secret)
+        for field, value in (("rank", 10**10), ("rank", -3), ("seq", -1), ("pid", -1)):
+            fields = msgspec.to_builtins(make_header("hello", 0, "bounds", 0))
+            fields[field] = value
+            head, body = enc.encode(fields), enc.encode([])
+            sock.send_multipart([MAGIC, codec.sign(head, body), head, body])
+        assert collector.wait(lambda s: s.total_rejected >= 4, timeout=30)
+        stats = collector.stats
+        assert stats.rejected["schema"] == 4 and stats.total_rejected == 4
+        assert stats.received == {} and stats.total_received == 0
+        sock.close()
