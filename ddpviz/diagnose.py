@@ -21,44 +21,14 @@ from ddpviz.events import Event, Mismatch
 from ddpviz.findings import (
     Finding,
     Findings,
+    Kind,
+    fix_for,
     format_ranks,
     group_ranks,
     odd_ranks,
     sort_findings,
 )
 
-_FIX_MODEL = "All ranks must build the same model; look for rank-dependent construction."
-_FIX_FIELD = {
-    "dtype": "Cast the model the same way on every rank: look for .half()/.to(dtype)/autocast "
-             "setup under a rank condition. (torch never checks dtypes: it crashes in the "
-             "broadcast instead.)",
-    "stride": "Convert the memory format on every rank or on none: look for "
-              ".to(memory_format=torch.channels_last) under a rank condition.",
-    "order": "Register submodules in the same order on every rank: the order of attribute "
-             "assignment in __init__ decides parameters() order, and with it the buckets.",
-    "name": "Name submodules the same on every rank: state_dict keys and DDP's ignore lists "
-            "depend on the names.",
-    "requires_grad": "Freeze the same parameters on every rank (requires_grad_(False) under a "
-                     "rank condition?).",
-    "device": "Move the whole model to the same kind of device on every rank.",
-}
-_FIX_UNUSED_SOME = ("Use the parameter on every rank in every iteration, or pass "
-                    "find_unused_parameters=True. Without it, the ranks that skip it contribute "
-                    "zeros (ddpviz) or leave the iteration unfinished (torch).")
-_FIX_UNUSED_ALL = ("Remove the parameter or freeze it (requires_grad_(False)); or keep "
-                   "find_unused_parameters=True, which walks the autograd graph every iteration.")
-_FIX_TWICE = ("A parameter's gradient was accumulated twice before DDP reduced it: reentrant "
-              "activation checkpointing (use use_reentrant=False, or static_graph=True), or two "
-              "backward passes per forward. Run one backward per forward under DDP.")
-_FIX_ORDER = ("Not an error, but buckets are rebuilt in rank 0's order, so other ranks launch "
-              "all-reduces later and overlap less. Make forward the same on every rank (no "
-              "rank-dependent branches or data-dependent module order).")
-_FIX_COLLECTIVES = ("Every rank must issue the same collectives in the same order: look for "
-                    "no_sync() or an extra forward/backward on some ranks only, or uneven "
-                    "inputs (use ddp.join()).")
-_FIX_UNEVEN = ("Give every rank the same number of batches (DistributedSampler with "
-               "drop_last=True) or wrap the loop in `with ddp.join():`; harmless if the run used "
-               "join().")
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
@@ -206,17 +176,16 @@ def mismatch_findings(mismatches: Sequence[Mismatch], world_size: int) -> list[F
             out.append(Finding(
                 kind="gpu_shared", severity="error", title="ranks on one host use the same GPU",
                 ranks=ranks, field=m.field, values=values,
-                fix=("Give each rank its own GPU: call torch.cuda.set_device(local_rank) before "
-                     "building the model and move the model to that device."),
+                fix=fix_for("gpu_shared"),
                 world_size=world_size))
             continue
         if m.kind == "count":
             noun = m.name  # "parameters" | "buffers"
-            kind = "param_mismatch" if noun == "parameters" else "buffer_mismatch"
+            kind: Kind = "param_mismatch" if noun == "parameters" else "buffer_mismatch"
             out.append(Finding(
                 kind=kind, severity="error", title=f"the number of {noun} differs across ranks",
                 ranks=ranks, name=noun, field="count",
-                values=tuple((f"{v} {noun}", rs) for v, rs in values), fix=_FIX_MODEL,
+                values=tuple((f"{v} {noun}", rs) for v, rs in values), fix=fix_for(kind),
                 world_size=world_size))
             continue
         what = "parameter" if m.kind == "param" else "buffer"
@@ -227,9 +196,10 @@ def mismatch_findings(mismatches: Sequence[Mismatch], world_size: int) -> list[F
         }.get(m.field, f"{what} {m.index} '{m.name}' has a different {m.field} across ranks")
         shown = values if m.field != "order" else tuple((f"index {v}", rs) for v, rs in values)
         out.append(Finding(
-            kind=f"{m.kind}_mismatch", severity="error", title=title, ranks=ranks,
+            kind="param_mismatch" if m.kind == "param" else "buffer_mismatch",
+            severity="error", title=title, ranks=ranks,
             param=m.index, name=m.name, field=m.field, values=shown,
-            fix=_FIX_FIELD.get(m.field, _FIX_MODEL), world_size=world_size))
+            fix=fix_for("param_mismatch", m.field), world_size=world_size))
     return out
 
 
@@ -275,7 +245,7 @@ def _unused(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int
             kind="unused_parameter", severity="warning",
             title=f"parameter {index} '{name}' got no gradient on {where} at step {step}{later}",
             ranks=unused_ranks, param=index, name=name, field="unused", step=step,
-            values=values, fix=_FIX_UNUSED_ALL if everywhere else _FIX_UNUSED_SOME,
+            values=values, fix=fix_for("unused_parameter", "all" if everywhere else ""),
             world_size=world_size))
     return out
 
@@ -331,7 +301,7 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
             title=f"parameter {param} '{name}' was marked ready twice at step {step} on "
                   f"{format_ranks(ranks)}",
             ranks=tuple(sorted(ranks)), param=param, name=name, field="hook", step=step,
-            values=group_ranks(states), fix=_FIX_TWICE, world_size=world_size))
+            values=group_ranks(states), fix=fix_for("hook_fired_twice"), world_size=world_size))
     maps = {r: _bucket_maps(lst) for r, lst in per_rank.items()}
     differing = []
     for step in sorted(orders):
@@ -372,7 +342,7 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
         title=f"gradients became ready in a different order on {format_ranks(odd)} at step "
               f"{step} (first at position {at}: parameter {param} '{name}')",
         ranks=odd, param=param, name=name, field="grad_order", bucket=bucket, step=step,
-        values=shown, detail=tuple(detail), fix=_FIX_ORDER, world_size=world_size))
+        values=shown, detail=tuple(detail), fix=fix_for("grad_order"), world_size=world_size))
     return out
 
 
@@ -453,7 +423,7 @@ def _collectives(per_rank: Mapping[int, list[Event]], world_size: int) -> list[F
                 field="collectives", step=step, values=values,
                 detail=("later collectives pair up with the wrong partners: gradients are "
                         "averaged across different iterations, and the last rank waits forever",),
-                fix=_FIX_COLLECTIVES, world_size=world_size)]
+                fix=fix_for("collective_mismatch"), world_size=world_size)]
     return []
 
 
@@ -499,9 +469,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
             kind="missing_rank", severity="error",
             title=f"{format_ranks(missing)} sent no events", ranks=missing, field="events",
             values=group_ranks(states),
-            fix=("A rank without events never built the DDP (crashed or stuck before it), or "
-                 "was not connected: call ddpviz.connect() on every rank, or use "
-                 "ddpviz.launch."), world_size=world_size))
+            fix=fix_for("missing_rank", "events"), world_size=world_size))
     if len(per_rank) < 2:
         return out
     last_step = {r: max((e.step for e in lst), default=-1) for r, lst in per_rank.items()}
@@ -514,7 +482,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
             title=f"{format_ranks(behind)} stopped at step "
                   f"{min(last_step[r] for r in behind)} while others reached step {top}",
             ranks=behind, field="iterations", step=top, values=group_ranks(states),
-            fix=_FIX_UNEVEN, world_size=world_size))
+            fix=fix_for("uneven_iterations"), world_size=world_size))
     if any(f.kind in _STUCK_KINDS for f in reported):
         return out  # the ranks already said where they were, more precisely than events can
     stuck = {r: _open_collective(lst, names.get(r, {})) for r, lst in per_rank.items()}
@@ -532,7 +500,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
                    f"{'was' if len(outside) == 1 else 'were'} not in it")
             if outside else f"{waiting} were all inside collectives when the events end",
             ranks=outside, field="collective", values=group_ranks(states),
-            fix=_FIX_COLLECTIVES, world_size=world_size))
+            fix=fix_for("collective_mismatch"), world_size=world_size))
     return out
 
 
@@ -547,5 +515,5 @@ def _dropped(per_rank: Mapping[int, list[Event]], world_size: int) -> list[Findi
         title=f"{format_ranks(tuple(counts))} dropped {sum(counts.values())} events, so this "
               "diagnosis may be incomplete", ranks=tuple(sorted(counts)), field="events",
         values=tuple((f"{n} dropped", (r,)) for r, n in sorted(counts.items())),
-        fix="Raise the sender's capacity (ddpviz.connect(capacity=...)) or emit fewer events.",
+        fix=fix_for("events_dropped"),
         world_size=world_size)]

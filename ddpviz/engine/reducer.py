@@ -44,7 +44,7 @@ from ddpviz.events import (
     Tap,
     UnusedParametersFound,
 )
-from ddpviz.findings import Finding
+from ddpviz.findings import Finding, Kind, fix_for
 
 # [Note: reducer timeline]
 # construction: buckets from the constructor's map; a post hook on every parameter's
@@ -669,7 +669,7 @@ class Reducer:
         self._log_error(str(error))
         raise error
 
-    def _fail(self, message: str, kind: str, index: int, field: str,
+    def _fail(self, message: str, kind: Kind, index: int, field: str,
               title: str, torch_text: str = "") -> GradientGraphError:
         """The error to raise for `message`: records the finding and tells the other ranks, so
         that those waiting for this one stop at once (see Watchdog.fail)."""
@@ -718,11 +718,7 @@ class Reducer:
                 else "in this backward")
         setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
                    else f"find_unused_parameters={self.find_unused_parameters}")
-        fix = ("Use the same parameters in every iteration with static_graph=True, or use "
-               "find_unused_parameters=True instead." if self.static_graph else
-               "Pass find_unused_parameters=True to DistributedDataParallel, or use these "
-               "parameters in every forward (and make every output that depends on them part of "
-               "the loss).")
+        fix = fix_for("graph_changed" if self.static_graph else "unused_parameter")
         error = UnusedParametersError(
             f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
             f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"

@@ -29,7 +29,7 @@ from ddpviz.events import (
     VerificationPassed,
     VerificationStarted,
 )
-from ddpviz.findings import format_ranks, group_ranks
+from ddpviz.findings import fix_for, format_ranks, group_ranks
 
 # [Note: verification exchange]
 # Every rank runs the same collectives whatever its model looks like:
@@ -49,9 +49,6 @@ BUFFER_FIELDS = ("shape", "dtype", "device")
 _FIELD_ORDER = ("present", "name", "order", *PARAM_FIELDS)
 _LABEL = {"order": "index"}
 
-_FIX_MODEL = "All ranks must build the same model; look for rank-dependent construction."
-_FIX_GPU = ("Give each rank its own GPU: call torch.cuda.set_device(local_rank) before building "
-            "the model and move the model to that device.")
 
 
 class ParamMeta(NamedTuple):
@@ -392,9 +389,9 @@ def format_mismatches(mismatches: Sequence[Mismatch], world_size: int,
             text += [f"{title}:", *body]
     kinds = {m.kind for m in mismatches}
     if "device" in kinds:
-        text.append(_FIX_GPU)
+        text.append(fix_for("gpu_shared"))
     if kinds - {"device"}:
-        text.append(_FIX_MODEL)
+        text.append(fix_for("param_mismatch"))
     return "\n".join(text)
 
 
