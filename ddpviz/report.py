@@ -16,11 +16,8 @@ from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.trace import Span, Trace, gc_paused
+from ddpviz.units import human_bytes
 
-_ELEMENT_SIZE = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8,
-                 "complex128": 16, "float32": 4, "float": 4, "int32": 4, "int": 4,
-                 "float16": 2, "half": 2, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1,
-                 "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64
 
@@ -156,7 +153,7 @@ def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
         numel = 1
         for d in p.shape:
             numel *= d
-        size = _ELEMENT_SIZE.get(p.dtype.removeprefix("torch."), 0)
+        size = ev.element_size_of(p)
         out[p.index] = (p.name, numel * size)
     return out
 
@@ -192,8 +189,8 @@ def _buckets(trace: Trace) -> str:
             names = [params.get(p, (str(p), 0))[0] for p in b]
             shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)"
                                             if len(names) > 6 else "")
-            limit = limits[i] if i < len(limits) else "-"
-            rows.append([i, len(b), sizes[i] if params else "?", limit, shown])
+            limit = human_bytes(limits[i]) if i < len(limits) else "-"
+            rows.append([i, len(b), human_bytes(sizes[i]) if params else "?", limit, shown])
         out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
                           text=(4,)))
         if len(rows) > _MAX_ROWS:
@@ -211,7 +208,7 @@ def _bucket_svg(sizes: list[int]) -> str:
         w = width * (size if summed else 1) / total
         rects.append(f"<rect x='{x:.1f}' y='0' width='{max(w, 1):.1f}' height='{height}' "
                      f"fill='{_COLORS[i % len(_COLORS)]}' stroke='#fff'><title>bucket {i}: "
-                     f"{size} bytes</title></rect>")
+                     f"{human_bytes(size)}</title></rect>")
         if w > 30:
             rects.append(f"<text x='{x + 4:.1f}' y='18' font-size='12' fill='#fff'>b{i}</text>")
         x += w

@@ -270,7 +270,7 @@ class Watch:
         if not self.tap.enabled:
             return
         infos = tuple(ev.ParamInfo(i, n, tuple(p.shape), str(p.dtype).removeprefix("torch."),
-                                   str(p.device), sparse)
+                                   str(p.device), sparse, p.element_size())
                       for i, (n, p, sparse) in enumerate(zip(self.names, self.params,
                                                              self._sparse, strict=True)))
         buffers = tuple(n for n, _ in build_buffers(self.ddp.module,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ddpviz.plan import PlannedBucket
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 
 
 class Segment(NamedTuple):

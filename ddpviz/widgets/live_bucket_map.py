@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import ipywidgets as w
-import torch
 
 from ddpviz import events as ev
 from ddpviz import markup
@@ -28,7 +27,7 @@ from ddpviz.plan import (
     PlanSettings,
     planned_buckets,
 )
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.widgets.bucket_map import BucketMap, Which
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, Timed
 from ddpviz.widgets.event_view import EventView
@@ -48,12 +47,12 @@ class ObservedMaps(NamedTuple):
     disagreements: tuple[str, ...]  # other ranks whose maps differ from this rank's
 
 
-def _itemsize(dtype: str) -> int:
-    dt = getattr(torch, dtype, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"ddpviz: ParamsBuilt names an unknown dtype {dtype!r}.\n"
-                         "Record the trace with the same torch version that reads it.")
-    return dt.itemsize
+def _itemsize(p: ev.ParamInfo) -> int:
+    size = ev.element_size_of(p)
+    if not size:
+        raise ValueError(f"ddpviz: ParamsBuilt names an unknown dtype {p.dtype!r} without its "
+                         "element size.\nRecord the trace with a ddpviz that records it.")
+    return size
 
 
 def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
@@ -61,7 +60,7 @@ def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
     out = []
     for p in built.params:
         numel = math.prod(p.shape)
-        size = _itemsize(p.dtype)
+        size = _itemsize(p)
         out.append(PlannedParam(p.index, p.name, tuple(p.shape), p.dtype, p.device, numel, size,
                                 numel * size, p.sparse_grad))
     return tuple(out)

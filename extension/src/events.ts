@@ -32,6 +32,8 @@ export interface ParamInfo {
   dtype: string;
   device: string;
   sparse_grad: boolean;
+  /** Bytes per element; 0 or absent in traces written before it was recorded. */
+  element_size?: number;
 }
 
 /** One field of one parameter (or buffer) that differs across ranks. */

@@ -62,9 +62,12 @@ function setAttrs(el: Element, attrs: Attrs): void {
   }
 }
 
-/** 1536 -> "1.5 KiB". */
+/** 1536 -> "1.5 KiB"; 2**62 and more (torch's sys.maxsize) -> "unlimited" (as ddpviz/units.py). */
 export function humanBytes(n: number): string {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  if (n >= 2 ** 62) {
+    return 'unlimited';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
   let v = n;
   let u = 0;
   while (Math.abs(v) >= 1024 && u < units.length - 1) {
