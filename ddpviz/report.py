@@ -122,17 +122,17 @@ def _verification(trace: Trace) -> str:
     if not passed and not failed:
         out.append("<p class='muted'>No verification events in this trace.</p>")
     if passed:
-        digests = sorted({e.digest for e in passed})  # type: ignore[attr-defined]
+        digests = sorted({e.digest for e in passed})
         ranks = sorted({e.rank for e in passed})
         out.append(f"<p class='ok'>Passed on ranks {_e(ranks)} (world size "
-                   f"{_e(passed[0].world_size)}; digest {_e(', '.join(digests))}).</p>")  # type: ignore[attr-defined]
+                   f"{_e(passed[0].world_size)}; digest {_e(', '.join(digests))}).</p>")
     seen: set[tuple[Any, ...]] = set()
     for e in failed:
-        mismatches = e.mismatches  # type: ignore[attr-defined]
+        mismatches = e.mismatches
         if mismatches in seen:
             continue
         seen.add(mismatches)
-        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})  # type: ignore[attr-defined]
+        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})
         out.append(f"<p class='bad'>Failed (reported by ranks {_e(ranks)}): "
                    f"{len(mismatches)} difference(s).</p>")
         rows = [[m.kind, m.index, m.name, m.field,
@@ -149,7 +149,7 @@ def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
     if not built:
         return {}
     out: dict[int, tuple[str, int]] = {}
-    for p in built[0].params:  # type: ignore[attr-defined]
+    for p in built[0].params:
         numel = 1
         for d in p.shape:
             numel *= d
@@ -167,7 +167,7 @@ def _buckets(trace: Trace) -> str:
     params = _param_bytes(trace)
     maps: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
     for e in assigned:
-        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))  # type: ignore[attr-defined]
+        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))
     by_kind: dict[bool, set[tuple[Any, ...]]] = defaultdict(set)
     for key in maps:
         by_kind[key[0]].add(key[1])
@@ -282,7 +282,7 @@ def _unused(trace: Trace) -> str:
     per_rank: dict[int, dict[int, str]] = defaultdict(dict)
     steps: dict[int, set[int]] = defaultdict(set)
     for e in found:
-        for p, name in zip(e.params, e.names, strict=False):  # type: ignore[attr-defined]
+        for p, name in zip(e.params, e.names, strict=False):
             per_rank[e.rank][p] = name
         steps[e.rank].add(e.step)
     rows: list[list[object]] = []
