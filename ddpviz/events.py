@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -43,6 +43,10 @@ from ddpviz.limits import (
 _now = time.monotonic_ns
 
 SCHEMA_VERSION = 1
+
+# The collectives a rank can wait in (the watchdog's positions and hang findings name them).
+Collective = Literal["all-reduce", "used-parameter all-reduce", "bucket rebuild broadcast",
+                     "buffer broadcast"]
 
 
 class Event(msgspec.Struct, frozen=True, tag=True):

@@ -20,7 +20,7 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
 import msgspec
 
@@ -60,12 +60,15 @@ class _Clock(msgspec.Struct, array_like=True):
     error_ns: int  # bound on the offset's error; -1 when unknown
 
 
+SpanCategory = Literal["phase", "allreduce", "broadcast"]
+
+
 class Span(NamedTuple):
     """An interval on one rank, on the aligned clock (see Trace.aligned_ns)."""
 
     rank: int
     name: str  # "backward", "all-reduce b3", "broadcast chunk 0", ...
-    cat: str  # "phase" | "allreduce" | "broadcast"
+    cat: SpanCategory
     lane: str  # which row it is drawn in: "phases", "all-reduce bucket 3", ...
     step: int
     start_ns: int
@@ -451,8 +454,8 @@ class _RankSpans:
         self.open_ar: dict[int, list[ev.AllReduceLaunched]] = {}
         self.open_chunk: dict[int, list[ev.BroadcastChunkSent]] = {}
 
-    def close(self, start: Event, end_ns: int, name: str, cat: str, lane: str, done: bool,
-              extra: dict[str, Any]) -> None:
+    def close(self, start: Event, end_ns: int, name: str, cat: SpanCategory, lane: str,
+              done: bool, extra: dict[str, Any]) -> None:
         args = _args(start)
         args.update(extra)
         if not done:

@@ -39,6 +39,7 @@ from ddpviz.events import (
     BucketAssigned,
     BucketReady,
     BucketsRebuilt,
+    Collective,
     FindingReported,
     GradReady,
     Tap,
@@ -73,6 +74,10 @@ from ddpviz.findings import Finding, Kind, fix_for
 # iterations fail at the next forward, like torch, but name the parameters.
 
 _UNSET = -1  # div factor not yet known for this backward
+# The phase a rank is in while it waits in each collective (the watchdog reports it).
+_PHASE_OF_COLLECTIVE: dict[Collective, str] = {
+    "all-reduce": "backward", "used-parameter all-reduce": "backward",
+    "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 
 log = logging.getLogger(__name__)
 
@@ -691,13 +696,12 @@ class Reducer:
     def _bucket_names(self, b: int) -> list[str]:
         return [self.names[i] for i in self.buckets[b].variables]
 
-    def _wait(self, waitable: Any, collective: str, b: int = -1) -> None:
+    def _wait(self, waitable: Any, collective: Collective, b: int = -1) -> None:
         """Wait for a collective; with a watchdog, a rank that never joins is named."""
         if self.watchdog is None:
             waitable.wait()
             return
-        self.watchdog.phase = "backward" if collective != "bucket rebuild broadcast" else \
-            "forward"
+        self.watchdog.phase = _PHASE_OF_COLLECTIVE[collective]
         self.watchdog.wait(waitable, collective=collective, bucket=b,
                            params=self._bucket_names(b) if b >= 0 else ())
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.errors import RankHangError
-from ddpviz.events import FindingReported, Tap
+from ddpviz.events import Collective, FindingReported, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 from ddpviz.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
 
@@ -272,7 +272,7 @@ class Watchdog:
 
     # --- waiting ------------------------------------------------------------------------------
 
-    def wait(self, waitable: Any, *, collective: str, bucket: int = -1,
+    def wait(self, waitable: Any, *, collective: Collective, bucket: int = -1,
              params: Sequence[str] = ()) -> None:
         """Wait for a collective (`dist.Work` or `torch.futures.Future`) with the deadline.
 
@@ -364,7 +364,7 @@ class Watchdog:
             fix=fix_for("rank_waiting"),
             world_size=self.world_size)
 
-    def waiter(self, collective: str) -> Callable[[Any], None] | None:
+    def waiter(self, collective: Collective) -> Callable[[Any], None] | None:
         """`wait` for one kind of collective, as a callable (None without a watchdog)."""
         if self.board is None:
             return None
@@ -374,7 +374,7 @@ class Watchdog:
 
         return wait
 
-    def failed(self, exc: BaseException, *, collective: str, bucket: int = -1,
+    def failed(self, exc: BaseException, *, collective: Collective, bucket: int = -1,
                params: Sequence[str] = ()) -> BaseException:
         """The error to raise for a collective that failed to launch with `exc` (a peer's
         connection closed): a RankHangError naming who went away, or `exc` itself without a
@@ -383,7 +383,7 @@ class Watchdog:
             return exc
         return self._failed(self._position(collective, bucket, params), exc)
 
-    def _plain_wait(self, waitable: Any, collective: str, bucket: int,
+    def _plain_wait(self, waitable: Any, collective: Collective, bucket: int,
                     params: Sequence[str]) -> None:
         try:
             waitable.wait()
@@ -394,7 +394,7 @@ class Watchdog:
 
     # --- diagnosis ----------------------------------------------------------------------------
 
-    def _position(self, collective: str, bucket: int, params: Sequence[str], *,
+    def _position(self, collective: Collective, bucket: int, params: Sequence[str], *,
                   since: float | None = None) -> dict[str, Any]:
         return {"state": "waiting", "step": self.step, "phase": self.phase,
                 "collective": collective, "bucket": bucket, "params": list(params),
