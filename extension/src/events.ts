@@ -70,10 +70,7 @@ export type FindingKind =
   | 'unused_parameter';
 
 /** How bad a finding is (`ddpviz.findings.Severity`). */
-export type Severity =
-  | 'error'
-  | 'info'
-  | 'warning';
+export type Severity = 'error' | 'info' | 'warning';
 
 /** One diagnosed problem (`ddpviz.findings.Finding`). */
 export interface Finding {
