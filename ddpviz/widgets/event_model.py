@@ -283,21 +283,14 @@ class EventModel:
                       t: int) -> None:
         state.dropped += e.count
 
-    def _other_event(self, cls: type[Event], e: Event, t: int) -> None:
-        # diagnosis results travel as FindingReported events
-        if cls is ev.FindingReported:
-            self._findings.append(Timed(t, e))
-
     def _construction_event(self, state: RankState, cls: type[Event], e: Event, t: int) -> None:
         timed = Timed(t, e)
         self.versions["construction"] += 1
         handler = _CONSTRUCTION_HANDLERS.get(cls)
-        if handler is None:
-            self._other_event(cls, e, t)
-        else:
+        if handler is not None:
             handler(self, state, timed, e)
 
-    # One handler per event type of construction (or of no handler above), typed likewise.
+    # One handler per event type of construction (and findings, at any step), typed likewise.
     def _chunk_sent(self, state: RankState, timed: Timed, e: ev.BroadcastChunkSent) -> None:
         state.chunks_sent[e.chunk] = timed
 
@@ -331,6 +324,9 @@ class EventModel:
     def _construction_dropped(self, state: RankState, timed: Timed,
                               e: ev.EventsDropped) -> None:
         state.dropped += e.count
+
+    def _finding_reported(self, state: RankState, timed: Timed, e: ev.FindingReported) -> None:
+        self._findings.append(timed)  # diagnosis results, at any step
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -518,4 +514,5 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
     ev.BroadcastFinished: EventModel._broadcast_finished,
     ev.BucketAssigned: EventModel._construction_map,
     ev.EventsDropped: EventModel._construction_dropped,
+    ev.FindingReported: EventModel._finding_reported,
 }
