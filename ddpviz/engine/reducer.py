@@ -364,8 +364,7 @@ class Reducer:
                     message = (
                         f"ddpviz: parameter {index} '{self.names[index]}' got a gradient in "
                         "this iteration but not in iteration 0 (or more often than then); "
-                        "static_graph=True requires the same graph every iteration. Use "
-                        "find_unused_parameters=True instead of static_graph.")
+                        "static_graph=True requires the same graph every iteration.")
                     # The backward stops here, unfinished: the next forward says so too, in
                     # torch's words (ensure_prior_reduction_finished), as torch's reducer does.
                     self.require_finalize = True
@@ -395,8 +394,7 @@ class Reducer:
             message = (
                 f"ddpviz: parameter {index} '{self.names[index]}' was marked ready twice in one "
                 "iteration: its gradient was accumulated by two backward passes (or two "
-                "reentrant checkpoints) before DDP reduced it. Use static_graph=True for "
-                "reentrant checkpointing, or run one backward per forward.")
+                "reentrant checkpoints) before DDP reduced it.")
             raise self._fail(message, "hook_fired_twice", index, "hook",
                              f"parameter {index} '{self.names[index]}' was marked ready twice "
                              f"at step {self.tap.step} on rank {self.process_group.rank()}")
@@ -674,22 +672,24 @@ class Reducer:
         self._log_error(str(error))
         raise error
 
-    def _fail(self, message: str, kind: Kind, index: int, field: str,
+    def _fail(self, head: str, kind: Kind, index: int, field: str,
               title: str, torch_text: str = "") -> GradientGraphError:
-        """The error to raise for `message`: records the finding and tells the other ranks, so
-        that those waiting for this one stop at once (see Watchdog.fail)."""
+        """The error to raise: the finding first (its fix from findings.FIXES), then the
+        message from `head` (what happened, one line) and the finding's fix; records the
+        finding and tells the other ranks, so that those waiting for this one stop at once
+        (see Watchdog.fail)."""
         rank = self.process_group.rank()
         finding = Finding(kind=kind, severity="error", title=title, ranks=(rank,),
                           param=index, name=self.names[index], field=field,
-                          step=self.tap.step, detail=tuple(message.splitlines()[1:]),
-                          fix=message.split(". ", 1)[-1], world_size=self.process_group.size())
+                          step=self.tap.step, fix=fix_for(kind),
+                          world_size=self.process_group.size())
+        message = f"{head} {finding.fix}"
         if self.watchdog is not None:
             self.watchdog.fail(message, [finding])
         elif self.tap.enabled:
             self.tap.emit(FindingReported, finding)
         if torch_text:  # See [Note: torch's sentences] (errors.py); the fix stays last.
-            head, _, fix = message.partition(". ")
-            message = f"{head}.\n{torch_text}\n{fix}"
+            message = f"{head}\n{torch_text}\n{finding.fix}"
         self._log_error(message)
         return GradientGraphError(message, (finding,))
 
