@@ -11,13 +11,13 @@ rank's last event (missing, lagging and stuck ranks), and EventsDropped.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from ddpviz import events as ev
-from ddpviz.events import Event, Mismatch
+from ddpviz.events import Collective, Event, Mismatch
 from ddpviz.findings import (
     Finding,
     Findings,
@@ -389,17 +389,30 @@ def _order_text(order: Sequence[int], names: Mapping[int, Mapping[int, str]], ra
 # --- collectives per step ---------------------------------------------------------------------
 
 
+def _all_reduce_part(e: ev.AllReduceLaunched) -> str:
+    return f"all-reduce b{e.bucket}"
+
+
+def _collective_part(name: Collective) -> Callable[[Event], str]:
+    return lambda e: name
+
+
+# The collective each event type stands for in a step's signature (typed per event class).
+_SIGNATURE_PART: dict[type[Event], Callable[[Any], str]] = {
+    ev.AllReduceLaunched: _all_reduce_part,
+    ev.BuffersSynced: _collective_part("buffer broadcast"),
+    ev.BucketsRebuilt: _collective_part("bucket rebuild broadcast"),
+}
+
+
 def _signature(lst: Sequence[Event], step: int) -> str:
     parts = []
     for e in lst:
         if e.step != step:
             continue
-        if isinstance(e, ev.AllReduceLaunched):
-            parts.append(f"all-reduce b{e.bucket}")
-        elif isinstance(e, ev.BuffersSynced):
-            parts.append("buffer broadcast")
-        elif isinstance(e, ev.BucketsRebuilt):
-            parts.append("bucket rebuild broadcast")
+        part = _SIGNATURE_PART.get(type(e))
+        if part is not None:
+            parts.append(part(e))
     return ", ".join(parts) if parts else "no collectives"
 
 
@@ -430,31 +443,62 @@ def _collectives(per_rank: Mapping[int, list[Event]], world_size: int) -> list[F
 # --- progress: missing, lagging and stuck ranks -----------------------------------------------
 
 
+class _OpenCollective:
+    """Which collective a rank is inside, event by event: one handler per event type that
+    opens or closes one (`_OPEN_HANDLERS`), each typed with its event class."""
+
+    def __init__(self) -> None:
+        self.all_reduce: dict[int, ev.AllReduceLaunched] = {}
+        self.broadcast: ev.BroadcastStarted | None = None
+        self.verification: ev.VerificationStarted | None = None
+
+    def all_reduce_launched(self, e: ev.AllReduceLaunched) -> None:
+        self.all_reduce[e.bucket] = e
+
+    def all_reduce_done(self, e: ev.AllReduceDone) -> None:
+        self.all_reduce.pop(e.bucket, None)
+
+    def broadcast_started(self, e: ev.BroadcastStarted) -> None:
+        self.broadcast = e
+
+    def broadcast_finished(self, e: ev.BroadcastFinished) -> None:
+        self.broadcast = None
+
+    def verification_started(self, e: ev.VerificationStarted) -> None:
+        self.verification = e
+
+    def verification_ended(self, e: ev.VerificationPassed | ev.VerificationFailed) -> None:
+        self.verification = None
+
+    def backward_finished(self, e: ev.BackwardFinished) -> None:
+        self.all_reduce.clear()
+
+
+_OPEN_HANDLERS: dict[type[Event], Callable[[_OpenCollective, Any], None]] = {
+    ev.AllReduceLaunched: _OpenCollective.all_reduce_launched,
+    ev.AllReduceDone: _OpenCollective.all_reduce_done,
+    ev.BroadcastStarted: _OpenCollective.broadcast_started,
+    ev.BroadcastFinished: _OpenCollective.broadcast_finished,
+    ev.VerificationStarted: _OpenCollective.verification_started,
+    ev.VerificationPassed: _OpenCollective.verification_ended,
+    ev.VerificationFailed: _OpenCollective.verification_ended,
+    ev.BackwardFinished: _OpenCollective.backward_finished,
+}
+
+
 def _open_collective(lst: Sequence[Event], names: Mapping[int, str]) -> str | None:
     """What a rank was inside when its events end, if a collective never finished."""
-    open_ar: dict[int, ev.AllReduceLaunched] = {}
-    broadcast = verification = None
+    state = _OpenCollective()
     for e in lst:
-        if isinstance(e, ev.AllReduceLaunched):
-            open_ar[e.bucket] = e
-        elif isinstance(e, ev.AllReduceDone):
-            open_ar.pop(e.bucket, None)
-        elif isinstance(e, ev.BroadcastStarted):
-            broadcast = e
-        elif isinstance(e, ev.BroadcastFinished):
-            broadcast = None
-        elif isinstance(e, ev.VerificationStarted):
-            verification = e
-        elif isinstance(e, (ev.VerificationPassed, ev.VerificationFailed)):
-            verification = None
-        elif isinstance(e, ev.BackwardFinished):
-            open_ar.clear()
-    if open_ar:
-        b = min(open_ar)
-        return f"inside the all-reduce of bucket {b} at step {open_ar[b].step}"
-    if broadcast is not None:
-        return f"inside a broadcast at step {broadcast.step}"
-    if verification is not None:
+        handler = _OPEN_HANDLERS.get(type(e))
+        if handler is not None:
+            handler(state, e)
+    if state.all_reduce:
+        b = min(state.all_reduce)
+        return f"inside the all-reduce of bucket {b} at step {state.all_reduce[b].step}"
+    if state.broadcast is not None:
+        return f"inside a broadcast at step {state.broadcast.step}"
+    if state.verification is not None:
         return "inside model verification"
     return None
 
