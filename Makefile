@@ -30,9 +30,15 @@ CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
-lint: $(BIN)/.test
+lint: $(BIN)/.test extension/node_modules
 	$(BIN)/ruff check ddpviz tests benchmarks ddpviz_autowatch.py
 	$(BIN)/mypy
+	cd extension && PATH="$(abspath $(BIN)):$$PATH" jlpm lint:check
+
+# the extension's linters (eslint, prettier, stylelint: extension/package.json devDependencies)
+extension/node_modules: extension/package.json extension/yarn.lock $(BIN)/.test
+	cd extension && PATH="$(abspath $(BIN)):$$PATH" jlpm install
+	touch $@
 
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpviz.plan import bucket_plan
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.zoo import tiny_transformer
 
 

@@ -11,40 +11,24 @@ rank's last event (missing, lagging and stuck ranks), and EventsDropped.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from ddpviz import events as ev
 from ddpviz.engine.verify import mismatch_findings
-from ddpviz.events import Event
+from ddpviz.events import Collective, Event
 from ddpviz.findings import (
     Finding,
     Findings,
+    fix_for,
     format_ranks,
     group_ranks,
     odd_ranks,
     sort_findings,
 )
 
-_FIX_UNUSED_SOME = ("Use the parameter on every rank in every iteration, or pass "
-                    "find_unused_parameters=True. Without it, the ranks that skip it contribute "
-                    "zeros (ddpviz) or leave the iteration unfinished (torch).")
-_FIX_UNUSED_ALL = ("Remove the parameter or freeze it (requires_grad_(False)); or keep "
-                   "find_unused_parameters=True, which walks the autograd graph every iteration.")
-_FIX_TWICE = ("A parameter's gradient was accumulated twice before DDP reduced it: reentrant "
-              "activation checkpointing (use use_reentrant=False, or static_graph=True), or two "
-              "backward passes per forward. Run one backward per forward under DDP.")
-_FIX_ORDER = ("Not an error, but buckets are rebuilt in rank 0's order, so other ranks launch "
-              "all-reduces later and overlap less. Make forward the same on every rank (no "
-              "rank-dependent branches or data-dependent module order).")
-_FIX_COLLECTIVES = ("Every rank must issue the same collectives in the same order: look for "
-                    "no_sync() or an extra forward/backward on some ranks only, or uneven "
-                    "inputs (use ddp.join()).")
-_FIX_UNEVEN = ("Give every rank the same number of batches (DistributedSampler with "
-               "drop_last=True) or wrap the loop in `with ddp.join():`; harmless if the run used "
-               "join().")
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
@@ -224,7 +208,7 @@ def _unused(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int
             kind="unused_parameter", severity="warning",
             title=f"parameter {index} '{name}' got no gradient on {where} at step {step}{later}",
             ranks=unused_ranks, param=index, name=name, field="unused", step=step,
-            values=values, fix=_FIX_UNUSED_ALL if everywhere else _FIX_UNUSED_SOME,
+            values=values, fix=fix_for("unused_parameter", "all" if everywhere else ""),
             world_size=world_size))
     return out
 
@@ -280,7 +264,7 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
             title=f"parameter {param} '{name}' was marked ready twice at step {step} on "
                   f"{format_ranks(ranks)}",
             ranks=tuple(sorted(ranks)), param=param, name=name, field="hook", step=step,
-            values=group_ranks(states), fix=_FIX_TWICE, world_size=world_size))
+            values=group_ranks(states), fix=fix_for("hook_fired_twice"), world_size=world_size))
     maps = {r: _bucket_maps(lst) for r, lst in per_rank.items()}
     differing = []
     for step in sorted(orders):
@@ -321,7 +305,7 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
         title=f"gradients became ready in a different order on {format_ranks(odd)} at step "
               f"{step} (first at position {at}: parameter {param} '{name}')",
         ranks=odd, param=param, name=name, field="grad_order", bucket=bucket, step=step,
-        values=shown, detail=tuple(detail), fix=_FIX_ORDER, world_size=world_size))
+        values=shown, detail=tuple(detail), fix=fix_for("grad_order"), world_size=world_size))
     return out
 
 
@@ -368,17 +352,30 @@ def _order_text(order: Sequence[int], names: Mapping[int, Mapping[int, str]], ra
 # --- collectives per step ---------------------------------------------------------------------
 
 
+def _all_reduce_part(e: ev.AllReduceLaunched) -> str:
+    return f"all-reduce b{e.bucket}"
+
+
+def _collective_part(name: Collective) -> Callable[[Event], str]:
+    return lambda e: name
+
+
+# The collective each event type stands for in a step's signature (typed per event class).
+_SIGNATURE_PART: dict[type[Event], Callable[[Any], str]] = {
+    ev.AllReduceLaunched: _all_reduce_part,
+    ev.BuffersSynced: _collective_part("buffer broadcast"),
+    ev.BucketsRebuilt: _collective_part("bucket rebuild broadcast"),
+}
+
+
 def _signature(lst: Sequence[Event], step: int) -> str:
     parts = []
     for e in lst:
         if e.step != step:
             continue
-        if isinstance(e, ev.AllReduceLaunched):
-            parts.append(f"all-reduce b{e.bucket}")
-        elif isinstance(e, ev.BuffersSynced):
-            parts.append("buffer broadcast")
-        elif isinstance(e, ev.BucketsRebuilt):
-            parts.append("bucket rebuild broadcast")
+        part = _SIGNATURE_PART.get(type(e))
+        if part is not None:
+            parts.append(part(e))
     return ", ".join(parts) if parts else "no collectives"
 
 
@@ -402,38 +399,69 @@ def _collectives(per_rank: Mapping[int, list[Event]], world_size: int) -> list[F
                 field="collectives", step=step, values=values,
                 detail=("later collectives pair up with the wrong partners: gradients are "
                         "averaged across different iterations, and the last rank waits forever",),
-                fix=_FIX_COLLECTIVES, world_size=world_size)]
+                fix=fix_for("collective_mismatch"), world_size=world_size)]
     return []
 
 
 # --- progress: missing, lagging and stuck ranks -----------------------------------------------
 
 
+class _OpenCollective:
+    """Which collective a rank is inside, event by event: one handler per event type that
+    opens or closes one (`_OPEN_HANDLERS`), each typed with its event class."""
+
+    def __init__(self) -> None:
+        self.all_reduce: dict[int, ev.AllReduceLaunched] = {}
+        self.broadcast: ev.BroadcastStarted | None = None
+        self.verification: ev.VerificationStarted | None = None
+
+    def all_reduce_launched(self, e: ev.AllReduceLaunched) -> None:
+        self.all_reduce[e.bucket] = e
+
+    def all_reduce_done(self, e: ev.AllReduceDone) -> None:
+        self.all_reduce.pop(e.bucket, None)
+
+    def broadcast_started(self, e: ev.BroadcastStarted) -> None:
+        self.broadcast = e
+
+    def broadcast_finished(self, e: ev.BroadcastFinished) -> None:
+        self.broadcast = None
+
+    def verification_started(self, e: ev.VerificationStarted) -> None:
+        self.verification = e
+
+    def verification_ended(self, e: ev.VerificationPassed | ev.VerificationFailed) -> None:
+        self.verification = None
+
+    def backward_finished(self, e: ev.BackwardFinished) -> None:
+        self.all_reduce.clear()
+
+
+_OPEN_HANDLERS: dict[type[Event], Callable[[_OpenCollective, Any], None]] = {
+    ev.AllReduceLaunched: _OpenCollective.all_reduce_launched,
+    ev.AllReduceDone: _OpenCollective.all_reduce_done,
+    ev.BroadcastStarted: _OpenCollective.broadcast_started,
+    ev.BroadcastFinished: _OpenCollective.broadcast_finished,
+    ev.VerificationStarted: _OpenCollective.verification_started,
+    ev.VerificationPassed: _OpenCollective.verification_ended,
+    ev.VerificationFailed: _OpenCollective.verification_ended,
+    ev.BackwardFinished: _OpenCollective.backward_finished,
+}
+
+
 def _open_collective(lst: Sequence[Event], names: Mapping[int, str]) -> str | None:
     """What a rank was inside when its events end, if a collective never finished."""
-    open_ar: dict[int, ev.AllReduceLaunched] = {}
-    broadcast = verification = None
+    state = _OpenCollective()
     for e in lst:
-        if isinstance(e, ev.AllReduceLaunched):
-            open_ar[e.bucket] = e
-        elif isinstance(e, ev.AllReduceDone):
-            open_ar.pop(e.bucket, None)
-        elif isinstance(e, ev.BroadcastStarted):
-            broadcast = e
-        elif isinstance(e, ev.BroadcastFinished):
-            broadcast = None
-        elif isinstance(e, ev.VerificationStarted):
-            verification = e
-        elif isinstance(e, (ev.VerificationPassed, ev.VerificationFailed)):
-            verification = None
-        elif isinstance(e, ev.BackwardFinished):
-            open_ar.clear()
-    if open_ar:
-        b = min(open_ar)
-        return f"inside the all-reduce of bucket {b} at step {open_ar[b].step}"
-    if broadcast is not None:
-        return f"inside a broadcast at step {broadcast.step}"
-    if verification is not None:
+        handler = _OPEN_HANDLERS.get(type(e))
+        if handler is not None:
+            handler(state, e)
+    if state.all_reduce:
+        b = min(state.all_reduce)
+        return f"inside the all-reduce of bucket {b} at step {state.all_reduce[b].step}"
+    if state.broadcast is not None:
+        return f"inside a broadcast at step {state.broadcast.step}"
+    if state.verification is not None:
         return "inside model verification"
     return None
 
@@ -448,9 +476,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
             kind="missing_rank", severity="error",
             title=f"{format_ranks(missing)} sent no events", ranks=missing, field="events",
             values=group_ranks(states),
-            fix=("A rank without events never built the DDP (crashed or stuck before it), or "
-                 "was not connected: call ddpviz.connect() on every rank, or use "
-                 "ddpviz.launch."), world_size=world_size))
+            fix=fix_for("missing_rank", "events"), world_size=world_size))
     if len(per_rank) < 2:
         return out
     last_step = {r: max((e.step for e in lst), default=-1) for r, lst in per_rank.items()}
@@ -463,7 +489,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
             title=f"{format_ranks(behind)} stopped at step "
                   f"{min(last_step[r] for r in behind)} while others reached step {top}",
             ranks=behind, field="iterations", step=top, values=group_ranks(states),
-            fix=_FIX_UNEVEN, world_size=world_size))
+            fix=fix_for("uneven_iterations"), world_size=world_size))
     if any(f.kind in _STUCK_KINDS for f in reported):
         return out  # the ranks already said where they were, more precisely than events can
     stuck = {r: _open_collective(lst, names.get(r, {})) for r, lst in per_rank.items()}
@@ -481,7 +507,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
                    f"{'was' if len(outside) == 1 else 'were'} not in it")
             if outside else f"{waiting} were all inside collectives when the events end",
             ranks=outside, field="collective", values=group_ranks(states),
-            fix=_FIX_COLLECTIVES, world_size=world_size))
+            fix=fix_for("collective_mismatch"), world_size=world_size))
     return out
 
 
@@ -496,5 +522,5 @@ def _dropped(per_rank: Mapping[int, list[Event]], world_size: int) -> list[Findi
         title=f"{format_ranks(tuple(counts))} dropped {sum(counts.values())} events, so this "
               "diagnosis may be incomplete", ranks=tuple(sorted(counts)), field="events",
         values=tuple((f"{n} dropped", (r,)) for r, n in sorted(counts.items())),
-        fix="Raise the sender's capacity (ddpviz.connect(capacity=...)) or emit fewer events.",
+        fix=fix_for("events_dropped"),
         world_size=world_size)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -44,6 +44,10 @@ _now = time.monotonic_ns
 
 SCHEMA_VERSION = 1
 
+# The collectives a rank can wait in (the watchdog's positions and hang findings name them).
+Collective = Literal["all-reduce", "used-parameter all-reduce", "bucket rebuild broadcast",
+                     "buffer broadcast"]
+
 
 class Event(msgspec.Struct, frozen=True, tag=True):
     """Base of every event; never emitted itself."""
@@ -66,6 +70,26 @@ class ParamInfo(msgspec.Struct, frozen=True):
     dtype: Name
     device: Name
     sparse_grad: bool
+    # bytes per element (tensor.element_size()); 0 in traces written before it was recorded:
+    # read it with `element_size_of`, which falls back to the dtype's name for those.
+    element_size: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+
+
+# Bytes per element by dtype name, only for traces written before ParamInfo.element_size.
+_LEGACY_ELEMENT_SIZE = {
+    "float64": 8, "double": 8, "int64": 8, "long": 8, "uint64": 8, "complex64": 8,
+    "complex128": 16, "complex32": 4, "float32": 4, "float": 4, "int32": 4, "int": 4,
+    "uint32": 4, "float16": 2, "half": 2, "bfloat16": 2, "int16": 2, "uint16": 2, "uint8": 1,
+    "int8": 1, "bool": 1}
+
+
+def element_size_of(p: ParamInfo) -> int:
+    """Bytes per element of `p`'s gradient: as recorded, or (traces written before it was)
+    from its dtype's name (float8 types: 1); 0 when neither says."""
+    if p.element_size:
+        return p.element_size
+    dtype = p.dtype.removeprefix("torch.")
+    return _LEGACY_ELEMENT_SIZE.get(dtype, 1 if dtype.startswith("float8") else 0)
 
 
 class ParamsBuilt(Event, frozen=True):

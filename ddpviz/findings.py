@@ -27,8 +27,16 @@ from ddpviz.limits import (
 
 Severity = Literal["error", "warning", "info"]
 
-# Every kind of finding, with what its fields mean. Keep in step with diagnose.py and the docs.
-KINDS: dict[str, str] = {
+# Every kind of finding. Keep in step with KINDS (what each means), FIXES and the docs.
+Kind = Literal[
+    "param_mismatch", "buffer_mismatch", "gpu_shared", "initial_values", "unused_parameter",
+    "hook_fired_twice", "graph_changed", "grad_order", "missing_rank", "rank_waiting",
+    "rank_hang", "rank_exited", "peer_failed", "uneven_iterations", "collective_mismatch",
+    "buffer_reassigned", "events_dropped", "plan_mismatch",
+]
+
+# Every kind of finding, with what its fields mean.
+KINDS: dict[Kind, str] = {
     "param_mismatch": "a parameter differs across ranks (field: present, name, order, shape, "
                       "stride, dtype, device, requires_grad, sparse_grad; or count)",
     "buffer_mismatch": "a buffer differs across ranks (field: present, name, order, shape, "
@@ -53,14 +61,151 @@ KINDS: dict[str, str] = {
                      "settings (bucket sizes or order; post-mortem)",
 }
 
+# The model differs across ranks: one fix per differing field ("" for any other field).
+_MODEL_FIXES = {
+    "": "All ranks must build the same model; look for rank-dependent construction.",
+    "dtype": "Cast the model the same way on every rank: look for .half()/.to(dtype)/autocast "
+             "setup under a rank condition. (torch never checks dtypes: it crashes in the "
+             "broadcast instead.)",
+    "stride": "Convert the memory format on every rank or on none: look for "
+              ".to(memory_format=torch.channels_last) under a rank condition.",
+    "order": "Register submodules in the same order on every rank: the order of attribute "
+             "assignment in __init__ decides parameters() order, and with it the buckets.",
+    "name": "Name submodules the same on every rank: state_dict keys and DDP's ignore lists "
+            "depend on the names.",
+    "requires_grad": "Freeze the same parameters on every rank (requires_grad_(False) under a "
+                     "rank condition?).",
+    "device": "Move the whole model to the same kind of device on every rank.",
+}
+_SAME_COLLECTIVES = ("Every rank must issue the same collectives in the same order: look for "
+                     "no_sync() or an extra forward/backward on some ranks only, uneven inputs "
+                     "(use ddp.join()), or collectives only some ranks call.")
+
+# The likely fix for each kind of finding, one text per situation: FIXES[kind][variant], where
+# "" is the kind's usual situation. Texts with {fields} are filled by `fix_for`.
+FIXES: dict[Kind, dict[str, str]] = {
+    "param_mismatch": _MODEL_FIXES,
+    "buffer_mismatch": _MODEL_FIXES,
+    "gpu_shared": {
+        "": "Give each rank its own GPU: call torch.cuda.set_device(local_rank) before building "
+            "the model and move the model to that device.",
+    },
+    "initial_values": {
+        "": "Usually a missing torch.manual_seed(...) before building the model (DDP then "
+            "trains from rank 0's values, so this is harmless unless you rely on every rank's "
+            "own initialization, e.g. when comparing runs). Seed every rank the same way.",
+    },
+    "unused_parameter": {
+        # some ranks (or this rank) skipped parameters, find_unused_parameters=False
+        "": "Use these parameters in every forward on every rank (and make every output that "
+            "depends on them part of the loss), or pass find_unused_parameters=True to "
+            "DistributedDataParallel.",
+        # every rank skipped the parameter, in every step seen
+        "all": "Remove the parameter or freeze it (requires_grad_(False)); or keep "
+               "find_unused_parameters=True, which walks the autograd graph every iteration.",
+    },
+    "hook_fired_twice": {
+        "": "A parameter's gradient was accumulated twice before DDP reduced it: reentrant "
+            "activation checkpointing (use use_reentrant=False, or static_graph=True), or two "
+            "backward passes per forward. Run one backward per forward under DDP.",
+    },
+    "graph_changed": {
+        "": "Use the same parameters in every iteration with static_graph=True, or use "
+            "find_unused_parameters=True instead.",
+    },
+    "grad_order": {
+        "": "Not an error, but buckets are rebuilt in rank 0's order, so other ranks launch "
+            "all-reduces later and overlap less. Make forward the same on every rank (no "
+            "rank-dependent branches or data-dependent module order).",
+    },
+    "missing_rank": {
+        # a meeting (rendezvous) some ranks never reached
+        "": "A rank that never arrives crashed, is stuck earlier (data loading, a collective "
+            "only it runs, a deadlock), or skips this code path: read {ranks}'s output and "
+            "look for rank-dependent control flow.",
+        # a trace without events from some ranks
+        "events": "A rank without events never built the DDP (crashed or stuck before it), or "
+                  "was not connected: call ddpviz.connect() on every rank, or use "
+                  "ddpviz.launch.",
+        # post-mortem: Flight Recorder dumps missing
+        "dumps": "Collect every rank's dump (TORCH_FR_DUMP_TEMP_FILE=PREFIX writes "
+                 "PREFIX<rank>); without it the post-mortem cannot say where that rank stood.",
+    },
+    "rank_waiting": {
+        "": "Nothing to do yet: if they do not come, a RankHangError names where they are.",
+    },
+    "rank_hang": {
+        # the ranks that did not arrive are behind (an earlier step)
+        "behind": "A rank that is behind ran out of data (uneven inputs: use ddp.join(), or "
+                  "the same number of batches on every rank, e.g. DistributedSampler with "
+                  "drop_last=True), is stuck outside DDP (data loading, I/O, a collective only "
+                  "it runs), or is just slower than hang_timeout allows (raise it).",
+        # the ranks that did not arrive are at the same step
+        "": "A rank at the same step that never reached this collective skipped it: look for "
+            "no_sync() or an extra backward on some ranks only, or rank-dependent control "
+            "flow around forward/backward.",
+        # every rank waits in the same collective
+        "stuck": "The collective itself is stuck: check the network and the backend "
+                 "(NCCL_DEBUG=INFO), or raise hang_timeout if it is just slow.",
+        # post-mortem: some ranks never launched a collective others did
+        "dumps": "Look at what the ranks that never launched it were doing at that point (their "
+                 "last completed collective above): a skipped backward, an unused parameter "
+                 "with find_unused_parameters=False, an exception or a rank-dependent branch.",
+    },
+    "rank_exited": {
+        "": "Read the output of the rank that stopped: it crashed, or returned early (uneven "
+            "inputs: use ddp.join(), or the same number of batches on every rank).",
+        "store": "Read the output of rank 0 (or the host of MASTER_ADDR): it stopped first.",
+    },
+    "peer_failed": {
+        "": "Fix the error on rank {rank}; this rank stopped instead of hanging.",
+    },
+    "uneven_iterations": {
+        "": "Give every rank the same number of batches (DistributedSampler with "
+            "drop_last=True) or wrap the loop in `with ddp.join():`; harmless if the run used "
+            "join().",
+    },
+    "collective_mismatch": {
+        "": _SAME_COLLECTIVES,
+        # post-mortem: one sequence id, different collectives
+        "sequence": "Ranks launched different collectives under one sequence id: a collective "
+                    "was skipped or added on some ranks before this point.",
+        # post-mortem: a rank launched collectives beyond DDP's plan
+        "extra": "Every rank must launch the same collectives in the same order on a process "
+                 "group: move rank-dependent collectives (logging, metrics) out of the training "
+                 "step, or run them on every rank.",
+    },
+    "buffer_reassigned": {
+        "": "Update buffers in place: `self.stats.mul_(0.9).add_(m)` or `self.stats.copy_(new)` "
+            "under torch.no_grad(), instead of assigning a new tensor.",
+    },
+    "events_dropped": {
+        "": "Raise the sender's capacity (ddpviz.connect(capacity=...)) or emit fewer events.",
+    },
+    "plan_mismatch": {
+        "": "Build DDP with the same bucket_cap_mb, bucket_cap_mb_list, find_unused_parameters "
+            "and static_graph on every rank, or pass the settings this rank used to "
+            "postmortem(settings=...) if the dumps are of a different configuration.",
+    },
+}
+
+
+def fix_for(kind: Kind, variant: str = "", **fields: object) -> str:
+    """The fix for `kind` in situation `variant` (the kind's usual one when the variant has no
+    text of its own), with {fields} filled in."""
+    table = FIXES[kind]
+    text = table.get(variant, table[""])
+    return text.format(**fields) if fields else text
+
+
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
     """One diagnosed problem. Only `kind`, `severity` and `title` are always set."""
 
-    kind: Name  # a key of KINDS
-    severity: Name  # "error" | "warning" | "info"
+    kind: Kind
+    severity: Severity
     title: Text  # what is wrong, one line, without "ddpviz: " and the world size
     ranks: Ranks = ()  # the ranks at fault (the odd ones out), sorted
     param: ParamIndexOrNone = -1  # parameter (or buffer) index in DDP's list; -1 when not about one

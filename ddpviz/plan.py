@@ -411,12 +411,12 @@ class ObservedMaps(NamedTuple):
     disagreements: tuple[str, ...]  # other ranks whose maps differ from this rank's
 
 
-def _itemsize(dtype: str) -> int:
-    dt = getattr(torch, dtype, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"ddpviz: ParamsBuilt names an unknown dtype {dtype!r}.\n"
-                         "Record the trace with the same torch version that reads it.")
-    return dt.itemsize
+def _itemsize(p: ev.ParamInfo) -> int:
+    size = ev.element_size_of(p)
+    if not size:
+        raise ValueError(f"ddpviz: ParamsBuilt names an unknown dtype {p.dtype!r} without its "
+                         "element size.\nRecord the trace with a ddpviz that records it.")
+    return size
 
 
 def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
@@ -424,7 +424,7 @@ def planned_params(built: ev.ParamsBuilt) -> tuple[PlannedParam, ...]:
     out = []
     for p in built.params:
         numel = math.prod(p.shape)
-        size = _itemsize(p.dtype)
+        size = _itemsize(p)
         out.append(PlannedParam(p.index, p.name, tuple(p.shape), p.dtype, p.device, numel, size,
                                 numel * size, p.sparse_grad))
     return tuple(out)

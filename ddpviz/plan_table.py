@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ddpviz.units import human_bytes
+
 if TYPE_CHECKING:
     from ddpviz.plan import BucketPlan, PlannedBucket
-
-
-def human_bytes(n: int) -> str:
-    """Bytes in binary units, e.g. 1.0 MiB; sys.maxsize reads as 'unlimited'."""
-    if n >= 2**62:
-        return "unlimited"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")
 
 
 def _settings_line(plan: BucketPlan) -> str:

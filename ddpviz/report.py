@@ -16,11 +16,8 @@ from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.trace import Span, Trace, gc_paused
+from ddpviz.units import human_bytes
 
-_ELEMENT_SIZE = {"float64": 8, "double": 8, "int64": 8, "long": 8, "complex64": 8,
-                 "complex128": 16, "float32": 4, "float": 4, "int32": 4, "int": 4,
-                 "float16": 2, "half": 2, "bfloat16": 2, "int16": 2, "uint8": 1, "int8": 1,
-                 "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64
 
@@ -128,17 +125,17 @@ def _verification(trace: Trace) -> str:
     if not passed and not failed:
         out.append("<p class='muted'>No verification events in this trace.</p>")
     if passed:
-        digests = sorted({e.digest for e in passed})  # type: ignore[attr-defined]
+        digests = sorted({e.digest for e in passed})
         ranks = sorted({e.rank for e in passed})
         out.append(markup.fmt("<p class='ok'>Passed on ranks {} (world size {}; digest {}).</p>",
-                              ranks, passed[0].world_size, ", ".join(digests)))  # type: ignore[attr-defined]
+                              ranks, passed[0].world_size, ", ".join(digests)))
     seen: set[tuple[Any, ...]] = set()
     for e in failed:
-        mismatches = e.mismatches  # type: ignore[attr-defined]
+        mismatches = e.mismatches
         if mismatches in seen:
             continue
         seen.add(mismatches)
-        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})  # type: ignore[attr-defined]
+        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})
         out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): "
                               "{} difference(s).</p>", ranks, len(mismatches)))
         rows = [[m.kind, m.index, m.name, m.field,
@@ -155,11 +152,11 @@ def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
     if not built:
         return {}
     out: dict[int, tuple[str, int]] = {}
-    for p in built[0].params:  # type: ignore[attr-defined]
+    for p in built[0].params:
         numel = 1
         for d in p.shape:
             numel *= d
-        size = _ELEMENT_SIZE.get(p.dtype.removeprefix("torch."), 0)
+        size = ev.element_size_of(p)
         out[p.index] = (p.name, numel * size)
     return out
 
@@ -173,7 +170,7 @@ def _buckets(trace: Trace) -> str:
     params = _param_bytes(trace)
     maps: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
     for e in assigned:
-        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))  # type: ignore[attr-defined]
+        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))
     by_kind: dict[bool, set[tuple[Any, ...]]] = defaultdict(set)
     for key in maps:
         by_kind[key[0]].add(key[1])
@@ -195,8 +192,8 @@ def _buckets(trace: Trace) -> str:
             names = [params.get(p, (str(p), 0))[0] for p in b]
             shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)"
                                             if len(names) > 6 else "")
-            limit = limits[i] if i < len(limits) else "-"
-            rows.append([i, len(b), sizes[i] if params else "?", limit, shown])
+            limit = human_bytes(limits[i]) if i < len(limits) else "-"
+            rows.append([i, len(b), human_bytes(sizes[i]) if params else "?", limit, shown])
         out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
                           text=(4,)))
         if len(rows) > _MAX_ROWS:
@@ -215,8 +212,8 @@ def _bucket_svg(sizes: list[int]) -> str:
         w = width * (size if summed else 1) / total
         rects.append(markup.fmt("<rect x='{:.1f}' y='0' width='{:.1f}' height='{}' "
                                 "fill='{}' stroke='#fff'><title>bucket {}: "
-                                "{} bytes</title></rect>", x, max(w, 1), height,
-                                _COLORS[i % len(_COLORS)], i, size))
+                                "{}</title></rect>", x, max(w, 1), height,
+                                _COLORS[i % len(_COLORS)], i, human_bytes(size)))
         if w > 30:
             rects.append(markup.fmt("<text x='{:.1f}' y='18' font-size='12' fill='#fff'>b{}</text>",
                                     x + 4, i))
@@ -293,7 +290,7 @@ def _unused(trace: Trace) -> str:
     per_rank: dict[int, dict[int, str]] = defaultdict(dict)
     steps: dict[int, set[int]] = defaultdict(set)
     for e in found:
-        for p, name in zip(e.params, e.names, strict=False):  # type: ignore[attr-defined]
+        for p, name in zip(e.params, e.names, strict=False):
             per_rank[e.rank][p] = name
         steps[e.rank].add(e.step)
     rows: list[list[object]] = []

@@ -19,14 +19,14 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
 import msgspec
 
 from ddpviz import events as ev
 from ddpviz import limits
 from ddpviz.atomic import replacing, write_text
-from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
+from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
 
 # The file format and writer live in tracefile.py (imported by transport/ too); the names the
 # reader below uses are kept here under their old spellings.
@@ -49,12 +49,15 @@ if TYPE_CHECKING:
 _CHUNK = 8192  # events per frame when saving a whole trace
 
 
+SpanCategory = Literal["phase", "allreduce", "broadcast"]
+
+
 class Span(NamedTuple):
     """An interval on one rank, on the aligned clock (see Trace.aligned_ns)."""
 
     rank: int
     name: str  # "backward", "all-reduce b3", "broadcast chunk 0", ...
-    cat: str  # "phase" | "allreduce" | "broadcast"
+    cat: SpanCategory
     lane: str  # which row it is drawn in: "phases", "all-reduce bucket 3", ...
     step: int
     start_ns: int
@@ -129,7 +132,13 @@ class Trace:
         merged.sort(key=lambda e: (e.t_ns + clock.get(e.rank, (0, 0))[0], e.rank, e.seq))
         return merged
 
-    def of_type(self, *types: type[Event], rank: int | None = None) -> list[Event]:
+    @overload
+    def of_type(self, kind: type[E], /, *, rank: int | None = None) -> list[E]: ...
+    @overload
+    def of_type(self, *types: type[Event], rank: int | None = None) -> list[Event]: ...
+
+    def of_type(self, *types: type[Event], rank: int | None = None) -> list[Any]:
+        """The events of these types (one type: typed as it), in `events(rank)` order."""
         return [e for e in self.events(rank) if isinstance(e, types)]
 
     def aligned_ns(self, event: Event) -> int:
@@ -352,80 +361,106 @@ def _args(event: Event) -> dict[str, Any]:
     return d
 
 
-def _rank_spans(rank: int, events: list[Event], offset: int) -> list[Span]:
-    out: list[Span] = []
-    open_phase: dict[type[Event], Event] = {}
-    open_ar: dict[int, list[Event]] = {}
-    open_chunk: dict[int, list[Event]] = {}
-    chunk_lanes: list[int] = []  # end time of the last span in each broadcast lane
+class _RankSpans:
+    """The spans of one rank's events: one handler per event type that opens or closes a span
+    (`_SPAN_HANDLERS`), each typed with its event class."""
 
-    def close(start: Event, end_ns: int, name: str, cat: str, lane: str, done: bool,
-              extra: dict[str, Any]) -> None:
+    def __init__(self, rank: int, offset: int) -> None:
+        self.rank, self.offset = rank, offset
+        self.out: list[Span] = []
+        self.open_phase: dict[type[Event], Event] = {}
+        self.open_ar: dict[int, list[ev.AllReduceLaunched]] = {}
+        self.open_chunk: dict[int, list[ev.BroadcastChunkSent]] = {}
+
+    def close(self, start: Event, end_ns: int, name: str, cat: SpanCategory, lane: str,
+              done: bool, extra: dict[str, Any]) -> None:
         args = _args(start)
         args.update(extra)
         if not done:
             args["unfinished"] = True
-        out.append(Span(rank, name, cat, lane, start.step, start.t_ns + offset, end_ns + offset,
-                        done, args))
+        self.out.append(Span(self.rank, name, cat, lane, start.step, start.t_ns + self.offset,
+                             end_ns + self.offset, done, args))
 
-    for e in events:
+    def phase(self, e: Event) -> None:
         cls = type(e)
-        if cls in _ENDS or cls in _PHASES:
-            start_cls = _ENDS.get(cls)
-            if start_cls is not None and start_cls in open_phase:
-                s = open_phase.pop(start_cls)
-                close(s, e.t_ns, _PHASES[start_cls][0], "phase", "phases", True,
-                      {"ended_by": cls.__name__})
-            if cls in _PHASES:
-                open_phase[cls] = e
-        elif cls is ev.AllReduceLaunched:
-            open_ar.setdefault(e.bucket, []).append(e)  # type: ignore[attr-defined]
-        elif cls is ev.AllReduceDone:
-            pending = open_ar.get(e.bucket)  # type: ignore[attr-defined]
-            if pending:
-                s = pending.pop(0)
-                b = e.bucket  # type: ignore[attr-defined]
-                close(s, e.t_ns, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}",
-                      True, {})
-        elif cls is ev.BroadcastChunkSent:
-            open_chunk.setdefault(e.chunk, []).append(e)  # type: ignore[attr-defined]
-        elif cls is ev.BroadcastChunkDone:
-            pending = open_chunk.get(e.chunk)  # type: ignore[attr-defined]
-            if pending:
-                s = pending.pop(0)
-                close(s, e.t_ns, f"broadcast chunk {e.chunk}", "broadcast",  # type: ignore[attr-defined]
-                      "", True, {})
-    last = events[-1].t_ns if events else 0
-    for s in open_phase.values():
-        close(s, last, _PHASES[type(s)][0], "phase", "phases", False, {})
-    for pending in open_ar.values():
-        for s in pending:
-            b = s.bucket  # type: ignore[attr-defined]
-            close(s, last, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}", False, {})
-    for pending in open_chunk.values():
-        for s in pending:
-            close(s, last, f"broadcast chunk {s.chunk}", "broadcast", "",  # type: ignore[attr-defined]
-                  False, {})
-    # Broadcast chunks overlap (2 in flight): give each the first lane free at its start.
-    result: list[Span] = []
-    for sp in sorted(out, key=lambda s: s.start_ns):
-        if sp.cat == "broadcast":
-            lane = next((i for i, t in enumerate(chunk_lanes) if t <= sp.start_ns), None)
-            if lane is None:
-                lane = len(chunk_lanes)
-                chunk_lanes.append(sp.end_ns)
-            chunk_lanes[lane] = sp.end_ns
-            sp = sp._replace(lane=f"broadcast lane {lane}")
-        result.append(sp)
-    return result
+        start_cls = _ENDS.get(cls)
+        if start_cls is not None and start_cls in self.open_phase:
+            s = self.open_phase.pop(start_cls)
+            self.close(s, e.t_ns, _PHASES[start_cls][0], "phase", "phases", True,
+                       {"ended_by": cls.__name__})
+        if cls in _PHASES:
+            self.open_phase[cls] = e
+
+    def allreduce_launched(self, e: ev.AllReduceLaunched) -> None:
+        self.open_ar.setdefault(e.bucket, []).append(e)
+
+    def allreduce_done(self, e: ev.AllReduceDone) -> None:
+        pending = self.open_ar.get(e.bucket)
+        if pending:
+            s = pending.pop(0)
+            b = e.bucket
+            self.close(s, e.t_ns, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}",
+                       True, {})
+
+    def chunk_sent(self, e: ev.BroadcastChunkSent) -> None:
+        self.open_chunk.setdefault(e.chunk, []).append(e)
+
+    def chunk_done(self, e: ev.BroadcastChunkDone) -> None:
+        pending = self.open_chunk.get(e.chunk)
+        if pending:
+            s = pending.pop(0)
+            self.close(s, e.t_ns, f"broadcast chunk {e.chunk}", "broadcast", "", True, {})
+
+    def finish(self, last: int) -> list[Span]:
+        """Close what is still open at `last` (unfinished), then lay out broadcast lanes."""
+        for s in self.open_phase.values():
+            self.close(s, last, _PHASES[type(s)][0], "phase", "phases", False, {})
+        for pending in self.open_ar.values():
+            for a in pending:
+                b = a.bucket
+                self.close(a, last, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}",
+                           False, {})
+        for chunks in self.open_chunk.values():
+            for c in chunks:
+                self.close(c, last, f"broadcast chunk {c.chunk}", "broadcast", "", False, {})
+        # Broadcast chunks overlap (2 in flight): give each the first lane free at its start.
+        chunk_lanes: list[int] = []  # end time of the last span in each broadcast lane
+        result: list[Span] = []
+        for sp in sorted(self.out, key=lambda s: s.start_ns):
+            if sp.cat == "broadcast":
+                lane = next((i for i, t in enumerate(chunk_lanes) if t <= sp.start_ns), None)
+                if lane is None:
+                    lane = len(chunk_lanes)
+                    chunk_lanes.append(sp.end_ns)
+                chunk_lanes[lane] = sp.end_ns
+                sp = sp._replace(lane=f"broadcast lane {lane}")
+            result.append(sp)
+        return result
+
+
+# Event type -> the _RankSpans handler it goes to (the others open or close no span).
+_SPAN_HANDLERS: dict[type[Event], Any] = {
+    **dict.fromkeys((*_PHASES, *_ENDS), _RankSpans.phase),
+    ev.AllReduceLaunched: _RankSpans.allreduce_launched,
+    ev.AllReduceDone: _RankSpans.allreduce_done,
+    ev.BroadcastChunkSent: _RankSpans.chunk_sent,
+    ev.BroadcastChunkDone: _RankSpans.chunk_done,
+}
+
+
+def _rank_spans(rank: int, events: list[Event], offset: int) -> list[Span]:
+    spans = _RankSpans(rank, offset)
+    for e in events:
+        handler = _SPAN_HANDLERS.get(type(e))
+        if handler is not None:
+            handler(spans, e)
+    return spans.finish(events[-1].t_ns if events else 0)
 
 
 # --- Chrome / Perfetto JSON -------------------------------------------------------------------
 
 _INSTANT_LANES: dict[type[Event], str] = {ev.GradReady: "gradient hooks"}
-_SPAN_EVENTS = (set(_PHASES) | set(_ENDS)
-                | {ev.AllReduceLaunched, ev.AllReduceDone, ev.BroadcastChunkSent,
-                   ev.BroadcastChunkDone})
+_SPAN_EVENTS = set(_SPAN_HANDLERS)
 
 
 def _chrome(trace: Trace) -> dict[str, Any]:
@@ -466,8 +501,9 @@ def _chrome(trace: Trace) -> dict[str, Any]:
             if cls in _SPAN_EVENTS:
                 continue
             lane = _INSTANT_LANES.get(cls, "events")
-            name = f"grad p{e.param}" if cls is ev.GradReady else cls.__name__  # type: ignore[attr-defined]
-            out.append({"name": name, "cat": "hook" if cls is ev.GradReady else "event",
+            name, cat = ((f"grad p{e.param}", "hook") if isinstance(e, ev.GradReady)
+                         else (cls.__name__, "event"))
+            out.append({"name": name, "cat": cat,
                         "ph": "i", "s": "t", "pid": rank, "tid": tid(rank, lane),
                         "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
     clock = {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in trace.clock.items()}

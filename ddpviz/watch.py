@@ -33,14 +33,11 @@ from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.rendezvous import Board, Scope
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
-from ddpviz.findings import DiagnosisWarning, Finding
+from ddpviz.findings import DiagnosisWarning, Finding, fix_for
 
 Detail = Literal["params", "buckets", "steps"]
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
-_FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use every "
-               "parameter in every forward (and make every output that depends on them part of "
-               "the loss).")
 _POLL_S = 0.25  # a guarded collective still pending after this long goes to the watchdog
 _FIRST_WAIT = datetime.timedelta(seconds=_POLL_S)
 
@@ -273,7 +270,7 @@ class Watch:
         if not self.tap.enabled:
             return
         infos = tuple(ev.ParamInfo(i, n, tuple(p.shape), str(p.dtype).removeprefix("torch."),
-                                   str(p.device), sparse)
+                                   str(p.device), sparse, p.element_size())
                       for i, (n, p, sparse) in enumerate(zip(self.names, self.params,
                                                              self._sparse, strict=True)))
         buffers = tuple(n for n, _ in build_buffers(self.ddp.module,
@@ -395,7 +392,7 @@ class Watch:
             detail=(f"torch DDP did not all-reduce bucket(s) {', '.join(map(str, buckets))} "
                     "in this iteration: these gradients stay local to each rank, silently; "
                     "torch raises at the next forward",),
-            fix=_FIX_UNUSED, world_size=self.world_size)
+            fix=fix_for("unused_parameter"), world_size=self.world_size)
         # The iteration is broken: ranks that used the parameter wait for this bucket forever,
         # and torch fails at the next forward. Post it, so waiting ranks stop now, named.
         self.watchdog.fail(finding.text(), [finding])

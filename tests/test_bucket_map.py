@@ -15,7 +15,7 @@ from torch import nn
 
 from ddpviz import BucketPlan, bucket_plan
 from ddpviz.plan import PlannedBucket
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.widgets import BucketMap
 from ddpviz.widgets.bucket_figure import PALETTE, bar_traces, limit_trace
 from ddpviz.widgets.bucket_segments import bucket_label

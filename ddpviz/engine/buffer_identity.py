@@ -12,10 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ddpviz.findings import Finding
-
-_FIX = ("Update buffers in place: `self.stats.mul_(0.9).add_(m)` or `self.stats.copy_(new)` "
-        "under torch.no_grad(), instead of assigning a new tensor.")
+from ddpviz.findings import Finding, fix_for
 
 
 class BufferIdentity:
@@ -55,5 +52,5 @@ class BufferIdentity:
             kind="buffer_reassigned", severity="warning",
             title=f"buffer '{name}' was {how} {where} on rank {self.rank}",
             ranks=(self.rank,), name=name, field="identity", step=step,
-            values=((what, (self.rank,)),), detail=detail, fix=_FIX,
+            values=((what, (self.rank,)),), detail=detail, fix=fix_for("buffer_reassigned"),
             world_size=self.world_size)

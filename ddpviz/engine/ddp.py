@@ -189,7 +189,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             tap.emit(ParamsBuilt, tuple(
                 ParamInfo(e.index, e.name, tuple(e.param.shape),
                           str(e.param.dtype).removeprefix("torch."), str(e.param.device),
-                          e.sparse_grad) for e in entries),
+                          e.sparse_grad, e.param.element_size()) for e in entries),
                 tuple(self.named_module_buffers),
                 tuple(sorted(n for n in self.parameters_to_ignore if n in
                              dict(module.named_parameters()) or n in

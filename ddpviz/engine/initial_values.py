@@ -12,11 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpviz.engine.params import build_params_for_reducer, parameters_to_ignore
-from ddpviz.findings import Finding, group_ranks, odd_ranks
-
-_FIX_SEED = ("Usually a missing torch.manual_seed(...) before building the model (DDP then "
-             "trains from rank 0's values, so this is harmless unless you rely on every rank's "
-             "own initialization, e.g. when comparing runs). Seed every rank the same way.")
+from ddpviz.findings import Finding, fix_for, group_ranks, odd_ranks
 
 
 def _checksums(params: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -73,7 +69,7 @@ def initial_value_findings(module: nn.Module, process_group: dist.ProcessGroup |
         ranks=odd_ranks(values), param=first, name=entries[first].name, field="values",
         values=values, detail=(f"differing: {shown}",
                                "DDP overwrites them with rank 0's values at construction"),
-        fix=_FIX_SEED, world_size=world_size),)
+        fix=fix_for("initial_values"), world_size=world_size),)
 
 
 def _backend(group: dist.ProcessGroup) -> str:

@@ -38,12 +38,13 @@ from ddpviz.events import (
     BucketAssigned,
     BucketReady,
     BucketsRebuilt,
+    Collective,
     FindingReported,
     GradReady,
     Tap,
     UnusedParametersFound,
 )
-from ddpviz.findings import Finding
+from ddpviz.findings import Finding, Kind, fix_for
 
 # [Note: reducer timeline]
 # construction: buckets from the constructor's map; a post hook on every parameter's
@@ -72,6 +73,10 @@ from ddpviz.findings import Finding
 # iterations fail at the next forward, like torch, but name the parameters.
 
 _UNSET = -1  # div factor not yet known for this backward
+# The phase a rank is in while it waits in each collective (the watchdog reports it).
+_PHASE_OF_COLLECTIVE: dict[Collective, str] = {
+    "all-reduce": "backward", "used-parameter all-reduce": "backward",
+    "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 
 log = logging.getLogger(__name__)
 
@@ -361,8 +366,7 @@ class Reducer:
                     message = (
                         f"ddpviz: parameter {index} '{self.names[index]}' got a gradient in "
                         "this iteration but not in iteration 0 (or more often than then); "
-                        "static_graph=True requires the same graph every iteration. Use "
-                        "find_unused_parameters=True instead of static_graph.")
+                        "static_graph=True requires the same graph every iteration.")
                     # The backward stops here, unfinished: the next forward says so too, in
                     # torch's words (ensure_prior_reduction_finished), as torch's reducer does.
                     self.require_finalize = True
@@ -392,8 +396,7 @@ class Reducer:
             message = (
                 f"ddpviz: parameter {index} '{self.names[index]}' was marked ready twice in one "
                 "iteration: its gradient was accumulated by two backward passes (or two "
-                "reentrant checkpoints) before DDP reduced it. Use static_graph=True for "
-                "reentrant checkpointing, or run one backward per forward.")
+                "reentrant checkpoints) before DDP reduced it.")
             raise self._fail(message, "hook_fired_twice", index, "hook",
                              f"parameter {index} '{self.names[index]}' was marked ready twice "
                              f"at step {self.tap.step} on rank {self.process_group.rank()}")
@@ -671,35 +674,36 @@ class Reducer:
         self._log_error(str(error))
         raise error
 
-    def _fail(self, message: str, kind: str, index: int, field: str,
+    def _fail(self, head: str, kind: Kind, index: int, field: str,
               title: str, torch_text: str = "") -> GradientGraphError:
-        """The error to raise for `message`: records the finding and tells the other ranks, so
-        that those waiting for this one stop at once (see Watchdog.fail)."""
+        """The error to raise: the finding first (its fix from findings.FIXES), then the
+        message from `head` (what happened, one line) and the finding's fix; records the
+        finding and tells the other ranks, so that those waiting for this one stop at once
+        (see Watchdog.fail)."""
         rank = self.process_group.rank()
         finding = Finding(kind=kind, severity="error", title=title, ranks=(rank,),
                           param=index, name=self.names[index], field=field,
-                          step=self.tap.step, detail=tuple(message.splitlines()[1:]),
-                          fix=message.split(". ", 1)[-1], world_size=self.process_group.size())
+                          step=self.tap.step, fix=fix_for(kind),
+                          world_size=self.process_group.size())
+        message = f"{head} {finding.fix}"
         if self.watchdog is not None:
             self.watchdog.fail(message, [finding])
         elif self.tap.enabled:
             self.tap.emit(FindingReported, finding)
         if torch_text:  # See [Note: torch's sentences] (errors.py); the fix stays last.
-            head, _, fix = message.partition(". ")
-            message = f"{head}.\n{torch_text}\n{fix}"
+            message = f"{head}\n{torch_text}\n{finding.fix}"
         self._log_error(message)
         return GradientGraphError(message, (finding,))
 
     def _bucket_names(self, b: int) -> list[str]:
         return [self.names[i] for i in self.buckets[b].variables]
 
-    def _wait(self, waitable: Any, collective: str, b: int = -1) -> None:
+    def _wait(self, waitable: Any, collective: Collective, b: int = -1) -> None:
         """Wait for a collective; with a watchdog, a rank that never joins is named."""
         if self.watchdog is None:
             waitable.wait()
             return
-        self.watchdog.phase = "backward" if collective != "bucket rebuild broadcast" else \
-            "forward"
+        self.watchdog.phase = _PHASE_OF_COLLECTIVE[collective]
         self.watchdog.wait(waitable, collective=collective, bucket=b,
                            params=self._bucket_names(b) if b >= 0 else ())
 
@@ -720,11 +724,7 @@ class Reducer:
                 else "in this backward")
         setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
                    else f"find_unused_parameters={self.find_unused_parameters}")
-        fix = ("Use the same parameters in every iteration with static_graph=True, or use "
-               "find_unused_parameters=True instead." if self.static_graph else
-               "Pass find_unused_parameters=True to DistributedDataParallel, or use these "
-               "parameters in every forward (and make every output that depends on them part of "
-               "the loss).")
+        fix = fix_for("graph_changed" if self.static_graph else "unused_parameter")
         error = UnusedParametersError(
             f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
             f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"

@@ -21,7 +21,7 @@ import msgspec
 import torch.distributed as dist
 
 from ddpviz.errors import RankHangError
-from ddpviz.findings import Finding, format_ranks, group_ranks
+from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 
 # [Note: one verdict]
 # A rank that times out and a rank that arrives at the same moment must not disagree (one
@@ -31,9 +31,6 @@ from ddpviz.findings import Finding, format_ranks, group_ranks
 # every rank, including one arriving long after the others gave up, acts on that verdict.
 
 _PREFIX = "ddpviz"
-_FIX_MISSING = ("A rank that never arrives crashed, is stuck earlier (data loading, a collective "
-                "only it runs, a deadlock), or skips this code path: read {ranks}'s output and "
-                "look for rank-dependent control flow.")
 
 
 class Scope:
@@ -199,7 +196,7 @@ def missing_error(verdict: dict[str, Any], world_size: int, what: str) -> RankHa
         kind="missing_rank", severity="error",
         title=f"{format_ranks(missing)} never reached {what} within {timeout:g}s",
         ranks=missing, field="arrival", values=values,
-        fix=_FIX_MISSING.format(ranks=format_ranks(missing)), world_size=world_size)
+        fix=fix_for("missing_rank", ranks=format_ranks(missing)), world_size=world_size)
     return RankHangError(finding.text(), (finding,), {})
 
 
@@ -211,7 +208,7 @@ def store_lost(scope: Scope, what: str, exc: BaseException) -> RankHangError:
         title=f"rank {scope.rank} lost the process group's store at {what}: the rank hosting it "
               "(usually rank 0) exited or crashed",
         ranks=(0,), field="store", detail=(f"{type(exc).__name__}: {str(exc).splitlines()[0]}",),
-        fix="Read the output of rank 0 (or the host of MASTER_ADDR): it stopped first.",
+        fix=fix_for("rank_exited", "store"),
         world_size=scope.world_size)
     return RankHangError(finding.text(), (finding,), {})
 

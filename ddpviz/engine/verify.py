@@ -29,7 +29,7 @@ from ddpviz.events import (
     VerificationPassed,
     VerificationStarted,
 )
-from ddpviz.findings import Finding, format_ranks, group_ranks, odd_ranks
+from ddpviz.findings import Finding, Kind, fix_for, format_ranks, group_ranks, odd_ranks
 
 # [Note: verification exchange]
 # Every rank runs the same collectives whatever its model looks like:
@@ -49,23 +49,6 @@ BUFFER_FIELDS = ("shape", "dtype", "device")
 _FIELD_ORDER = ("present", "name", "order", *PARAM_FIELDS)
 _LABEL = {"order": "index"}
 
-_FIX_MODEL = "All ranks must build the same model; look for rank-dependent construction."
-_FIX_GPU = ("Give each rank its own GPU: call torch.cuda.set_device(local_rank) before building "
-            "the model and move the model to that device.")
-_FIX_FIELD = {
-    "dtype": "Cast the model the same way on every rank: look for .half()/.to(dtype)/autocast "
-             "setup under a rank condition. (torch never checks dtypes: it crashes in the "
-             "broadcast instead.)",
-    "stride": "Convert the memory format on every rank or on none: look for "
-              ".to(memory_format=torch.channels_last) under a rank condition.",
-    "order": "Register submodules in the same order on every rank: the order of attribute "
-             "assignment in __init__ decides parameters() order, and with it the buckets.",
-    "name": "Name submodules the same on every rank: state_dict keys and DDP's ignore lists "
-            "depend on the names.",
-    "requires_grad": "Freeze the same parameters on every rank (requires_grad_(False) under a "
-                     "rank condition?).",
-    "device": "Move the whole model to the same kind of device on every rank.",
-}
 
 
 class ParamMeta(NamedTuple):
@@ -366,21 +349,22 @@ def mismatch_findings(mismatches: Sequence[Mismatch], world_size: int) -> list[F
         if m.kind == "device":
             out.append(Finding(
                 kind="gpu_shared", severity="error", title=title, ranks=ranks, field=m.field,
-                values=values, fix=_FIX_GPU, world_size=world_size))
+                values=values, fix=fix_for("gpu_shared"), world_size=world_size))
             continue
         if m.kind == "count":
             noun = m.name  # "parameters" | "buffers"
-            kind = "param_mismatch" if noun == "parameters" else "buffer_mismatch"
+            kind: Kind = "param_mismatch" if noun == "parameters" else "buffer_mismatch"
             out.append(Finding(
                 kind=kind, severity="error", title=title, ranks=ranks, name=noun, field="count",
-                values=tuple((f"{v} {noun}", rs) for v, rs in values), fix=_FIX_MODEL,
+                values=tuple((f"{v} {noun}", rs) for v, rs in values), fix=fix_for(kind),
                 world_size=world_size))
             continue
         shown = values if m.field != "order" else tuple((f"index {v}", rs) for v, rs in values)
         out.append(Finding(
-            kind=f"{m.kind}_mismatch", severity="error", title=title, ranks=ranks,
+            kind="param_mismatch" if m.kind == "param" else "buffer_mismatch",
+            severity="error", title=title, ranks=ranks,
             param=m.index, name=m.name, field=m.field, values=shown,
-            fix=_FIX_FIELD.get(m.field, _FIX_MODEL), world_size=world_size))
+            fix=fix_for("param_mismatch", m.field), world_size=world_size))
     return out
 
 
@@ -449,9 +433,9 @@ def format_mismatches(mismatches: Sequence[Mismatch], world_size: int,
             text += [f"{title}:", *body]
     kinds = {m.kind for m in mismatches}
     if "device" in kinds:
-        text.append(_FIX_GPU)
+        text.append(fix_for("gpu_shared"))
     if kinds - {"device"}:
-        text.append(_FIX_MODEL)
+        text.append(fix_for("param_mismatch"))
     return "\n".join(text)
 
 

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from ddpviz.engine.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
 from ddpviz.errors import RankHangError
-from ddpviz.events import FindingReported, Tap
-from ddpviz.findings import Finding, format_ranks, group_ranks
+from ddpviz.events import Collective, FindingReported, Tap
+from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 
 # [Note: hang protocol]
 # Each synced forward posts this rank's position (a heartbeat: one store write, no reply). A
@@ -47,21 +47,6 @@ DEFAULT_HANG_TIMEOUT = 300.0  # seconds; gloo's and NCCL's own defaults are 30 a
 PG_FRACTION = 0.6  # of the process group's timeout: see default_hang_timeout
 _POLL_S = 0.25
 _ALERT_CHECK_S = 0.5  # heartbeats look for other ranks' errors at most this often
-_FIX_LAGGING = ("A rank that is behind ran out of data (uneven inputs: use ddp.join(), or the "
-                "same number of batches on every rank, e.g. DistributedSampler with "
-                "drop_last=True), is stuck outside DDP (data loading, I/O, a collective only it "
-                "runs), or is just slower than hang_timeout allows (raise it).")
-_FIX_SKIPPED = ("A rank at the same step that never reached this collective skipped it: "
-                "look for no_sync() or an extra backward on some ranks only, or rank-dependent "
-                "control flow around forward/backward.")
-_FIX_DIFFERENT = ("Every rank must issue the same collectives in the same order: look for "
-                  "no_sync() or an extra forward/backward on some ranks only, uneven inputs "
-                  "(use ddp.join()), or collectives only some ranks call.")
-_FIX_UNUSED = ("Pass find_unused_parameters=True to DistributedDataParallel, or use these "
-               "parameters in every forward on every rank (and make every output that depends "
-               "on them part of the loss).")
-_FIX_EXITED = ("Read the output of the rank that stopped: it crashed, or returned early "
-               "(uneven inputs: use ddp.join(), or the same number of batches on every rank).")
 
 
 def resolve_hang_timeout(value: float | None,
@@ -236,7 +221,7 @@ class Watchdog:
                 title=f"parameter {i} '{names[i]}' {tuple(shapes[i])} got no gradient on "
                       f"{where} at step {step} (find_unused_parameters=False)",
                 ranks=ranks, param=i, name=names[i], field="unused", step=step,
-                values=values, fix=_FIX_UNUSED, world_size=self.world_size))
+                values=values, fix=fix_for("unused_parameter"), world_size=self.world_size))
             why = "; ".join(f"{v} on {format_ranks(rs)}" for v, rs in values
                             if v != "got its gradient")
             lines.append(f"  parameter {i} '{names[i]}' {tuple(shapes[i])}: {why}")
@@ -244,7 +229,8 @@ class Watchdog:
         head = (f"ddpviz: {len(union)} of {len(names)} parameters got no gradient on "
                 f"{format_ranks(ranks)} at step {step} (find_unused_parameters=False, "
                 f"world_size={self.world_size}):")
-        tail = ("Their buckets were averaged with zeros from those ranks. " + _FIX_UNUSED)
+        tail = ("Their buckets were averaged with zeros from those ranks. "
+                + fix_for("unused_parameter"))
         return "\n".join([head, *lines, tail]), tuple(findings)
 
     def heartbeat(self, step: int, phase: str) -> None:
@@ -286,7 +272,7 @@ class Watchdog:
 
     # --- waiting ------------------------------------------------------------------------------
 
-    def wait(self, waitable: Any, *, collective: str, bucket: int = -1,
+    def wait(self, waitable: Any, *, collective: Collective, bucket: int = -1,
              params: Sequence[str] = ()) -> None:
         """Wait for a collective (`dist.Work` or `torch.futures.Future`) with the deadline.
 
@@ -375,10 +361,10 @@ class Watchdog:
                    f"{format_ranks(missing)}; they are named at {self.timeout:g}s if they do "
                    "not come"),
             ranks=missing, field=field, bucket=bucket, step=step, values=tuple(values),
-            fix="Nothing to do yet: if they do not come, a RankHangError names where they are.",
+            fix=fix_for("rank_waiting"),
             world_size=self.world_size)
 
-    def waiter(self, collective: str) -> Callable[[Any], None] | None:
+    def waiter(self, collective: Collective) -> Callable[[Any], None] | None:
         """`wait` for one kind of collective, as a callable (None without a watchdog)."""
         if self.board is None:
             return None
@@ -388,7 +374,7 @@ class Watchdog:
 
         return wait
 
-    def failed(self, exc: BaseException, *, collective: str, bucket: int = -1,
+    def failed(self, exc: BaseException, *, collective: Collective, bucket: int = -1,
                params: Sequence[str] = ()) -> BaseException:
         """The error to raise for a collective that failed to launch with `exc` (a peer's
         connection closed): a RankHangError naming who went away, or `exc` itself without a
@@ -397,7 +383,7 @@ class Watchdog:
             return exc
         return self._failed(self._position(collective, bucket, params), exc)
 
-    def _plain_wait(self, waitable: Any, collective: str, bucket: int,
+    def _plain_wait(self, waitable: Any, collective: Collective, bucket: int,
                     params: Sequence[str]) -> None:
         try:
             waitable.wait()
@@ -408,7 +394,7 @@ class Watchdog:
 
     # --- diagnosis ----------------------------------------------------------------------------
 
-    def _position(self, collective: str, bucket: int, params: Sequence[str], *,
+    def _position(self, collective: Collective, bucket: int, params: Sequence[str], *,
                   since: float | None = None) -> dict[str, Any]:
         return {"state": "waiting", "step": self.step, "phase": self.phase,
                 "collective": collective, "bucket": bucket, "params": list(params),
@@ -488,7 +474,7 @@ class Watchdog:
             kind="peer_failed", severity="error", title=title,
             ranks=(first,), step=self.step,
             detail=tuple(str(alert["message"]).splitlines()),
-            fix=f"Fix the error on rank {first}; this rank stopped instead of hanging.",
+            fix=fix_for("peer_failed", rank=first),
             world_size=self.world_size)
         return self._report(RankHangError(finding.text(), (finding, *alert["findings"]),
                                           positions))
@@ -549,7 +535,7 @@ class Watchdog:
                 kind="rank_hang", severity="error", title=title, ranks=lagging,
                 param=-1, name=(me["params"] or [""])[0], field=me["collective"],
                 bucket=int(me["bucket"]), step=int(me["step"]), values=values,
-                fix=_FIX_LAGGING if behind else _FIX_SKIPPED, world_size=self.world_size)
+                fix=fix_for("rank_hang", "behind" if behind else ""), world_size=self.world_size)
         else:
             places = {r: (p.get("step"), p.get("collective"), p.get("bucket"))
                       for r, p in waiting.items()}
@@ -561,9 +547,8 @@ class Watchdog:
                 kind="collective_mismatch" if len(groups) > 1 else "rank_hang",
                 severity="error", title=title, ranks=odd, field=me["collective"],
                 bucket=int(me["bucket"]), step=int(me["step"]), values=values,
-                fix=(_FIX_DIFFERENT if len(groups) > 1 else
-                     "The collective itself is stuck: check the network and the backend "
-                     "(NCCL_DEBUG=INFO), or raise hang_timeout if it is just slow."),
+                fix=(fix_for("collective_mismatch") if len(groups) > 1 else
+                     fix_for("rank_hang", "stuck")),
                 world_size=self.world_size)
         return finding.text(), (finding,)
 
@@ -591,7 +576,8 @@ class Watchdog:
         finding = Finding(
             kind="rank_exited", severity="error", title=title, ranks=gone,
             name=(me["params"] or [""])[0], field=me["collective"], bucket=int(me["bucket"]),
-            step=int(me["step"]), values=values, fix=_FIX_EXITED, world_size=self.world_size)
+            step=int(me["step"]), values=values, fix=fix_for("rank_exited"),
+            world_size=self.world_size)
         return finding.text(), (finding,)
 
 

@@ -15,8 +15,8 @@ from torch import nn
 
 from ddpviz.engine.params import build_buffers, build_params_for_reducer, parameters_to_ignore
 from ddpviz.plan import BucketPlan, PlannedBucket
-from ddpviz.plan_table import human_bytes
 from ddpviz.postmortem.dumps import FrEntry
+from ddpviz.units import human_bytes
 
 # torch's broadcast_bucket_size: the state and buffer broadcasts are coalesced in 250 MiB chunks.
 BROADCAST_BUCKET_BYTES = 250 * 2**20

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ddpviz.findings import Finding, Findings, format_findings, format_ranks, group_ranks
+from ddpviz.findings import (
+    Finding,
+    Findings,
+    fix_for,
+    format_findings,
+    format_ranks,
+    group_ranks,
+)
 from ddpviz.plan import BucketPlan, PlanSettings, bucket_plan
 from ddpviz.postmortem.align import GroupAlignment, align
 from ddpviz.postmortem.ddp_map import DdpSchedule, Labelled, match_rank, name_span
@@ -21,17 +28,6 @@ from ddpviz.postmortem.dumps import FrDump, FrEntry, load_dumps
 if TYPE_CHECKING:
     from ddpviz.trace import Trace
 
-_FIX_HANG = ("Look at what the ranks that never launched it were doing at that point (their "
-             "last completed collective above): a skipped backward, an unused parameter with "
-             "find_unused_parameters=False, an exception or a rank-dependent branch.")
-_FIX_PLAN = ("Build DDP with the same bucket_cap_mb, bucket_cap_mb_list, find_unused_parameters "
-             "and static_graph on every rank, or pass the settings this rank used to "
-             "postmortem(settings=...) if the dumps are of a different configuration.")
-_FIX_EXTRA = ("Every rank must launch the same collectives in the same order on a process "
-              "group: move rank-dependent collectives (logging, metrics) out of the training "
-              "step, or run them on every rank.")
-_FIX_MISMATCH = ("Ranks launched different collectives under one sequence id: a collective was "
-                 "skipped or added on some ranks before this point.")
 
 
 @dataclass
@@ -227,8 +223,7 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
             kind="missing_rank", severity="warning", world_size=world,
             ranks=g.missing_dumps,
             title=f"no Flight Recorder dump from {format_ranks(g.missing_dumps)}{pg}",
-            fix="Collect every rank's dump (TORCH_FR_DUMP_TEMP_FILE=PREFIX writes PREFIX<rank>)"
-                "; without it the post-mortem cannot say where that rank stood."))
+            fix=fix_for("missing_rank", "dumps")))
     st = g.stall
     if st is not None:
         waiter = min(st.waiting)
@@ -267,7 +262,7 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
             param=ddp.param_indices[0] if ddp and len(ddp.param_indices) == 1 else -1,
             name=name_span(ddp.names) if ddp and ddp.names else "",
             field=ddp.phase if ddp else "collective",
-            values=group_ranks(values), detail=tuple(detail), fix=_FIX_HANG))
+            values=group_ranks(values), detail=tuple(detail), fix=fix_for("rank_hang", "dumps")))
     for m in g.mismatches[:8]:
         values = {r: f"{e.describe()}" + (f" = {_describe(by_seq[r][m.seq])}"
                                           if m.seq in by_seq.get(r, {}) else "")
@@ -280,7 +275,7 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
         out.append(Finding(
             kind="collective_mismatch", severity="error", world_size=world, ranks=odd,
             field=fld, title=f"collective #{m.seq}{pg} has a different {fld} across ranks",
-            values=grouped, fix=_FIX_MISMATCH))
+            values=grouped, fix=fix_for("collective_mismatch", "sequence")))
     out += _plan_findings(g, labels, world)
     return out
 
@@ -321,7 +316,7 @@ def _plan_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world: 
                     values=((f"all_reduce sizes {got} ({seqs})", (r,)),),
                     detail=(f"DDP's plan ({_settings_text(want)}) has bucket {want.bucket} "
                             f"next: {want.numel:,} {want.dtype} ({name_span(want.names)})",),
-                    fix=_FIX_PLAN))
+                    fix=fix_for("plan_mismatch")))
             else:
                 out.append(Finding(
                     kind="collective_mismatch", severity="error", ranks=(r,),
@@ -331,7 +326,7 @@ def _plan_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world: 
                     values=tuple((f"#{lab.entry.seq} {lab.entry.describe()}", (r,))
                                  for lab in run[:6]),
                     detail=(f"DDP's next collective there: {want.label()}",) if want else (),
-                    fix=_FIX_EXTRA))
+                    fix=fix_for("collective_mismatch", "extra")))
     return out
 
 

@@ -32,7 +32,7 @@ def to_trace(pm: PostMortem) -> Trace:
 
         if plan is not None:
             params = tuple(ev.ParamInfo(p.index, p.name, p.shape, p.dtype, p.device,
-                                        p.sparse_grad) for p in plan.params)
+                                        p.sparse_grad, p.element_size) for p in plan.params)
             add(ev.ParamsBuilt, -1, first_t - 2, params=params, buffers=(), ignored=())
             add(ev.BucketAssigned, -1, first_t - 1,
                 buckets=tuple(b.param_indices for b in plan.initial),

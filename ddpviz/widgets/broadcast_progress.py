@@ -14,7 +14,7 @@ import ipywidgets as w
 
 from ddpviz import events as ev
 from ddpviz import markup
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, RankState
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.replay_controls import Cursor

@@ -13,7 +13,7 @@ import ipywidgets as w
 
 from ddpviz import markup
 from ddpviz.plan import BucketPlan, PlannedBucket
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.widgets import bucket_figure
 from ddpviz.widgets.bucket_segments import (
     LimitMarker,

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ddpviz import markup
 from ddpviz.plan import PlannedBucket
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 
 
 class Segment(NamedTuple):

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ddpviz import events as ev
 from ddpviz.events import Event
@@ -196,10 +196,7 @@ class EventModel:
                         cache_key = key
                     if t > rec.last:
                         rec.last = t
-                    if cls is ev.GradReady:
-                        rec.grads.append((t, e.param, e.bucket))  # type: ignore[attr-defined]
-                    else:
-                        self._step_event(state, rec, cls, e, t)
+                    self._step_event(state, rec, cls, e, t)
                 else:
                     self._construction_event(state, cls, e, t)
                 bounds = self._step_bounds.get(step)
@@ -229,65 +226,107 @@ class EventModel:
 
     def _step_event(self, state: RankState, rec: StepRecord, cls: type[Event], e: Event,
                     t: int) -> None:
-        if cls is ev.AllReduceLaunched:
-            rec.launched[e.bucket] = (t, e.nbytes, e.dtype)  # type: ignore[attr-defined]
-        elif cls is ev.AllReduceDone:
-            rec.done[e.bucket] = t  # type: ignore[attr-defined]
-        elif cls is ev.BucketReady:
-            rec.bucket_ready[e.bucket] = t  # type: ignore[attr-defined]
-        elif cls is ev.BackwardStarted:
-            rec.backward = t
-        elif cls is ev.BackwardFinished:
-            rec.backward_end = t
-        elif cls is ev.ForwardStarted:
-            rec.forward = t
-        elif cls is ev.UnusedParametersFound:
-            rec.unused = tuple(e.params)  # type: ignore[attr-defined]
-            rec.unused_names = tuple(e.names)  # type: ignore[attr-defined]
-        elif cls is ev.BuffersSynced:
-            rec.buffers = (t, e.n_buffers, e.nbytes)  # type: ignore[attr-defined]
-        elif cls is ev.BucketsRebuilt:
-            rec.rebuilt_order = tuple(e.grad_ready_order)  # type: ignore[attr-defined]
-        elif cls is ev.BucketAssigned:
-            state.maps.append(Timed(t, e))
-            self.versions["maps"] += 1
-        elif cls is ev.EventsDropped:
-            state.dropped += e.count  # type: ignore[attr-defined]
-        else:
+        handler = _STEP_HANDLERS.get(cls)
+        if handler is None:
             self._construction_event(state, cls, e, t)
+        else:
+            handler(self, state, rec, e, t)
 
-    def _other_event(self, cls: type[Event], e: Event, t: int) -> None:
-        # diagnosis results travel as FindingReported events (by name: the widgets need only
-        # the finding's plain fields)
-        if cls.__name__ == "FindingReported":
-            self._findings.append(Timed(t, e))
+    # One handler per event type of an iteration (step >= 0), typed with its event class;
+    # _STEP_HANDLERS maps the types to them. Others go on to _construction_event.
+    def _grad_ready(self, state: RankState, rec: StepRecord, e: ev.GradReady, t: int) -> None:
+        rec.grads.append((t, e.param, e.bucket))
+
+    def _allreduce_launched(self, state: RankState, rec: StepRecord, e: ev.AllReduceLaunched,
+                            t: int) -> None:
+        rec.launched[e.bucket] = (t, e.nbytes, e.dtype)
+
+    def _allreduce_done(self, state: RankState, rec: StepRecord, e: ev.AllReduceDone,
+                        t: int) -> None:
+        rec.done[e.bucket] = t
+
+    def _bucket_ready(self, state: RankState, rec: StepRecord, e: ev.BucketReady,
+                      t: int) -> None:
+        rec.bucket_ready[e.bucket] = t
+
+    def _backward_started(self, state: RankState, rec: StepRecord, e: ev.BackwardStarted,
+                          t: int) -> None:
+        rec.backward = t
+
+    def _backward_finished(self, state: RankState, rec: StepRecord, e: ev.BackwardFinished,
+                           t: int) -> None:
+        rec.backward_end = t
+
+    def _forward_started(self, state: RankState, rec: StepRecord, e: ev.ForwardStarted,
+                         t: int) -> None:
+        rec.forward = t
+
+    def _unused_found(self, state: RankState, rec: StepRecord, e: ev.UnusedParametersFound,
+                      t: int) -> None:
+        rec.unused = tuple(e.params)
+        rec.unused_names = tuple(e.names)
+
+    def _buffers_synced(self, state: RankState, rec: StepRecord, e: ev.BuffersSynced,
+                        t: int) -> None:
+        rec.buffers = (t, e.n_buffers, e.nbytes)
+
+    def _buckets_rebuilt(self, state: RankState, rec: StepRecord, e: ev.BucketsRebuilt,
+                         t: int) -> None:
+        rec.rebuilt_order = tuple(e.grad_ready_order)
+
+    def _step_map(self, state: RankState, rec: StepRecord, e: ev.BucketAssigned,
+                  t: int) -> None:
+        state.maps.append(Timed(t, e))
+        self.versions["maps"] += 1
+
+    def _step_dropped(self, state: RankState, rec: StepRecord, e: ev.EventsDropped,
+                      t: int) -> None:
+        state.dropped += e.count
 
     def _construction_event(self, state: RankState, cls: type[Event], e: Event, t: int) -> None:
         timed = Timed(t, e)
         self.versions["construction"] += 1
-        if cls is ev.BroadcastChunkSent:
-            state.chunks_sent[e.chunk] = timed  # type: ignore[attr-defined]
-        elif cls is ev.BroadcastChunkDone:
-            state.chunks_done[e.chunk] = timed  # type: ignore[attr-defined]
-        elif cls is ev.ParamsBuilt:
-            state.params = timed
-        elif cls is ev.VerificationStarted:
-            state.verify_started = timed
-            self._world_size = e.world_size  # type: ignore[attr-defined]
-        elif cls in (ev.VerificationPassed, ev.VerificationFailed):
-            state.verify_result = timed
-            self._world_size = e.world_size  # type: ignore[attr-defined]
-        elif cls is ev.BroadcastStarted:
-            state.broadcast_started = timed
-        elif cls is ev.BroadcastFinished:
-            state.broadcast_finished = timed
-        elif cls is ev.BucketAssigned:
-            state.maps.append(timed)
-            self.versions["maps"] += 1
-        elif cls is ev.EventsDropped:
-            state.dropped += e.count  # type: ignore[attr-defined]
-        else:
-            self._other_event(cls, e, t)
+        handler = _CONSTRUCTION_HANDLERS.get(cls)
+        if handler is not None:
+            handler(self, state, timed, e)
+
+    # One handler per event type of construction (and findings, at any step), typed likewise.
+    def _chunk_sent(self, state: RankState, timed: Timed, e: ev.BroadcastChunkSent) -> None:
+        state.chunks_sent[e.chunk] = timed
+
+    def _chunk_done(self, state: RankState, timed: Timed, e: ev.BroadcastChunkDone) -> None:
+        state.chunks_done[e.chunk] = timed
+
+    def _params_built(self, state: RankState, timed: Timed, e: ev.ParamsBuilt) -> None:
+        state.params = timed
+
+    def _verification_started(self, state: RankState, timed: Timed,
+                              e: ev.VerificationStarted) -> None:
+        state.verify_started = timed
+        self._world_size = e.world_size
+
+    def _verification_result(self, state: RankState, timed: Timed,
+                             e: ev.VerificationPassed | ev.VerificationFailed) -> None:
+        state.verify_result = timed
+        self._world_size = e.world_size
+
+    def _broadcast_started(self, state: RankState, timed: Timed, e: ev.BroadcastStarted) -> None:
+        state.broadcast_started = timed
+
+    def _broadcast_finished(self, state: RankState, timed: Timed,
+                            e: ev.BroadcastFinished) -> None:
+        state.broadcast_finished = timed
+
+    def _construction_map(self, state: RankState, timed: Timed, e: ev.BucketAssigned) -> None:
+        state.maps.append(timed)
+        self.versions["maps"] += 1
+
+    def _construction_dropped(self, state: RankState, timed: Timed,
+                              e: ev.EventsDropped) -> None:
+        state.dropped += e.count
+
+    def _finding_reported(self, state: RankState, timed: Timed, e: ev.FindingReported) -> None:
+        self._findings.append(timed)  # diagnosis results, at any step
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -392,7 +431,7 @@ class EventModel:
     def findings(self, as_of: int | None = None) -> list[object]:
         """The findings reported by ranks (`ddpviz.findings.Finding`), up to `as_of`."""
         with self._lock:
-            return [x.event.finding for x in self._findings  # type: ignore[attr-defined]
+            return [cast(ev.FindingReported, x.event).finding for x in self._findings
                     if as_of is None or x.t <= as_of]
 
     def time_range(self) -> tuple[int, int] | None:
@@ -446,3 +485,34 @@ class EventModel:
             phases[r] = _PHASE_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
                 else "waiting"
         return phases, steps
+
+
+# Handlers take (model, rank state, step record or timed event, event, [t]); each is typed with
+# its event class, which the table's key guarantees.
+_STEP_HANDLERS: dict[type[Event], Any] = {
+    ev.GradReady: EventModel._grad_ready,
+    ev.AllReduceLaunched: EventModel._allreduce_launched,
+    ev.AllReduceDone: EventModel._allreduce_done,
+    ev.BucketReady: EventModel._bucket_ready,
+    ev.BackwardStarted: EventModel._backward_started,
+    ev.BackwardFinished: EventModel._backward_finished,
+    ev.ForwardStarted: EventModel._forward_started,
+    ev.UnusedParametersFound: EventModel._unused_found,
+    ev.BuffersSynced: EventModel._buffers_synced,
+    ev.BucketsRebuilt: EventModel._buckets_rebuilt,
+    ev.BucketAssigned: EventModel._step_map,
+    ev.EventsDropped: EventModel._step_dropped,
+}
+_CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
+    ev.BroadcastChunkSent: EventModel._chunk_sent,
+    ev.BroadcastChunkDone: EventModel._chunk_done,
+    ev.ParamsBuilt: EventModel._params_built,
+    ev.VerificationStarted: EventModel._verification_started,
+    ev.VerificationPassed: EventModel._verification_result,
+    ev.VerificationFailed: EventModel._verification_result,
+    ev.BroadcastStarted: EventModel._broadcast_started,
+    ev.BroadcastFinished: EventModel._broadcast_finished,
+    ev.BucketAssigned: EventModel._construction_map,
+    ev.EventsDropped: EventModel._construction_dropped,
+    ev.FindingReported: EventModel._finding_reported,
+}

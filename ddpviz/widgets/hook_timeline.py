@@ -17,7 +17,7 @@ import ipywidgets as w
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.findings import format_ranks
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.widgets import timeline_svg
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView

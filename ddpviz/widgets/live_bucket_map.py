@@ -15,7 +15,7 @@ import ipywidgets as w
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.plan import ObservedMaps, observed_plan
-from ddpviz.plan_table import human_bytes
+from ddpviz.units import human_bytes
 from ddpviz.widgets.bucket_map import BucketMap, Which
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, Timed
 from ddpviz.widgets.event_view import EventView

@@ -32,6 +32,8 @@ export interface ParamInfo {
   dtype: string;
   device: string;
   sparse_grad: boolean;
+  /** Bytes per element; 0 or absent in traces written before it was recorded. */
+  element_size?: number;
 }
 
 /** One field of one parameter (or buffer) that differs across ranks. */
@@ -45,11 +47,35 @@ export interface Mismatch {
   values: [string, number[]][];
 }
 
+/** A kind of finding (`ddpviz.findings.Kind`, sorted as in msgspec's schema; what each
+ * means: `KINDS` there). */
+export type FindingKind =
+  | 'buffer_mismatch'
+  | 'buffer_reassigned'
+  | 'collective_mismatch'
+  | 'events_dropped'
+  | 'gpu_shared'
+  | 'grad_order'
+  | 'graph_changed'
+  | 'hook_fired_twice'
+  | 'initial_values'
+  | 'missing_rank'
+  | 'param_mismatch'
+  | 'peer_failed'
+  | 'plan_mismatch'
+  | 'rank_exited'
+  | 'rank_hang'
+  | 'rank_waiting'
+  | 'uneven_iterations'
+  | 'unused_parameter';
+
+/** How bad a finding is (`ddpviz.findings.Severity`). */
+export type Severity = 'error' | 'info' | 'warning';
+
 /** One diagnosed problem (`ddpviz.findings.Finding`). */
 export interface Finding {
-  kind: string;
-  /** "error" | "warning" | "info". */
-  severity: string;
+  kind: FindingKind;
+  severity: Severity;
   title: string;
   ranks?: number[];
   param?: number;

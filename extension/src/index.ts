@@ -5,11 +5,7 @@
  * the viewer's colour scheme and event limit are settings (schema/plugin.json).
  */
 
-import {
-  ILayoutRestorer,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 import { PathExt } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
@@ -127,7 +123,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     const cwdOf = (args: Record<string, unknown>): string =>
-      typeof args.cwd === 'string' ? args.cwd : browser?.model.path ?? '';
+      typeof args.cwd === 'string' ? args.cwd : (browser?.model.path ?? '');
 
     app.commands.addCommand(CommandIDs.newNotebook, {
       label: args => (args.isLauncher ? 'DDP debugging notebook' : 'New DDP debugging notebook'),
@@ -156,7 +152,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           filter: model =>
             model.type === 'directory' || model.name.endsWith('.ddpviz') ? {} : null
         });
-        for (const model of result.button.accept ? result.value ?? [] : []) {
+        for (const model of result.button.accept ? (result.value ?? []) : []) {
           if (model.type !== 'directory') {
             docManager.openOrReveal(model.path, FACTORY);
           }

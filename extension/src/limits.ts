@@ -62,7 +62,10 @@ const names = list(MAX_PARAMS, name);
 const param = int(0, MAX_PARAMS - 1);
 const bucket = int(0, MAX_BUCKETS - 1);
 const chunk = int(0, MAX_CHUNKS - 1);
-const rankValues = list(MAX_WORLD_SIZE, v => Array.isArray(v) && v.length === 2 && name(v[0]) && ranks(v[1]));
+const rankValues = list(
+  MAX_WORLD_SIZE,
+  v => Array.isArray(v) && v.length === 2 && name(v[0]) && ranks(v[1])
+);
 
 /** Field name -> its check, for every event field with a bound (by name, as in limits.py). */
 const FIELDS: Record<string, Check> = {

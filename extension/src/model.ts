@@ -17,30 +17,55 @@ import {
 } from './events';
 import { ParsedTrace } from './trace';
 
-/** Bytes per element of torch dtypes, as ddpviz writes them ("float32", not "torch.float32"). */
-const ITEMSIZE: Record<string, number> = {
+/**
+ * Bytes per element by dtype name, only for traces written before `ParamInfo.element_size`
+ * (the same table as `_LEGACY_ELEMENT_SIZE` in ddpviz/events.py).
+ */
+const LEGACY_ELEMENT_SIZE: Record<string, number> = {
   float64: 8,
-  float32: 4,
-  float16: 2,
-  bfloat16: 2,
-  complex128: 16,
-  complex64: 8,
-  complex32: 4,
+  double: 8,
   int64: 8,
-  int32: 4,
-  int16: 2,
-  int8: 1,
+  long: 8,
   uint64: 8,
+  complex64: 8,
+  complex128: 16,
+  complex32: 4,
+  float32: 4,
+  float: 4,
+  int32: 4,
+  int: 4,
   uint32: 4,
+  float16: 2,
+  half: 2,
+  bfloat16: 2,
+  int16: 2,
   uint16: 2,
   uint8: 1,
+  int8: 1,
   bool: 1
 };
 
-/** Bytes of a parameter's gradient: numel times the element size (float8 types: 1). */
+/**
+ * Bytes per element of a parameter's gradient: as recorded, or (older traces) from its dtype's
+ * name (float8 types: 1); 0 when neither says (as `element_size_of` in ddpviz/events.py).
+ */
+export function elementSize(p: ParamInfo): number {
+  const size = p.element_size;
+  if (typeof size === 'number' && Number.isInteger(size) && size > 0 && size <= 64) {
+    return size;
+  }
+  const dtype = p.dtype.replace(/^torch\./, '');
+  return Object.prototype.hasOwnProperty.call(LEGACY_ELEMENT_SIZE, dtype)
+    ? LEGACY_ELEMENT_SIZE[dtype]
+    : dtype.startsWith('float8')
+      ? 1
+      : 0;
+}
+
+/** Bytes of a parameter's gradient: numel times the element size. */
 export function paramBytes(p: ParamInfo): number {
   const numel = p.shape.reduce((a, b) => a * b, 1);
-  const size = ITEMSIZE[p.dtype] ?? (p.dtype.startsWith('float8') ? 1 : 4);
+  const size = elementSize(p);
   return numel * size;
 }
 

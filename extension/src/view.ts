@@ -62,9 +62,12 @@ function setAttrs(el: Element, attrs: Attrs): void {
   }
 }
 
-/** 1536 -> "1.5 KiB". */
+/** 1536 -> "1.5 KiB"; 2**62 and more (torch's sys.maxsize) -> "unlimited" (as ddpviz/units.py). */
 export function humanBytes(n: number): string {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  if (n >= 2 ** 62) {
+    return 'unlimited';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
   let v = n;
   let u = 0;
   while (Math.abs(v) >= 1024 && u < units.length - 1) {
@@ -103,7 +106,11 @@ export function formatRanks(ranks: number[]): string {
 }
 
 function section(kind: string, title: string, ...children: Children[]): HTMLElement {
-  const el = h('section', { class: `ddpviz-section ddpviz-${kind}`, 'data-section': kind }, h('h3', {}, title));
+  const el = h(
+    'section',
+    { class: `ddpviz-section ddpviz-${kind}`, 'data-section': kind },
+    h('h3', {}, title)
+  );
   appendAll(el, children);
   return el;
 }
@@ -144,7 +151,10 @@ function guarded(kind: string, title: string, draw: () => HTMLElement | null): H
     return section(
       kind,
       title,
-      note(`ddpviz: this panel could not be drawn from this trace (${err}); the others are shown.`, 'warning')
+      note(
+        `ddpviz: this panel could not be drawn from this trace (${err}); the others are shown.`,
+        'warning'
+      )
     );
   }
 }
@@ -181,7 +191,12 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
   if (meta.length > 0) {
     const rows = meta.map(([k, v]) => {
       const text = typeof v === 'string' ? v : JSON.stringify(v);
-      return h('tr', {}, h('th', {}, k), h('td', {}, text.length > 120 ? text.slice(0, 117) + '...' : text));
+      return h(
+        'tr',
+        {},
+        h('th', {}, k),
+        h('td', {}, text.length > 120 ? text.slice(0, 117) + '...' : text)
+      );
     });
     el.append(h('table', { class: 'ddpviz-meta' }, h('tbody', {}, rows)));
   }
@@ -276,7 +291,8 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
             class: 'ddpviz-param',
             'data-param': i,
             title: label,
-            style: `flex-grow: ${p ? Math.max(paramBytes(p), 1) : 1}; background: ${color}; ` +
+            style:
+              `flex-grow: ${p ? Math.max(paramBytes(p), 1) : 1}; background: ${color}; ` +
               `opacity: ${k % 2 === 0 ? 1 : 0.72}`
           });
         });
@@ -329,7 +345,11 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
 
 function mismatchText(m: Mismatch): string {
   const what =
-    m.kind === 'count' ? `number of ${m.name}` : m.kind === 'device' ? 'device' : `${m.kind} ${m.index} '${m.name}'`;
+    m.kind === 'count'
+      ? `number of ${m.name}`
+      : m.kind === 'device'
+        ? 'device'
+        : `${m.kind} ${m.index} '${m.name}'`;
   const values = m.values.map(([v, rs]) => `  ${formatRanks(rs)}: ${v}`).join('\n');
   return `${what} differs in ${m.field}:\n${values}`;
 }
@@ -367,7 +387,11 @@ function renderVerification(model: TraceModel): HTMLElement {
           'tr',
           { 'data-rank': r.rank, 'data-status': r.status },
           h('td', {}, String(r.rank)),
-          h('td', {}, h('span', { class: `ddpviz-badge ddpviz-${r.status}` }, statusText[r.status])),
+          h(
+            'td',
+            {},
+            h('span', { class: `ddpviz-badge ddpviz-${r.status}` }, statusText[r.status])
+          ),
           h('td', {}, r.worldSize ? String(r.worldSize) : ''),
           h('td', {}, r.status === 'absent' ? '' : String(r.nParams)),
           h('td', {}, r.status === 'absent' ? '' : String(r.nBuffers)),
@@ -435,7 +459,9 @@ function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLEle
   select.value = String(model.steps[model.steps.length - 1]);
   const holder = h('div', { class: 'ddpviz-timeline-holder' });
   const draw = () => {
-    holder.replaceChildren(renderTimeline(model.timeline(Number(select.value), options.maxEvents), options));
+    holder.replaceChildren(
+      renderTimeline(model.timeline(Number(select.value), options.maxEvents), options)
+    );
   };
   select.addEventListener('change', draw);
   draw();
@@ -469,7 +495,15 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
   tl.rows.forEach((row, i) => {
     const y = i * ROW + 4;
     svg.append(s('text', { x: 4, y: y + 30, class: 'ddpviz-lane-label' }, `rank ${row.rank}`));
-    svg.append(s('line', { x1: LEFT, x2: WIDTH - RIGHT, y1: y + ROW - 6, y2: y + ROW - 6, class: 'ddpviz-lane-rule' }));
+    svg.append(
+      s('line', {
+        x1: LEFT,
+        x2: WIDTH - RIGHT,
+        y1: y + ROW - 6,
+        y2: y + ROW - 6,
+        class: 'ddpviz-lane-rule'
+      })
+    );
     for (const p of row.phases) {
       svg.append(
         s(
@@ -481,7 +515,11 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
             width: Math.max(x(p.end) - x(p.start), 1),
             height: 9
           },
-          s('title', {}, `${p.name}: ${((p.end - p.start) / 1e6).toFixed(3)} ms${p.finished ? '' : ' (unfinished)'}`)
+          s(
+            'title',
+            {},
+            `${p.name}: ${((p.end - p.start) / 1e6).toFixed(3)} ms${p.finished ? '' : ' (unfinished)'}`
+          )
         )
       );
     }
@@ -500,7 +538,11 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
             'data-param': g.param,
             'data-bucket': g.bucket
           },
-          s('title', {}, `param ${g.param} ready (bucket ${g.bucket}) at ${((g.t - tl.t0) / 1e6).toFixed(3)} ms`)
+          s(
+            'title',
+            {},
+            `param ${g.param} ready (bucket ${g.bucket}) at ${((g.t - tl.t0) / 1e6).toFixed(3)} ms`
+          )
         )
       );
     }
@@ -535,7 +577,12 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
     svg.append(
       s(
         'text',
-        { x: x(t), y: axisY + 14, class: 'ddpviz-axis-label', 'text-anchor': k === 0 ? 'start' : k === 4 ? 'end' : 'middle' },
+        {
+          x: x(t),
+          y: axisY + 14,
+          class: 'ddpviz-axis-label',
+          'text-anchor': k === 0 ? 'start' : k === 4 ? 'end' : 'middle'
+        },
         `${((t - tl.t0) / 1e6).toFixed(2)} ms`
       )
     );
@@ -543,10 +590,24 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
   const legend = h(
     'div',
     { class: 'ddpviz-legend' },
-    h('span', { class: 'ddpviz-legend-item' }, h('i', { class: 'ddpviz-swatch ddpviz-phase' }), 'forward / backward'),
-    h('span', { class: 'ddpviz-legend-item' }, 'ticks: gradient hooks, bars: bucket all-reduces, coloured by bucket:'),
+    h(
+      'span',
+      { class: 'ddpviz-legend-item' },
+      h('i', { class: 'ddpviz-swatch ddpviz-phase' }),
+      'forward / backward'
+    ),
+    h(
+      'span',
+      { class: 'ddpviz-legend-item' },
+      'ticks: gradient hooks, bars: bucket all-reduces, coloured by bucket:'
+    ),
     Array.from({ length: Math.min(buckets, 10) }, (_, b) =>
-      h('span', { class: 'ddpviz-legend-item' }, h('i', { class: 'ddpviz-swatch', style: `background: ${bucketColor(options.scheme, b)}` }), `b${b}`)
+      h(
+        'span',
+        { class: 'ddpviz-legend-item' },
+        h('i', { class: 'ddpviz-swatch', style: `background: ${bucketColor(options.scheme, b)}` }),
+        `b${b}`
+      )
     )
   );
   const grads = tl.rows.reduce((n, r) => n + r.grads.length, 0);
@@ -580,7 +641,16 @@ function renderCounts(model: TraceModel): HTMLElement {
     h(
       'table',
       { class: 'ddpviz-table ddpviz-counts' },
-      h('thead', {}, h('tr', {}, h('th', {}, 'event'), model.ranks.map(r => h('th', {}, `rank ${r}`)))),
+      h(
+        'thead',
+        {},
+        h(
+          'tr',
+          {},
+          h('th', {}, 'event'),
+          model.ranks.map(r => h('th', {}, `rank ${r}`))
+        )
+      ),
       h('tbody', {}, rows)
     )
   );

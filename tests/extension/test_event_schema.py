@@ -88,11 +88,14 @@ def strip_comments(text: str) -> str:
 
 def ts_interfaces(text: str) -> dict[str, list[Field]]:
     """{interface: fields} from TypeScript source, `extends` resolved (own fields override
-    the base's in place: `type` stays first)."""
+    the base's in place: `type` stays first), a field typed with an exported union alias
+    (`export type FindingKind = 'a' | 'b';`) read as the union."""
     text = strip_comments(text)
+    aliases = {m.group(1): " | ".join(t.strip() for t in m.group(2).split("|") if t.strip())
+               for m in re.finditer(r"export type (\w+) =(.*?);", text, re.S)}
     raw: dict[str, tuple[str | None, list[Field]]] = {}
     for m in re.finditer(r"export interface (\w+)(?: extends (\w+))? \{(.*?)\n\}", text, re.S):
-        fields = [(name, opt == "?", typ.strip()) for name, opt, typ in
+        fields = [(name, opt == "?", aliases.get(typ.strip(), typ.strip())) for name, opt, typ in
                   re.findall(r"^\s*(\w+)(\??):\s*([^;]+);\s*$", m.group(3), re.M)]
         raw[m.group(1)] = (m.group(2), fields)
     out: dict[str, list[Field]] = {}
@@ -185,6 +188,8 @@ def test_every_event_and_struct_is_mirrored() -> None:
     (lambda t: t.replace("GradReady: { param: 'int', bucket: 'int' }",
                          "GradReady: { param: 'int', bucket: 'float' }"),
      "EVENT_FIELDS.GradReady"),  # a runtime kind
+    (lambda t: t.replace("  | 'rank_hang'\n", ""), "interface Finding"),  # a finding kind
+    (lambda t: t.replace("  element_size?: number;\n", ""), "interface ParamInfo"),
     (lambda t: t.replace("export const SCHEMA_VERSION = 1;",
                          "export const SCHEMA_VERSION = 2;"), "SCHEMA_VERSION"),
 ])

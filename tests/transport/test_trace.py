@@ -12,6 +12,7 @@ import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -253,3 +254,25 @@ def test_any_bytes_load_or_raise_trace_error(noise, where):
             except TraceError:
                 continue
         assert all(isinstance(e, ev.Event) for e in trace.events())
+
+
+def test_report_formats_bytes_and_limits_as_the_viewers_do():
+    params = (ev.ParamInfo(0, "w", (512, 1024), "float32", "cpu", False, 4),
+              ev.ParamInfo(1, "b", (1024,), "float16", "cpu", False, 2))
+    evs = [ev.ParamsBuilt(0, -1, 0, 0, params, (), ()),
+           ev.BucketAssigned(0, -1, 1, 1, ((0,), (1,)), (2**20, (1 << 63) - 1), False)]
+    text = render(Trace(evs))
+    assert "9223372036854775807" not in text and "2097152" not in text
+    assert "<td>2.0 MiB</td>" in text and "<td>unlimited</td>" in text
+    assert "<td>1.0 MiB</td>" in text and "<td>2.0 KiB</td>" in text
+
+
+def test_element_size_comes_from_the_event_and_old_traces_fall_back_to_the_dtype():
+    recorded = ev.ParamInfo(0, "w", (2,), "float8_e8m0fnu", "cpu", False, 1)
+    assert ev.element_size_of(recorded) == 1
+    legacy = msgspec.json.decode(
+        b'{"index": 0, "name": "w", "shape": [2], "dtype": "bfloat16", "device": "cpu",'
+        b' "sparse_grad": false}', type=ev.ParamInfo)
+    assert legacy.element_size == 0 and ev.element_size_of(legacy) == 2
+    unknown = ev.ParamInfo(0, "w", (2,), "mystery", "cpu", False)
+    assert ev.element_size_of(unknown) == 0
