@@ -1,5 +1,6 @@
 """ddpviz: an interactive debugger for PyTorch DistributedDataParallel that lives in Jupyter."""
 
+import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,11 @@ class _Package(types.ModuleType):
         if name in _WHERE and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by name, like any module (cloudpickle dispatches on the exact ModuleType, so
+        # a function that uses `ddpviz` could not be sent to launch()'s ranks otherwise).
+        return importlib.import_module, (self.__name__,)
 
 
 sys.modules[__name__].__class__ = _Package

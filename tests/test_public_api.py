@@ -77,3 +77,16 @@ def test_public_verification_report_is_preflights() -> None:
 
     assert ddpviz.VerificationReport is VerificationReport
     assert ModelComparison is not VerificationReport
+
+
+def test_the_lazy_package_pickles_by_name_so_launched_functions_can_use_it() -> None:
+    # A notebook function that refers to `ddpviz` is shipped to launch()'s ranks by cloudpickle.
+    import pickle
+
+    import cloudpickle
+
+    def uses_ddpviz() -> str:
+        return ddpviz.__version__
+
+    assert cloudpickle.loads(cloudpickle.dumps(uses_ddpviz))() == ddpviz.__version__
+    assert pickle.loads(pickle.dumps(ddpviz)) is ddpviz
