@@ -44,6 +44,12 @@ def watchdog(rank: int, progress: list[float]) -> None:
     tmp.rename(path)
     print(f"rank {rank}: no progress for {HANG_S}s, Flight Recorder dumped to {path}",
           flush=True)
+    # End only once every rank has dumped: torchrun stops the others as soon as one rank exits.
+    prefix, world = os.environ["TORCH_FR_DUMP_TEMP_FILE"], int(os.environ["WORLD_SIZE"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+            Path(prefix + str(r)).exists() for r in range(world)):
+        time.sleep(0.05)
     os._exit(3)
 
 

@@ -32,6 +32,7 @@ from ddpviz.launcher.process import (
     close_fds,
     free_port,
     interrupts_deferred,
+    load_extensions,
     spawn_rank,
     stop_ranks,
 )
@@ -59,6 +60,7 @@ class RankPool:
 
     def __init__(self, nprocs: int, backend: str | None = None,
                  env: Mapping[str, str] | None = None, session: Session | None = None) -> None:
+        load_extensions()
         self.nprocs = nprocs
         self.backend = backend or choose_backend(nprocs)
         self._messages: queue.Queue[tuple[int, Any]] = queue.Queue()

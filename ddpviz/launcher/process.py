@@ -32,6 +32,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def load_extensions() -> None:
+    """Import torch and zmq with interrupts held back: an interrupt that lands inside the
+    first import of a C extension leaves it half-initialised (the next `import torch` then
+    segfaults the kernel), and launch() may be the first to import them now that
+    `import ddpviz` is lazy."""
+    with interrupts_deferred():
+        import torch  # noqa: F401
+        import zmq  # noqa: F401
+
+
 def choose_backend(nprocs: int) -> str:
     """NCCL when every rank can have its own GPU, gloo otherwise."""
     import torch

@@ -31,6 +31,7 @@ from ddpviz.launcher.process import (
     close_fds,
     free_port,
     interrupts_deferred,
+    load_extensions,
     spawn_rank,
     stop_ranks,
 )
@@ -96,6 +97,7 @@ class Run:
                  args: Sequence[Any], kwargs: Mapping[str, Any] | None,
                  timeout: float | None, env: Mapping[str, str] | None,
                  session: Session | None = None) -> None:
+        load_extensions()
         if not callable(fn):
             raise TypeError(f"ddpviz: launch() needs a function, got {type(fn).__name__}.\n"
                             "Pass the function itself: ddpviz.launch(train, nprocs=2).")
