@@ -6,8 +6,10 @@ instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in sec
 TRAIN_DEVICE=cuda uses NCCL and one GPU per rank.
 """
 
+import atexit
 import datetime
 import os
+import sys
 import time
 
 import torch
@@ -55,11 +57,13 @@ def main() -> None:
             f.write(" ".join(map(str, calls)))
     digest = sum(float(p.detach().double().sum()) for p in ddp.parameters())
     print(f"rank {rank} done {digest:.6f}", flush=True)
-    # Every rank is done with its collectives before any tears gloo down: destroying the group
-    # while a peer still talks to it aborted a rank ("terminate called without an active
-    # exception", SIGABRT) in one run on a quiet machine.
+    # Leave like ddpviz.launch's ranks do: atexit handlers (ddpviz's trace flush among them),
+    # then os._exit. Tearing gloo down at interpreter exit aborted a rank under load ("terminate
+    # called without an active exception", SIGABRT) in watched and unwatched runs alike.
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    os._exit(0)
 
 
 if __name__ == "__main__":
