@@ -195,6 +195,19 @@ class BucketReady(Event, frozen=True):
     bucket: BucketIndex
 
 
+class GradsSummarized(Event, frozen=True):
+    """The GradReady events of one bucket in one step, aggregated at the source: emitted just
+    before the bucket's BucketReady on steps recorded at a detail level that skips
+    per-parameter events (see `detail=` of DDP and watch). Times are the rank's monotonic ns of
+    the first and last gradient that became ready in the bucket."""
+
+    bucket: BucketIndex
+    n_grads: ParamCount
+    first_t_ns: int
+    last_t_ns: int
+    nbytes: Bytes
+
+
 class AllReduceLaunched(Event, frozen=True):
     bucket: BucketIndex
     nbytes: Bytes
@@ -238,8 +251,8 @@ ANY_EVENT = (
     ParamsBuilt | VerificationStarted | VerificationPassed | VerificationFailed
     | BroadcastStarted | BroadcastChunkSent | BroadcastChunkDone | BroadcastFinished
     | BucketAssigned | ForwardStarted | BuffersSynced | BackwardStarted | GradReady | BucketReady
-    | AllReduceLaunched | AllReduceDone | BackwardFinished | UnusedParametersFound
-    | BucketsRebuilt | EventsDropped | FindingReported
+    | GradsSummarized | AllReduceLaunched | AllReduceDone | BackwardFinished
+    | UnusedParametersFound | BucketsRebuilt | EventsDropped | FindingReported
 )
 
 

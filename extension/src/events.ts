@@ -193,6 +193,19 @@ export interface BucketReady extends EventBase {
   bucket: number;
 }
 
+/**
+ * A bucket's GradReady events of one step, aggregated at the source (steps recorded at a
+ * detail level that skips per-parameter events); emitted just before its BucketReady.
+ */
+export interface GradsSummarized extends EventBase {
+  type: 'GradsSummarized';
+  bucket: number;
+  n_grads: number;
+  first_t_ns: number;
+  last_t_ns: number;
+  nbytes: number;
+}
+
 /** A bucket's all-reduce was launched. */
 export interface AllReduceLaunched extends EventBase {
   type: 'AllReduceLaunched';
@@ -253,6 +266,7 @@ export type DDPEvent =
   | BackwardStarted
   | GradReady
   | BucketReady
+  | GradsSummarized
   | AllReduceLaunched
   | AllReduceDone
   | BackwardFinished
@@ -297,6 +311,13 @@ export const EVENT_FIELDS = {
   BackwardStarted: {},
   GradReady: { param: 'int', bucket: 'int' },
   BucketReady: { bucket: 'int' },
+  GradsSummarized: {
+    bucket: 'int',
+    n_grads: 'int',
+    first_t_ns: 'int',
+    last_t_ns: 'int',
+    nbytes: 'int'
+  },
   AllReduceLaunched: { bucket: 'int', nbytes: 'int', dtype: 'str' },
   AllReduceDone: { bucket: 'int' },
   BackwardFinished: {},
