@@ -30,7 +30,6 @@ from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
-from ddpviz.engine.rendezvous import Board, Scope
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
@@ -169,9 +168,7 @@ class Watch:
         self.watchdog.start("ddpviz.watch()")
         self._monitor: _Monitor | None = None
         if self.watchdog.board is not None and detail != "steps":
-            twin = Watchdog(self.group, timeout=timeout, tap=self.tap, clone=True)
-            twin.board = Board(Scope(self.group, clone=True), self.watchdog.board.epoch)
-            self._monitor = _Monitor(twin)
+            self._monitor = _Monitor(self.watchdog.twin())
         if detail == "steps":
             if hook is not None:  # torch's own registration: watch adds no comm hook
                 ddp.register_comm_hook(state if state is not None else self.group, hook)

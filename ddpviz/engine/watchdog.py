@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,15 +23,17 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ddpviz.engine.pulse import Pulse
 from ddpviz.engine.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
 from ddpviz.errors import RankHangError
 from ddpviz.events import Collective, FindingReported, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 
 # [Note: hang protocol]
-# Each synced forward posts this rank's position (a heartbeat: one store write, no reply). A
-# collective that finishes before the first poll never touches the store; a wait that lasts
-# longer polls the board's alert counter every _POLL_S (one store round trip). Then:
+# Each synced forward posts this rank's position (a heartbeat, handed to a daemon thread that
+# also looks for other ranks' alerts twice a second: see pulse.py). A collective that finishes
+# before the first poll never touches the store; a wait that lasts longer polls the board's
+# alert counter every _POLL_S (one store round trip). Then:
 #  - another rank posted an alert (it raised a ddpviz error): raise at once, carrying its
 #    findings ("peer_failed"), or its hang verdict verbatim;
 #  - the collective failed (gloo: "Connection closed by peer"): post "failed", give the
@@ -46,7 +49,6 @@ ENV_HANG_TIMEOUT = "DDPVIZ_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT = 300.0  # seconds; gloo's and NCCL's own defaults are 30 and 10 minutes
 PG_FRACTION = 0.6  # of the process group's timeout: see default_hang_timeout
 _POLL_S = 0.25
-_ALERT_CHECK_S = 0.5  # heartbeats look for other ranks' errors at most this often
 
 
 def resolve_hang_timeout(value: float | None,
@@ -155,7 +157,7 @@ class Watchdog:
         self.step = -1
         self.phase = "constructor"
         self.raised: RankHangError | None = None
-        self._alerts_checked = -_ALERT_CHECK_S
+        self._pulse: Pulse | None = None
         self._own_alert: tuple[str, tuple[Finding, ...]] | None = None
 
     @property
@@ -181,6 +183,19 @@ class Watchdog:
         except RuntimeError as exc:  # the store's host (rank 0) is gone already
             raise self._report(store_lost(scope, what, exc)) from exc
         self.board = Board(scope, epoch)
+        self._pulse = Pulse(Board(Scope(self.group, store=self._store, clone=True), epoch))
+        weakref.finalize(self, self._pulse.close, False)
+
+    def twin(self) -> Watchdog:
+        """A watchdog on this one's board with a store connection of its own, for waits run by
+        another thread (watch()'s monitor); its positions hold this one's heartbeats."""
+        twin = Watchdog(self.group, timeout=self.timeout, tap=self.tap, store=self._store,
+                        clone=True)
+        if self.board is not None:
+            twin.board = Board(Scope(self.group, store=self._store, clone=True),
+                               self.board.epoch)
+        twin._pulse = self._pulse
+        return twin
 
     def exchange(self, name: str, payload: str, what: str) -> list[str]:
         """Every rank's payload via the store (not a collective), with the hang timeout."""
@@ -234,28 +249,32 @@ class Watchdog:
         return "\n".join([head, *lines, tail]), tuple(findings)
 
     def heartbeat(self, step: int, phase: str) -> None:
-        """This rank reached `phase` of `step`: one store write (no reply awaited, ~2 us); at
-        most every _ALERT_CHECK_S also one round trip (~50 us) to see whether another rank
-        failed, so that this one stops before its next collective."""
+        """This rank reached `phase` of `step`: handed to the pulse thread, which posts it
+        (~1 us here; see pulse.py). Raises the error another rank posted, or store loss, that
+        the pulse saw since, so that this rank stops before its next collective."""
         self.step, self.phase = step, phase
-        board = self.board
-        if board is None:
+        board, pulse = self.board, self._pulse
+        if board is None or pulse is None:
             return
         if self._own_alert is not None:  # this rank failed before: no collective can follow
             message, findings = self._own_alert
             raise self._report(RankHangError(message, findings, {}))
-        try:
-            now = time.monotonic()
-            board.post_position({"state": "running", "step": step, "phase": phase,
-                                 "t": time.time()})
-            if now - self._alerts_checked >= _ALERT_CHECK_S:
-                self._alerts_checked = now
-                if board.has_alerts():
-                    raise self._from_alerts(None)
-        except RuntimeError as exc:
-            if isinstance(exc, RankHangError):
+        if pulse.error is not None:
+            raise self._report(store_lost(board.scope, f"step {step}", pulse.error)
+                               ) from pulse.error
+        if pulse.alerted:
+            try:
+                raise self._from_alerts(None)
+            except RankHangError:
                 raise
-            raise self._report(store_lost(board.scope, f"step {step}", exc)) from exc
+            except RuntimeError as exc:
+                raise self._report(store_lost(board.scope, f"step {step}", exc)) from exc
+        pulse.beat(step, phase)
+
+    def _hold_pulse(self) -> None:
+        """About to post a position from this thread: no heartbeat may overwrite it."""
+        if self._pulse is not None:
+            self._pulse.hold()
 
     def fail(self, message: str, findings: Sequence[Finding]) -> None:
         """This rank is about to raise `message`: tell the others (they stop waiting for it)
@@ -325,6 +344,7 @@ class Watchdog:
     def _wait_notice(self, board: Board, position: dict[str, Any]) -> None:
         """A collective has waited notice_after(timeout) seconds: post this rank's position
         (so the others see it) and say live which ranks are not known to wait here yet."""
+        self._hold_pulse()
         try:
             board.post_position(position)
             positions = {**board.positions(), self.rank: position}
@@ -482,6 +502,7 @@ class Watchdog:
     def _hang(self, position: dict[str, Any]) -> RankHangError:
         board = self.board
         assert board is not None and self.timeout is not None
+        self._hold_pulse()
         try:
             board.post_position(position)
             positions = self._gather(board, min(5.0, max(1.0, self.timeout / 4)))
@@ -498,6 +519,7 @@ class Watchdog:
         board = self.board
         assert board is not None
         failed = {**position, "state": "failed", "error": short_error(exc)}
+        self._hold_pulse()
         try:
             board.post_position(failed)
             if board.has_alerts():

@@ -165,10 +165,16 @@ def test_the_next_heartbeat_stops_a_rank_after_another_failed() -> None:
 
     dogs = in_threads(rank_fn, [0, 1], store)
     d0, d1 = dogs[0], dogs[1]
+    d0.heartbeat(0, "forward")  # nobody failed yet: a plain heartbeat
     d1.fail("ddpviz: boom on rank 1", [])
+    # The pulse thread looks for alerts every CHECK_S; a heartbeat after that raises. The
+    # deadline is generous (a loaded machine), the assertion is that it raises, and how.
+    deadline = time.monotonic() + 60
     with pytest.raises(RankHangError, match="rank 1 failed, so rank 0 stops before the "
                        "collectives of step 1"):
-        d0.heartbeat(1, "forward")
+        while time.monotonic() < deadline:
+            d0.heartbeat(1, "forward")
+            time.sleep(0.05)
 
 
 def test_a_completed_collective_and_a_disabled_watchdog_are_plain_waits() -> None:

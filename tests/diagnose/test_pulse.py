@@ -1,0 +1,81 @@
+"""The heartbeat's daemon thread (engine/pulse.py): what it posts to the notice board, that a
+position posted by a waiting rank is never overwritten by a stale heartbeat, and that closing
+still posts the last beat."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from ddpviz.engine.pulse import CHECK_S, Pulse
+from ddpviz.engine.rendezvous import Board, Scope
+from tests.diagnose.ranks_in_threads import FakeGroup
+
+
+def board(store: dist.Store, rank: int = 0, world_size: int = 2) -> Board:
+    return Board(Scope(FakeGroup(rank, world_size), store=store), 0)  # type: ignore[arg-type]
+
+
+def eventually(check: Callable[[], bool], limit: float = 60.0) -> bool:
+    """True once `check()` is (polled; the limit only bounds a broken pulse)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_beat_reaches_the_board_and_the_latest_one_wins() -> None:
+    store = dist.HashStore()
+    pulse = Pulse(board(store))
+    reader = board(store, rank=1)
+    try:
+        for step in range(50):
+            pulse.beat(step, "forward")
+        assert eventually(lambda: reader.positions().get(0, {}).get("step") == 49)
+        position = reader.positions()[0]
+        assert (position["state"], position["phase"]) == ("running", "forward")
+    finally:
+        pulse.close()
+
+
+def test_a_held_pulse_never_overwrites_the_position_its_rank_posted() -> None:
+    store = dist.HashStore()
+    pulse = Pulse(board(store))
+    mine = board(store)
+    try:
+        pulse.beat(3, "forward")
+        pulse.hold()  # the training thread is about to post where it waits
+        mine.post_position({"state": "waiting", "step": 3, "collective": "all-reduce"})
+        time.sleep(3 * CHECK_S)  # several wake-ups of the thread
+        assert mine.positions()[0]["state"] == "waiting"
+        pulse.beat(4, "forward")  # the next heartbeat releases the hold
+        assert eventually(lambda: mine.positions()[0].get("step") == 4)
+        assert mine.positions()[0]["state"] == "running"
+    finally:
+        pulse.close()
+
+
+def test_closing_posts_the_last_beat_and_stops_the_thread() -> None:
+    store = dist.HashStore()
+    pulse = Pulse(board(store))
+    pulse.beat(7, "forward")
+    pulse.close()
+    assert not pulse._thread.is_alive()
+    assert board(store, rank=1).positions()[0]["step"] == 7
+
+
+def test_another_ranks_alert_is_seen_by_the_thread() -> None:
+    store = dist.HashStore()
+    pulse = Pulse(board(store))
+    try:
+        pulse.beat(1, "forward")
+        assert not pulse.alerted
+        board(store, rank=1).post_alert("ddpviz: boom on rank 1", [])
+        assert eventually(lambda: pulse.alerted)
+        assert pulse.error is None
+    finally:
+        pulse.close()
