@@ -47,6 +47,9 @@ SCHEMA_VERSION = 1
 # The collectives a rank can wait in (the watchdog's positions and hang findings name them).
 Collective = Literal["all-reduce", "used-parameter all-reduce", "bucket rebuild broadcast",
                      "buffer broadcast"]
+# Where in an iteration a rank is (the watchdog's positions): before the first forward, or in a
+# forward or backward pass.
+Phase = Literal["constructor", "forward", "backward"]
 
 
 class Event(msgspec.Struct, frozen=True, tag=True):

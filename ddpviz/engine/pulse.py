@@ -19,9 +19,9 @@ import atexit
 import threading
 import time
 import weakref
-from typing import Any
 
-from ddpviz.engine.rendezvous import Board
+from ddpviz.engine.rendezvous import Board, Position
+from ddpviz.events import Phase
 
 CHECK_S = 0.5  # other ranks' alerts are looked for at most this often
 _JOIN_S = 2.0  # how long close() waits for a store call in flight
@@ -41,7 +41,7 @@ class Pulse:
         self.board = board
         self.alerted = False  # another rank posted an alert (the next heartbeat raises it)
         self.error: RuntimeError | None = None  # the store failed (its host exited)
-        self._latest: dict[str, Any] | None = None
+        self._latest: tuple[int, Phase, float] | None = None
         self._held = False
         self._closed = False
         self._lock = threading.Lock()
@@ -50,9 +50,9 @@ class Pulse:
         _LIVE.add(self)
         self._thread.start()
 
-    def beat(self, step: int, phase: str) -> None:
+    def beat(self, step: int, phase: Phase) -> None:
         """This rank reached `phase` of `step` (training thread; never blocks)."""
-        self._latest = {"state": "running", "step": step, "phase": phase, "t": time.time()}
+        self._latest = (step, phase, time.time())
         self._held = False
         self._wake.set()
 
@@ -78,9 +78,10 @@ class Pulse:
                 self._wake.wait(CHECK_S)
                 self._wake.clear()
                 with self._lock:  # closing still posts the last beat: a rank that exits
-                    position, self._latest = self._latest, None  # right after it is seen there
-                    if position is not None and not self._held:
-                        self.board.post_position(position)
+                    latest, self._latest = self._latest, None  # right after it is seen there
+                    if latest is not None and not self._held:
+                        step, phase, t = latest
+                        self.board.post_position(Position("running", step, phase, t))
                 if self._closed:
                     return
                 now = time.monotonic()

@@ -41,6 +41,7 @@ from ddpviz.events import (
     Collective,
     FindingReported,
     GradReady,
+    Phase,
     Tap,
     UnusedParametersFound,
 )
@@ -74,7 +75,7 @@ from ddpviz.findings import Finding, Kind, fix_for
 
 _UNSET = -1  # div factor not yet known for this backward
 # The phase a rank is in while it waits in each collective (the watchdog reports it).
-_PHASE_OF_COLLECTIVE: dict[Collective, str] = {
+_PHASE_OF_COLLECTIVE: dict[Collective, Phase] = {
     "all-reduce": "backward", "used-parameter all-reduce": "backward",
     "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 

@@ -15,13 +15,15 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import torch.distributed as dist
 
 from ddpviz.errors import RankHangError
+from ddpviz.events import Collective, Phase
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
+from ddpviz.limits import Name, Step
 
 # [Note: one verdict]
 # A rank that times out and a rank that arrives at the same moment must not disagree (one
@@ -213,6 +215,25 @@ def store_lost(scope: Scope, what: str, exc: BaseException) -> RankHangError:
     return RankHangError(finding.text(), (finding,), {})
 
 
+class Position(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where one rank is, as posted on its DDP's notice board (the hang protocol's unit):
+    "running" (a heartbeat: `phase` of `step` reached at wall time `t`), "waiting" in a
+    collective since `since`, or "failed" in one with `error`. Validated when read back."""
+
+    state: Literal["running", "waiting", "failed"]
+    step: Step
+    phase: Phase
+    t: float  # time.time() when posted
+    collective: Collective | None = None  # waiting/failed: where
+    bucket: int = -1  # the all-reduce's bucket (-1: not a bucket all-reduce)
+    params: tuple[Name, ...] = ()  # the bucket's parameter names (the first ones)
+    since: float = 0.0  # time.time() when the wait began
+    error: Name = ""  # failed: the collective's error, in a few words
+
+
+_decode_position = msgspec.json.Decoder(Position).decode
+
+
 class Board:
     """Where the ranks of one DDP post where they are and what went wrong (store keys under
     `ddpviz/board/<epoch>/`). Every method is a few store round trips; none blocks long.
@@ -237,18 +258,21 @@ class Board:
     def world_size(self) -> int:
         return self.scope.world_size
 
-    def post_position(self, position: dict[str, Any]) -> None:
-        """Publish where this rank is (plain JSON data)."""
-        self.scope.store.set(f"{self.base}/pos/{self.rank}", json.dumps(position))
+    def post_position(self, position: Position) -> None:
+        """Publish where this rank is."""
+        self.scope.store.set(f"{self.base}/pos/{self.rank}",
+                             msgspec.json.encode(position).decode())
 
-    def positions(self) -> dict[int, dict[str, Any]]:
-        """Every rank's latest position; ranks that never posted are absent."""
+    def positions(self) -> dict[int, Position]:
+        """Every rank's latest position; ranks that never posted are absent, and so are
+        positions that do not validate (written by something else than this protocol)."""
         s = self.scope.store
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, Position] = {}
         for r in range(self.world_size):
             key = f"{self.base}/pos/{r}"
             if s.check([key]):
-                out[r] = json.loads(as_text(s.get(key)))
+                with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+                    out[r] = _decode_position(s.get(key))
         return out
 
     def post_alert(self, message: str, findings: Sequence[Finding]) -> None:

@@ -24,9 +24,17 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine.pulse import Pulse
-from ddpviz.engine.rendezvous import Board, Scope, as_text, exchange, notice_after, store_lost
+from ddpviz.engine.rendezvous import (
+    Board,
+    Position,
+    Scope,
+    as_text,
+    exchange,
+    notice_after,
+    store_lost,
+)
 from ddpviz.errors import RankHangError
-from ddpviz.events import Collective, FindingReported, Tap
+from ddpviz.events import Collective, FindingReported, Phase, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 
 # [Note: hang protocol]
@@ -106,29 +114,35 @@ def process_group_timeout(process_group: dist.ProcessGroup | None = None) -> flo
     return min(positive) if positive else None
 
 
-def describe(position: dict[str, Any], now: float | None = None) -> str:
+def describe(position: Position, now: float | None = None) -> str:
     """One rank's position in words ("waiting in the all-reduce of bucket 0 at step 2 ...")."""
     now = time.time() if now is None else now
-    state = position.get("state", "running")
-    step = position.get("step", -1)
-    at = "in the constructor" if step < 0 else f"at step {step}"
-    if state in ("waiting", "failed"):
-        what = collective_name(position)
-        params = position.get("params") or []
+    at = "in the constructor" if position.step < 0 else f"at step {position.step}"
+    if position.state != "running":
+        params = position.params
         shown = ", ".join(repr(p) for p in params[:4]) + (", ..." if len(params) > 4 else "")
         for_ = f" for {shown}" if shown else ""
-        if state == "failed":
-            return f"failed in {what} {at}{for_}: {position.get('error', '')}"
-        waited = now - float(position.get("since", now))
-        return f"waiting in {what} {at}{for_} ({waited:.1f}s)"
-    ago = now - float(position.get("t", now))
-    return f"last seen {at} ({position.get('phase', '?')}, {ago:.1f}s ago)"
+        if position.state == "failed":
+            return f"failed in {collective_name(position)} {at}{for_}: {position.error}"
+        return (f"waiting in {collective_name(position)} {at}{for_} "
+                f"({now - position.since:.1f}s)")
+    return f"last seen {at} ({position.phase}, {now - position.t:.1f}s ago)"
 
 
-def collective_name(position: dict[str, Any]) -> str:
-    collective = position.get("collective", "?")
-    bucket = int(position.get("bucket", -1))
+def collective_name(position: Position) -> str:
+    collective = position.collective or "?"
+    bucket = position.bucket
     return f"the {collective} of bucket {bucket}" if bucket >= 0 else f"the {collective}"
+
+
+def _here(position: Position) -> tuple[int, Collective | None, int]:
+    """The collective a waiting rank is in, comparable across ranks."""
+    return position.step, position.collective, position.bucket
+
+
+def _as_dicts(positions: dict[int, Position]) -> dict[int, dict[str, Any]]:
+    """Positions as plain data, as RankHangError carries them (picklable, JSON-able)."""
+    return {r: msgspec.to_builtins(p) for r, p in positions.items()}
 
 
 class Watchdog:
@@ -155,7 +169,7 @@ class Watchdog:
         self._clone = clone
         self.board: Board | None = None
         self.step = -1
-        self.phase = "constructor"
+        self.phase: Phase = "constructor"
         self.raised: RankHangError | None = None
         self._pulse: Pulse | None = None
         self._own_alert: tuple[str, tuple[Finding, ...]] | None = None
@@ -248,7 +262,7 @@ class Watchdog:
                 + fix_for("unused_parameter"))
         return "\n".join([head, *lines, tail]), tuple(findings)
 
-    def heartbeat(self, step: int, phase: str) -> None:
+    def heartbeat(self, step: int, phase: Phase) -> None:
         """This rank reached `phase` of `step`: handed to the pulse thread, which posts it
         (~1 us here; see pulse.py). Raises the error another rank posted, or store loss, that
         the pulse saw since, so that this rank stops before its next collective."""
@@ -341,7 +355,7 @@ class Watchdog:
         self.tap.emit(FindingReported, self._waiting_finding(
             tuple(missing), what, since, group_ranks(states), step=-1))
 
-    def _wait_notice(self, board: Board, position: dict[str, Any]) -> None:
+    def _wait_notice(self, board: Board, position: Position) -> None:
         """A collective has waited notice_after(timeout) seconds: post this rank's position
         (so the others see it) and say live which ranks are not known to wait here yet."""
         self._hold_pulse()
@@ -353,21 +367,20 @@ class Watchdog:
         if not self.tap.enabled:
             return
         now = time.time()
-        here = (position["step"], position["collective"], position["bucket"])
+        here = _here(position)
         missing = tuple(r for r in range(self.world_size)
-                        if r not in positions or positions[r].get("state") != "waiting"
-                        or (positions[r].get("step"), positions[r].get("collective"),
-                            positions[r].get("bucket")) != here)
+                        if r not in positions or positions[r].state != "waiting"
+                        or _here(positions[r]) != here)
         if not missing:
             return
         values = tuple((describe(positions[r], now) if r in positions
                         else "never reported (no DDP step on this rank yet)", (r,))
                        for r in range(self.world_size))
         what = collective_name(position)
-        at = f" at step {position['step']}" if position["step"] >= 0 else ""
+        at = f" at step {position.step}" if position.step >= 0 else ""
         self.tap.emit(FindingReported, self._waiting_finding(
-            missing, what + at, float(position["since"]), values, step=int(position["step"]),
-            bucket=int(position["bucket"]), field=str(position["collective"])))
+            missing, what + at, position.since, values, step=position.step,
+            bucket=position.bucket, field=str(position.collective)))
 
     def _waiting_finding(self, missing: tuple[int, ...], what: str, since: float,
                          values: Any, *, step: int, bucket: int = -1,
@@ -415,10 +428,10 @@ class Watchdog:
     # --- diagnosis ----------------------------------------------------------------------------
 
     def _position(self, collective: Collective, bucket: int, params: Sequence[str], *,
-                  since: float | None = None) -> dict[str, Any]:
-        return {"state": "waiting", "step": self.step, "phase": self.phase,
-                "collective": collective, "bucket": bucket, "params": list(params),
-                "since": time.time() if since is None else since, "t": time.time()}
+                  since: float | None = None) -> Position:
+        now = time.time()
+        return Position("waiting", self.step, self.phase, now, collective, bucket,
+                        tuple(params), now if since is None else since)
 
     def _report(self, exc: RankHangError) -> RankHangError:
         if self.raised is None:
@@ -428,19 +441,19 @@ class Watchdog:
                     self.tap.emit(FindingReported, f)
         return exc
 
-    def _gather(self, board: Board, grace: float) -> dict[int, dict[str, Any]]:
+    def _gather(self, board: Board, grace: float) -> dict[int, Position]:
         """Positions once every other rank posted a waiting/failed one, or after `grace`."""
         end = time.monotonic() + grace
         while True:
             positions = board.positions()
-            settled = all(positions.get(r, {}).get("state") in ("waiting", "failed")
+            settled = all(r in positions and positions[r].state != "running"
                           for r in range(self.world_size) if r != self.rank)
             if settled or time.monotonic() >= end or board.has_alerts():
                 return positions
             time.sleep(0.05)
 
     def _conclude(self, board: Board, proposal: tuple[str, tuple[Finding, ...]],
-                  positions: dict[int, dict[str, Any]]) -> RankHangError:
+                  positions: dict[int, Position]) -> RankHangError:
         message, findings = proposal
         data = json.dumps({"message": message,
                            "findings": [_builtins(f) for f in findings]})
@@ -450,13 +463,12 @@ class Watchdog:
         return self._adopt(board, decided, positions)
 
     def _adopt(self, board: Board, decided: dict[str, Any],
-               positions: dict[int, dict[str, Any]]) -> RankHangError:
+               positions: dict[int, Position]) -> RankHangError:
         """Raise the verdict; first give the other waiting ranks up to a second to read it
         (the store lives in one of the ranks, usually rank 0: if it raised and exited at once,
         the others would lose the store before reading the verdict)."""
         store = board.scope.store
-        alive = 1 + sum(p.get("state") in ("waiting", "failed")
-                        for r, p in positions.items() if r != self.rank)
+        alive = 1 + sum(p.state != "running" for r, p in positions.items() if r != self.rank)
         acks = f"{board.base}/verdict/acks"
         end = time.monotonic() + 1.0
         with contextlib.suppress(RuntimeError):
@@ -465,9 +477,9 @@ class Watchdog:
                 time.sleep(0.02)
                 count = int(store.add(acks, 0))
         verdict = tuple(_finding(f) for f in decided["findings"])
-        return self._report(RankHangError(decided["message"], verdict, positions))
+        return self._report(RankHangError(decided["message"], verdict, _as_dicts(positions)))
 
-    def _from_alerts(self, position: dict[str, Any] | None) -> RankHangError:
+    def _from_alerts(self, position: Position | None) -> RankHangError:
         """The error another rank posted, as this rank's (position None: between collectives,
         at a heartbeat)."""
         board = self.board
@@ -483,7 +495,7 @@ class Watchdog:
         alert = alerts[first]
         if first == self.rank:  # only this rank failed before: its own error again
             return self._report(RankHangError(str(alert["message"]), alert["findings"],
-                                              positions))
+                                              _as_dicts(positions)))
         if position is None:
             title = (f"rank {first} failed, so rank {self.rank} stops before the collectives of "
                      f"step {self.step}")
@@ -497,9 +509,9 @@ class Watchdog:
             fix=fix_for("peer_failed", rank=first),
             world_size=self.world_size)
         return self._report(RankHangError(finding.text(), (finding, *alert["findings"]),
-                                          positions))
+                                          _as_dicts(positions)))
 
-    def _hang(self, position: dict[str, Any]) -> RankHangError:
+    def _hang(self, position: Position) -> RankHangError:
         board = self.board
         assert board is not None and self.timeout is not None
         self._hold_pulse()
@@ -515,10 +527,10 @@ class Watchdog:
         except RuntimeError as exc:
             return self._report(store_lost(board.scope, collective_name(position), exc))
 
-    def _failed(self, position: dict[str, Any], exc: BaseException) -> RankHangError:
+    def _failed(self, position: Position, exc: BaseException) -> RankHangError:
         board = self.board
         assert board is not None
-        failed = {**position, "state": "failed", "error": short_error(exc)}
+        failed = msgspec.structs.replace(position, state="failed", error=short_error(exc))
         self._hold_pulse()
         try:
             board.post_position(failed)
@@ -533,11 +545,11 @@ class Watchdog:
         except RuntimeError as err:
             return self._report(store_lost(board.scope, collective_name(position), err))
 
-    def _compose_hang(self, me: dict[str, Any], positions: dict[int, dict[str, Any]]
+    def _compose_hang(self, me: Position, positions: dict[int, Position]
                       ) -> tuple[str, tuple[Finding, ...]]:
         positions = {**positions, self.rank: me}
         now = time.time()
-        waiting = {r: p for r, p in positions.items() if p.get("state") in ("waiting", "failed")}
+        waiting = {r: p for r, p in positions.items() if p.state != "running"}
         lagging = tuple(r for r in range(self.world_size) if r not in waiting)
         states = {r: describe(positions[r], now) if r in positions
                   else "never reported (no DDP step on this rank yet)"
@@ -547,38 +559,37 @@ class Watchdog:
         # proposes the same verdict.
         me = waiting[min(waiting)]
         where = collective_name(me)
-        at = f"step {me['step']}" if me["step"] >= 0 else "construction"
+        at = f"step {me.step}" if me.step >= 0 else "construction"
         if lagging:
-            steps = [positions[r].get("step", -1) for r in lagging if r in positions]
-            behind = not steps or min(steps) < me["step"]
+            steps = [positions[r].step for r in lagging if r in positions]
+            behind = not steps or min(steps) < me.step
             title = (f"{format_ranks(lagging)} did not reach {where} at {at} within "
                      f"{self.timeout:g}s")
             finding = Finding(
                 kind="rank_hang", severity="error", title=title, ranks=lagging,
-                param=-1, name=(me["params"] or [""])[0], field=me["collective"],
-                bucket=int(me["bucket"]), step=int(me["step"]), values=values,
+                param=-1, name=(me.params or ("",))[0], field=str(me.collective),
+                bucket=me.bucket, step=me.step, values=values,
                 fix=fix_for("rank_hang", "behind" if behind else ""), world_size=self.world_size)
         else:
-            places = {r: (p.get("step"), p.get("collective"), p.get("bucket"))
-                      for r, p in waiting.items()}
+            places = {r: _here(p) for r, p in waiting.items()}
             groups = group_ranks({r: json.dumps(v) for r, v in places.items()})
             odd = tuple(sorted(r for _, rs in groups[1:] for r in rs))
             title = ("ranks wait in different collectives" if len(groups) > 1
                      else f"every rank waits in {where} at {at} and it does not complete")
             finding = Finding(
                 kind="collective_mismatch" if len(groups) > 1 else "rank_hang",
-                severity="error", title=title, ranks=odd, field=me["collective"],
-                bucket=int(me["bucket"]), step=int(me["step"]), values=values,
+                severity="error", title=title, ranks=odd, field=str(me.collective),
+                bucket=me.bucket, step=me.step, values=values,
                 fix=(fix_for("collective_mismatch") if len(groups) > 1 else
                      fix_for("rank_hang", "stuck")),
                 world_size=self.world_size)
         return finding.text(), (finding,)
 
-    def _compose_exit(self, me: dict[str, Any], positions: dict[int, dict[str, Any]]
+    def _compose_exit(self, me: Position, positions: dict[int, Position]
                       ) -> tuple[str, tuple[Finding, ...]]:
         positions = {**positions, self.rank: me}
         now = time.time()
-        alive = {r for r, p in positions.items() if p.get("state") in ("waiting", "failed")}
+        alive = {r for r, p in positions.items() if p.state != "running"}
         gone = tuple(r for r in range(self.world_size) if r not in alive)
         states: dict[int, str] = {}
         for r in range(self.world_size):
@@ -591,14 +602,14 @@ class Watchdog:
         values = tuple((states[r], (r,)) for r in range(self.world_size))
         first = min(alive)
         me = positions[first]
-        at = f"step {me['step']}" if me["step"] >= 0 else "construction"
+        at = f"step {me.step}" if me.step >= 0 else "construction"
         title = (f"{format_ranks(gone) if gone else 'a rank'} closed its connection while "
                  f"rank {first} waited in {collective_name(me)} at {at}: it exited or "
                  "crashed")
         finding = Finding(
             kind="rank_exited", severity="error", title=title, ranks=gone,
-            name=(me["params"] or [""])[0], field=me["collective"], bucket=int(me["bucket"]),
-            step=int(me["step"]), values=values, fix=fix_for("rank_exited"),
+            name=(me.params or ("",))[0], field=str(me.collective), bucket=me.bucket,
+            step=me.step, values=values, fix=fix_for("rank_exited"),
             world_size=self.world_size)
         return finding.text(), (finding,)
 

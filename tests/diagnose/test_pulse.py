@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from ddpviz.engine.pulse import CHECK_S, Pulse
-from ddpviz.engine.rendezvous import Board, Scope
+from ddpviz.engine.rendezvous import Board, Position, Scope
 from tests.diagnose.ranks_in_threads import FakeGroup
 
 
@@ -35,9 +35,9 @@ def test_a_beat_reaches_the_board_and_the_latest_one_wins() -> None:
     try:
         for step in range(50):
             pulse.beat(step, "forward")
-        assert eventually(lambda: reader.positions().get(0, {}).get("step") == 49)
+        assert eventually(lambda: 0 in reader.positions() and reader.positions()[0].step == 49)
         position = reader.positions()[0]
-        assert (position["state"], position["phase"]) == ("running", "forward")
+        assert (position.state, position.phase) == ("running", "forward")
     finally:
         pulse.close()
 
@@ -49,12 +49,12 @@ def test_a_held_pulse_never_overwrites_the_position_its_rank_posted() -> None:
     try:
         pulse.beat(3, "forward")
         pulse.hold()  # the training thread is about to post where it waits
-        mine.post_position({"state": "waiting", "step": 3, "collective": "all-reduce"})
+        mine.post_position(Position("waiting", 3, "backward", time.time(), "all-reduce"))
         time.sleep(3 * CHECK_S)  # several wake-ups of the thread
-        assert mine.positions()[0]["state"] == "waiting"
+        assert mine.positions()[0].state == "waiting"
         pulse.beat(4, "forward")  # the next heartbeat releases the hold
-        assert eventually(lambda: mine.positions()[0].get("step") == 4)
-        assert mine.positions()[0]["state"] == "running"
+        assert eventually(lambda: mine.positions()[0].step == 4)
+        assert mine.positions()[0].state == "running"
     finally:
         pulse.close()
 
@@ -65,7 +65,7 @@ def test_closing_posts_the_last_beat_and_stops_the_thread() -> None:
     pulse.beat(7, "forward")
     pulse.close()
     assert not pulse._thread.is_alive()
-    assert board(store, rank=1).positions()[0]["step"] == 7
+    assert board(store, rank=1).positions()[0].step == 7
 
 
 def test_another_ranks_alert_is_seen_by_the_thread() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ddpviz.engine.rendezvous import Board, Scope, exchange, rendezvous
+from ddpviz.engine.rendezvous import Board, Position, Scope, exchange, rendezvous
 from ddpviz.errors import RankHangError
 from ddpviz.findings import Finding
 from tests.diagnose.ranks_in_threads import FakeGroup, in_threads
@@ -78,10 +78,11 @@ def test_board_positions_and_alerts_round_trip() -> None:
     boards = [Board(Scope(FakeGroup(r, 2), store=store), epoch=7)  # type: ignore[arg-type]
               for r in range(2)]
     assert not boards[0].has_alerts() and boards[0].positions() == {}
-    boards[1].post_position({"state": "running", "step": 3})
+    here = Position("running", 3, "forward", 1.5)
+    boards[1].post_position(here)
     f = Finding(kind="unused_parameter", severity="error", title="t", name="w", ranks=(1,))
     boards[1].post_alert("ddpviz: rank 1 failed", [f])
-    assert boards[0].positions() == {1: {"state": "running", "step": 3}}
+    assert boards[0].positions() == {1: here}
     assert boards[0].has_alerts()
     assert boards[0].alerts() == {1: {"rank": 1, "message": "ddpviz: rank 1 failed",
                                       "findings": (f,)}}
@@ -89,6 +90,16 @@ def test_board_positions_and_alerts_round_trip() -> None:
     assert boards[1].decide("v", "second") == "first"
     other_epoch = Board(Scope(FakeGroup(0, 2), store=store), epoch=8)  # type: ignore[arg-type]
     assert not other_epoch.has_alerts()
+
+
+def test_a_position_that_does_not_validate_is_not_read() -> None:
+    store = dist.HashStore()
+    board = Board(Scope(FakeGroup(0, 2), store=store), epoch=0)  # type: ignore[arg-type]
+    store.set(f"{board.base}/pos/1", '{"state": "asleep", "step": 3}')  # not a Position
+    assert board.positions() == {}
+    waiting = Position("waiting", 2, "backward", 5.0, "all-reduce", 1, ("fc.weight",), 4.0)
+    board.post_position(waiting)
+    assert board.positions() == {0: waiting}
 
 
 def test_scope_without_a_process_group_says_how_to_fix_it() -> None:
