@@ -522,7 +522,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         if grad_enabled:
             self._tap.step = self._forwards
             self._forwards += 1
-            if self.require_backward_grad_sync and self.reducer.require_finalize:
+            if self.require_backward_grad_sync and (self.reducer.require_finalize
+                                                    or self.reducer.deferred_error is not None):
                 # The previous backward did not finish: torch raises here, before any
                 # collective, and so does ddpviz (before the heartbeat, which would repeat
                 # this rank's previous failure instead).

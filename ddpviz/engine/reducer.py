@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -72,6 +73,23 @@ from ddpviz.findings import Finding, Kind, fix_for
 # (the missing slots hold zeros, so ranks that did see every gradient are not left waiting),
 # writes the results back, emits UnusedParametersFound and raises UnusedParametersError. Later
 # iterations fail at the next forward, like torch, but name the parameters.
+# DDPVIZ_UNUSED_ERROR_AT=forward holds the first iteration's error until the next forward too
+# (where torch raises it; code and tests written against torch's timing expect that), after
+# the same reduction and diagnosis.
+
+ENV_UNUSED_ERROR_AT = "DDPVIZ_UNUSED_ERROR_AT"
+
+
+def unused_error_at() -> str:
+    """When the first synced backward's missing gradients raise: "backward" (default: at its
+    end) or "forward" (at the next forward, as torch does), from DDPVIZ_UNUSED_ERROR_AT."""
+    value = os.environ.get(ENV_UNUSED_ERROR_AT, "").strip() or "backward"
+    if value not in ("backward", "forward"):
+        raise ValueError(
+            f"ddpviz: {ENV_UNUSED_ERROR_AT}={value!r} is not a place to raise at: expected "
+            "'backward' (the default: the end of the first backward that missed a gradient) "
+            "or 'forward' (the next forward, as torch does).\nSet one of them, or unset it.")
+    return value
 
 _UNSET = -1  # div factor not yet known for this backward
 # The phase a rank is in while it waits in each collective (the watchdog reports it).
@@ -196,6 +214,10 @@ class Reducer:
         # Per-iteration accounting (names follow torch's reducer.hpp).
         self.expect_autograd_hooks = False
         self.require_finalize = False
+        # An UnusedParametersError of the first synced backward, held until the next forward
+        # under DDPVIZ_UNUSED_ERROR_AT=forward (torch's timing). See [Note: missing gradients].
+        self.deferred_error: UnusedParametersError | None = None
+        self._defer_unused = unused_error_at() == "forward"
         self.next_bucket = 0
         self.has_marked_unused_parameters = False
         self.unused_parameters: list[int] = []
@@ -642,7 +664,14 @@ class Reducer:
         self.checked_first_iteration = True
         if self._agrees_on_unused():
             self._agree_on_unused(missing)
-        raise self._unused_error(missing, at_forward=False)
+        self._raise_unused(self._unused_error(missing, at_forward=False))
+
+    def _raise_unused(self, error: UnusedParametersError) -> None:
+        """Raise the first synced backward's error now, or hold it until the next forward."""
+        if self._defer_unused:
+            self.deferred_error = error
+            return
+        raise error
 
     # --- diagnosis across ranks (see engine/watchdog.py) ----------------------------------
 
@@ -673,7 +702,7 @@ class Reducer:
         error = UnusedParametersError(f"{body}\n{self._torch_text(by_rank)}\n{tail}")
         error.findings = findings
         self._log_error(str(error))
-        raise error
+        self._raise_unused(error)
 
     def _fail(self, head: str, kind: Kind, index: int, field: str,
               title: str, torch_text: str = "") -> GradientGraphError:
@@ -909,6 +938,9 @@ class Reducer:
 
     def ensure_prior_reduction_finished(self) -> None:
         """Raise if the previous synced backward left buckets unreduced."""
+        if self.deferred_error is not None:
+            error, self.deferred_error = self.deferred_error, None
+            raise error
         if self.require_finalize:
             missing = self._missing()
             self.require_finalize = False

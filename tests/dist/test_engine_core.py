@@ -189,6 +189,53 @@ def test_unused_parameter_raises_at_iteration_0_backward_naming_it() -> None:
         assert r["used_grad_defined"]
 
 
+def _unused_error_at_forward(rank: int, world_size: int) -> dict[str, Any]:
+    """Torch's DDP and ddpviz's under DDPVIZ_UNUSED_ERROR_AT=forward, same model and inputs:
+    where each raises, and what."""
+    import os
+
+    from ddpviz import DistributedDataParallel
+    from ddpviz.errors import UnusedParametersError
+
+    os.environ["DDPVIZ_UNUSED_ERROR_AT"] = "forward"
+    out: dict[str, Any] = {}
+    for name, cls in (("torch", nn.parallel.DistributedDataParallel),
+                      ("ours", DistributedDataParallel)):
+        ddp = cls(_WithUnused())
+        torch.manual_seed(rank)
+        x = torch.randn(3, 8)
+        ddp(x).sum().backward()  # iteration 0 returns on both
+        try:
+            ddp(x).sum().backward()
+        except RuntimeError as e:
+            out[name] = {"raised_at": "forward", "message": str(e),
+                         "unused_error": isinstance(e, UnusedParametersError)}
+        else:
+            out[name] = {"raised_at": None}
+    os.environ["DDPVIZ_UNUSED_ERROR_AT"] = "sideways"
+    try:
+        DistributedDataParallel(_WithUnused())
+    except ValueError as e:
+        out["bad_setting"] = str(e)
+    return out
+
+
+def test_unused_error_at_forward_raises_where_torch_does_with_ddpviz_names() -> None:
+    results = run_ranks(_unused_error_at_forward, 2, timeout=90)
+    for rank, r in results.items():
+        assert r["torch"]["raised_at"] == "forward", f"rank {rank}: torch did not raise"
+        assert r["ours"]["raised_at"] == "forward", f"rank {rank}: ddpviz did not raise"
+        assert r["ours"]["unused_error"]
+        ours, theirs = r["ours"]["message"], r["torch"]["message"]
+        assert ours.startswith("ddpviz: 2 of 4 parameters got no gradient on rank")
+        assert "'extra.0.weight'" in ours and "'extra.0.bias'" in ours
+        first_sentence = theirs.split(". ")[0]
+        assert first_sentence.startswith("Expected to have finished reduction")
+        assert first_sentence in ours
+        assert "DDPVIZ_UNUSED_ERROR_AT='sideways'" in r["bad_setting"]
+        assert "'forward'" in r["bad_setting"] and "'backward'" in r["bad_setting"]
+
+
 def test_engine_import_pulls_in_no_ui_modules() -> None:
     code = ("import sys, ddpviz.engine.ddp; "
             "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython') if m in sys.modules))")
