@@ -8,7 +8,7 @@ parameters to buckets exactly as torch's C++ does; reducer.py (5-6) registers th
 hooks, fills bucket buffers, all-reduces them (through comm.py's hooks and GradBucket) and
 rebuilds the buckets once; forward.py is the forward-side work (outputs, the unused-parameter
 search). Alongside: watchdog.py names lagging or missing ranks before the process group times
-out; logger.py keeps torch's logging data; mixed_precision.py, buffer_identity.py and
+out (pulse.py posts its heartbeats from a daemon thread); logger.py keeps torch's logging data; mixed_precision.py, buffer_identity.py and
 initial_values.py are the smaller checks and options.
 
 Imports torch and ddpviz's vocabulary (events, findings, errors, limits) only, never UI code
