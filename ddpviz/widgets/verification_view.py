@@ -16,6 +16,7 @@ import ipywidgets as w
 from ddpviz import markup
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.rank_groups import rank_label
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.verification_matrix import (
     FIELD_ORDER,
@@ -213,8 +214,9 @@ class VerificationView(EventView):
         index = {r: i for i, r in enumerate(m.ranks)}
         chosen = self.rank_select.value
         head = markup.join(
-            markup.fmt("<th{}>{}</th>", markup.Markup(" class=rsel" if chosen in g else ""),
-                       format_ranks(g).replace("ranks ", "r").replace("rank ", "r"))
+            markup.fmt("<th{} title='{}'>{}</th>",
+                       markup.Markup(" class=rsel" if chosen in g else ""), rank_label(g),
+                       ("r" if len(g) == 1 else f"{len(g)} ranks: ") + _short(rank_label(g)))
             for g in columns)
         lines: list[str] = [_STYLE, markup.fmt(
             "<table class=ddpviz-vm><tr><th>#</th><th>name</th>{}</tr>", head)]
@@ -271,6 +273,10 @@ class VerificationView(EventView):
                                     format_ranks(ranks), text))
         return markup.fmt("<div style='font-size:12px;font-family:monospace'>{}</div>",
                           markup.join(lines))
+
+
+def _short(label: str, limit: int = 40) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def _describe_html(values: dict[str, str], differing: Sequence[str]) -> str:
