@@ -67,6 +67,7 @@ class VerificationView(EventView):
         self._group_default = group_ranks
         self.matrix: Matrix = build_matrix({})
         self._key: tuple[Any, ...] | None = None
+        self._columns: tuple[Matrix | None, list[tuple[int, ...]]] = (None, [])
         super().__init__(source, **kwargs)
 
     def _build(self) -> list[w.Widget]:
@@ -187,13 +188,21 @@ class VerificationView(EventView):
         m = self.matrix
         if not self.group_checkbox.value:
             return [(r,) for r in m.ranks]
+        if self._columns[0] is m:
+            return list(self._columns[1])
+        # Only rows with a difference tell ranks apart (elsewhere every holder has the same
+        # values), and there only the cell and the differing fields' values do.
+        odd = [row for row in m.rows if row.differing or any(c != "same" for c in row.cells)]
         signature: dict[int, tuple[str, ...]] = {
-            r: tuple(row.cells[i] + "|" + str(sorted(row.values.get(r, {}).items()))
-                     for row in m.rows) for i, r in enumerate(m.ranks)}
+            r: tuple(row.cells[i] + "|" + "|".join(row.values.get(r, {}).get(f, "")
+                                                   for f in row.differing)
+                     for row in odd) for i, r in enumerate(m.ranks)}
         groups: dict[tuple[str, ...], list[int]] = {}
         for r in m.ranks:
             groups.setdefault(signature[r], []).append(r)
-        return sorted((tuple(rs) for rs in groups.values()), key=lambda g: g[0])
+        columns = sorted((tuple(rs) for rs in groups.values()), key=lambda g: g[0])
+        self._columns = (m, columns)  # a matrix is immutable: its columns are computed once
+        return list(columns)
 
     def shown_rows(self) -> list[Row]:
         """The rows drawn in the table: every row that is not "same" first, in order, then as
