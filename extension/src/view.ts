@@ -1,12 +1,17 @@
 /**
  * The trace viewer's DOM: a summary, the bucket map, verification results, broadcast progress,
  * the hook timeline of one iteration, findings and event counts, rendered from a TraceModel.
- * Plain DOM and SVG (no plotting library), so a trace opens fast and with no kernel.
+ * Plain DOM and SVG (no plotting library), so a trace opens fast and with no kernel. With many
+ * ranks (more than MANY_RANKS) ranks in the same state share one row labelled with their rank
+ * ranges, and the hook timeline draws distributions across ranks with the slowest named and
+ * one picked rank's lane against them.
  */
 
 import { bucketColor } from './colors';
 import { Mismatch } from './events';
-import { BucketMapGroup, paramBytes, Timeline, TraceModel } from './model';
+import { BroadcastRow, BucketMapGroup, paramBytes, Timeline, TraceModel } from './model';
+import { MANY_RANKS, spread, valueGroups } from './rankGroups';
+import { TimelineSpread, timelineSpread } from './timelineSpread';
 
 /** What the settings change about rendering. */
 export interface ViewOptions {
@@ -365,28 +370,48 @@ function renderVerification(model: TraceModel): HTMLElement {
     running: 'started, never finished',
     absent: 'not run'
   };
+  const many = model.verification.length > MANY_RANKS;
+  // Many ranks: one row per group of ranks with the same outcome (the lowest rank's row shown).
+  const groups = valueGroups(
+    model.verification.map(r => [r.rank, r] as [number, typeof r]),
+    r =>
+      JSON.stringify([r.status, r.worldSize, r.nParams, r.nBuffers, r.digest, r.mismatches.length])
+  ).sort((a, b) => a.ranks[0] - b.ranks[0]);
+  const shown = many
+    ? groups.map(g => ({ row: g.value, label: `${g.label} (${g.ranks.length})`, ranks: g.ranks }))
+    : model.verification.map(r => ({ row: r, label: String(r.rank), ranks: [r.rank] }));
   const table = h(
     'table',
-    { class: 'ddpviz-table' },
+    { class: 'ddpviz-table', 'data-grouped': String(many) },
     h(
       'thead',
       {},
       h(
         'tr',
         {},
-        ...['rank', 'result', 'world size', 'parameters', 'buffers', 'digest / mismatches'].map(t =>
-          h('th', {}, t)
-        )
+        ...[
+          many ? 'ranks' : 'rank',
+          'result',
+          'world size',
+          'parameters',
+          'buffers',
+          'digest / mismatches'
+        ].map(t => h('th', {}, t))
       )
     ),
     h(
       'tbody',
       {},
-      model.verification.map(r =>
+      shown.map(({ row: r, label, ranks }) =>
         h(
           'tr',
-          { 'data-rank': r.rank, 'data-status': r.status },
-          h('td', {}, String(r.rank)),
+          {
+            'data-rank': r.rank,
+            'data-ranks': many ? label : undefined,
+            'data-count': ranks.length,
+            'data-status': r.status
+          },
+          h('td', {}, label),
           h(
             'td',
             {},
@@ -420,9 +445,24 @@ function renderVerification(model: TraceModel): HTMLElement {
   return section('verification', 'Verification', table, details);
 }
 
+function broadcastText(b: BroadcastRow, withTime = true): string {
+  return (
+    `${b.chunksDone}/${b.nChunks} chunks · ${humanBytes(b.bytesDone)} of ` +
+    `${humanBytes(b.totalBytes)}` +
+    (b.seconds === null
+      ? ' · unfinished'
+      : withTime
+        ? ` · ${(b.seconds * 1000).toFixed(2)} ms`
+        : '')
+  );
+}
+
 function renderBroadcast(model: TraceModel): HTMLElement {
   if (model.broadcast.length === 0) {
     return section('broadcast', 'State broadcast', note('No broadcast events in this trace.'));
+  }
+  if (model.broadcast.length > MANY_RANKS) {
+    return renderBroadcastGroups(model.broadcast);
   }
   const rows = model.broadcast.map(b =>
     h(
@@ -435,16 +475,66 @@ function renderBroadcast(model: TraceModel): HTMLElement {
       },
       h('span', { class: 'ddpviz-progress-label' }, `rank ${b.rank} ← ${b.src}`),
       h('progress', { max: Math.max(b.totalBytes, 1), value: b.bytesDone }),
-      h(
-        'span',
-        { class: 'ddpviz-progress-text' },
-        `${b.chunksDone}/${b.nChunks} chunks · ${humanBytes(b.bytesDone)} of ` +
-          `${humanBytes(b.totalBytes)}` +
-          (b.seconds === null ? ' · unfinished' : ` · ${(b.seconds * 1000).toFixed(2)} ms`)
-      )
+      h('span', { class: 'ddpviz-progress-text' }, broadcastText(b))
     )
   );
   return section('broadcast', 'State broadcast', rows);
+}
+
+/** Many ranks: percentiles of progress, then one bar per group of ranks in the same state. */
+function renderBroadcastGroups(rows: BroadcastRow[]): HTMLElement {
+  const fraction = (b: BroadcastRow) => (b.totalBytes > 0 ? b.bytesDone / b.totalBytes : 1);
+  const done = spread(rows.map(b => fraction(b) * 100));
+  const times = spread(rows.filter(b => b.seconds !== null).map(b => (b.seconds ?? 0) * 1000));
+  const pct = (x: number) => `${x.toFixed(0)}%`;
+  const summary =
+    done === null
+      ? ''
+      : `Done across ${done.n} ranks: min ${pct(done.min)}, p10 ${pct(done.p10)}, median ` +
+        `${pct(done.p50)}, p90 ${pct(done.p90)}, max ${pct(done.max)}` +
+        (times === null
+          ? ''
+          : ` · took (ms, ${times.n} finished): median ${times.p50.toFixed(2)}, p90 ` +
+            `${times.p90.toFixed(2)}, max ${times.max.toFixed(2)}`);
+  const groups = valueGroups(
+    rows.map(b => [b.rank, b] as [number, BroadcastRow]),
+    b =>
+      JSON.stringify([
+        b.src,
+        b.src === b.rank,
+        b.totalBytes,
+        b.nChunks,
+        b.chunksDone,
+        b.bytesDone,
+        b.seconds === null
+      ])
+  ).sort((a, b) => fraction(b.value) - fraction(a.value) || a.ranks[0] - b.ranks[0]);
+  const bars = groups.map(g =>
+    h(
+      'div',
+      {
+        class: 'ddpviz-progress-row',
+        'data-ranks': g.label,
+        'data-count': g.ranks.length,
+        'data-done': g.value.bytesDone,
+        'data-total': g.value.totalBytes
+      },
+      h(
+        'span',
+        { class: 'ddpviz-progress-label', title: `ranks ${g.label}` },
+        `${g.ranks.length} × ranks ${g.label.length > 40 ? g.label.slice(0, 39) + '…' : g.label}` +
+          ` ← ${g.value.src}`
+      ),
+      h('progress', { max: Math.max(g.value.totalBytes, 1), value: g.value.bytesDone }),
+      h('span', { class: 'ddpviz-progress-text' }, broadcastText(g.value, g.ranks.length === 1))
+    )
+  );
+  return section(
+    'broadcast',
+    'State broadcast',
+    h('p', { class: 'ddpviz-broadcast-summary' }, summary),
+    bars
+  );
 }
 
 function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLElement {
@@ -458,19 +548,161 @@ function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLEle
   ) as HTMLSelectElement;
   select.value = String(model.steps[model.steps.length - 1]);
   const holder = h('div', { class: 'ddpviz-timeline-holder' });
+  const many = model.ranks.length > MANY_RANKS;
+  const rankSelect = h('select', {
+    class: 'ddpviz-rank-select',
+    'aria-label': 'rank drawn'
+  }) as HTMLSelectElement;
   const draw = () => {
+    const step = Number(select.value);
+    if (!many) {
+      holder.replaceChildren(renderTimeline(model.timeline(step, options.maxEvents), options));
+      return;
+    }
+    const all = model.timelineRows(step);
+    const sp = timelineSpread(all.rows, all.t0);
+    const picked = rankSelect.value;
+    const named = new Set(sp.slowest.map(x => x.rank));
+    rankSelect.replaceChildren();
+    appendAll(rankSelect, [
+      h('option', { value: 'slowest' }, 'the slowest rank'),
+      sp.slowest.map(x =>
+        h(
+          'option',
+          { value: x.rank },
+          `rank ${x.rank}: last hook +${x.behindMs.toFixed(3)} ms after the median`
+        )
+      ),
+      all.rows
+        .filter(r => !named.has(r.rank))
+        .map(r => h('option', { value: r.rank }, `rank ${r.rank}`))
+    ]);
+    const ranks = all.rows.map(r => String(r.rank));
+    rankSelect.value = picked !== '' && ranks.includes(picked) ? picked : 'slowest';
+    const chosen =
+      rankSelect.value === 'slowest'
+        ? sp.slowest.length > 0
+          ? sp.slowest[0].rank
+          : all.rows[0]?.rank
+        : Number(rankSelect.value);
+    const lanes = chosen === undefined ? [] : [chosen];
     holder.replaceChildren(
-      renderTimeline(model.timeline(Number(select.value), options.maxEvents), options)
+      renderTimeline(model.timeline(step, options.maxEvents, lanes), options, sp)
     );
   };
   select.addEventListener('change', draw);
+  rankSelect.addEventListener('change', draw);
   draw();
   return section(
     'timeline',
     'Hook timeline',
-    h('div', { class: 'ddpviz-toolbar' }, h('label', {}, 'Show ', select)),
+    h(
+      'div',
+      { class: 'ddpviz-toolbar' },
+      h('label', {}, 'Show ', select),
+      many ? h('label', {}, ' lane of ', rankSelect) : null
+    ),
     holder
   );
+}
+
+const BAND = 78;
+
+/** Many ranks: the distribution band drawn above the picked rank's lane. */
+function drawSpread(svg: SVGElement, sp: TimelineSpread, xr: (t: number) => number): void {
+  const ms = (t: number) => (t / 1e6).toFixed(3);
+  svg.append(s('text', { x: 4, y: 14, class: 'ddpviz-lane-label' }, `${sp.nRanks} ranks`));
+  svg.append(s('text', { x: 4, y: 30, class: 'ddpviz-spread-label' }, 'last hook'));
+  svg.append(s('text', { x: 4, y: 50, class: 'ddpviz-spread-label' }, 'ready'));
+  svg.append(s('text', { x: 4, y: 68, class: 'ddpviz-spread-label' }, 'all-reduce'));
+  const e = sp.computeEnd;
+  if (e !== null) {
+    svg.append(
+      s(
+        'g',
+        { class: 'ddpviz-spread-end' },
+        s(
+          'title',
+          {},
+          `last gradient hook across ${e.n} ranks (ms): min ${ms(e.min)}, p10 ${ms(e.p10)}, ` +
+            `median ${ms(e.p50)}, p90 ${ms(e.p90)}, max ${ms(e.max)}`
+        ),
+        s('line', { x1: xr(e.min), x2: xr(e.max), y1: 26, y2: 26, class: 'ddpviz-whisker' }),
+        s('rect', {
+          x: xr(e.p10),
+          y: 21,
+          width: Math.max(xr(e.p90) - xr(e.p10), 1),
+          height: 10,
+          class: 'ddpviz-band'
+        }),
+        s('line', { x1: xr(e.p50), x2: xr(e.p50), y1: 19, y2: 33, class: 'ddpviz-median' })
+      )
+    );
+  }
+  // Per bucket: ready p10-p90 with the median tick; all-reduce from the median launch to the
+  // median done, whisker over done p10-p90. Thousands of buckets stay thousands of elements
+  // at most (one per bucket and row), drawn once per iteration.
+  for (const b of sp.buckets) {
+    const row = b.bucket & 1;
+    if (b.ready !== null) {
+      const r = b.ready;
+      svg.append(
+        s(
+          'rect',
+          {
+            class: 'ddpviz-spread-ready',
+            x: xr(r.p10),
+            y: 40 + 7 * row,
+            width: Math.max(xr(r.p90) - xr(r.p10), 1),
+            height: 6,
+            'data-bucket': b.bucket
+          },
+          s(
+            'title',
+            {},
+            `bucket ${b.bucket} ready (ms): p10 ${ms(r.p10)}, median ${ms(r.p50)}, p90 ` +
+              `${ms(r.p90)}; last on rank ${b.latestRank}`
+          )
+        )
+      );
+      svg.append(
+        s('line', { x1: xr(r.p50), x2: xr(r.p50), y1: 38, y2: 55, class: 'ddpviz-median' })
+      );
+    }
+    if (b.launched !== null && b.done !== null) {
+      const y = 58 + 7 * row;
+      svg.append(
+        s(
+          'rect',
+          {
+            class: 'ddpviz-spread-allreduce',
+            x: xr(b.launched.p50),
+            y,
+            width: Math.max(xr(b.done.p50) - xr(b.launched.p50), 1),
+            height: 6,
+            'data-bucket': b.bucket
+          },
+          s(
+            'title',
+            {},
+            `bucket ${b.bucket} all-reduce, median launch to median done; took (ms) median ` +
+              `${b.took === null ? '-' : ms(b.took.p50)}, p90 ` +
+              `${b.took === null ? '-' : ms(b.took.p90)}; done p10 ${ms(b.done.p10)} - p90 ` +
+              `${ms(b.done.p90)}`
+          )
+        )
+      );
+      svg.append(
+        s('line', {
+          x1: xr(b.done.p10),
+          x2: xr(b.done.p90),
+          y1: y + 3,
+          y2: y + 3,
+          class: 'ddpviz-whisker'
+        })
+      );
+    }
+  }
 }
 
 const WIDTH = 960;
@@ -478,10 +710,11 @@ const LEFT = 64;
 const RIGHT = 16;
 const ROW = 58;
 
-function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
+function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread): HTMLElement {
   const span = tl.t1 - tl.t0;
   const x = (t: number) => LEFT + ((t - tl.t0) / span) * (WIDTH - LEFT - RIGHT);
-  const height = tl.rows.length * ROW + 28;
+  const top = sp === undefined ? 0 : BAND;
+  const height = top + tl.rows.length * ROW + 28;
   const svg = s('svg', {
     class: 'ddpviz-timeline',
     viewBox: `0 0 ${WIDTH} ${height}`,
@@ -491,9 +724,12 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
     'data-allreduces': tl.rows.reduce((n, r) => n + r.allreduces.length, 0),
     role: 'img'
   });
+  if (sp !== undefined) {
+    drawSpread(svg, sp, t => x(tl.t0 + t));
+  }
   let buckets = 0;
   tl.rows.forEach((row, i) => {
-    const y = i * ROW + 4;
+    const y = top + i * ROW + 4;
     svg.append(s('text', { x: 4, y: y + 30, class: 'ddpviz-lane-label' }, `rank ${row.rank}`));
     svg.append(
       s('line', {
@@ -570,7 +806,7 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
       );
     }
   });
-  const axisY = tl.rows.length * ROW + 8;
+  const axisY = top + tl.rows.length * ROW + 8;
   for (let k = 0; k <= 4; k++) {
     const t = tl.t0 + (span * k) / 4;
     svg.append(s('line', { x1: x(t), x2: x(t), y1: axisY - 4, y2: axisY, class: 'ddpviz-axis' }));
@@ -614,19 +850,53 @@ function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
   const ars = tl.rows.reduce((n, r) => n + r.allreduces.length, 0);
   const caption = note(
     `Iteration ${tl.step}: ${grads} gradient hooks and ${ars} all-reduces on ` +
-      `${tl.rows.length} rank${tl.rows.length === 1 ? '' : 's'}, ` +
-      `${((tl.t1 - tl.t0) / 1e6).toFixed(2)} ms.` +
+      `${tl.rows.length} rank${tl.rows.length === 1 ? '' : 's'}` +
+      (sp === undefined ? '' : ` (the lane drawn below the distribution of ${sp.nRanks})`) +
+      `, ${((tl.t1 - tl.t0) / 1e6).toFixed(2)} ms.` +
       (tl.shown < tl.total
         ? ` Showing ${tl.shown} of ${tl.total} marks (the maxEvents setting).`
         : '')
   );
-  return h('div', {}, caption, svg as unknown as HTMLElement, legend);
+  if (sp === undefined) {
+    return h('div', {}, caption, svg as unknown as HTMLElement, legend);
+  }
+  const e = sp.computeEnd;
+  const slow = h(
+    'p',
+    {
+      class: 'ddpviz-slowest',
+      'data-ranks': sp.slowest.map(x => x.rank).join(',')
+    },
+    e === null
+      ? 'No gradient hooks in this iteration.'
+      : `Last gradient hook across ${e.n} ranks: median ${(e.p50 / 1e6).toFixed(3)} ms ` +
+          `(p10 ${(e.p10 / 1e6).toFixed(3)}, p90 ${(e.p90 / 1e6).toFixed(3)}, max ` +
+          `${(e.max / 1e6).toFixed(3)}). Slowest: ` +
+          sp.slowest.map(x => `rank ${x.rank} (+${x.behindMs.toFixed(3)} ms)`).join(', ') +
+          '.'
+  );
+  const spreadLegend = note(
+    'Across ranks: last hook (box p10-p90, whisker min-max, tick median); per bucket the ' +
+      'ready time p10-p90 (tick median) and the all-reduce from its median launch to its ' +
+      'median done (whisker: done p10-p90). Below: the lane of the rank picked above.'
+  );
+  return h('div', {}, slow, caption, svg as unknown as HTMLElement, spreadLegend, legend);
 }
 
 function renderCounts(model: TraceModel): HTMLElement {
-  const perRank = model.ranks.map(r => model.counts(r));
+  const counted = model.ranks.map(r => model.counts(r));
   const types = new Set<string>();
-  perRank.forEach(c => c.forEach((_, t) => types.add(t)));
+  counted.forEach(c => c.forEach((_, t) => types.add(t)));
+  // Many ranks: one column per group of ranks with the same counts.
+  const many = model.ranks.length > MANY_RANKS;
+  const groups = valueGroups(
+    model.ranks.map((r, i) => [r, counted[i]] as [number, (typeof counted)[number]]),
+    c => JSON.stringify([...types].map(t => c.get(t as never) ?? 0))
+  ).sort((a, b) => a.ranks[0] - b.ranks[0]);
+  const perRank = many ? groups.map(g => g.value) : counted;
+  const heads = many
+    ? groups.map(g => (g.ranks.length === 1 ? `rank ${g.label}` : `ranks ${g.label}`))
+    : model.ranks.map(r => `rank ${r}`);
   const rows = [...types].map(t =>
     h(
       'tr',
@@ -648,7 +918,7 @@ function renderCounts(model: TraceModel): HTMLElement {
           'tr',
           {},
           h('th', {}, 'event'),
-          model.ranks.map(r => h('th', {}, `rank ${r}`))
+          heads.map(t => h('th', {}, t))
         )
       ),
       h('tbody', {}, rows)
