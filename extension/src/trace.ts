@@ -82,6 +82,43 @@ export function base64ToBytes(text: string): Uint8Array {
  * @returns the trace; raises TraceError when the file cannot be read.
  */
 export function parseTrace(data: Uint8Array, name: string): ParsedTrace {
+  const frames = readFrames(data, name);
+  let step = frames.next();
+  while (!step.done) {
+    step = frames.next();
+  }
+  return step.value;
+}
+
+/**
+ * Parse a `.ddpviz` file in slices: the page gets the event loop back at least every
+ * `sliceMs` (between frames of at most 4,096 events), so a large trace does not freeze it.
+ *
+ * @param data - the whole file.
+ * @param name - the file's name, for messages.
+ * @param sliceMs - the longest stretch of parsing between two yields (about).
+ * @returns the trace; rejects with TraceError when the file cannot be read.
+ */
+export async function parseTraceAsync(
+  data: Uint8Array,
+  name: string,
+  sliceMs = 30
+): Promise<ParsedTrace> {
+  const frames = readFrames(data, name);
+  let start = performance.now();
+  let step = frames.next();
+  while (!step.done) {
+    if (performance.now() - start > sliceMs) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+      start = performance.now();
+    }
+    step = frames.next();
+  }
+  return step.value;
+}
+
+/** The parser itself: yields after every frame, returns the trace. */
+function* readFrames(data: Uint8Array, name: string): Generator<void, ParsedTrace, void> {
   if (data.length < MAGIC.length || MAGIC.some((b, i) => data[i] !== b)) {
     throw new TraceError(
       `ddpviz: '${name}' is not a ddpviz trace (no DDPVIZ magic at its start).\n` +
@@ -145,6 +182,7 @@ export function parseTrace(data: Uint8Array, name: string): ParsedTrace {
       }
     }
     // other kinds: records of a later minor format, skipped as trace.py does
+    yield;
   }
   if (!sawHeader) {
     throw new TraceError(

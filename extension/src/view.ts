@@ -164,6 +164,15 @@ function guarded(kind: string, title: string, draw: () => HTMLElement | null): H
   }
 }
 
+/** Shown while a trace is being read (large ones take a few seconds). */
+export function renderLoading(name: string): HTMLElement {
+  return h(
+    'div',
+    { class: 'ddpviz-trace' },
+    h('p', { class: 'ddpviz-loading', 'data-section': 'loading' }, `Reading ${name}...`)
+  );
+}
+
 /** The error shown instead of a trace that does not load. */
 export function renderError(message: string): HTMLElement {
   return h(
