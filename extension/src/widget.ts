@@ -10,7 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { DEFAULT_SCHEME } from './colors';
 import { TraceModel } from './model';
-import { base64ToBytes, parseTraceAsync, TraceError } from './trace';
+import { base64ToBytesAsync, parseTraceAsync, TraceError } from './trace';
 import { renderError, renderLoading, renderTrace, ViewOptions } from './view';
 
 /** The widget factory's name (also in 'Open With'). */
@@ -86,7 +86,7 @@ export class TraceViewer extends Widget {
       this._render();
     }
     try {
-      const bytes = base64ToBytes(this._context.model.toString());
+      const bytes = await base64ToBytesAsync(this._context.model.toString());
       const parsed = await parseTraceAsync(bytes, name);
       if (load !== this._loads) {
         return; // the file changed again while this load was parsing: the newer load draws
