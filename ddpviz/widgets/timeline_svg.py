@@ -6,7 +6,9 @@ and those are bounded by decimation: gradient-hook instants are merged per pixel
 parameters x 8 ranks draw as at most width x 8 runs), so a redraw stays a few tens of KB at
 any scale. Per rank: forward and backward spans, hook ticks (alternate shades per bucket, red
 where the firing order departs from the reference), bucket-ready marks, all-reduce spans with
-their exposed part in red, unused parameters, and the end of backward compute.
+their exposed part in red, unused parameters, and the end of backward compute. Many ranks
+(`render_spread`): the distribution across ranks in a band on top (see hook_spread.py), then
+the lanes of the chosen ranks only.
 """
 
 from __future__ import annotations
