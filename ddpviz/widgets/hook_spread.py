@@ -45,11 +45,11 @@ class IterationSpread(NamedTuple):
 def iteration_spread(view: IterationView, n_slowest: int = 5) -> IterationSpread:
     """Distributions across the ranks of `view` and its `n_slowest` stragglers."""
     t0 = view.t0
-    per: dict[int, dict[str, dict[int, float]]] = {}  # bucket -> what -> rank -> value
-
-    def put(b: int, what: str, rank: int, value: float) -> None:
-        per.setdefault(b, {}).setdefault(what, {})[rank] = value
-
+    ready: dict[int, dict[int, float]] = {}  # bucket -> rank -> ns after t0
+    launched: dict[int, list[float]] = {}
+    done: dict[int, list[float]] = {}
+    took: dict[int, list[float]] = {}  # ms
+    exposed_b: dict[int, list[float]] = {}  # ms
     ends: dict[int, float] = {}
     backward: list[float] = []
     for r, lane in view.lanes.items():
@@ -59,21 +59,21 @@ def iteration_spread(view: IterationView, n_slowest: int = 5) -> IterationSpread
         if rec.backward is not None and rec.backward_end is not None:
             backward.append((rec.backward_end - rec.backward) / 1e6)
         for b, t in rec.bucket_ready.items():
-            put(b, "ready", r, t - t0)
-        for s in lane.allreduce:
-            put(s.bucket, "launched", r, s.start - t0)
-            if s.end is not None:
-                put(s.bucket, "done", r, s.end - t0)
-                put(s.bucket, "ar", r, (s.end - s.start) / 1e6)
-                put(s.bucket, "exp", r, s.exposed_ns / 1e6)
+            ready.setdefault(b, {})[r] = t - t0
+        for sp in lane.allreduce:
+            launched.setdefault(sp.bucket, []).append(sp.start - t0)
+            if sp.end is not None:
+                done.setdefault(sp.bucket, []).append(sp.end - t0)
+                took.setdefault(sp.bucket, []).append((sp.end - sp.start) / 1e6)
+                exposed_b.setdefault(sp.bucket, []).append(sp.exposed_ns / 1e6)
     buckets = []
-    for b, d in sorted(per.items()):
-        ready = d.get("ready", {})
-        latest = slowest(ready, 1)
+    for b in sorted(set(ready) | set(launched)):
+        per_rank = ready.get(b, {})
+        latest = slowest(per_rank, 1)
         buckets.append(BucketSpread(
-            b, spread(ready.values()), spread(d.get("launched", {}).values()),
-            spread(d.get("done", {}).values()), spread(d.get("ar", {}).values()),
-            spread(d.get("exp", {}).values()), latest[0][0] if latest else None))
+            b, spread(per_rank.values()), spread(launched.get(b, ())), spread(done.get(b, ())),
+            spread(took.get(b, ())), spread(exposed_b.get(b, ())),
+            latest[0][0] if latest else None))
     end_spread = spread(ends.values())
     median = end_spread.p50 if end_spread else 0.0
     stragglers = tuple(Straggler(r, int(v), (v - median) / 1e6)
