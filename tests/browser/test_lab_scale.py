@@ -23,7 +23,7 @@ from tests.widgets.streams import Plant, synthetic_run
 pytestmark = pytest.mark.browser
 
 RANKS, PARAMS, STEPS = 256, 100, 5
-SLOW = 77  # its gradient hooks take 300 us longer each
+SLOW = 77  # its gradient hooks take 30 us longer each
 
 # Every main-thread task over 50 ms that Chromium reports (the Long Tasks API), from page load.
 LONG_TASKS = """
@@ -36,7 +36,7 @@ new PerformanceObserver(list => {
 
 @pytest.fixture(scope="module")
 def big_trace(lab_root: Path) -> Trace:
-    events = synthetic_run(RANKS, PARAMS, STEPS, plant=Plant(slow={SLOW: 300}))
+    events = synthetic_run(RANKS, PARAMS, STEPS, plant=Plant(slow={SLOW: 30}))
     Trace(events).save(lab_root / "scale256.ddpviz")
     return Trace.load(lab_root / "scale256.ddpviz")
 
