@@ -136,6 +136,7 @@ class HookTimeline(EventView):
         self.chosen = None if value == -1 else int(value)
         with self._render_lock:
             self._key = None
+            self._next_live = 0.0  # a pick is drawn now, whatever the live bytes budget
             self.render(self._cursor)
 
     def _sync_rank_select(self) -> None:
