@@ -9,6 +9,10 @@
    after the first second. Budget: 50 KB/s. Also the kernel time the redraws took.
 3. replay at scale: 1,000 parameters x 8 ranks x 100 iterations (~800k events): loading
    into the model, building the dashboard, and the cost of one slider move (median).
+4. many ranks: HookTimeline, VerificationView and BroadcastProgress built from a replayed
+   16/64/256-rank run (100 parameters, 3 iterations; one rank slow, one with another shape
+   for the matrix), and one update each (iteration slider, time slider through the broadcast,
+   a row picked), medians; at 256 ranks also with one lane/bar per rank forced, side by side.
 
     python benchmarks/bench_widgets.py [--quick]
 """
@@ -31,9 +35,9 @@ from ipywidgets.embed import dependency_state
 
 from ddpviz.events import Event
 from ddpviz.trace import Trace
-from ddpviz.widgets import Dashboard
+from ddpviz.widgets import BroadcastProgress, Dashboard, HookTimeline, VerificationView
 from ddpviz.widgets.event_model import EventModel
-from tests.widgets.streams import synthetic_run
+from tests.widgets.streams import Plant, synthetic_run
 from tests.widgets.wire import WireCounter
 
 MB = 1 << 20
@@ -170,10 +174,94 @@ def replay_at_scale(ranks: int, params: int, steps: int, moves: int) -> None:
            ("what", "cost", "note"), rows)
 
 
+def _median_s(fn: Any, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _timeline(events: list[Event], kw: dict[str, Any], repeat: int) -> tuple[Any, ...]:
+    """HookTimeline: build, then iteration slider moves; bytes drawn and sent per move."""
+    with WireCounter() as wire:
+        build = _median_s(lambda: HookTimeline(events, **kw).close(), repeat)
+        t = HookTimeline(events, **kw)
+        assert t.controls is not None
+        controls = t.controls
+        steps = iter([0, 1, 2] * repeat * 2)
+        before = wire.total
+        move = _median_s(lambda: controls.show_step(next(steps)), repeat)
+        drawn = len(t.svg_html.value) + len(t.order_html.value) + len(t.buckets_html.value)
+        t.close()
+        sent = wire.total - before
+    return (build, move, "(iteration)", _kb(drawn), _kb(sent / repeat))
+
+
+def _broadcast(events: list[Event], kw: dict[str, Any], repeat: int) -> tuple[Any, ...]:
+    """BroadcastProgress: build, then time slider moves through the broadcast."""
+    trace = Trace(events)
+    build = _median_s(lambda: BroadcastProgress(trace, **kw).close(), repeat)
+    b = BroadcastProgress(trace, **kw)
+    assert b.controls is not None
+    controls = b.controls
+    fractions = iter([0.3, 0.5, 0.7, 0.9] * repeat * 2)
+    move = _median_s(lambda: controls.show_time(next(fractions)), repeat)
+    bars = len(b.rows_box.children)
+    b.close()
+    return (build, move, "(time)", f"{bars} bar rows", "")
+
+
+def _verification(events: list[Event], kw: dict[str, Any], repeat: int) -> tuple[Any, ...]:
+    """VerificationView: build, then rows picked."""
+    build = _median_s(lambda: VerificationView(events, **kw).close(), repeat)
+    v = VerificationView(events, **kw)
+    names = iter([r.key for r in v.matrix.rows] * repeat)
+    select = v.row_select
+
+    def pick() -> None:
+        select.value = next(names)
+
+    move = _median_s(pick, repeat)
+    drawn = f"{len(v.columns())} columns, {_kb(len(v.matrix_html.value))}"
+    v.close()
+    return (build, move, "(row)", drawn, "")
+
+
+def many_ranks(sizes: list[int], params: int, repeat: int) -> None:
+    rows = []
+    for n in sizes:
+        runs = {"HookTimeline": synthetic_run(n, params, 3, plant=Plant(slow={n // 3: 50})),
+                "BroadcastProgress": synthetic_run(n, params, 0, width=256, chunk_bytes=MB),
+                "VerificationView": synthetic_run(n, params, 0,
+                                                  plant=Plant(shape={n // 2: (2, (3, 256))}))}
+        for forced in ((False, True) if n == max(sizes) else (False,)):
+            per_rank: dict[str, dict[str, Any]] = {
+                "HookTimeline": {"lanes_up_to": 10**6}, "BroadcastProgress":
+                {"rows_up_to": 10**6}, "VerificationView": {"group_ranks": False}}
+            label = f"{n}{' (one lane/bar/column per rank)' if forced else ''}"
+            for name, bench in (("HookTimeline", _timeline), ("BroadcastProgress", _broadcast),
+                                ("VerificationView", _verification)):
+                events = runs[name]
+                feed = _median_s(lambda: EventModel().feed(events), repeat)  # noqa: B023
+                build, move, what, drawn, sent = bench(
+                    events, per_rank[name] if forced else {}, repeat)
+                rows.append((label, name, f"{build * 1e3:,.0f} ms ({feed * 1e3:,.0f})",
+                             f"{move * 1e3:,.0f} ms {what}", drawn, sent))
+    _table(f"4. widgets at many ranks ({params} parameters, medians of {repeat})",
+           ("ranks", "widget", "build + first draw (of which EventModel.feed)", "one update",
+            "drawn", "sent per update"), rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
+    parser.add_argument("--ranks-only", action="store_true", help="only table 4")
     args = parser.parse_args()
+    many_ranks([16, 64, 256], 100, 3 if args.quick else 5)
+    if args.ranks_only:
+        return
     big_steps = 10 if args.quick else 100
     bytes_per_dashboard([("tiny: 2 ranks x 6 params x 3 it", 2, 6, 3),
                          ("medium: 8 x 100 x 10", 8, 100, 10),

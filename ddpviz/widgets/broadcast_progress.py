@@ -4,6 +4,9 @@ Before the broadcast, the verification exchange (walk-through step 2); then rank
 and buffers are broadcast coalesced into flat chunks of at most 250 MiB per dtype, at most 2
 in flight (step 3). Per rank: a progress bar of bytes done, bytes/s, the chunks in flight;
 below, every chunk (dtype, size, tensors) with its state on each rank. Plain ipywidgets.
+With many ranks (more than `rows_up_to`) ranks in the same state share one bar labelled with
+their rank ranges, a line gives percentiles of progress and rate across ranks, and the chunk
+table has one column per group of ranks whose chunks are in the same states.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from ddpviz import markup
 from ddpviz.units import human_bytes
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel, RankState
 from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.rank_groups import MANY_RANKS, ValueGroup, rank_label, spread, value_groups
 from ddpviz.widgets.replay_controls import Cursor
 
 
@@ -110,6 +114,9 @@ _B_COLOUR = {"waiting": "#999", "broadcasting": "#4c78a8", "done": "#1e7b34",
              "skipped": "#8a6d00"}
 
 
+MAX_GROUP_ROWS = 24  # bars drawn for groups of ranks; the rest are listed on one line
+
+
 class BroadcastProgress(EventView):
     """Each rank's progress through verification and the coalesced state broadcast.
 
@@ -120,14 +127,21 @@ class BroadcastProgress(EventView):
         source: a Run, Session, Trace, `.ddpviz` path or list of events (see `EventView`).
         max_chunk_rows: chunks listed at most (those in flight or differing across ranks
             first); DDP's 250 MiB chunks make this a handful for most models.
+        rows_up_to: one bar per rank up to this many ranks; above it one bar per group of
+            ranks in the same state (`groups`, `group_bars`, `group_labels`), percentiles in
+            `summary_html`.
     """
 
     def __init__(self, source: object = None, *, max_chunk_rows: int = 24,
-                 **kwargs: Any) -> None:
+                 rows_up_to: int = MANY_RANKS, **kwargs: Any) -> None:
         self.max_chunk_rows = max_chunk_rows
+        self.rows_up_to = rows_up_to
         self.progress: dict[int, RankBroadcast] = {}
         self.bars: dict[int, w.FloatProgress] = {}
         self.labels: dict[int, w.HTML] = {}
+        self.groups: list[ValueGroup[tuple[Any, ...]]] = []
+        self.group_bars: list[w.FloatProgress] = []
+        self.group_labels: list[w.HTML] = []
         self._key: tuple[Any, ...] | None = None
         super().__init__(source, **kwargs)
 
@@ -137,9 +151,14 @@ class BroadcastProgress(EventView):
 
     def _build(self) -> list[w.Widget]:
         self.exchange_html = w.HTML()
+        self.summary_html = w.HTML()
         self.rows_box = w.VBox()
         self.chunks_html = w.HTML()
-        return [self.exchange_html, self.rows_box, self.chunks_html]
+        return [self.exchange_html, self.summary_html, self.rows_box, self.chunks_html]
+
+    @property
+    def grouped(self) -> bool:
+        return len(self.progress) > self.rows_up_to
 
     def render(self, cursor: Cursor) -> bool:
         as_of = self.model.settled(CONSTRUCTION, cursor.as_of)
@@ -153,13 +172,87 @@ class BroadcastProgress(EventView):
         return False
 
     def _draw(self) -> None:
+        if self.grouped:
+            self._draw_groups()
+        else:
+            self._draw_ranks()
+        for name, value in (("exchange_html", self._exchange()),
+                            ("summary_html", self._summary()), ("chunks_html", self._chunks())):
+            widget = getattr(self, name)
+            if widget.value != value:
+                widget.value = value
+
+    def _draw_groups(self) -> None:
+        """One bar per group of ranks in the same state with the same bytes and chunks."""
+        self.bars, self.labels = {}, {}
+        groups = value_groups({r: _progress_key(p) for r, p in self.progress.items()})
+        self.groups = sorted(groups, key=lambda g: (-self.progress[g.ranks[0]].fraction,
+                                                    g.ranks[0]))
+        shown = self.groups[:MAX_GROUP_ROWS]
+        n = len(shown)
+        if len(self.group_bars) != n:
+            self.group_bars = [w.FloatProgress(value=0.0, min=0.0, max=1.0,
+                                               layout=w.Layout(width="220px"))
+                               for _ in range(n)]
+            self.group_labels = [w.HTML(layout=w.Layout(width="auto")) for _ in range(n)]
+            self.group_heads = [w.HTML(layout=w.Layout(width="140px")) for _ in range(n)]
+            self.more_html = w.HTML()
+            self.rows_box.children = [w.HBox([head, bar, label]) for head, bar, label in
+                                      zip(self.group_heads, self.group_bars,
+                                          self.group_labels, strict=True)] + [self.more_html]
+        rest = [r for g in self.groups[MAX_GROUP_ROWS:] for r in g.ranks]
+        more = markup.fmt("<span style='font-size:12px;color:#555'>… and {} more groups: "
+                          "ranks {}</span>", len(self.groups) - n, rank_label(rest)) \
+            if rest else ""
+        if self.more_html.value != more:
+            self.more_html.value = more
+        for g, head, bar, label in zip(shown, self.group_heads, self.group_bars,
+                                       self.group_labels, strict=True):
+            p = self.progress[g.ranks[0]]
+            title = markup.fmt("<b title='{}'>{} rank{} {}</b>", g.label, len(g.ranks),
+                               "s" if len(g.ranks) != 1 else "", _short(g.label))
+            if head.value != title:
+                head.value = title
+            if bar.value != p.fraction:
+                bar.value = p.fraction
+            style = "success" if p.state == "done" else ""
+            if bar.bar_style != style:
+                bar.bar_style = style
+            text = self._label(p, len(g.ranks) > 1)
+            if label.value != text:
+                label.value = text
+
+    def _summary(self) -> str:
+        """Many ranks: percentiles of progress and rate across ranks."""
+        if not self.grouped:
+            return ""
+        done = spread(p.fraction * 100 for p in self.progress.values())
+        rates = spread(p.bytes_per_s for p in self.progress.values()
+                       if p.bytes_per_s is not None)
+        assert done is not None
+        parts = [markup.fmt("done across {} ranks: min {:.0f}%, p10 {:.0f}%, median {:.0f}%, "
+                            "p90 {:.0f}%, max {:.0f}%", done.n, done.min, done.p10, done.p50,
+                            done.p90, done.max)]
+        if rates is not None:
+            parts.append(markup.fmt("rate p10 {}, median {}, p90 {} ({} ranks)",
+                                    _rate(rates.p10), _rate(rates.p50), _rate(rates.p90),
+                                    rates.n))
+        behind = sorted(self.progress.values(), key=lambda p: (p.fraction, p.rank))
+        if behind and behind[0].fraction < 1.0:
+            parts.append(markup.fmt("furthest behind: {}", ", ".join(
+                f"rank {p.rank} ({p.fraction * 100:.0f}%)" for p in behind[:5]
+                if p.fraction < 1.0)))
+        return markup.fmt("<div style='font-size:12px'>{}</div>", markup.join(parts, " · "))
+
+    def _draw_ranks(self) -> None:
+        self.groups, self.group_bars, self.group_labels = [], [], []
         ranks = sorted(self.progress)
         added = [r for r in ranks if r not in self.bars]
         for r in added:
             self.bars[r] = w.FloatProgress(value=0.0, min=0.0, max=1.0,
                                            layout=w.Layout(width="220px"))
             self.labels[r] = w.HTML(layout=w.Layout(width="auto"))
-        if added:
+        if added or len(self.rows_box.children) != len(ranks):
             self.rows_box.children = [
                 w.HBox([w.HTML(markup.fmt("<b>rank {}</b>", r), layout=w.Layout(width="60px")),
                         self.bars[r], self.labels[r]]) for r in ranks]
@@ -173,27 +266,24 @@ class BroadcastProgress(EventView):
             text = self._label(p)
             if self.labels[r].value != text:
                 self.labels[r].value = text
-        exchange = self._exchange()
-        if self.exchange_html.value != exchange:
-            self.exchange_html.value = exchange
-        chunks = self._chunks()
-        if self.chunks_html.value != chunks:
-            self.chunks_html.value = chunks
 
-    def _label(self, p: RankBroadcast) -> str:
+    def _label(self, p: RankBroadcast, group: bool = False) -> str:
         v = f"{_V_GLYPH[p.verification]} verify"
         if p.state == "waiting":
             b = "broadcast: waiting"
         elif p.state == "skipped":
             b = "broadcast skipped (init_sync=False)"
         else:
-            role = "sends" if p.src == p.rank else f"receives from rank {p.src}"
+            role = ("sends" if p.src == p.rank else
+                    f"receive{'' if group else 's'} from rank {p.src}")
             flight = (" · in flight: " + ", ".join(
                 f"#{c} ({p.chunks[c].dtype} {human_bytes(p.chunks[c].nbytes)})"
                 for c in p.in_flight) if p.in_flight else "")
-            took = f" · {p.seconds * 1e3:,.1f} ms" if p.seconds is not None else ""
+            took = (f" · {p.seconds * 1e3:,.1f} ms" if p.seconds is not None and not group
+                    else "")
             b = (f"{role}: {human_bytes(p.bytes_done)} / {human_bytes(p.total_bytes)} · "
-                 f"{p.chunks_done}/{p.n_chunks} chunks · {_rate(p.bytes_per_s)}{flight}{took}")
+                 f"{p.chunks_done}/{p.n_chunks} chunks"
+                 + ("" if group else f" · {_rate(p.bytes_per_s)}") + f"{flight}{took}")
         colour = _B_COLOUR[p.state]
         return markup.fmt("<span style='font-size:12px'>{} → <span style='color:{}'>"
                           "{}</span></span>", v, colour, b)
@@ -228,42 +318,71 @@ class BroadcastProgress(EventView):
         edges = {0, 1, 2, n - 3, n - 2, n - 1}
         return sorted(sorted(busy)[: self.max_chunk_rows - len(edges)] + sorted(edges))
 
+    def chunk_columns(self, shown: list[int]) -> list[tuple[int, ...]]:
+        """The chunk table's columns: one rank each, or (many ranks) groups of ranks whose
+        shown chunks are in the same states."""
+        if not self.grouped:
+            return [(r,) for r in sorted(self.progress)]
+        states = {r: tuple(_chunk_state(p.chunks[i] if i < len(p.chunks) else None)
+                           for i in shown) for r, p in self.progress.items()}
+        return sorted((g.ranks for g in value_groups(states)), key=lambda rs: rs[0])
+
     def _chunks(self) -> str:
-        ranks = sorted(self.progress)
         shown = self.shown_chunks()
         if not shown:
             return ""
-        head = markup.join(markup.fmt("<th>r{}</th>", r) for r in ranks)
+        columns = self.chunk_columns(shown)
+        head = markup.join(markup.fmt("<th title='{}'>r{}</th>", rank_label(g),
+                                      _short(rank_label(g))) for g in columns)
         rows = []
         previous = -1
         for i in shown:
             if i != previous + 1:
                 rows.append(markup.fmt("<tr><td colspan={} style='color:#999'>… chunks "
                                        "{}-{}: the same state on every rank</td></tr>",
-                                       2 + len(ranks), previous + 1, i - 1))
+                                       2 + len(columns), previous + 1, i - 1))
             previous = i
             info = next((p.chunks[i] for p in self.progress.values()
                          if i < len(p.chunks) and p.chunks[i].dtype), None)
             desc = (f"{info.dtype}, {human_bytes(info.nbytes)}, {info.n_tensors} tensors"
                     if info else "not launched yet")
             cells: list[markup.Markup] = []
-            for r in ranks:
-                chunks = self.progress[r].chunks
-                c = chunks[i] if i < len(chunks) else None
-                state = _chunk_state(c)
+            for g in columns:
+                mine = [self.progress[r].chunks[i] if i < len(self.progress[r].chunks)
+                        else None for r in g]
+                state = _chunk_state(mine[0])
                 if state == "pending":
                     cells.append(markup.Markup("<td style='color:#999'>pending</td>"))
                 elif state == "in flight":
                     cells.append(markup.Markup("<td style='background:#d6e6f5'>in flight</td>"))
                 else:
-                    assert c is not None and c.done is not None and c.sent is not None
-                    cells.append(markup.fmt("<td style='background:#dff3dc'>done "
-                                            "{:,.2f} ms</td>", (c.done - c.sent) / 1e6))
+                    took = spread((c.done - c.sent) / 1e6 for c in mine
+                                  if c is not None and c.done is not None and c.sent is not None)
+                    assert took is not None
+                    if took.n == 1:
+                        cells.append(markup.fmt("<td style='background:#dff3dc'>done "
+                                                "{:,.2f} ms</td>", took.p50))
+                    else:
+                        cells.append(markup.fmt(
+                            "<td style='background:#dff3dc' title='min {:,.2f}, p90 {:,.2f}, "
+                            "max {:,.2f} ms'>done, median {:,.2f} ms</td>", took.min, took.p90,
+                            took.max, took.p50))
             rows.append(markup.fmt("<tr><td>#{}</td><td>{}</td>{}</tr>", i, desc,
                                    markup.join(cells)))
         return markup.fmt("<table style='font-size:11px;border-collapse:collapse'><tr>"
                           "<th>chunk</th><th>contents</th>{}</tr>{}</table>", head,
                           markup.join(rows))
+
+
+def _progress_key(p: RankBroadcast) -> tuple[Any, ...]:
+    """What a grouped bar shows: ranks equal in it share one bar."""
+    return (p.state, p.verification, p.src == p.rank, p.src, p.total_bytes, p.bytes_done,
+            p.n_chunks, p.chunks_done, p.in_flight)
+
+
+def _short(label: str, limit: int = 40) -> str:
+    """A rank-range label cut to `limit` characters (the full one goes in a tooltip)."""
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def _chunk_state(c: ChunkState | None) -> str:

@@ -2,7 +2,10 @@
 
 One lane per rank (see timeline_svg.py), then the hook firing order per rank with every
 departure from the most common order highlighted, per-bucket timing with the exposed (not
-overlapped) part of each all-reduce, and unused parameters. Live it follows the newest
+overlapped) part of each all-reduce, and unused parameters. With many ranks (more than
+`lanes_up_to`) it draws distributions instead: per bucket the spread of ready and all-reduce
+times across ranks, the slowest ranks named, and one chosen rank's lane against them; firing
+orders and tables are grouped by rank ranges. Live it follows the newest
 iteration; its redraws are rate-limited by bytes (`live_bytes_per_s`) as well as by time, so a
 1,000-parameter model on 8 ranks cannot flood the browser.
 """
@@ -22,8 +25,11 @@ from ddpviz.widgets import timeline_svg
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_analysis import IterationView, OrderDiff, analyse
+from ddpviz.widgets.hook_spread import IterationSpread, iteration_spread
+from ddpviz.widgets.rank_groups import MANY_RANKS, Spread, value_groups
 from ddpviz.widgets.replay_controls import Cursor
 
+MAX_ORDER_GROUPS = 24  # rows of the firing-order table when ranks are grouped by their order
 MAX_BUCKET_ROWS = 1_000  # rows of the per-bucket table; past it a line says how many are left
 _CELL = markup.Markup("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
          ".ddpviz-ho td,.ddpviz-ho th{padding:0 3px;border:1px solid #eee;text-align:center}"
@@ -46,13 +52,21 @@ class HookTimeline(EventView):
         live_bytes_per_s: while following a live run, redraw no more bytes per second than
             this (a large model's timeline is redrawn less often).
         max_order_columns: firing positions shown per rank (departures always among them).
+        lanes_up_to: one lane per rank up to this many ranks; above it, distributions
+            across ranks (`spread`), the slowest ranks named, and the lane of the rank picked
+            in `rank_select` (default: the slowest).
     """
 
     def __init__(self, source: object = None, *, live_bytes_per_s: int = 30_000,
-                 max_order_columns: int = 40, **kwargs: Any) -> None:
+                 max_order_columns: int = 40, lanes_up_to: int = MANY_RANKS,
+                 **kwargs: Any) -> None:
         self.live_bytes_per_s = live_bytes_per_s
         self.max_order_columns = max_order_columns
+        self.lanes_up_to = lanes_up_to
         self.view: IterationView | None = None
+        self.spread: IterationSpread | None = None  # set when the ranks are too many for lanes
+        self.chosen: int | None = None  # rank picked by hand (None: the slowest)
+        self._cursor = Cursor(None, None)
         self.step: int | None = None
         self.bytes_drawn = 0  # bytes of HTML/SVG changed by the last redraw
         self._key: tuple[Any, ...] | None = None
@@ -70,8 +84,13 @@ class HookTimeline(EventView):
         self.order_html = w.HTML(layout=w.Layout(overflow="auto"))
         self.buckets_html = w.HTML(layout=w.Layout(overflow="auto"))
         self.unused_html = w.HTML()
-        return [self.header_html, self.svg_html, self.unused_html, self.order_html,
-                self.buckets_html]
+        self.rank_select = w.Dropdown(options=[("(slowest rank)", -1)], value=-1,
+                                      description="rank drawn",
+                                      layout=w.Layout(width="320px", display="none"),
+                                      style={"description_width": "initial"})
+        self.rank_select.observe(self._on_rank, names="value")
+        return [self.header_html, self.rank_select, self.svg_html, self.unused_html,
+                self.order_html, self.buckets_html]
 
     # --- data -----------------------------------------------------------------------------
 
@@ -95,12 +114,58 @@ class HookTimeline(EventView):
         steps = self.model.steps
         return steps[-1] if steps else None
 
+    def select_rank(self, rank: int | None) -> None:
+        """Draw `rank`'s lane against the distribution (None: the slowest rank's), like
+        picking it in `rank_select`."""
+        self.rank_select.value = -1 if rank is None else rank
+
+    def shown_ranks(self) -> list[int]:
+        """The ranks drawn as lanes: every rank when few; else the chosen (or slowest) one."""
+        if self.view is None:
+            return []
+        if self.spread is None:
+            return list(self.view.lanes)
+        if self.chosen is not None and self.chosen in self.view.lanes:
+            return [self.chosen]
+        if self.spread.slowest:
+            return [self.spread.slowest[0].rank]
+        return list(self.view.lanes)[:1]
+
+    def _on_rank(self, _change: dict[str, Any]) -> None:
+        value = self.rank_select.value
+        self.chosen = None if value == -1 else int(value)
+        with self._render_lock:
+            self._key = None
+            self._next_live = 0.0  # a pick is drawn now, whatever the live bytes budget
+            self.render(self._cursor)
+
+    def _sync_rank_select(self) -> None:
+        spread = self.spread
+        if spread is None or self.view is None:
+            options: list[tuple[str, int]] = [("(slowest rank)", -1)]
+        else:
+            slow = {s.rank: s for s in spread.slowest}
+            options = [("(slowest rank)", -1)] + [
+                (f"rank {s.rank}: last hook +{s.behind_ms:,.3f} ms after the median", s.rank)
+                for s in spread.slowest] + [(f"rank {r}", r) for r in self.view.lanes
+                                            if r not in slow]
+        display = "none" if spread is None else "flex"
+        if self.rank_select.layout.display != display:
+            self.rank_select.layout.display = display
+        if [tuple(o) for o in self.rank_select.options] != options:
+            self.rank_select.unobserve(self._on_rank, names="value")
+            self.rank_select.options = options
+            values = [v for _, v in options]
+            self.rank_select.value = self.chosen if self.chosen in values else -1
+            self.rank_select.observe(self._on_rank, names="value")
+
     # --- drawing --------------------------------------------------------------------------
 
     def render(self, cursor: Cursor) -> bool:
+        self._cursor = cursor
         step = self._shown_step(cursor)
         key = (step, self.model.step_version(step) if step is not None else 0, cursor.as_of,
-               self.model.versions["construction"])
+               self.model.versions["construction"], self.chosen)
         if key == self._key:
             return False
         following = cursor.step is None
@@ -112,6 +177,8 @@ class HookTimeline(EventView):
         names, n_params = self.param_names()
         if step is None or step == CONSTRUCTION:
             self.view = None
+            self.spread = None
+            self._sync_rank_select()
             self.bytes_drawn = self._set(
                 header=markup.fmt("<i style='font-size:12px'>{}</i>", (
                     "no iteration yet: the hooks fire in backward"
@@ -120,10 +187,19 @@ class HookTimeline(EventView):
                 svg="", order="", buckets="", unused="")
             return False
         self.view = analyse(step, self.model.step_records(step, cursor.as_of), n_params)
+        many = len(self.view.lanes) > self.lanes_up_to
+        self.spread = iteration_spread(self.view) if many else None
+        self._sync_rank_select()
+        if self.spread is not None:
+            svg = timeline_svg.render_spread(self.view, self.spread, self.shown_ranks(), names,
+                                             cursor.as_of)
+            buckets = self._bucket_spreads(self.view, self.spread)
+        else:
+            svg = timeline_svg.render(self.view, names, cursor.as_of)
+            buckets = self._buckets(self.view)
         self.bytes_drawn = self._set(
-            header=self._header(self.view), svg=timeline_svg.render(self.view, names,
-                                                                    cursor.as_of),
-            order=self._order(self.view.order, names), buckets=self._buckets(self.view),
+            header=self._header(self.view), svg=svg,
+            order=self._order(self.view.order, names), buckets=buckets,
             unused=self._unused(self.view, names))
         if following:
             self._next_live = now + self.bytes_drawn / self.live_bytes_per_s
@@ -153,9 +229,20 @@ class HookTimeline(EventView):
                                 "hook)", worst.exposed_ns / 1e6, worst.rank))
         if in_backward:
             parts.append(markup.fmt("{} still in backward", format_ranks(in_backward)))
+        if self.spread is not None and self.spread.slowest:
+            parts.append(markup.fmt("slowest: {}", ", ".join(
+                f"rank {s.rank} (+{s.behind_ms:,.3f} ms)" for s in self.spread.slowest)))
         if v.order.differs:
             parts.append(markup.Markup("<span style='color:#b42318'>hook order differs across "
                                        "ranks</span>"))
+        if self.spread is not None:
+            legend = markup.Markup(
+                "<span style='color:#777'>across ranks: last hook (box p10-p90, whiskers "
+                "min-max, tick median) · bucket ready p10-p90 (tick median) · all-reduce "
+                "from the median launch to the median done (whisker: done p10-p90); below, "
+                "the lane of the rank picked above</span>")
+            return markup.fmt("<div style='font-size:12px'>{}<br>{}</div>",
+                              markup.join(parts, " · "), legend)
         legend = markup.Markup(
             "<span style='color:#777'>lanes: forward ▭ grey, backward ▭ blue · hooks | "
             "(shade per bucket; red: out of order) · ▼ bucket ready · all-reduce ▭ "
@@ -192,7 +279,14 @@ class HookTimeline(EventView):
             head.append(markup.fmt("<th>{}</th>", c))
             prev = c
         rows = []
-        for r, lane in lanes.items():
+        groups = [(g.label, g.ranks) for g in value_groups({r: lane.order
+                                                             for r, lane in lanes.items()})]
+        if len(lanes) <= self.lanes_up_to:
+            groups = [(f"r{r}", (r,)) for r in lanes]
+        hidden_groups = max(0, len(groups) - MAX_ORDER_GROUPS)
+        for label, members in groups[:MAX_ORDER_GROUPS]:
+            r = members[0]
+            lane = lanes[r]
             bad = set(order.positions.get(r, ()))
             cells: list[markup.Markup] = []
             prev = -1
@@ -206,7 +300,7 @@ class HookTimeline(EventView):
                 p = lane.order[c]
                 cls = markup.Markup(" class=d" if c in bad else "")
                 cells.append(markup.fmt("<td{} title='{}'>{}</td>", cls, names.get(p, ""), p))
-            rows.append(markup.fmt("<tr><th>r{}</th>{}</tr>", r, markup.join(cells)))
+            rows.append(markup.fmt("<tr><th>{}</th>{}</tr>", label, markup.join(cells)))
         if order.differs:
             worst = max(order.positions, key=lambda r: len(order.positions[r]))
             first = order.positions[worst][0]
@@ -224,6 +318,9 @@ class HookTimeline(EventView):
         else:
             summary = markup.fmt("✔ the same hook firing order on {} ({} hooks)",
                                  format_ranks(list(lanes)), len(order.reference))
+        if hidden_groups:
+            rows.append(markup.fmt("<tr><td colspan={}>… and {:,} more groups of ranks with "
+                                   "other orders</td></tr>", len(head) + 1, hidden_groups))
         return markup.fmt(
             "{}<div style='font-size:12px'>hook firing order (parameter index per position): "
             "{}</div><table class=ddpviz-ho><tr><th>pos</th>{}</tr>{}</table>", _CELL, summary,
@@ -250,6 +347,39 @@ class HookTimeline(EventView):
                           "<th>hooks</th><th>ready ms after backward start</th>"
                           "<th>all-reduce ms</th><th>exposed ms (max)</th>"
                           "<th>exposed ms (mean)</th></tr>{}</table>", markup.join(rows))
+
+    def _bucket_spreads(self, v: IterationView, spread: IterationSpread) -> str:
+        """Many ranks: per bucket the median and spread across ranks, and the rank whose
+        bucket was ready last."""
+        if not spread.buckets:
+            return ""
+        info = {b.bucket: b for b in v.buckets}
+
+        def ms(x: Spread | None, scale: float = 1.0) -> str:
+            return "—" if x is None else (f"{x.p50 / scale:,.3f} ({x.p10 / scale:,.3f}-"
+                                          f"{x.p90 / scale:,.3f})")
+
+        rows = []
+        for b in spread.buckets[:MAX_BUCKET_ROWS]:
+            i = info.get(b.bucket)
+            rows.append(markup.fmt(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td><td>{}</td><td>{}</td></tr>", b.bucket, i.dtype if i else "",
+                human_bytes(i.nbytes) if i else "", i.n_params if i else "",
+                ms(b.ready, 1e6), ms(b.allreduce_ms), ms(b.exposed_ms),
+                _ms(b.exposed_ms.max if b.exposed_ms else None),
+                "—" if b.latest_rank is None else b.latest_rank))
+        if len(spread.buckets) > MAX_BUCKET_ROWS:
+            rows.append(markup.fmt("<tr><td colspan=9>… and {:,} more buckets (the first {:,} "
+                                   "in reduction order are listed)</td></tr>",
+                                   len(spread.buckets) - MAX_BUCKET_ROWS, MAX_BUCKET_ROWS))
+        return markup.fmt("<table style='font-size:11px;border-collapse:collapse' "
+                          "cellpadding=2><tr><th>bucket</th><th>dtype</th><th>bytes</th>"
+                          "<th>hooks</th><th>ready ms: median (p10-p90) over {} ranks</th>"
+                          "<th>all-reduce ms: median (p10-p90)</th>"
+                          "<th>exposed ms: median (p10-p90)</th><th>exposed ms (max)</th>"
+                          "<th>ready last on rank</th></tr>{}</table>", spread.n_ranks,
+                          markup.join(rows))
 
     def _unused(self, v: IterationView, names: dict[int, str]) -> str:
         unused = v.unused

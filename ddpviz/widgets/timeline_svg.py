@@ -6,7 +6,9 @@ and those are bounded by decimation: gradient-hook instants are merged per pixel
 parameters x 8 ranks draw as at most width x 8 runs), so a redraw stays a few tens of KB at
 any scale. Per rank: forward and backward spans, hook ticks (alternate shades per bucket, red
 where the firing order departs from the reference), bucket-ready marks, all-reduce spans with
-their exposed part in red, unused parameters, and the end of backward compute.
+their exposed part in red, unused parameters, and the end of backward compute. Many ranks
+(`render_spread`): the distribution across ranks in a band on top (see hook_spread.py), then
+the lanes of the chosen ranks only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ddpviz import markup
 from ddpviz.widgets.hook_analysis import IterationView, Lane
+from ddpviz.widgets.hook_spread import IterationSpread
 
 WIDTH = 860
 LABEL = 64
@@ -182,4 +185,109 @@ def _merged_spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> st
             out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(exposed[row]), sy, 8),
                                   _EXPOSED))
     out.append("</g>")
+    return "".join(out)
+
+
+SPREAD_ROWS = 72  # height of the distribution band drawn above the chosen ranks' lanes
+_BAND = "#c6dbef"
+_MEDIAN = "#08306b"
+
+
+def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[int],
+                  names: Mapping[int, str] | None = None, as_of: int | None = None,
+                  width: int = WIDTH) -> str:
+    """Many ranks: the distribution across ranks (last hook per rank as a box plot, then per
+    bucket the p10-p90 band of ready times and the median all-reduce with its p10-p90 done
+    whisker), then one lane per rank in `shown` on the same time axis."""
+    if not view.lanes:
+        return ""
+    names = names or {}
+    t0, t1 = view.t0, max(view.t1, view.t0 + 1)
+    plot = width - LABEL - 8
+    scale = plot / (t1 - t0)
+
+    def x(t: float) -> int:
+        return LABEL + int((t - t0) * scale)
+
+    def xr(t: float) -> int:  # relative to t0
+        return LABEL + int(t * scale)
+
+    lanes = [view.lanes[r] for r in shown if r in view.lanes]
+    height = SPREAD_ROWS + LANE * len(lanes) + AXIS
+    out: list[str] = [markup.fmt("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' "
+                                 "style='font:10px sans-serif'>", width, height)]
+    out.append(markup.fmt("<text x='2' y='12' font-weight='bold'>{} ranks</text>",
+                          spread.n_ranks))
+    # last hook per rank: whisker min-max, box p10-p90, median tick
+    end = spread.compute_end
+    out.append(markup.Markup("<text x='2' y='26'>last hook</text>"))
+    if end is not None:
+        out.append(markup.fmt(
+            "<g><title>last gradient hook across {} ranks: min {:,.3f}, p10 {:,.3f}, median "
+            "{:,.3f}, p90 {:,.3f}, max {:,.3f} ms</title><path d='M{} 22h{}' stroke='#555'/>"
+            "<rect x='{}' y='17' width='{}' height='10' fill='{}'/>"
+            "<path d='M{} 15v14' stroke='{}' stroke-width='2'/></g>", end.n, end.min / 1e6,
+            end.p10 / 1e6, end.p50 / 1e6, end.p90 / 1e6, end.max / 1e6, xr(end.min),
+            max(1, xr(end.max) - xr(end.min)), xr(end.p10), max(1, xr(end.p90) - xr(end.p10)),
+            _BAND, xr(end.p50), _MEDIAN))
+    out.append(markup.Markup("<text x='2' y='44'>bucket ready</text>"
+                             "<text x='2' y='62'>all-reduce</text>"))
+    few = len(spread.buckets) <= MAX_SPANS
+    bands: tuple[list[int], list[int]] = ([], [])
+    medians: list[int] = []
+    ars: tuple[list[int], list[int]] = ([], [])
+    for b in spread.buckets:
+        row = b.bucket & 1
+        if b.ready is not None:
+            lo, hi = xr(b.ready.p10), xr(b.ready.p90)
+            if few:
+                out.append(markup.fmt(
+                    "<rect x='{}' y='{}' width='{}' height='7' fill='{}'><title>bucket {} ready "
+                    "(ms): p10 {:,.3f}, median {:,.3f}, p90 {:,.3f}; last on rank {}</title>"
+                    "</rect>", lo, 34 + 8 * row, max(1, hi - lo), _TICK_COLOURS[row], b.bucket,
+                    b.ready.p10 / 1e6, b.ready.p50 / 1e6, b.ready.p90 / 1e6, b.latest_rank))
+            else:
+                bands[row].extend(range(lo, max(lo + 1, hi)))
+            medians.append(xr(b.ready.p50))
+        if b.launched is not None and b.done is not None:
+            lo, hi = xr(b.launched.p50), xr(b.done.p50)
+            sy = 52 + 8 * row
+            if few:
+                took = b.allreduce_ms
+                out.append(markup.fmt(
+                    "<rect x='{}' y='{}' width='{}' height='7' fill='{}'><title>bucket {} "
+                    "all-reduce, median launch to median done; took (ms) median {:,.3f}, p90 "
+                    "{:,.3f}; done p10 {:,.3f} - p90 {:,.3f} ms</title></rect>"
+                    "<path d='M{} {}h{}' stroke='#333'/>", lo, sy, max(1, hi - lo), _AR,
+                    b.bucket, took.p50 if took else 0.0, took.p90 if took else 0.0,
+                    b.done.p10 / 1e6, b.done.p90 / 1e6, xr(b.done.p10), sy + 3,
+                    max(1, xr(b.done.p90) - xr(b.done.p10))))
+            else:
+                ars[row].extend(range(lo, max(lo + 1, hi)))
+    if not few:
+        for row in (0, 1):
+            if bands[row]:
+                out.append(markup.fmt("<path d='{}' fill='{}'/>",
+                                      _path(_runs(bands[row]), 34 + 8 * row, 7),
+                                      _TICK_COLOURS[row]))
+            if ars[row]:
+                out.append(markup.fmt("<path d='{}' fill='{}'/>",
+                                      _path(_runs(ars[row]), 52 + 8 * row, 7), _AR))
+    if medians:
+        ticks = "".join(f"M{c} 32v19" for c in sorted(set(medians)))
+        out.append(markup.fmt("<path d='{}' stroke='{}'/>", ticks, _MEDIAN))
+    for i, lane in enumerate(lanes):
+        out.append(_lane_svg(lane, SPREAD_ROWS + i * LANE, x, names,
+                             view.order.positions.get(lane.rank, ()), t1))
+    y = SPREAD_ROWS + LANE * len(lanes)
+    out.append(markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2, plot))
+    for ms in _ticks_ms(t1 - t0):
+        tx = x(t0 + int(ms * 1e6))
+        out.append(markup.fmt("<path d='M{} {}v4' stroke='#999'/>"
+                              "<text x='{}' y='{}' text-anchor='middle'>{:g} ms</text>",
+                              tx, y + 2, tx, y + 16, ms))
+    if as_of is not None and t0 <= as_of <= t1:
+        out.append(markup.fmt("<path d='M{} 0v{}' stroke='#000' stroke-dasharray='2 2'/>",
+                              x(as_of), y))
+    out.append("</svg>")
     return "".join(out)

@@ -16,6 +16,7 @@ import ipywidgets as w
 from ddpviz import markup
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.rank_groups import rank_label
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.verification_matrix import (
     FIELD_ORDER,
@@ -66,6 +67,7 @@ class VerificationView(EventView):
         self._group_default = group_ranks
         self.matrix: Matrix = build_matrix({})
         self._key: tuple[Any, ...] | None = None
+        self._columns: tuple[Matrix | None, list[tuple[int, ...]]] = (None, [])
         super().__init__(source, **kwargs)
 
     def _build(self) -> list[w.Widget]:
@@ -186,13 +188,21 @@ class VerificationView(EventView):
         m = self.matrix
         if not self.group_checkbox.value:
             return [(r,) for r in m.ranks]
+        if self._columns[0] is m:
+            return list(self._columns[1])
+        # Only rows with a difference tell ranks apart (elsewhere every holder has the same
+        # values), and there only the cell and the differing fields' values do.
+        odd = [row for row in m.rows if row.differing or any(c != "same" for c in row.cells)]
         signature: dict[int, tuple[str, ...]] = {
-            r: tuple(row.cells[i] + "|" + str(sorted(row.values.get(r, {}).items()))
-                     for row in m.rows) for i, r in enumerate(m.ranks)}
+            r: tuple(row.cells[i] + "|" + "|".join(row.values.get(r, {}).get(f, "")
+                                                   for f in row.differing)
+                     for row in odd) for i, r in enumerate(m.ranks)}
         groups: dict[tuple[str, ...], list[int]] = {}
         for r in m.ranks:
             groups.setdefault(signature[r], []).append(r)
-        return sorted((tuple(rs) for rs in groups.values()), key=lambda g: g[0])
+        columns = sorted((tuple(rs) for rs in groups.values()), key=lambda g: g[0])
+        self._columns = (m, columns)  # a matrix is immutable: its columns are computed once
+        return list(columns)
 
     def shown_rows(self) -> list[Row]:
         """The rows drawn in the table: every row that is not "same" first, in order, then as
@@ -213,8 +223,9 @@ class VerificationView(EventView):
         index = {r: i for i, r in enumerate(m.ranks)}
         chosen = self.rank_select.value
         head = markup.join(
-            markup.fmt("<th{}>{}</th>", markup.Markup(" class=rsel" if chosen in g else ""),
-                       format_ranks(g).replace("ranks ", "r").replace("rank ", "r"))
+            markup.fmt("<th{} title='{}'>{}</th>",
+                       markup.Markup(" class=rsel" if chosen in g else ""), rank_label(g),
+                       ("r" if len(g) == 1 else f"{len(g)} ranks: ") + _short(rank_label(g)))
             for g in columns)
         lines: list[str] = [_STYLE, markup.fmt(
             "<table class=ddpviz-vm><tr><th>#</th><th>name</th>{}</tr>", head)]
@@ -271,6 +282,10 @@ class VerificationView(EventView):
                                     format_ranks(ranks), text))
         return markup.fmt("<div style='font-size:12px;font-family:monospace'>{}</div>",
                           markup.join(lines))
+
+
+def _short(label: str, limit: int = 40) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def _describe_html(values: dict[str, str], differing: Sequence[str]) -> str:

@@ -147,6 +147,16 @@ export interface Timeline {
   shown: number;
 }
 
+/** A lane whose arrays can be cut without touching the cached one. */
+function cloneRow(row: TimelineRow): TimelineRow {
+  return {
+    rank: row.rank,
+    phases: [...row.phases],
+    grads: [...row.grads],
+    allreduces: [...row.allreduces]
+  };
+}
+
 /** Everything the viewer shows, computed once per file. */
 export class TraceModel {
   /**
@@ -203,23 +213,13 @@ export class TraceModel {
    * @param step - a DDP iteration (see `steps`).
    * @param maxMarks - at most this many marks are drawn (hooks first in time order per rank).
    */
-  timeline(step: number, maxMarks: number): Timeline {
-    const rows: TimelineRow[] = [];
-    let t0 = Infinity;
-    let t1 = -Infinity;
+  timeline(step: number, maxMarks: number, only?: number[]): Timeline {
+    const all = this.timelineRows(step);
+    const rows = only === undefined ? all.rows : all.rows.filter(r => only.includes(r.rank));
+    let { t0, t1 } = all;
     let total = 0;
-    for (const rank of this.ranks) {
-      const events = this.events(rank).filter(e => e.step === step);
-      if (events.length === 0) {
-        continue;
-      }
-      const row = this._row(rank, events);
-      rows.push(row);
+    for (const row of rows) {
       total += row.phases.length + row.grads.length + row.allreduces.length;
-      for (const e of events) {
-        t0 = Math.min(t0, this.aligned(e));
-        t1 = Math.max(t1, this.aligned(e));
-      }
     }
     let shown = total;
     if (total > maxMarks && rows.length > 0) {
@@ -240,6 +240,37 @@ export class TraceModel {
     }
     return { step, t0, t1: Math.max(t1, t0 + 1), rows, total, shown };
   }
+
+  /**
+   * Every rank's lane of iteration `step`, nothing left out, and the window they span
+   * (aligned ns); computed once per step.
+   *
+   * @param step - a DDP iteration (see `steps`).
+   */
+  timelineRows(step: number): { rows: TimelineRow[]; t0: number; t1: number } {
+    const cached = this._rowCache.get(step);
+    if (cached !== undefined) {
+      return { rows: cached.rows.map(cloneRow), t0: cached.t0, t1: cached.t1 };
+    }
+    const rows: TimelineRow[] = [];
+    let t0 = Infinity;
+    let t1 = -Infinity;
+    for (const rank of this.ranks) {
+      const events = this.events(rank).filter(e => e.step === step);
+      if (events.length === 0) {
+        continue;
+      }
+      rows.push(this._row(rank, events));
+      for (const e of events) {
+        t0 = Math.min(t0, this.aligned(e));
+        t1 = Math.max(t1, this.aligned(e));
+      }
+    }
+    this._rowCache.set(step, { rows, t0, t1 });
+    return { rows: rows.map(cloneRow), t0, t1 };
+  }
+
+  private readonly _rowCache = new Map<number, { rows: TimelineRow[]; t0: number; t1: number }>();
 
   private _all<T extends EventType>(type: T): Extract<DDPEvent, { type: T }>[] {
     const out: Extract<DDPEvent, { type: T }>[] = [];

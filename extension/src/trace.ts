@@ -64,6 +64,37 @@ export function crc32(bytes: Uint8Array): number {
   return (crc ^ 0xffffffff) >>> 0;
 }
 
+/**
+ * `base64ToBytes` in slices of a million characters, giving the page the event loop back at
+ * least every `sliceMs` (a 20 MB trace is 27 MB of base64).
+ */
+export async function base64ToBytesAsync(text: string, sliceMs = 30): Promise<Uint8Array> {
+  const step = 1 << 20;
+  const parts: Uint8Array[] = [];
+  let carry = '';
+  let start = performance.now();
+  for (let i = 0; i < text.length; i += step) {
+    const clean = carry + text.slice(i, i + step).replace(/\s+/g, '');
+    const whole = clean.length - (clean.length % 4); // 4 characters are 3 bytes
+    parts.push(base64ToBytes(clean.slice(0, whole)));
+    carry = clean.slice(whole);
+    if (performance.now() - start > sliceMs) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+      start = performance.now();
+    }
+  }
+  if (carry.length > 0) {
+    parts.push(base64ToBytes(carry));
+  }
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
 /** The bytes of a base64 string (the Jupyter contents API's `format: "base64"`). */
 export function base64ToBytes(text: string): Uint8Array {
   const binary = atob(text.replace(/\s+/g, ''));
@@ -82,6 +113,43 @@ export function base64ToBytes(text: string): Uint8Array {
  * @returns the trace; raises TraceError when the file cannot be read.
  */
 export function parseTrace(data: Uint8Array, name: string): ParsedTrace {
+  const frames = readFrames(data, name);
+  let step = frames.next();
+  while (!step.done) {
+    step = frames.next();
+  }
+  return step.value;
+}
+
+/**
+ * Parse a `.ddpviz` file in slices: the page gets the event loop back at least every
+ * `sliceMs` (between frames of at most 4,096 events), so a large trace does not freeze it.
+ *
+ * @param data - the whole file.
+ * @param name - the file's name, for messages.
+ * @param sliceMs - the longest stretch of parsing between two yields (about).
+ * @returns the trace; rejects with TraceError when the file cannot be read.
+ */
+export async function parseTraceAsync(
+  data: Uint8Array,
+  name: string,
+  sliceMs = 30
+): Promise<ParsedTrace> {
+  const frames = readFrames(data, name);
+  let start = performance.now();
+  let step = frames.next();
+  while (!step.done) {
+    if (performance.now() - start > sliceMs) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+      start = performance.now();
+    }
+    step = frames.next();
+  }
+  return step.value;
+}
+
+/** The parser itself: yields after every frame, returns the trace. */
+function* readFrames(data: Uint8Array, name: string): Generator<void, ParsedTrace, void> {
   if (data.length < MAGIC.length || MAGIC.some((b, i) => data[i] !== b)) {
     throw new TraceError(
       `ddpviz: '${name}' is not a ddpviz trace (no DDPVIZ magic at its start).\n` +
@@ -145,6 +213,7 @@ export function parseTrace(data: Uint8Array, name: string): ParsedTrace {
       }
     }
     // other kinds: records of a later minor format, skipped as trace.py does
+    yield;
   }
   if (!sawHeader) {
     throw new TraceError(

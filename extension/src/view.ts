@@ -1,81 +1,21 @@
 /**
  * The trace viewer's DOM: a summary, the bucket map, verification results, broadcast progress,
  * the hook timeline of one iteration, findings and event counts, rendered from a TraceModel.
- * Plain DOM and SVG (no plotting library), so a trace opens fast and with no kernel.
+ * Plain DOM and SVG (no plotting library), so a trace opens fast and with no kernel. With many
+ * ranks (more than MANY_RANKS) ranks in the same state share one row labelled with their rank
+ * ranges, and the hook timeline draws distributions across ranks with the slowest named and
+ * one picked rank's lane against them.
  */
 
 import { bucketColor } from './colors';
 import { Mismatch } from './events';
-import { BucketMapGroup, paramBytes, Timeline, TraceModel } from './model';
+import { h, humanBytes, note, section, ViewOptions } from './dom';
+import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './model';
+import { MANY_RANKS, spread, valueGroups } from './rankGroups';
+import { renderTimelineSection } from './timelineView';
 
-/** What the settings change about rendering. */
-export interface ViewOptions {
-  /** A key of PALETTES. */
-  scheme: string;
-  /** At most this many marks in the hook timeline. */
-  maxEvents: number;
-}
-
-type Attrs = Record<string, string | number | boolean | undefined>;
-type Child = Node | string | null | undefined | false;
-/** A child, or an array of them: arrays are passed as is, never spread into a call (100,000
- * ranks or buckets would overflow the stack). */
-type Children = Child | Child[];
-
-/** An HTML element with attributes (`class`, `title`, `data-*`, ...) and children. */
-function h(tag: string, attrs: Attrs = {}, ...children: Children[]): HTMLElement {
-  const el = document.createElement(tag);
-  setAttrs(el, attrs);
-  appendAll(el, children);
-  return el;
-}
-
-function appendAll(el: Element, children: Children[]): void {
-  for (const c of children) {
-    if (Array.isArray(c)) {
-      for (const x of c) {
-        if (x !== null && x !== undefined && x !== false) {
-          el.append(x);
-        }
-      }
-    } else if (c !== null && c !== undefined && c !== false) {
-      el.append(c);
-    }
-  }
-}
-
-const SVG_NS = 'http://www.w3.org/2000/svg';
-
-/** An SVG element with attributes and children. */
-function s(tag: string, attrs: Attrs = {}, ...children: Children[]): SVGElement {
-  const el = document.createElementNS(SVG_NS, tag);
-  setAttrs(el, attrs);
-  appendAll(el, children);
-  return el;
-}
-
-function setAttrs(el: Element, attrs: Attrs): void {
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v !== undefined && v !== false) {
-      el.setAttribute(k, v === true ? '' : String(v));
-    }
-  }
-}
-
-/** 1536 -> "1.5 KiB"; 2**62 and more (torch's sys.maxsize) -> "unlimited" (as ddpviz/units.py). */
-export function humanBytes(n: number): string {
-  if (n >= 2 ** 62) {
-    return 'unlimited';
-  }
-  const units = ['B', 'KiB', 'MiB', 'GiB'];
-  let v = n;
-  let u = 0;
-  while (Math.abs(v) >= 1024 && u < units.length - 1) {
-    v /= 1024;
-    u++;
-  }
-  return u === 0 ? `${v} B` : `${v.toFixed(1)} ${units[u]}`;
-}
+export { humanBytes } from './dom';
+export type { ViewOptions } from './dom';
 
 /** [3] -> "rank 3"; [0, 1, 2] -> "ranks 0,1,2"; runs of 4 or more as "a-b" (as findings.py). */
 export function formatRanks(ranks: number[]): string {
@@ -103,20 +43,6 @@ export function formatRanks(ranks: number[]): string {
     return 'no rank';
   }
   return (sorted.length === 1 ? 'rank ' : 'ranks ') + parts.join(',');
-}
-
-function section(kind: string, title: string, ...children: Children[]): HTMLElement {
-  const el = h(
-    'section',
-    { class: `ddpviz-section ddpviz-${kind}`, 'data-section': kind },
-    h('h3', {}, title)
-  );
-  appendAll(el, children);
-  return el;
-}
-
-function note(text: string, kind = 'note'): HTMLElement {
-  return h('p', { class: `ddpviz-${kind}` }, text);
 }
 
 /**
@@ -157,6 +83,15 @@ function guarded(kind: string, title: string, draw: () => HTMLElement | null): H
       )
     );
   }
+}
+
+/** Shown while a trace is being read (large ones take a few seconds). */
+export function renderLoading(name: string): HTMLElement {
+  return h(
+    'div',
+    { class: 'ddpviz-trace' },
+    h('p', { class: 'ddpviz-loading', 'data-section': 'loading' }, `Reading ${name}...`)
+  );
 }
 
 /** The error shown instead of a trace that does not load. */
@@ -365,28 +300,48 @@ function renderVerification(model: TraceModel): HTMLElement {
     running: 'started, never finished',
     absent: 'not run'
   };
+  const many = model.verification.length > MANY_RANKS;
+  // Many ranks: one row per group of ranks with the same outcome (the lowest rank's row shown).
+  const groups = valueGroups(
+    model.verification.map(r => [r.rank, r] as [number, typeof r]),
+    r =>
+      JSON.stringify([r.status, r.worldSize, r.nParams, r.nBuffers, r.digest, r.mismatches.length])
+  ).sort((a, b) => a.ranks[0] - b.ranks[0]);
+  const shown = many
+    ? groups.map(g => ({ row: g.value, label: `${g.label} (${g.ranks.length})`, ranks: g.ranks }))
+    : model.verification.map(r => ({ row: r, label: String(r.rank), ranks: [r.rank] }));
   const table = h(
     'table',
-    { class: 'ddpviz-table' },
+    { class: 'ddpviz-table', 'data-grouped': String(many) },
     h(
       'thead',
       {},
       h(
         'tr',
         {},
-        ...['rank', 'result', 'world size', 'parameters', 'buffers', 'digest / mismatches'].map(t =>
-          h('th', {}, t)
-        )
+        ...[
+          many ? 'ranks' : 'rank',
+          'result',
+          'world size',
+          'parameters',
+          'buffers',
+          'digest / mismatches'
+        ].map(t => h('th', {}, t))
       )
     ),
     h(
       'tbody',
       {},
-      model.verification.map(r =>
+      shown.map(({ row: r, label, ranks }) =>
         h(
           'tr',
-          { 'data-rank': r.rank, 'data-status': r.status },
-          h('td', {}, String(r.rank)),
+          {
+            'data-rank': r.rank,
+            'data-ranks': many ? label : undefined,
+            'data-count': ranks.length,
+            'data-status': r.status
+          },
+          h('td', {}, label),
           h(
             'td',
             {},
@@ -420,9 +375,24 @@ function renderVerification(model: TraceModel): HTMLElement {
   return section('verification', 'Verification', table, details);
 }
 
+function broadcastText(b: BroadcastRow, withTime = true): string {
+  return (
+    `${b.chunksDone}/${b.nChunks} chunks · ${humanBytes(b.bytesDone)} of ` +
+    `${humanBytes(b.totalBytes)}` +
+    (b.seconds === null
+      ? ' · unfinished'
+      : withTime
+        ? ` · ${(b.seconds * 1000).toFixed(2)} ms`
+        : '')
+  );
+}
+
 function renderBroadcast(model: TraceModel): HTMLElement {
   if (model.broadcast.length === 0) {
     return section('broadcast', 'State broadcast', note('No broadcast events in this trace.'));
+  }
+  if (model.broadcast.length > MANY_RANKS) {
+    return renderBroadcastGroups(model.broadcast);
   }
   const rows = model.broadcast.map(b =>
     h(
@@ -435,198 +405,82 @@ function renderBroadcast(model: TraceModel): HTMLElement {
       },
       h('span', { class: 'ddpviz-progress-label' }, `rank ${b.rank} ← ${b.src}`),
       h('progress', { max: Math.max(b.totalBytes, 1), value: b.bytesDone }),
-      h(
-        'span',
-        { class: 'ddpviz-progress-text' },
-        `${b.chunksDone}/${b.nChunks} chunks · ${humanBytes(b.bytesDone)} of ` +
-          `${humanBytes(b.totalBytes)}` +
-          (b.seconds === null ? ' · unfinished' : ` · ${(b.seconds * 1000).toFixed(2)} ms`)
-      )
+      h('span', { class: 'ddpviz-progress-text' }, broadcastText(b))
     )
   );
   return section('broadcast', 'State broadcast', rows);
 }
 
-function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLElement {
-  if (model.steps.length === 0) {
-    return section('timeline', 'Hook timeline', note('No backward passes in this trace.'));
-  }
-  const select = h(
-    'select',
-    { class: 'ddpviz-step-select', 'aria-label': 'iteration' },
-    model.steps.map(step => h('option', { value: step }, `iteration ${step}`))
-  ) as HTMLSelectElement;
-  select.value = String(model.steps[model.steps.length - 1]);
-  const holder = h('div', { class: 'ddpviz-timeline-holder' });
-  const draw = () => {
-    holder.replaceChildren(
-      renderTimeline(model.timeline(Number(select.value), options.maxEvents), options)
-    );
-  };
-  select.addEventListener('change', draw);
-  draw();
-  return section(
-    'timeline',
-    'Hook timeline',
-    h('div', { class: 'ddpviz-toolbar' }, h('label', {}, 'Show ', select)),
-    holder
-  );
-}
-
-const WIDTH = 960;
-const LEFT = 64;
-const RIGHT = 16;
-const ROW = 58;
-
-function renderTimeline(tl: Timeline, options: ViewOptions): HTMLElement {
-  const span = tl.t1 - tl.t0;
-  const x = (t: number) => LEFT + ((t - tl.t0) / span) * (WIDTH - LEFT - RIGHT);
-  const height = tl.rows.length * ROW + 28;
-  const svg = s('svg', {
-    class: 'ddpviz-timeline',
-    viewBox: `0 0 ${WIDTH} ${height}`,
-    width: '100%',
-    'data-step': tl.step,
-    'data-grads': tl.rows.reduce((n, r) => n + r.grads.length, 0),
-    'data-allreduces': tl.rows.reduce((n, r) => n + r.allreduces.length, 0),
-    role: 'img'
-  });
-  let buckets = 0;
-  tl.rows.forEach((row, i) => {
-    const y = i * ROW + 4;
-    svg.append(s('text', { x: 4, y: y + 30, class: 'ddpviz-lane-label' }, `rank ${row.rank}`));
-    svg.append(
-      s('line', {
-        x1: LEFT,
-        x2: WIDTH - RIGHT,
-        y1: y + ROW - 6,
-        y2: y + ROW - 6,
-        class: 'ddpviz-lane-rule'
-      })
-    );
-    for (const p of row.phases) {
-      svg.append(
-        s(
-          'rect',
-          {
-            class: `ddpviz-phase ddpviz-phase-${p.name}${p.finished ? '' : ' ddpviz-unfinished'}`,
-            x: x(p.start),
-            y: y,
-            width: Math.max(x(p.end) - x(p.start), 1),
-            height: 9
-          },
-          s(
-            'title',
-            {},
-            `${p.name}: ${((p.end - p.start) / 1e6).toFixed(3)} ms${p.finished ? '' : ' (unfinished)'}`
-          )
-        )
-      );
-    }
-    for (const g of row.grads) {
-      buckets = Math.max(buckets, g.bucket + 1);
-      svg.append(
-        s(
-          'line',
-          {
-            class: 'ddpviz-grad',
-            x1: x(g.t),
-            x2: x(g.t),
-            y1: y + 14,
-            y2: y + 32,
-            stroke: bucketColor(options.scheme, g.bucket),
-            'data-param': g.param,
-            'data-bucket': g.bucket
-          },
-          s(
-            'title',
-            {},
-            `param ${g.param} ready (bucket ${g.bucket}) at ${((g.t - tl.t0) / 1e6).toFixed(3)} ms`
-          )
-        )
-      );
-    }
-    for (const a of row.allreduces) {
-      buckets = Math.max(buckets, a.bucket + 1);
-      svg.append(
-        s(
-          'rect',
-          {
-            class: `ddpviz-allreduce${a.finished ? '' : ' ddpviz-unfinished'}`,
-            x: x(a.start),
-            y: y + 36,
-            width: Math.max(x(a.end) - x(a.start), 2),
-            height: 12,
-            fill: bucketColor(options.scheme, a.bucket),
-            'data-bucket': a.bucket
-          },
-          s(
-            'title',
-            {},
-            `${a.name}: ${humanBytes(a.nbytes)}, ${((a.end - a.start) / 1e6).toFixed(3)} ms` +
-              (a.finished ? '' : ' (never completed)')
-          )
-        )
-      );
-    }
-  });
-  const axisY = tl.rows.length * ROW + 8;
-  for (let k = 0; k <= 4; k++) {
-    const t = tl.t0 + (span * k) / 4;
-    svg.append(s('line', { x1: x(t), x2: x(t), y1: axisY - 4, y2: axisY, class: 'ddpviz-axis' }));
-    svg.append(
-      s(
-        'text',
-        {
-          x: x(t),
-          y: axisY + 14,
-          class: 'ddpviz-axis-label',
-          'text-anchor': k === 0 ? 'start' : k === 4 ? 'end' : 'middle'
-        },
-        `${((t - tl.t0) / 1e6).toFixed(2)} ms`
-      )
-    );
-  }
-  const legend = h(
-    'div',
-    { class: 'ddpviz-legend' },
+/** Many ranks: percentiles of progress, then one bar per group of ranks in the same state. */
+function renderBroadcastGroups(rows: BroadcastRow[]): HTMLElement {
+  const fraction = (b: BroadcastRow) => (b.totalBytes > 0 ? b.bytesDone / b.totalBytes : 1);
+  const done = spread(rows.map(b => fraction(b) * 100));
+  const times = spread(rows.filter(b => b.seconds !== null).map(b => (b.seconds ?? 0) * 1000));
+  const pct = (x: number) => `${x.toFixed(0)}%`;
+  const summary =
+    done === null
+      ? ''
+      : `Done across ${done.n} ranks: min ${pct(done.min)}, p10 ${pct(done.p10)}, median ` +
+        `${pct(done.p50)}, p90 ${pct(done.p90)}, max ${pct(done.max)}` +
+        (times === null
+          ? ''
+          : ` · took (ms, ${times.n} finished): median ${times.p50.toFixed(2)}, p90 ` +
+            `${times.p90.toFixed(2)}, max ${times.max.toFixed(2)}`);
+  const groups = valueGroups(
+    rows.map(b => [b.rank, b] as [number, BroadcastRow]),
+    b =>
+      JSON.stringify([
+        b.src,
+        b.src === b.rank,
+        b.totalBytes,
+        b.nChunks,
+        b.chunksDone,
+        b.bytesDone,
+        b.seconds === null
+      ])
+  ).sort((a, b) => fraction(b.value) - fraction(a.value) || a.ranks[0] - b.ranks[0]);
+  const bars = groups.map(g =>
     h(
-      'span',
-      { class: 'ddpviz-legend-item' },
-      h('i', { class: 'ddpviz-swatch ddpviz-phase' }),
-      'forward / backward'
-    ),
-    h(
-      'span',
-      { class: 'ddpviz-legend-item' },
-      'ticks: gradient hooks, bars: bucket all-reduces, coloured by bucket:'
-    ),
-    Array.from({ length: Math.min(buckets, 10) }, (_, b) =>
+      'div',
+      {
+        class: 'ddpviz-progress-row',
+        'data-ranks': g.label,
+        'data-count': g.ranks.length,
+        'data-done': g.value.bytesDone,
+        'data-total': g.value.totalBytes
+      },
       h(
         'span',
-        { class: 'ddpviz-legend-item' },
-        h('i', { class: 'ddpviz-swatch', style: `background: ${bucketColor(options.scheme, b)}` }),
-        `b${b}`
-      )
+        { class: 'ddpviz-progress-label', title: `ranks ${g.label}` },
+        `${g.ranks.length} × ranks ${g.label.length > 40 ? g.label.slice(0, 39) + '…' : g.label}` +
+          ` ← ${g.value.src}`
+      ),
+      h('progress', { max: Math.max(g.value.totalBytes, 1), value: g.value.bytesDone }),
+      h('span', { class: 'ddpviz-progress-text' }, broadcastText(g.value, g.ranks.length === 1))
     )
   );
-  const grads = tl.rows.reduce((n, r) => n + r.grads.length, 0);
-  const ars = tl.rows.reduce((n, r) => n + r.allreduces.length, 0);
-  const caption = note(
-    `Iteration ${tl.step}: ${grads} gradient hooks and ${ars} all-reduces on ` +
-      `${tl.rows.length} rank${tl.rows.length === 1 ? '' : 's'}, ` +
-      `${((tl.t1 - tl.t0) / 1e6).toFixed(2)} ms.` +
-      (tl.shown < tl.total
-        ? ` Showing ${tl.shown} of ${tl.total} marks (the maxEvents setting).`
-        : '')
+  return section(
+    'broadcast',
+    'State broadcast',
+    h('p', { class: 'ddpviz-broadcast-summary' }, summary),
+    bars
   );
-  return h('div', {}, caption, svg as unknown as HTMLElement, legend);
 }
 
 function renderCounts(model: TraceModel): HTMLElement {
-  const perRank = model.ranks.map(r => model.counts(r));
+  const counted = model.ranks.map(r => model.counts(r));
   const types = new Set<string>();
-  perRank.forEach(c => c.forEach((_, t) => types.add(t)));
+  counted.forEach(c => c.forEach((_, t) => types.add(t)));
+  // Many ranks: one column per group of ranks with the same counts.
+  const many = model.ranks.length > MANY_RANKS;
+  const groups = valueGroups(
+    model.ranks.map((r, i) => [r, counted[i]] as [number, (typeof counted)[number]]),
+    c => JSON.stringify([...types].map(t => c.get(t as never) ?? 0))
+  ).sort((a, b) => a.ranks[0] - b.ranks[0]);
+  const perRank = many ? groups.map(g => g.value) : counted;
+  const heads = many
+    ? groups.map(g => (g.ranks.length === 1 ? `rank ${g.label}` : `ranks ${g.label}`))
+    : model.ranks.map(r => `rank ${r}`);
   const rows = [...types].map(t =>
     h(
       'tr',
@@ -648,7 +502,7 @@ function renderCounts(model: TraceModel): HTMLElement {
           'tr',
           {},
           h('th', {}, 'event'),
-          model.ranks.map(r => h('th', {}, `rank ${r}`))
+          heads.map(t => h('th', {}, t))
         )
       ),
       h('tbody', {}, rows)

@@ -10,8 +10,8 @@ import { Widget } from '@lumino/widgets';
 
 import { DEFAULT_SCHEME } from './colors';
 import { TraceModel } from './model';
-import { base64ToBytes, parseTrace, TraceError } from './trace';
-import { renderError, renderTrace, ViewOptions } from './view';
+import { base64ToBytesAsync, parseTraceAsync, TraceError } from './trace';
+import { renderError, renderLoading, renderTrace, ViewOptions } from './view';
 
 /** The widget factory's name (also in 'Open With'). */
 export const FACTORY = 'ddpviz trace viewer';
@@ -75,12 +75,33 @@ export class TraceViewer extends Widget {
   }
 
   private _load(): void {
+    void this._loadAsync();
+  }
+
+  /** Parse in slices (see parseTraceAsync), then draw; "loading" shows meanwhile. */
+  private async _loadAsync(): Promise<void> {
     const name = this._context.path.split('/').pop() ?? this._context.path;
+    const load = ++this._loads;
+    if (this._model === null && this._error === null) {
+      this._render();
+    }
     try {
-      const bytes = base64ToBytes(this._context.model.toString());
-      this._model = new TraceModel(parseTrace(bytes, name));
+      const bytes = await base64ToBytesAsync(this._context.model.toString());
+      const parsed = await parseTraceAsync(bytes, name);
+      if (load !== this._loads) {
+        return; // the file changed again while this load was parsing: the newer load draws
+      }
+      this._model = new TraceModel(parsed);
       this._error = null;
+      // draw in a task of its own: building the model and drawing each take ~0.1 s at 256 ranks
+      await new Promise(resolve => setTimeout(resolve, 0));
+      if (load !== this._loads) {
+        return;
+      }
     } catch (err) {
+      if (load !== this._loads) {
+        return;
+      }
       this._model = null;
       this._error =
         err instanceof TraceError
@@ -97,12 +118,15 @@ export class TraceViewer extends Widget {
     const content =
       this._model !== null
         ? renderTrace(this._model, name, this._settings.options)
-        : renderError(this._error ?? 'ddpviz: loading...');
+        : this._error !== null
+          ? renderError(this._error)
+          : renderLoading(name);
     this.node.replaceChildren(content);
   }
 
   private _model: TraceModel | null = null;
   private _error: string | null = null;
+  private _loads = 0;
 }
 
 /** A trace file in the main area. */

@@ -115,6 +115,23 @@ def test_each_widget_escapes_every_string(view: type) -> None:
         assert_clean(widget, f"{view.__name__} at {cursor}")
 
 
+@pytest.mark.parametrize(("view", "grouped"), [
+    (VerificationView, {"group_ranks": True}), (BroadcastProgress, {"rows_up_to": 1}),
+    (HookTimeline, {"lanes_up_to": 1})])
+def test_each_widget_escapes_every_string_with_ranks_grouped(view: type,
+                                                             grouped: dict[str, Any]) -> None:
+    """The many-ranks drawings (groups, distributions, rank lists) forced on 3 ranks."""
+    trace = hostile_trace()
+    widget = view(trace, **grouped)
+    shown = assert_clean(widget, view.__name__)
+    for cursor in positions(trace, widget.model)[::3]:
+        widget.render(cursor)
+        shown += assert_clean(widget, f"{view.__name__} grouped at {cursor}")
+    assert shown > 0
+    if view is HookTimeline:
+        assert widget.spread is not None  # the distribution was drawn, not the lanes
+
+
 def test_report_escapes_every_string() -> None:
     page = report.render(hostile_trace(), title=PAYLOAD)
     assert page.count("&lt;script&gt;") > 10

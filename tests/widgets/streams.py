@@ -27,6 +27,7 @@ class Plant:
     missing: dict[int, int] = field(default_factory=dict)  # rank -> param index it lacks
     swap: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # rank -> (step, i, j)
     unused: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> param indices
+    slow: dict[int, int] = field(default_factory=dict)  # rank -> extra us per gradient hook
 
 
 def mlp_params(n: int, width: int = 16) -> list[ParamInfo]:
@@ -170,7 +171,7 @@ def _one_rank(rank: int, world_size: int, params: Sequence[ParamInfo], steps: in
             if p in unused:
                 continue
             b = bucket_of[p]
-            r.emit(ev.GradReady, p, b, dt=hook_us * US)
+            r.emit(ev.GradReady, p, b, dt=(hook_us + plant.slow.get(rank, 0)) * US)
             pending[b].discard(p)
             while next_launch < len(buckets) and not pending[next_launch]:
                 r.emit(ev.BucketReady, next_launch, dt=2 * US)

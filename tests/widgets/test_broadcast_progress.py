@@ -79,3 +79,37 @@ def test_assigning_buckets_without_a_broadcast_reads_as_skipped() -> None:
     b = BroadcastProgress(events)
     assert b.progress[0].state == "skipped"
     assert "init_sync=False" in b.labels[0].value
+
+
+def test_at_256_ranks_ranks_in_the_same_state_share_a_bar_and_progress_has_percentiles(
+        ) -> None:
+    from ddpviz.widgets.rank_groups import percentile
+
+    events = synthetic_run(256, 10, 0, chunk_bytes=1024)
+    b = BroadcastProgress(events)
+    assert b.grouped and b.bars == {}
+    # finished: the sender and the 255 receivers, two bars
+    assert [(g.label, len(g.ranks)) for g in b.groups] == [("0", 1), ("1-255", 255)]
+    assert len(b.group_bars) == 2 and all(bar.value == 1.0 for bar in b.group_bars)
+    assert "255 ranks 1-255" in b.group_heads[1].value
+    assert "done across 256 ranks: min 100%" in b.summary_html.value
+    # half-way on rank 128: ranks started 7 us apart are at different chunks
+    cut = [e for e in events if isinstance(e, ev.BroadcastChunkDone) and e.rank == 128][1]
+    assert b.controls is not None
+    b.controls.seek(cut.t_ns)
+    done = {r: p.chunks_done for r, p in b.progress.items()}
+    for g in b.groups:  # a group's ranks really are in one state
+        assert len({(done[r], b.progress[r].in_flight) for r in g.ranks}) == 1
+    assert sorted(r for g in b.groups for r in g.ranks) == list(range(256))
+    fractions = sorted(p.fraction * 100 for p in b.progress.values())
+    assert f"median {percentile(fractions, 50):.0f}%" in b.summary_html.value
+    assert f"p90 {percentile(fractions, 90):.0f}%" in b.summary_html.value
+    # the chunk table: one column per group of ranks whose chunks are in the same states
+    columns = b.chunk_columns(b.shown_chunks())
+    assert len(columns) < 32 and sorted(r for g in columns for r in g) == list(range(256))
+    assert b.chunks_html.value.count("<th title=") == len(columns)
+
+
+def test_up_to_16_ranks_keep_a_bar_per_rank() -> None:
+    b = BroadcastProgress(synthetic_run(16, 6, 0))
+    assert not b.grouped and sorted(b.bars) == list(range(16)) and b.summary_html.value == ""

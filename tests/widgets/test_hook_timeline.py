@@ -112,3 +112,57 @@ def test_ranks_still_in_backward_are_compared_on_what_they_fired() -> None:
     third = [e for e in events if isinstance(e, ev.GradReady) and e.rank == 1][2]
     view = analyse(0, m.step_records(0, as_of=third.t_ns), 6)
     assert view.lanes[1].order == (5, 4, 3) and view.lanes[1].unused == ()
+
+
+def test_at_256_ranks_the_timeline_draws_distributions_and_names_the_slowest_ranks() -> None:
+    """Ranks 37 and 200 take longer per hook; ranks start 7 us apart (the stream's clock
+    offsets), so without the planted slowness the highest ranks finish last."""
+    from ddpviz.widgets.rank_groups import percentile
+
+    events = synthetic_run(256, 12, 2, plant=Plant(slow={37: 300, 200: 200},
+                                                   swap={9: (1, 2, 5), 10: (1, 2, 5)}))
+    t = HookTimeline(events)
+    assert t.controls is not None
+    t.controls.show_step(1)
+    assert t.view is not None and t.spread is not None
+    assert len(t.view.lanes) == 256 and t.spread.n_ranks == 256
+    # the slowest ranks are the ones whose last hook was latest, computed from the events
+    last = {r: max(e.t_ns for e in events if isinstance(e, ev.GradReady) and e.rank == r
+                   and e.step == 1) for r in range(256)}
+    expected = sorted(last, key=lambda r: (-last[r], r))[:5]
+    assert [s.rank for s in t.spread.slowest] == expected
+    assert expected[:2] == [37, 200]
+    assert "slowest: rank 37 (+" in t.header_html.value
+    # per bucket: the spread of ready times over ranks, from BucketReady
+    t0 = t.view.t0
+    for b in t.spread.buckets:
+        ready = sorted(e.t_ns - t0 for e in events if isinstance(e, ev.BucketReady)
+                       and e.step == 1 and e.bucket == b.bucket)
+        assert b.ready is not None and b.ready.n == 256
+        assert b.ready.p50 == percentile(ready, 50)
+        assert (b.ready.min, b.ready.max) == (ready[0], ready[-1])
+    # one lane, the slowest rank's, below the distribution; pick another and it is drawn
+    assert t.shown_ranks() == [37]
+    assert t.svg_html.value.count("font-weight='bold'>rank ") == 1
+    assert "font-weight='bold'>rank 37</text>" in t.svg_html.value
+    assert t.rank_select.options[1] == (
+        f"rank 37: last hook +{t.spread.slowest[0].behind_ms:,.3f} ms after the median", 37)
+    t.select_rank(128)
+    assert t.shown_ranks() == [128]
+    assert "font-weight='bold'>rank 128</text>" in t.svg_html.value
+    t.select_rank(None)
+    assert t.shown_ranks() == [37]
+    # firing orders grouped: the 254 agreeing ranks in one row, ranks 9 and 10 in another
+    assert "<th>0-8, 11-255</th>" in t.order_html.value
+    assert "<th>9, 10</th>" in t.order_html.value
+    assert t.order_html.value.count("<tr><th>") == 3  # the position header + 2 groups
+    assert "over 256 ranks" in t.buckets_html.value
+
+
+def test_up_to_16_ranks_keep_one_lane_per_rank() -> None:
+    t = HookTimeline(synthetic_run(16, 6, 2))
+    assert t.controls is not None
+    t.controls.show_step(1)
+    assert t.spread is None and t.view is not None
+    assert t.svg_html.value.count("font-weight='bold'>rank ") == 16
+    assert t.rank_select.layout.display == "none"

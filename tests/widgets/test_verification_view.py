@@ -84,8 +84,9 @@ def test_many_ranks_are_grouped_into_columns_of_ranks_that_agree() -> None:
     v = VerificationView(synthetic_run(12, 4, 1, plant=Plant(shape={7: (0, (3, 16))})))
     assert v.group_checkbox.value  # more than 8 ranks: grouped by default
     assert v.columns() == [(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11), (7,)]
-    assert "<th>r0,1,2,3,4,5,6,8,9,10,11</th>" not in v.matrix_html.value  # runs are folded
-    assert "<th>r0-6,8-11</th>" in v.matrix_html.value
+    assert "0,1,2,3,4,5,6,8" not in v.matrix_html.value  # runs are folded
+    assert "<th title='0-6, 8-11'>11 ranks: 0-6, 8-11</th>" in v.matrix_html.value
+    assert "<th title='7'>r7</th>" in v.matrix_html.value
     v.group_checkbox.value = False
     assert len(v.columns()) == 12
 
@@ -117,3 +118,15 @@ def test_selecting_an_unknown_row_says_which_rows_exist() -> None:
     v = VerificationView(synthetic_run(2, 2, 0))
     with pytest.raises(KeyError, match="ddpviz: no row 'param:nope'"):
         v.select("nope")
+
+
+def test_at_256_ranks_one_rank_with_another_shape_makes_two_columns() -> None:
+    events = synthetic_run(256, 20, 0, plant=Plant(shape={128: (4, (3, 16))}))
+    v = VerificationView(events)
+    assert v.columns() == [(*range(128), *range(129, 256)), (128,)]
+    assert "<th title='0-127, 129-255'>255 ranks: 0-127, 129-255</th>" in v.matrix_html.value
+    assert v.matrix_html.value.count("<th title=") == 2
+    assert v.cell("2.weight", 128) == "differs" and v.cell("2.weight", 255) == "same"
+    v.select("2.weight", 128)
+    assert "▶ rank 128: " in v.details_html.value and "ranks 0-127,129-255: " in \
+        v.details_html.value

@@ -1,0 +1,75 @@
+"""The viewer's rank grouping (extension/src/rankGroups.ts) gives the same labels, groups,
+percentiles and slowest ranks as Python's (ddpviz/widgets/rank_groups.py) on the same inputs,
+run in node (the TypeScript transpiled with the extension's own compiler)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpviz.widgets.rank_groups import rank_label, slowest, spread, value_groups
+
+EXT = Path(__file__).resolve().parents[2] / "extension"
+TYPESCRIPT = EXT / "node_modules" / "typescript"
+
+# Transpile rankGroups.ts to CommonJS in memory, run it on the cases from stdin, print JSON.
+RUNNER = """
+const ts = require(process.argv[1]);
+const fs = require('fs');
+const src = fs.readFileSync(process.argv[2], 'utf8');
+const js = ts.transpileModule(src, { compilerOptions: { module: ts.ModuleKind.CommonJS,
+  target: ts.ScriptTarget.ES2022 } }).outputText;
+const mod = { exports: {} };
+new Function('module', 'exports', js)(mod, mod.exports);
+const g = mod.exports;
+const cases = JSON.parse(fs.readFileSync(0, 'utf8'));
+const out = cases.map(c => ({
+  label: g.rankLabel(c.ranks),
+  groups: g.valueGroups(Object.entries(c.values).map(([r, v]) => [Number(r), v]))
+    .map(x => [x.value, x.ranks, x.label]),
+  spread: g.spread(c.numbers),
+  slowest: g.slowest(Object.entries(c.times).map(([r, v]) => [Number(r), v]), 5),
+}));
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def cases() -> list[dict[str, Any]]:
+    rng = random.Random(13)
+    out = []
+    for n in (1, 2, 17, 256):
+        ranks = sorted(rng.sample(range(300), n))
+        values = {r: rng.choice(["a", "b", "c"]) if rng.random() < 0.3 else "a" for r in ranks}
+        numbers = [rng.uniform(0, 1e6) for _ in range(n)]
+        times = {r: float(rng.randrange(20)) for r in ranks}  # ties on purpose
+        out.append({"ranks": ranks, "values": values, "numbers": numbers, "times": times})
+    out.append({"ranks": [], "values": {}, "numbers": [], "times": {}})
+    return out
+
+
+def test_typescript_rank_groups_equal_pythons() -> None:
+    node = shutil.which("node")
+    if node is None or not TYPESCRIPT.is_dir():
+        pytest.skip("needs node and the extension's node_modules (cd extension && jlpm install)")
+    data = cases()
+    result = subprocess.run([node, "-e", RUNNER, str(TYPESCRIPT), str(EXT / "src" /
+                             "rankGroups.ts")], input=json.dumps(data), capture_output=True,
+                            text=True, timeout=120, check=True)
+    got = json.loads(result.stdout)
+    for case, ts in zip(data, got, strict=True):
+        assert ts["label"] == rank_label(case["ranks"])
+        assert ts["groups"] == [[g.value, list(g.ranks), g.label]
+                                for g in value_groups(case["values"])]
+        s = spread(case["numbers"])
+        if s is None:
+            assert ts["spread"] is None
+        else:
+            assert [ts["spread"][k] for k in ("n", "min", "p10", "p50", "p90", "max")] == \
+                pytest.approx(list(s))
+        assert [tuple(x) for x in ts["slowest"]] == slowest(case["times"], 5)
