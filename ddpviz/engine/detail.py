@@ -7,14 +7,16 @@ Shared by ddpviz's DistributedDataParallel (`detail=`, engine/reducer.py) and `w
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Literal
 
-from ddpviz.events import Emitter, Event, FindingReported
+from ddpviz.events import Emitter, Event, FindingReported, GradReady, GradsSummarized, Tap
 
 Level = Literal["full", "buckets", "sampled"]
 LEVELS: tuple[Level, ...] = ("full", "buckets", "sampled")
 ENV_DETAIL = "DDPVIZ_DETAIL"
+_now = time.monotonic_ns
 
 # [Note: detail levels]
 # full     every GradReady (one event per parameter per backward).
@@ -67,7 +69,7 @@ def resolve_level(detail: str | None) -> tuple[Level, int]:
 class DetailPolicy:
     """Decides per step whether per-parameter events are recorded (see the Note)."""
 
-    __slots__ = ("every", "first", "level", "_finding_steps", "_rebuild_steps")
+    __slots__ = ("_finding_steps", "_rebuild_steps", "every", "first", "level")
 
     def __init__(self, level: Level = "sampled", every: int = EVERY,
                  first: int = FIRST_FULL) -> None:
@@ -117,3 +119,56 @@ class FindingObserver:
         self.emitter(event)
         if type(event) is FindingReported:
             self.on_finding(event.step)
+
+
+class GradSummary:
+    """One rank's gradient-ready facts of the current backward at the level its policy picks:
+    `per_param` steps emit a GradReady per hook (the caller does), the others call `add` per
+    hook (four numbers updated, no event object) and `emit(bucket)` just before the bucket's
+    BucketReady, which emits one GradsSummarized. At the sampled level the aggregated step's
+    (param, bucket, time) triples are kept until the next backward, so that a finding
+    (`note_finding`) can still emit them as GradReady events with their own times."""
+
+    __slots__ = ("_agg", "_log", "_step", "per_param", "policy", "tap")
+
+    def __init__(self, policy: DetailPolicy, tap: Tap) -> None:
+        self.policy = policy
+        self.tap = tap
+        self.per_param = True
+        self._agg: dict[int, list[int]] = {}  # bucket -> [n_grads, first_t, last_t, nbytes]
+        self._log: list[tuple[int, int, int]] = []
+        self._step = -1
+
+    def begin(self, step: int) -> None:
+        """A backward starts at `step`: pick its level, forget the previous aggregates."""
+        self.per_param = self.policy.full(step)
+        self._agg = {}
+        self._log = []
+        self._step = step
+
+    def add(self, index: int, bucket: int, nbytes: int) -> None:
+        t = _now()
+        agg = self._agg.get(bucket)
+        if agg is None:
+            self._agg[bucket] = [1, t, t, nbytes]
+        else:
+            agg[0] += 1
+            agg[2] = t
+            agg[3] += nbytes
+        if self.policy.level == "sampled":
+            self._log.append((index, bucket, t))
+
+    def emit(self, bucket: int) -> None:
+        agg = self._agg.pop(bucket, None)
+        if agg is not None and self.tap.enabled:
+            self.tap.emit(GradsSummarized, bucket, *agg)
+
+    def note_finding(self, step: int) -> None:
+        """A finding at `step`: that step and the next become full; what was kept of it is
+        emitted now as GradReady events."""
+        self.policy.note_finding(step)
+        log, self._log = self._log, []
+        if step != self._step or not self.tap.enabled:
+            return
+        for index, bucket, t in log:
+            self.tap.emit_as(step, t, GradReady, index, bucket)

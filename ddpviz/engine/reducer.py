@@ -15,14 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import time
-
 import torch
 import torch.distributed as dist
 
 from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
-from ddpviz.engine.detail import DetailPolicy
+from ddpviz.engine.detail import DetailPolicy, GradSummary
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import ParamEntry
@@ -44,7 +42,6 @@ from ddpviz.events import (
     Collective,
     FindingReported,
     GradReady,
-    GradsSummarized,
     Tap,
     UnusedParametersFound,
 )
@@ -83,7 +80,6 @@ _PHASE_OF_COLLECTIVE: dict[Collective, str] = {
     "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 
 log = logging.getLogger(__name__)
-_now = time.monotonic_ns
 
 
 def _profiled(name: str) -> Any:
@@ -190,12 +186,9 @@ class Reducer:
         self.batched_grad_copy = batched_grad_copy
         self.tap = tap if tap is not None else Tap()
         # See [Note: detail levels] (engine/detail.py).
-        self.detail = detail if detail is not None else DetailPolicy("full")
-        self._per_param = True  # this backward emits GradReady (else GradsSummarized)
+        self.summary = GradSummary(detail if detail is not None else DetailPolicy("full"),
+                                   self.tap)
         self._param_bytes = [e.param.numel() * e.param.element_size() for e in self.entries]
-        self._summary: list[list[int]] = []  # per bucket: [n_grads, first_t, last_t, nbytes]
-        self._ready_log: list[tuple[int, int, int]] = []  # sampled: (param, bucket, t_ns)
-        self._log_step = -1
         self.static_graph = False
         self.comm_hook: Callable[[Any, GradBucket], torch.futures.Future] | None = None
         self.comm_hook_state: Any = None
@@ -396,51 +389,15 @@ class Reducer:
             if self.should_rebuild_buckets():
                 self.rebuilt_param_indices.append(index)
             if self.tap.enabled:
-                if self._per_param:
+                if self.summary.per_param:
                     self.tap.emit(GradReady, index, self.locators[index][0])
                 else:
-                    self._summarize(index)
+                    self.summary.add(index, self.locators[index][0], self._param_bytes[index])
             self._mark_variable_ready(index)
 
-    # --- detail levels (See [Note: detail levels] in engine/detail.py) -----------------------
-
-    def _begin_detail(self) -> None:
-        """A synced backward is armed: choose this step's detail, reset the aggregates."""
-        self._per_param = self.detail.full(self.tap.step)
-        if not self._per_param:
-            self._summary = [[0, 0, 0, 0] for _ in self.buckets]
-            if self.detail.level == "sampled":
-                self._ready_log = []
-                self._log_step = self.tap.step
-
-    def _summarize(self, index: int) -> None:
-        """The aggregated step's stand-in for a GradReady: four numbers, no event object."""
-        t = _now()
-        b = self.locators[index][0]
-        agg = self._summary[b]
-        if not agg[0]:
-            agg[1] = t
-        agg[0] += 1
-        agg[2] = t
-        agg[3] += self._param_bytes[index]
-        if self.detail.level == "sampled":
-            self._ready_log.append((index, b, t))
-
-    def _emit_summary(self, b: int) -> None:
-        agg = self._summary[b] if b < len(self._summary) else None
-        if agg and agg[0]:
-            self.tap.emit(GradsSummarized, b, agg[0], agg[1], agg[2], agg[3])
-            agg[0] = agg[1] = agg[2] = agg[3] = 0
-
     def note_finding(self, step: int) -> None:
-        """A finding was reported at `step` (sampled level): that step and the next are full;
-        the per-parameter times this rank kept for it are emitted now as GradReady events."""
-        self.detail.note_finding(step)
-        log, self._ready_log = self._ready_log, []
-        if not self.tap.enabled or self._log_step != step:
-            return
-        for index, b, t in log:
-            self.tap.emit_as(step, t, GradReady, index, b)
+        """A finding was reported at `step`: see GradSummary.note_finding (engine/detail.py)."""
+        self.summary.note_finding(step)
 
     def _queue_end_of_backward(self) -> None:
         if not self._end_callback_queued:
@@ -472,8 +429,8 @@ class Reducer:
             if bucket.deferred:
                 self._flush_deferred(bucket)
             if self.tap.enabled:
-                if not self._per_param:
-                    self._emit_summary(b)
+                if not self.summary.per_param:
+                    self.summary.emit(b)
                 self.tap.emit(BucketReady, b)
             self._mark_bucket_ready(b)
         if self.next_bucket == len(self.buckets) and self._dynamic_find_unused():
@@ -906,8 +863,8 @@ class Reducer:
                 if bucket.deferred:
                     self._flush_deferred(bucket)
                 if self.tap.enabled:
-                    if not self._per_param:
-                        self._emit_summary(b)
+                    if not self.summary.per_param:
+                        self.summary.emit(b)
                     self.tap.emit(BucketReady, b)
             for b in range(len(self.buckets)):
                 # torch passes next_bucket (0) as every bucket's index here.
@@ -932,7 +889,7 @@ class Reducer:
             if self.logger is not None:
                 self.logger.backward_compute_start = self.logger.now()
             self.expect_autograd_hooks = True
-            self._begin_detail()
+            self.summary.begin(self.tap.step)
             self.grad_ready_order = []
             self.next_bucket = 0
             self.num_buckets_ready = 0
@@ -1003,7 +960,7 @@ class Reducer:
             self.rebuilt_param_indices = []
             self.initialize_buckets(indices, limits)
             self.rebuilt_bucket_indices = self.bucket_indices()
-            self.detail.note_rebuild(self.tap.step)
+            self.summary.policy.note_rebuild(self.tap.step)
             if self.tap.enabled:
                 self.tap.emit(BucketsRebuilt, tuple(order))
                 self.tap.emit(BucketAssigned, tuple(tuple(b) for b in indices),
