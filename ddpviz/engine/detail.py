@@ -52,7 +52,7 @@ def parse_level(value: str, *, where: str) -> tuple[Level, int]:
             f"ddpviz: {where}{value!r} is not a detail level; expected 'full', 'buckets', "
             "'sampled' or 'sampled:N' (N >= 1: every N-th step full).\nUse 'sampled' (the "
             "default) for long or large jobs, 'full' to record every gradient hook.")
-    return name, every  # type: ignore[return-value]
+    return name, every
 
 
 def resolve_level(detail: str | None) -> tuple[Level, int]:
