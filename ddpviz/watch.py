@@ -708,9 +708,8 @@ def _watch_level(detail: str | None) -> tuple[str, DetailPolicy]:
     if name == "steps":
         return "steps", DetailPolicy("buckets")
     where = "watch() detail=" if detail is not None else f"${ENV_DETAIL}="
-    try:
-        level, every = parse_level(name if name is not None else "sampled", where=where)
-    except ValueError as exc:
-        raise ValueError(f"{exc}\nwatch() also takes 'steps' (no comm hook, no per-parameter "
-                         "hooks: the cheapest) and 'params' (the old name of 'full').") from None
+    level, every = parse_level(name if name is not None else "sampled", where=where,
+                               also="; watch() also takes 'steps' (no comm hook and no "
+                                    "per-parameter hooks: the cheapest) and 'params' (the old "
+                                    "name of 'full')")
     return level, DetailPolicy(level, every)

@@ -36,9 +36,9 @@ FIRST_FULL = 3
 EVERY = 100
 
 
-def parse_level(value: str, *, where: str) -> tuple[Level, int]:
+def parse_level(value: str, *, where: str, also: str = "") -> tuple[Level, int]:
     """`"full" | "buckets" | "sampled" | "sampled:N"` -> (level, every). `where` names the
-    argument in the error ("detail=", "$DDPVIZ_DETAIL")."""
+    argument in the error ("detail=", "$DDPVIZ_DETAIL"); `also` names further choices."""
     text = value.strip().lower()
     name, _, every_text = text.partition(":")
     every = EVERY
@@ -50,7 +50,7 @@ def parse_level(value: str, *, where: str) -> tuple[Level, int]:
     if name not in LEVELS or (every_text and name != "sampled") or every < 1:
         raise ValueError(
             f"ddpviz: {where}{value!r} is not a detail level; expected 'full', 'buckets', "
-            "'sampled' or 'sampled:N' (N >= 1: every N-th step full).\nUse 'sampled' (the "
+            f"'sampled' or 'sampled:N' (N >= 1: every N-th step full){also}.\nUse 'sampled' (the "
             "default) for long or large jobs, 'full' to record every gradient hook.")
     return name, every
 
