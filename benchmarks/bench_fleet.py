@@ -48,6 +48,8 @@ class FleetResult(NamedTuple):
     dropped: int  # events the senders dropped (counted, reported as EventsDropped)
     gaps: int  # sequence numbers never received and not explained: silent loss
     rejected: int  # messages the collector refused
+    lost_frames: int  # messages missing from the senders' frame numbering
+    shut: int  # connections the collector shut mid-handshake (over its cap; they reconnect)
     seconds: float  # first emit -> last callback
     rate: float  # delivered events per second over `seconds`
     p50_ms: float  # emit -> callback latency
@@ -152,6 +154,9 @@ def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params
         time.sleep(0.05)
     stats = session.stats
     session.close()
+    if stats.total_rejected:
+        print(f"# rejected {stats.rejected}, handshakes failed {stats.handshakes_failed}, "
+              f"shut mid-handshake {stats.pending_shut}", file=sys.stderr)
     start_ns = int(start_at * 1e9)
     seconds = max(1e-9, (seen[1] - start_ns) / 1e9)
     lat = sorted(latencies)
@@ -161,7 +166,8 @@ def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params
 
     return FleetResult(
         ranks=ranks, level=level, emitted=emitted, delivered=seen[0], dropped=dropped,
-        gaps=sum(stats.gaps.values()), rejected=stats.total_rejected, seconds=seconds,
+        gaps=sum(stats.gaps.values()), rejected=stats.total_rejected,
+        lost_frames=sum(stats.lost_frames.values()), shut=stats.pending_shut, seconds=seconds,
         rate=seen[0] / seconds, p50_ms=pct(0.50), p95_ms=pct(0.95),
         clock_error_us=errors[len(errors) // 2] / 1e3 if errors else float("nan"),
         per_rank_step=emitted / (ranks * steps))
@@ -181,15 +187,16 @@ def main() -> None:
           f"in {args.buckets} buckets, {args.procs} producer processes, one collector; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print("| ranks | detail | events/rank/step | emitted | delivered | events/s | dropped | "
-          "gaps | p50 ms | p95 ms | clock bound us |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "gaps | lost msgs | p50 ms | p95 ms | clock bound us | rejected (shut) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.ranks.split(",")):
         for level in args.levels.split(","):
             r = run_fleet(n, level, steps=args.steps, procs=args.procs, params=args.params,
                           buckets=args.buckets, step_s=args.step_s)
             print(f"| {r.ranks} | {r.level} | {r.per_rank_step:.0f} | {r.emitted} | "
-                  f"{r.delivered} | {r.rate:,.0f} | {r.dropped} | {r.gaps} | {r.p50_ms:.1f} | "
-                  f"{r.p95_ms:.1f} | {r.clock_error_us:.0f} |", flush=True)
+                  f"{r.delivered} | {r.rate:,.0f} | {r.dropped} | {r.gaps} | {r.lost_frames} | "
+                  f"{r.p50_ms:.1f} | {r.p95_ms:.1f} | {r.clock_error_us:.0f} | {r.rejected} "
+                  f"({r.shut}) |", flush=True)
 
 
 if __name__ == "__main__":
