@@ -15,7 +15,7 @@ from ddpviz.engine import failure_texts as texts
 
 
 def is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(torch._C.is_alias_of(a, b))  # type: ignore[attr-defined]
+    return bool(torch._C._is_alias_of(a, b))  # type: ignore[attr-defined]
 
 
 def non_overlapping_and_dense(t: torch.Tensor) -> bool:
