@@ -5,7 +5,8 @@ events cost the most: 1,000 tensors by default) in five copies inside the same t
 taps off (no emitter), and taps recording into a list at detail "full", "buckets" and
 "sampled" (the default), plus torch's DDP for reference. One step of each in turn, the order
 rotating every repetition, so machine noise hits all alike; the ratio column is the median of
-the per-repetition ratios to taps off, with its quartiles.
+the per-repetition ratios to taps off, with its quartiles; the CPU ratio compares median process
+CPU time per step (less sensitive to other jobs on a loaded machine).
 
     python benchmarks/bench_detail.py [--steps 60] [--layers 500]
 """
@@ -63,15 +64,17 @@ def _rank(rank: int, world_size: int, port: int, steps: int, layers: int, q: Any
         opts = {k: torch.optim.SGD(d.parameters(), lr=1e-3) for k, d in ddps.items()}
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
         times: dict[str, list[float]] = {k: [] for k in ddps}
+        cpu: dict[str, list[float]] = {k: [] for k in ddps}
         order = list(ddps)
         for i in range(WARMUP + steps):
             for name in order[i % len(order):] + order[:i % len(order)]:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 opts[name].zero_grad(set_to_none=True)
                 ddps[name](x).pow(2).sum().backward()
                 opts[name].step()
                 if i >= WARMUP:
                     times[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
                 events.get(name, []).clear()  # keep memory flat; counts are per step
         n_buckets = len(ddps["taps off"].reducer.buckets)
         per_step = {}
@@ -79,7 +82,7 @@ def _rank(rank: int, world_size: int, port: int, steps: int, layers: int, q: Any
             ev_list = events[name]
             ddps[name](x).pow(2).sum().backward()
             per_step[name] = len(ev_list)
-        q.put((rank, {"times": times, "params": 2 * layers, "buckets": n_buckets,
+        q.put((rank, {"times": times, "cpu": cpu, "params": 2 * layers, "buckets": n_buckets,
                       "per_step": per_step}))
     except BaseException as e:
         q.put((rank, e))
@@ -117,14 +120,17 @@ def main() -> None:
     print(f"# detail levels vs taps off: {r['params']} parameter tensors in {r['buckets']} "
           f"buckets, 2 gloo ranks (CPU), {args.steps} rotated repetitions, rank 0, load average "
           f"{os.getloadavg()[0]:.1f}")
-    print("| variant | median ms/step | ratio to taps off | quartiles | events in a later step |")
-    print("|---|---|---|---|---|")
+    print("| variant | median ms/step | ratio to taps off | quartiles | CPU ratio (process time) "
+          "| events in a later step |")
+    print("|---|---|---|---|---|---|")
+    c = r["cpu"]
     for name in VARIANTS:
         ratios = [a / b for a, b in zip(t[name], t["taps off"], strict=True)]
         lo, mid, hi = statistics.quantiles(ratios, n=4)
         n = r["per_step"].get(name, 0 if name == "taps off" else "-")
+        cpu_ratio = statistics.median(c[name]) / statistics.median(c["taps off"])
         print(f"| {name} | {1e3 * statistics.median(t[name]):.2f} | {mid:.3f} | "
-              f"{lo:.3f}-{hi:.3f} | {n} |")
+              f"{lo:.3f}-{hi:.3f} | {cpu_ratio:.3f} | {n} |")
 
 
 if __name__ == "__main__":
