@@ -91,6 +91,32 @@ def _rank(rank: int, world_size: int, port: int, steps: int, layers: int, q: Any
         dist.destroy_process_group()
 
 
+def _per_hook_ns(n: int = 200_000) -> dict[str, float]:
+    """What one gradient hook adds at each level, in-process, best of 5 rounds: a GradReady
+    built and appended to a list (full) against GradSummary.add (buckets; sampled also keeps
+    the (param, bucket, time) triple)."""
+    from ddpviz import events as ev
+    from ddpviz.engine.detail import DetailPolicy, GradSummary
+
+    sink: list[Any] = []
+    tap = ev.Tap(sink.append, 0)
+    out: dict[str, list[float]] = {"full": [], "buckets": [], "sampled": []}
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for i in range(n):
+            tap.emit(ev.GradReady, i & 1023, i & 31)
+        out["full"].append(time.perf_counter() - t0)
+        sink.clear()
+        for level in ("buckets", "sampled"):
+            summary = GradSummary(DetailPolicy(level), tap)  # type: ignore[arg-type]
+            summary.begin(50)
+            t0 = time.perf_counter()
+            for i in range(n):
+                summary.add(i & 1023, i & 31, 256)
+            out[level].append(time.perf_counter() - t0)
+    return {k: min(v) / n * 1e9 for k, v in out.items()}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,6 +157,11 @@ def main() -> None:
         cpu_ratio = statistics.median(c[name]) / statistics.median(c["taps off"])
         print(f"| {name} | {1e3 * statistics.median(t[name]):.2f} | {mid:.3f} | "
               f"{lo:.3f}-{hi:.3f} | {cpu_ratio:.3f} | {n} |")
+    print()
+    print("| per gradient hook, in-process (best of 5) | ns |")
+    print("|---|---|")
+    for level, ns in _per_hook_ns().items():
+        print(f"| {level} | {ns:.0f} |")
 
 
 if __name__ == "__main__":

@@ -112,9 +112,11 @@ def _producer(connect: str, ranks: list[int], level: str, steps: int, params: in
 
 
 def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params: int = 1000,
-              buckets: int = 25, step_s: float = 1.0, timeout: float = 300.0) -> FleetResult:
+              buckets: int = 25, step_s: float = 1.0, timeout: float = 300.0,
+              max_pending: int | None = None) -> FleetResult:
     """Simulate `ranks` ranks in `procs` processes into one Session; see the module doc."""
-    session = Session(Collector())
+    session = Session(Collector() if max_pending is None else
+                      Collector(max_pending=max_pending))
     latencies = array("q")
     seen = [0, 0]  # delivered, last callback time
     now = time.monotonic_ns
@@ -181,6 +183,8 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--params", type=int, default=1000)
     ap.add_argument("--buckets", type=int, default=25)
+    ap.add_argument("--max-pending", type=int, default=None,
+                    help="the collector's cap on connections mid-handshake (default: its own)")
     ap.add_argument("--step-s", type=float, default=1.0, help="seconds per step (1: 1 step/s)")
     args = ap.parse_args()
     print(f"# {args.steps} steps at {1 / args.step_s:g} step/s per rank, {args.params} params "
@@ -192,7 +196,8 @@ def main() -> None:
     for n in (int(x) for x in args.ranks.split(",")):
         for level in args.levels.split(","):
             r = run_fleet(n, level, steps=args.steps, procs=args.procs, params=args.params,
-                          buckets=args.buckets, step_s=args.step_s)
+                          buckets=args.buckets, step_s=args.step_s,
+                          max_pending=args.max_pending)
             print(f"| {r.ranks} | {r.level} | {r.per_rank_step:.0f} | {r.emitted} | "
                   f"{r.delivered} | {r.rate:,.0f} | {r.dropped} | {r.gaps} | {r.lost_frames} | "
                   f"{r.p50_ms:.1f} | {r.p95_ms:.1f} | {r.clock_error_us:.0f} | {r.rejected} "

@@ -129,13 +129,14 @@ class GradSummary:
     (param, bucket, time) triples are kept until the next backward, so that a finding
     (`note_finding`) can still emit them as GradReady events with their own times."""
 
-    __slots__ = ("_agg", "_log", "_step", "per_param", "policy", "tap")
+    __slots__ = ("_agg", "_keep", "_log", "_step", "per_param", "policy", "tap")
 
     def __init__(self, policy: DetailPolicy, tap: Tap) -> None:
         self.policy = policy
         self.tap = tap
         self.per_param = True
         self._agg: dict[int, list[int]] = {}  # bucket -> [n_grads, first_t, last_t, nbytes]
+        self._keep = policy.level == "sampled"  # keep (param, bucket, t) for a late finding
         self._log: list[tuple[int, int, int]] = []
         self._step = -1
 
@@ -155,7 +156,7 @@ class GradSummary:
             agg[0] += 1
             agg[2] = t
             agg[3] += nbytes
-        if self.policy.level == "sampled":
+        if self._keep:
             self._log.append((index, bucket, t))
 
     def emit(self, bucket: int) -> None:
