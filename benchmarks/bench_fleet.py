@@ -56,6 +56,7 @@ class FleetResult(NamedTuple):
     p95_ms: float
     clock_error_us: float  # median over ranks of the ping bound (half the best round trip)
     per_rank_step: float  # events per rank and step, averaged over the run
+    emit_max_ms: float  # the longest a simulated rank spent emitting one step's events
 
 
 def step_events(tap: ev.Tap, step: int, full: bool, params: int, buckets: int) -> int:
@@ -85,13 +86,14 @@ def step_events(tap: ev.Tap, step: int, full: bool, params: int, buckets: int) -
 
 
 def _producer(connect: str, ranks: list[int], level: str, steps: int, params: int,
-              buckets: int, start_at: float, step_s: float, out: Any) -> None:
+              buckets: int, start_at: float, step_s: float, capacity: int, out: Any) -> None:
     name, every = parse_level(level, where="--levels ")
     policy = DetailPolicy(name, every)
     policy.note_rebuild(1)
-    senders = {r: Sender(connect, r) for r in ranks}
+    senders = {r: Sender(connect, r, capacity=capacity) for r in ranks}
     taps = {r: ev.Tap(senders[r], r) for r in ranks}
     emitted = 0
+    emit_max = 0.0
     for step in range(steps):
         due = start_at + step * step_s
         delay = due - time.monotonic()
@@ -99,7 +101,9 @@ def _producer(connect: str, ranks: list[int], level: str, steps: int, params: in
             time.sleep(delay)
         full = policy.full(step)
         for r in ranks:
+            t0 = time.perf_counter()
             emitted += step_events(taps[r], step, full, params, buckets)
+            emit_max = max(emit_max, time.perf_counter() - t0)
     dropped = 0
     errors = []
     for s in senders.values():
@@ -108,13 +112,16 @@ def _producer(connect: str, ranks: list[int], level: str, steps: int, params: in
         best = s._sink._best_error  # type: ignore[attr-defined]
         if best is not None:
             errors.append(best)
-    out.put((emitted, dropped, errors))
+    out.put((emitted, dropped, errors, emit_max))
 
 
 def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params: int = 1000,
               buckets: int = 25, step_s: float = 1.0, timeout: float = 300.0,
-              max_pending: int | None = None) -> FleetResult:
-    """Simulate `ranks` ranks in `procs` processes into one Session; see the module doc."""
+              max_pending: int | None = None, capacity: int = 1 << 16,
+              consumer_us: float = 0.0) -> FleetResult:
+    """Simulate `ranks` ranks in `procs` processes into one Session; see the module doc.
+    `capacity`: each sender's buffer (events); `consumer_us`: extra microseconds the
+    subscriber spends on each event (a notebook slower than the job)."""
     session = Session(Collector() if max_pending is None else
                       Collector(max_pending=max_pending))
     latencies = array("q")
@@ -125,6 +132,10 @@ def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params
         t = now()
         if type(e) is ev.EventsDropped:
             return
+        if consumer_us:
+            busy_until = t + int(consumer_us * 1000)
+            while now() < busy_until:
+                pass
         latencies.append(t - e.t_ns)
         seen[0] += 1
         seen[1] = t
@@ -136,7 +147,8 @@ def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params
     groups = [list(range(ranks))[i::procs] for i in range(procs)]
     start_at = time.monotonic() + 3.0 + 0.02 * ranks  # time for every sender to connect
     workers = [ctx.Process(target=_producer, args=(session.connect_string, g, level, steps,
-                                                   params, buckets, start_at, step_s, q),
+                                                   params, buckets, start_at, step_s,
+                                                   capacity, q),
                            daemon=True) for g in groups]
     for w in workers:
         w.start()
@@ -172,7 +184,8 @@ def run_fleet(ranks: int, level: str, *, steps: int = 12, procs: int = 4, params
         lost_frames=sum(stats.lost_frames.values()), shut=stats.pending_shut, seconds=seconds,
         rate=seen[0] / seconds, p50_ms=pct(0.50), p95_ms=pct(0.95),
         clock_error_us=errors[len(errors) // 2] / 1e3 if errors else float("nan"),
-        per_rank_step=emitted / (ranks * steps))
+        per_rank_step=emitted / (ranks * steps),
+        emit_max_ms=max(r[3] for r in results) * 1e3)
 
 
 def main() -> None:
@@ -185,23 +198,28 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=25)
     ap.add_argument("--max-pending", type=int, default=None,
                     help="the collector's cap on connections mid-handshake (default: its own)")
+    ap.add_argument("--capacity", type=int, default=1 << 16, help="each sender's buffer")
+    ap.add_argument("--consumer-us", type=float, default=0.0,
+                    help="extra microseconds the subscriber spends per event (a slow notebook)")
     ap.add_argument("--step-s", type=float, default=1.0, help="seconds per step (1: 1 step/s)")
     args = ap.parse_args()
     print(f"# {args.steps} steps at {1 / args.step_s:g} step/s per rank, {args.params} params "
           f"in {args.buckets} buckets, {args.procs} producer processes, one collector; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print("| ranks | detail | events/rank/step | emitted | delivered | events/s | dropped | "
-          "gaps | lost msgs | p50 ms | p95 ms | clock bound us | rejected (shut) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "gaps | lost msgs | p50 ms | p95 ms | clock bound us | rejected (shut) | "
+          "max emit ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.ranks.split(",")):
         for level in args.levels.split(","):
             r = run_fleet(n, level, steps=args.steps, procs=args.procs, params=args.params,
                           buckets=args.buckets, step_s=args.step_s,
-                          max_pending=args.max_pending)
+                          max_pending=args.max_pending, capacity=args.capacity,
+                          consumer_us=args.consumer_us)
             print(f"| {r.ranks} | {r.level} | {r.per_rank_step:.0f} | {r.emitted} | "
                   f"{r.delivered} | {r.rate:,.0f} | {r.dropped} | {r.gaps} | {r.lost_frames} | "
                   f"{r.p50_ms:.1f} | {r.p95_ms:.1f} | {r.clock_error_us:.0f} | {r.rejected} "
-                  f"({r.shut}) |", flush=True)
+                  f"({r.shut}) | {r.emit_max_ms:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
