@@ -84,6 +84,13 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
         w = ddpviz.watch(tddp, emitter=events.append, detail=level, hang_timeout=0)
         out["watch-" + level] = (_train(tddp, rank), _plain(events))
         w.close()
+    events = []
+    tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
+    w = ddpviz.watch(tddp, emitter=events.append, detail="sampled:3", hang_timeout=0)
+    out["watch-finding"] = (_train(tddp, rank, 4, lambda: w.tap.emit(ev.FindingReported,
+                                                                      finding)),
+                            _plain(events))
+    w.close()
     return out
 
 
@@ -127,7 +134,8 @@ def _summaries(events: list[tuple[str, dict[str, Any]]]
 
 def test_gradients_and_parameters_bitwise_torch_at_every_level(runs: dict[int, Any]) -> None:
     for rank, res in runs.items():
-        for level in (*LEVELS, "finding", *("watch-" + w for w in WATCH_LEVELS)):
+        for level in (*LEVELS, "finding", "watch-finding",
+                      *("watch-" + w for w in WATCH_LEVELS)):
             assert res[level][0] == res["torch"], f"rank {rank}, detail={level}"
 
 
@@ -171,10 +179,11 @@ def test_sampled_records_the_documented_steps_in_full(runs: dict[int, Any], leve
             {k: v[:2] for k, v in full.items() if k[0] in SAMPLED_FULL}
 
 
+@pytest.mark.parametrize("run", ["finding", "watch-finding"])
 def test_a_finding_makes_its_step_full_after_the_fact_and_the_next_one(
-        runs: dict[int, Any]) -> None:
+        runs: dict[int, Any], run: str) -> None:
     for res in runs.values():
-        events = res["finding"][1]
+        events = res[run][1]
         assert _steps(events, "GradReady") == SAMPLED_FULL | {4, 5}
         # step 4 has both: its summaries and, emitted after the finding, its GradReady events
         # with the hook times the summaries were made of.
