@@ -9,9 +9,9 @@ hooks, fills bucket buffers, all-reduces them (through comm.py's hooks and GradB
 rebuilds the buckets once, its bucket buffers and views in bucket_views.py and every failure
 text in failure_texts.py; detail.py decides which steps record a GradReady per parameter and
 which a GradsSummarized per bucket (`detail=`); forward.py is the forward-side work (outputs,
-the unused-parameter search). Alongside: watchdog.py names lagging or missing ranks before the process group times
-out; logger.py keeps torch's logging data; mixed_precision.py, buffer_identity.py and
-initial_values.py are the smaller checks and options.
+the unused-parameter search). Alongside: watchdog.py names lagging or missing ranks before the
+process group times out; logger.py keeps torch's logging data; mixed_precision.py,
+buffer_identity.py and initial_values.py are the smaller checks and options.
 
 Imports torch and ddpviz's vocabulary (events, findings, errors, limits) only, never UI code
 (tests/test_layers.py holds this).
