@@ -245,9 +245,12 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
     orders: dict[int, dict[int, list[int]]] = {}  # step -> rank -> param indices
     fired: dict[tuple[int, int], set[int]] = {}  # (step, rank) -> params (linear lookups)
     twice: dict[tuple[int, int], list[int]] = {}  # (param, step) -> ranks
+    summarized: dict[int, set[int]] = {}  # step -> ranks with GradsSummarized (detail levels)
     for rank, lst in per_rank.items():
         for e in lst:
-            if isinstance(e, ev.GradReady):
+            if isinstance(e, ev.GradsSummarized):
+                summarized.setdefault(e.step, set()).add(rank)
+            elif isinstance(e, ev.GradReady):
                 order = orders.setdefault(e.step, {}).setdefault(rank, [])
                 seen = fired.setdefault((e.step, rank), set())
                 if e.param in seen and rank not in twice.get((e.param, e.step), []):
@@ -265,6 +268,7 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
                   f"{format_ranks(ranks)}",
             ranks=tuple(sorted(ranks)), param=param, name=name, field="hook", step=step,
             values=group_ranks(states), fix=fix_for("hook_fired_twice"), world_size=world_size))
+    out += _not_recorded(summarized, fired, world_size)
     maps = {r: _bucket_maps(lst) for r, lst in per_rank.items()}
     differing = []
     for step in sorted(orders):
@@ -307,6 +311,45 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
         ranks=odd, param=param, name=name, field="grad_order", bucket=bucket, step=step,
         values=shown, detail=tuple(detail), fix=fix_for("grad_order"), world_size=world_size))
     return out
+
+
+def _not_recorded(summarized: Mapping[int, set[int]], fired: Mapping[tuple[int, int], set[int]],
+                  world_size: int) -> list[Finding]:
+    """Steps whose per-parameter gradient events were not recorded on some ranks (detail
+    levels "buckets"/"sampled": GradsSummarized only): said, not silently passed over."""
+    missing = {step: tuple(sorted(r for r in ranks if (step, r) not in fired))
+               for step, ranks in summarized.items()}
+    missing = {step: ranks for step, ranks in missing.items() if ranks}
+    if not missing:
+        return []
+    steps = sorted(missing)
+    ranks = tuple(sorted({r for rs in missing.values() for r in rs}))
+    return [Finding(
+        kind="grad_order", severity="info",
+        title=f"per-parameter gradient events were not recorded at {len(steps)} step"
+              f"{'s' if len(steps) != 1 else ''} ({_step_ranges(steps)}) on "
+              f"{format_ranks(ranks)}: gradient-ready order and hooks firing twice were not "
+              "checked there", ranks=ranks, field="not_recorded", step=steps[0],
+        values=group_ranks({r: _step_ranges([s for s in steps if r in missing[s]])
+                            for r in ranks}),
+        detail=("those steps were recorded at a detail level that keeps one GradsSummarized "
+                "per bucket (count, bytes, first and last ready time) instead of a GradReady "
+                "per parameter",),
+        fix=fix_for("grad_order", "not_recorded"), world_size=world_size)]
+
+
+def _step_ranges(steps: Sequence[int]) -> str:
+    """[3, 4, 5, 9] -> "3-5, 9" (at most 6 ranges shown)."""
+    parts: list[str] = []
+    start = prev = steps[0]
+    for s in [*steps[1:], None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if s is not None:
+            start = prev = s
+    return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")
 
 
 def _ordered_maps(maps: Mapping[int, list[tuple[int, tuple[tuple[int, ...], ...]]]],

@@ -67,10 +67,24 @@ class LimitError(ValueError):
     """A decoded value beyond the limits of this module (the caller says where it came from)."""
 
 
+# Fields check_events looks into; events of the other types (GradReady, BucketReady, ...: the
+# bulk of a stream) are skipped by their type alone (see _needs_check).
+_CHECKED_FIELDS = frozenset({"params", "buckets", "finding", "mismatches", "values"})
+_needs_check: dict[type, bool] = {}
+
+
 def check_events(events: Iterable[Any]) -> None:
     """What the field types cannot bound: a shape's element count, the parameters of a bucket
     map in all, the ranks listed by a finding's values. Raises LimitError naming the field."""
     for i, e in enumerate(events):
+        cls = type(e)
+        needs = _needs_check.get(cls)
+        if needs is None:
+            fields = getattr(cls, "__struct_fields__", None)
+            needs = fields is None or not _CHECKED_FIELDS.isdisjoint(fields)
+            _needs_check[cls] = needs
+        if not needs:
+            continue
         params = getattr(e, "params", None)
         if isinstance(params, tuple) and params and hasattr(params[0], "shape"):
             for p in params:

@@ -303,7 +303,7 @@ class Session:
 
 def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
            advertise: str | None = None, record: str | os.PathLike[str] | None = None,
-           show: bool = True) -> Session:
+           show: bool = True, max_pending: int | None = None) -> Session:
     """Start a live session in this process (the notebook) and show how to connect to it.
 
     The connect string (address and secret) is not printed: cell outputs are saved with the
@@ -317,10 +317,16 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
         advertise: host name to put in the connect string when binding every interface.
         record: also stream every event into this `.ddpviz` file as it arrives.
         show: print where the connect string is and how to use it (never the secret).
+        max_pending: connections allowed mid-handshake at once (default 12, see
+            transport/handshake.py); ranks beyond it that connect in the same instant are
+            disconnected and reconnect, counted under rejected "auth". For a fleet of N ranks
+            starting together pass about N (each pending peer may hold ~4 MiB in the kernel).
     Returns:
         The Session; `session.connect_string` goes into the ranks' DDPVIZ_CONNECT.
     """
-    session = Session(Collector(host, port, secret, advertise=advertise), record=record)
+    collector = Collector(host, port, secret, advertise=advertise) if max_pending is None else \
+        Collector(host, port, secret, advertise=advertise, max_pending=max_pending)
+    session = Session(collector, record=record)
     if show:
         print(session.describe())
     return session

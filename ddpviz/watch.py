@@ -14,6 +14,7 @@ the watchdog, and end-of-backward callbacks (parameters that got no gradient; er
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 import warnings
@@ -29,12 +30,20 @@ from torch import nn
 from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
+from ddpviz.engine.detail import (
+    ENV_DETAIL,
+    DetailPolicy,
+    FindingObserver,
+    GradSummary,
+    parse_level,
+)
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
 
-Detail = Literal["params", "buckets", "steps"]
+# "params" is the old name of "full"; "sampled:N" picks another period (engine/detail.py).
+Detail = Literal["full", "buckets", "sampled", "steps", "params"] | str
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
 _POLL_S = 0.25  # a guarded collective still pending after this long goes to the watchdog
@@ -58,7 +67,7 @@ _FIRST_WAIT = datetime.timedelta(seconds=_POLL_S)
 def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None = None,
           hook: Callable[[Any, dist.GradBucket], torch.futures.Future] | None = None,
           state: Any = None, hang_timeout: float | None = None,
-          detail: Detail = "params") -> Watch:
+          detail: Detail | None = None) -> Watch:
     """Attach ddpviz to a torch DDP (call on every rank, after constructing it, best before
     the first forward).
 
@@ -88,14 +97,18 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
         hang_timeout: seconds before a bucket all-reduce that does not complete is diagnosed
             (default $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most
             300 s; 0 turns the watchdog off).
-        detail: "params" (default): a GradReady event per parameter and the unused-parameter
-            diagnosis at the end of each backward (one Python hook per parameter tensor);
-            "buckets": per-bucket events only, no per-parameter hooks (the hang watchdog
-            and buffer checks are the same); "steps": no comm hook and no per-parameter hooks
-            at all (torch's C++ reduction runs untouched): per-forward heartbeats, the bucket
-            maps, the guarded buffer broadcast and bucket rebuild, but a rank missing from a
-            backward all-reduce is left to the process group's timeout. Measured costs per
-            level: benchmarks/bench_watch.py and the README.
+        detail: the same levels as ddpviz's DistributedDataParallel (See [Note: detail
+            levels] in engine/detail.py), plus "steps". "full" (old name "params", still
+            accepted): a GradReady event per parameter and the unused-parameter diagnosis at
+            the end of each backward; "buckets": a GradsSummarized per bucket instead (count,
+            bytes, first and last ready time: the per-parameter hook only updates four
+            numbers); "sampled" (default; "sampled:N"): full on steps 0-2, the rebuild step,
+            every 100th step and around this rank's findings, buckets otherwise; "steps": no
+            comm hook and no per-parameter hooks at all (torch's C++ reduction runs
+            untouched): per-forward heartbeats, the bucket maps, the guarded buffer broadcast
+            and bucket rebuild, but a rank missing from a backward all-reduce is left to the
+            process group's timeout. Default: $DDPVIZ_DETAIL, else "sampled". Measured costs
+            per level: benchmarks/bench_watch.py and the README.
 
     Returns:
         A `Watch`; `.close()` removes the hooks it added (the comm hook stays, passing
@@ -110,15 +123,12 @@ class Watch:
 
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
                  hook: Callable[..., torch.futures.Future] | None, state: Any,
-                 hang_timeout: float | None, detail: Detail = "params") -> None:
+                 hang_timeout: float | None, detail: Detail | None = None) -> None:
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
                             "reports its events itself: pass it emitter= instead.")
-        if detail not in ("params", "buckets", "steps"):
-            raise ValueError(f"ddpviz: watch(detail={detail!r}): expected 'params', 'buckets' "
-                             "or 'steps'.\nUse 'steps' for the cheapest watch (no comm hook, "
-                             "no per-parameter hooks).")
+        detail, policy = _watch_level(detail)
         if ddp in _WATCHED:
             raise RuntimeError("ddpviz: this DDP is watched already (watch() was called on it "
                                "before).\nUse the Watch that call returned, or .close() it "
@@ -134,8 +144,11 @@ class Watch:
         self.detail = detail
         self.group = ddp.process_group
         self.world_size = self.group.size()
-        self.tap = Tap(emitter if emitter is not None else ev.default_emitter(),
-                       rank=self.group.rank())
+        target = emitter if emitter is not None else ev.default_emitter()
+        if target is not None and detail == "sampled":
+            target = FindingObserver(target, self._on_finding)
+        self.tap = Tap(target, rank=self.group.rank())
+        self._summary = GradSummary(policy, self.tap)
         entries = build_params_for_reducer(ddp.module, set(ddp.parameters_to_ignore))
         self.params = [e.param for e in entries]
         self.names = [e.name for e in entries]
@@ -189,7 +202,8 @@ class Watch:
             _logger(ddp)._set_comm_hook_name(getattr(hook, "__qualname__", str(hook)))
         self._emit_params()
         self._read_buckets(rebuilt=False)
-        if detail == "params":
+        self._nbytes = [p.numel() * p.element_size() for p in self.params]
+        if detail != "steps":
             for i, p in enumerate(self.params):
                 self._handles.append(p.register_post_accumulate_grad_hook(
                     lambda _p, i=i: self._grad_ready(i)))
@@ -317,6 +331,7 @@ class Watch:
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self._rebuilt_seen and getattr(self.ddp, "_has_rebuilt_buckets", False):
             self._rebuilt_seen = True
+            self._summary.policy.note_rebuild(self.tap.step)
             self._read_buckets(rebuilt=True)
         if self._track_views:
             if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
@@ -329,6 +344,7 @@ class Watch:
     def _begin_backward(self) -> None:
         self._in_backward = True
         self._hooks_called = 0
+        self._summary.begin(self.tap.step)
         if self.tap.enabled:
             self.tap.emit(ev.BackwardStarted)
         torch.autograd.Variable._execution_engine.queue_callback(self._after_hooks)
@@ -336,14 +352,24 @@ class Watch:
     def _grad_ready(self, index: int) -> None:
         if not self._in_backward:
             self._begin_backward()
+        summary = self._summary
+        if not summary.per_param:  # See [Note: detail levels] (engine/detail.py)
+            summary.add(index, self._bucket_of.get(index, -1), self._nbytes[index])
+            return
         self._fired.add(index)
         if self.tap.enabled:
             self.tap.emit(ev.GradReady, index, self._bucket_of.get(index, -1))
 
+    def _on_finding(self, step: int) -> None:
+        summary = self.__dict__.get("_summary")
+        if summary is not None:
+            summary.note_finding(step)
+
     def _after_hooks(self) -> None:
         # Runs before torch's finalize_backward (queued later); queue the last word after it.
         torch.autograd.Variable._execution_engine.queue_callback(self._after_reducer)
-        if self.detail != "params" or not self.ddp.require_backward_grad_sync:
+        if not self._summary.per_param or self.detail == "steps" or \
+                not self.ddp.require_backward_grad_sync:
             return
         missing = [i for i in range(len(self.params)) if i not in self._fired
                    and self.params[i].requires_grad]
@@ -438,6 +464,8 @@ class Watch:
         if self._closed:
             return self._unwrapped(self._reduce(bucket, buffer), -1)
         if self.tap.enabled:
+            if not self._summary.per_param:
+                self._summary.emit(b)
             self.tap.emit(ev.BucketReady, b)
             self.tap.emit(ev.AllReduceLaunched, b, buffer.numel() * buffer.element_size(),
                           str(buffer.dtype).removeprefix("torch."))
@@ -665,3 +693,20 @@ class _Monitor:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
+
+
+def _watch_level(detail: str | None) -> tuple[str, DetailPolicy]:
+    """watch()'s level: "steps", or one of engine/detail.py's (the old "params" is "full"),
+    from `detail=`, else $DDPVIZ_DETAIL, else "sampled"."""
+    raw = detail if detail is not None else (os.environ.get(ENV_DETAIL, "").strip() or None)
+    name = raw.strip().lower() if raw is not None else None
+    if name == "params":
+        name = "full"
+    if name == "steps":
+        return "steps", DetailPolicy("buckets")
+    where = "watch() detail=" if detail is not None else f"${ENV_DETAIL}="
+    level, every = parse_level(name if name is not None else "sampled", where=where,
+                               also="; watch() also takes 'steps' (no comm hook and no "
+                                    "per-parameter hooks: the cheapest) and 'params' (the old "
+                                    "name of 'full')")
+    return level, DetailPolicy(level, every)

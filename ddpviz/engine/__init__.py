@@ -6,10 +6,13 @@ without ever hanging, over rendezvous.py's store-based exchange; broadcast.py (3
 rank 0's state in coalesced chunks; buckets.py (4) derives torch's byte limits and assigns
 parameters to buckets exactly as torch's C++ does; reducer.py (5-6) registers the gradient
 hooks, fills bucket buffers, all-reduces them (through comm.py's hooks and GradBucket) and
-rebuilds the buckets once; forward.py is the forward-side work (outputs, the unused-parameter
-search). Alongside: watchdog.py names lagging or missing ranks before the process group times
-out (pulse.py posts its heartbeats from a daemon thread); logger.py keeps torch's logging data; mixed_precision.py, buffer_identity.py and
-initial_values.py are the smaller checks and options.
+rebuilds the buckets once, its bucket buffers and views in bucket_views.py and every failure
+text in failure_texts.py; detail.py decides which steps record a GradReady per parameter and
+which a GradsSummarized per bucket (`detail=`); forward.py is the forward-side work (outputs,
+the unused-parameter search). Alongside: watchdog.py names lagging or missing ranks before the
+process group times out (pulse.py posts its heartbeats from a daemon thread); logger.py keeps
+torch's logging data; mixed_precision.py, buffer_identity.py and initial_values.py are the
+smaller checks and options.
 
 Imports torch and ddpviz's vocabulary (events, findings, errors, limits) only, never UI code
 (tests/test_layers.py holds this).

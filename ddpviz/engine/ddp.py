@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.comm import check_comm_hook
+from ddpviz.engine.detail import DetailPolicy, FindingObserver
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
@@ -85,6 +87,12 @@ class DistributedDataParallel(nn.Module, Joinable):
             the missing or lagging ones named (RankHangError); default
             $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout (at most 300 s); 0
             turns the watchdog off.
+        detail: how much of each backward is recorded (See [Note: detail levels] in
+            engine/detail.py): "full" (a GradReady per parameter, every step), "buckets" (a
+            GradsSummarized per bucket instead: count, bytes, first and last ready time),
+            "sampled" (default; "sampled:N" for another period): full on steps 0-2, the
+            rebuild step, every 100th step and around this rank's findings, buckets otherwise.
+            Default $DDPVIZ_DETAIL (for launched and torchrun ranks), else "sampled".
     """
 
     def __init__(self, module: nn.Module, device_ids: list[int | torch.device] | None = None,
@@ -101,7 +109,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                  bucket_cap_mb_list: list[float] | None = None,
                  batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None,
                  *, emitter: Emitter | None = None,
-                 hang_timeout: float | None = None) -> None:
+                 hang_timeout: float | None = None, detail: str | None = None) -> None:
         super().__init__()
         Joinable.__init__(self)
         if (delay_all_reduce_named_params is not None) != (param_to_hook_all_reduce is not None):
@@ -110,8 +118,11 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.process_group = self._choose_group(process_group, device_mesh, module)
         if device_mesh is not None:
             self.device_mesh = device_mesh  # torch keeps it public (only when given)
-        self._tap = Tap(emitter if emitter is not None else default_emitter(),
-                        rank=self.process_group.rank())
+        self._detail = DetailPolicy.resolve(detail)
+        target = emitter if emitter is not None else default_emitter()
+        if target is not None and self._detail.level == "sampled":
+            target = FindingObserver(target, _finding_callback(weakref.ref(self)))
+        self._tap = Tap(target, rank=self.process_group.rank())
         tap = self._tap
         # Names ranks that never arrive or stop coming. See [Note: hang protocol].
         self._hang_timeout = resolve_hang_timeout(hang_timeout, self.process_group)
@@ -326,7 +337,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             skip_all_reduce_unused_params=self.skip_all_reduce_unused_params,
             batched_grad_copy=self.batched_grad_copy, tap=self._tap, watchdog=self._watchdog,
-            logger=DDPLogger)
+            logger=DDPLogger, detail=self._detail)
         self._buffer_identity = BufferIdentity(self.process_group.rank(),
                                                self.process_group.size())
         self._buffer_identity.check(self.named_module_buffers, -1)
@@ -793,6 +804,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__setstate__(state)
         self.__dict__.setdefault("require_forward_param_sync", True)
         self.__dict__.setdefault("require_backward_grad_sync", True)
+        self.__dict__.setdefault("_detail", DetailPolicy.resolve(None))
         self._tap = Tap(None, rank=self.process_group.rank())
         # Unpickling happens on one rank at a time (torch.load): no constructor meeting point.
         self._watchdog = Watchdog(self.process_group, timeout=None, tap=self._tap)
@@ -802,3 +814,18 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._build_reducer(entries, static)
         if static:
             self._set_static_graph()
+
+
+def _finding_callback(ref: weakref.ReferenceType[DistributedDataParallel]
+                      ) -> Callable[[int], None]:
+    """A finding at `step`: the sampled level records that step in full (see engine/detail)."""
+    def on_finding(step: int) -> None:
+        ddp = ref()
+        if ddp is None:
+            return
+        reducer = ddp.__dict__.get("reducer")
+        if reducer is not None:
+            reducer.note_finding(step)
+        else:
+            ddp._detail.note_finding(step)
+    return on_finding

@@ -13,14 +13,22 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ddpviz.engine import failure_texts as texts
+from ddpviz.engine.bucket_views import (
+    Bucket,
+    clone_obey_contract,
+    is_alias_of,
+    layout_view,
+    make_bucket,
+)
 from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
+from ddpviz.engine.detail import DetailPolicy, GradSummary
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import ParamEntry
@@ -107,66 +115,6 @@ def _profiled(name: str) -> Any:
     return contextlib.nullcontext()
 
 
-def _is_alias_of(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(torch._C._is_alias_of(a, b))  # type: ignore[attr-defined]
-
-
-def non_overlapping_and_dense(t: torch.Tensor) -> bool:
-    """c10's is_non_overlapping_and_dense: some permutation of the dims is contiguous."""
-    sizes, strides = t.shape, t.stride()
-    if t.dim() == 1:
-        return sizes[0] < 2 or strides[0] == 1
-    order = sorted(range(t.dim()), key=lambda d: (sizes[d] < 2, strides[d]))
-    expected = 1
-    for d in order:
-        if sizes[d] < 2:
-            return True
-        if strides[d] != expected:
-            return False
-        expected *= sizes[d]
-    return True
-
-
-def _layout_view(flat: torch.Tensor, param: torch.Tensor, offset: int) -> torch.Tensor:
-    """A view of `flat` at `offset` laid out like `param` (its strides when dense), as torch's
-    bucket views are, anticipating AccumulateGrad's gradient layout contract."""
-    if non_overlapping_and_dense(param):
-        return flat.as_strided(param.size(), param.stride(), offset)
-    return flat.narrow(0, offset, param.numel()).view(param.size())
-
-
-def _clone_obey_contract(src: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    if non_overlapping_and_dense(param):
-        return torch.empty_strided(param.size(), param.stride(), dtype=src.dtype,
-                                   device=src.device).copy_(src)
-    return src.clone(memory_format=torch.contiguous_format)
-
-
-@dataclass(eq=False)
-class Bucket:
-    """One bucket: its parameters and the flat buffer their gradients are reduced in."""
-
-    variables: list[int]  # parameter indices, in bucket order
-    params: list[torch.Tensor]
-    sparse: bool  # a single parameter with a sparse gradient; `gradients` is that gradient
-    limit: int  # the size limit the assignment gave it (bytes; 0 for sparse)
-    gradients: torch.Tensor  # flat buffer (dense), or the sparse gradient once ready
-    offsets: list[int] = field(default_factory=list)  # in elements
-    lengths: list[int] = field(default_factory=list)
-    sizes: list[torch.Size] = field(default_factory=list)
-    views_in: list[torch.Tensor] = field(default_factory=list)  # where gradients are copied in
-    views_out: list[torch.Tensor] = field(default_factory=list)  # where results are read out
-    pending: int = 0
-    future: torch.futures.Future | None = None
-    skipped: bool = False  # skip_all_reduce_unused_params: not reduced this iteration
-    deferred: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # batched_grad_copy
-
-    @property
-    def nbytes(self) -> int:
-        flat = self.gradients._values() if self.gradients.is_sparse else self.gradients
-        return flat.numel() * flat.element_size()
-
-
 class Reducer:
     """Reduces gradients of `params` across `process_group` in buckets, like torch's Reducer.
 
@@ -179,6 +127,8 @@ class Reducer:
         find_unused_parameters, gradient_as_bucket_view, skip_all_reduce_unused_params,
         batched_grad_copy: as in DistributedDataParallel.
         tap: where events go.
+        detail: which steps get a GradReady per parameter and which a GradsSummarized per
+            bucket (engine/detail.py; default: every step in full).
         watchdog: names lagging or missing ranks in collectives (None: plain waits).
         logger: builds the logging-data collector from this reducer (torch's c10d Logger).
     """
@@ -188,7 +138,8 @@ class Reducer:
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  skip_all_reduce_unused_params: bool = False, batched_grad_copy: bool = False,
                  tap: Tap | None = None, watchdog: Watchdog | None = None,
-                 logger: Callable[[Reducer], DDPLogger] = DDPLogger) -> None:
+                 logger: Callable[[Reducer], DDPLogger] = DDPLogger,
+                 detail: DetailPolicy | None = None) -> None:
         self.entries = list(params)
         self.params = [e.param for e in self.entries]
         self.names = [e.name for e in self.entries]
@@ -200,6 +151,10 @@ class Reducer:
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
         self.batched_grad_copy = batched_grad_copy
         self.tap = tap if tap is not None else Tap()
+        # See [Note: detail levels] (engine/detail.py).
+        self.summary = GradSummary(detail if detail is not None else DetailPolicy("full"),
+                                   self.tap)
+        self._param_bytes = [e.param.numel() * e.param.element_size() for e in self.entries]
         self.static_graph = False
         self.comm_hook: Callable[[Any, GradBucket], torch.futures.Future] | None = None
         self.comm_hook_state: Any = None
@@ -273,63 +228,23 @@ class Reducer:
         locators: list[tuple[int, int]] = [(-1, -1)] * n
         for b, indices in enumerate(bucket_indices):
             if not indices:
-                raise ValueError(f"ddpviz: bucket {b} of the map is empty; every bucket must "
-                                 "hold at least one parameter index.")
+                raise ValueError(texts.empty_bucket(b))
             for i in indices:
                 if not 0 <= i < n or seen[i]:
-                    raise ValueError(f"ddpviz: bucket {b} names parameter index {i}, which is "
-                                     f"{'out of range' if not 0 <= i < n else 'already bucketed'}"
-                                     f" ({n} parameters); each index must appear exactly once.")
+                    raise ValueError(texts.bad_bucket_index(b, i, n))
                 seen[i] = True
             limit = limits[b] if b < len(limits) else 0
-            buckets.append(self._make_bucket(b, indices, limit))
+            buckets.append(make_bucket(
+                b, indices, limit, self.params, self.names, self.sparse_flags,
+                dtype=self.mixed_precision_param_dtype,
+                gradient_as_bucket_view=self.gradient_as_bucket_view))
             for intra, i in enumerate(indices):
                 locators[i] = (b, intra)
         missing = [i for i in range(n) if not seen[i]]
         if missing:
-            raise ValueError(f"ddpviz: the bucket map leaves out parameters {missing[:10]} "
-                             f"({self.names[missing[0]]!r} first); every parameter needs a "
-                             "bucket.")
+            raise ValueError(texts.unbucketed_parameters(missing, self.names[missing[0]]))
         self.buckets, self.locators = buckets, locators
         self.bucket_limits = [limits[b] if b < len(limits) else 0 for b in range(len(buckets))]
-
-    def _make_bucket(self, b: int, indices: list[int], limit: int) -> Bucket:
-        params: list[torch.Tensor] = [self.params[i] for i in indices]
-        if any(self.sparse_flags[i] for i in indices):
-            if len(indices) != 1:
-                raise ValueError(f"ddpviz: bucket {b} mixes a sparse-gradient parameter with "
-                                 "others; a sparse gradient needs a bucket of its own.")
-            p = params[0]
-            return Bucket(list(indices), params, True, limit,
-                          torch.empty(0, dtype=p.dtype, device=p.device))
-        first = params[0]
-        for i, p in zip(indices, params, strict=True):
-            if p.dtype != first.dtype or p.device != first.device:
-                raise ValueError(
-                    f"ddpviz: bucket {b} mixes {first.dtype} on {first.device} with parameter "
-                    f"{i} '{self.names[i]}' ({p.dtype} on {p.device}); a bucket holds one dtype "
-                    "on one device.")
-        dtype = self.mixed_precision_param_dtype or first.dtype
-        offsets, lengths, offset = [], [], 0
-        for p in params:
-            offsets.append(offset)
-            lengths.append(p.numel())
-            offset += p.numel()
-        flat = torch.empty(offset, dtype=dtype, device=first.device)
-        bucket = Bucket(list(indices), params, False, limit, flat, offsets, lengths,
-                        [p.size() for p in params])
-        bucket.views_in = [_layout_view(flat, p, o) for p, o in zip(params, offsets, strict=True)]
-        bucket.views_out = list(bucket.views_in)
-        if self.gradient_as_bucket_view:
-            # A rebuild moves gradients that already exist into the new buckets; at
-            # construction grads stay undefined (globally unused ones must remain None).
-            with torch.no_grad():
-                for p, view in zip(params, bucket.views_in, strict=True):
-                    if p.grad is not None and not _is_alias_of(p.grad, view) and \
-                            p.grad.dtype == view.dtype:
-                        view.copy_(p.grad)
-                        p.grad = view
-        return bucket
 
     def bucket_indices(self) -> list[list[int]]:
         """The map in force: parameter indices per bucket, reduction order."""
@@ -386,10 +301,7 @@ class Reducer:
             if self._static_after_first_iteration():
                 left = self.hooks_left.get(index, 0)
                 if left <= 0:
-                    message = (
-                        f"ddpviz: parameter {index} '{self.names[index]}' got a gradient in "
-                        "this iteration but not in iteration 0 (or more often than then); "
-                        "static_graph=True requires the same graph every iteration.")
+                    message = texts.graph_changed(index, self.names[index])
                     # The backward stops here, unfinished: the next forward says so too, in
                     # torch's words (ensure_prior_reduction_finished), as torch's reducer does.
                     self.require_finalize = True
@@ -404,8 +316,15 @@ class Reducer:
             if self.should_rebuild_buckets():
                 self.rebuilt_param_indices.append(index)
             if self.tap.enabled:
-                self.tap.emit(GradReady, index, self.locators[index][0])
+                if self.summary.per_param:
+                    self.tap.emit(GradReady, index, self.locators[index][0])
+                else:
+                    self.summary.add(index, self.locators[index][0], self._param_bytes[index])
             self._mark_variable_ready(index)
+
+    def note_finding(self, step: int) -> None:
+        """A finding was reported at `step`: see GradSummary.note_finding (engine/detail.py)."""
+        self.summary.note_finding(step)
 
     def _queue_end_of_backward(self) -> None:
         if not self._end_callback_queued:
@@ -416,10 +335,7 @@ class Reducer:
 
     def _mark_variable_ready(self, index: int) -> None:
         if index in self.per_iteration_ready:
-            message = (
-                f"ddpviz: parameter {index} '{self.names[index]}' was marked ready twice in one "
-                "iteration: its gradient was accumulated by two backward passes (or two "
-                "reentrant checkpoints) before DDP reduced it.")
+            message = texts.marked_twice(index, self.names[index])
             raise self._fail(message, "hook_fired_twice", index, "hook",
                              f"parameter {index} '{self.names[index]}' was marked ready twice "
                              f"at step {self.tap.step} on rank {self.process_group.rank()}")
@@ -437,6 +353,8 @@ class Reducer:
             if bucket.deferred:
                 self._flush_deferred(bucket)
             if self.tap.enabled:
+                if not self.summary.per_param:
+                    self.summary.emit(b)
                 self.tap.emit(BucketReady, b)
             self._mark_bucket_ready(b)
         if self.next_bucket == len(self.buckets) and self._dynamic_find_unused():
@@ -453,7 +371,7 @@ class Reducer:
                 view.zero_()
                 return
             self._check_grad_layout(index, grad, view)
-            if _is_alias_of(grad, view):
+            if is_alias_of(grad, view):
                 if self.comm_hook is None and not self.batched_grad_copy:
                     view.div_(self.div_factor)
                 return
@@ -491,13 +409,10 @@ class Reducer:
             bucket.gradients = self._drain_sparse[index]
             return
         if grad is None:
-            raise RuntimeError(f"ddpviz: parameter {index} '{self.names[index]}' expects a "
-                               "sparse gradient, but it has none. Use the Embedding in every "
-                               "forward, or pass find_unused_parameters=True.")
+            raise RuntimeError(texts.sparse_gradient_missing(index, self.names[index]))
         if grad.layout != torch.sparse_coo:
-            raise RuntimeError(f"ddpviz: parameter {index} '{self.names[index]}' was declared "
-                               f"sparse (Embedding(sparse=True)) but its gradient is {grad.layout}"
-                               ". Do not mix sparse and dense uses of one embedding.")
+            raise RuntimeError(texts.sparse_gradient_dense(index, self.names[index],
+                                                           grad.layout))
         # The bucket *is* the gradient: results land in param.grad with no copy back.
         bucket.gradients = grad
         if self.comm_hook is None:
@@ -507,16 +422,12 @@ class Reducer:
     def _check_grad_layout(self, index: int, grad: torch.Tensor, view: torch.Tensor) -> None:
         expected = self.mixed_precision_param_dtype or view.dtype
         if grad.dtype != expected:
-            raise RuntimeError(f"ddpviz: parameter {index} '{self.names[index]}' has a "
-                               f"{grad.dtype} gradient, expected {expected}. Keep .grad in the "
-                               "parameter's dtype.")
+            raise RuntimeError(texts.gradient_dtype(index, self.names[index], grad.dtype,
+                                                    expected))
         if grad.stride() != view.stride() and not self._stride_warned:
             self._stride_warned = True
-            warnings.warn(
-                f"ddpviz: parameter {index} '{self.names[index]}': gradient strides "
-                f"{grad.stride()} differ from its bucket view's {view.stride()}; copies into the "
-                "bucket will be slower. Keep parameters and gradients in one memory format.",
-                stacklevel=2)
+            warnings.warn(texts.gradient_strides(index, self.names[index], grad.stride(),
+                                                 view.stride()), stacklevel=2)
 
     def _set_divide_factor(self) -> None:
         if self.div_factor != _UNSET:
@@ -578,9 +489,7 @@ class Reducer:
     def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
         """Use `hook(state, bucket) -> Future[Tensor]` instead of the built-in all-reduce."""
         if self.comm_hook is not None:
-            raise RuntimeError("ddpviz: register_comm_hook can only be called once; a comm hook "
-                               f"({getattr(self.comm_hook, '__qualname__', self.comm_hook)}) is "
-                               "already registered. Combine the hooks into one function.")
+            raise RuntimeError(texts.comm_hook_twice(self.comm_hook))
         self.comm_hook, self.comm_hook_state = hook, state
 
     # --- used-parameter map ---------------------------------------------------------------
@@ -750,16 +659,13 @@ class Reducer:
                    else "no gradient reached it in backward")
             lines.append(f"  parameter {i} '{self.names[i]}' "
                          f"{tuple(self.params[i].shape)}: {why}")
-        when = ("in the previous backward, so its reduction never finished" if at_forward
-                else "in this backward")
         setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
                    else f"find_unused_parameters={self.find_unused_parameters}")
         fix = fix_for("graph_changed" if self.static_graph else "unused_parameter")
-        error = UnusedParametersError(
-            f"ddpviz: {len(missing)} of {len(self.params)} parameters got no gradient on rank "
-            f"{rank} {when} ({setting}):\n" + "\n".join(lines) + "\n"
-            "Their buckets could not be averaged across ranks.\n"
-            + self._torch_text({rank: [(i, self.names[i]) for i in missing]}) + f"\n{fix}")
+        error = UnusedParametersError(texts.unused_parameters(
+            missing, len(self.params), rank, lines, at_forward=at_forward, setting=setting,
+            torch_text=self._torch_text({rank: [(i, self.names[i]) for i in missing]}),
+            fix=fix))
         self._log_error(str(error))
         return error
 
@@ -788,7 +694,7 @@ class Reducer:
                 if bucket.sparse:
                     bucket.gradients.copy_(result)
                 else:
-                    bucket.views_out = [_layout_view(result, p, o)
+                    bucket.views_out = [layout_view(result, p, o)
                                         for p, o in zip(bucket.params, bucket.offsets,
                                                         strict=True)]
             if self.tap.enabled:
@@ -825,31 +731,26 @@ class Reducer:
                     with _profiled("torch.distributed.ddp.reducer::copy_bucket_to_grad"):
                         if not global_unused:
                             if p.grad is None:
-                                p.grad = _clone_obey_contract(out, p)
+                                p.grad = clone_obey_contract(out, p)
                             else:
                                 p.grad.copy_(out)
                     continue
                 view_in = bucket.views_in[intra]
-                if not _is_alias_of(view_in, out):
+                if not is_alias_of(view_in, out):
                     view_in.copy_(out)
                 if global_unused:
                     continue
                 if p.grad is None:
                     p.grad = view_in
-                elif not _is_alias_of(p.grad, view_in):
-                    raise RuntimeError(
-                        f"ddpviz: parameter {index} '{self.names[index]}' has a gradient that is "
-                        "not its DDP bucket view although gradient_as_bucket_view=True (was "
-                        ".grad replaced, or a second all-reduce hook registered?). Let DDP own "
-                        ".grad, or pass gradient_as_bucket_view=False.")
+                elif not is_alias_of(p.grad, view_in):
+                    raise RuntimeError(texts.not_bucket_view(index, self.names[index]))
 
     # --- static graph ---------------------------------------------------------------------
 
     def set_static_graph(self) -> None:
         """Declare the graph static; must come before the first forward."""
         if self.num_iterations != 0:
-            message = ("ddpviz: set_static_graph() should be called before training loop "
-                       "starts and after DistributedDataParallel is constructed.")
+            message = texts.STATIC_GRAPH_LATE
             self._log_error(message)  # kept in logging_data, as torch's REDUCER_CHECK does
             raise RuntimeError(message)
         self.static_graph = True
@@ -876,6 +777,8 @@ class Reducer:
                 if bucket.deferred:
                     self._flush_deferred(bucket)
                 if self.tap.enabled:
+                    if not self.summary.per_param:
+                        self.summary.emit(b)
                     self.tap.emit(BucketReady, b)
             for b in range(len(self.buckets)):
                 # torch passes next_bucket (0) as every bucket's index here.
@@ -900,6 +803,7 @@ class Reducer:
             if self.logger is not None:
                 self.logger.backward_compute_start = self.logger.now()
             self.expect_autograd_hooks = True
+            self.summary.begin(self.tap.step)
             self.grad_ready_order = []
             self.next_bucket = 0
             self.num_buckets_ready = 0
@@ -922,10 +826,7 @@ class Reducer:
                     self._prev_unused = list(self.unused_parameters)
                 if not self.unused_parameters and not self._warned_all_used:
                     self._warned_all_used = True
-                    log.warning(
-                        "ddpviz: find_unused_parameters=True was specified, but this forward "
-                        "used every parameter; the flag costs a walk of the autograd graph every "
-                        "iteration. Turn it off unless later iterations leave parameters unused.")
+                    log.warning(texts.ALL_PARAMETERS_USED)
                 if self.unused_parameters and self.tap.enabled:
                     self.tap.emit(UnusedParametersFound, tuple(self.unused_parameters),
                                   tuple(self.names[i] for i in self.unused_parameters))
@@ -961,9 +862,7 @@ class Reducer:
                 return False
             order = list(self.rebuilt_param_indices)
             if sorted(order) != list(range(len(self.params))):
-                raise RuntimeError(
-                    f"ddpviz: internal error: the gradient-ready order names {len(order)} "
-                    f"parameters, expected each of {len(self.params)} once.")
+                raise RuntimeError(texts.rebuild_order_incomplete(len(order), len(self.params)))
             rebuild_limits = self.limits.rebuild
             assert rebuild_limits is not None
             _, indices, limits = rebuilt_buckets(self.params, order, rebuild_limits,
@@ -973,6 +872,7 @@ class Reducer:
             self.rebuilt_param_indices = []
             self.initialize_buckets(indices, limits)
             self.rebuilt_bucket_indices = self.bucket_indices()
+            self.summary.policy.note_rebuild(self.tap.step)
             if self.tap.enabled:
                 self.tap.emit(BucketsRebuilt, tuple(order))
                 self.tap.emit(BucketAssigned, tuple(tuple(b) for b in indices),

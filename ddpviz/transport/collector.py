@@ -267,11 +267,15 @@ class Collector:
         while not self._stop.is_set():
             ready = dict(poller.poll(50))
             if guard.monitor in ready or guard.pending:
-                failed = guard.service()
+                # Read the monitor now, apply the cap after this round's messages: a connection
+                # whose first message is waiting has finished its handshake and must not be
+                # shut as pending (at 256 ranks connecting at once, that lost their hellos).
+                failed = guard.service(enforce=False)
                 if failed:
                     with self._lock:
                         self._rejected["auth"] += failed
             if sock not in ready:
+                guard.enforce()
                 continue
             for _ in range(256):
                 try:
@@ -290,6 +294,7 @@ class Collector:
                     self._handle(msg, time.monotonic_ns())
                 except Exception as exc:  # a bug must not stop the stream: say so, go on
                     self._internal_error(exc)
+            guard.enforce()
             with self._cv:
                 self._cv.notify_all()
 

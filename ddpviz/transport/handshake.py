@@ -93,8 +93,10 @@ class PendingGuard:
         # pins the connection, so a shutdown can never hit a recycled descriptor.
         self._pending: dict[bytes, tuple[socket.socket, float]] = {}
 
-    def service(self) -> int:
-        """Handle the monitor's queued events; returns how many handshakes failed among them."""
+    def service(self, enforce: bool = True) -> int:
+        """Handle the monitor's queued events; returns how many handshakes failed among them.
+        With enforce=False the cap is left to a later `enforce()` (the collector first reads
+        the messages waiting, so that connections that already spoke are confirmed)."""
         failed = 0
         while True:
             try:
@@ -110,7 +112,8 @@ class PendingGuard:
                 self._forget(endpoint)
             elif kind in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
                 self._forget(endpoint)
-        self._enforce()
+        if enforce:
+            self.enforce()
         self.failed += failed
         if failed and not self._pending:
             _trim_heap()
@@ -156,7 +159,8 @@ class PendingGuard:
         if entry is not None:
             entry[0].close()
 
-    def _enforce(self) -> None:
+    def enforce(self) -> None:
+        """Shut the oldest pending connections beyond the cap (and forget expired ones)."""
         now = time.monotonic()
         for key, (dup, since) in list(self._pending.items()):
             if now - since > HANDSHAKE_S + 2.0:  # zmq has ended it (its event may be lost)

@@ -107,7 +107,7 @@ def _compare_with_torch(rank: int, world_size: int) -> dict[str, Any]:
         out[name] = [torch.equal(a, b) for a, b in zip(theirs, ours, strict=True)]
     out["emit_calls_without_emitter"] = list(built)
     events: list[Any] = []
-    _train(DistributedDataParallel, rank, "default", emitter=events.append)
+    _train(DistributedDataParallel, rank, "default", emitter=events.append, detail="full")
     out["event_names"] = [type(e).__name__ for e in events]
     out["event_steps"] = sorted({e.step for e in events})
     out["maps_torch"] = _bucket_maps(TorchDDP, rank)

@@ -1,0 +1,206 @@
+"""Detail levels at the source (`detail=` of ddpviz's DDP and of watch(); engine/detail.py), on
+2 real gloo ranks: gradients stay bitwise torch's at every level, the per-bucket aggregates of
+the "buckets" level equal the GradReady events of a "full" run of the same deterministic model
+aggregated per bucket, "sampled" records the documented steps in full, a finding makes its
+step full after the fact, and diagnosis says which steps' per-parameter events are missing."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+from torch import nn
+
+from ddpviz import events as ev
+from ddpviz.diagnose import diagnose_events
+from tests.dist.harness import run_ranks
+
+pytestmark = pytest.mark.dist
+
+STEPS = 8
+LEVELS = ("full", "buckets", "sampled:3")
+WATCH_LEVELS = ("params", "buckets", "sampled:3")
+# sampled:3 over 8 steps: 0-2 (the first iterations, the rebuild at step 1), every 3rd (0, 3,
+# 6); the rest is aggregated. See [Note: detail levels] in engine/detail.py.
+SAMPLED_FULL = {0, 1, 2, 3, 6}
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(24, 24) for _ in range(5)], nn.Linear(24, 4))
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.detach().contiguous().view(torch.int32).flatten().tolist()
+
+
+def _train(ddp: nn.Module, rank: int, finding_at: int = -1,
+           emit: Any = None) -> list[list[int]]:
+    """STEPS SGD steps; returns every parameter's and gradient's bits after each step."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    out: list[list[int]] = []
+    for step in range(STEPS):
+        torch.manual_seed(10 * rank + step)
+        ddp(torch.randn(6, 24)).pow(2).sum().backward()
+        if step == finding_at and emit is not None:
+            emit()
+        out += [_bits(p.grad) for p in ddp.parameters() if p.grad is not None]
+        opt.step()
+        opt.zero_grad()
+        out += [_bits(p) for p in ddp.parameters()]
+    return out
+
+
+def _plain(events: list[ev.Event]) -> list[tuple[str, dict[str, Any]]]:
+    return [(type(e).__name__, msgspec.to_builtins(e)) for e in events]
+
+
+def _levels(rank: int, world_size: int) -> dict[str, Any]:
+    import ddpviz
+    from ddpviz.findings import Finding
+
+    out: dict[str, Any] = {}
+    cap = {"bucket_cap_mb": 0.004}  # ~1,000 floats a bucket: several buckets after the rebuild
+    out["torch"] = _train(nn.parallel.DistributedDataParallel(_model(), **cap), rank)
+    for level in LEVELS:
+        events: list[ev.Event] = []
+        ddp = ddpviz.DistributedDataParallel(_model(), emitter=events.append, detail=level,
+                                             hang_timeout=0, **cap)
+        out[level] = (_train(ddp, rank), _plain(events))
+    # A finding reported at step 4 (aggregated in sampled:3): step 4 gets its GradReady events
+    # after the fact, and step 5 is full.
+    events = []
+    ddp = ddpviz.DistributedDataParallel(_model(), emitter=events.append, detail="sampled:3",
+                                         hang_timeout=0, **cap)
+    finding = Finding(kind="buffer_reassigned", severity="warning", title="planted", ranks=(rank,))
+    out["finding"] = (_train(ddp, rank, 4, lambda: ddp._tap.emit(ev.FindingReported, finding)),
+                      _plain(events))
+    for level in WATCH_LEVELS:
+        events = []
+        tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
+        w = ddpviz.watch(tddp, emitter=events.append, detail=level, hang_timeout=0)
+        out["watch-" + level] = (_train(tddp, rank), _plain(events))
+        w.close()
+    events = []
+    tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
+    w = ddpviz.watch(tddp, emitter=events.append, detail="sampled:3", hang_timeout=0)
+    out["watch-finding"] = (_train(tddp, rank, 4, lambda: w.tap.emit(ev.FindingReported,
+                                                                      finding)),
+                            _plain(events))
+    w.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, dict[str, Any]]:
+    return run_ranks(_levels, 2, timeout=240)
+
+
+def _steps(events: list[tuple[str, dict[str, Any]]], kind: str) -> set[int]:
+    return {f["step"] for k, f in events if k == kind}
+
+
+def _aggregated(events: list[tuple[str, dict[str, Any]]]
+                ) -> dict[tuple[int, int], tuple[int, int, int, int]]:
+    """GradReady per (step, bucket) -> (count, bytes, first t, last t), from ParamsBuilt."""
+    sizes = {}
+    for k, f in events:
+        if k == "ParamsBuilt":
+            for p in f["params"]:
+                n = 1
+                for d in p["shape"]:
+                    n *= d
+                sizes[p["index"]] = n * p["element_size"]
+    agg: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for k, f in events:
+        if k == "GradReady":
+            a = agg[(f["step"], f["bucket"])]
+            a[1] += sizes[f["param"]]
+            a[2] = f["t_ns"] if not a[0] else min(a[2], f["t_ns"])
+            a[3] = max(a[3], f["t_ns"])
+            a[0] += 1
+    return {key: (a[0], a[1], a[2], a[3]) for key, a in agg.items()}
+
+
+def _summaries(events: list[tuple[str, dict[str, Any]]]
+               ) -> dict[tuple[int, int], tuple[int, int, int, int]]:
+    return {(f["step"], f["bucket"]): (f["n_grads"], f["nbytes"], f["first_t_ns"],
+                                       f["last_t_ns"])
+            for k, f in events if k == "GradsSummarized"}
+
+
+def test_gradients_and_parameters_bitwise_torch_at_every_level(runs: dict[int, Any]) -> None:
+    for rank, res in runs.items():
+        for level in (*LEVELS, "finding", "watch-finding",
+                      *("watch-" + w for w in WATCH_LEVELS)):
+            assert res[level][0] == res["torch"], f"rank {rank}, detail={level}"
+
+
+@pytest.mark.parametrize(("full", "buckets"), [("full", "buckets"),
+                                                ("watch-params", "watch-buckets")])
+def test_bucket_aggregates_equal_the_full_runs_grad_ready_events(
+        runs: dict[int, Any], full: str, buckets: str) -> None:
+    for rank, res in runs.items():
+        full_events, bucket_events = res[full][1], res[buckets][1]
+        assert not _steps(bucket_events, "GradReady")
+        expected = _aggregated(full_events)
+        got = _summaries(bucket_events)
+        # Every (step, bucket) of the full run, with the same count and bytes.
+        assert {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in expected.items()}
+        assert len({s for s, _ in got}) == STEPS
+        # Times: the first and last hook of the bucket, between BackwardStarted and its
+        # BucketReady (each run's own clock readings).
+        started = {f["step"]: f["t_ns"] for k, f in bucket_events if k == "BackwardStarted"}
+        ready = {(f["step"], f["bucket"]): f["t_ns"] for k, f in bucket_events
+                 if k == "BucketReady"}
+        for (step, b), (_, _, first, last) in got.items():
+            assert started[step] <= first <= last <= ready[(step, b)], (rank, step, b)
+        # ...and emitted just before that bucket's BucketReady.
+        kinds = [(k, f.get("bucket")) for k, f in bucket_events]
+        for i, (k, b) in enumerate(kinds):
+            if k == "GradsSummarized":
+                assert kinds[i + 1] == ("BucketReady", b)
+
+
+@pytest.mark.parametrize("level", ["sampled:3", "watch-sampled:3"])
+def test_sampled_records_the_documented_steps_in_full(runs: dict[int, Any], level: str
+                                                      ) -> None:
+    for res in runs.values():
+        events = res[level][1]
+        assert _steps(events, "GradReady") == SAMPLED_FULL
+        assert _steps(events, "GradsSummarized") == set(range(STEPS)) - SAMPLED_FULL
+        # the full steps carry every hook of the full run at those steps
+        full = _aggregated(res["full" if level == "sampled:3" else "watch-params"][1])
+        mine = _aggregated(events)
+        assert {k: v[:2] for k, v in mine.items()} == \
+            {k: v[:2] for k, v in full.items() if k[0] in SAMPLED_FULL}
+
+
+@pytest.mark.parametrize("run", ["finding", "watch-finding"])
+def test_a_finding_makes_its_step_full_after_the_fact_and_the_next_one(
+        runs: dict[int, Any], run: str) -> None:
+    for res in runs.values():
+        events = res[run][1]
+        assert _steps(events, "GradReady") == SAMPLED_FULL | {4, 5}
+        # step 4 has both: its summaries and, emitted after the finding, its GradReady events
+        # with the hook times the summaries were made of.
+        assert 4 in _steps(events, "GradsSummarized")
+        agg = {k: v for k, v in _aggregated(events).items() if k[0] == 4}
+        assert agg == {k: v for k, v in _summaries(events).items() if k[0] == 4}
+        seqs = [f["seq"] for _, f in events]
+        assert seqs == list(range(len(seqs)))  # no gap, no reordering: fresh seq numbers
+
+
+def test_diagnosis_says_which_steps_were_not_recorded(runs: dict[int, Any]) -> None:
+    events = [msgspec.convert(f, ev.ANY_EVENT) for res in runs.values()
+              for _, f in res["sampled:3"][1]]
+    found = [f for f in diagnose_events(events) if f.field == "not_recorded"]
+    assert len(found) == 1
+    f = found[0]
+    assert f.kind == "grad_order" and f.severity == "info" and f.ranks == (0, 1)
+    assert "3 steps (4-5, 7)" in f.title and "detail='full'" in f.fix
+    full = [msgspec.convert(f, ev.ANY_EVENT) for res in runs.values() for _, f in res["full"][1]]
+    assert not [f for f in diagnose_events(full) if f.field == "not_recorded"]
