@@ -1,0 +1,44 @@
+"""What the advisor's multi-rank tests run on each rank (spawned ranks import this module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mlp(widths: tuple[int, ...] = (32, 64, 64, 64, 8)) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def record_ddpviz(rank: int, world_size: int, steps: int, cap_mb: float | None,
+                  torch_ddp: bool = False) -> dict[str, Any]:
+    """Train `steps` steps of ddpviz's DDP (or torch's, watched) with events kept in a list;
+    return the events."""
+    import torch
+
+    import ddpviz
+
+    events: list[Any] = []
+    model = mlp()
+    if torch_ddp:
+        ddp: Any = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+        watch = ddpviz.watch(ddp, emitter=events.append)
+    else:
+        ddp = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap_mb, emitter=events.append)
+        watch = None
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    torch.manual_seed(1 + rank)
+    for _ in range(steps):
+        loss = ddp(torch.randn(16, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if watch is not None:
+        watch.close()
+    return {"events": events}
