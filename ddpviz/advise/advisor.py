@@ -52,7 +52,9 @@ def advise(source: object, *, candidates: object = None,
         candidates: None for the default sweep (caps 0.25..256 MiB with and without the 1 MiB
             first bucket, torch's default with the small bucket last, bucket lists cut at layer
             boundaries), or a list of caps in MiB, cap lists, dicts or advise.Candidate.
-        cost_model: all-reduce costs to use instead of the fit (`ddpviz.advise.measure(pg)`).
+        cost_model: measured all-reduce costs (`ddpviz.advise.measure(pg)`): a dtype whose
+            recorded buckets have fewer than two distinct sizes takes its latency from it (its
+            bandwidth is still fitted from the run); used as is where the run has none.
 
     Returns:
         `Advice`: print it, `.to_records()`, `.show()`.
@@ -72,7 +74,7 @@ def advise(source: object, *, candidates: object = None,
             f"ddpviz: the trace holds {n} step(s) but no step after the first that every one of "
             f"the {timeline.world_size} ranks recorded completely with the final bucket map.\n"
             "Record at least 3 training steps (forward, backward, optimizer) and pass it again.")
-    model = cost_model if cost_model is not None else fit_cost_model(timeline)
+    model = fit_cost_model(timeline, cost_model)
     cur_c = current_candidate(timeline)
     observed_map = timeline.current_buckets()
     cur_plan = timeline.observed.plan

@@ -60,8 +60,8 @@ def seen_done(finish_s: Array, gate_s: Array, finalize_s: float, at_finalize: bo
         f = finish_s[:, None, :]
         g = gate_s[:, None]
     if not at_finalize:
-        return np.broadcast_to(f, (f.shape[0], gate_s.shape[0]) + f.shape[2:]).copy()
-    out = np.empty((f.shape[0], gate_s.shape[0]) + f.shape[2:], dtype=np.float64)
+        return np.broadcast_to(f, (f.shape[0], gate_s.shape[0], *f.shape[2:])).copy()
+    out = np.empty((f.shape[0], gate_s.shape[0], *f.shape[2:]), dtype=np.float64)
     prev = g - finalize_s
     for b in range(f.shape[0]):
         out[b] = np.maximum(f[b], prev + finalize_s)

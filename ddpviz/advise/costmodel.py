@@ -48,11 +48,7 @@ class CostModel:
     distinct_sizes: Mapping[str, int] = field(default_factory=dict)
     samples: int = 0  # all-reduces (bucket x rank x step) the fit used
     notes: tuple[str, ...] = ()
-
-    @property
-    def separable(self) -> bool:
-        """True when latency and bandwidth were both determined for every dtype."""
-        return self.source == "measured" or all(n >= 2 for n in self.distinct_sizes.values())
+    separable: bool = True  # latency and bandwidth both determined for every dtype
 
     def line(self, dtype: str) -> Line:
         if dtype in self.lines:
@@ -133,18 +129,35 @@ def _sse(obs: list[_Obs], timeline: Timeline, fixed: dict[str, tuple[float, floa
     return sse, total
 
 
+def _latency_bound(obs: list[_Obs]) -> dict[str, float]:
+    """Per dtype, the shortest launch-to-done time of any recorded all-reduce: no latency can
+    exceed it."""
+    out: dict[str, float] = {}
+    for o in obs:
+        took = o.done.min(axis=1) - o.launch.max(axis=1)
+        for d, t in zip(o.dtypes, took, strict=True):
+            out[d] = min(out.get(d, np.inf), max(float(t), 0.0))
+    return out
+
+
 def _pick(sse: Array, total: Array, n: int) -> int:
-    """The best fit; among fits as good within noise (0.1 ms per sample, or 2%), the one with
+    """The best fit; among fits as good within noise (20 us per sample, or 0.1%), the one with
     the most all-reduce time (communication hidden behind compute is only bounded above)."""
-    tol = sse.min() * 1.02 + n * (1e-4) ** 2
+    tol = sse.min() * 1.001 + n * (2e-5) ** 2
     ok = np.flatnonzero(sse <= tol)
     return int(ok[np.argmax(total[ok])])
 
 
-def fit_cost_model(timeline: Timeline) -> CostModel:
-    """Fit latency and bandwidth per dtype from the run's recorded all-reduces."""
+def fit_cost_model(timeline: Timeline, prior: CostModel | None = None) -> CostModel:
+    """Fit latency and bandwidth per dtype from the run's recorded all-reduces.
+
+    With `prior` (e.g. from `measure`), a dtype whose buckets have fewer than two distinct
+    sizes takes its latency from the prior and only its bandwidth from the run (which keeps
+    what the run showed of compute/communication contention)."""
     obs = observations(timeline)
     if not obs:
+        if prior is not None:
+            return prior
         return CostModel({}, "fitted", {}, 0, (
             "no complete step after the first to fit all-reduce costs from; record at least "
             "3 steps",))
@@ -156,21 +169,35 @@ def fit_cost_model(timeline: Timeline) -> CostModel:
     fixed: dict[str, tuple[float, float]] = {d: (0.0, 0.0) for d in sizes}
     notes = []
     few = {d for d, s in sizes.items() if len(s) < 2}
-    for d in sorted(few):
+    fixed_alpha: dict[str, float] = {}
+    if prior is not None and prior.lines:
+        # a measured latency beats one split off a few noisy sizes; the bandwidth still comes
+        # from the run (it holds what the run showed of contention with compute)
+        for d in sizes:
+            fixed_alpha[d] = prior.line(d).latency_s
+        notes.append("latency per dtype from the " + prior.source + " model ("
+                     + ", ".join(f"{d} {a * 1e6:.0f} us" for d, a in sorted(fixed_alpha.items()))
+                     + "), bandwidth fitted from the run")
+    for d in sorted(few - set(fixed_alpha)):
+        fixed_alpha[d] = 0.0
         notes.append(
             f"{d}: the run's buckets have only {len(sizes[d])} distinct size(s), so latency and "
             "bandwidth cannot be told apart; the fit puts the whole cost per byte (latency 0), "
             "which favours small buckets. Run ddpviz.advise.measure(process_group) on the ranks "
-            "and pass advise(..., cost_model=...) for a measured model.")
+            "and pass advise(..., cost_model=...) for a measured latency.")
+    bound = _latency_bound(obs)
     for _round in range(3 if len(sizes) > 1 else 1):
         for d in sorted(sizes):
-            alphas = np.zeros(1) if d in few else _ALPHA
+            alphas = np.array([fixed_alpha[d]]) if d in fixed_alpha else \
+                _ALPHA[np.less_equal(_ALPHA, bound.get(d, np.inf))]
             aa, bb = (g.ravel() for g in np.meshgrid(alphas, _BETA, indexing="ij"))
             sse, total = _sse(obs, timeline, fixed, d, aa, bb)
             i = _pick(sse, total, n_samples)
             a0, b0 = aa[i], bb[i]
             # refine around the pick on a finer grid
-            fa = np.zeros(1) if d in few or a0 == 0 else a0 * np.logspace(-0.15, 0.15, 11)
+            fa = np.array([a0]) if d in fixed_alpha or a0 == 0 else \
+                a0 * np.logspace(-0.15, 0.15, 11)
+            fa = fa[fa <= bound.get(d, np.inf)] if fa.size > 1 else fa
             fb = np.array([0.0]) if b0 == 0 else b0 * np.logspace(-0.15, 0.15, 11)
             ra, rb = (g.ravel() for g in np.meshgrid(fa, fb, indexing="ij"))
             sse2, total2 = _sse(obs, timeline, fixed, d, ra, rb)
@@ -183,5 +210,8 @@ def fit_cost_model(timeline: Timeline) -> CostModel:
                       np.array([fixed[next(iter(sizes))][1]]))
         residual = float(np.sqrt(sse[0] / n_samples))
     notes.append(f"fit residual {residual * 1e3:.2f} ms per all-reduce done time")
-    return CostModel({d: Line(*fixed[d]) for d in sizes}, "fitted",
-                     {d: len(s) for d, s in sizes.items()}, n_samples, tuple(notes))
+    source = "fitted" if not fixed_alpha or not (prior and prior.lines) else \
+        f"fitted, latency from {prior.source}"
+    return CostModel({d: Line(*fixed[d]) for d in sizes}, source,
+                     {d: len(s) for d, s in sizes.items()}, n_samples, tuple(notes),
+                     separable=not few or bool(prior and prior.lines))

@@ -73,4 +73,5 @@ def measure(process_group: Any = None, *, sizes: Sequence[int] = SIZES,
             points.append((t.numel() * t.element_size(), float(mine.item())))
         lines[name] = _fit(points)
     return CostModel(lines, "measured", {d: len(sizes) for d in dtypes}, 0,
-                     (f"measured with {len(sizes)} sizes x {repeats} repeats on {backend}",))
+                     (f"measured with {len(sizes)} sizes x {repeats} repeats on {backend}",),
+                     separable=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ddpviz import events as ev
-from ddpviz.plan import ObservedMaps, PlannedParam, observed_plan
 from ddpviz.advise.source import AdviceError
+from ddpviz.plan import ObservedMaps, PlannedParam, observed_plan
 from ddpviz.trace import Trace
 
 
