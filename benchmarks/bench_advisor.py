@@ -6,8 +6,9 @@ recorded; rank 0 asks ddpviz.advise for predictions; then every rank trains each
 candidate settings (the current one, the recommended one and a spread of caps) in rotated
 blocks of steps, untraced (a block's time over its steps is one sample, so a step is
 forward to next forward as in the recording). Printed: per candidate the predicted and
-measured median step time; per (world, model) the median relative error, Spearman's rank correlation between predicted and
-measured step times, and the measured step of the recommended setting over the best measured.
+measured median step time; per (world, model) the median relative error, Spearman's rank
+correlation between predicted and measured step times, and the measured step of the
+recommended setting over the best measured.
 
     PYTHONPATH=. python benchmarks/bench_advisor.py [--worlds 2,4] [--record-steps 14]
         [--reps 6] [--block 4]
