@@ -154,9 +154,14 @@ def explain(rows: tuple[Row, ...], model: CostModel) -> tuple[Row, str]:
             f"buckets instead of {len(current.buckets)}.")
     earlier = cur_p.last_start_after_ready_s - b.last_start_after_ready_s
     if cur_p.exposed_s > b.exposed_s and exposed_now:
-        text += (f" {exposed_now}; with {best.candidate.label} the last all-reduce starts "
-                 f"{_ms(earlier)} ms {'earlier' if earlier >= 0 else 'later'} and "
-                 f"{_ms(b.exposed_s)} ms stay exposed.")
+        if abs(earlier) >= 5e-5:
+            text += (f" {exposed_now}; with {best.candidate.label} the last all-reduce starts "
+                     f"{_ms(abs(earlier))} ms {'earlier' if earlier >= 0 else 'later'} and "
+                     f"{_ms(b.exposed_s)} ms stay exposed.")
+        else:
+            text += (f" {exposed_now}; with {best.candidate.label} the earlier buckets are "
+                     "reduced while the backward still runs and only the last bucket's "
+                     f"{_ms(b.exposed_s)} ms stay exposed.")
     elif len(best.buckets) < len(current.buckets):
         lat = min((ln.latency_s for ln in model.lines.values()), default=0.0)
         text += (f" Fewer all-reduces: each costs about {lat * 1e6:.0f} us of latency "

@@ -140,6 +140,31 @@ def _latency_bound(obs: list[_Obs]) -> dict[str, float]:
     return out
 
 
+def _direct(obs: list[_Obs], timeline: Timeline, dtype: str) -> tuple[float, float] | None:
+    """Least squares of service time on bytes over the all-reduces whose start and finish the
+    record pins down (done not hidden by finalize, the previous one's finish known): a start
+    for the search. None with fewer than two distinct sizes among them."""
+    f = timeline.finalize_ns * NS
+    pts: list[tuple[float, float]] = []
+    for o in obs:
+        done = o.done.min(axis=1)
+        launch = o.launch.max(axis=1)
+        prev_known, prev = True, -np.inf
+        for b in range(len(o.dtypes)):
+            pinned = not timeline.done_seen_at_finalize or (
+                done[b] > o.gate.max() + f + 1e-6 and (b == 0 or done[b] > done[b - 1] + f + 1e-6))
+            start_known = prev_known or launch[b] >= prev
+            if pinned and start_known and o.dtypes[b] == dtype:
+                pts.append((float(o.nbytes[b]), float(done[b] - max(launch[b], prev))))
+            prev_known, prev = pinned, float(done[b])
+    if len({x for x, _ in pts}) < 2:
+        return None
+    xs = np.array([x for x, _ in pts])
+    ys = np.array([y for _, y in pts])
+    slope, icpt = np.polyfit(xs, ys, 1)
+    return max(float(icpt), 0.0), max(float(slope), 0.0)
+
+
 def _pick(sse: Array, total: Array, n: int) -> int:
     """The best fit; among fits as good within noise (20 us per sample, or 0.1%), the one with
     the most all-reduce time (communication hidden behind compute is only bounded above)."""
@@ -194,15 +219,33 @@ def fit_cost_model(timeline: Timeline, prior: CostModel | None = None) -> CostMo
             sse, total = _sse(obs, timeline, fixed, d, aa, bb)
             i = _pick(sse, total, n_samples)
             a0, b0 = aa[i], bb[i]
-            # refine around the pick on a finer grid
-            fa = np.array([a0]) if d in fixed_alpha or a0 == 0 else \
-                a0 * np.logspace(-0.15, 0.15, 11)
-            fa = fa[fa <= bound.get(d, np.inf)] if fa.size > 1 else fa
-            fb = np.array([0.0]) if b0 == 0 else b0 * np.logspace(-0.15, 0.15, 11)
-            ra, rb = (g.ravel() for g in np.meshgrid(fa, fb, indexing="ij"))
-            sse2, total2 = _sse(obs, timeline, fixed, d, ra, rb)
-            j = _pick(sse2, total2, n_samples)
-            fixed[d] = (float(ra[j]), float(rb[j]))
+            start = None if d in fixed_alpha else _direct(obs, timeline, d)
+            if start is not None and start[0] <= bound.get(d, np.inf):
+                s_sse, _ = _sse(obs, timeline, fixed, d, np.array([start[0]]),
+                                np.array([start[1]]))
+                if s_sse[0] <= sse[i]:
+                    a0, b0 = start
+            # zoom in around the pick: a 9x9 window of +-0.2 decades, recentred while the pick
+            # is on its edge (the valley between latency and bandwidth runs diagonally),
+            # halved when it is inside
+            span, moves = 0.2, 0
+            while span > 1e-3 and moves < 60:
+                moves += 1
+                fa = np.array([a0]) if d in fixed_alpha or a0 == 0 else \
+                    a0 * np.logspace(-span, span, 9)
+                fa = fa[fa <= bound.get(d, np.inf)] if fa.size > 1 else fa
+                if fa.size == 0:
+                    fa = np.array([a0])
+                fb = np.array([0.0]) if b0 == 0 else b0 * np.logspace(-span, span, 9)
+                ra, rb = (g.ravel() for g in np.meshgrid(fa, fb, indexing="ij"))
+                sse2, total2 = _sse(obs, timeline, fixed, d, ra, rb)
+                j = _pick(sse2, total2, n_samples)
+                ia, ib = divmod(j, fb.size)
+                edge = (fa.size == 9 and ia in (0, 8)) or (fb.size == 9 and ib in (0, 8))
+                a0, b0 = float(ra[j]), float(rb[j])
+                if not edge:
+                    span /= 2
+            fixed[d] = (a0, b0)
     residual = 0.0
     if n_samples:
         sse, _ = _sse(obs, timeline, fixed, next(iter(sizes)),

@@ -113,8 +113,8 @@ def _rank_records(trace: Trace, rank: int) -> tuple[dict[int, StepRecord], list[
                 launch_gaps.append(t - prev_t)
             elif isinstance(prev, ev.GradReady):
                 ready_gaps.append(t - prev_t)
-        if isinstance(e, ev.AllReduceDone) and isinstance(prev, ev.AllReduceDone):
-            finalize_gaps.append(t - prev_t)
+        if isinstance(e, ev.BackwardFinished) and isinstance(prev, ev.AllReduceDone):
+            finalize_gaps.append(t - prev_t)  # finalize's work on the last bucket (see below)
         prev, prev_t = e, t
         if isinstance(e, ev.BucketAssigned):  # a rebuild in a step's forward: in force now
             current = tuple(tuple(b) for b in e.buckets)
@@ -204,8 +204,10 @@ def build_timeline(trace: Trace) -> Timeline:
     if not launch_gaps:
         notes.append("no bucket launch was followed by a gradient hook, so the launch cost on "
                      "the training thread is taken as 0")
-    finalize = float(sorted(finalize_gaps)[len(finalize_gaps) // 4]) if (
-        finalize_gaps and done_late) else 0.0
+    # what finalize spends on one bucket after its all-reduce: the time from the last bucket's
+    # AllReduceDone to BackwardFinished (the gaps between earlier buckets' done times may be
+    # the all-reduces themselves)
+    finalize = _median(finalize_gaps) if done_late else 0.0
     params = observed.plan.params
     return Timeline(params, observed, records, len(ranks), tuple(order), done_late, launch,
                     finalize, tuple(notes))
