@@ -1,17 +1,18 @@
-"""Is the bucket advisor right? Record one run, ask for advice, then run the candidates.
+"""Is the bucket advisor right? Record one run, ask for advice, run the candidates, compare.
 
 Per world size (2 and 4 gloo ranks on CPU) and model (many small layers, a few large ones,
-mixed fp32/bf16): ddpviz's DDP trains with torch's default buckets while its events are
-recorded; rank 0 asks ddpviz.advise for predictions; then every rank trains each of the chosen
-candidate settings (the current one, the recommended one and a spread of caps) in rotated
-blocks of steps, untraced (a block's time over its steps is one sample, so a step is
-forward to next forward as in the recording). Printed: per candidate the predicted and
-measured median step time; per (world, model) the median relative error, Spearman's rank
-correlation between predicted and measured step times, and the measured step of the
-recommended setting over the best measured.
+mixed fp32/bf16): the ranks build ddpviz DDPs for torch's default setting and for up to
+--most of the advisor's default candidates whose bucket maps differ (the planner's maps), and
+train them in rotated blocks of steps (a block's time over its steps is one sample: a step is
+forward to next forward, as the advisor counts it). The default setting's DDP is the recorded
+run: its events, recorded during its own blocks, are all the advisor sees; it predicts every
+candidate from them and recommends one. Printed: per candidate the predicted and measured
+median step time; per (world, model) the median relative error, Spearman's rank correlation
+between predicted and measured step times, and the measured step of the recommended setting
+over the best measured one. Traces and times are saved in --out; --analyze re-reads them.
 
-    PYTHONPATH=. python benchmarks/bench_advisor.py [--worlds 2,4] [--record-steps 14]
-        [--reps 6] [--block 4]
+    PYTHONPATH=. python benchmarks/bench_advisor.py [--worlds 2,4] [--most 8]
+        [--reps 6] [--block 4] [--out DIR] [--analyze] [--verbose]
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from _ranks import run_ranks
 
 BATCH = 32
-RUN_CAPS = ("cap 0.25 MiB", "cap 1 MiB", "cap 4 MiB", "cap 16 MiB", "cap 64 MiB",
-            "1 MiB first + cap 4 MiB", "one bucket per 2 layers")
 
 
 class Mixed(nn.Module):
@@ -93,9 +92,41 @@ def _step(ddp: Any, opt: Any, x: torch.Tensor) -> None:
     opt.step()
 
 
+def _picks(name: str, x: torch.Tensor, most: int) -> list[dict[str, Any]]:
+    """torch's default setting first, then up to `most` default candidates of the advisor with
+    bucket maps distinct from it and each other (the planner's maps), spread over the number of
+    buckets. Every rank computes the same list."""
+    from ddpviz.advise.candidates import Candidate, default_candidates
+    from ddpviz.plan import bucket_plan
+
+    torch.manual_seed(0)
+    base = bucket_plan(MODELS[name][0](), example_inputs=x)
+
+    def steady(c: Candidate) -> tuple[tuple[int, ...], ...]:
+        plan = base.with_settings(bucket_cap_mb=c.bucket_cap_mb,
+                                  bucket_cap_mb_list=c.bucket_cap_mb_list,
+                                  set_last_bucket_cap=c.set_last_bucket_cap)
+        return tuple(b.param_indices for b in (plan.rebuilt or plan.initial))
+
+    current = Candidate("torch's default", family="current")
+    seen = {steady(current)}
+    distinct = []
+    for c in default_candidates(base.params, base.grad_ready_order):
+        key = steady(c)
+        if key not in seen:
+            seen.add(key)
+            distinct.append((len(key), c))
+    distinct.sort(key=lambda kc: kc[0])
+    if len(distinct) > most:
+        distinct = [distinct[round(k * (len(distinct) - 1) / (most - 1))] for k in range(most)]
+    return [{"candidate": c.label, "bucket_cap_mb": c.bucket_cap_mb,
+             "bucket_cap_mb_list": list(c.bucket_cap_mb_list) if c.bucket_cap_mb_list else None,
+             "set_last_bucket_cap": c.set_last_bucket_cap, "current": c is current}
+            for c in [current] + [c for _, c in distinct]]
+
+
 def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     import ddpviz
-    from ddpviz.trace import Trace
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -105,35 +136,28 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     for name, (_, width) in MODELS.items():
         torch.manual_seed(rank)
         x = torch.randn(BATCH, width)
-        events: list[Any] = []
-        ddp = _build(name, {}, events.append)
-        opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-        for _ in range(args.record_steps):
-            _step(ddp, opt, x)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, events)
-        measured = ddpviz.advise.measure(dtypes=("float32", "bfloat16"), repeats=10)  # type: ignore[attr-defined]
-        chosen: list[Any] = [None]
-        if rank == 0:
-            advice = ddpviz.advise(Trace([e for evs in gathered for e in evs]),
-                                   cost_model=measured)
-            picks = [r for r in advice.to_records() if r["current"] or r["recommended"]
-                     or any(r["candidate"].startswith(c) for c in RUN_CAPS)]
-            chosen[0] = {"picks": picks}
-        dist.broadcast_object_list(chosen, src=0)
-        picks = chosen[0]["picks"]
+        picks = _picks(name, x, args.most)
+        # The recorded run is the current setting's DDP, recorded while it takes its turns in
+        # the rotation below (so it sees the same machine as the candidates); every DDP emits
+        # events (the others into a list that is dropped), so all pay the same taps.
+        recorded: list[Any] = []
         models = []
-        for p in picks:
-            m = _build(name, p)
-            models.append((m, torch.optim.SGD(m.parameters(), lr=1e-4)))
+        for k, p in enumerate(picks):
+            sink: list[Any] = []
+            m = _build(name, p, recorded.append if k == 0 else sink.append)
+            models.append((m, torch.optim.SGD(m.parameters(), lr=1e-4), sink))
             for _ in range(2):  # the rebuild
                 _step(m, models[-1][1], x)
+        measured = ddpviz.advise.measure(  # type: ignore[attr-defined]
+            dtypes=("float32", "bfloat16"), repeats=10)
         times: list[list[float]] = [[] for _ in picks]
+        block_last: list[int] = []  # the recorded DDP's steps that end a block
+        steps_done = 2
         for rep in range(args.reps):
             order = list(range(len(picks)))
             order = order[rep % len(order):] + order[:rep % len(order)]
             for k in order:
-                m, o = models[k]
+                m, o, sink = models[k]
                 dist.barrier()  # each block starts together, then runs free as training does
                 t = time.perf_counter()
                 for _ in range(args.block):
@@ -142,6 +166,18 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                                     dtype=torch.float64)
                 dist.all_reduce(took, op=dist.ReduceOp.MAX)
                 times[k].append(float(took.item()))
+                sink.clear()
+                if k == 0:
+                    steps_done += args.block
+                    block_last.append(steps_done - 1)
+        # a block's last step is followed by other DDPs' blocks, not by its own next forward:
+        # keep only its ForwardStarted (which ends the step before it)
+        from ddpviz import events as ev
+
+        last = set(block_last)
+        kept = [e for e in recorded if e.step not in last or isinstance(e, ev.ForwardStarted)]
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, kept)
         results.append({"model": name, "picks": picks, "times": times,
                         "events": gathered if rank == 0 else None,
                         "measured": {d: [ln.latency_s, ln.seconds_per_byte]
@@ -181,7 +217,7 @@ def _candidate(p: dict[str, Any]) -> Any:
                      p["set_last_bucket_cap"])
 
 
-def analyze(data: dict[str, Any], verbose: bool) -> tuple[Any, ...]:
+def analyze(data: dict[str, Any], verbose: bool, contention: float) -> tuple[Any, ...]:
     """Predict the settings that were run (the first one is the recorded setting) and compare
     with their measured step times."""
     import ddpviz
@@ -193,7 +229,7 @@ def analyze(data: dict[str, Any], verbose: bool) -> tuple[Any, ...]:
     picks = data["picks"]
     t = time.perf_counter()
     advice = ddpviz.advise(trace, candidates=[_candidate(p) for p in picks if not p["current"]],
-                           cost_model=measured)
+                           cost_model=measured, contention=contention)
     advise_s = time.perf_counter() - t
     if verbose:
         print(advice, "\n")
@@ -218,7 +254,8 @@ def analyze(data: dict[str, Any], verbose: bool) -> tuple[Any, ...]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worlds", default="2,4")
-    parser.add_argument("--record-steps", type=int, default=14)
+    parser.add_argument("--most", type=int, default=8,
+                        help="candidate settings (distinct bucket maps) run besides the default")
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--block", type=int, default=4)
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "ddpviz_bench_advisor"),
@@ -240,12 +277,18 @@ def main() -> None:
                     "world": world, "model": res["model"], "picks": res["picks"],
                     "times": res["times"], "measured": res["measured"],
                     "trace": f"{stem}.ddpviz"}))
-    summary = [analyze(json.loads(p.read_text()), args.verbose)
-               for p in sorted(out.glob("w*_m*.json"))]
-    print(f"{'ranks':>5}  {'model':36}{'settings run':>13}{'median |err|':>14}{'spearman':>10}"
-          f"{'recommended vs best':>21}")
-    for world, model, n, err, rho, over in summary:
-        print(f"{world:>5}  {model:36}{n:>13}{err:>14.1%}{rho:>10.2f}{over:>+21.1%}")
+    tables = {}
+    for contention in (0.0, 1.0):
+        print(f"=== contention {contention:g} ===")
+        tables[contention] = [analyze(json.loads(p.read_text()), args.verbose, contention)
+                              for p in sorted(out.glob("w*_m*.json"))]
+    for contention, summary in tables.items():
+        print(f"contention {contention:g} ({'overlap for free' if contention == 0 else 'comm and '
+              'compute take turns'}):")
+        print(f"{'ranks':>5}  {'model':36}{'settings run':>13}{'median |err|':>14}"
+              f"{'spearman':>10}{'recommended vs best':>21}")
+        for world, model, n, err, rho, over in summary:
+            print(f"{world:>5}  {model:36}{n:>13}{err:>14.1%}{rho:>10.2f}{over:>+21.1%}")
 
 
 if __name__ == "__main__":

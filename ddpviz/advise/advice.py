@@ -57,6 +57,7 @@ class Advice:
     measured_step_s: float  # median recorded step time of the slowest rank
     reason: str  # the recommendation, in words
     notes: tuple[str, ...] = ()
+    contention: float = 0.0  # see advise()
 
     @property
     def current(self) -> Row:
@@ -88,7 +89,7 @@ class Advice:
     def to_json(self) -> str:
         return json.dumps({
             "world_size": self.world_size, "steps": list(self.steps),
-            "measured_step_ms": self.measured_step_s * 1e3,
+            "measured_step_ms": self.measured_step_s * 1e3, "contention": self.contention,
             "recommendation": self.reason,
             "recommended": self.recommended.label,
             "cost_model": {d: {"latency_us": ln.latency_s * 1e6,
@@ -105,7 +106,8 @@ class Advice:
         head = (f"{'candidate':{w}}{'buckets':>8}{'exposed comm ms':>17}{'step ms':>10}"
                 f"{'delta ms':>10}{'delta':>8}")
         lines = [f"bucket advice: {self.world_size} ranks, steps {_steps(self.steps)}, measured "
-                 f"step {_ms(self.measured_step_s)} ms (slowest rank)", head, "-" * len(head)]
+                 f"step {_ms(self.measured_step_s)} ms (slowest rank), contention "
+                 f"{self.contention:g}", head, "-" * len(head)]
         base = self.current.prediction.step_s
         for r in self.rows:
             d = self.delta_s(r)

@@ -42,7 +42,7 @@ def current_candidate(timeline: Timeline) -> Candidate:
 
 
 def advise(source: object, *, candidates: object = None,
-           cost_model: CostModel | None = None) -> Advice:
+           cost_model: CostModel | None = None, contention: float = 0.0) -> Advice:
     """Which bucket setting this job should use, predicted from one recorded run.
 
     Args:
@@ -55,6 +55,10 @@ def advise(source: object, *, candidates: object = None,
         cost_model: measured all-reduce costs (`ddpviz.advise.measure(pg)`): a dtype whose
             recorded buckets have fewer than two distinct sizes takes its latency from it (its
             bandwidth is still fitted from the run); used as is where the run has none.
+        contention: 0..1, the share of all-reduce time hidden behind the backward that still
+            lengthens the step. 0 (default): communication overlaps compute for free (a GPU
+            with its own copy engines, or spare CPU cores); 1: they take turns on the same
+            cores (CPU gloo with every core busy).
 
     Returns:
         `Advice`: print it, `.to_records()`, `.show()`.
@@ -65,6 +69,10 @@ def advise(source: object, *, candidates: object = None,
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise AdviceError(f"ddpviz: cost_model is a {type(cost_model).__name__}; expected the "
                           "CostModel that ddpviz.advise.measure(process_group) returns, or None.")
+    if isinstance(contention, bool) or not isinstance(contention, (int, float)) or \
+            not 0.0 <= float(contention) <= 1.0:
+        raise AdviceError(f"ddpviz: contention is {contention!r}; expected a number in [0, 1] "
+                          "(0: communication overlaps compute for free, 1: they take turns).")
     user = validate_candidates(candidates) if candidates is not None else None
     timeline = build_timeline(as_trace(source))
     steps = timeline.steady_steps()
@@ -92,14 +100,16 @@ def advise(source: object, *, candidates: object = None,
     cands = user if user is not None else default_candidates(
         timeline.params, timeline.grad_ready_order)
     rows = [Row(cur_c, cur_plan, tuple(cur_buckets),
-                predict(timeline, steps, cur_buckets, cur_buckets, model), True)]
+                predict(timeline, steps, cur_buckets, cur_buckets, model,
+                        contention), True)]
     for c in cands:
         try:
             plan = plan_for(timeline, c)
         except ValueError as e:
             raise AdviceError(f"ddpviz: candidate {c.label!r} cannot be planned: {e}") from None
         buckets = steady_map(plan)
-        rows.append(Row(c, plan, buckets, predict(timeline, steps, buckets, cur_buckets, model),
+        rows.append(Row(c, plan, buckets, predict(timeline, steps, buckets, cur_buckets, model,
+                                             contention),
                         False))
     best, reason = explain(tuple(rows), model)
     measured = statistics.median(observed_step_s(timeline, s) for s in steps)
@@ -107,5 +117,5 @@ def advise(source: object, *, candidates: object = None,
         reason += (" (Uncertain: the cost model could not separate latency from bandwidth; "
                    "see its note.)")
     return Advice(tuple(rows), best, model, timeline.world_size, tuple(steps), measured, reason,
-                  tuple(notes))
+                  tuple(notes), float(contention))
 

@@ -73,8 +73,10 @@ def _launches(rec: StepRecord, t0: int, buckets: Sequence[tuple[int, ...]],
 
 
 def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
-                model: CostModel) -> StepReplay:
-    """Replay one recorded step with `buckets` (reduction order)."""
+                model: CostModel, contention: float = 0.0) -> StepReplay:
+    """Replay one recorded step with `buckets` (reduction order). `contention` (0..1) is the
+    share of the all-reduce time hidden behind the backward that still lengthens the step
+    (0: communication overlaps compute for free; 1: they take turns on the same cores)."""
     recs = timeline.records[step]
     ranks = sorted(recs)
     t0 = min(recs[r].forward_ns for r in ranks)
@@ -99,9 +101,10 @@ def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
         tail = (rec.backward_end_ns - obs_end) * NS
         after = (rec.next_forward_ns - rec.backward_end_ns) * NS
         end = max(gate[j], seen[-1, j]) + tail
-        step_s = end + after - (rec.forward_ns - t0) * NS
-        out = StepReplay(step, r, step_s, max(0.0, float(seen[-1, j] - gate[j])),
-                         float(fin[-1] - cost[-1] - gate[j]))
+        exposed = max(0.0, float(seen[-1, j] - gate[j]))
+        hidden = max(0.0, float(cost.sum()) - exposed)
+        step_s = end + after - (rec.forward_ns - t0) * NS + contention * hidden
+        out = StepReplay(step, r, step_s, exposed, float(fin[-1] - cost[-1] - gate[j]))
         if best is None or out.step_s > best.step_s:
             best = out
     assert best is not None
@@ -125,12 +128,13 @@ class Prediction:
 
 
 def predict(timeline: Timeline, steps: Sequence[int], buckets: Sequence[PlannedBucket],
-            current: Sequence[PlannedBucket], model: CostModel) -> Prediction:
+            current: Sequence[PlannedBucket], model: CostModel,
+            contention: float = 0.0) -> Prediction:
     """Predict `buckets` over `steps`, relative to the recorded run with `current`."""
     if not steps:
         raise ValueError("ddpviz: no steady step to replay; record at least 3 steps.")
-    cand = [replay_step(timeline, s, buckets, model) for s in steps]
-    base = [replay_step(timeline, s, current, model) for s in steps]
+    cand = [replay_step(timeline, s, buckets, model, contention) for s in steps]
+    base = [replay_step(timeline, s, current, model, contention) for s in steps]
     steps_s = [observed_step_s(timeline, s) + c.step_s - b.step_s
                for s, c, b in zip(steps, cand, base, strict=True)]
     return Prediction(statistics.median(steps_s), statistics.median(c.exposed_s for c in cand),
