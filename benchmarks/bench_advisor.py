@@ -283,8 +283,8 @@ def main() -> None:
         tables[contention] = [analyze(json.loads(p.read_text()), args.verbose, contention)
                               for p in sorted(out.glob("w*_m*.json"))]
     for contention, summary in tables.items():
-        print(f"contention {contention:g} ({'overlap for free' if contention == 0 else 'comm and '
-              'compute take turns'}):")
+        how = "overlap for free" if contention == 0 else "comm and compute take turns"
+        print(f"contention {contention:g} ({how}):")
         print(f"{'ranks':>5}  {'model':36}{'settings run':>13}{'median |err|':>14}"
               f"{'spearman':>10}{'recommended vs best':>21}")
         for world, model, n, err, rho, over in summary:
