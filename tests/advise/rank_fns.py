@@ -41,4 +41,28 @@ def record_ddpviz(rank: int, world_size: int, steps: int, cap_mb: float | None,
         opt.step()
     if watch is not None:
         watch.close()
-    return {"events": events}
+    return {"events": events, "torch_rebuilt": _torch_rebuilt(ddp) if torch_ddp else None}
+
+
+def _torch_rebuilt(ddp: Any) -> list[list[int]]:
+    logged = ddp._get_ddp_logging_data()
+    return [[int(i) for i in b.split()]
+            for b in str(logged["rebuilt_per_bucket_param_indices"]).split(",")]
+
+
+def torch_buckets(rank: int, world_size: int, cap_mb: float | None,
+                  cap_list: list[float] | None = None) -> list[list[int]]:
+    """The bucket map torch's own DDP rebuilt to (logged after 3 steps) with these settings."""
+    import torch
+
+    model = mlp()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb,
+                                                    bucket_cap_mb_list=cap_list)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    torch.manual_seed(1 + rank)
+    for _ in range(3):
+        loss = ddp(torch.randn(16, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return _torch_rebuilt(ddp)
