@@ -13,6 +13,8 @@ recorded, so it is right for settings close to the recorded one and less so far 
 from __future__ import annotations
 
 import statistics
+import sys
+from dataclasses import replace
 
 from ddpviz.advise.advice import Advice, Row, explain
 from ddpviz.advise.candidates import Candidate, default_candidates, validate_candidates
@@ -20,7 +22,7 @@ from ddpviz.advise.costmodel import CostModel, fit_cost_model
 from ddpviz.advise.replay import observed_step_s, predict
 from ddpviz.advise.source import AdviceError, as_trace
 from ddpviz.advise.timeline import Timeline, build_timeline
-from ddpviz.plan import BucketPlan, PlannedBucket
+from ddpviz.plan import MB, BucketPlan, PlannedBucket
 
 
 def steady_map(plan: BucketPlan) -> tuple[PlannedBucket, ...]:
@@ -36,9 +38,28 @@ def plan_for(timeline: Timeline, c: Candidate) -> BucketPlan:
 
 
 def current_candidate(timeline: Timeline) -> Candidate:
+    """The recorded setting: the one the plan inferred from the recorded limits, or else the
+    first reading of those limits (one cap, the cap list as recorded) whose planned map is the
+    recorded map (a 1 MiB cap and torch's default share their first limit)."""
     s = timeline.observed.plan.settings
-    return Candidate("as recorded", s.bucket_cap_mb, s.bucket_cap_mb_list,
-                     s.set_last_bucket_cap, family="current")
+    inferred = Candidate("as recorded", s.bucket_cap_mb, s.bucket_cap_mb_list,
+                         s.set_last_bucket_cap, family="current")
+    recorded = timeline.current_buckets()
+    plan = timeline.observed.plan
+    limits = [b.limit for b in (plan.rebuilt if plan.rebuilt is not None and
+                                timeline.observed.rebuilt_step is not None else plan.initial)]
+    caps = [x / MB for x in limits if 0 < x < sys.maxsize]
+    readings = [inferred]
+    if caps:
+        readings += [replace(inferred, bucket_cap_mb=max(caps), bucket_cap_mb_list=None),
+                     replace(inferred, bucket_cap_mb=None, bucket_cap_mb_list=tuple(caps))]
+    for c in readings:
+        try:
+            if tuple(b.param_indices for b in steady_map(plan_for(timeline, c))) == recorded:
+                return c
+        except ValueError:
+            continue
+    return inferred
 
 
 def advise(source: object, *, candidates: object = None,
