@@ -54,7 +54,7 @@ class Advice:
     cost_model: CostModel
     world_size: int
     steps: tuple[int, ...]  # the recorded steps replayed
-    measured_step_s: float  # median recorded step time of the slowest rank
+    measured_step_s: float  # median recorded step time (mean over ranks)
     reason: str  # the recommendation, in words
     notes: tuple[str, ...] = ()
     contention: float = 0.0  # see advise()
@@ -106,7 +106,7 @@ class Advice:
         head = (f"{'candidate':{w}}{'buckets':>8}{'exposed comm ms':>17}{'step ms':>10}"
                 f"{'delta ms':>10}{'delta':>8}")
         lines = [f"bucket advice: {self.world_size} ranks, steps {_steps(self.steps)}, measured "
-                 f"step {_ms(self.measured_step_s)} ms (slowest rank), contention "
+                 f"step {_ms(self.measured_step_s)} ms, contention "
                  f"{self.contention:g}", head, "-" * len(head)]
         base = self.current.prediction.step_s
         for r in self.rows:

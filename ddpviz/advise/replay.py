@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,13 +25,12 @@ from ddpviz.advise.timeline import StepRecord, Timeline
 from ddpviz.plan import PlannedBucket
 
 
-@dataclass(frozen=True)
-class StepReplay:
-    """One step replayed: seconds, for the rank whose step ends last."""
+class StepReplay(NamedTuple):
+    """One step replayed: seconds; exposure for the rank whose step ends last."""
 
     step: int
-    rank: int
-    step_s: float  # forward start to next forward start
+    rank: int  # that rank
+    step_s: float  # forward start to next forward start, mean over ranks
     exposed_s: float  # last bucket seen done minus last gradient ready
     last_start_after_ready_s: float  # when the last bucket's all-reduce started, after the
     # last gradient was ready (negative: before)
@@ -94,6 +94,7 @@ def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
     fin = finish_times(launch, cost)
     seen = seen_done(fin, gate, timeline.finalize_ns * NS, timeline.done_seen_at_finalize)
     best: StepReplay | None = None
+    steps_s = []
     for j, r in enumerate(ranks):
         rec = recs[r]
         assert rec.backward_end_ns is not None and rec.next_forward_ns is not None
@@ -104,17 +105,20 @@ def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
         exposed = max(0.0, float(seen[-1, j] - gate[j]))
         hidden = max(0.0, float(cost.sum()) - exposed)
         step_s = end + after - (rec.forward_ns - t0) * NS + contention * hidden
+        steps_s.append(step_s)
         out = StepReplay(step, r, step_s, exposed, float(fin[-1] - cost[-1] - gate[j]))
         if best is None or out.step_s > best.step_s:
             best = out
     assert best is not None
-    return best
+    # every rank's step lasts as long on average (they meet in each all-reduce); the mean is
+    # free of the per-step jitter a maximum over ranks would add
+    return best._replace(step_s=sum(steps_s) / len(steps_s))
 
 
 def observed_step_s(timeline: Timeline, step: int) -> float:
-    """The recorded step time (forward to next forward) of the slowest rank."""
+    """The recorded step time (forward to next forward), mean over ranks."""
     recs = timeline.records[step].values()
-    return max((r.next_forward_ns or r.forward_ns) - r.forward_ns for r in recs) * NS
+    return sum((r.next_forward_ns or r.forward_ns) - r.forward_ns for r in recs) * NS / len(recs)
 
 
 @dataclass(frozen=True)
