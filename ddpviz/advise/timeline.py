@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ddpviz import events as ev
 from ddpviz.advise.source import AdviceError
@@ -164,7 +164,8 @@ def build_timeline(trace: Trace) -> Timeline:
             "ddpviz: the trace has no ParamsBuilt event, so the parameters (sizes, dtypes) are "
             f"unknown (ranks {ranks}).\nRecord from before the DDP constructor runs.")
     rank0 = built[0].rank
-    maps = [_Timed(trace.aligned_ns(e), e) for e in trace.of_type(ev.BucketAssigned, rank=rank0)]
+    maps: list[Any] = [_Timed(trace.aligned_ns(e), e)  # the shape observed_plan reads
+                       for e in trace.of_type(ev.BucketAssigned, rank=rank0)]
     rebuilt_events = trace.of_type(ev.BucketsRebuilt, rank=rank0)
     records: dict[int, dict[int, StepRecord]] = {}
     launch_gaps: list[int] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 
@@ -11,7 +12,7 @@ def mlp(widths: tuple[int, ...] = (32, 64, 64, 64, 8)) -> Any:
 
     torch.manual_seed(0)
     layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:], strict=False):
+    for a, b in itertools.pairwise(widths):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers[:-1])
 

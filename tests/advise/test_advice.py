@@ -133,7 +133,7 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     ([None], "candidate 0 is None"),
 ])
 def test_bad_candidates_are_named(candidates: object, says: str) -> None:
-    with pytest.raises(AdviceError, match="^ddpviz: ") as info:
+    with pytest.raises(AdviceError, match=r"^ddpviz: ") as info:
         advise(_exposed_last_bucket(), candidates=candidates)
     assert says in str(info.value)
 
@@ -144,7 +144,7 @@ def test_bad_sources_are_named(tmp_path: Path) -> None:
     with pytest.raises(AdviceError, match="holds no events"):
         advise(Trace())
     no_grads = Trace(e for e in _exposed_last_bucket() if not isinstance(e, ev.GradReady))
-    with pytest.raises(AdviceError, match="(?s)no GradReady events.*detail='params'"):
+    with pytest.raises(AdviceError, match=r"(?s)no GradReady events.*detail='params'"):
         advise(no_grads)
     no_ctor = Trace(e for e in _exposed_last_bucket() if not isinstance(e, ev.ParamsBuilt))
     with pytest.raises(AdviceError, match="no ParamsBuilt event"):
