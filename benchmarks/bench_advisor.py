@@ -122,6 +122,8 @@ def _picks(name: str, x: torch.Tensor, most: int) -> list[dict[str, Any]]:
     # too few distinct maps (a model of a few large layers): settings that build a map
     # already in the list make up the number (they also show the measurement's noise)
     distinct += same[:max(0, MIN_SETTINGS - 1 - len(distinct))]
+    # an A/A copy of the default: the same map measured apart shows the noise floor
+    distinct.append((0, Candidate("default again (A/A copy)", family="default")))
     return [{"candidate": c.label, "bucket_cap_mb": c.bucket_cap_mb,
              "bucket_cap_mb_list": list(c.bucket_cap_mb_list) if c.bucket_cap_mb_list else None,
              "set_last_bucket_cap": c.set_last_bucket_cap, "current": c is current}
@@ -250,8 +252,14 @@ def analyze(data: dict[str, Any], verbose: bool, contention: float) -> tuple[Any
     err = statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))
     rho = spearman(pred, meas)
     rec = next(i for i, r in enumerate(rows) if r["recommended"])
+    # the noise floor: settings that build the same bucket map, measured apart
+    same: dict[tuple[int, ...], list[float]] = {}
+    for r, m in zip(rows, meas, strict=True):
+        same.setdefault(tuple(r["bucket_bytes"]), []).append(m)
+    spread = max((max(v) / min(v) - 1 for v in same.values() if len(v) > 1), default=None)
     print()
-    return data["world"], data["model"], len(rows), err, rho, meas[rec] / min(meas) - 1
+    return (data["world"], data["model"], len(rows), err, rho, meas[rec] / min(meas) - 1,
+            spread)
 
 
 def main() -> None:
@@ -289,9 +297,11 @@ def main() -> None:
         how = "overlap for free" if contention == 0 else "comm and compute take turns"
         print(f"contention {contention:g} ({how}):")
         print(f"{'ranks':>5}  {'model':36}{'settings run':>13}{'median |err|':>14}"
-              f"{'spearman':>10}{'recommended vs best':>21}")
-        for world, model, n, err, rho, over in summary:
-            print(f"{world:>5}  {model:36}{n:>13}{err:>14.1%}{rho:>10.2f}{over:>+21.1%}")
+              f"{'spearman':>10}{'recommended vs best':>21}{'same map apart':>16}")
+        for world, model, n, err, rho, over, spread in summary:
+            noise = "-" if spread is None else f"{spread:.0%}"
+            print(f"{world:>5}  {model:36}{n:>13}{err:>14.1%}{rho:>10.2f}{over:>+21.1%}"
+                  f"{noise:>16}")
 
 
 if __name__ == "__main__":
