@@ -196,13 +196,13 @@ def fit_cost_model(timeline: Timeline, prior: CostModel | None = None) -> CostMo
     few = {d for d, s in sizes.items() if len(s) < 2}
     fixed_alpha: dict[str, float] = {}
     if prior is not None and prior.lines:
-        # a measured latency beats one split off a few noisy sizes; the bandwidth still comes
-        # from the run (it holds what the run showed of contention with compute)
-        for d in sizes:
+        # where the run cannot tell latency from bandwidth, the measured latency fills in; the
+        # bandwidth still comes from the run (it holds what the run showed of contention)
+        for d in sorted(few):
             fixed_alpha[d] = prior.line(d).latency_s
-        notes.append("latency per dtype from the " + prior.source + " model ("
-                     + ", ".join(f"{d} {a * 1e6:.0f} us" for d, a in sorted(fixed_alpha.items()))
-                     + "), bandwidth fitted from the run")
+            notes.append(f"{d}: the run's buckets have only {len(sizes[d])} distinct size(s); "
+                         f"latency {fixed_alpha[d] * 1e6:.0f} us taken from the "
+                         f"{prior.source} model, bandwidth fitted from the run")
     for d in sorted(few - set(fixed_alpha)):
         fixed_alpha[d] = 0.0
         notes.append(
