@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,7 +137,13 @@ def _steps(steps: tuple[int, ...]) -> str:
 def explain(rows: tuple[Row, ...], model: CostModel) -> tuple[Row, str]:
     """The recommended row and why, in one or two sentences."""
     current = rows[0]
-    best = min(rows, key=lambda r: r.prediction.step_s)
+    fastest = min(r.prediction.step_s for r in rows)
+    # among candidates as fast (within 0.1%; often settings that build the same map): the
+    # current one, else the fewest buckets, a plain cap before a list, the cap nearest torch's
+    near = [r for r in rows if r.prediction.step_s <= fastest * 1.001]
+    best = current if current in near else min(near, key=lambda r: (
+        len(r.buckets), r.candidate.bucket_cap_mb_list is not None,
+        abs(math.log(max(r.candidate.cap_mb, 1e-9) / 25.0))))
     cur_p = current.prediction
     gain = cur_p.step_s - best.prediction.step_s
     last = current.buckets[-1] if current.buckets else None
