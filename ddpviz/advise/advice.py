@@ -151,9 +151,10 @@ def explain(rows: tuple[Row, ...], model: CostModel) -> tuple[Row, str]:
                    f"{_mib(last.nbytes)}) is exposed for {_ms(cur_p.exposed_s)} ms after the "
                    "last gradient is ready" if last is not None else "")
     if best is current or gain < MIN_GAIN * cur_p.step_s:
+        other = min(rows[1:], key=lambda r: r.prediction.step_s, default=current)
         text = (f"Keep the current setting ({current.candidate.setting()}): no candidate is "
-                f"predicted more than {MIN_GAIN:.0%} faster (best: {best.label}, "
-                f"{_ms(best.prediction.step_s)} ms vs {_ms(cur_p.step_s)} ms).")
+                f"predicted more than {MIN_GAIN:.0%} faster (best other: {other.label}, "
+                f"{_ms(other.prediction.step_s)} ms vs {_ms(cur_p.step_s)} ms).")
         if exposed_now:
             text += f" {exposed_now}."
         return current, text

@@ -84,8 +84,12 @@ def advise(source: object, *, candidates: object = None,
     Returns:
         `Advice`: print it, `.to_records()`, `.show()`.
 
-    See [Note: what the advisor models] (ddpviz/advise/advisor.py) for what is and is not
-    modeled.
+    Modeled: buckets from the exact planner (assignment, rebuild in gradient-ready order, the
+    1 MiB first bucket, cap lists, DDP_SET_LAST_BUCKET_CAP), in-order bucket launch, one process
+    group running all-reduces one after another, the rebuild. Not modeled: comm hooks that
+    change the bytes sent, several process groups, compute/communication interference it cannot
+    see (GPU kernels sharing memory bandwidth; CPU cores shared by gloo and autograd, for which
+    `contention` is a knob, not a measurement). See [Note: what the advisor models].
     """
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise AdviceError(f"ddpviz: cost_model is a {type(cost_model).__name__}; expected the "

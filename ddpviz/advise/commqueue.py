@@ -36,11 +36,6 @@ def finish_times(launch_s: Array, cost_s: Array) -> Array:
     return out
 
 
-def start_times(launch_s: Array, finish_s: Array, cost_s: Array) -> Array:
-    """When each all-reduce started (finish minus cost)."""
-    return finish_s - cost_s
-
-
 def seen_done(finish_s: Array, gate_s: Array, finalize_s: float, at_finalize: bool) -> Array:
     """When each rank sees each bucket done.
 
