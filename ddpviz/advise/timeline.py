@@ -143,6 +143,11 @@ def _rank_records(trace: Trace, rank: int) -> tuple[dict[int, StepRecord], list[
     return records, launch_gaps, ready_gaps, finalize_gaps
 
 
+def _quartile(xs: Sequence[int]) -> float:
+    """The lower quartile (0 for no data)."""
+    return float(sorted(xs)[len(xs) // 4]) if xs else 0.0
+
+
 def _median(xs: Sequence[int], default: float = 0.0) -> float:
     return float(statistics.median(xs)) if xs else default
 
@@ -200,7 +205,10 @@ def build_timeline(trace: Trace) -> Timeline:
         for rec in recs.values():
             if rec.ready_ns and rec.done_ns and min(rec.done_ns.values()) < rec.last_ready_ns:
                 done_late = False
-    launch = max(0.0, _median(launch_gaps) - _median(ready_gaps)) if launch_gaps else 0.0
+    # a bucket launch's cost on the training thread: how much longer the gap to the next
+    # gradient is after a launch than between two gradients, both at their lower quartile
+    # (a preempted rank or an all-reduce thread competing for the core only adds to a gap)
+    launch = max(0.0, _quartile(launch_gaps) - _quartile(ready_gaps)) if launch_gaps else 0.0
     notes = []
     if not launch_gaps:
         notes.append("no bucket launch was followed by a gradient hook, so the launch cost on "
