@@ -67,3 +67,13 @@ def torch_buckets(rank: int, world_size: int, cap_mb: float | None,
         loss.backward()
         opt.step()
     return _torch_rebuilt(ddp)
+
+
+def measure_costs(rank: int, world_size: int) -> dict[str, Any]:
+    """ddpviz.advise.measure on the default group: the fitted line per dtype."""
+    import ddpviz
+
+    model = ddpviz.advise.measure(sizes=(4096, 65536, 1 << 20), dtypes=("float32", "bfloat16"),
+                                  repeats=3)
+    return {"source": model.source, "separable": model.separable,
+            "lines": {d: (ln.latency_s, ln.seconds_per_byte) for d, ln in model.lines.items()}}

@@ -88,3 +88,19 @@ def test_a_watched_torch_ddp_is_advised_on_its_own_maps() -> None:
     advice = advise(trace, candidates=[0.004, 1])
     assert [r.candidate.bucket_cap_mb for r in advice.rows[1:]] == [0.004, 1]
     assert advice.rows[0].prediction.step_s == pytest.approx(advice.measured_step_s, rel=1e-9)
+
+
+def test_measure_fits_one_model_that_every_rank_agrees_on() -> None:
+    out = run_ranks(rank_fns.measure_costs, 2, timeout=300)
+    assert out[0] == out[1]  # the slowest rank's time per size, fitted alike on every rank
+    assert out[0]["source"] == "measured" and out[0]["separable"]
+    assert set(out[0]["lines"]) == {"float32", "bfloat16"}
+    for latency, per_byte in out[0]["lines"].values():
+        assert latency >= 0 and per_byte >= 0 and latency + (1 << 20) * per_byte > 0
+
+
+def test_measure_needs_a_process_group() -> None:
+    from ddpviz.advise import AdviceError, measure
+
+    with pytest.raises(AdviceError, match="needs an initialized process group"):
+        measure()
