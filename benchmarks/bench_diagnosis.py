@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import queue
-import socket
 import statistics
 import sys
 import time
@@ -24,10 +22,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
+
+from _ranks import run_ranks
 
 WARMUP = 8
 ROWS = ("ddpviz, watchdog off", "ddpviz, watchdog on", "torch DDP", "torch DDP + watch")
@@ -39,12 +38,12 @@ def _mlp() -> nn.Module:
                          nn.Linear(512, 10))
 
 
-def _rank(rank: int, port: int, steps: int, out: Any) -> None:
+def _rank(rank: int, world: int, port: int, steps: int, out: Any) -> None:
     import ddpviz
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     models = {
         ROWS[0]: ddpviz.DistributedDataParallel(_mlp(), hang_timeout=0),
         ROWS[1]: ddpviz.DistributedDataParallel(_mlp()),
@@ -90,24 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, args.steps, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, times = out.get(timeout=600)
-            results[rank] = times
-    except queue.Empty:
-        raise SystemExit("ddpviz: benchmark ranks did not report within 600 s") from None
-    finally:
-        for p in procs:
-            p.join(30)
+    results = run_ranks(_rank, 2, args.steps, timeout=600)
     times = results[0]
     print(f"diagnosis cost per step: MLP 0.8M params, 2 gloo ranks on CPU, batch 32, "
           f"{args.steps} rotated repetitions, rank 0")

@@ -21,8 +21,6 @@ import argparse
 import datetime
 import importlib.util
 import os
-import queue
-import socket
 import statistics
 import sys
 import time
@@ -31,10 +29,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
+
+from _ranks import run_ranks
 
 MODELS = {
     "~100 params": (8, 8, 4),  # Linear(8, 8) + Linear(8, 4): 108 parameters
@@ -108,27 +107,7 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
 
 
 def _run_world(world: int, args: Any) -> list[dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, args, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, rows = out.get(timeout=1800)
-            results[rank] = rows
-    except queue.Empty:
-        raise SystemExit("ddpviz: benchmark ranks did not report within 1800 s") from None
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    return results[0]
+    return run_ranks(_rank, world, args, timeout=1800)[0]
 
 
 def main() -> None:

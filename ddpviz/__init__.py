@@ -6,6 +6,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ddpviz.advise import advise
     from ddpviz.diagnose import diagnose
     from ddpviz.engine.buckets import (
         TensorSpec,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 # block above tells type checkers the same names. tests/test_public_api.py keeps the three
 # lists in step.
 _WHERE = {
+    "advise": "ddpviz.advise",
     "BucketPlan": "ddpviz.plan",
     "DistributedDataParallel": "ddpviz.engine.ddp",
     "Finding": "ddpviz.findings",
@@ -79,9 +81,9 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """ddpviz itself. Loading a submodule binds it to its package's attribute; for the four
-    whose name is also a public function (watch, diagnose, preflight, postmortem) the function
-    keeps the name, as when this package imported everything eagerly."""
+    """ddpviz itself. Loading a submodule binds it to its package's attribute; for the five
+    whose name is also a public function (watch, diagnose, preflight, postmortem, advise) the
+    function keeps the name, as when this package imported everything eagerly."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _WHERE and isinstance(value, types.ModuleType):
@@ -131,6 +133,7 @@ __all__ = [
     "VerificationReport",
     "Watch",
     "__version__",
+    "advise",
     "bucket_plan",
     "compute_bucket_assignment_by_size",
     "connect",

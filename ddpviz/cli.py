@@ -1,5 +1,5 @@
 """The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`,
-`ddpviz record -- COMMAND`, `ddpviz postmortem DUMP_DIR`."""
+`ddpviz record -- COMMAND`, `ddpviz postmortem DUMP_DIR`, `ddpviz advise TRACE`."""
 
 from __future__ import annotations
 
@@ -126,6 +126,18 @@ def _record(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return 2
 
+def _advise(args: argparse.Namespace) -> int:
+    from ddpviz.advise import AdviceError, advise
+
+    try:
+        advice = advise(args.trace)
+    except AdviceError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(advice.to_json() if args.json else str(advice))
+    return 0
+
+
 def _postmortem(args: argparse.Namespace) -> int:
     from ddpviz.plan import PlanSettings
     from ddpviz.postmortem import DumpError, postmortem
@@ -201,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--trace", default=None, metavar="OUT.ddpviz",
                    help="also write the post-mortem as a .ddpviz trace (JupyterLab viewer)")
     m.set_defaults(func=_postmortem)
+
+    a = sub.add_parser("advise", help="predict the step time of other bucket settings from one "
+                       "recorded run and recommend one")
+    a.add_argument("trace", help="a .ddpviz trace of one run (3+ steps)")
+    a.add_argument("--json", action="store_true", help="print the advice as JSON")
+    a.set_defaults(func=_advise)
     return p
 
 

@@ -30,7 +30,8 @@ FORMAT = {"ddpviz.tracefile"}
 ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz.diagnose",
                    "ddpviz.plan", "ddpviz.plan_table", "ddpviz.report", "ddpviz.trace",
                    "ddpviz.postmortem", "ddpviz.preflight", "ddpviz.watch", "ddpviz.record",
-                   "ddpviz.autowatch", "ddpviz.magic", "ddpviz.cli", "ddpviz.demo")
+                   "ddpviz.autowatch", "ddpviz.magic", "ddpviz.cli", "ddpviz.demo",
+                   "ddpviz.advise")
 # (module, function) -> why it may import a widget: each opens the UI for its own object.
 UI_METHODS = {
     ("ddpviz.plan", "show"): "BucketPlan.show() returns the BucketMap widget of the plan",
@@ -38,6 +39,7 @@ UI_METHODS = {
     ("ddpviz.session", "dashboard"): "Session.dashboard() opens the live Dashboard",
     ("ddpviz.launcher.run", "dashboard"): "Run.dashboard() opens the Dashboard of a launch",
     ("ddpviz.postmortem.report", "show"): "PostMortem.show() returns its PostMortemView",
+    ("ddpviz.advise.advice", "show"): "Advice.show() returns its AdviceView",
 }
 
 
@@ -147,6 +149,15 @@ def test_engine_imports_only_the_vocabulary_and_itself() -> None:
 def test_transport_never_imports_its_consumers() -> None:
     bad = [e for e in EDGES if _under(e[0], "ddpviz.transport") and _under(e[1], *ABOVE_TRANSPORT)]
     assert not bad, "transport/ reaches up:\n" + _show(bad)
+
+
+def test_the_advisor_sits_above_the_engine_and_transport() -> None:
+    # advise/ reads traces and plans (which use the engine's pure bucket functions); nothing
+    # below it (engine, transport, the vocabulary) may import it
+    bad = [e for e in EDGES if _under(e[1], "ddpviz.advise") and _under(
+        e[0], "ddpviz.engine", "ddpviz.transport", *VOCABULARY, *FORMAT)]
+    assert not bad, "a lower layer imports the advisor:\n" + _show(bad)
+    assert any(_under(m, "ddpviz.advise") and t == "ddpviz.plan" for m, t, _, _f in EDGES)
 
 
 def test_widgets_never_import_the_engine() -> None:

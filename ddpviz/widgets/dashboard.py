@@ -15,6 +15,7 @@ import ipywidgets as w
 
 from ddpviz import markup
 from ddpviz.findings import format_ranks
+from ddpviz.widgets.advice_view import AdviceTab
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
 from ddpviz.widgets.event_model import Status
 from ddpviz.widgets.event_view import EventView
@@ -47,10 +48,12 @@ class Dashboard(EventView):
                  timeline_bytes_per_s: int = 30_000, **kwargs: Any) -> None:
         self._timeline_budget = timeline_bytes_per_s
         self.status: Status | None = None
+        self._advised = source  # the advice tab asks the advisor about the same source
         super().__init__(source, max_hz=max_hz, **kwargs)
 
     def _build(self) -> list[w.Widget]:
         self.status_html = w.HTML()
+        self.advice = AdviceTab(self._advised)
         self.verification = VerificationView.embedded_in(self.model)
         self.broadcast = BroadcastProgress.embedded_in(self.model)
         self.buckets = LiveBucketMap.embedded_in(self.model)
@@ -70,6 +73,7 @@ class Dashboard(EventView):
                    layout=w.Layout(flex_flow="row wrap")),
             _heading("4 · buckets (the maps DDP really used)"), self.buckets,
             _heading("5-6 · forward and backward: hooks, buckets, all-reduce"), self.timeline,
+            self.advice,
         ]
 
     def render(self, cursor: Cursor) -> bool:
@@ -77,6 +81,8 @@ class Dashboard(EventView):
         for part in (self.verification, self.broadcast, self.buckets, self.timeline):
             deferred |= part.render(cursor)
         self._draw_status(cursor)
+        if self.status is not None and self.status.steps:
+            self.advice.update(min(self.status.steps.values()) + 1)
         return deferred
 
     def _draw_status(self, cursor: Cursor) -> None:
