@@ -106,7 +106,9 @@ def advise(source: object, *, candidates: object = None,
         raise AdviceError(
             f"ddpviz: the trace holds {n} step(s) but no step after the first that every one of "
             f"the {timeline.world_size} ranks recorded completely with the final bucket map.\n"
-            "Record at least 3 training steps (forward, backward, optimizer) and pass it again.")
+            "Record at least 3 training steps (forward, backward, optimizer) with per-parameter "
+            "gradient times (detail='full'; the default 'sampled' records them on steps 0-2 and "
+            "every 100th only) and pass it again.")
     model = fit_cost_model(timeline, cost_model)
     cur_c = current_candidate(timeline)
     observed_map = timeline.current_buckets()

@@ -29,9 +29,10 @@ def record_ddpviz(rank: int, world_size: int, steps: int, cap_mb: float | None,
     model = mlp()
     if torch_ddp:
         ddp: Any = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
-        watch = ddpviz.watch(ddp, emitter=events.append)
+        watch = ddpviz.watch(ddp, emitter=events.append, detail="full")
     else:
-        ddp = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap_mb, emitter=events.append)
+        ddp = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap_mb, emitter=events.append,
+                                             detail="full")
         watch = None
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     torch.manual_seed(1 + rank)
