@@ -39,6 +39,8 @@ WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
 WorldSizeOrUnknown = Annotated[int, msgspec.Meta(ge=0, le=MAX_WORLD_SIZE)]  # 0: unknown
 Step = Annotated[int, msgspec.Meta(ge=-1, le=MAX_STEP)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+# a time or clock offset in ns: +-146 years, so a time plus an offset fits 64 bits (columns)
+TimeNs = Annotated[int, msgspec.Meta(ge=-MAX_COUNT, le=MAX_COUNT)]
 ParamIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_PARAMS)]
 ParamIndexOrNone = Annotated[int, msgspec.Meta(ge=-1, lt=MAX_PARAMS)]  # -1: not about one
 ParamCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_PARAMS)]

@@ -26,6 +26,7 @@ import msgspec
 from ddpviz import events as ev
 from ddpviz import limits
 from ddpviz.atomic import replacing, write_text
+from ddpviz.columns import RankColumns, Table
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
 
 # The file format and writer live in tracefile.py (imported by transport/ too); the names the
@@ -80,7 +81,7 @@ class Trace:
     def __init__(self, events: Iterable[Event] = (), *, meta: dict[str, Any] | None = None,
                  clock: dict[int, tuple[int, int]] | None = None) -> None:
         self._lock = threading.Lock()
-        self._by_rank: dict[int, list[Event]] = {}
+        self._by_rank: dict[int, RankColumns] = {}  # columns per rank (see ddpviz/columns.py)
         self.meta: dict[str, Any] = dict(meta or {})
         self.clock: dict[int, tuple[int, int]] = dict(clock or {})
         self.truncated = False  # set by load() when the file ended in a torn frame
@@ -88,9 +89,15 @@ class Trace:
 
     # --- recording ----------------------------------------------------------------------------
 
+    def _rank_columns(self, rank: int) -> RankColumns:
+        cols = self._by_rank.get(rank)
+        if cols is None:
+            cols = self._by_rank[rank] = RankColumns(rank)
+        return cols
+
     def append(self, event: Event) -> None:
         with self._lock:
-            self._by_rank.setdefault(event.rank, []).append(event)
+            self._rank_columns(event.rank).add((event,))
 
     def extend(self, events: Iterable[Event]) -> None:
         batch = events if isinstance(events, list) else list(events)
@@ -99,15 +106,17 @@ class Trace:
         rank = batch[0].rank
         if batch[-1].rank == rank and all(e.rank == rank for e in batch):
             with self._lock:  # the usual case: one rank's chunk or message
-                self._by_rank.setdefault(rank, []).extend(batch)
+                self._rank_columns(rank).add(batch)
             return
+        by_rank: dict[int, list[Event]] = {}
+        for e in batch:
+            lst = by_rank.get(e.rank)
+            if lst is None:
+                lst = by_rank[e.rank] = []
+            lst.append(e)
         with self._lock:
-            by_rank = self._by_rank
-            for e in batch:
-                lst = by_rank.get(e.rank)
-                if lst is None:
-                    lst = by_rank[e.rank] = []
-                lst.append(e)
+            for r, lst in by_rank.items():
+                self._rank_columns(r).add(lst)
 
     def set_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
         with self._lock:
@@ -120,17 +129,29 @@ class Trace:
         with self._lock:
             return sorted(self._by_rank)
 
+    def columns(self, rank: int | None = None) -> dict[int, Table]:
+        """Snapshots of the ranks' columns (all ranks, or just `rank`), by rank: what the
+        analyses read instead of event objects (see ddpviz/columns.py)."""
+        with self._lock:
+            chosen = sorted(self._by_rank) if rank is None else (
+                [rank] if rank in self._by_rank else [])
+            return {r: self._by_rank[r].table() for r in chosen}
+
     def events(self, rank: int | None = None) -> list[Event]:
         """A snapshot: one rank's events in emission order, or all ranks merged by aligned
-        time (ties by rank, then seq)."""
+        time (ties by rank, then seq). Built from the columns on each call."""
+        if rank is not None:
+            table = self.columns(rank).get(rank)
+            return table.events() if table is not None else []
         with self._lock:
-            if rank is not None:
-                return list(self._by_rank.get(rank, ()))
-            lists = [(r, list(v)) for r, v in self._by_rank.items()]
             clock = dict(self.clock)
-        merged = [e for _, lst in lists for e in lst]
+        merged = [e for table in self._tables_in_insertion_order() for e in table.events()]
         merged.sort(key=lambda e: (e.t_ns + clock.get(e.rank, (0, 0))[0], e.rank, e.seq))
         return merged
+
+    def _tables_in_insertion_order(self) -> list[Table]:
+        with self._lock:
+            return [c.table() for c in self._by_rank.values()]
 
     @overload
     def of_type(self, kind: type[E], /, *, rank: int | None = None) -> list[E]: ...
@@ -139,7 +160,15 @@ class Trace:
 
     def of_type(self, *types: type[Event], rank: int | None = None) -> list[Any]:
         """The events of these types (one type: typed as it), in `events(rank)` order."""
-        return [e for e in self.events(rank) if isinstance(e, types)]
+        if rank is not None:
+            table = self.columns(rank).get(rank)
+            return table.events(table.rows(*types)) if table is not None else []
+        with self._lock:
+            clock = dict(self.clock)
+        picked = [e for table in self._tables_in_insertion_order()
+                  for e in table.events(table.rows(*types))]
+        picked.sort(key=lambda e: (e.t_ns + clock.get(e.rank, (0, 0))[0], e.rank, e.seq))
+        return picked
 
     def aligned_ns(self, event: Event) -> int:
         """`event.t_ns` on the reference clock (the collector's): t_ns + the rank's offset.
@@ -156,14 +185,14 @@ class Trace:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
             return NotImplemented
-        with self._lock:
-            mine = {r: list(v) for r, v in self._by_rank.items()}
-        with other._lock:
-            theirs = {r: list(v) for r, v in other._by_rank.items()}
+        mine = {r: self.events(r) for r in self.ranks}
+        theirs = {r: other.events(r) for r in other.ranks}
         return mine == theirs and self.clock == other.clock and self.meta == other.meta
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"rank {r}: {len(self.events(r))}" for r in self.ranks)
+        with self._lock:
+            sizes = {r: len(c) for r, c in sorted(self._by_rank.items())}
+        counts = ", ".join(f"rank {r}: {n}" for r, n in sizes.items())
         return f"<ddpviz Trace, {len(self)} events ({counts or 'empty'})>"
 
     # --- files --------------------------------------------------------------------------------
@@ -206,7 +235,6 @@ class Trace:
         view = memoryview(data)
         pos, end = len(_MAGIC), len(data)
         trace: Trace | None = None
-        chunks: list[list[Event]] = []
         clock: dict[int, tuple[int, int]] = {}
         while pos < end:
             where = pos
@@ -239,7 +267,7 @@ class Trace:
                 elif kind == _EVENTS:
                     chunk = cast("list[Event]", decode_events(payload))
                     limits.check_events(chunk)
-                    chunks.append(chunk)
+                    trace.extend(chunk)  # into columns now: the objects go with the chunk
                 elif kind == _CLOCK:
                     c = decode_clock(payload)
                     clock[c.rank] = (c.offset_ns, c.error_ns)
@@ -252,8 +280,6 @@ class Trace:
         if trace is None:
             raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
                              "The writer died before writing anything; rerun the job.")
-        for chunk in chunks:
-            trace.extend(chunk)
         trace.clock.update(clock)
         return trace
 
