@@ -113,12 +113,19 @@ class Table(NamedTuple):
                     out[i] = objects[r]
         return out  # type: ignore[return-value]
 
-    def in_seq_order(self) -> np.ndarray:
-        """Row numbers sorted by seq (stable: equal seqs keep their arrival order)."""
+    def sorted_by_seq(self, *, then_time: bool = False) -> Table:
+        """This table with its rows sorted by seq (stable; with `then_time`, equal seqs by t,
+        then arrival). Itself when already in order (the usual case)."""
         seq = self.seq
-        if len(seq) < 2 or bool(np.all(seq[1:] >= seq[:-1])):
-            return np.arange(len(seq))
-        return np.argsort(seq, kind="stable")
+        if len(seq) < 2 or bool(np.all(seq[1:] > seq[:-1])):
+            return self
+        order = np.lexsort((self.t, seq)) if then_time else np.argsort(seq, kind="stable")
+        new_row = np.empty(len(order), dtype=np.int64)
+        new_row[order] = np.arange(len(order))
+        objects = {int(new_row[r]): e for r, e in self.objects.items()}
+        return Table(self.rank, self.kind[order], self.step[order], self.t[order],
+                     seq[order], self.a[order], self.b[order], self.s[order],
+                     dict(sorted(objects.items())), self.strings)
 
 
 def _build(table: Table, rows: np.ndarray) -> list[Event]:

@@ -1,12 +1,6 @@
-"""Diagnosis: turns the events of a run (live or recorded) into findings. Pure over events:
-no processes, no torch.
-
-What it reads: VerificationFailed (model mismatches), FindingReported (what ranks diagnosed
-themselves: hangs, initial values, reassigned buffers), UnusedParametersFound per rank (diffed
-across ranks), GradReady per rank and step (hooks firing twice; ready order diffed across ranks
-and mapped to buckets through BucketAssigned), the collectives each rank issued per step, each
-rank's last event (missing, lagging and stuck ranks), and EventsDropped.
-"""
+"""The object path of diagnosis, as it was before the columnar store (ddpviz/columns.py):
+one Python object per event, dispatched one by one. Kept here only as the oracle that
+test_columnar_diagnosis.py compares ddpviz.diagnose with; not part of ddpviz."""
 
 from __future__ import annotations
 
