@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import threading
 import warnings
@@ -25,7 +24,7 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz import limits
-from ddpviz.atomic import replacing, write_text
+from ddpviz.atomic import replacing
 from ddpviz.columns import RankColumns, Table
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
 
@@ -309,19 +308,27 @@ class Trace:
     def spans(self) -> list[Span]:
         """Phases, all-reduces and broadcast chunks as intervals (see Span)."""
         out: list[Span] = []
-        for rank in self.ranks:
-            out.extend(_rank_spans(rank, self.events(rank), self.clock.get(rank, (0, 0))[0]))
+        for rank, table in self.columns().items():
+            out.extend(table_spans(table, self.clock.get(rank, (0, 0))[0]))
         return out
 
     def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Chrome/Perfetto trace JSON: ranks as processes, phases, all-reduces and broadcast
         chunks as spans ("X"), gradient hooks and other events as instants. Writes it to `path`
-        if given (open in ui.perfetto.dev or chrome://tracing) and returns it."""
-        with gc_paused():
-            doc = _chrome(self)
+        if given (open in ui.perfetto.dev or chrome://tracing) and returns it (as objects: for
+        big traces `write_chrome_trace`, which streams the file, is much leaner)."""
+        from ddpviz.chrome_trace import chrome_trace_doc, write_chrome_trace
+
         if path is not None:
-            write_text(path, json.dumps(doc))  # atomic, like every save
-        return doc
+            write_chrome_trace(self, path)  # atomic, like every save
+        return chrome_trace_doc(self)
+
+    def write_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write the Chrome/Perfetto trace JSON of `to_chrome_trace` to `path`, streamed from
+        the columns (no object per event). Atomic. Returns the path."""
+        from ddpviz.chrome_trace import write_chrome_trace
+
+        return write_chrome_trace(self, path)
 
 
 @contextlib.contextmanager
@@ -474,64 +481,19 @@ _SPAN_HANDLERS: dict[type[Event], Any] = {
 }
 
 
-def _rank_spans(rank: int, events: list[Event], offset: int) -> list[Span]:
+def _rank_spans(rank: int, events: list[Event], offset: int, last: int) -> list[Span]:
     spans = _RankSpans(rank, offset)
     for e in events:
         handler = _SPAN_HANDLERS.get(type(e))
         if handler is not None:
             handler(spans, e)
-    return spans.finish(events[-1].t_ns if events else 0)
+    return spans.finish(last)
 
 
-# --- Chrome / Perfetto JSON -------------------------------------------------------------------
+def table_spans(table: Table, offset: int) -> list[Span]:
+    """The spans of one rank's columns: only the events that open or close one are built."""
+    events = table.events(table.rows(*_SPAN_HANDLERS))
+    return _rank_spans(table.rank, events, offset, int(table.t[-1]) if len(table) else 0)
 
-_INSTANT_LANES: dict[type[Event], str] = {ev.GradReady: "gradient hooks"}
-_SPAN_EVENTS = set(_SPAN_HANDLERS)
 
-
-def _chrome(trace: Trace) -> dict[str, Any]:
-    spans = trace.spans()
-    per_rank = {r: trace.events(r) for r in trace.ranks}
-    starts = [s.start_ns for s in spans] + [trace.aligned_ns(lst[0])
-                                            for lst in per_rank.values() if lst]
-    t0 = min(starts) if starts else 0
-    out: list[dict[str, Any]] = []
-    tids: dict[tuple[int, str], int] = {}
-    lanes: dict[int, int] = {}  # rank -> lanes so far (linear, also with 100,000 buckets)
-
-    def tid(rank: int, lane: str) -> int:
-        key = (rank, lane)
-        if key not in tids:
-            tids[key] = n = lanes.get(rank, 0)
-            lanes[rank] = n + 1
-            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": n,
-                        "args": {"name": lane}})
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": n,
-                        "args": {"sort_index": n}})
-        return tids[key]
-
-    for rank in per_rank:
-        out.append({"ph": "M", "name": "process_name", "pid": rank,
-                    "args": {"name": f"rank {rank}"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank,
-                    "args": {"sort_index": rank}})
-        tid(rank, "phases")
-    for s in spans:
-        out.append({"name": s.name, "cat": s.cat, "ph": "X", "pid": s.rank,
-                    "tid": tid(s.rank, s.lane), "ts": (s.start_ns - t0) / 1000,
-                    "dur": max(0, s.end_ns - s.start_ns) / 1000, "args": s.args})
-    for rank, lst in per_rank.items():
-        offset = trace.clock.get(rank, (0, 0))[0]
-        for e in lst:
-            cls = type(e)
-            if cls in _SPAN_EVENTS:
-                continue
-            lane = _INSTANT_LANES.get(cls, "events")
-            name, cat = ((f"grad p{e.param}", "hook") if isinstance(e, ev.GradReady)
-                         else (cls.__name__, "event"))
-            out.append({"name": name, "cat": cat,
-                        "ph": "i", "s": "t", "pid": rank, "tid": tid(rank, lane),
-                        "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
-    clock = {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in trace.clock.items()}
-    return {"traceEvents": out, "displayTimeUnit": "ms",
-            "otherData": {"generator": "ddpviz", "clock": clock, "meta": trace.meta}}
+SPAN_TYPES = tuple(_SPAN_HANDLERS)  # the event types that open or close a span

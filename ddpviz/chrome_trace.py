@@ -1,0 +1,178 @@
+"""The Chrome/Perfetto trace JSON of a Trace (open it in ui.perfetto.dev or chrome://tracing).
+
+Ranks are processes; phases, all-reduces and broadcast chunks are spans ("X", see
+Trace.spans); gradient hooks and every other event are instants. The JSON text is written
+straight from the columnar store (ddpviz/columns.py): the hot instants (GradReady,
+BucketReady) are formatted a column at a time from a template of numbers only, never built
+as objects; rare events and spans go through json.dumps (which escapes their strings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddpviz import columns as col
+from ddpviz import events as ev
+from ddpviz.atomic import streaming_text
+from ddpviz.columns import Table
+from ddpviz.trace import SPAN_TYPES, Span, Trace, _args, gc_paused, table_spans
+
+_SPAN_CODES = col.codes(*SPAN_TYPES)
+_GRAD = ('{"name":"grad p%d","cat":"hook","ph":"i","s":"t","pid":%d,"tid":%d,"ts":%r,'
+         '"args":{"step":%d,"seq":%d,"param":%d,"bucket":%d}}')
+_BUCKET_READY = ('{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'
+                 '"ts":%r,"args":{"step":%d,"seq":%d,"bucket":%d}}')
+_BATCH = 1 << 16  # instants formatted per piece
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class _Lanes:
+    """Thread ids per (rank, lane) in order of first use, with their metadata records."""
+
+    def __init__(self) -> None:
+        self.tids: dict[tuple[int, str], int] = {}
+        self.count: dict[int, int] = {}  # rank -> lanes so far
+
+    def tid(self, rank: int, lane: str, out: list[str]) -> int:
+        key = (rank, lane)
+        n = self.tids.get(key)
+        if n is None:
+            self.tids[key] = n = self.count.get(rank, 0)
+            self.count[rank] = n + 1
+            out.append(_dumps({"ph": "M", "name": "thread_name", "pid": rank, "tid": n,
+                               "args": {"name": lane}}))
+            out.append(_dumps({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": n,
+                               "args": {"sort_index": n}}))
+        return n
+
+
+def _span_text(s: Span, tid: int, t0: int) -> str:
+    return _dumps({"name": s.name, "cat": s.cat, "ph": "X", "pid": s.rank, "tid": tid,
+                   "ts": (s.start_ns - t0) / 1000, "dur": max(0, s.end_ns - s.start_ns) / 1000,
+                   "args": s.args})
+
+
+def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[list[str]]:
+    """One rank's instants in arrival order, in pieces of JSON records."""
+    rank = table.rank
+    rows = np.flatnonzero(~np.isin(table.kind, _SPAN_CODES))
+    if not len(rows):
+        return
+    kinds = table.kind[rows]
+    is_grad = kinds == col.GRAD_READY
+    # lanes get their thread ids in the order their first instant comes
+    firsts = []
+    grads = np.flatnonzero(is_grad)
+    others = np.flatnonzero(~is_grad)
+    if len(grads):
+        firsts.append((int(grads[0]), "gradient hooks"))
+    if len(others):
+        firsts.append((int(others[0]), "events"))
+    header: dict[int, list[str]] = {}
+    tid: dict[str, int] = {}
+    for pos, lane in sorted(firsts):
+        header[pos] = []
+        tid[lane] = lanes.tid(rank, lane, header[pos])
+    for start in range(0, len(rows), _BATCH):
+        part = rows[start:start + _BATCH]
+        k = kinds[start:start + _BATCH]
+        texts: list[str | None] = [None] * len(part)
+        for code in np.unique(k).tolist():
+            where = np.flatnonzero(k == code)
+            r = part[where]
+            if code == col.GRAD_READY:
+                ts = ((table.t[r] + (offset - t0)) / 1000).tolist()
+                params = table.a[r].tolist()
+                made = [_GRAD % (p, rank, tid["gradient hooks"], x, st, sq, p, b)
+                        for p, x, st, sq, b in zip(params, ts, table.step[r].tolist(),
+                                                   table.seq[r].tolist(), table.b[r].tolist(),
+                                                   strict=True)]
+            elif code == col.BUCKET_READY:
+                ts = ((table.t[r] + (offset - t0)) / 1000).tolist()
+                made = [_BUCKET_READY % (rank, tid["events"], x, st, sq, b)
+                        for x, st, sq, b in zip(ts, table.step[r].tolist(),
+                                                table.seq[r].tolist(), table.a[r].tolist(),
+                                                strict=True)]
+            else:
+                made = [_rare_text(table.objects[i], rank, tid["events"], offset, t0)
+                        for i in r.tolist()]
+            for i, text in zip(where.tolist(), made, strict=True):
+                texts[i] = text
+        for pos in sorted(header, reverse=True):  # metadata before the lane's first instant
+            if start <= pos < start + _BATCH:
+                texts[pos - start:pos - start] = header[pos]
+        yield texts  # type: ignore[misc]
+
+
+def _rare_text(e: ev.Event, rank: int, tid: int, offset: int, t0: int) -> str:
+    return _dumps({"name": type(e).__name__, "cat": "event", "ph": "i", "s": "t", "pid": rank,
+                   "tid": tid, "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
+
+
+def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
+    """The JSON document of `trace` in pieces (join them, or write them one by one)."""
+    tables = trace.columns()
+    clock = dict(trace.clock)
+    offsets = {r: clock.get(r, (0, 0))[0] for r in tables}
+    spans = {r: table_spans(t, offsets[r]) for r, t in tables.items()}
+    starts = [min(s.start_ns for s in sp) for sp in spans.values() if sp]
+    starts += [int(t.t[0]) + offsets[r] for r, t in tables.items() if len(t)]
+    t0 = min(starts) if starts else 0
+    lanes = _Lanes()
+    yield '{"traceEvents":['
+    first = True
+
+    def joined(items: list[str]) -> str:
+        nonlocal first
+        if not items:
+            return ""
+        text = ("" if first else ",") + ",".join(items)
+        first = False
+        return text
+
+    head: list[str] = []
+    for rank in tables:
+        head.append(_dumps({"ph": "M", "name": "process_name", "pid": rank,
+                            "args": {"name": f"rank {rank}"}}))
+        head.append(_dumps({"ph": "M", "name": "process_sort_index", "pid": rank,
+                            "args": {"sort_index": rank}}))
+        lanes.tid(rank, "phases", head)
+    yield joined(head)
+    for sp in spans.values():
+        out: list[str] = []
+        for s in sp:
+            tid = lanes.tid(s.rank, s.lane, out)
+            out.append(_span_text(s, tid, t0))
+        yield joined(out)
+    for rank, table in tables.items():
+        for piece in _instants(table, offsets[rank], t0, lanes):
+            yield joined(piece)
+    other = {"generator": "ddpviz",
+             "clock": {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in clock.items()},
+             "meta": trace.meta}
+    yield '],"displayTimeUnit":"ms","otherData":' + _dumps(other) + "}"
+
+
+def write_chrome_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
+    """Stream the Chrome trace JSON of `trace` into `path` (atomic: a failed write keeps the
+    old file and raises SaveError). Returns the path."""
+    with gc_paused(), streaming_text(path) as f:
+        for piece in chrome_trace_pieces(trace):
+            f.write(piece)
+    return Path(path)
+
+
+def chrome_trace_doc(trace: Trace) -> dict[str, Any]:
+    """The Chrome trace JSON of `trace` as Python objects (what Trace.to_chrome_trace returns)."""
+    with gc_paused():
+        doc: dict[str, Any] = json.loads("".join(chrome_trace_pieces(trace)))
+    return doc
