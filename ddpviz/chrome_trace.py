@@ -18,14 +18,12 @@ from typing import Any
 import numpy as np
 
 from ddpviz import columns as col
-from ddpviz import events as ev
+from ddpviz import json_numbers
 from ddpviz.atomic import streaming_text
 from ddpviz.columns import Table
 from ddpviz.trace import SPAN_TYPES, Span, Trace, _args, gc_paused, table_spans
 
 _SPAN_CODES = col.codes(*SPAN_TYPES)
-_GRAD = ('{"name":"grad p%d","cat":"hook","ph":"i","s":"t","pid":%d,"tid":%d,"ts":%r,'
-         '"args":{"step":%d,"seq":%d,"param":%d,"bucket":%d}}')
 _BUCKET_READY = ('{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'
                  '"ts":%r,"args":{"step":%d,"seq":%d,"bucket":%d}}')
 _BATCH = 1 << 16  # instants formatted per piece
@@ -61,15 +59,28 @@ def _span_text(s: Span, tid: int, t0: int) -> str:
                    "args": s.args})
 
 
-def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[list[str]]:
-    """One rank's instants in arrival order, in pieces of JSON records."""
+def _grad_block(table: Table, rows: np.ndarray, rank: int, tid: int, shift: int
+                ) -> tuple[bytes, int]:
+    """The instants of GradReady `rows` as fixed-width records, each after a comma."""
+    return json_numbers.records([
+        b',{"name":"grad p', json_numbers.digits_then_quote(table.a[rows]),
+        b',"cat":"hook","ph":"i","s":"t","pid":%d,"tid":%d,"ts":' % (rank, tid),
+        json_numbers.micros(table.t[rows] + shift),
+        b',"args":{"step":', json_numbers.integers(table.step[rows]),
+        b',"seq":', json_numbers.integers(table.seq[rows]),
+        b',"param":', json_numbers.integers(table.a[rows]),
+        b',"bucket":', json_numbers.integers(table.b[rows]), b"}}"])
+
+
+def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[str]:
+    """One rank's instants in arrival order, as pieces of JSON text each starting with a comma:
+    the hooks as runs of fixed-width records, other events one by one."""
     rank = table.rank
     rows = np.flatnonzero(~np.isin(table.kind, _SPAN_CODES))
     if not len(rows):
         return
-    kinds = table.kind[rows]
-    is_grad = kinds == col.GRAD_READY
-    # lanes get their thread ids in the order their first instant comes
+    is_grad = table.kind[rows] == col.GRAD_READY
+    # lanes get their thread ids in the order their first instant comes, metadata before it
     firsts = []
     grads = np.flatnonzero(is_grad)
     others = np.flatnonzero(~is_grad)
@@ -77,45 +88,41 @@ def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[lis
         firsts.append((int(grads[0]), "gradient hooks"))
     if len(others):
         firsts.append((int(others[0]), "events"))
-    header: dict[int, list[str]] = {}
+    header: dict[int, str] = {}
     tid: dict[str, int] = {}
     for pos, lane in sorted(firsts):
-        header[pos] = []
-        tid[lane] = lanes.tid(rank, lane, header[pos])
+        meta: list[str] = []
+        tid[lane] = lanes.tid(rank, lane, meta)
+        header[pos] = "," + ",".join(meta)
+    shift = offset - t0
     for start in range(0, len(rows), _BATCH):
-        part = rows[start:start + _BATCH]
-        k = kinds[start:start + _BATCH]
-        texts: list[str | None] = [None] * len(part)
-        for code in np.unique(k).tolist():
-            where = np.flatnonzero(k == code)
-            r = part[where]
-            if code == col.GRAD_READY:
-                ts = ((table.t[r] + (offset - t0)) / 1000).tolist()
-                params = table.a[r].tolist()
-                made = [_GRAD % (p, rank, tid["gradient hooks"], x, st, sq, p, b)
-                        for p, x, st, sq, b in zip(params, ts, table.step[r].tolist(),
-                                                   table.seq[r].tolist(), table.b[r].tolist(),
-                                                   strict=True)]
-            elif code == col.BUCKET_READY:
-                ts = ((table.t[r] + (offset - t0)) / 1000).tolist()
-                made = [_BUCKET_READY % (rank, tid["events"], x, st, sq, b)
-                        for x, st, sq, b in zip(ts, table.step[r].tolist(),
-                                                table.seq[r].tolist(), table.a[r].tolist(),
-                                                strict=True)]
-            else:
-                made = [_rare_text(table.objects[i], rank, tid["events"], offset, t0)
-                        for i in r.tolist()]
-            for i, text in zip(where.tolist(), made, strict=True):
-                texts[i] = text
-        for pos in sorted(header, reverse=True):  # metadata before the lane's first instant
-            if start <= pos < start + _BATCH:
-                texts[pos - start:pos - start] = header[pos]
-        yield texts  # type: ignore[misc]
+        stop = min(start + _BATCH, len(rows))
+        g = grads[(grads >= start) & (grads < stop)]
+        block, width = (_grad_block(table, rows[g], rank, tid["gradient hooks"], shift)
+                        if len(g) else (b"", 0))
+        breaks = sorted({*others[(others >= start) & (others < stop)].tolist(),
+                         *(p for p in header if start <= p < stop)})
+        done = 0  # grad records written so far from this block
+        for pos in breaks:
+            upto = int(np.searchsorted(g, pos))
+            if upto > done:
+                yield block[done * width:upto * width].decode("ascii")
+                done = upto
+            if pos in header:
+                yield header[pos]
+            if not is_grad[pos]:
+                yield "," + _instant_text(table, int(rows[pos]), rank, tid["events"], shift)
+        if done < len(g):
+            yield block[done * width:].decode("ascii")
 
 
-def _rare_text(e: ev.Event, rank: int, tid: int, offset: int, t0: int) -> str:
+def _instant_text(table: Table, row: int, rank: int, tid: int, shift: int) -> str:
+    if table.kind[row] == col.BUCKET_READY:
+        return _BUCKET_READY % (rank, tid, (int(table.t[row]) + shift) / 1000,
+                                int(table.step[row]), int(table.seq[row]), int(table.a[row]))
+    e = table.objects[row]
     return _dumps({"name": type(e).__name__, "cat": "event", "ph": "i", "s": "t", "pid": rank,
-                   "tid": tid, "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
+                   "tid": tid, "ts": (e.t_ns + shift) / 1000, "args": _args(e)})
 
 
 def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
@@ -154,8 +161,7 @@ def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
             out.append(_span_text(s, tid, t0))
         yield joined(out)
     for rank, table in tables.items():
-        for piece in _instants(table, offsets[rank], t0, lanes):
-            yield joined(piece)
+        yield from _instants(table, offsets[rank], t0, lanes)
     other = {"generator": "ddpviz",
              "clock": {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in clock.items()},
              "meta": trace.meta}
