@@ -19,6 +19,7 @@ RSS. Sizes as `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import random
 import resource
@@ -71,10 +72,11 @@ def generate(path: Path, ranks: int, params: int, steps: int, seed: int = 0) -> 
             t = 10**12 + rng.randint(0, 10**6)
             cost = 1500 + rng.randint(-200, 200)  # this rank's ns per gradient hook
 
-            def put(cls: type[ev.Event], step: int, *fields: Any, dt: int = 1000) -> None:
+            def put(cls: type[ev.Event], step: int, *fields: Any, dt: int = 1000,
+                    rank: int = r) -> None:
                 nonlocal seq, t, count
                 t += dt
-                w(cls(r, step, t, seq, *fields))
+                w(cls(rank, step, t, seq, *fields))
                 seq += 1
                 count += 1
 
@@ -92,9 +94,12 @@ def generate(path: Path, ranks: int, params: int, steps: int, seed: int = 0) -> 
                     put(ev.BucketsRebuilt, step, tuple(reverse))
                     put(ev.BucketAssigned, step, buckets, limits, True)
                 put(ev.BackwardStarted, step, dt=2_000_000)
+                # autograd's order is not quite reverse, the same on every rank; rank 1
+                # swaps two more gradients at the last step (one grad_order finding)
+                swaps = random.Random(step)
                 order = list(reverse)
-                for _ in range(params // 50):  # autograd's order is not quite reverse
-                    i = rng.randrange(params - 1)
+                for _ in range(params // 50 + (r == 1 and step == steps - 1)):
+                    i = swaps.randrange(params - 1)
                     if bucket_of[order[i]] == bucket_of[order[i + 1]]:
                         order[i], order[i + 1] = order[i + 1], order[i]
                 events: list[ev.Event] = []
@@ -161,12 +166,29 @@ def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
     seconds, n = timed(lambda: generate(path, ranks, params, steps))
     print(f"\n## {label}: {n:,} events, file {path.stat().st_size / 2**20:,.0f} MiB "
           f"(generated in {seconds:.1f} s)\n")
-    rows: list[tuple[str, float, str]] = []
     load_s, trace = timed(lambda: Trace.load(path))
     assert len(trace) == n
-    rows.append(("Trace.load", load_s, ""))
+    rows = [("Trace.load", load_s, ""), *stages(trace, folder)]
+    print("| stage | seconds | events/s | note |")
+    print("|---|---|---|---|")
+    for name, sec, note in rows:
+        print(f"| {name} | {sec:.2f} | {n / sec / 1e6:.2f}M | {note} |")
+    del trace
+    trace_bytes, held_trace = held(lambda: Trace.load(path))
+    model_bytes, model = held(functools.partial(model_of, held_trace))
+    print(f"\nheld: Trace {trace_bytes / n:.0f} bytes/event, EventModel on top "
+          f"{model_bytes / n:.0f} bytes/event; peak RSS of this process so far "
+          f"{peak_rss_mb():,.0f} MiB")
+    del held_trace, model
+    gc.collect()
+    path.unlink()
+
+
+def stages(trace: Trace, folder: Path) -> list[tuple[str, float, str]]:
+    rows: list[tuple[str, float, str]] = []
     diag_s, findings = timed(lambda: diagnose(trace))
-    rows.append(("diagnose()", diag_s, f"{len(findings)} findings"))
+    kinds = ", ".join(sorted({f.kind for f in findings}))
+    rows.append(("diagnose()", diag_s, f"{len(findings)} findings ({kinds})"))
     model_s, model = timed(lambda: model_of(trace))
     rows.append(("EventModel (dashboard's model)", model_s, f"{len(model.steps)} steps"))
     del model
@@ -177,20 +199,7 @@ def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
     chrome_s, _ = timed(lambda: write_chrome_trace(trace, chrome))
     rows.append(("Chrome export (file)", chrome_s, f"{chrome.stat().st_size / 2**20:,.0f} MiB"))
     chrome.unlink()
-    print("| stage | seconds | events/s | note |")
-    print("|---|---|---|---|")
-    for name, s, note in rows:
-        print(f"| {name} | {s:.2f} | {n / s / 1e6:.2f}M | {note} |")
-    del trace
-    gc.collect()
-    trace_bytes, trace = held(lambda: Trace.load(path))
-    model_bytes, model = held(lambda: model_of(trace))
-    print(f"\nheld: Trace {trace_bytes / n:.0f} bytes/event, EventModel on top "
-          f"{model_bytes / n:.0f} bytes/event; peak RSS of this process so far "
-          f"{peak_rss_mb():,.0f} MiB")
-    del trace, model
-    gc.collect()
-    path.unlink()
+    return rows
 
 
 def main() -> None:

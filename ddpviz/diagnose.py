@@ -63,7 +63,8 @@ def _tables(source: Any) -> dict[int, Table]:
         # the ranks in the order their first event comes in Trace.events() (aligned time)
         first = {r: (int(t.t.min()) + clock.get(r, (0, 0))[0], r) for r, t in tables.items()
                  if len(t)}
-        return {r: tables[r].sorted_by_seq(then_time=True) for r in sorted(first, key=first.get)}
+        return {r: tables[r].sorted_by_seq(then_time=True)
+                for r in sorted(first, key=lambda r: first[r])}
     if isinstance(source, Iterable):
         return _seq_ordered(col.tables_of(source))
     raise TypeError(f"ddpviz: diagnose() takes a Run, Session, Trace, trace path or events, not "

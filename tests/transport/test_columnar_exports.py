@@ -1,6 +1,6 @@
 """The exports read from the columnar store give exactly what the object path gave: spans,
-the Chrome trace JSON (streamed to a file and as objects), on runs with every kind of defect
-and with clock offsets."""
+the Chrome trace JSON (streamed to a file and as objects), the HTML report; on runs with every
+kind of defect and with clock offsets."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 from ddpviz.chrome_trace import write_chrome_trace
+from ddpviz.report import render
 from ddpviz.trace import Trace
 from tests.diagnose.random_runs import random_run
 
+from . import object_report
 from .fake_run import rank_events
 from .object_exports import object_chrome, object_spans
 
@@ -39,3 +41,8 @@ def test_chrome_export_equals_the_object_path_as_a_file_and_as_objects(tmp_path:
 def test_an_empty_trace_exports_an_empty_document(tmp_path: Path) -> None:
     trace = Trace(meta={"a": 1})
     assert trace.to_chrome_trace()["traceEvents"] == []
+
+
+def test_report_equals_the_object_path() -> None:
+    for i, trace in enumerate(traces()):
+        assert render(trace, title="r") == object_report.render(trace, title="r"), i
