@@ -69,10 +69,29 @@ class LimitError(ValueError):
     """A decoded value beyond the limits of this module (the caller says where it came from)."""
 
 
+# Types (msgspec Structs) by whether they have a field check_events looks at.
+_CHECKED_FIELDS = {"params", "buckets", "values", "finding", "mismatches"}
+_CHECKED: dict[type, bool] = {}
+
+
+def _is_checked(cls: type) -> bool:
+    checked = _CHECKED.get(cls)
+    if checked is None:
+        fields = set(getattr(cls, "__struct_fields__", ("params", "buckets", "values")))
+        checked = _CHECKED[cls] = bool(fields & _CHECKED_FIELDS)
+    return checked
+
+
 def check_events(events: Iterable[Any]) -> None:
     """What the field types cannot bound: a shape's element count, the parameters of a bucket
     map in all, the ranks listed by a finding's values. Raises LimitError naming the field."""
+    if isinstance(events, list):
+        types = set(map(type, events))  # a chunk of hooks only: nothing to check
+        if not any(map(_is_checked, types)):
+            return
     for i, e in enumerate(events):
+        if not _is_checked(type(e)):
+            continue  # e.g. a gradient hook: nothing its field types do not bound already
         params = getattr(e, "params", None)
         if isinstance(params, tuple) and params and hasattr(params[0], "shape"):
             for p in params:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import operator
 import os
 import threading
 import warnings
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
 
 _CHUNK = 8192  # events per frame when saving a whole trace
+_RANK = operator.attrgetter("rank")
 
 
 SpanCategory = Literal["phase", "allreduce", "broadcast"]
@@ -103,7 +105,7 @@ class Trace:
         if not batch:
             return
         rank = batch[0].rank
-        if batch[-1].rank == rank and all(e.rank == rank for e in batch):
+        if batch[-1].rank == rank and len(set(map(_RANK, batch))) == 1:
             with self._lock:  # the usual case: one rank's chunk or message
                 self._rank_columns(rank).add(batch)
             return
