@@ -246,15 +246,26 @@ def _map_at(maps: Sequence[tuple[int, tuple[tuple[int, ...], ...]]], step: int
     return current
 
 
-def _launch_positions(order: Sequence[int], buckets: Sequence[Sequence[int]]) -> list[int]:
-    """For each bucket, after how many gradients it can start (buckets launch in order)."""
-    position = {p: i + 1 for i, p in enumerate(order)}
-    out, running = [], 0
-    for bucket in buckets:
-        ready = max((position.get(p, len(order)) for p in bucket), default=0)
-        running = max(running, ready)
-        out.append(running)
-    return out
+def _launch_positions(order: np.ndarray, buckets: Sequence[Sequence[int]]) -> np.ndarray:
+    """For each bucket, after how many gradients it can start (buckets launch in order): the
+    position of its last gradient (a missing one counts as the end), at least the previous
+    bucket's."""
+    sizes = np.array([len(b) for b in buckets], dtype=np.int64)
+    if not len(sizes):
+        return np.zeros(0, dtype=np.int64)
+    members = np.fromiter((p for b in buckets for p in b), dtype=np.int64, count=int(sizes.sum()))
+    n = len(order)
+    top = max(int(members.max()) if len(members) else 0, int(order.max()) if n else 0)
+    position = np.full(top + 1, n, dtype=np.int64)
+    if n:  # 1-based; a param listed twice (a hook that fired twice): its last position
+        params, from_end = np.unique(order[::-1], return_index=True)
+        position[params] = n - from_end
+    ready = np.zeros(len(sizes), dtype=np.int64)
+    filled = sizes > 0
+    if filled.any():
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[filled]
+        ready[filled] = np.maximum.reduceat(position[members], starts)
+    return np.maximum.accumulate(ready)
 
 
 def _grad_orders(t: Table) -> dict[int, np.ndarray]:
@@ -293,7 +304,6 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
             arrays.setdefault(step, {})[rank] = order
             for p in _twice(order):
                 twice.setdefault((p, step), []).append(rank)
-    orders: dict[int, dict[int, list[int]]] = {}  # the same as lists, for the steps that differ
     out = []
     for (param, step), ranks in sorted(twice.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         name = _name(names, ranks[0], param)
@@ -306,37 +316,38 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
             ranks=tuple(sorted(ranks)), param=param, name=name, field="hook", step=step,
             values=group_ranks(states), fix=fix_for("hook_fired_twice"), world_size=world_size))
     differing = []
+    seqs_of: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> order over common params
     for step in sorted(arrays):
         by_rank_arrays = arrays[step]
         if len(by_rank_arrays) < 2:
             continue
         first = next(iter(by_rank_arrays.values()))
         if all(np.array_equal(first, o) for o in by_rank_arrays.values()):
-            continue  # the same order everywhere (the usual case): no lists needed
-        by_rank = orders[step] = {r: o.tolist() for r, o in by_rank_arrays.items()}
-        common = set.intersection(*(set(o) for o in by_rank.values()))
-        seqs = {r: tuple(_dedupe(p for p in o if p in common)) for r, o in by_rank.items()}
-        if len(set(seqs.values())) > 1:
+            continue  # the same order everywhere (the usual case)
+        seqs_of[step] = seqs = _common_orders(by_rank_arrays)
+        ref_seq = next(iter(seqs.values()))
+        if not all(np.array_equal(ref_seq, o) for o in seqs.values()):
             differing.append(step)
     if not differing:
         return out
     maps = {r: _bucket_maps(t) for r, t in per_rank.items()}
     step = differing[0]
-    by_rank = orders[step]
-    common = set.intersection(*(set(o) for o in by_rank.values()))
-    seqs = {r: tuple(_dedupe(p for p in o if p in common)) for r, o in by_rank.items()}
-    groups = group_ranks({r: ",".join(map(str, s)) for r, s in seqs.items()})
+    seqs = seqs_of[step]
+    labels: dict[bytes, str] = {}  # one label per distinct order (group_ranks groups by value)
+    groups = group_ranks({r: labels.setdefault(o.tobytes(), str(len(labels)))
+                          for r, o in seqs.items()})
     ref_rank = groups[0][1][0]
     ref = seqs[ref_rank]
     odd = odd_ranks(groups)
-    at = next(i for i in range(len(ref)) if any(seqs[r][i] != ref[i] for r in odd))
-    param = ref[at]
+    at = min(int(np.flatnonzero(seqs[r] != ref)[0]) for r in odd if len(seqs[r]) == len(ref)
+             and not np.array_equal(seqs[r], ref))
+    param = int(ref[at])
     name = _name(names, ref_rank, param)
-    shown = tuple((_order_text(seqs[rs[0]], names, rs[0], at), rs) for _, rs in groups)
+    shown = tuple((_order_text(seqs[rs[0]].tolist(), names, rs[0], at), rs) for _, rs in groups)
     detail: list[str] = []
     bucket = -1
     for s in differing:  # the first step where the difference delays a bucket
-        found = _bucket_delay(orders[s], _ordered_maps(maps, orders[s], s), names, ref_rank, s)
+        found = _bucket_delay(arrays[s], _ordered_maps(maps, arrays[s], s), names, ref_rank, s)
         if found is not None:
             bucket, lines = found
             detail += lines
@@ -353,13 +364,27 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
     return out
 
 
+def _common_orders(by_rank: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Each rank's order restricted to the params every rank has, each param once (its first
+    time). Without repeats and with one set of params on every rank: the orders themselves."""
+    ref_set = np.sort(next(iter(by_rank.values())))
+    if all(len(o) == len(ref_set) for o in by_rank.values()) and \
+            not (len(ref_set) > 1 and bool(np.any(ref_set[1:] == ref_set[:-1]))) and \
+            all(np.array_equal(np.sort(o), ref_set) for o in by_rank.values()):
+        return dict(by_rank)
+    lists = {r: o.tolist() for r, o in by_rank.items()}
+    common = set.intersection(*(set(o) for o in lists.values()))
+    return {r: np.array(_dedupe(p for p in o if p in common), dtype=np.int64)
+            for r, o in lists.items()}
+
+
 def _ordered_maps(maps: Mapping[int, list[tuple[int, tuple[tuple[int, ...], ...]]]],
-                  by_rank: Mapping[int, list[int]], step: int
+                  by_rank: Mapping[int, np.ndarray], step: int
                   ) -> dict[int, tuple[tuple[int, ...], ...]]:
     return {r: m for r in by_rank if (m := _map_at(maps.get(r, []), step))}
 
 
-def _bucket_delay(by_rank: Mapping[int, list[int]],
+def _bucket_delay(by_rank: Mapping[int, np.ndarray],
                   bucket_maps: Mapping[int, tuple[tuple[int, ...], ...]],
                   names: Mapping[int, Mapping[int, str]], ref_rank: int, step: int
                   ) -> tuple[int, list[str]] | None:
@@ -369,16 +394,25 @@ def _bucket_delay(by_rank: Mapping[int, list[int]],
         return None
     launches = {r: (_launch_positions(by_rank[r], m), len(by_rank[r]), m)
                 for r, m in bucket_maps.items()}
-    for b in range(min(len(v[2]) for v in launches.values())):
-        texts = {r: f"after {v[0][b]} of {v[1]} gradients" for r, v in launches.items()}
-        if len(set(texts.values())) > 1:
-            members = launches[ref_rank if ref_rank in launches else min(launches)][2][b]
-            label = ", ".join(repr(_name(names, ref_rank, p)) for p in members[:3])
-            label += ", ..." if len(members) > 3 else ""
-            lines = [f"at step {step}, bucket {b} ({label}) can start its all-reduce:"]
-            lines += [f"  {format_ranks(rs)}: {t}" for t, rs in group_ranks(texts)]
-            return b, lines
-    return None
+    n_buckets = min(len(v[2]) for v in launches.values())
+    if not n_buckets:
+        return None
+    counts = {v[1] for v in launches.values()}
+    table = np.stack([v[0][:n_buckets] for v in launches.values()])
+    differs = np.flatnonzero((table != table[0]).any(axis=0))
+    if len(counts) > 1:
+        b = 0  # "of N gradients" differs in every bucket's text
+    elif len(differs):
+        b = int(differs[0])
+    else:
+        return None
+    texts = {r: f"after {v[0][b]} of {v[1]} gradients" for r, v in launches.items()}
+    members = launches[ref_rank if ref_rank in launches else min(launches)][2][b]
+    label = ", ".join(repr(_name(names, ref_rank, p)) for p in members[:3])
+    label += ", ..." if len(members) > 3 else ""
+    lines = [f"at step {step}, bucket {b} ({label}) can start its all-reduce:"]
+    lines += [f"  {format_ranks(rs)}: {t}" for t, rs in group_ranks(texts)]
+    return b, lines
 
 
 def _dedupe(items: Iterable[int]) -> list[int]:
