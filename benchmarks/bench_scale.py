@@ -9,7 +9,9 @@ BackwardFinished; step 1 also rebuilds the buckets (BucketsRebuilt, BucketAssign
 advance by a jittered per-event cost per rank, and each rank's clock has its own offset.
 About 100 parameters per bucket.
 
-For each size: events/s of each stage (wall clock, the trace loaded once) and the bytes held
+For each size: events/s of each stage (wall clock and this process's CPU time: on a shared
+machine the CPU time is the steadier figure; the load average is printed; the trace is loaded
+once for all stages) and the bytes held
 per event (tracemalloc: the loaded Trace; the EventModel on top of it), and the process's peak
 RSS. Sizes as `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import random
 import resource
 import sys
@@ -129,11 +132,12 @@ def generate(path: Path, ranks: int, params: int, steps: int, seed: int = 0) -> 
     return count
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def timed(fn: Callable[[], Any]) -> tuple[tuple[float, float], Any]:
+    """((wall s, CPU s of this process), what `fn` returned)."""
     gc.collect()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = fn()
-    return time.perf_counter() - start, result
+    return (time.perf_counter() - start, time.process_time() - cpu), result
 
 
 def held(fn: Callable[[], Any]) -> tuple[int, Any]:
@@ -163,20 +167,23 @@ def peak_rss_mb() -> float:
 def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
     path = folder / f"scale-{ranks}x{params}x{steps}.ddpviz"
     label = f"{ranks} ranks x {params:,} params x {steps} steps"
-    seconds, n = timed(lambda: generate(path, ranks, params, steps))
+    (seconds, _), n = timed(lambda: generate(path, ranks, params, steps))
     print(f"\n## {label}: {n:,} events, file {path.stat().st_size / 2**20:,.0f} MiB "
-          f"(generated in {seconds:.1f} s)\n")
+          f"(generated in {seconds:.1f} s); load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs\n")
     load_s, trace = timed(lambda: Trace.load(path))
     assert len(trace) == n
     rows = [("Trace.load", load_s, ""), *stages(trace, folder)]
-    print("| stage | seconds | events/s | note |")
-    print("|---|---|---|---|")
-    for name, sec, note in rows:
-        print(f"| {name} | {sec:.2f} | {n / sec / 1e6:.2f}M | {note} |")
+    print("| stage | wall s | events/s | CPU s | events/CPU-s | note |")
+    print("|---|---|---|---|---|---|")
+    for name, (wall, cpu), note in rows:
+        print(f"| {name} | {wall:.2f} | {n / wall / 1e6:.2f}M | {cpu:.2f} | "
+              f"{n / cpu / 1e6:.2f}M | {note} |")
     del trace
     trace_bytes, held_trace = held(lambda: Trace.load(path))
     model_bytes, model = held(functools.partial(model_of, held_trace))
-    print(f"\nheld: Trace {trace_bytes / n:.0f} bytes/event, EventModel on top "
+    print(f"\nload average now {os.getloadavg()[0]:.1f}. "
+          f"Held: Trace {trace_bytes / n:.0f} bytes/event, EventModel on top "
           f"{model_bytes / n:.0f} bytes/event; peak RSS of this process so far "
           f"{peak_rss_mb():,.0f} MiB")
     del held_trace, model
@@ -184,8 +191,11 @@ def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
     path.unlink()
 
 
-def stages(trace: Trace, folder: Path) -> list[tuple[str, float, str]]:
-    rows: list[tuple[str, float, str]] = []
+Row = tuple[str, tuple[float, float], str]
+
+
+def stages(trace: Trace, folder: Path) -> list[Row]:
+    rows: list[Row] = []
     diag_s, findings = timed(lambda: diagnose(trace))
     kinds = ", ".join(sorted({f.kind for f in findings}))
     rows.append(("diagnose()", diag_s, f"{len(findings)} findings ({kinds})"))

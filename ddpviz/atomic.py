@@ -16,7 +16,7 @@ import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 
 class SaveError(OSError):
@@ -95,10 +95,10 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 @contextlib.contextmanager
-def streaming_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> Iterator[TextIO]:
-    """A text file to stream the new version of `path` into; replaced atomically on a clean
-    exit, as `replacing` does (for outputs too big to build as one string first)."""
-    with replacing(path) as tmp, open(tmp, "x", encoding=encoding) as f:
+def streaming(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file to stream the new version of `path` into; replaced atomically on a clean
+    exit, as `replacing` does (for outputs too big to build in memory first)."""
+    with replacing(path) as tmp, open(tmp, "xb") as f:
         yield f
 
 

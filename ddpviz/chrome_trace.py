@@ -1,10 +1,11 @@
 """The Chrome/Perfetto trace JSON of a Trace (open it in ui.perfetto.dev or chrome://tracing).
 
 Ranks are processes; phases, all-reduces and broadcast chunks are spans ("X", see
-Trace.spans); gradient hooks and every other event are instants. The JSON text is written
-straight from the columnar store (ddpviz/columns.py): the hot instants (GradReady,
-BucketReady) are formatted a column at a time from a template of numbers only, never built
-as objects; rare events and spans go through json.dumps (which escapes their strings).
+Trace.spans); gradient hooks and every other event are instants. The JSON (UTF-8 bytes) is
+written straight from the columnar store (ddpviz/columns.py): gradient hooks a column at a
+time as fixed-width records of numbers only (json_numbers), never built as objects; bucket
+readiness from a template of numbers; rare events and spans through msgspec's JSON encoder
+(which escapes their strings).
 """
 
 from __future__ import annotations
@@ -15,22 +16,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ddpviz import columns as col
 from ddpviz import json_numbers
-from ddpviz.atomic import streaming_text
+from ddpviz.atomic import streaming
 from ddpviz.columns import Table
 from ddpviz.trace import SPAN_TYPES, Span, Trace, _args, gc_paused, table_spans
 
 _SPAN_CODES = col.codes(*SPAN_TYPES)
-_BUCKET_READY = ('{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'
-                 '"ts":%r,"args":{"step":%d,"seq":%d,"bucket":%d}}')
+_BUCKET_READY = (b'{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'
+                 b'"ts":%a,"args":{"step":%d,"seq":%d,"bucket":%d}}')
 _BATCH = 1 << 16  # instants formatted per piece
 
 
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+_dumps = msgspec.json.encode  # compact JSON bytes (NaN and infinities as null)
 
 
 class _Lanes:
@@ -40,7 +41,7 @@ class _Lanes:
         self.tids: dict[tuple[int, str], int] = {}
         self.count: dict[int, int] = {}  # rank -> lanes so far
 
-    def tid(self, rank: int, lane: str, out: list[str]) -> int:
+    def tid(self, rank: int, lane: str, out: list[bytes]) -> int:
         key = (rank, lane)
         n = self.tids.get(key)
         if n is None:
@@ -53,7 +54,7 @@ class _Lanes:
         return n
 
 
-def _span_text(s: Span, tid: int, t0: int) -> str:
+def _span_text(s: Span, tid: int, t0: int) -> bytes:
     return _dumps({"name": s.name, "cat": s.cat, "ph": "X", "pid": s.rank, "tid": tid,
                    "ts": (s.start_ns - t0) / 1000, "dur": max(0, s.end_ns - s.start_ns) / 1000,
                    "args": s.args})
@@ -72,7 +73,7 @@ def _grad_block(table: Table, rows: np.ndarray, rank: int, tid: int, shift: int
         b',"bucket":', json_numbers.integers(table.b[rows]), b"}}"])
 
 
-def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[str]:
+def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[bytes]:
     """One rank's instants in arrival order, as pieces of JSON text each starting with a comma:
     the hooks as runs of fixed-width records, other events one by one."""
     rank = table.rank
@@ -88,12 +89,12 @@ def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[str
         firsts.append((int(grads[0]), "gradient hooks"))
     if len(others):
         firsts.append((int(others[0]), "events"))
-    header: dict[int, str] = {}
+    header: dict[int, bytes] = {}
     tid: dict[str, int] = {}
     for pos, lane in sorted(firsts):
-        meta: list[str] = []
+        meta: list[bytes] = []
         tid[lane] = lanes.tid(rank, lane, meta)
-        header[pos] = "," + ",".join(meta)
+        header[pos] = b"," + b",".join(meta)
     shift = offset - t0
     for start in range(0, len(rows), _BATCH):
         stop = min(start + _BATCH, len(rows))
@@ -106,17 +107,17 @@ def _instants(table: Table, offset: int, t0: int, lanes: _Lanes) -> Iterator[str
         for pos in breaks:
             upto = int(np.searchsorted(g, pos))
             if upto > done:
-                yield block[done * width:upto * width].decode("ascii")
+                yield block[done * width:upto * width]
                 done = upto
             if pos in header:
                 yield header[pos]
             if not is_grad[pos]:
-                yield "," + _instant_text(table, int(rows[pos]), rank, tid["events"], shift)
+                yield b"," + _instant_text(table, int(rows[pos]), rank, tid["events"], shift)
         if done < len(g):
-            yield block[done * width:].decode("ascii")
+            yield block[done * width:]
 
 
-def _instant_text(table: Table, row: int, rank: int, tid: int, shift: int) -> str:
+def _instant_text(table: Table, row: int, rank: int, tid: int, shift: int) -> bytes:
     if table.kind[row] == col.BUCKET_READY:
         return _BUCKET_READY % (rank, tid, (int(table.t[row]) + shift) / 1000,
                                 int(table.step[row]), int(table.seq[row]), int(table.a[row]))
@@ -125,7 +126,7 @@ def _instant_text(table: Table, row: int, rank: int, tid: int, shift: int) -> st
                    "tid": tid, "ts": (e.t_ns + shift) / 1000, "args": _args(e)})
 
 
-def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
+def chrome_trace_pieces(trace: Trace) -> Iterator[bytes]:
     """The JSON document of `trace` in pieces (join them, or write them one by one)."""
     tables = trace.columns()
     clock = dict(trace.clock)
@@ -135,18 +136,18 @@ def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
     starts += [int(t.t[0]) + offsets[r] for r, t in tables.items() if len(t)]
     t0 = min(starts) if starts else 0
     lanes = _Lanes()
-    yield '{"traceEvents":['
+    yield b'{"traceEvents":['
     first = True
 
-    def joined(items: list[str]) -> str:
+    def joined(items: list[bytes]) -> bytes:
         nonlocal first
         if not items:
-            return ""
-        text = ("" if first else ",") + ",".join(items)
+            return b""
+        text = (b"" if first else b",") + b",".join(items)
         first = False
         return text
 
-    head: list[str] = []
+    head: list[bytes] = []
     for rank in tables:
         head.append(_dumps({"ph": "M", "name": "process_name", "pid": rank,
                             "args": {"name": f"rank {rank}"}}))
@@ -155,7 +156,7 @@ def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
         lanes.tid(rank, "phases", head)
     yield joined(head)
     for sp in spans.values():
-        out: list[str] = []
+        out: list[bytes] = []
         for s in sp:
             tid = lanes.tid(s.rank, s.lane, out)
             out.append(_span_text(s, tid, t0))
@@ -165,13 +166,13 @@ def chrome_trace_pieces(trace: Trace) -> Iterator[str]:
     other = {"generator": "ddpviz",
              "clock": {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in clock.items()},
              "meta": trace.meta}
-    yield '],"displayTimeUnit":"ms","otherData":' + _dumps(other) + "}"
+    yield b'],"displayTimeUnit":"ms","otherData":' + _dumps(other) + b"}"
 
 
 def write_chrome_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Stream the Chrome trace JSON of `trace` into `path` (atomic: a failed write keeps the
     old file and raises SaveError). Returns the path."""
-    with gc_paused(), streaming_text(path) as f:
+    with gc_paused(), streaming(path) as f:
         for piece in chrome_trace_pieces(trace):
             f.write(piece)
     return Path(path)
@@ -180,5 +181,5 @@ def write_chrome_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
 def chrome_trace_doc(trace: Trace) -> dict[str, Any]:
     """The Chrome trace JSON of `trace` as Python objects (what Trace.to_chrome_trace returns)."""
     with gc_paused():
-        doc: dict[str, Any] = json.loads("".join(chrome_trace_pieces(trace)))
+        doc: dict[str, Any] = json.loads(b"".join(chrome_trace_pieces(trace)))
     return doc
