@@ -11,9 +11,8 @@ About 100 parameters per bucket.
 
 For each size: events/s of each stage (wall clock and this process's CPU time: on a shared
 machine the CPU time is the steadier figure; the load average is printed; the trace is loaded
-once for all stages) and the bytes held
-per event (tracemalloc: the loaded Trace; the EventModel on top of it), and the process's peak
-RSS. Sizes as `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
+once for all stages), the bytes held per event (growth of resident anonymous memory: the
+loaded Trace, then the EventModel on top of it) and the process's peak RSS. Sizes as `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64x1000x20,256x10000x5] [--keep DIR]
 """
@@ -21,6 +20,8 @@ RSS. Sizes as `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import functools
 import gc
 import os
@@ -29,7 +30,6 @@ import resource
 import sys
 import tempfile
 import time
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,18 +140,22 @@ def timed(fn: Callable[[], Any]) -> tuple[tuple[float, float], Any]:
     return (time.perf_counter() - start, time.process_time() - cpu), result
 
 
-def held(fn: Callable[[], Any]) -> tuple[int, Any]:
-    """Bytes still allocated (tracemalloc) when `fn` returns, with what it returned kept."""
+def rss() -> int:
+    """This process's resident anonymous memory in bytes, after handing freed heap back."""
     gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        result = fn()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    return after - before, result
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    fields = Path("/proc/self/status").read_text().split("\n")
+    anon = next(line for line in fields if line.startswith("RssAnon:"))
+    return int(anon.split()[1]) * 1024
+
+
+def held(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """Growth of resident anonymous memory (not the page cache of a mapped file) from before
+    `fn` to after it, with what it returned kept alive."""
+    before = rss()
+    result = fn()
+    return rss() - before, result
 
 
 def model_of(trace: Trace) -> EventModel:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import operator
 import os
 import threading
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 _CHUNK = 8192  # events per frame when saving a whole trace
 _RANK = operator.attrgetter("rank")
+_MMAP_FROM = 64 << 20  # files from this size on are mapped rather than read
 
 
 SpanCategory = Literal["phase", "allreduce", "broadcast"]
@@ -216,13 +218,23 @@ class Trace:
         """Read a `.ddpviz` file. A torn last frame (the writer died mid-write) is skipped with
         a warning; every complete frame before it is kept. Raises TraceError otherwise."""
         path = Path(path)
-        return cls.from_bytes(path.read_bytes(), path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < _MMAP_FROM:
+                return cls.from_bytes(f.read(), path)
+            # a big file is read through the page cache, never copied onto the heap
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                return cls.from_bytes(data, path)  # type: ignore[arg-type]
+            finally:
+                with contextlib.suppress(BufferError):  # an error's traceback holds a view:
+                    data.close()  # the map then goes with it
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Trace:
         """Like `load`, from the bytes of a `.ddpviz` file; `path` only names it in messages."""
         path = Path(path)
-        if not data.startswith(_MAGIC):
+        if data[:len(_MAGIC)] != _MAGIC:
             raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} "
                              "magic at its start).\nPass a file written by Trace.save, "
                              "TraceWriter or ddpviz.connect().")
