@@ -12,7 +12,8 @@ About 100 parameters per bucket.
 For each size: events/s of each stage (wall clock and this process's CPU time: on a shared
 machine the CPU time is the steadier figure; the load average is printed; the trace is loaded
 once for all stages), the bytes held per event (growth of resident anonymous memory: the
-loaded Trace, then the EventModel on top of it) and the process's peak RSS. Sizes as `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
+loaded Trace, then the EventModel on top of it) and the process's peak RSS. Sizes as
+`RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64x1000x20,256x10000x5] [--keep DIR]
 """
