@@ -22,8 +22,9 @@ Events are added in batches (a decoded frame, a wire message) and sealed into co
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 
 from ddpviz import events as ev
@@ -147,15 +148,44 @@ def _build(table: Table, rows: np.ndarray) -> list[Event]:
     return list(map(cls, *common))
 
 
+class Shared:
+    """One copy of the big payloads that every rank reports alike (the parameter list of
+    ParamsBuilt, bucket maps, the ready order of a rebuild: 10,000 entries each per rank of a
+    big model): a rare event whose big field equals one seen before gets that one's copy.
+    Found by comparing with the few distinct values kept per field (no hashing)."""
+
+    KEEP = 4  # distinct values remembered per (type, field)
+    BIG = 64  # tuples shorter than this are not worth sharing
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[type, str], list[tuple[Any, ...]]] = {}
+
+    def share(self, e: Event) -> Event:
+        changes: dict[str, Any] = {}
+        for name in e.__struct_fields__:
+            value = getattr(e, name)
+            if not isinstance(value, tuple) or len(value) < self.BIG:
+                continue
+            seen = self._seen.setdefault((type(e), name), [])
+            same = next((v for v in seen if v is value or v == value), None)
+            if same is None:
+                if len(seen) < self.KEEP:
+                    seen.append(value)
+            elif same is not value:
+                changes[name] = same
+        return msgspec.structs.replace(e, **changes) if changes else e
+
+
 class RankColumns:
     """One rank's events, growing: `add` batches, `table()` a sealed snapshot. Not thread-safe
     (Trace holds its lock around every call)."""
 
-    __slots__ = ("_blocks", "_n_sealed", "_pending", "_string_index", "objects", "rank",
-                 "strings")
+    __slots__ = ("_blocks", "_n_sealed", "_pending", "_shared", "_string_index", "objects",
+                 "rank", "strings")
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, shared: Shared | None = None) -> None:
         self.rank = rank
+        self._shared = shared if shared is not None else Shared()
         self._blocks: list[tuple[np.ndarray, ...]] = []
         self._n_sealed = 0
         self._pending: list[Event] = []
@@ -230,8 +260,9 @@ class RankColumns:
                 a[idx] = [e.bucket for e in sel]  # type: ignore[attr-defined]
                 b[idx] = [e.n_grads for e in sel]  # type: ignore[attr-defined]
             if cls not in HOT:
+                share = self._shared.share
                 for i, e in zip(idx.tolist(), sel, strict=True):
-                    self.objects[start + i] = e
+                    self.objects[start + i] = share(e)
         return kind, step, t, seq, a, b, s
 
     def table(self) -> Table:
@@ -257,6 +288,7 @@ class RankColumns:
 def tables_of(events: Iterable[Event]) -> dict[int, Table]:
     """Columns per rank from any events (each rank's in the order given)."""
     per_rank: dict[int, RankColumns] = {}
+    shared = Shared()
     batch: list[Event] = []
     for e in events:
         if not isinstance(e, Event):
@@ -269,6 +301,6 @@ def tables_of(events: Iterable[Event]) -> dict[int, Table]:
             lst = by_rank[e.rank] = []
         lst.append(e)
     for rank, lst in by_rank.items():
-        cols = per_rank[rank] = RankColumns(rank)
+        cols = per_rank[rank] = RankColumns(rank, shared)
         cols.add(lst)
     return {r: c.table() for r, c in per_rank.items()}

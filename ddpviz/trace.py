@@ -27,7 +27,7 @@ import msgspec
 from ddpviz import events as ev
 from ddpviz import limits
 from ddpviz.atomic import replacing
-from ddpviz.columns import RankColumns, Table
+from ddpviz.columns import RankColumns, Shared, Table
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
 
 # The file format and writer live in tracefile.py (imported by transport/ too); the names the
@@ -85,6 +85,7 @@ class Trace:
                  clock: dict[int, tuple[int, int]] | None = None) -> None:
         self._lock = threading.Lock()
         self._by_rank: dict[int, RankColumns] = {}  # columns per rank (see ddpviz/columns.py)
+        self._shared = Shared()  # one copy of the payloads ranks report alike
         self.meta: dict[str, Any] = dict(meta or {})
         self.clock: dict[int, tuple[int, int]] = dict(clock or {})
         self.truncated = False  # set by load() when the file ended in a torn frame
@@ -95,7 +96,7 @@ class Trace:
     def _rank_columns(self, rank: int) -> RankColumns:
         cols = self._by_rank.get(rank)
         if cols is None:
-            cols = self._by_rank[rank] = RankColumns(rank)
+            cols = self._by_rank[rank] = RankColumns(rank, self._shared)
         return cols
 
     def append(self, event: Event) -> None:

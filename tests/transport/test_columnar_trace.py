@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ddpviz import events as ev
@@ -60,3 +61,18 @@ def test_values_beyond_64_bits_are_refused_with_the_field_named() -> None:
     trace = Trace()
     with pytest.raises(LimitError, match=r"t_ns=.*beyond 64 bits"):
         trace.extend([ev.GradReady(0, 0, 1 << 70, 0, 1, 0)] * 5000)
+
+
+def test_ranks_reporting_one_model_share_one_copy_of_its_parameter_list() -> None:
+    params = tuple(ev.ParamInfo(i, f"p{i}", (4,), "float32", "cpu", False, 4) for i in range(100))
+    order = tuple(range(99, -1, -1))
+    events = [ev.ParamsBuilt(r, -1, 0, 0, tuple(ev.ParamInfo(*msgspec.structs.astuple(p))
+                                                   for p in params), (), ())
+              for r in range(3)]
+    events += [ev.BucketsRebuilt(r, 1, 5, 1, tuple(list(order))) for r in range(3)]
+    trace = Trace(events)
+    built = trace.of_type(ev.ParamsBuilt)
+    assert built == events[:3]
+    assert built[0].params is built[1].params is built[2].params
+    rebuilt = trace.of_type(ev.BucketsRebuilt)
+    assert rebuilt == events[3:] and rebuilt[0].grad_ready_order is rebuilt[2].grad_ready_order
