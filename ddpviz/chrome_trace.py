@@ -29,6 +29,7 @@ _SPAN_CODES = col.codes(*SPAN_TYPES)
 _BUCKET_READY = (b'{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'
                  b'"ts":%a,"args":{"step":%d,"seq":%d,"bucket":%d}}')
 _BATCH = 1 << 16  # instants formatted per piece
+_WRITE = 4 << 20  # bytes gathered per write
 
 
 _dumps = msgspec.json.encode  # compact JSON bytes (NaN and infinities as null)
@@ -173,8 +174,15 @@ def write_chrome_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Stream the Chrome trace JSON of `trace` into `path` (atomic: a failed write keeps the
     old file and raises SaveError). Returns the path."""
     with gc_paused(), streaming(path) as f:
+        pending: list[bytes] = []
+        size = 0
         for piece in chrome_trace_pieces(trace):
-            f.write(piece)
+            pending.append(piece)
+            size += len(piece)
+            if size >= _WRITE:
+                f.write(b"".join(pending))
+                pending, size = [], 0
+        f.write(b"".join(pending))
     return Path(path)
 
 
