@@ -117,10 +117,14 @@ def _world_size(per_rank: Mapping[int, Table]) -> int:
 def _names(per_rank: Mapping[int, Table]) -> dict[int, dict[int, str]]:
     """{rank: {param index: dotted name}} from each rank's latest ParamsBuilt."""
     out: dict[int, dict[int, str]] = {}
+    made: dict[int, dict[int, str]] = {}  # by id of the params tuple (shared by alike ranks)
     for rank, t in per_rank.items():
         built = t.rare(ev.ParamsBuilt)
         if built:
-            out[rank] = {p.index: p.name for p in built[-1].params}  # type: ignore[attr-defined]
+            params = built[-1].params  # type: ignore[attr-defined]
+            if id(params) not in made:
+                made[id(params)] = {p.index: p.name for p in params}
+            out[rank] = made[id(params)]
     return out
 
 
