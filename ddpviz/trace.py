@@ -73,6 +73,9 @@ class Span(NamedTuple):
 class Trace:
     """The events of a run, per rank, in the order each rank emitted them. Thread-safe.
 
+    Kept as columns (ddpviz/columns.py, a few dozen bytes per event): `columns()` is what the
+    analyses read; `events()` and `of_type()` rebuild the typed events, equal to those added.
+
     Args:
         events: initial events (any ranks).
         meta: plain data describing the run.
