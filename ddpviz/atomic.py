@@ -16,6 +16,7 @@ import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 class SaveError(OSError):
@@ -91,6 +92,14 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     with replacing(target) as tmp, open(tmp, "xb") as f:
         f.write(data)
     return Path(path)
+
+
+@contextlib.contextmanager
+def streaming(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file to stream the new version of `path` into; replaced atomically on a clean
+    exit, as `replacing` does (for outputs too big to build in memory first)."""
+    with replacing(path) as tmp, open(tmp, "xb") as f:
+        yield f
 
 
 def write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:

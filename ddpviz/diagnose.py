@@ -6,19 +6,26 @@ themselves: hangs, initial values, reassigned buffers), UnusedParametersFound pe
 across ranks), GradReady per rank and step (hooks firing twice; ready order diffed across ranks
 and mapped to buckets through BucketAssigned), the collectives each rank issued per step, each
 rank's last event (missing, lagging and stuck ranks), and EventsDropped.
+
+It reads the columnar store (ddpviz/columns.py): the hot events (gradient hooks, bucket and
+all-reduce events, phase instants) as numpy columns, never as one object each; the rare ones
+(parameters, maps, verification, findings, ...) as their objects.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 
+from ddpviz import columns as col
 from ddpviz import events as ev
+from ddpviz.columns import Table
 from ddpviz.engine.verify import mismatch_findings
-from ddpviz.events import Collective, Event
+from ddpviz.events import Event
 from ddpviz.findings import (
     Finding,
     Findings,
@@ -40,10 +47,10 @@ def diagnose(source: Any) -> Findings:
         The findings, errors first, each identical no matter which rank's events reported it;
         a list that prints as one message.
     """
-    return diagnose_events(_events(source))
+    return diagnose_tables(_tables(source))
 
 
-def _events(source: Any) -> list[Event]:
+def _tables(source: Any) -> dict[int, Table]:
     from ddpviz.trace import Trace
 
     if isinstance(source, (str, os.PathLike)):
@@ -51,20 +58,30 @@ def _events(source: Any) -> list[Event]:
     if not isinstance(source, Trace) and hasattr(source, "trace"):
         source = source.trace  # Run, Session
     if isinstance(source, Trace):
-        return source.events()
+        tables = source.columns()
+        clock = dict(source.clock)
+        # the ranks in the order their first event comes in Trace.events() (aligned time)
+        first = {r: (int(t.t.min()) + clock.get(r, (0, 0))[0], r) for r, t in tables.items()
+                 if len(t)}
+        return {r: tables[r].sorted_by_seq(then_time=True)
+                for r in sorted(first, key=lambda r: first[r])}
     if isinstance(source, Iterable):
-        return [e for e in source if isinstance(e, Event)]
+        return _seq_ordered(col.tables_of(source))
     raise TypeError(f"ddpviz: diagnose() takes a Run, Session, Trace, trace path or events, not "
                     f"{type(source).__name__}.\nPass run (from ddpviz.launch) or run.trace.")
 
 
+def _seq_ordered(tables: Mapping[int, Table]) -> dict[int, Table]:
+    return {r: t.sorted_by_seq() for r, t in tables.items() if len(t)}
+
+
 def diagnose_events(events: Iterable[Event]) -> Findings:
     """`diagnose` over a list of events from any ranks."""
-    per_rank: dict[int, list[Event]] = {}
-    for e in events:
-        per_rank.setdefault(e.rank, []).append(e)
-    for lst in per_rank.values():
-        lst.sort(key=lambda e: e.seq)
+    return diagnose_tables(_seq_ordered(col.tables_of(events)))
+
+
+def diagnose_tables(per_rank: Mapping[int, Table]) -> Findings:
+    """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/columns.py)."""
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
@@ -85,25 +102,29 @@ def diagnose_events(events: Iterable[Event]) -> Findings:
 # --- context ----------------------------------------------------------------------------------
 
 
-def _world_size(per_rank: Mapping[int, list[Event]]) -> int:
+def _world_size(per_rank: Mapping[int, Table]) -> int:
     size = max(per_rank, default=-1) + 1
-    for lst in per_rank.values():
-        for e in lst:
-            if isinstance(e, (ev.VerificationStarted, ev.VerificationPassed,
-                              ev.VerificationFailed)):
-                size = max(size, e.world_size)
-            elif isinstance(e, ev.FindingReported):
+    for t in per_rank.values():
+        for e in t.rare(ev.VerificationStarted, ev.VerificationPassed, ev.VerificationFailed,
+                        ev.FindingReported):
+            if isinstance(e, ev.FindingReported):
                 size = max(size, e.finding.world_size)
+            else:
+                size = max(size, e.world_size)  # type: ignore[attr-defined]
     return size
 
 
-def _names(per_rank: Mapping[int, list[Event]]) -> dict[int, dict[int, str]]:
+def _names(per_rank: Mapping[int, Table]) -> dict[int, dict[int, str]]:
     """{rank: {param index: dotted name}} from each rank's latest ParamsBuilt."""
     out: dict[int, dict[int, str]] = {}
-    for rank, lst in per_rank.items():
-        for e in lst:
-            if isinstance(e, ev.ParamsBuilt):
-                out[rank] = {p.index: p.name for p in e.params}
+    made: dict[int, dict[int, str]] = {}  # by id of the params tuple (shared by alike ranks)
+    for rank, t in per_rank.items():
+        built = t.rare(ev.ParamsBuilt)
+        if built:
+            params = built[-1].params  # type: ignore[attr-defined]
+            if id(params) not in made:
+                made[id(params)] = {p.index: p.name for p in params}
+            out[rank] = made[id(params)]
     return out
 
 
@@ -114,16 +135,14 @@ def _name(names: Mapping[int, Mapping[int, str]], rank: int, index: int) -> str:
 # --- what the ranks reported ------------------------------------------------------------------
 
 
-def _reported(per_rank: Mapping[int, list[Event]]) -> list[Finding]:
+def _reported(per_rank: Mapping[int, Table]) -> list[Finding]:
     """FindingReported, de-duplicated: the same finding from several ranks counts once; a
     rank-local finding seen on several ranks is merged into one naming all of them."""
     out: list[Finding] = []
     merged: dict[tuple[Any, ...], int] = {}
     for rank in sorted(per_rank):
-        for e in per_rank[rank]:
-            if not isinstance(e, ev.FindingReported):
-                continue
-            f = e.finding
+        for e in per_rank[rank].rare(ev.FindingReported):
+            f = e.finding  # type: ignore[attr-defined]
             if f in out or f.kind == "rank_waiting":  # live-only: the verdict, if any, follows
                 continue
             key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step)
@@ -158,33 +177,34 @@ def _replace(f: Finding, **changes: Any) -> Finding:
 # --- model verification -----------------------------------------------------------------------
 
 
-def _verification(per_rank: Mapping[int, list[Event]], world_size: int) -> list[Finding]:
+def _verification(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:
     for rank in sorted(per_rank):
-        for e in per_rank[rank]:
-            if isinstance(e, ev.VerificationFailed):
-                return mismatch_findings(e.mismatches, e.world_size)
+        for e in per_rank[rank].rare(ev.VerificationFailed):
+            assert isinstance(e, ev.VerificationFailed)
+            return mismatch_findings(e.mismatches, e.world_size)
     return []
 
 
 # --- unused parameters ------------------------------------------------------------------------
 
 
-def _steps_seen(lst: Sequence[Event]) -> set[int]:
-    return {e.step for e in lst if e.step >= 0}
+def _steps_seen(t: Table) -> set[int]:
+    steps = t.step
+    return set(np.unique(steps[steps >= 0]).tolist())
 
 
-def _unused(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int, str]],
+def _unused(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
             world_size: int) -> list[Finding]:
     unused: dict[tuple[int, int], set[str]] = {}  # (rank, step) -> names
     index_of: dict[str, int] = {}
-    for rank, lst in per_rank.items():
-        for e in lst:
+    for rank, t in per_rank.items():
+        for e in t.rare(ev.UnusedParametersFound):
             if isinstance(e, ev.UnusedParametersFound):
                 unused.setdefault((rank, e.step), set()).update(e.names)
                 index_of.update(zip(e.names, e.params, strict=False))
     if not unused:
         return []
-    active = {r: _steps_seen(lst) for r, lst in per_rank.items()}
+    active = {r: _steps_seen(t) for r, t in per_rank.items()}
     first: dict[str, tuple[int, dict[int, str]]] = {}  # name -> (step, {rank: used|unused})
     steps_of: dict[str, set[int]] = {}
     for step in sorted({s for _, s in unused}):
@@ -216,8 +236,9 @@ def _unused(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int
 # --- gradient-ready order ---------------------------------------------------------------------
 
 
-def _bucket_maps(lst: Sequence[Event]) -> list[tuple[int, tuple[tuple[int, ...], ...]]]:
-    return [(max(e.step, -1), e.buckets) for e in lst if isinstance(e, ev.BucketAssigned)]
+def _bucket_maps(t: Table) -> list[tuple[int, tuple[tuple[int, ...], ...]]]:
+    return [(max(e.step, -1), e.buckets) for e in t.rare(ev.BucketAssigned)
+            if isinstance(e, ev.BucketAssigned)]
 
 
 def _map_at(maps: Sequence[tuple[int, tuple[tuple[int, ...], ...]]], step: int
@@ -229,74 +250,113 @@ def _map_at(maps: Sequence[tuple[int, tuple[tuple[int, ...], ...]]], step: int
     return current
 
 
-def _launch_positions(order: Sequence[int], buckets: Sequence[Sequence[int]]) -> list[int]:
-    """For each bucket, after how many gradients it can start (buckets launch in order)."""
-    position = {p: i + 1 for i, p in enumerate(order)}
-    out, running = [], 0
-    for bucket in buckets:
-        ready = max((position.get(p, len(order)) for p in bucket), default=0)
-        running = max(running, ready)
-        out.append(running)
-    return out
+def _launch_positions(order: np.ndarray, buckets: Sequence[Sequence[int]]) -> np.ndarray:
+    """For each bucket, after how many gradients it can start (buckets launch in order): the
+    position of its last gradient (a missing one counts as the end), at least the previous
+    bucket's."""
+    sizes = np.array([len(b) for b in buckets], dtype=np.int64)
+    if not len(sizes):
+        return np.zeros(0, dtype=np.int64)
+    members = np.fromiter((p for b in buckets for p in b), dtype=np.int64, count=int(sizes.sum()))
+    n = len(order)
+    top = max(int(members.max()) if len(members) else 0, int(order.max()) if n else 0)
+    position = np.full(top + 1, n, dtype=np.int64)
+    if n:  # 1-based; a param listed twice (a hook that fired twice): its last position
+        params, from_end = np.unique(order[::-1], return_index=True)
+        position[params] = n - from_end
+    ready = np.zeros(len(sizes), dtype=np.int64)
+    filled = sizes > 0
+    if filled.any():
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[filled]
+        ready[filled] = np.maximum.reduceat(position[members], starts)
+    return np.maximum.accumulate(ready)
 
 
-def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int, str]],
+def _grad_orders(t: Table) -> dict[int, np.ndarray]:
+    """step -> the params of one rank's GradReady events of that step, in seq order."""
+    rows = t.rows(ev.GradReady)
+    if not len(rows):
+        return {}
+    steps = t.step[rows]
+    params = t.a[rows]
+    order = np.argsort(steps, kind="stable")
+    steps, params = steps[order], params[order]
+    cut = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+    starts = [0, *cut.tolist()]
+    return {int(steps[i]): p for i, p in zip(starts, np.split(params, cut), strict=True)}
+
+
+def _twice(order: np.ndarray) -> list[int]:
+    """The params that occur more than once, in the order of their second occurrence."""
+    if len(np.unique(order)) == len(order):
+        return []
+    seen: set[int] = set()
+    again: list[int] = []
+    for p in order.tolist():
+        if p in seen and p not in again:
+            again.append(p)
+        seen.add(p)
+    return again
+
+
+def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
                 world_size: int) -> list[Finding]:
-    orders: dict[int, dict[int, list[int]]] = {}  # step -> rank -> param indices
-    fired: dict[tuple[int, int], set[int]] = {}  # (step, rank) -> params (linear lookups)
+    arrays: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> param indices (columns)
     twice: dict[tuple[int, int], list[int]] = {}  # (param, step) -> ranks
     summarized: dict[int, set[int]] = {}  # step -> ranks with GradsSummarized (detail levels)
-    for rank, lst in per_rank.items():
-        for e in lst:
-            if isinstance(e, ev.GradsSummarized):
-                summarized.setdefault(e.step, set()).add(rank)
-            elif isinstance(e, ev.GradReady):
-                order = orders.setdefault(e.step, {}).setdefault(rank, [])
-                seen = fired.setdefault((e.step, rank), set())
-                if e.param in seen and rank not in twice.get((e.param, e.step), []):
-                    twice.setdefault((e.param, e.step), []).append(rank)
-                seen.add(e.param)
-                order.append(e.param)
+    for rank, t in per_rank.items():
+        for step in np.unique(t.step[t.rows(ev.GradsSummarized)]).tolist():
+            summarized.setdefault(int(step), set()).add(rank)
+        for step, order in _grad_orders(t).items():
+            arrays.setdefault(step, {})[rank] = order
+            for p in _twice(order):
+                twice.setdefault((p, step), []).append(rank)
     out = []
     for (param, step), ranks in sorted(twice.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         name = _name(names, ranks[0], param)
         states = {r: "fired twice" if r in ranks else "fired once"
-                  for r in orders.get(step, {})}
+                  for r in arrays.get(step, {})}
         out.append(Finding(
             kind="hook_fired_twice", severity="error",
             title=f"parameter {param} '{name}' was marked ready twice at step {step} on "
                   f"{format_ranks(ranks)}",
             ranks=tuple(sorted(ranks)), param=param, name=name, field="hook", step=step,
             values=group_ranks(states), fix=fix_for("hook_fired_twice"), world_size=world_size))
-    out += _not_recorded(summarized, fired, world_size)
-    maps = {r: _bucket_maps(lst) for r, lst in per_rank.items()}
+    out += _not_recorded(summarized, {(s, r) for s, rs in arrays.items() for r in rs},
+                         world_size)
     differing = []
-    for step in sorted(orders):
-        by_rank = orders[step]
-        if len(by_rank) < 2:
+    seqs_of: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> order over common params
+    for step in sorted(arrays):
+        by_rank_arrays = arrays[step]
+        if len(by_rank_arrays) < 2:
             continue
-        common = set.intersection(*(set(o) for o in by_rank.values()))
-        seqs = {r: tuple(_dedupe(p for p in o if p in common)) for r, o in by_rank.items()}
-        if len(set(seqs.values())) > 1:
+        first = next(iter(by_rank_arrays.values()))
+        if all(np.array_equal(first, o) for o in by_rank_arrays.values()):
+            continue  # the same order everywhere (the usual case)
+        seqs_of[step] = seqs = _common_orders(by_rank_arrays)
+        ref_seq = next(iter(seqs.values()))
+        if not all(np.array_equal(ref_seq, o) for o in seqs.values()):
             differing.append(step)
     if not differing:
         return out
+    maps = {r: _bucket_maps(t) for r, t in per_rank.items()}
     step = differing[0]
-    by_rank = orders[step]
-    common = set.intersection(*(set(o) for o in by_rank.values()))
-    seqs = {r: tuple(_dedupe(p for p in o if p in common)) for r, o in by_rank.items()}
-    groups = group_ranks({r: ",".join(map(str, s)) for r, s in seqs.items()})
+    seqs = seqs_of[step]
+    labels: dict[bytes, str] = {}  # one label per distinct order (group_ranks groups by value)
+    groups = group_ranks({r: labels.setdefault(o.tobytes(), str(len(labels)))
+                          for r, o in seqs.items()})
     ref_rank = groups[0][1][0]
     ref = seqs[ref_rank]
     odd = odd_ranks(groups)
-    at = next(i for i in range(len(ref)) if any(seqs[r][i] != ref[i] for r in odd))
-    param = ref[at]
+    at = min(int(np.flatnonzero(seqs[r] != ref)[0]) for r in odd if len(seqs[r]) == len(ref)
+             and not np.array_equal(seqs[r], ref))
+    param = int(ref[at])
     name = _name(names, ref_rank, param)
-    shown = tuple((_order_text(seqs[rs[0]], names, rs[0], at), rs) for _, rs in groups)
+    shown = tuple((_order_text(seqs[rs[0]].tolist(), names, rs[0], at), rs) for _, rs in groups)
     detail: list[str] = []
     bucket = -1
     for s in differing:  # the first step where the difference delays a bucket
-        found = _bucket_delay(orders[s], _ordered_maps(maps, orders[s], s), names, ref_rank, s)
+        found = _bucket_delay(arrays[s], _ordered_maps(maps, arrays[s], s), names, ref_rank, s)
         if found is not None:
             bucket, lines = found
             detail += lines
@@ -313,7 +373,7 @@ def _grad_ready(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping
     return out
 
 
-def _not_recorded(summarized: Mapping[int, set[int]], fired: Mapping[tuple[int, int], set[int]],
+def _not_recorded(summarized: Mapping[int, set[int]], fired: Collection[tuple[int, int]],
                   world_size: int) -> list[Finding]:
     """Steps whose per-parameter gradient events were not recorded on some ranks (detail
     levels "buckets"/"sampled": GradsSummarized only): said, not silently passed over."""
@@ -352,13 +412,27 @@ def _step_ranges(steps: Sequence[int]) -> str:
     return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")
 
 
+def _common_orders(by_rank: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Each rank's order restricted to the params every rank has, each param once (its first
+    time). Without repeats and with one set of params on every rank: the orders themselves."""
+    ref_set = np.sort(next(iter(by_rank.values())))
+    if all(len(o) == len(ref_set) for o in by_rank.values()) and \
+            not (len(ref_set) > 1 and bool(np.any(ref_set[1:] == ref_set[:-1]))) and \
+            all(np.array_equal(np.sort(o), ref_set) for o in by_rank.values()):
+        return dict(by_rank)
+    lists = {r: o.tolist() for r, o in by_rank.items()}
+    common = set.intersection(*(set(o) for o in lists.values()))
+    return {r: np.array(_dedupe(p for p in o if p in common), dtype=np.int64)
+            for r, o in lists.items()}
+
+
 def _ordered_maps(maps: Mapping[int, list[tuple[int, tuple[tuple[int, ...], ...]]]],
-                  by_rank: Mapping[int, list[int]], step: int
+                  by_rank: Mapping[int, np.ndarray], step: int
                   ) -> dict[int, tuple[tuple[int, ...], ...]]:
     return {r: m for r in by_rank if (m := _map_at(maps.get(r, []), step))}
 
 
-def _bucket_delay(by_rank: Mapping[int, list[int]],
+def _bucket_delay(by_rank: Mapping[int, np.ndarray],
                   bucket_maps: Mapping[int, tuple[tuple[int, ...], ...]],
                   names: Mapping[int, Mapping[int, str]], ref_rank: int, step: int
                   ) -> tuple[int, list[str]] | None:
@@ -368,16 +442,25 @@ def _bucket_delay(by_rank: Mapping[int, list[int]],
         return None
     launches = {r: (_launch_positions(by_rank[r], m), len(by_rank[r]), m)
                 for r, m in bucket_maps.items()}
-    for b in range(min(len(v[2]) for v in launches.values())):
-        texts = {r: f"after {v[0][b]} of {v[1]} gradients" for r, v in launches.items()}
-        if len(set(texts.values())) > 1:
-            members = launches[ref_rank if ref_rank in launches else min(launches)][2][b]
-            label = ", ".join(repr(_name(names, ref_rank, p)) for p in members[:3])
-            label += ", ..." if len(members) > 3 else ""
-            lines = [f"at step {step}, bucket {b} ({label}) can start its all-reduce:"]
-            lines += [f"  {format_ranks(rs)}: {t}" for t, rs in group_ranks(texts)]
-            return b, lines
-    return None
+    n_buckets = min(len(v[2]) for v in launches.values())
+    if not n_buckets:
+        return None
+    counts = {v[1] for v in launches.values()}
+    table = np.stack([v[0][:n_buckets] for v in launches.values()])
+    differs = np.flatnonzero((table != table[0]).any(axis=0))
+    if len(counts) > 1:
+        b = 0  # "of N gradients" differs in every bucket's text
+    elif len(differs):
+        b = int(differs[0])
+    else:
+        return None
+    texts = {r: f"after {v[0][b]} of {v[1]} gradients" for r, v in launches.items()}
+    members = launches[ref_rank if ref_rank in launches else min(launches)][2][b]
+    label = ", ".join(repr(_name(names, ref_rank, p)) for p in members[:3])
+    label += ", ..." if len(members) > 3 else ""
+    lines = [f"at step {step}, bucket {b} ({label}) can start its all-reduce:"]
+    lines += [f"  {format_ranks(rs)}: {t}" for t, rs in group_ranks(texts)]
+    return b, lines
 
 
 def _dedupe(items: Iterable[int]) -> list[int]:
@@ -394,122 +477,109 @@ def _order_text(order: Sequence[int], names: Mapping[int, Mapping[int, str]], ra
 
 # --- collectives per step ---------------------------------------------------------------------
 
-
-def _all_reduce_part(e: ev.AllReduceLaunched) -> str:
-    return f"all-reduce b{e.bucket}"
-
-
-def _collective_part(name: Collective) -> Callable[[Event], str]:
-    return lambda e: name
+# The collective each event type stands for in a step's signature.
+_SIGNATURE_TYPES = (ev.AllReduceLaunched, ev.BuffersSynced, ev.BucketsRebuilt)
+_SIGNATURE_TEXT = {col.CODE[ev.BuffersSynced]: "buffer broadcast",
+                   col.CODE[ev.BucketsRebuilt]: "bucket rebuild broadcast"}
 
 
-# The collective each event type stands for in a step's signature (typed per event class).
-_SIGNATURE_PART: dict[type[Event], Callable[[Any], str]] = {
-    ev.AllReduceLaunched: _all_reduce_part,
-    ev.BuffersSynced: _collective_part("buffer broadcast"),
-    ev.BucketsRebuilt: _collective_part("bucket rebuild broadcast"),
-}
+def _signatures(t: Table) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """step -> (kinds, buckets) of the collectives a rank issued in it, in seq order."""
+    rows = t.rows(*_SIGNATURE_TYPES)
+    steps = t.step[rows]
+    order = np.argsort(steps, kind="stable")
+    rows, steps = rows[order], steps[order]
+    cut = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+    out = {}
+    for part in np.split(rows, cut) if len(rows) else []:
+        kinds = t.kind[part]
+        out[int(t.step[part[0]])] = (kinds, np.where(kinds == col.LAUNCHED, t.a[part], 0))
+    return out
 
 
-def _signature(lst: Sequence[Event], step: int) -> str:
-    parts = []
-    for e in lst:
-        if e.step != step:
-            continue
-        part = _SIGNATURE_PART.get(type(e))
-        if part is not None:
-            parts.append(part(e))
-    return ", ".join(parts) if parts else "no collectives"
+def _signature_text(sig: tuple[np.ndarray, np.ndarray] | None) -> str:
+    if sig is None or not len(sig[0]):
+        return "no collectives"
+    return ", ".join(_SIGNATURE_TEXT.get(k, f"all-reduce b{b}")
+                     for k, b in zip(sig[0].tolist(), sig[1].tolist(), strict=True))
 
 
-def _collectives(per_rank: Mapping[int, list[Event]], world_size: int) -> list[Finding]:
+def _same(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndarray] | None
+          ) -> bool:
+    if a is None or b is None:
+        return (a is None or not len(a[0])) and (b is None or not len(b[0]))
+    return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def _collectives(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:
     if len(per_rank) < 2:
         return []
-    forwards = {r: {e.step for e in lst if isinstance(e, ev.ForwardStarted)}
-                for r, lst in per_rank.items()}
-    last = {r: max((e.step for e in lst), default=-1) for r, lst in per_rank.items()}
+    forwards = {r: set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
+                for r, t in per_rank.items()}
+    last = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     complete = min(last.values())  # steps below it are finished on every rank
-    for step in range(complete):
+    sigs_of = {r: _signatures(t) for r, t in per_rank.items()}
+    ref = next(iter(sigs_of.values()))
+    for step in sorted(s for s in set().union(*forwards.values()) if 0 <= s < complete):
         if not all(step in f for f in forwards.values()):
             continue
-        sigs = {r: _signature(lst, step) for r, lst in per_rank.items()}
-        if len(set(sigs.values())) > 1:
-            values = group_ranks(sigs)
-            odd = odd_ranks(values)
-            return [Finding(
-                kind="collective_mismatch", severity="error",
-                title=f"ranks issued different collectives at step {step}", ranks=odd,
-                field="collectives", step=step, values=values,
-                detail=("later collectives pair up with the wrong partners: gradients are "
-                        "averaged across different iterations, and the last rank waits forever",),
-                fix=fix_for("collective_mismatch"), world_size=world_size)]
+        if all(_same(ref.get(step), s.get(step)) for s in sigs_of.values()):
+            continue
+        sigs = {r: _signature_text(s.get(step)) for r, s in sigs_of.items()}
+        values = group_ranks(sigs)
+        odd = odd_ranks(values)
+        return [Finding(
+            kind="collective_mismatch", severity="error",
+            title=f"ranks issued different collectives at step {step}", ranks=odd,
+            field="collectives", step=step, values=values,
+            detail=("later collectives pair up with the wrong partners: gradients are "
+                    "averaged across different iterations, and the last rank waits forever",),
+            fix=fix_for("collective_mismatch"), world_size=world_size)]
     return []
 
 
 # --- progress: missing, lagging and stuck ranks -----------------------------------------------
 
-
-class _OpenCollective:
-    """Which collective a rank is inside, event by event: one handler per event type that
-    opens or closes one (`_OPEN_HANDLERS`), each typed with its event class."""
-
-    def __init__(self) -> None:
-        self.all_reduce: dict[int, ev.AllReduceLaunched] = {}
-        self.broadcast: ev.BroadcastStarted | None = None
-        self.verification: ev.VerificationStarted | None = None
-
-    def all_reduce_launched(self, e: ev.AllReduceLaunched) -> None:
-        self.all_reduce[e.bucket] = e
-
-    def all_reduce_done(self, e: ev.AllReduceDone) -> None:
-        self.all_reduce.pop(e.bucket, None)
-
-    def broadcast_started(self, e: ev.BroadcastStarted) -> None:
-        self.broadcast = e
-
-    def broadcast_finished(self, e: ev.BroadcastFinished) -> None:
-        self.broadcast = None
-
-    def verification_started(self, e: ev.VerificationStarted) -> None:
-        self.verification = e
-
-    def verification_ended(self, e: ev.VerificationPassed | ev.VerificationFailed) -> None:
-        self.verification = None
-
-    def backward_finished(self, e: ev.BackwardFinished) -> None:
-        self.all_reduce.clear()
+_OPEN_TYPES = (ev.AllReduceLaunched, ev.AllReduceDone, ev.BroadcastStarted, ev.BroadcastFinished,
+               ev.VerificationStarted, ev.VerificationPassed, ev.VerificationFailed,
+               ev.BackwardFinished)
+_LAUNCH, _DONE, _B_START, _B_END, _V_START, _V_PASS, _V_FAIL, _BACK_END = (
+    col.CODE[c] for c in _OPEN_TYPES)
 
 
-_OPEN_HANDLERS: dict[type[Event], Callable[[_OpenCollective, Any], None]] = {
-    ev.AllReduceLaunched: _OpenCollective.all_reduce_launched,
-    ev.AllReduceDone: _OpenCollective.all_reduce_done,
-    ev.BroadcastStarted: _OpenCollective.broadcast_started,
-    ev.BroadcastFinished: _OpenCollective.broadcast_finished,
-    ev.VerificationStarted: _OpenCollective.verification_started,
-    ev.VerificationPassed: _OpenCollective.verification_ended,
-    ev.VerificationFailed: _OpenCollective.verification_ended,
-    ev.BackwardFinished: _OpenCollective.backward_finished,
-}
-
-
-def _open_collective(lst: Sequence[Event], names: Mapping[int, str]) -> str | None:
+def _open_collective(t: Table) -> str | None:
     """What a rank was inside when its events end, if a collective never finished."""
-    state = _OpenCollective()
-    for e in lst:
-        handler = _OPEN_HANDLERS.get(type(e))
-        if handler is not None:
-            handler(state, e)
-    if state.all_reduce:
-        b = min(state.all_reduce)
-        return f"inside the all-reduce of bucket {b} at step {state.all_reduce[b].step}"
-    if state.broadcast is not None:
-        return f"inside a broadcast at step {state.broadcast.step}"
-    if state.verification is not None:
+    rows = t.rows(*_OPEN_TYPES)
+    all_reduce: dict[int, int] = {}  # bucket -> step of its open all-reduce
+    broadcast: int | None = None  # step of the open broadcast
+    verifying = False
+    for kind, bucket, step in zip(t.kind[rows].tolist(), t.a[rows].tolist(),
+                                  t.step[rows].tolist(), strict=True):
+        if kind == _LAUNCH:
+            all_reduce[bucket] = step
+        elif kind == _DONE:
+            all_reduce.pop(bucket, None)
+        elif kind == _B_START:
+            broadcast = step
+        elif kind == _B_END:
+            broadcast = None
+        elif kind == _V_START:
+            verifying = True
+        elif kind in (_V_PASS, _V_FAIL):
+            verifying = False
+        elif kind == _BACK_END:
+            all_reduce.clear()
+    if all_reduce:
+        b = min(all_reduce)
+        return f"inside the all-reduce of bucket {b} at step {all_reduce[b]}"
+    if broadcast is not None:
+        return f"inside a broadcast at step {broadcast}"
+    if verifying:
         return "inside model verification"
     return None
 
 
-def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[int, str]],
+def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
               world_size: int, reported: Sequence[Finding]) -> list[Finding]:
     out: list[Finding] = []
     missing = tuple(r for r in range(world_size) if r not in per_rank)
@@ -522,7 +592,7 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
             fix=fix_for("missing_rank", "events"), world_size=world_size))
     if len(per_rank) < 2:
         return out
-    last_step = {r: max((e.step for e in lst), default=-1) for r, lst in per_rank.items()}
+    last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     top = max(last_step.values())
     behind = tuple(sorted(r for r, s in last_step.items() if s < top))
     if behind:
@@ -535,13 +605,13 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
             fix=fix_for("uneven_iterations"), world_size=world_size))
     if any(f.kind in _STUCK_KINDS for f in reported):
         return out  # the ranks already said where they were, more precisely than events can
-    stuck = {r: _open_collective(lst, names.get(r, {})) for r, lst in per_rank.items()}
+    stuck = {r: _open_collective(t) for r, t in per_rank.items()}
     inside = {r: s for r, s in stuck.items() if s is not None}
     if inside:
         outside = tuple(sorted(r for r in per_rank if r not in inside))
         states = {r: inside.get(r) or f"not in a collective (last event: "
-                  f"{type(per_rank[r][-1]).__name__} at step {per_rank[r][-1].step})"
-                  for r in per_rank}
+                  f"{col.KINDS[int(t.kind[-1])].__name__} at step {int(t.step[-1])})"
+                  for r, t in per_rank.items()}
         waiting = format_ranks(tuple(inside))
         out.append(Finding(
             kind="rank_hang", severity="error",
@@ -554,9 +624,9 @@ def _progress(per_rank: Mapping[int, list[Event]], names: Mapping[int, Mapping[i
     return out
 
 
-def _dropped(per_rank: Mapping[int, list[Event]], world_size: int) -> list[Finding]:
-    counts = {r: sum(e.count for e in lst if isinstance(e, ev.EventsDropped))
-              for r, lst in per_rank.items()}
+def _dropped(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:
+    counts = {r: sum(e.count for e in t.rare(ev.EventsDropped)  # type: ignore[attr-defined]
+                     ) for r, t in per_rank.items()}
     counts = {r: n for r, n in counts.items() if n}
     if not counts:
         return []

@@ -37,6 +37,7 @@ from ddpviz.limits import (
     Shape,
     Step,
     TensorCount,
+    TimeNs,
     WorldSize,
 )
 
@@ -57,7 +58,7 @@ class Event(msgspec.Struct, frozen=True, tag=True):
 
     rank: Rank
     step: Step  # DDP iteration; -1 while the constructor runs
-    t_ns: int  # time.monotonic_ns() on the emitting rank
+    t_ns: TimeNs  # time.monotonic_ns() on the emitting rank
     seq: Count  # per-rank sequence number, from 0, no gaps
 
 
@@ -206,8 +207,8 @@ class GradsSummarized(Event, frozen=True):
 
     bucket: BucketIndex
     n_grads: ParamCount
-    first_t_ns: int
-    last_t_ns: int
+    first_t_ns: TimeNs
+    last_t_ns: TimeNs
     nbytes: Bytes
 
 

@@ -39,6 +39,8 @@ WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
 WorldSizeOrUnknown = Annotated[int, msgspec.Meta(ge=0, le=MAX_WORLD_SIZE)]  # 0: unknown
 Step = Annotated[int, msgspec.Meta(ge=-1, le=MAX_STEP)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+# a time or clock offset in ns: +-146 years, so a time plus an offset fits 64 bits (columns)
+TimeNs = Annotated[int, msgspec.Meta(ge=-MAX_COUNT, le=MAX_COUNT)]
 ParamIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_PARAMS)]
 ParamIndexOrNone = Annotated[int, msgspec.Meta(ge=-1, lt=MAX_PARAMS)]  # -1: not about one
 ParamCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_PARAMS)]
@@ -67,24 +69,29 @@ class LimitError(ValueError):
     """A decoded value beyond the limits of this module (the caller says where it came from)."""
 
 
-# Fields check_events looks into; events of the other types (GradReady, BucketReady, ...: the
-# bulk of a stream) are skipped by their type alone (see _needs_check).
-_CHECKED_FIELDS = frozenset({"params", "buckets", "finding", "mismatches", "values"})
-_needs_check: dict[type, bool] = {}
+# Types (msgspec Structs) by whether they have a field check_events looks at.
+_CHECKED_FIELDS = {"params", "buckets", "values", "finding", "mismatches"}
+_CHECKED: dict[type, bool] = {}
+
+
+def _is_checked(cls: type) -> bool:
+    checked = _CHECKED.get(cls)
+    if checked is None:
+        fields = set(getattr(cls, "__struct_fields__", ("params", "buckets", "values")))
+        checked = _CHECKED[cls] = bool(fields & _CHECKED_FIELDS)
+    return checked
 
 
 def check_events(events: Iterable[Any]) -> None:
     """What the field types cannot bound: a shape's element count, the parameters of a bucket
     map in all, the ranks listed by a finding's values. Raises LimitError naming the field."""
+    if isinstance(events, list):
+        types = set(map(type, events))  # a chunk of hooks only: nothing to check
+        if not any(map(_is_checked, types)):
+            return
     for i, e in enumerate(events):
-        cls = type(e)
-        needs = _needs_check.get(cls)
-        if needs is None:
-            fields = getattr(cls, "__struct_fields__", None)
-            needs = fields is None or not _CHECKED_FIELDS.isdisjoint(fields)
-            _needs_check[cls] = needs
-        if not needs:
-            continue
+        if not _is_checked(type(e)):
+            continue  # e.g. a gradient hook: nothing its field types do not bound already
         params = getattr(e, "params", None)
         if isinstance(params, tuple) and params and hasattr(params[0], "shape"):
             for p in params:

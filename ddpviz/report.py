@@ -2,7 +2,9 @@
 
 One file, no scripts, no CDN: inline CSS, HTML tables and inline SVG. Sections: per-rank
 summary, verification result, bucket maps, all-reduce timeline, unused parameters. Everything
-shown comes from the trace's events, so a report can be made long after the run.
+shown comes from the trace's events, so a report can be made long after the run. It reads the
+columnar store (ddpviz/columns.py): per-rank counts from the columns, spans built from the span
+events' rows only, the rare events (maps, verification, unused parameters) as objects.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
-from ddpviz.trace import Span, Trace, gc_paused
+from ddpviz.columns import Table
+from ddpviz.trace import Span, Trace, gc_paused, table_spans
 from ddpviz.units import human_bytes
 
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
@@ -39,11 +45,15 @@ def render(trace: Trace, *, title: str = "ddpviz report") -> str:
 
 
 def _render(trace: Trace, title: str) -> str:
+    tables = trace.columns()
+    spans = {r: table_spans(t, trace.clock.get(r, (0, 0))[0]) for r, t in tables.items()}
     parts = [markup.fmt("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
                         "<title>{}</title><style>{}</style></head><body>", title,
                         markup.Markup(_CSS)),
-             markup.fmt("<h1>{}</h1>", title), _summary(trace), _ranks(trace), _verification(trace),
-             _buckets(trace), _timeline(trace), _unused(trace), "</body></html>"]
+             markup.fmt("<h1>{}</h1>", title), _summary(trace, tables),
+             _ranks(trace, tables, spans), _verification(trace), _buckets(trace),
+             _timeline([s for sp in spans.values() for s in sp]), _unused(trace),
+             "</body></html>"]
     return "\n".join(parts)
 
 
@@ -79,8 +89,8 @@ def _ms(ns: float) -> str:
 # --- sections ---------------------------------------------------------------------------------
 
 
-def _summary(trace: Trace) -> str:
-    n, ranks = len(trace), trace.ranks
+def _summary(trace: Trace, tables: dict[int, Table]) -> str:
+    n, ranks = sum(len(t) for t in tables.values()), list(tables)
     meta = ", ".join(f"{k}={v}" for k, v in sorted(trace.meta.items()) if k != "rank")
     truncated = ("<p class='bad'>The trace file ended in a torn frame: events after the "
                  "writer's last flush are missing.</p>" if trace.truncated else "")
@@ -90,32 +100,31 @@ def _summary(trace: Trace) -> str:
                       meta, markup.Markup(truncated))
 
 
-def _ranks(trace: Trace) -> str:
-    spans_by_rank: dict[int, list[Span]] = defaultdict(list)
-    for s in trace.spans():
-        spans_by_rank[s.rank].append(s)
+def _ranks(trace: Trace, tables: dict[int, Table], spans_by_rank: dict[int, list[Span]]
+           ) -> str:
     rows: list[list[object]] = []
-    for rank in trace.ranks:
-        evs = trace.events(rank)
-        seqs = {e.seq for e in evs if type(e) is not ev.EventsDropped}
-        holes = (max(seqs) + 1 - len(seqs)) if seqs else 0
-        dropped = sum(e.count for e in evs if isinstance(e, ev.EventsDropped))
-        steps = max((e.step for e in evs), default=-1) + 1
-        duration = evs[-1].t_ns - evs[0].t_ns if evs else 0
+    dropped_code = col.CODE[ev.EventsDropped]
+    for rank, table in tables.items():
+        n = len(table)
+        seqs = np.unique(table.seq[table.kind != dropped_code])
+        holes = int(seqs[-1]) + 1 - len(seqs) if len(seqs) else 0
+        dropped = sum(e.count for e in table.rare(ev.EventsDropped))  # type: ignore[attr-defined]
+        steps = (int(table.step.max()) if n else -1) + 1
+        duration = int(table.t[-1] - table.t[0]) if n else 0
         sp = spans_by_rank[rank]
         back = [s.end_ns - s.start_ns for s in sp if s.name == "backward" and s.finished]
         ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
         unfinished = sum(1 for s in sp if not s.finished)
         offset, error = trace.clock.get(rank, (0, 0))
         clock = f"{offset} ± {error} ns" if error >= 0 else f"{offset} ns (wall clock)"
-        rows.append([rank, len(evs), steps, _ms(duration),
+        rows.append([rank, n, steps, _ms(duration),
                      _ms(sum(back) / len(back)) if back else "-", len(ars),
                      _ms(sum(ars) / len(ars)) if ars else "-", unfinished, dropped, holes,
                      clock])
-    table = _table(["rank", "events", "steps", "span ms", "backward mean ms", "all-reduces",
-                    "all-reduce mean ms", "unfinished spans", "dropped", "seq holes",
-                    "clock offset"], rows)
-    return markup.fmt("<section id='ranks'><h2>Per-rank summary</h2>{}</section>", table)
+    html = _table(["rank", "events", "steps", "span ms", "backward mean ms", "all-reduces",
+                   "all-reduce mean ms", "unfinished spans", "dropped", "seq holes",
+                   "clock offset"], rows)
+    return markup.fmt("<section id='ranks'><h2>Per-rank summary</h2>{}</section>", html)
 
 
 def _verification(trace: Trace) -> str:
@@ -223,9 +232,9 @@ def _bucket_svg(sizes: list[int]) -> str:
                       markup.join(rects))
 
 
-def _timeline(trace: Trace) -> str:
+def _timeline(all_spans: list[Span]) -> str:
     out = ["<section id='timeline'><h2>All-reduce timeline</h2>"]
-    spans = [s for s in trace.spans() if s.cat in ("allreduce", "phase")]
+    spans = [s for s in all_spans if s.cat in ("allreduce", "phase")]
     steps = sorted({s.step for s in spans if s.name == "backward"})[-_TIMELINE_STEPS:]
     shown = [s for s in spans if s.step in steps
              and (s.name in ("backward", "forward") or s.cat == "allreduce")]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
+import mmap
+import operator
 import os
 import threading
 import warnings
@@ -25,7 +26,8 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz import limits
-from ddpviz.atomic import replacing, write_text
+from ddpviz.atomic import replacing
+from ddpviz.columns import RankColumns, Shared, Table
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
 
 # The file format and writer live in tracefile.py (imported by transport/ too); the names the
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
 
 _CHUNK = 8192  # events per frame when saving a whole trace
+_RANK = operator.attrgetter("rank")
+_MMAP_FROM = 64 << 20  # files from this size on are mapped rather than read
 
 
 SpanCategory = Literal["phase", "allreduce", "broadcast"]
@@ -69,6 +73,9 @@ class Span(NamedTuple):
 class Trace:
     """The events of a run, per rank, in the order each rank emitted them. Thread-safe.
 
+    Kept as columns (ddpviz/columns.py, a few dozen bytes per event): `columns()` is what the
+    analyses read; `events()` and `of_type()` rebuild the typed events, equal to those added.
+
     Args:
         events: initial events (any ranks).
         meta: plain data describing the run.
@@ -80,7 +87,8 @@ class Trace:
     def __init__(self, events: Iterable[Event] = (), *, meta: dict[str, Any] | None = None,
                  clock: dict[int, tuple[int, int]] | None = None) -> None:
         self._lock = threading.Lock()
-        self._by_rank: dict[int, list[Event]] = {}
+        self._by_rank: dict[int, RankColumns] = {}  # columns per rank (see ddpviz/columns.py)
+        self._shared = Shared()  # one copy of the payloads ranks report alike
         self.meta: dict[str, Any] = dict(meta or {})
         self.clock: dict[int, tuple[int, int]] = dict(clock or {})
         self.truncated = False  # set by load() when the file ended in a torn frame
@@ -88,26 +96,34 @@ class Trace:
 
     # --- recording ----------------------------------------------------------------------------
 
+    def _rank_columns(self, rank: int) -> RankColumns:
+        cols = self._by_rank.get(rank)
+        if cols is None:
+            cols = self._by_rank[rank] = RankColumns(rank, self._shared)
+        return cols
+
     def append(self, event: Event) -> None:
         with self._lock:
-            self._by_rank.setdefault(event.rank, []).append(event)
+            self._rank_columns(event.rank).add((event,))
 
     def extend(self, events: Iterable[Event]) -> None:
         batch = events if isinstance(events, list) else list(events)
         if not batch:
             return
         rank = batch[0].rank
-        if batch[-1].rank == rank and all(e.rank == rank for e in batch):
+        if batch[-1].rank == rank and len(set(map(_RANK, batch))) == 1:
             with self._lock:  # the usual case: one rank's chunk or message
-                self._by_rank.setdefault(rank, []).extend(batch)
+                self._rank_columns(rank).add(batch)
             return
+        by_rank: dict[int, list[Event]] = {}
+        for e in batch:
+            lst = by_rank.get(e.rank)
+            if lst is None:
+                lst = by_rank[e.rank] = []
+            lst.append(e)
         with self._lock:
-            by_rank = self._by_rank
-            for e in batch:
-                lst = by_rank.get(e.rank)
-                if lst is None:
-                    lst = by_rank[e.rank] = []
-                lst.append(e)
+            for r, lst in by_rank.items():
+                self._rank_columns(r).add(lst)
 
     def set_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
         with self._lock:
@@ -120,17 +136,29 @@ class Trace:
         with self._lock:
             return sorted(self._by_rank)
 
+    def columns(self, rank: int | None = None) -> dict[int, Table]:
+        """Snapshots of the ranks' columns (all ranks, or just `rank`), by rank: what the
+        analyses read instead of event objects (see ddpviz/columns.py)."""
+        with self._lock:
+            chosen = sorted(self._by_rank) if rank is None else (
+                [rank] if rank in self._by_rank else [])
+            return {r: self._by_rank[r].table() for r in chosen}
+
     def events(self, rank: int | None = None) -> list[Event]:
         """A snapshot: one rank's events in emission order, or all ranks merged by aligned
-        time (ties by rank, then seq)."""
+        time (ties by rank, then seq). Built from the columns on each call."""
+        if rank is not None:
+            table = self.columns(rank).get(rank)
+            return table.events() if table is not None else []
         with self._lock:
-            if rank is not None:
-                return list(self._by_rank.get(rank, ()))
-            lists = [(r, list(v)) for r, v in self._by_rank.items()]
             clock = dict(self.clock)
-        merged = [e for _, lst in lists for e in lst]
+        merged = [e for table in self._tables_in_insertion_order() for e in table.events()]
         merged.sort(key=lambda e: (e.t_ns + clock.get(e.rank, (0, 0))[0], e.rank, e.seq))
         return merged
+
+    def _tables_in_insertion_order(self) -> list[Table]:
+        with self._lock:
+            return [c.table() for c in self._by_rank.values()]
 
     @overload
     def of_type(self, kind: type[E], /, *, rank: int | None = None) -> list[E]: ...
@@ -139,7 +167,15 @@ class Trace:
 
     def of_type(self, *types: type[Event], rank: int | None = None) -> list[Any]:
         """The events of these types (one type: typed as it), in `events(rank)` order."""
-        return [e for e in self.events(rank) if isinstance(e, types)]
+        if rank is not None:
+            table = self.columns(rank).get(rank)
+            return table.events(table.rows(*types)) if table is not None else []
+        with self._lock:
+            clock = dict(self.clock)
+        picked = [e for table in self._tables_in_insertion_order()
+                  for e in table.events(table.rows(*types))]
+        picked.sort(key=lambda e: (e.t_ns + clock.get(e.rank, (0, 0))[0], e.rank, e.seq))
+        return picked
 
     def aligned_ns(self, event: Event) -> int:
         """`event.t_ns` on the reference clock (the collector's): t_ns + the rank's offset.
@@ -156,14 +192,14 @@ class Trace:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
             return NotImplemented
-        with self._lock:
-            mine = {r: list(v) for r, v in self._by_rank.items()}
-        with other._lock:
-            theirs = {r: list(v) for r, v in other._by_rank.items()}
+        mine = {r: self.events(r) for r in self.ranks}
+        theirs = {r: other.events(r) for r in other.ranks}
         return mine == theirs and self.clock == other.clock and self.meta == other.meta
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"rank {r}: {len(self.events(r))}" for r in self.ranks)
+        with self._lock:
+            sizes = {r: len(c) for r, c in sorted(self._by_rank.items())}
+        counts = ", ".join(f"rank {r}: {n}" for r, n in sizes.items())
         return f"<ddpviz Trace, {len(self)} events ({counts or 'empty'})>"
 
     # --- files --------------------------------------------------------------------------------
@@ -186,13 +222,23 @@ class Trace:
         """Read a `.ddpviz` file. A torn last frame (the writer died mid-write) is skipped with
         a warning; every complete frame before it is kept. Raises TraceError otherwise."""
         path = Path(path)
-        return cls.from_bytes(path.read_bytes(), path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < _MMAP_FROM:
+                return cls.from_bytes(f.read(), path)
+            # a big file is read through the page cache, never copied onto the heap
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                return cls.from_bytes(data, path)  # type: ignore[arg-type]
+            finally:
+                with contextlib.suppress(BufferError):  # an error's traceback holds a view:
+                    data.close()  # the map then goes with it
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Trace:
         """Like `load`, from the bytes of a `.ddpviz` file; `path` only names it in messages."""
         path = Path(path)
-        if not data.startswith(_MAGIC):
+        if data[:len(_MAGIC)] != _MAGIC:
             raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} "
                              "magic at its start).\nPass a file written by Trace.save, "
                              "TraceWriter or ddpviz.connect().")
@@ -206,7 +252,6 @@ class Trace:
         view = memoryview(data)
         pos, end = len(_MAGIC), len(data)
         trace: Trace | None = None
-        chunks: list[list[Event]] = []
         clock: dict[int, tuple[int, int]] = {}
         while pos < end:
             where = pos
@@ -239,7 +284,7 @@ class Trace:
                 elif kind == _EVENTS:
                     chunk = cast("list[Event]", decode_events(payload))
                     limits.check_events(chunk)
-                    chunks.append(chunk)
+                    trace.extend(chunk)  # into columns now: the objects go with the chunk
                 elif kind == _CLOCK:
                     c = decode_clock(payload)
                     clock[c.rank] = (c.offset_ns, c.error_ns)
@@ -252,8 +297,6 @@ class Trace:
         if trace is None:
             raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
                              "The writer died before writing anything; rerun the job.")
-        for chunk in chunks:
-            trace.extend(chunk)
         trace.clock.update(clock)
         return trace
 
@@ -283,19 +326,27 @@ class Trace:
     def spans(self) -> list[Span]:
         """Phases, all-reduces and broadcast chunks as intervals (see Span)."""
         out: list[Span] = []
-        for rank in self.ranks:
-            out.extend(_rank_spans(rank, self.events(rank), self.clock.get(rank, (0, 0))[0]))
+        for rank, table in self.columns().items():
+            out.extend(table_spans(table, self.clock.get(rank, (0, 0))[0]))
         return out
 
     def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Chrome/Perfetto trace JSON: ranks as processes, phases, all-reduces and broadcast
         chunks as spans ("X"), gradient hooks and other events as instants. Writes it to `path`
-        if given (open in ui.perfetto.dev or chrome://tracing) and returns it."""
-        with gc_paused():
-            doc = _chrome(self)
+        if given (open in ui.perfetto.dev or chrome://tracing) and returns it (as objects: for
+        big traces `write_chrome_trace`, which streams the file, is much leaner)."""
+        from ddpviz.chrome_trace import chrome_trace_doc, write_chrome_trace
+
         if path is not None:
-            write_text(path, json.dumps(doc))  # atomic, like every save
-        return doc
+            write_chrome_trace(self, path)  # atomic, like every save
+        return chrome_trace_doc(self)
+
+    def write_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write the Chrome/Perfetto trace JSON of `to_chrome_trace` to `path`, streamed from
+        the columns (no object per event). Atomic. Returns the path."""
+        from ddpviz.chrome_trace import write_chrome_trace
+
+        return write_chrome_trace(self, path)
 
 
 @contextlib.contextmanager
@@ -448,64 +499,19 @@ _SPAN_HANDLERS: dict[type[Event], Any] = {
 }
 
 
-def _rank_spans(rank: int, events: list[Event], offset: int) -> list[Span]:
+def _rank_spans(rank: int, events: list[Event], offset: int, last: int) -> list[Span]:
     spans = _RankSpans(rank, offset)
     for e in events:
         handler = _SPAN_HANDLERS.get(type(e))
         if handler is not None:
             handler(spans, e)
-    return spans.finish(events[-1].t_ns if events else 0)
+    return spans.finish(last)
 
 
-# --- Chrome / Perfetto JSON -------------------------------------------------------------------
+def table_spans(table: Table, offset: int) -> list[Span]:
+    """The spans of one rank's columns: only the events that open or close one are built."""
+    events = table.events(table.rows(*_SPAN_HANDLERS))
+    return _rank_spans(table.rank, events, offset, int(table.t[-1]) if len(table) else 0)
 
-_INSTANT_LANES: dict[type[Event], str] = {ev.GradReady: "gradient hooks"}
-_SPAN_EVENTS = set(_SPAN_HANDLERS)
 
-
-def _chrome(trace: Trace) -> dict[str, Any]:
-    spans = trace.spans()
-    per_rank = {r: trace.events(r) for r in trace.ranks}
-    starts = [s.start_ns for s in spans] + [trace.aligned_ns(lst[0])
-                                            for lst in per_rank.values() if lst]
-    t0 = min(starts) if starts else 0
-    out: list[dict[str, Any]] = []
-    tids: dict[tuple[int, str], int] = {}
-    lanes: dict[int, int] = {}  # rank -> lanes so far (linear, also with 100,000 buckets)
-
-    def tid(rank: int, lane: str) -> int:
-        key = (rank, lane)
-        if key not in tids:
-            tids[key] = n = lanes.get(rank, 0)
-            lanes[rank] = n + 1
-            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": n,
-                        "args": {"name": lane}})
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": n,
-                        "args": {"sort_index": n}})
-        return tids[key]
-
-    for rank in per_rank:
-        out.append({"ph": "M", "name": "process_name", "pid": rank,
-                    "args": {"name": f"rank {rank}"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank,
-                    "args": {"sort_index": rank}})
-        tid(rank, "phases")
-    for s in spans:
-        out.append({"name": s.name, "cat": s.cat, "ph": "X", "pid": s.rank,
-                    "tid": tid(s.rank, s.lane), "ts": (s.start_ns - t0) / 1000,
-                    "dur": max(0, s.end_ns - s.start_ns) / 1000, "args": s.args})
-    for rank, lst in per_rank.items():
-        offset = trace.clock.get(rank, (0, 0))[0]
-        for e in lst:
-            cls = type(e)
-            if cls in _SPAN_EVENTS:
-                continue
-            lane = _INSTANT_LANES.get(cls, "events")
-            name, cat = ((f"grad p{e.param}", "hook") if isinstance(e, ev.GradReady)
-                         else (cls.__name__, "event"))
-            out.append({"name": name, "cat": cat,
-                        "ph": "i", "s": "t", "pid": rank, "tid": tid(rank, lane),
-                        "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
-    clock = {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in trace.clock.items()}
-    return {"traceEvents": out, "displayTimeUnit": "ms",
-            "otherData": {"generator": "ddpviz", "clock": clock, "meta": trace.meta}}
+SPAN_TYPES = tuple(_SPAN_HANDLERS)  # the event types that open or close a span

@@ -51,8 +51,8 @@ class Clock(msgspec.Struct, array_like=True):
     """A rank's clock offset record (see Trace.aligned_ns); the latest record wins."""
 
     rank: limits.Rank
-    offset_ns: int  # add to the rank's t_ns to get the reference (collector's) clock
-    error_ns: int  # bound on the offset's error; -1 when unknown
+    offset_ns: limits.TimeNs  # add to the rank's t_ns to get the reference (collector's) clock
+    error_ns: limits.TimeNs  # bound on the offset's error; -1 when unknown
 
 
 class TraceWriter:

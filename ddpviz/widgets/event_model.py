@@ -5,7 +5,10 @@ verification, broadcast chunks, bucket maps) per rank, and per (rank, step) the 
 backward instants, gradient-ready hooks, bucket readiness and all-reduce spans. Times are kept
 on the aligned clock (`t_ns` + the rank's offset, see Trace.aligned_ns) so ranks compare, and
 every query takes an optional `as_of` time so a replay can show the state at any instant.
-Feeding is the hot path (a live run, or 800k events of a trace): one dispatch per event.
+Feeding is the hot path. A live run feeds event objects (`feed`, one dispatch per event); a
+trace feeds its columns (`feed_table`, ddpviz/columns.py): a rank's hooks, bucket and
+all-reduce events are folded a step at a time with numpy, and a step's gradient hooks stay
+columns (`GradArray`), read like the list of (t, param, bucket) tuples a live feed builds.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ import bisect
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast, overload
 
+import numpy as np
+
+from ddpviz import columns as col
 from ddpviz import events as ev
+from ddpviz.columns import Table
 from ddpviz.events import Event
 
 CONSTRUCTION = -1  # the step of every event the constructor emits
@@ -46,6 +53,73 @@ _PHASE_OF: dict[type[Event], str] = {
 }
 
 
+class GradArray:
+    """A step's gradient hooks on one rank as columns: a read-only sequence of
+    (aligned t, param, bucket) tuples, like the list a live feed builds (equal to it, too).
+    `t`, `params` and `buckets` are the numpy columns, for vectorised readers."""
+
+    __slots__ = ("_tail", "buckets", "params", "t")
+
+    def __init__(self, t: np.ndarray, params: np.ndarray, buckets: np.ndarray) -> None:
+        self.t, self.params, self.buckets = t, params, buckets
+        self._tail: list[tuple[int, int, int]] = []  # hooks fed later as objects
+
+    def __len__(self) -> int:
+        return len(self.t) + len(self._tail)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> GradArray: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[int, int, int] | GradArray:
+        if isinstance(i, slice):
+            if self._tail:
+                return GradArray.of(list(self)[i])
+            return GradArray(self.t[i], self.params[i], self.buckets[i])
+        n = len(self.t)
+        if i < 0:
+            i += len(self)
+        if 0 <= i < n:
+            return int(self.t[i]), int(self.params[i]), int(self.buckets[i])
+        return self._tail[i - n]
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        yield from zip(self.t.tolist(), self.params.tolist(), self.buckets.tolist(),
+                       strict=True)
+        yield from self._tail
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GradArray | list):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"GradArray({list(self)!r})"
+
+    def append(self, grad: tuple[int, int, int]) -> None:
+        self._tail.append(grad)
+
+    def copy(self) -> GradArray:
+        out = GradArray(self.t, self.params, self.buckets)  # the columns are never written
+        out._tail = list(self._tail)
+        return out
+
+    @classmethod
+    def of(cls, grads: Iterable[tuple[int, int, int]]) -> GradArray:
+        rows = list(grads)
+        if not rows:
+            return cls(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
+        t, p, b = zip(*rows, strict=True)
+        return cls(np.array(t, dtype=np.int64), np.array(p, dtype=np.int64),
+                   np.array(b, dtype=np.int64))
+
+
+Grads = list[tuple[int, int, int]] | GradArray
+
+
 @dataclass(slots=True)
 class StepRecord:
     """One rank's events of one iteration; every time is aligned ns."""
@@ -55,7 +129,7 @@ class StepRecord:
     forward: int | None = None
     backward: int | None = None
     backward_end: int | None = None
-    grads: list[tuple[int, int, int]] = field(default_factory=list)  # (t, param, bucket)
+    grads: Grads = field(default_factory=list)  # (t, param, bucket); columns from a trace
     bucket_ready: dict[int, int] = field(default_factory=dict)
     launched: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # (t, nbytes, dtype)
     done: dict[int, int] = field(default_factory=dict)
@@ -68,7 +142,7 @@ class StepRecord:
         """A copy holding only what happened at or before `as_of` (everything if None)."""
         if as_of is None or self.last <= as_of:
             return StepRecord(self.first, self.last, self.forward, self.backward,
-                              self.backward_end, list(self.grads), dict(self.bucket_ready),
+                              self.backward_end, self.grads.copy(), dict(self.bucket_ready),
                               dict(self.launched), dict(self.done), self.unused,
                               self.unused_names, self.rebuilt_order, self.buffers)
 
@@ -217,6 +291,94 @@ class EventModel:
                 while self._arrivals and self._arrivals[0][0] < now - 1.0:
                     self._arrivals.popleft()
         return n
+
+    def feed_table(self, table: Table) -> int:
+        """Fold in one rank's columns (a trace's: `Trace.columns()`), as `feed` would fold
+        `table.events()`, without an object per hot event. Returns how many events."""
+        n = len(table)
+        if not n:
+            return 0
+        with self._lock:
+            state = self._rank(table.rank)
+            t = table.t + self._offsets.get(table.rank, 0)
+            kind, step = table.kind, table.step
+            state.count += n
+            phased = np.flatnonzero(_PHASED[kind])
+            if len(phased):
+                state.last_type = col.KINDS[int(kind[phased[-1]])]
+            state.last_t = int(t[-1])
+            hot = _HOT[kind]
+            self.versions["construction"] += int(np.count_nonzero(hot & (step < 0)))
+            top = int(step.max())
+            if top > state.step:
+                state.step = top
+            order = np.argsort(step, kind="stable")
+            cut = np.flatnonzero(step[order][1:] != step[order][:-1]) + 1
+            for rows in np.split(order, cut):
+                s = int(step[rows[0]])
+                tt = t[rows]
+                lo, hi = int(tt.min()), int(tt.max())
+                bounds = self._step_bounds.get(s)
+                if bounds is None:
+                    self._step_bounds[s] = [lo, hi]
+                    self._step_versions[s] = len(rows)
+                else:
+                    bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
+                    self._step_versions[s] += len(rows)
+                if s >= 0:
+                    self._fold_step(state, table, s, rows, tt)
+            # rare events in arrival order, through the object handlers
+            for row in sorted(table.objects):
+                e = table.objects[row]
+                cls = type(e)
+                tr = int(t[row])
+                if e.step >= 0:
+                    rec = state.steps[e.step]
+                    self._step_event(state, rec, cls, e, tr)
+                else:
+                    self._construction_event(state, cls, e, tr)
+            self.version += 1
+            self._total += n
+            now = time.monotonic()
+            self._arrivals.append((now, n))
+            while self._arrivals and self._arrivals[0][0] < now - 1.0:
+                self._arrivals.popleft()
+        return n
+
+    def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
+                   tt: np.ndarray) -> None:
+        """One rank's hot events of one step (rows in arrival order, tt their aligned t)."""
+        first, last = int(tt[0]), int(tt.max())
+        rec = state.steps.get(step)
+        if rec is None:
+            rec = state.steps[step] = StepRecord(first, last)
+        elif last > rec.last:
+            rec.last = last
+        k = table.kind[rows]
+        for code, attr in _INSTANTS:
+            at = np.flatnonzero(k == code)
+            if len(at):
+                setattr(rec, attr, int(tt[at[-1]]))
+        g = np.flatnonzero(k == col.GRAD_READY)
+        if len(g):
+            r = rows[g]
+            grads = GradArray(tt[g], table.a[r], table.b[r])
+            if rec.grads:
+                rec.grads = GradArray.of([*rec.grads, *grads])
+            else:
+                rec.grads = grads
+        for code, target in ((col.BUCKET_READY, rec.bucket_ready), (col.DONE, rec.done)):
+            at = np.flatnonzero(k == code)
+            if len(at):
+                target.update(zip(table.a[rows[at]].tolist(), tt[at].tolist(), strict=True))
+        at = np.flatnonzero(k == col.LAUNCHED)
+        if len(at):
+            r = rows[at]
+            strings = table.strings
+            rec.launched.update(
+                (b, (t, nb, strings[si])) for b, t, nb, si in zip(
+                    table.a[r].tolist(), tt[at].tolist(), table.b[r].tolist(),
+                    table.s[r].tolist(), strict=True))
 
     def _rank(self, rank: int) -> RankState:
         state = self._ranks.get(rank)
@@ -516,3 +678,10 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
     ev.EventsDropped: EventModel._construction_dropped,
     ev.FindingReported: EventModel._finding_reported,
 }
+
+
+# For feed_table: which kinds set the phase shown, which are hot, and the instants per step.
+_PHASED = np.array([cls in _PHASE_OF for cls in col.KINDS], dtype=bool)
+_HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
+_INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
+             (col.BACKWARD_END, "backward_end"))

@@ -74,8 +74,8 @@ def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> 
 
 def _from_trace(trace: Trace, model: EventModel, label: str) -> Source:
     model.set_clock(trace.clock)
-    for rank in trace.ranks:  # per rank: the model needs each rank's order, not a global sort
-        model.feed(trace.events(rank))
+    for table in trace.columns().values():  # per rank, in its order; columns, no objects
+        model.feed_table(table)
     return Source("trace", False, f"{label}: {len(trace):,} events from {len(trace.ranks)} "
                   "ranks")
 

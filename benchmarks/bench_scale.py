@@ -1,0 +1,234 @@
+"""Analysis at memory speed: load, diagnose, event model, report and Chrome export on big traces.
+
+Synthetic `.ddpviz` traces as a DDP job would record them with every gradient hook: per rank
+the constructor's events (ParamsBuilt with every parameter, verification, the state broadcast,
+the constructor's bucket map), then per step ForwardStarted, BackwardStarted, one GradReady per
+parameter in reverse registration order (with a few neighbours swapped, as autograd does),
+BucketReady / AllReduceLaunched per bucket as it fills, AllReduceDone per bucket,
+BackwardFinished; step 1 also rebuilds the buckets (BucketsRebuilt, BucketAssigned). Times
+advance by a jittered per-event cost per rank, and each rank's clock has its own offset.
+About 100 parameters per bucket.
+
+For each size: events/s of each stage (wall clock and this process's CPU time: on a shared
+machine the CPU time is the steadier figure; the load average is printed; the trace is loaded
+once for all stages), the bytes held per event (growth of resident anonymous memory: the
+loaded Trace, then the EventModel on top of it) and the process's peak RSS. Sizes as
+`RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
+
+    PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64x1000x20,256x10000x5] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import gc
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ddpviz import events as ev
+from ddpviz.chrome_trace import write_chrome_trace
+from ddpviz.diagnose import diagnose
+from ddpviz.report import render
+from ddpviz.trace import Trace, gc_paused
+from ddpviz.tracefile import TraceWriter
+from ddpviz.widgets.event_model import EventModel
+from ddpviz.widgets.source import attach
+
+PARAMS_PER_BUCKET = 100
+
+
+def generate(path: Path, ranks: int, params: int, steps: int, seed: int = 0) -> int:
+    """Write the synthetic trace to `path`; returns the number of events."""
+    rng = random.Random(seed)
+    names = [f"layers.{i // 2}.{'weight' if i % 2 == 0 else 'bias'}" for i in range(params)]
+    shapes = [(1024, 256) if i % 2 == 0 else (1024,) for i in range(params)]
+    infos = tuple(ev.ParamInfo(i, names[i], shapes[i], "float32", "cpu", False, 4)
+                  for i in range(params))
+    reverse = list(range(params - 1, -1, -1))
+    buckets = tuple(tuple(reverse[i:i + PARAMS_PER_BUCKET])
+                    for i in range(0, params, PARAMS_PER_BUCKET))
+    limits = (25 << 20,) * len(buckets)
+    nbytes = [sum(4 * (1024 * 256 if p % 2 == 0 else 1024) for p in b) for b in buckets]
+    total = sum(nbytes)
+    bucket_of = [0] * params
+    for b, members in enumerate(buckets):
+        for p in members:
+            bucket_of[p] = b
+    count = 0
+    with TraceWriter(path, meta={"synthetic": True, "ranks": ranks, "params": params,
+                                 "steps": steps}, chunk=8192) as w, gc_paused():
+        for r in range(ranks):
+            w.write_clock(r, rng.randint(-50_000, 50_000), 2_000)
+        for r in range(ranks):
+            seq = 0
+            t = 10**12 + rng.randint(0, 10**6)
+            cost = 1500 + rng.randint(-200, 200)  # this rank's ns per gradient hook
+
+            def put(cls: type[ev.Event], step: int, *fields: Any, dt: int = 1000,
+                    rank: int = r) -> None:
+                nonlocal seq, t, count
+                t += dt
+                w(cls(rank, step, t, seq, *fields))
+                seq += 1
+                count += 1
+
+            put(ev.ParamsBuilt, -1, infos, ("bn.running_mean",), ())
+            put(ev.VerificationStarted, -1, ranks, params, 1)
+            put(ev.VerificationPassed, -1, ranks, "9f3a")
+            put(ev.BroadcastStarted, -1, 0, params + 1, total, 1)
+            put(ev.BroadcastChunkSent, -1, 0, "float32", "cpu", total, params + 1)
+            put(ev.BroadcastChunkDone, -1, 0, total, dt=200_000)
+            put(ev.BroadcastFinished, -1, total, 0.0002)
+            put(ev.BucketAssigned, -1, buckets, limits, False)
+            for step in range(steps):
+                put(ev.ForwardStarted, step, dt=50_000)
+                if step == 1:
+                    put(ev.BucketsRebuilt, step, tuple(reverse))
+                    put(ev.BucketAssigned, step, buckets, limits, True)
+                put(ev.BackwardStarted, step, dt=2_000_000)
+                # autograd's order is not quite reverse, the same on every rank; rank 1
+                # swaps two more gradients at the last step (one grad_order finding)
+                swaps = random.Random(step)
+                order = list(reverse)
+                for _ in range(params // 50 + (r == 1 and step == steps - 1)):
+                    i = swaps.randrange(params - 1)
+                    if bucket_of[order[i]] == bucket_of[order[i + 1]]:
+                        order[i], order[i + 1] = order[i + 1], order[i]
+                events: list[ev.Event] = []
+                jitter = [rng.randint(-300, 300) for _ in range(64)]
+                left = [len(b) for b in buckets]
+                next_bucket = 0
+                for i, p in enumerate(order):
+                    t += cost + jitter[i & 63]
+                    b = bucket_of[p]
+                    events.append(ev.GradReady(r, step, t, seq, p, b))
+                    seq += 1
+                    left[b] -= 1
+                    while next_bucket < len(buckets) and left[next_bucket] == 0:
+                        t += 300
+                        events.append(ev.BucketReady(r, step, t, seq, next_bucket))
+                        t += 500
+                        events.append(ev.AllReduceLaunched(r, step, t, seq + 1, next_bucket,
+                                                           nbytes[next_bucket], "float32"))
+                        seq += 2
+                        next_bucket += 1
+                w.write_many(events)
+                count += len(events)
+                for b in range(len(buckets)):
+                    put(ev.AllReduceDone, step, b, dt=20_000 + rng.randint(0, 5_000))
+                put(ev.BackwardFinished, step)
+            w.flush()
+    return count
+
+
+def timed(fn: Callable[[], Any]) -> tuple[tuple[float, float], Any]:
+    """((wall s, CPU s of this process), what `fn` returned)."""
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return (time.perf_counter() - start, time.process_time() - cpu), result
+
+
+def rss() -> int:
+    """This process's resident anonymous memory in bytes, after handing freed heap back."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    fields = Path("/proc/self/status").read_text().split("\n")
+    anon = next(line for line in fields if line.startswith("RssAnon:"))
+    return int(anon.split()[1]) * 1024
+
+
+def held(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """Growth of resident anonymous memory (not the page cache of a mapped file) from before
+    `fn` to after it, with what it returned kept alive."""
+    before = rss()
+    result = fn()
+    return rss() - before, result
+
+
+def model_of(trace: Trace) -> EventModel:
+    model = EventModel()
+    attach(trace, model, lambda: None)
+    return model
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
+    path = folder / f"scale-{ranks}x{params}x{steps}.ddpviz"
+    label = f"{ranks} ranks x {params:,} params x {steps} steps"
+    (seconds, _), n = timed(lambda: generate(path, ranks, params, steps))
+    print(f"\n## {label}: {n:,} events, file {path.stat().st_size / 2**20:,.0f} MiB "
+          f"(generated in {seconds:.1f} s); load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs\n")
+    load_s, trace = timed(lambda: Trace.load(path))
+    assert len(trace) == n
+    rows = [("Trace.load", load_s, ""), *stages(trace, folder)]
+    print("| stage | wall s | events/s | CPU s | events/CPU-s | note |")
+    print("|---|---|---|---|---|---|")
+    for name, (wall, cpu), note in rows:
+        print(f"| {name} | {wall:.2f} | {n / wall / 1e6:.2f}M | {cpu:.2f} | "
+              f"{n / cpu / 1e6:.2f}M | {note} |")
+    del trace
+    trace_bytes, held_trace = held(lambda: Trace.load(path))
+    model_bytes, model = held(functools.partial(model_of, held_trace))
+    print(f"\nload average now {os.getloadavg()[0]:.1f}. "
+          f"Held: Trace {trace_bytes / n:.0f} bytes/event, EventModel on top "
+          f"{model_bytes / n:.0f} bytes/event; peak RSS of this process so far "
+          f"{peak_rss_mb():,.0f} MiB")
+    del held_trace, model
+    gc.collect()
+    path.unlink()
+
+
+Row = tuple[str, tuple[float, float], str]
+
+
+def stages(trace: Trace, folder: Path) -> list[Row]:
+    rows: list[Row] = []
+    diag_s, findings = timed(lambda: diagnose(trace))
+    kinds = ", ".join(sorted({f.kind for f in findings}))
+    rows.append(("diagnose()", diag_s, f"{len(findings)} findings ({kinds})"))
+    model_s, model = timed(lambda: model_of(trace))
+    rows.append(("EventModel (dashboard's model)", model_s, f"{len(model.steps)} steps"))
+    del model
+    report_s, html = timed(lambda: render(trace))
+    rows.append(("report (HTML)", report_s, f"{len(html) / 2**20:.1f} MiB"))
+    del html
+    chrome = folder / "chrome.json"
+    chrome_s, _ = timed(lambda: write_chrome_trace(trace, chrome))
+    rows.append(("Chrome export (file)", chrome_s, f"{chrome.stat().st_size / 2**20:,.0f} MiB"))
+    chrome.unlink()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="64x1000x20,256x10000x5")
+    parser.add_argument("--keep", type=Path, default=None, help="write the traces here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for size in args.sizes.split(","):
+            ranks, params, steps = (int(x) for x in size.lower().split("x"))
+            run_size(ranks, params, steps, folder)
+
+
+if __name__ == "__main__":
+    main()
