@@ -32,21 +32,21 @@ def advice_figure(advice: Advice) -> go.FigureWidget:
         traces.append(go.Scatter(
             x=[r.candidate.cap_mb for r in rows], y=[r.prediction.step_s * 1e3 for r in rows],
             mode="lines+markers" if lines else "markers", name=_LINES.get(family, family),
-            text=[f"{r.label}<br>{len(r.buckets)} buckets, exposed comm "
-                  f"{r.prediction.exposed_s * 1e3:.2f} ms" for r in rows],
+            text=[markup.fmt("{}<br>{} buckets, exposed comm {:.2f} ms", r.label,
+                             len(r.buckets), r.prediction.exposed_s * 1e3) for r in rows],
             hovertemplate="%{text}<br>predicted step %{y:.2f} ms<extra></extra>"))
     cur, rec = advice.current, advice.recommended
     traces.append(go.Scatter(
         x=[cur.candidate.cap_mb], y=[cur.prediction.step_s * 1e3], mode="markers+text",
         marker={"symbol": "star", "size": 14, "color": "black"}, name="current",
         text=["current"], textposition="top center",
-        hovertemplate=f"current ({len(cur.buckets)} buckets): "
-                      "%{y:.2f} ms<extra></extra>"))
+        hovertext=[markup.fmt("current ({} buckets)", len(cur.buckets))],
+        hovertemplate="%{hovertext}: %{y:.2f} ms<extra></extra>"))
     traces.append(go.Scatter(
         x=[rec.candidate.cap_mb], y=[rec.prediction.step_s * 1e3], mode="markers",
         marker={"symbol": "circle-open", "size": 18, "color": "#d62728", "line": {"width": 2}},
-        name="recommended", hovertemplate=f"recommended: {rec.label}<br>"
-                                          "%{y:.2f} ms<extra></extra>"))
+        name="recommended", hovertext=[markup.fmt("recommended: {}", rec.label)],
+        hovertemplate="%{hovertext}<br>%{y:.2f} ms<extra></extra>"))
     return go.FigureWidget(data=traces, layout={
         "height": 340, "margin": {"l": 60, "r": 20, "t": 30, "b": 45},
         "xaxis": {"type": "log", "title": {"text": "bucket cap (MiB, largest entry of a list)"}},
