@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 
 from ddpviz import events as ev
-from ddpviz.events import Event
+from ddpviz.events import E, Event
 from ddpviz.limits import LimitError
 
 # Every event type, by code (the `kind` column). Append only: codes are not stored in files.
@@ -47,6 +47,14 @@ HOT: frozenset[type[Event]] = frozenset({
 GRAD_READY = CODE[ev.GradReady]
 BUCKET_READY = CODE[ev.BucketReady]
 LAUNCHED = CODE[ev.AllReduceLaunched]
+# The hot types' fields held in columns a, b and s (a string, interned), read by name.
+_FIELDS: dict[type[Event], tuple[str | None, str | None, str | None]] = {
+    ev.GradReady: ("param", "bucket", None),
+    ev.BucketReady: ("bucket", None, None),
+    ev.AllReduceDone: ("bucket", None, None),
+    ev.AllReduceLaunched: ("bucket", "nbytes", "dtype"),
+    ev.GradsSummarized: ("bucket", "n_grads", None),
+}
 DONE = CODE[ev.AllReduceDone]
 FORWARD = CODE[ev.ForwardStarted]
 BACKWARD = CODE[ev.BackwardStarted]
@@ -84,7 +92,11 @@ class Table(NamedTuple):
             return np.flatnonzero(self.kind == CODE[types[0]])
         return np.flatnonzero(np.isin(self.kind, codes(*types)))
 
-    def rare(self, *types: type[Event]) -> list[Event]:
+    def rare(self, cls: type[E]) -> list[E]:
+        """The kept objects of this (rare) type, in arrival order."""
+        return [e for i in sorted(self.objects) if type(e := self.objects[i]) is cls]
+
+    def rare_any(self, *types: type[Event]) -> list[Event]:
         """The kept objects of these (rare) types, in arrival order."""
         return [self.objects[i] for i in sorted(self.objects) if type(self.objects[i]) in types]
 
@@ -247,18 +259,13 @@ class RankColumns:
             else:
                 idx = np.flatnonzero(kind == k)
                 sel = [events[i] for i in idx.tolist()]
-            if cls is ev.GradReady:
-                a[idx] = [e.param for e in sel]  # type: ignore[attr-defined]
-                b[idx] = [e.bucket for e in sel]  # type: ignore[attr-defined]
-            elif cls in (ev.BucketReady, ev.AllReduceDone):
-                a[idx] = [e.bucket for e in sel]  # type: ignore[attr-defined]
-            elif cls is ev.AllReduceLaunched:
-                a[idx] = [e.bucket for e in sel]  # type: ignore[attr-defined]
-                b[idx] = [e.nbytes for e in sel]  # type: ignore[attr-defined]
-                s[idx] = [self._intern(e.dtype) for e in sel]  # type: ignore[attr-defined]
-            elif cls is ev.GradsSummarized:
-                a[idx] = [e.bucket for e in sel]  # type: ignore[attr-defined]
-                b[idx] = [e.n_grads for e in sel]  # type: ignore[attr-defined]
+            field_a, field_b, field_s = _FIELDS.get(cls, (None, None, None))
+            if field_a is not None:
+                a[idx] = [getattr(e, field_a) for e in sel]
+            if field_b is not None:
+                b[idx] = [getattr(e, field_b) for e in sel]
+            if field_s is not None:
+                s[idx] = [self._intern(getattr(e, field_s)) for e in sel]
             if cls not in HOT:
                 share = self._shared.share
                 for i, e in zip(idx.tolist(), sel, strict=True):

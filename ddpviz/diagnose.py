@@ -105,7 +105,7 @@ def diagnose_tables(per_rank: Mapping[int, Table]) -> Findings:
 def _world_size(per_rank: Mapping[int, Table]) -> int:
     size = max(per_rank, default=-1) + 1
     for t in per_rank.values():
-        for e in t.rare(ev.VerificationStarted, ev.VerificationPassed, ev.VerificationFailed,
+        for e in t.rare_any(ev.VerificationStarted, ev.VerificationPassed, ev.VerificationFailed,
                         ev.FindingReported):
             if isinstance(e, ev.FindingReported):
                 size = max(size, e.finding.world_size)
@@ -121,7 +121,7 @@ def _names(per_rank: Mapping[int, Table]) -> dict[int, dict[int, str]]:
     for rank, t in per_rank.items():
         built = t.rare(ev.ParamsBuilt)
         if built:
-            params = built[-1].params  # type: ignore[attr-defined]
+            params = built[-1].params
             if id(params) not in made:
                 made[id(params)] = {p.index: p.name for p in params}
             out[rank] = made[id(params)]
@@ -142,7 +142,7 @@ def _reported(per_rank: Mapping[int, Table]) -> list[Finding]:
     merged: dict[tuple[Any, ...], int] = {}
     for rank in sorted(per_rank):
         for e in per_rank[rank].rare(ev.FindingReported):
-            f = e.finding  # type: ignore[attr-defined]
+            f = e.finding
             if f in out or f.kind == "rank_waiting":  # live-only: the verdict, if any, follows
                 continue
             key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step)
@@ -625,7 +625,7 @@ def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, st
 
 
 def _dropped(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:
-    counts = {r: sum(e.count for e in t.rare(ev.EventsDropped)  # type: ignore[attr-defined]
+    counts = {r: sum(e.count for e in t.rare(ev.EventsDropped)
                      ) for r, t in per_rank.items()}
     counts = {r: n for r, n in counts.items() if n}
     if not counts:

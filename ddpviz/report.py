@@ -108,7 +108,7 @@ def _ranks(trace: Trace, tables: dict[int, Table], spans_by_rank: dict[int, list
         n = len(table)
         seqs = np.unique(table.seq[table.kind != dropped_code])
         holes = int(seqs[-1]) + 1 - len(seqs) if len(seqs) else 0
-        dropped = sum(e.count for e in table.rare(ev.EventsDropped))  # type: ignore[attr-defined]
+        dropped = sum(e.count for e in table.rare(ev.EventsDropped))
         steps = (int(table.step.max()) if n else -1) + 1
         duration = int(table.t[-1] - table.t[0]) if n else 0
         sp = spans_by_rank[rank]
