@@ -155,26 +155,26 @@ def _summary_spans(rec: StepRecord, y: int, x: Callable[[int], int]) -> str:
         for b, s in items:
             cols[b & 1].update(range(x(s.first), max(x(s.first) + 1, x(s.last))))
         n = sum(s.n_grads for _, s in items)
-        out = [markup.fmt("<g class='ddpviz-summary'><title>{} buckets, {:,} gradients "
-                          "(per-bucket summaries; per-parameter hooks not recorded)</title>",
-                          len(items), n)]
+        out: list[str] = [markup.fmt(
+            "<g class='ddpviz-summary'><title>{} buckets, {:,} gradients (per-bucket "
+            "summaries; per-parameter hooks not recorded)</title>", len(items), n)]
         for shade, c in zip(_TICK_COLOURS, cols, strict=True):
             if c:
                 out.append(markup.fmt("<path d='{}' fill='{}' fill-opacity='0.6'/>",
                                       _path(_runs(c), y + 13, 10), shade))
         out.append("</g>")
         return "".join(out)
-    out = []
+    rects: list[str] = []
     for b, s in items:
         x0, x1 = x(s.first), x(s.last)
-        out.append(markup.fmt(
+        rects.append(markup.fmt(
             "<rect class='ddpviz-summary' data-bucket='{}' x='{}' y='{}' width='{}' "
             "height='10' fill='{}' fill-opacity='0.6' stroke='{}' stroke-dasharray='2 1'>"
             "<title>bucket {}: {:,} gradients ready over {:,.3f} ms, {:,} bytes (per-bucket "
             "summary; per-parameter hooks not recorded)</title></rect>", b, x0, y + 13,
             max(1, x1 - x0), _TICK_COLOURS[b & 1], _TICK_COLOURS[b & 1], b, s.n_grads,
             (s.last - s.first) / 1e6, s.nbytes))
-    return "".join(out)
+    return "".join(rects)
 
 
 def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
