@@ -156,7 +156,7 @@ def _summary_spans(rec: StepRecord, y: int, x: Callable[[int], int]) -> str:
             cols[b & 1].update(range(x(s.first), max(x(s.first) + 1, x(s.last))))
         n = sum(s.n_grads for _, s in items)
         out: list[str] = [markup.fmt(
-            "<g class='ddpviz-summary'><title>{} buckets, {:,} gradients (per-bucket "
+            "<g class='ddpviz-grad-summary'><title>{} buckets, {:,} gradients (per-bucket "
             "summaries; per-parameter hooks not recorded)</title>", len(items), n)]
         for shade, c in zip(_TICK_COLOURS, cols, strict=True):
             if c:
@@ -168,7 +168,7 @@ def _summary_spans(rec: StepRecord, y: int, x: Callable[[int], int]) -> str:
     for b, s in items:
         x0, x1 = x(s.first), x(s.last)
         rects.append(markup.fmt(
-            "<rect class='ddpviz-summary' data-bucket='{}' x='{}' y='{}' width='{}' "
+            "<rect class='ddpviz-grad-summary' data-bucket='{}' x='{}' y='{}' width='{}' "
             "height='10' fill='{}' fill-opacity='0.6' stroke='{}' stroke-dasharray='2 1'>"
             "<title>bucket {}: {:,} gradients ready over {:,.3f} ms, {:,} bytes (per-bucket "
             "summary; per-parameter hooks not recorded)</title></rect>", b, x0, y + 13,

@@ -105,7 +105,7 @@ def test_the_hook_timeline_draws_one_span_per_bucket_on_an_aggregated_step(
     lanes = svg.split("font-weight='bold'>rank ")[1:]  # one chunk per lane, in rank order
     assert len(lanes) == 2
     for rank, chunk in zip((0, 1), lanes, strict=True):
-        rects = re.findall(r"<rect class='ddpviz-summary' data-bucket='(\d+)' x='(\d+)' "
+        rects = re.findall(r"<rect class='ddpviz-grad-summary' data-bucket='(\d+)' x='(\d+)' "
                            r"y='\d+' width='(\d+)'", chunk)
         buckets = {b for (r, s, b) in want if r == rank and s == step}
         assert sorted(int(b) for b, _, _ in rects) == sorted(buckets)
@@ -132,7 +132,7 @@ def test_full_steps_of_the_same_run_are_drawn_hook_by_hook(events: list[ev.Event
     t.controls.show_step(3)
     v = t.view
     assert v is not None and v.summarized == ()
-    assert "ddpviz-summary" not in t.svg_html.value
+    assert "ddpviz-grad-summary" not in t.svg_html.value
     assert "per-bucket summaries" not in t.header_html.value
     fired = tuple(e.param for e in events if isinstance(e, ev.GradReady) and e.rank == 0
                   and e.step == 3)

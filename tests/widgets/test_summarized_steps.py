@@ -53,12 +53,12 @@ def test_the_timeline_of_a_summarized_step_draws_buckets_and_says_so() -> None:
     t.controls.show_step(3)
     assert t.view is not None and t.view.summarized == (0, 1)
     n_summaries = sum(1 for e in events if isinstance(e, ev.GradsSummarized))
-    assert t.svg_html.value.count("class='ddpviz-summary'") == n_summaries
+    assert t.svg_html.value.count("class='ddpviz-grad-summary'") == n_summaries
     assert "step 3: per-bucket summaries (detail='sampled'); per-parameter hooks recorded on " \
         "steps 0-2" in html.unescape(t.header_html.value)
     assert "not recorded" in t.order_html.value
     t.controls.show_step(2)
-    assert "ddpviz-summary" not in t.svg_html.value
+    assert "ddpviz-grad-summary" not in t.svg_html.value
     assert "not recorded" not in t.order_html.value
 
 
@@ -74,7 +74,7 @@ def test_a_slow_rank_among_24_is_named_from_its_summaries() -> None:
                and e.rank == 17 and e.step == 2)
     assert t.spread.slowest[0].compute_end == want - t.view.t0
     assert t.shown_ranks() == [17]
-    assert "class='ddpviz-summary'" in t.svg_html.value  # the drawn lane: bucket spans
+    assert "class='ddpviz-grad-summary'" in t.svg_html.value  # the drawn lane: bucket spans
 
 
 def test_step_list_folds_runs() -> None:
