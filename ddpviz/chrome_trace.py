@@ -1,7 +1,8 @@
 """The Chrome/Perfetto trace JSON of a Trace (open it in ui.perfetto.dev or chrome://tracing).
 
-Ranks are processes; phases, all-reduces and broadcast chunks are spans ("X", see
-Trace.spans); gradient hooks and every other event are instants. The JSON (UTF-8 bytes) is
+Ranks are processes; phases, all-reduces, broadcast chunks and, on steps recorded at an
+aggregated detail level, the per-bucket "gradients ready bN (summary of K)" intervals are spans
+("X", see Trace.spans); gradient hooks and every other event are instants. The JSON (UTF-8 bytes) is
 written straight from the columnar store (ddpviz/columns.py): gradient hooks a column at a
 time as fixed-width records of numbers only (json_numbers), never built as objects; bucket
 readiness from a template of numbers; rare events and spans through msgspec's JSON encoder

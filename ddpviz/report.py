@@ -234,10 +234,10 @@ def _bucket_svg(sizes: list[int]) -> str:
 
 def _timeline(all_spans: list[Span]) -> str:
     out = ["<section id='timeline'><h2>All-reduce timeline</h2>"]
-    spans = [s for s in all_spans if s.cat in ("allreduce", "phase")]
+    spans = [s for s in all_spans if s.cat in ("allreduce", "phase", "gradients")]
     steps = sorted({s.step for s in spans if s.name == "backward"})[-_TIMELINE_STEPS:]
     shown = [s for s in spans if s.step in steps
-             and (s.name in ("backward", "forward") or s.cat == "allreduce")]
+             and (s.name in ("backward", "forward") or s.cat in ("allreduce", "gradients"))]
     if not shown:
         out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
                    "</section>")
@@ -245,6 +245,13 @@ def _timeline(all_spans: list[Span]) -> str:
     out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
                           "rank: forward and backward on top, one row per bucket's all-reduce "
                           "below. Hatched: never finished.</p>", ", ".join(map(str, steps))))
+    summarized = sorted({s.step for s in shown if s.cat == "gradients"})
+    if summarized:
+        out.append(markup.fmt(
+            "<p>Steps {}: per-bucket summaries (detail level 'sampled' or 'buckets'): a "
+            "'gradients ready' row per rank draws each bucket from its first to its last "
+            "gradient ready; per-parameter hooks were not recorded on these steps.</p>",
+            ", ".join(map(str, summarized))))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)
     scale = 900.0 / max(t1 - t0, 1)
@@ -253,21 +260,29 @@ def _timeline(all_spans: list[Span]) -> str:
     rank_row = {r: i for i, r in enumerate(ranks)}  # dict lookups: linear in the spans
     bucket_row = {b: i for i, b in enumerate(buckets)}
     row_h, label_w = 12, 90
-    band = (1 + len(buckets)) * row_h + 10
+    grads_row = 1 if summarized else 0  # a row of per-bucket gradient summaries
+    band = (1 + grads_row + len(buckets)) * row_h + 10
     height = band * len(ranks) + 24
     items = ["<defs><pattern id='hatch' width='6' height='6' patternUnits='userSpaceOnUse'>"
              "<path d='M0,6 l6,-6' stroke='#b00020' stroke-width='1'/></pattern></defs>"]
     for ri, rank in enumerate(ranks):
         y0 = ri * band
         items.append(markup.fmt("<text x='0' y='{}' font-size='11'>rank {}</text>", y0 + 10, rank))
+        if grads_row:
+            items.append(markup.fmt("<text x='40' y='{}' font-size='9' fill='#777'>grads"
+                                    "</text>", y0 + 2 * row_h - 2))
         for bi, b in enumerate(buckets):
             items.append(markup.fmt("<text x='40' y='{}' font-size='9' fill='#777'>b{}</text>",
-                                    y0 + (bi + 2) * row_h - 2, b))
+                                    y0 + (bi + 2 + grads_row) * row_h - 2, b))
     for s in shown:
         y0 = rank_row[s.rank] * band
         if s.cat == "allreduce":
             b = int(s.lane.rsplit(" ", 1)[1])
-            y = y0 + (bucket_row[b] + 1) * row_h
+            y = y0 + (bucket_row[b] + 1 + grads_row) * row_h
+            color = _COLORS[b % len(_COLORS)]
+        elif s.cat == "gradients":
+            b = s.args["bucket"]
+            y = y0 + row_h
             color = _COLORS[b % len(_COLORS)]
         else:
             y = y0

@@ -53,7 +53,8 @@ _RANK = operator.attrgetter("rank")
 _MMAP_FROM = 64 << 20  # files from this size on are mapped rather than read
 
 
-SpanCategory = Literal["phase", "allreduce", "broadcast"]
+SpanCategory = Literal["phase", "allreduce", "broadcast", "gradients"]
+SUMMARY_LANE = "gradients ready (per-bucket summaries)"
 
 
 class Span(NamedTuple):
@@ -324,7 +325,9 @@ class Trace:
     # --- export -------------------------------------------------------------------------------
 
     def spans(self) -> list[Span]:
-        """Phases, all-reduces and broadcast chunks as intervals (see Span)."""
+        """Phases, all-reduces and broadcast chunks as intervals (see Span); on steps recorded
+        at an aggregated detail level, one "gradients ready bN (summary of K)" span per bucket
+        (cat "gradients": first to last gradient ready; per-parameter hooks not recorded)."""
         out: list[Span] = []
         for rank, table in self.columns().items():
             out.extend(table_spans(table, self.clock.get(rank, (0, 0))[0]))
@@ -453,6 +456,15 @@ class _RankSpans:
             self.close(s, e.t_ns, f"all-reduce b{b}", "allreduce", f"all-reduce bucket {b}",
                        True, {})
 
+    def grads_summarized(self, e: ev.GradsSummarized) -> None:
+        """An aggregated step (detail "buckets"/"sampled"): the bucket's gradients were ready
+        from its first to its last hook; per-parameter hooks were not recorded."""
+        args = _args(e)
+        args["per_parameter"] = "not recorded (detail level aggregated this step)"
+        self.out.append(Span(self.rank, f"gradients ready b{e.bucket} (summary of {e.n_grads})",
+                             "gradients", SUMMARY_LANE, e.step, e.first_t_ns + self.offset,
+                             e.last_t_ns + self.offset, True, args))
+
     def chunk_sent(self, e: ev.BroadcastChunkSent) -> None:
         self.open_chunk.setdefault(e.chunk, []).append(e)
 
@@ -496,6 +508,7 @@ _SPAN_HANDLERS: dict[type[Event], Any] = {
     ev.AllReduceDone: _RankSpans.allreduce_done,
     ev.BroadcastChunkSent: _RankSpans.chunk_sent,
     ev.BroadcastChunkDone: _RankSpans.chunk_done,
+    ev.GradsSummarized: _RankSpans.grads_summarized,
 }
 
 

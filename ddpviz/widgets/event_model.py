@@ -2,7 +2,8 @@
 
 Every widget reads this model, never the engine: the constructor's facts (parameters,
 verification, broadcast chunks, bucket maps) per rank, and per (rank, step) the forward and
-backward instants, gradient-ready hooks, bucket readiness and all-reduce spans. Times are kept
+backward instants, gradient-ready hooks (or, on steps a detail level aggregated, one
+summary per bucket: `StepRecord.summaries`), bucket readiness and all-reduce spans. Times are kept
 on the aligned clock (`t_ns` + the rank's offset, see Trace.aligned_ns) so ranks compare, and
 every query takes an optional `as_of` time so a replay can show the state at any instant.
 Feeding is the hot path. A live run feeds event objects (`feed`, one dispatch per event); a
@@ -45,6 +46,7 @@ _PHASE_OF: dict[type[Event], str] = {
     ev.BucketsRebuilt: "forward",
     ev.BackwardStarted: "backward",
     ev.GradReady: "backward",
+    ev.GradsSummarized: "backward",
     ev.BucketReady: "backward",
     ev.AllReduceLaunched: "backward",
     ev.AllReduceDone: "backward",
@@ -120,6 +122,16 @@ class GradArray:
 Grads = list[tuple[int, int, int]] | GradArray
 
 
+class BucketSummary(NamedTuple):
+    """One bucket's gradients in one aggregated step (a GradsSummarized; aligned ns)."""
+
+    first: int  # first gradient of the bucket ready
+    last: int  # last one ready
+    n_grads: int
+    nbytes: int
+    t: int  # when the summary was emitted (just before the bucket's BucketReady)
+
+
 @dataclass(slots=True)
 class StepRecord:
     """One rank's events of one iteration; every time is aligned ns."""
@@ -137,6 +149,15 @@ class StepRecord:
     unused_names: tuple[str, ...] = ()
     rebuilt_order: tuple[int, ...] | None = None
     buffers: tuple[int, int, int] | None = None  # (t, n_buffers, nbytes)
+    # GradsSummarized per bucket (steps recorded at detail "buckets"/"sampled", where no
+    # GradReady was emitted): bucket -> BucketSummary (aligned first and last ready time)
+    summaries: dict[int, BucketSummary] = field(default_factory=dict)
+
+    @property
+    def summarized(self) -> bool:
+        """True when this step's gradients were recorded per bucket only (no per-parameter
+        hooks: the detail level aggregated it)."""
+        return bool(self.summaries) and not self.grads
 
     def copy(self, as_of: int | None = None) -> StepRecord:
         """A copy holding only what happened at or before `as_of` (everything if None)."""
@@ -144,7 +165,8 @@ class StepRecord:
             return StepRecord(self.first, self.last, self.forward, self.backward,
                               self.backward_end, self.grads.copy(), dict(self.bucket_ready),
                               dict(self.launched), dict(self.done), self.unused,
-                              self.unused_names, self.rebuilt_order, self.buffers)
+                              self.unused_names, self.rebuilt_order, self.buffers,
+                              dict(self.summaries))
 
         def upto(t: int | None) -> int | None:
             return t if t is not None and t <= as_of else None
@@ -160,7 +182,7 @@ class StepRecord:
             self.unused if self.unused and self.last <= as_of else (),
             self.unused_names if self.unused and self.last <= as_of else (),
             self.rebuilt_order, self.buffers if self.buffers and self.buffers[0] <= as_of
-            else None)
+            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of})
 
 
 class Timed(NamedTuple):
@@ -227,6 +249,7 @@ class EventModel:
         self.version = 0  # bumped by every feed
         self.versions = {"construction": 0, "maps": 0}
         self._findings: list[Timed] = []  # FindingReported events
+        self._full_steps: set[int] = set()  # steps with per-parameter hooks on some rank
         self._arrivals: deque[tuple[float, int]] = deque()  # (monotonic s, events) per feed
         self._total = 0
 
@@ -361,6 +384,7 @@ class EventModel:
                 setattr(rec, attr, int(tt[at[-1]]))
         g = np.flatnonzero(k == col.GRAD_READY)
         if len(g):
+            self._full_steps.add(step)
             r = rows[g]
             grads = GradArray(tt[g], table.a[r], table.b[r])
             if rec.grads:
@@ -397,7 +421,15 @@ class EventModel:
     # One handler per event type of an iteration (step >= 0), typed with its event class;
     # _STEP_HANDLERS maps the types to them. Others go on to _construction_event.
     def _grad_ready(self, state: RankState, rec: StepRecord, e: ev.GradReady, t: int) -> None:
+        if not rec.grads:
+            self._full_steps.add(e.step)
         rec.grads.append((t, e.param, e.bucket))
+
+    def _grads_summarized(self, state: RankState, rec: StepRecord, e: ev.GradsSummarized,
+                          t: int) -> None:
+        shift = t - e.t_ns  # the rank's clock offset
+        rec.summaries[e.bucket] = BucketSummary(e.first_t_ns + shift, e.last_t_ns + shift,
+                                                e.n_grads, e.nbytes, t)
 
     def _allreduce_launched(self, state: RankState, rec: StepRecord, e: ev.AllReduceLaunched,
                             t: int) -> None:
@@ -590,6 +622,12 @@ class EventModel:
                     out.setdefault(step, {})[r] = rec
             return out
 
+    def full_steps(self) -> list[int]:
+        """Iterations with per-parameter gradient hooks (GradReady) on at least one rank; at
+        detail "sampled" the others have per-bucket summaries only (StepRecord.summaries)."""
+        with self._lock:
+            return sorted(self._full_steps)
+
     def findings(self, as_of: int | None = None) -> list[object]:
         """The findings reported by ranks (`ddpviz.findings.Finding`), up to `as_of`."""
         with self._lock:
@@ -653,6 +691,7 @@ class EventModel:
 # its event class, which the table's key guarantees.
 _STEP_HANDLERS: dict[type[Event], Any] = {
     ev.GradReady: EventModel._grad_ready,
+    ev.GradsSummarized: EventModel._grads_summarized,
     ev.AllReduceLaunched: EventModel._allreduce_launched,
     ev.AllReduceDone: EventModel._allreduce_done,
     ev.BucketReady: EventModel._bucket_ready,

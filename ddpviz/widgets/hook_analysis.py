@@ -4,7 +4,9 @@ Per rank: the order its gradient hooks fired in, each bucket's all-reduce span, 
 that span was exposed, i.e. still running after the rank's last gradient hook (backward
 compute is over then, and the reducer can only wait). Across ranks: the most common firing
 order and every position where a rank departs from it (different orders across ranks make
-DDP rebuild different buckets, or hang), and per-bucket timing.
+DDP rebuild different buckets, or hang), and per-bucket timing. On a step recorded at an
+aggregated detail level ("buckets"/"sampled": GradsSummarized, no GradReady) a lane has no
+firing order; its backward compute ends at the last summarized gradient.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class Lane(NamedTuple):
     exposed_ns: int  # from compute_end to the last all-reduce done
     unused: tuple[int, ...]  # reported unused, or never ready though backward finished
 
+    @property
+    def summarized(self) -> bool:
+        """Per-bucket summaries only: no per-parameter hooks recorded (order is empty)."""
+        return self.record.summarized
+
 
 class OrderDiff(NamedTuple):
     reference: tuple[int, ...]  # the most common order (ties: the lowest rank's)
@@ -68,28 +75,38 @@ class IterationView(NamedTuple):
     t1: int  # latest event over ranks
     order: OrderDiff
     buckets: tuple[BucketTiming, ...]
+    summarized: tuple[int, ...] = ()  # ranks whose step has per-bucket summaries only
 
     @property
     def unused(self) -> dict[int, tuple[int, ...]]:
         return {r: lane.unused for r, lane in self.lanes.items() if lane.unused}
 
 
+def compute_end(rec: StepRecord) -> int | None:
+    """The last gradient ready (hook, or summary's last), else BackwardStarted."""
+    if rec.grads:
+        return rec.grads[-1][0]
+    if rec.summaries:
+        return max(s.last for s in rec.summaries.values())
+    return rec.backward
+
+
 def _lane(rank: int, rec: StepRecord, n_params: int | None) -> Lane:
     order = tuple(p for _, p, _ in rec.grads)
-    compute_end = rec.grads[-1][0] if rec.grads else rec.backward
+    end = compute_end(rec)
     spans = []
     for b, (start, nbytes, dtype) in sorted(rec.launched.items()):
-        end = rec.done.get(b)
+        done = rec.done.get(b)
         exposed = 0
-        if end is not None and compute_end is not None:
-            exposed = max(0, end - max(start, compute_end))
-        spans.append(AllReduceSpan(b, start, end, nbytes, dtype, exposed))
+        if done is not None and end is not None:
+            exposed = max(0, done - max(start, end))
+        spans.append(AllReduceSpan(b, start, done, nbytes, dtype, exposed))
     ends = [s.end for s in spans if s.end is not None]
-    exposed_total = max(0, max(ends) - compute_end) if ends and compute_end is not None else 0
+    exposed_total = max(0, max(ends) - end) if ends and end is not None else 0
     unused = set(rec.unused)
     if rec.backward_end is not None and n_params is not None and rec.grads:
         unused |= set(range(n_params)) - set(order)
-    return Lane(rank, rec, order, compute_end, tuple(spans), exposed_total,
+    return Lane(rank, rec, order, end, tuple(spans), exposed_total,
                 tuple(sorted(unused)))
 
 
@@ -119,7 +136,9 @@ def analyse(step: int, records: Mapping[int, StepRecord],
     t0 = min(starts) if starts else 0
     t1 = max([lane.record.last for lane in lanes.values()] + [t0])
     # Ranks still inside backward are compared on the prefix they have.
-    order = order_diff({r: lane.order for r, lane in lanes.items()})
+    # Summarized lanes have no order to compare (per-parameter hooks not recorded).
+    summarized = tuple(r for r, lane in lanes.items() if lane.summarized)
+    order = order_diff({r: lane.order for r, lane in lanes.items() if not lane.summarized})
     buckets: dict[int, dict[str, list[float]]] = {}
     info: dict[int, tuple[int, str]] = {}
     counts: dict[int, int] = {}
@@ -128,6 +147,9 @@ def analyse(step: int, records: Mapping[int, StepRecord],
         per_bucket: dict[int, int] = {}
         for _, _, b in rec.grads:
             per_bucket[b] = per_bucket.get(b, 0) + 1
+        if not rec.grads:
+            for b, summary in rec.summaries.items():
+                per_bucket[b] = summary.n_grads
         for b, n in per_bucket.items():
             counts[b] = max(counts.get(b, 0), n)
         for s in lane.allreduce:
@@ -145,7 +167,7 @@ def analyse(step: int, records: Mapping[int, StepRecord],
         max(d["ready"]) if d["ready"] else None, max(d["ar"]) if d["ar"] else None,
         max(d["exp"]) if d["exp"] else None, fmean(d["exp"]) if d["exp"] else None)
         for b, d in sorted(buckets.items()))
-    return IterationView(step, lanes, t0, t1, order, timing)
+    return IterationView(step, lanes, t0, t1, order, timing, summarized)
 
 
 class BucketAverages(NamedTuple):
@@ -166,14 +188,14 @@ def bucket_averages(history: Mapping[int, Mapping[int, StepRecord]],
     for step in steps:
         per: dict[int, dict[str, float]] = {}
         for rec in history.get(step, {}).values():
-            compute_end = rec.grads[-1][0] if rec.grads else rec.backward
+            end_ns = compute_end(rec)
             for b, (start, _, _) in rec.launched.items():
                 d = per.setdefault(b, {})
                 end = rec.done.get(b)
                 if end is not None:
                     d["ar"] = max(d.get("ar", 0.0), (end - start) / 1e6)
-                    if compute_end is not None:
-                        exposed = max(0, end - max(start, compute_end)) / 1e6
+                    if end_ns is not None:
+                        exposed = max(0, end - max(start, end_ns)) / 1e6
                         d["exp"] = max(d.get("exp", 0.0), exposed)
             if rec.backward is not None:
                 for b, t in rec.bucket_ready.items():

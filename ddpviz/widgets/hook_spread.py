@@ -54,7 +54,7 @@ def iteration_spread(view: IterationView, n_slowest: int = 5) -> IterationSpread
     backward: list[float] = []
     for r, lane in view.lanes.items():
         rec = lane.record
-        if lane.compute_end is not None and rec.grads:
+        if lane.compute_end is not None and (rec.grads or rec.summaries):
             ends[r] = lane.compute_end - t0
         if rec.backward is not None and rec.backward_end is not None:
             backward.append((rec.backward_end - rec.backward) / 1e6)

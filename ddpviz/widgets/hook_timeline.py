@@ -36,6 +36,30 @@ _CELL = markup.Markup("<style>.ddpviz-ho{border-collapse:collapse;font:11px mono
          ".ddpviz-ho .d{background:#f6c5c5;font-weight:bold}.ddpviz-ho .g{color:#aaa}</style>")
 
 
+def step_list(steps: list[int], most: int = 8) -> str:
+    """[0, 1, 2, 100, 200] -> '0-2, 100, 200'; runs of 3 or more as a-b; past `most` items
+    '...'."""
+    parts: list[str] = []
+    run: list[int] = []
+    for s in [*steps, None]:
+        if s is not None and run and s == run[-1] + 1:
+            run.append(s)
+            continue
+        if run:
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
+        run = [] if s is None else [s]
+    return ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
+
+
+def summary_note(step: int, full_steps: list[int]) -> str:
+    """The line said over a step whose gradients were recorded per bucket only."""
+    level = "sampled" if full_steps else "buckets"
+    recorded = (f"per-parameter hooks recorded on steps {step_list(full_steps)}" if full_steps
+                else "no step has per-parameter hooks")
+    return (f"step {step}: per-bucket summaries (detail='{level}'); {recorded}. Each bucket "
+            "is drawn from its first to its last gradient ready.")
+
+
 def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x:,.3f}"
 
@@ -199,7 +223,7 @@ class HookTimeline(EventView):
             buckets = self._buckets(self.view)
         self.bytes_drawn = self._set(
             header=self._header(self.view), svg=svg,
-            order=self._order(self.view.order, names), buckets=buckets,
+            order=self._order_or_note(self.view, names), buckets=buckets,
             unused=self._unused(self.view, names))
         if following:
             self._next_live = now + self.bytes_drawn / self.live_bytes_per_s
@@ -235,20 +259,32 @@ class HookTimeline(EventView):
         if v.order.differs:
             parts.append(markup.Markup("<span style='color:#b42318'>hook order differs across "
                                        "ranks</span>"))
+        note = markup.Markup("")
+        if v.summarized:
+            text = summary_note(v.step, self.model.full_steps())
+            if len(v.summarized) < n:
+                text += f" ({format_ranks(v.summarized)} only.)"
+            note = markup.fmt("<div class='ddpviz-summary-note' style='color:#8a5a00'>ⓘ {}"
+                              "</div>", text)
         if self.spread is not None:
             legend = markup.Markup(
                 "<span style='color:#777'>across ranks: last hook (box p10-p90, whiskers "
                 "min-max, tick median) · bucket ready p10-p90 (tick median) · all-reduce "
                 "from the median launch to the median done (whisker: done p10-p90); below, "
                 "the lane of the rank picked above</span>")
-            return markup.fmt("<div style='font-size:12px'>{}<br>{}</div>",
-                              markup.join(parts, " · "), legend)
+            return markup.fmt("<div style='font-size:12px'>{}<br>{}{}</div>",
+                              markup.join(parts, " · "), legend, note)
         legend = markup.Markup(
             "<span style='color:#777'>lanes: forward ▭ grey, backward ▭ blue · hooks | "
             "(shade per bucket; red: out of order) · ▼ bucket ready · all-reduce ▭ "
             "(red: exposed) · ┊ last hook</span>")
-        return markup.fmt("<div style='font-size:12px'>{}<br>{}</div>",
-                          markup.join(parts, " · "), legend)
+        if v.summarized:
+            legend = markup.Markup(
+                "<span style='color:#777'>lanes: forward ▭ grey, backward ▭ blue · per-bucket "
+                "summary ▭ (first to last gradient ready; shade per bucket) · ▼ bucket ready · "
+                "all-reduce ▭ (red: exposed) · ┊ last gradient</span>")
+        return markup.fmt("<div style='font-size:12px'>{}<br>{}{}</div>",
+                          markup.join(parts, " · "), legend, note)
 
     def order_columns(self, order: OrderDiff) -> list[int]:
         """Firing positions shown: all when few; else every departure (and its neighbours)
@@ -265,6 +301,18 @@ class HookTimeline(EventView):
         shown = sorted(wanted)[: self.max_order_columns]
         room = self.max_order_columns - len(shown)
         return sorted(set(shown) | set(range(min(room, n))))
+
+    def _order_or_note(self, v: IterationView, names: dict[int, str]) -> str:
+        """The firing-order table; "not recorded" for ranks whose step was summarized."""
+        table = self._order(v.order, names)
+        if not v.summarized:
+            return table
+        missing = markup.fmt(
+            "<div class='ddpviz-order-not-recorded' style='font-size:12px'>hook firing order "
+            "(step {}, {}): not recorded (per-bucket summaries at this detail level; per-"
+            "parameter hooks are recorded on steps {})</div>", v.step,
+            format_ranks(v.summarized), step_list(self.model.full_steps()) or "none")
+        return markup.join([missing, table])  # the table is Markup already
 
     def _order(self, order: OrderDiff, names: dict[int, str]) -> str:
         if not order.reference and not order.positions:

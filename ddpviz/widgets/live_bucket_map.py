@@ -122,8 +122,8 @@ class LiveBucketMap(EventView):
         assert built is not None and isinstance(built.event, ev.ParamsBuilt)
         order = None
         records = self.model.step_records(0, cursor.as_of).get(rank)
-        if records is not None and records.backward_end is not None:
-            order = [p for _, p, _ in records.grads]
+        if records is not None and records.backward_end is not None and not records.summarized:
+            order = [p for _, p, _ in records.grads]  # (summarized at detail "buckets": unknown)
         try:
             observed = observed_plan(built.event, maps[rank], rank=rank,
                                      grad_ready_order=order)

@@ -6,7 +6,10 @@ and those are bounded by decimation: gradient-hook instants are merged per pixel
 parameters x 8 ranks draw as at most width x 8 runs), so a redraw stays a few tens of KB at
 any scale. Per rank: forward and backward spans, hook ticks (alternate shades per bucket, red
 where the firing order departs from the reference), bucket-ready marks, all-reduce spans with
-their exposed part in red, unused parameters, and the end of backward compute. Many ranks
+their exposed part in red, unused parameters, and the end of backward compute. On a step
+recorded at an aggregated detail level (no per-parameter hooks, one GradsSummarized per
+bucket) each bucket is one hatched span from its first to its last gradient ready instead of
+ticks. Many ranks
 (`render_spread`): the distribution across ranks in a band on top (see hook_spread.py), then
 the lanes of the chosen ranks only.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ddpviz import markup
+from ddpviz.widgets.event_model import StepRecord
 from ddpviz.widgets.hook_analysis import IterationView, Lane
 from ddpviz.widgets.hook_spread import IterationSpread
 
@@ -121,6 +125,8 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
     for shade, c in zip(_TICK_COLOURS, cols, strict=True):
         if c:
             out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(c), y + 13, 10), shade))
+    if rec.summarized:
+        out.append(_summary_spans(rec, y, x))
     if red:
         out.append(markup.fmt("<path d='{}' fill='{}'>"
                               "<title>{} hook(s) out of the reference order</title></path>",
@@ -134,10 +140,41 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
         out.append(_spans(lane, y, x, t_end))
     else:
         out.append(_merged_spans(lane, y, x, t_end))
-    if lane.compute_end is not None and rec.grads:
+    if lane.compute_end is not None and (rec.grads or rec.summaries):
         out.append(markup.fmt("<path d='M{} {}v36' stroke='#555' stroke-dasharray='1 2'/>",
                               x(lane.compute_end), y + 11))
     return "".join(out)
+
+
+def _summary_spans(rec: StepRecord, y: int, x: Callable[[int], int]) -> str:
+    """An aggregated step: per bucket one span from its first to its last gradient ready
+    (alternate shades per bucket, hatched outline: a summary, not per-parameter ticks)."""
+    items = sorted(rec.summaries.items())
+    if len(items) > MAX_SPANS:
+        cols: tuple[set[int], set[int]] = (set(), set())
+        for b, s in items:
+            cols[b & 1].update(range(x(s.first), max(x(s.first) + 1, x(s.last))))
+        n = sum(s.n_grads for _, s in items)
+        out: list[str] = [markup.fmt(
+            "<g class='ddpviz-grad-summary'><title>{} buckets, {:,} gradients (per-bucket "
+            "summaries; per-parameter hooks not recorded)</title>", len(items), n)]
+        for shade, c in zip(_TICK_COLOURS, cols, strict=True):
+            if c:
+                out.append(markup.fmt("<path d='{}' fill='{}' fill-opacity='0.6'/>",
+                                      _path(_runs(c), y + 13, 10), shade))
+        out.append("</g>")
+        return "".join(out)
+    rects: list[str] = []
+    for b, s in items:
+        x0, x1 = x(s.first), x(s.last)
+        rects.append(markup.fmt(
+            "<rect class='ddpviz-grad-summary' data-bucket='{}' x='{}' y='{}' width='{}' "
+            "height='10' fill='{}' fill-opacity='0.6' stroke='{}' stroke-dasharray='2 1'>"
+            "<title>bucket {}: {:,} gradients ready over {:,.3f} ms, {:,} bytes (per-bucket "
+            "summary; per-parameter hooks not recorded)</title></rect>", b, x0, y + 13,
+            max(1, x1 - x0), _TICK_COLOURS[b & 1], _TICK_COLOURS[b & 1], b, s.n_grads,
+            (s.last - s.first) / 1e6, s.nbytes))
+    return "".join(rects)
 
 
 def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:

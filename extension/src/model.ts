@@ -128,12 +128,26 @@ export interface GradMark {
   bucket: number;
 }
 
+/**
+ * One bucket's gradients in a step recorded at an aggregated detail level (a GradsSummarized:
+ * no per-parameter hooks): first and last gradient ready, aligned ns.
+ */
+export interface GradSummary {
+  bucket: number;
+  first: number;
+  last: number;
+  nGrads: number;
+  nbytes: number;
+}
+
 /** One rank's lane of the hook timeline. */
 export interface TimelineRow {
   rank: number;
   phases: Interval[];
   grads: GradMark[];
   allreduces: AllReduceSpan[];
+  /** Per-bucket summaries (steps the detail level aggregated; `grads` is empty then). */
+  summaries: GradSummary[];
 }
 
 /** The hook timeline of one DDP iteration, every rank on the aligned clock. */
@@ -145,6 +159,8 @@ export interface Timeline {
   /** Marks (phases, hooks, all-reduces) in this iteration, and how many are drawn. */
   total: number;
   shown: number;
+  /** Steps with per-parameter hooks (GradReady) on some rank, for the note on summaries. */
+  fullSteps: number[];
 }
 
 /** A lane whose arrays can be cut without touching the cached one. */
@@ -153,7 +169,8 @@ function cloneRow(row: TimelineRow): TimelineRow {
     rank: row.rank,
     phases: [...row.phases],
     grads: [...row.grads],
-    allreduces: [...row.allreduces]
+    allreduces: [...row.allreduces],
+    summaries: [...row.summaries]
   };
 }
 
@@ -238,7 +255,8 @@ export class TraceModel {
     if (!Number.isFinite(t0)) {
       t0 = t1 = 0;
     }
-    return { step, t0, t1: Math.max(t1, t0 + 1), rows, total, shown };
+    const fullSteps = this.fullSteps();
+    return { step, t0, t1: Math.max(t1, t0 + 1), rows, total, shown, fullSteps };
   }
 
   /**
@@ -269,6 +287,20 @@ export class TraceModel {
     this._rowCache.set(step, { rows, t0, t1 });
     return { rows: rows.map(cloneRow), t0, t1 };
   }
+
+  /** Steps with per-parameter gradient hooks on some rank (computed once). */
+  fullSteps(): number[] {
+    if (this._fullSteps === null) {
+      const steps = new Set<number>();
+      for (const e of this._all('GradReady')) {
+        steps.add(e.step);
+      }
+      this._fullSteps = [...steps].sort((a, b) => a - b);
+    }
+    return this._fullSteps;
+  }
+
+  private _fullSteps: number[] | null = null;
 
   private readonly _rowCache = new Map<number, { rows: TimelineRow[]; t0: number; t1: number }>();
 
@@ -394,7 +426,7 @@ export class TraceModel {
   }
 
   private _row(rank: number, events: DDPEvent[]): TimelineRow {
-    const row: TimelineRow = { rank, phases: [], grads: [], allreduces: [] };
+    const row: TimelineRow = { rank, phases: [], grads: [], allreduces: [], summaries: [] };
     const last = this.aligned(events[events.length - 1]);
     let forward: DDPEvent | null = null;
     let backward: DDPEvent | null = null;
@@ -426,6 +458,17 @@ export class TraceModel {
         case 'GradReady':
           row.grads.push({ t, param: e.param, bucket: e.bucket });
           break;
+        case 'GradsSummarized': {
+          const shift = t - e.t_ns; // the rank's clock offset
+          row.summaries.push({
+            bucket: e.bucket,
+            first: e.first_t_ns + shift,
+            last: e.last_t_ns + shift,
+            nGrads: e.n_grads,
+            nbytes: e.nbytes
+          });
+          break;
+        }
         case 'AllReduceLaunched': {
           const pending = open.get(e.bucket) ?? [];
           pending.push(e);

@@ -67,6 +67,9 @@ export function timelineSpread(rows: TimelineRow[], t0: number, k = 5): Timeline
       }
       perRank.set(row.rank, Math.max(perRank.get(row.rank) ?? -Infinity, g.t - t0));
     }
+    for (const g of row.summaries) {
+      end = Math.max(end, g.last);
+    }
     if (Number.isFinite(end)) {
       ends.push([row.rank, end - t0]);
     }

@@ -255,6 +255,33 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
         )
       );
     }
+    for (const g of row.summaries) {
+      buckets = Math.max(buckets, g.bucket + 1);
+      svg.append(
+        s(
+          'rect',
+          {
+            class: 'ddpviz-grad-summary',
+            x: x(g.first),
+            y: y + 14,
+            width: Math.max(x(g.last) - x(g.first), 1),
+            height: 18,
+            fill: bucketColor(options.scheme, g.bucket),
+            'fill-opacity': 0.55,
+            'data-bucket': g.bucket,
+            'data-first': g.first,
+            'data-last': g.last
+          },
+          s(
+            'title',
+            {},
+            `bucket ${g.bucket}: ${g.nGrads} gradients ready over ` +
+              `${((g.last - g.first) / 1e6).toFixed(3)} ms, ${humanBytes(g.nbytes)} ` +
+              '(per-bucket summary; per-parameter hooks not recorded)'
+          )
+        )
+      );
+    }
     for (const a of row.allreduces) {
       buckets = Math.max(buckets, a.bucket + 1);
       svg.append(
@@ -330,8 +357,17 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
         ? ` Showing ${tl.shown} of ${tl.total} marks (the maxEvents setting).`
         : '')
   );
+  const summarized = tl.rows.filter(r => r.summaries.length > 0 && r.grads.length === 0);
+  const detail =
+    summarized.length === 0
+      ? null
+      : h(
+          'p',
+          { class: 'ddpviz-summary-note', 'data-ranks': summarized.map(r => r.rank).join(',') },
+          summaryNote(tl.step, tl.fullSteps)
+        );
   if (sp === undefined) {
-    return h('div', {}, caption, svg as unknown as HTMLElement, legend);
+    return h('div', {}, caption, detail, svg as unknown as HTMLElement, legend);
   }
   const e = sp.computeEnd;
   const slow = h(
@@ -353,5 +389,37 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
       'ready time p10-p90 (tick median) and the all-reduce from its median launch to its ' +
       'median done (whisker: done p10-p90). Below: the lane of the rank picked above.'
   );
-  return h('div', {}, slow, caption, svg as unknown as HTMLElement, spreadLegend, legend);
+  return h('div', {}, slow, caption, detail, svg as unknown as HTMLElement, spreadLegend, legend);
+}
+
+/** [0, 1, 2, 100] -> '0-2, 100'; runs of 3 or more as a-b; past `most` items '...'. */
+function stepList(steps: number[], most = 8): string {
+  const parts: string[] = [];
+  let run: number[] = [];
+  for (const s of [...steps, null]) {
+    if (s !== null && run.length > 0 && s === run[run.length - 1] + 1) {
+      run.push(s);
+      continue;
+    }
+    if (run.length >= 3) {
+      parts.push(`${run[0]}-${run[run.length - 1]}`);
+    } else {
+      parts.push(...run.map(String));
+    }
+    run = s === null ? [] : [s];
+  }
+  return parts.slice(0, most).join(', ') + (parts.length > most ? ', ...' : '');
+}
+
+/** The line said over a step whose gradients were recorded per bucket only. */
+function summaryNote(step: number, fullSteps: number[]): string {
+  const level = fullSteps.length > 0 ? 'sampled' : 'buckets';
+  const recorded =
+    fullSteps.length > 0
+      ? `per-parameter hooks recorded on steps ${stepList(fullSteps)}`
+      : 'no step has per-parameter hooks';
+  return (
+    `Step ${step}: per-bucket summaries (detail='${level}'); ${recorded}. Each bucket is ` +
+    'drawn from its first to its last gradient ready.'
+  );
 }

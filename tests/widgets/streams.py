@@ -9,7 +9,7 @@ order, unused parameters. Used by the widget tests and by benchmarks/bench_widge
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ddpviz import events as ev
@@ -189,3 +189,29 @@ def _one_rank(rank: int, world_size: int, params: Sequence[ParamInfo], steps: in
             r.emit(ev.AllReduceDone, b, dt=1)
         r.emit(ev.BackwardFinished)
     return r.out
+
+
+def summarize_steps(events: Sequence[Event], steps: Iterable[int]) -> list[Event]:
+    """`events` as a detail level that aggregates `steps` would have emitted them: on those
+    steps every bucket's GradReady events become one GradsSummarized (count, bytes, first and
+    last ready time) just before that bucket's BucketReady (see engine/detail.py)."""
+    chosen = set(steps)
+    sizes: dict[tuple[int, int], int] = {}
+    for e in events:
+        if isinstance(e, ev.ParamsBuilt):
+            for p in e.params:
+                sizes[(e.rank, p.index)] = nbytes(p)
+    pending: dict[tuple[int, int, int], list[ev.GradReady]] = {}
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, ev.GradReady) and e.step in chosen:
+            pending.setdefault((e.rank, e.step, e.bucket), []).append(e)
+            continue
+        if isinstance(e, ev.BucketReady) and e.step in chosen:
+            grads = pending.pop((e.rank, e.step, e.bucket), [])
+            if grads:
+                out.append(ev.GradsSummarized(
+                    e.rank, e.step, e.t_ns - 1, e.seq, e.bucket, len(grads), grads[0].t_ns,
+                    grads[-1].t_ns, sum(sizes[(e.rank, g.param)] for g in grads)))
+        out.append(e)
+    return out
