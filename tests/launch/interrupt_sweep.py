@@ -44,6 +44,10 @@ def one(token: str, offset: float) -> dict[str, object]:
 
 
 def main() -> None:
+    # A kernel always handles SIGINT (ipykernel installs its handler); a process started in the
+    # background by a non-interactive shell inherits SIGINT ignored, which would make every
+    # interrupt below a no-op.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     token, offsets = sys.argv[1], [float(x) for x in sys.argv[2:]]
     for offset in offsets:
         print(json.dumps(one(token, offset)), flush=True)

@@ -8,8 +8,10 @@ import contextlib
 import io
 import linecache
 import pickle
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +200,19 @@ def test_stop_ends_every_rank_and_grandchild(tmp_path: Path) -> None:
         run.wait()
 
 
+@pytest.fixture
+def kernel_sigint() -> Iterator[None]:
+    """SIGINT handled as in a kernel, even when pytest was started with it ignored (a
+    background job of a non-interactive shell inherits SIGINT ignored, and then
+    `_thread.interrupt_main()` does nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("kernel_sigint")
 def test_interrupting_wait_stops_every_rank_then_propagates(tmp_path: Path) -> None:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
