@@ -3,8 +3,9 @@
 Inside the same rank processes, several DDP copies of one model train in alternating blocks of
 steps (the order rotates every repetition, so noise from other processes hits them alike):
 torch's DDP alone, a second unwatched copy (A/A: the noise floor of the ratios), and watched
-copies at each detail level ("params": a hook per parameter tensor; "buckets": per-bucket
-only; "steps": no comm hook, per-forward only). Printed per world size, threads per rank and
+copies at each detail level ("full": a GradReady per parameter tensor; "sampled", the default:
+full on a few steps, per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm
+hook, per-forward only). Printed per world size, threads per rank and
 model: the median plain step time and the median over repetitions of each copy's block time /
 the plain copy's block time, for elapsed time and for the process's CPU time.
 
@@ -70,8 +71,8 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
         torch.set_num_threads(threads)
         for model_name, dims in MODELS.items():
             variants: dict[str, nn.Module] = {}
-            names = ["torch DDP", "torch DDP (A/A)", "watch detail=params",
-                     "watch detail=buckets", "watch detail=steps"]
+            names = ["torch DDP", "torch DDP (A/A)", "watch detail=full",
+                     "watch detail=sampled", "watch detail=buckets", "watch detail=steps"]
             names += ["baseline watch"] if baseline else []
             watches = []
             for name in names:
