@@ -307,12 +307,7 @@ class EventModel:
                         bounds[1] = t
                     self._step_versions[step] += 1
             if n:
-                self.version += 1
-                self._total += n
-                now = time.monotonic()
-                self._arrivals.append((now, n))
-                while self._arrivals and self._arrivals[0][0] < now - 1.0:
-                    self._arrivals.popleft()
+                self._arrived(n)
         return n
 
     def feed_table(self, table: Table) -> int:
@@ -360,13 +355,18 @@ class EventModel:
                     self._step_event(state, rec, cls, e, tr)
                 else:
                     self._construction_event(state, cls, e, tr)
-            self.version += 1
-            self._total += n
-            now = time.monotonic()
-            self._arrivals.append((now, n))
-            while self._arrivals and self._arrivals[0][0] < now - 1.0:
-                self._arrivals.popleft()
+            self._arrived(n)
         return n
+
+    def _arrived(self, n: int) -> None:
+        """`n` events were folded in (under the lock): a new version, and the last second's
+        arrivals for the rate."""
+        self.version += 1
+        self._total += n
+        now = time.monotonic()
+        self._arrivals.append((now, n))
+        while self._arrivals and self._arrivals[0][0] < now - 1.0:
+            self._arrivals.popleft()
 
     def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
                    tt: np.ndarray) -> None:

@@ -387,9 +387,7 @@ class HookTimeline(EventView):
                 b.n_params, _ms(b.ready_ms), _ms(b.allreduce_ms), exposed,
                 _ms(b.exposed_mean_ms)))
         if len(v.buckets) > MAX_BUCKET_ROWS:
-            rows.append(markup.fmt("<tr><td colspan=8>… and {:,} more buckets (the first {:,} "
-                                   "in reduction order are listed)</td></tr>",
-                                   len(v.buckets) - MAX_BUCKET_ROWS, MAX_BUCKET_ROWS))
+            rows.append(_more_buckets_row(len(v.buckets), 8))
         return markup.fmt("<table style='font-size:11px;border-collapse:collapse' "
                           "cellpadding=2><tr><th>bucket</th><th>dtype</th><th>bytes</th>"
                           "<th>hooks</th><th>ready ms after backward start</th>"
@@ -418,9 +416,7 @@ class HookTimeline(EventView):
                 _ms(b.exposed_ms.max if b.exposed_ms else None),
                 "—" if b.latest_rank is None else b.latest_rank))
         if len(spread.buckets) > MAX_BUCKET_ROWS:
-            rows.append(markup.fmt("<tr><td colspan=9>… and {:,} more buckets (the first {:,} "
-                                   "in reduction order are listed)</td></tr>",
-                                   len(spread.buckets) - MAX_BUCKET_ROWS, MAX_BUCKET_ROWS))
+            rows.append(_more_buckets_row(len(spread.buckets), 9))
         return markup.fmt("<table style='font-size:11px;border-collapse:collapse' "
                           "cellpadding=2><tr><th>bucket</th><th>dtype</th><th>bytes</th>"
                           "<th>hooks</th><th>ready ms: median (p10-p90) over {} ranks</th>"
@@ -443,3 +439,10 @@ class HookTimeline(EventView):
             lines.append(f"{format_ranks(ranks)}: {listed}{more}")
         return markup.fmt("<div style='font-size:12px;color:#b42318'>✕ unused parameters (no "
                           "gradient this iteration): {}</div>", "; ".join(lines))
+
+
+def _more_buckets_row(n_buckets: int, columns: int) -> markup.Markup:
+    """The table row that says how many buckets past MAX_BUCKET_ROWS are not listed."""
+    return markup.fmt("<tr><td colspan={}>… and {:,} more buckets (the first {:,} in reduction "
+                      "order are listed)</td></tr>", columns, n_buckets - MAX_BUCKET_ROWS,
+                      MAX_BUCKET_ROWS)

@@ -80,16 +80,7 @@ def render(view: IterationView, names: Mapping[int, str] | None = None,
                              t1))
     # time axis, ms since the window's start
     y = LANE * len(view.lanes)
-    out.append(markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2, plot))
-    for ms in _ticks_ms(t1 - t0):
-        tx = x(t0 + int(ms * 1e6))
-        out.append(markup.fmt("<path d='M{} {}v4' stroke='#999'/>"
-                              "<text x='{}' y='{}' text-anchor='middle'>{:g} ms</text>",
-                              tx, y + 2, tx, y + 16, ms))
-    if as_of is not None and t0 <= as_of <= t1:
-        out.append(markup.fmt("<path d='M{} 0v{}' stroke='#000' stroke-dasharray='2 2'/>",
-                              x(as_of), y))
-    out.append("</svg>")
+    out += _axis_svg(x, t0, t1, y, plot, as_of)
     return "".join(out)
 
 
@@ -317,7 +308,15 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
         out.append(_lane_svg(lane, SPREAD_ROWS + i * LANE, x, names,
                              view.order.positions.get(lane.rank, ()), t1))
     y = SPREAD_ROWS + LANE * len(lanes)
-    out.append(markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2, plot))
+    out += _axis_svg(x, t0, t1, y, plot, as_of)
+    return "".join(out)
+
+
+def _axis_svg(x: Callable[[int], int], t0: int, t1: int, y: int, plot: float,
+              as_of: int | None) -> list[str]:
+    """The time axis under the lanes at height `y` (ms since the window's start), the as-of
+    marker when it falls in the window, and the closing tag."""
+    out: list[str] = [markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2, plot)]
     for ms in _ticks_ms(t1 - t0):
         tx = x(t0 + int(ms * 1e6))
         out.append(markup.fmt("<path d='M{} {}v4' stroke='#999'/>"
@@ -327,4 +326,4 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
         out.append(markup.fmt("<path d='M{} 0v{}' stroke='#000' stroke-dasharray='2 2'/>",
                               x(as_of), y))
     out.append("</svg>")
-    return "".join(out)
+    return out
