@@ -1,6 +1,10 @@
 """An ordinary torch DDP training script: no ddpviz anywhere. Notebook 05 runs it with
 `ddpviz record -- torchrun --nproc_per_node 2 _plain_ddp_job.py`."""
 
+import atexit
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -21,8 +25,15 @@ def main():
         nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
     print(f"rank {rank}: trained 4 steps")
+    dist.barrier()  # no rank tears the group down while its peer still uses it
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # gloo torn down at interpreter exit aborted a rank now and then on a loaded machine
+    # ("terminate called without an active exception", SIGABRT) after its work was done: leave
+    # through the atexit handlers (ddpviz record's trace flush among them), then os._exit.
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    os._exit(0)
