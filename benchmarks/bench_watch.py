@@ -5,12 +5,23 @@ steps (the order rotates every repetition, so noise from other processes hits th
 torch's DDP alone, a second unwatched copy (A/A: the noise floor of the ratios), and watched
 copies at each detail level ("full": a GradReady per parameter tensor; "sampled", the default:
 full on a few steps, per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm
-hook, per-forward only). Printed per world size, threads per rank and
-model: the median plain step time and the median over repetitions of each copy's block time /
-the plain copy's block time, for elapsed time and for the process's CPU time.
+hook, per-forward only), with no consumer of the events, plus "sampled -> trace file": the
+default level recording into a per-rank trace file through a Sender (what `ddpviz record
+--out` does; "... ship at once": its Sender without gathering events for 10 ms between
+writes, as before), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
+all-reduce in the cheapest Python comm hook watch's design allows (completed on the training
+thread), i.e. the floor under every level that has a comm hook. Printed per world size,
+threads per rank and model: the median plain step time and the median over repetitions of
+each copy's block time / the plain copy's block time, with a bootstrap 95% interval of that
+median, for elapsed time and for the process's CPU time.
 
-    PYTHONPATH=. python benchmarks/bench_watch.py [--reps 40] [--block 20]
-        [--worlds 2,3] [--threads 1,2] [--baseline-watch OLD_WATCH.py]
+Rank r's training thread is pinned to core r % cores, gloo's threads are not (--no-pin: nothing
+is pinned). Unpinned, single blocks varied 2x on 2 cores (steps of 1-1.7 ms instead of 0.6)
+and hid differences of a few percent; gloo's threads pinned with the training thread were as
+slow (its TCP loop spins).
+
+    PYTHONPATH=. python benchmarks/bench_watch.py [--reps 400] [--block 5]
+        [--worlds 2,3] [--threads 1,2] [--baseline-watch OLD_WATCH.py] [--no-pin]
 
 --baseline-watch loads another watch.py (e.g. `git show <rev>:ddpviz/watch.py > /tmp/w.py`)
 and adds a row for it, to compare against a previous version.
@@ -24,10 +35,12 @@ import importlib.util
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -49,6 +62,33 @@ def _model(dims: tuple[int, int, int]) -> nn.Module:
     return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
 
 
+def _minimal_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
+    """Register the least a Python comm hook can do: torch's averaging (x 1/world_size) and
+    a SUM all-reduce, the futures completed in one final callback of the backward."""
+    group = ddp.process_group
+    scale = 1.0 / group.size()
+    pending: list[tuple[Any, torch.futures.Future, torch.Tensor]] = []
+
+    def settle() -> None:
+        for work, out, buffer in pending:
+            work.wait()
+            out.set_result(buffer)
+        pending.clear()
+
+    def hook(bucket: dist.GradBucket) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        buffer.mul_(scale)
+        work = group.allreduce([buffer])
+        out: torch.futures.Future = torch.futures.Future()
+        if not pending:
+            torch.autograd.Variable._execution_engine.queue_callback(settle)
+        pending.append((work, out, buffer))
+        return out
+
+    # (through a lambda: torch rejects the string annotations of this module's __future__)
+    dist._register_comm_hook(ddp.reducer, None, lambda state, bucket: hook(bucket))
+
+
 def _load_watch(path: str | None) -> Any:
     if path is None:
         return None
@@ -61,26 +101,43 @@ def _load_watch(path: str | None) -> Any:
 
 def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     import ddpviz
+    from ddpviz.transport.sender import Sender
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+    if args.pin:  # the training thread (and threads started later: watch's, the Sender's);
+        # gloo's threads, started above, stay free to run on any core
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     baseline = _load_watch(args.baseline_watch)
+    trace_dir = tempfile.mkdtemp(prefix="ddpviz-bench-watch-")
     rows: list[dict[str, Any]] = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         for model_name, dims in MODELS.items():
             variants: dict[str, nn.Module] = {}
             names = ["torch DDP", "torch DDP (A/A)", "watch detail=full",
-                     "watch detail=sampled", "watch detail=buckets", "watch detail=steps"]
+                     "watch detail=sampled", "watch detail=buckets", "watch detail=steps",
+                     "sampled -> trace file", "sampled -> trace file, ship at once",
+                     "minimal Python comm hook"]
             names += ["baseline watch"] if baseline else []
-            watches = []
+            watches: list[Any] = []
+            senders: list[Any] = []
             for name in names:
                 ddp = nn.parallel.DistributedDataParallel(_model(dims))
-                if name.startswith("watch detail="):
-                    watches.append(ddpviz.watch(ddp, detail=name.split("=")[1]))  # type: ignore[arg-type]
+                if name.startswith("sampled -> trace file"):
+                    path = os.path.join(trace_dir, f"{threads}-{dims[0]}-{len(senders)}-"
+                                                   f"rank{rank}.ddpviz")
+                    senders.append(Sender.to_file(path, rank))
+                    if name.endswith("ship at once"):
+                        senders[-1].gather_s = 0
+                    watches.append(ddpviz.watch(ddp, detail="sampled", emitter=senders[-1]))
+                elif name.startswith("watch detail="):
+                    watches.append(ddpviz.watch(ddp, detail=name.split("=")[1]))
                 elif name == "baseline watch":
                     watches.append(baseline(ddp))
+                elif name == "minimal Python comm hook":
+                    _minimal_hook(ddp)
                 variants[name] = ddp
             opts = {n: torch.optim.SGD(m.parameters(), lr=0.01) for n, m in variants.items()}
             g = torch.Generator().manual_seed(rank)
@@ -102,6 +159,8 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                         cpu[name].append(time.process_time() - start_cpu)
             for w in watches:
                 w.close()
+            for sender in senders:
+                sender.close()
             rows.append({"threads": threads, "model": model_name, "blocks": blocks, "cpu": cpu})
     out.put((rank, rows))
     dist.destroy_process_group()
@@ -111,10 +170,19 @@ def _run_world(world: int, args: Any) -> list[dict[str, Any]]:
     return run_ranks(_rank, world, args, timeout=1800)[0]
 
 
+def _median_interval(ratios: Any, resamples: int = 2000) -> tuple[float, float]:
+    """A percentile-bootstrap 95% interval of the median of `ratios`."""
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(ratios, (resamples, len(ratios))), axis=1)
+    lo, hi = np.percentile(medians, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=40)
-    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=400)
+    parser.add_argument("--block", type=int, default=5)
+    parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--worlds", default="2,3")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--baseline-watch", default=None)
@@ -122,11 +190,11 @@ def main() -> None:
     args.threads = [int(t) for t in args.threads.split(",")]
     print(f"watch() cost on torch DDP, gloo on CPU, batch 16, SGD, blocks of {args.block} "
           f"steps, {args.reps} rotated repetitions, rank 0; ratio = median over repetitions of "
-          "block time / torch DDP's block time (quartiles)")
+          "block time / torch DDP's block time (bootstrap 95% interval of that median)")
     print("wall: elapsed time; cpu: the rank process's CPU time (all its threads), steadier on "
           "a loaded machine")
-    print(f"{'ranks':>5} {'thr':>3}  {'model':12} {'variant':22}{'step us':>9}{'wall':>7}"
-          f"{'quartiles':>14}{'cpu':>8}{'quartiles':>14}")
+    print(f"{'ranks':>5} {'thr':>3}  {'model':12} {'variant':36}{'step us':>9}{'wall':>7}"
+          f"{'95% interval':>15}{'cpu':>8}{'95% interval':>15}")
     for world in (int(w) for w in args.worlds.split(",")):
         for row in _run_world(world, args):
             for name, times in row["blocks"].items():
@@ -134,10 +202,10 @@ def main() -> None:
                 cells = []
                 for kind in ("blocks", "cpu"):
                     base = row[kind]["torch DDP"]
-                    ratios = [a / b for a, b in zip(row[kind][name], base, strict=True)]
-                    q = statistics.quantiles(ratios, n=4)
-                    cells.append(f"{statistics.median(ratios):>7.3f}{q[0]:>8.3f}-{q[2]:.3f}")
-                print(f"{world:>5} {row['threads']:>3}  {row['model']:12} {name:22}"
+                    ratios = np.array(row[kind][name]) / np.array(base)
+                    lo, hi = _median_interval(ratios)
+                    cells.append(f"{np.median(ratios):>7.3f}{lo:>9.3f}-{hi:.3f}")
+                print(f"{world:>5} {row['threads']:>3}  {row['model']:12} {name:36}"
                       f"{step_us:>9.0f}{''.join(cells)}")
 
 

@@ -6,20 +6,20 @@ What is observable from Python, and used: the reducer's parameter list (the same
 ddpviz's engine, params.py), its bucket map (`reducer._get_zeros_like_grad_buckets()`, once at
 attach and once after the rebuild), a post-accumulate-grad hook per parameter (GradReady;
 detail="params" only), a comm hook around the all-reduce (BucketReady, AllReduceLaunched,
-AllReduceDone; its future is guarded by the watchdog), forward hooks on the DDP module (steps,
+AllReduceDone; see [Note: settled on the training thread]), forward hooks on the DDP module (steps,
 heartbeats, the rebuild), a pre-forward buffer comm hook doing torch's buffer broadcast under
 the watchdog, and end-of-backward callbacks (parameters that got no gradient; errors).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import os
 import threading
-import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -46,8 +46,8 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for
 Detail = Literal["full", "buckets", "sampled", "steps", "params"] | str
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
-_POLL_S = 0.25  # a guarded collective still pending after this long goes to the watchdog
-_FIRST_WAIT = datetime.timedelta(seconds=_POLL_S)
+# an all-reduce still running after this plain wait goes to the watchdog's deadline
+_FIRST_WAIT = datetime.timedelta(seconds=0.25)
 
 # [Note: transparent by construction]
 # torch's reducer scales gradients itself only when NO comm hook is registered: it copies each
@@ -62,6 +62,22 @@ _FIRST_WAIT = datetime.timedelta(seconds=_POLL_S)
 # own C++ SUM all-reduce (`reducer._run_allreduce_hook`). Which gradients were bucket views is
 # read from .grad after each synced forward (the rebuild re-points views before that). A user
 # hook is called as is: the reducer behaves the same with any hook registered.
+
+# [Note: settled on the training thread]
+# torch's reducer takes a Python comm hook's result only as a Python object, so the future it
+# waits on must be completed from Python. Completing it from a done-callback (or `.then`) runs
+# Python on gloo's thread when the all-reduce finishes: that thread must take the GIL, and it
+# cost 40-60 us a bucket (measured at world size 1, where a whole step is ~210 us; this was
+# most of watch()'s 7-13%). So the hook returns a fresh future and nothing runs on the
+# collective's thread: a final callback queued on the backward (it runs after the last
+# autograd node and before the reducer's finalize_backward, which is queued when the last bucket
+# is ready) waits for each bucket's all-reduce in order on the training thread, a bounded C++
+# wait first (the GIL released, Ctrl-C honoured), then the watchdog's deadline, and completes the
+# futures. AllReduceDone is therefore stamped when the training thread sees the all-reduce done
+# (as ddpviz's own DDP stamps it, in finalize): for a bucket that finished while backward still
+# ran, that is after the backward's last hook. A hook called with no autograd node running
+# (static_graph's first backward runs every bucket from a final callback; join's shadow
+# all-reduces run outside backward) waits right there instead.
 
 
 def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None = None,
@@ -79,7 +95,10 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
     `divide_by_initial_world_size=False` once a rank has joined (torch then averages over the
     ranks still training, watch over the whole world), and backward(create_graph=True) with
     gradient_as_bucket_view and kept gradients. Errors watch diagnoses inside backward (a hang,
-    a peer that failed) are raised from backward() as `ddpviz.RankHangError`.
+    a peer that failed) are raised from backward() as `ddpviz.RankHangError`. The training thread
+    itself waits for the bucket all-reduces at the end of backward (See [Note: settled on the
+    training thread]): Ctrl-C there is raised from backward() within 0.25 s, and an all-reduce
+    it left running is waited for at the next forward.
 
     A comm hook registered before watch() is wrapped (watch() must then come before the first
     forward: torch allows one hook per reducer, so watch rebuilds the reducer once); one
@@ -158,7 +177,7 @@ class Watch:
         self._bucket_of: dict[int, int] = {}
         self._forwards = 0
         self._fired: set[int] = set()
-        self._in_backward = False
+        self._task = -1  # the backward (graph task) this watch's callbacks are queued in
         self._hooks_called = 0
         self._rebuilt_seen = False
         self._learning = False
@@ -169,19 +188,21 @@ class Watch:
         self._lock = threading.Lock()
         # gradient_as_bucket_view: .grad of every parameter after the synced forward (which
         # ones already are bucket views decides divide vs multiply; see the Note).
-        self._track_views = detail != "steps" and bool(ddp.gradient_as_bucket_view) and not getattr(
-            ddp, "batched_grad_copy", False)
+        self._batched = bool(getattr(ddp, "batched_grad_copy", False))
+        self._track_views = detail != "steps" and bool(ddp.gradient_as_bucket_view) and \
+            not self._batched
         self._grads_before: list[torch.Tensor | None] | None = None
         self._scale = 1.0 / self.world_size
         self._user_hook: Callable[..., torch.futures.Future] | None = None
         self._user_state: Any = None
         self._delivered: BaseException | None = None
+        self._error: BaseException | None = None  # diagnosed while settling; raised after
+        self._interrupt: BaseException | None = None  # Ctrl-C while settling; raised after
+        self._abandoned: list[_Pending] = []  # all-reduces an interrupt left running
+        self._pending: list[_Pending] = []  # this backward's all-reduces, in launch order
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
-        self._monitor: _Monitor | None = None
-        if self.watchdog.board is not None and detail != "steps":
-            self._monitor = _Monitor(self.watchdog.twin())
         if detail == "steps":
             if hook is not None:  # torch's own registration: watch adds no comm hook
                 ddp.register_comm_hook(state if state is not None else self.group, hook)
@@ -206,7 +227,7 @@ class Watch:
         if detail != "steps":
             for i, p in enumerate(self.params):
                 self._handles.append(p.register_post_accumulate_grad_hook(
-                    lambda _p, i=i: self._grad_ready(i)))
+                    functools.partial(self._grad_ready, i)))
         self._handles.append(ddp.register_forward_pre_hook(self._pre_forward))
         self._post_forward_handle = ddp.register_forward_hook(self._post_forward)
         if not hasattr(ddp, "buffer_hook") and len(getattr(ddp, "modules_buffers", ())) > 0:
@@ -312,13 +333,16 @@ class Watch:
         if not torch.is_grad_enabled():
             return
         self._deliver()  # an error diagnosed after the last backward returned
+        if self._abandoned:
+            self._finish_abandoned()
         self.tap.step = self._forwards
         self._forwards += 1
         self._fired = set()
         if self.tap.enabled:
             self.tap.emit(ev.ForwardStarted)
         self.watchdog.heartbeat(self.tap.step, "forward")
-        if self.tap.step == self._rebuild_step() and not self.ddp._has_rebuilt_buckets:
+        if not self._rebuilt_seen and self.tap.step == self._rebuild_step() and \
+                not self.ddp._has_rebuilt_buckets:
             # torch rebuilds the buckets in this forward with a blocking broadcast that ddpviz
             # cannot guard: meet first, so a rank that never comes is named instead.
             self.watchdog.exchange("rebuild", "", f"the bucket rebuild at step {self.tap.step}")
@@ -341,20 +365,22 @@ class Watch:
 
     # --- backward -----------------------------------------------------------------------------
 
-    def _begin_backward(self) -> None:
-        self._in_backward = True
+    def _begin_backward(self, task: int) -> None:
+        self._task = task
         self._hooks_called = 0
         self._summary.begin(self.tap.step)
         if self.tap.enabled:
             self.tap.emit(ev.BackwardStarted)
         torch.autograd.Variable._execution_engine.queue_callback(self._after_hooks)
 
-    def _grad_ready(self, index: int) -> None:
-        if not self._in_backward:
-            self._begin_backward()
+    def _grad_ready(self, index: int, _param: torch.Tensor) -> None:
+        task = _graph_task()
+        if task != self._task and task != -1:
+            self._begin_backward(task)
         summary = self._summary
         if not summary.per_param:  # See [Note: detail levels] (engine/detail.py)
-            summary.add(index, self._bucket_of.get(index, -1), self._nbytes[index])
+            if self.tap.enabled:  # (nothing to summarize for: no event would carry it)
+                summary.add(index, self._bucket_of.get(index, -1), self._nbytes[index])
             return
         self._fired.add(index)
         if self.tap.enabled:
@@ -366,8 +392,16 @@ class Watch:
             summary.note_finding(step)
 
     def _after_hooks(self) -> None:
-        # Runs before torch's finalize_backward (queued later); queue the last word after it.
+        # Runs before torch's finalize_backward (queued when the last bucket is ready, after
+        # this); queue the last word after it, and settle the all-reduces the reducer waits on.
         torch.autograd.Variable._execution_engine.queue_callback(self._after_reducer)
+        try:
+            self._check_unused()  # (warns: an error filter makes that raise)
+        finally:
+            pending, self._pending = self._pending, []
+            self._settle(pending)
+
+    def _check_unused(self) -> None:
         if not self._summary.per_param or self.detail == "steps" or \
                 not self.ddp.require_backward_grad_sync:
             return
@@ -381,7 +415,7 @@ class Watch:
                 self._warn_unused(missing)
 
     def _after_reducer(self) -> None:
-        self._in_backward = False
+        self._task = -1
         if self._learning and self.buckets:
             self._learning = False
             if self.tap.enabled:
@@ -396,10 +430,20 @@ class Watch:
         """Raise the error the watchdog diagnosed in a guarded all-reduce, once, here in Python
         (from the end-of-backward callback: torch's reducer is done with the bucket futures by
         then), so that it reaches the caller of backward() with its own type and text."""
-        error = self._monitor.error if self._monitor is not None else None
+        error = self._error
         if error is not None and self._delivered is None:
             self._delivered = error
             raise error
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt
+
+    def _finish_abandoned(self) -> None:
+        """Wait (under the watchdog) for the all-reduces an interrupted backward left running:
+        the peers still complete them, into this rank's buckets."""
+        items, self._abandoned = self._abandoned, []
+        for item in items:
+            self._await(item)
 
     def _warn_unused(self, missing: list[int]) -> None:
         buckets = sorted({self._bucket_of.get(i, -1) for i in missing})
@@ -433,11 +477,7 @@ class Watch:
         wait = None
         if dog.board is not None:
             def wait(work: Any) -> None:
-                try:  # a plain C++ wait first: no Python callback, no store traffic
-                    work.wait(_FIRST_WAIT)
-                    return
-                except RuntimeError:
-                    pass  # still running (or failed): the watchdog diagnoses it
+                _plain_wait_first(work)
                 dog.wait(work, collective="buffer broadcast")
         try:
             broadcast_coalesced(tensors, self.group, src=0, chunk_bytes=int(
@@ -451,8 +491,10 @@ class Watch:
     # --- the comm hook ------------------------------------------------------------------------
 
     def _comm_hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        if not self._in_backward and torch._C._current_graph_task_id() != -1:
-            self._begin_backward()  # detail="buckets", or no parameter hook fired first
+        in_node = torch._C._current_autograd_node() is not None
+        task = _graph_task()
+        if task != self._task and task != -1:
+            self._begin_backward(task)  # no parameter hook fired first
         b = self._hooks_called  # bucket.index() is 0 for every bucket in static_graph's 1st
         self._hooks_called += 1
         buffer = bucket.buffer()
@@ -462,49 +504,98 @@ class Watch:
                 self.buckets.append(members)
                 self._bucket_of.update((p, b) for p in members)
         if self._closed:
-            return self._unwrapped(self._reduce(bucket, buffer), -1)
+            return self._unwrapped(self._reduce(bucket, buffer)[0])
         if self.tap.enabled:
             if not self._summary.per_param:
                 self._summary.emit(b)
             self.tap.emit(ev.BucketReady, b)
             self.tap.emit(ev.AllReduceLaunched, b, buffer.numel() * buffer.element_size(),
                           str(buffer.dtype).removeprefix("torch."))
-        monitor = self._monitor
-        if monitor is not None and monitor.error is not None:
-            done: torch.futures.Future = torch.futures.Future()  # failed already: no more
-            done.set_result(buffer)                             # collectives, raise at the end
-            return done
+        out: torch.futures.Future = torch.futures.Future()
+        if self._error is not None:  # failed already: no more collectives, raise at the end
+            out.set_result(buffer)
+            return out
         try:
-            fut = self._reduce(bucket, buffer)
-        except RuntimeError as exc:  # a peer is gone already: the monitor names it
-            if monitor is None:
-                raise
-            fut = torch.futures.Future()
+            fut, work = self._reduce(bucket, buffer)
+        except RuntimeError as exc:  # a peer is gone already: the watchdog names it
+            fut, work = torch.futures.Future(), None
             fut.set_exception(exc)
-        if monitor is None:
-            return self._unwrapped(fut, b)
-        with self._lock:
-            members = self.buckets[b] if b < len(self.buckets) else []
-        return monitor.guard(fut, buffer, step=self.tap.step, bucket=b,
-                             params=[self.names[i] for i in members],
-                             tap=self.tap if self.tap.enabled else None)
+        item = _Pending(fut, work, out, buffer, b, self.tap.step)
+        if in_node:  # settled by _after_hooks; See [Note: settled on the training thread]
+            self._pending.append(item)
+        else:
+            self._settle([item])
+        return out
 
-    def _reduce(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> torch.futures.Future:
-        """The user's hook, or torch's default reduction (see the Note)."""
+    def _settle(self, items: list[_Pending]) -> None:
+        """Complete each item's future with its all-reduce's result, waited for on this thread
+        under the watchdog's deadline. After an error or an interrupt the rest complete with
+        their own bucket (local gradients), so that torch's reducer finishes; _deliver raises it
+        after the reducer (an error stays: no collective follows it; an interrupt is raised
+        once)."""
+        for n, item in enumerate(items):
+            try:
+                value = self._await(item)
+            except BaseException as exc:
+                for rest in items[n:]:
+                    if not rest.out.done():
+                        rest.out.set_result(rest.fallback)
+                if not isinstance(exc, Exception):  # KeyboardInterrupt: once, after the reducer
+                    self._interrupt = exc
+                    # still running: waited for at the next forward, so that they cannot write
+                    # into the next backward's buckets
+                    self._abandoned += [r for r in items[n:] if r.work is not None]
+                elif self._error is None:
+                    self._error = exc
+                return
+            if self.tap.enabled and item.bucket >= 0:
+                self.tap.emit(ev.AllReduceDone, item.bucket)
+            item.out.set_result(value)
+
+    def _await(self, item: _Pending) -> Any:
+        fut, work, dog = item.fut, item.work, self.watchdog
+        if dog.board is not None:
+            dog.step, dog.phase = item.step, "backward"
+            if work is not None and not fut.done():
+                _plain_wait_first(work)
+            if fut.done():  # (wait(): on CUDA it makes this stream wait for the collective)
+                with contextlib.suppress(RuntimeError):  # failed: the watchdog names who left
+                    return _tensor(fut.wait())
+            dog.wait(work if work is not None else fut, collective="all-reduce",
+                     bucket=item.bucket, params=self._bucket_names(item.bucket))
+        return _tensor(fut.wait())  # raises the collective's error without a watchdog
+
+    def _bucket_names(self, b: int) -> list[str]:
+        with self._lock:
+            members = self.buckets[b] if 0 <= b < len(self.buckets) else []
+        return [self.names[i] for i in members]
+
+    def _reduce(self, bucket: dist.GradBucket, buffer: torch.Tensor
+                ) -> tuple[torch.futures.Future, Any]:
+        """The user's hook, or torch's default reduction (see the Note): its future, and the
+        process group's work where watch launched the all-reduce itself (bounded waits)."""
         if self._user_hook is not None:
-            return self._user_hook(self._user_state, bucket)
-        with torch.no_grad():
-            if buffer.is_sparse:
+            return self._user_hook(self._user_state, bucket), None
+        if torch.is_grad_enabled():  # backward(create_graph=True): record none of it
+            with torch.no_grad():
+                self._average(bucket, buffer)
+        else:
+            self._average(bucket, buffer)
+        # What torch's C++ default hook does (reducer._run_allreduce_hook): a SUM all-reduce
+        # of the bucket on the DDP's process group; here with its Work, for bounded waits.
+        work = self.group.allreduce([buffer])
+        return work.get_future(), work
+
+    def _average(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> None:
+        if buffer.is_sparse:
+            buffer.div_(self.world_size)
+        elif self._batched:
+            if not self._all_views(bucket, buffer):
                 buffer.div_(self.world_size)
-            elif getattr(self.ddp, "batched_grad_copy", False):
-                if not self._all_views(bucket, buffer):
-                    buffer.div_(self.world_size)
-            elif self._grads_before is None:
-                buffer.mul_(self._scale)
-            else:
-                self._scale_by_view(bucket, buffer)
-        reducer: Any = self.ddp.reducer
-        return reducer._run_allreduce_hook(bucket)
+        elif self._grads_before is None:
+            buffer.mul_(self._scale)
+        else:
+            self._scale_by_view(bucket, buffer)
 
     def _was_view(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> list[bool]:
         before = self._grads_before
@@ -535,27 +626,19 @@ class Watch:
                 else:
                     view.mul_(self._scale)
 
-    def _unwrapped(self, fut: torch.futures.Future, b: int) -> torch.futures.Future:
-        """`fut` as torch's reducer takes a Python hook's result: a Python tensor (torch's C++
-        all-reduce yields [buffer]); AllReduceDone on the way."""
-        tap = self.tap if self.tap.enabled and b >= 0 else None
-        if tap is None and self._user_hook is not None:
+    def _unwrapped(self, fut: torch.futures.Future) -> torch.futures.Future:
+        """`fut` as torch's reducer takes a Python hook's result (after close(): no events, no
+        watchdog)."""
+        if self._user_hook is not None:
             return fut
-
-        def done(f: torch.futures.Future) -> Any:
-            if tap is not None:
-                tap.emit(ev.AllReduceDone, b)
-            value = f.value()
-            return value[0] if isinstance(value, list) else value
-        return fut.then(done)
+        return fut.then(lambda f: _tensor(f.value()))
 
     # --- public -------------------------------------------------------------------------------
 
     @property
     def error(self) -> Exception | None:
         """The ddpviz error this rank raised or is about to raise (RankHangError), if any."""
-        twin = self._monitor.watchdog if self._monitor is not None else None
-        return self.watchdog.raised or (twin.raised if twin is not None else None)
+        return self.watchdog.raised
 
     def close(self) -> None:
         """Remove the hooks (the comm hook stays registered, passing through: torch cannot
@@ -567,8 +650,6 @@ class Watch:
         self._handles.clear()
         if self._post_forward_handle is not None:
             self._post_forward_handle.remove()
-        if self._monitor is not None:
-            self._monitor.close()
 
     def __repr__(self) -> str:
         return (f"<ddpviz.Watch rank {self.group.rank()}/{self.world_size}: {len(self.params)} "
@@ -604,95 +685,35 @@ def _builtin_fp16_compress(group: dist.ProcessGroup, bucket: dist.GradBucket
         decompress)
 
 
-class _Guarded:
-    """One guarded all-reduce: torch's reducer waits on `out`."""
-
-    __slots__ = ("bucket", "fallback", "fut", "out", "params", "settled", "since", "step")
-
-    def __init__(self, fut: torch.futures.Future, fallback: torch.Tensor, step: int,
-                 bucket: int, params: list[str]) -> None:
-        self.fut, self.fallback, self.step, self.bucket, self.params = (fut, fallback, step,
-                                                                        bucket, params)
-        self.out: torch.futures.Future = torch.futures.Future()
-        self.settled = False
-        self.since = time.monotonic()
+def _plain_wait_first(work: Any) -> None:
+    """Wait for `work` up to _FIRST_WAIT in C++ (the GIL released, no Python callback, no store
+    traffic); one still running, or failed, is then the watchdog's (`Watchdog.wait`, which
+    returns at once for a completed one)."""
+    with contextlib.suppress(RuntimeError):
+        work.wait(_FIRST_WAIT)
 
 
-class _Monitor:
-    """Completes each guarded all-reduce's future when the collective does (a done-callback:
-    no thread handoff on the way), and one thread, waking every _POLL_S, hands a collective
-    that failed or is still running to the watchdog; what it diagnoses is recorded in `error`
-    and the reducer's future is completed anyway, so that torch's C++ reducer returns and watch
-    raises the error from Python (Watch._deliver)."""
+def _graph_task() -> int:
+    """The running backward's autograd graph task id (-1 outside backward)."""
+    return torch._C._current_graph_task_id()
 
-    def __init__(self, watchdog: Watchdog) -> None:
-        self.watchdog = watchdog
-        self.error: BaseException | None = None
-        self._pending: deque[_Guarded] = deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ddpviz-watch", daemon=True)
-        self._thread.start()
 
-    def guard(self, fut: torch.futures.Future, fallback: torch.Tensor, *, step: int,
-              bucket: int, params: list[str], tap: Tap | None) -> torch.futures.Future:
-        item = _Guarded(fut, fallback, step, bucket, params)
-        self._pending.append(item)
+def _tensor(value: Any) -> Any:
+    """A hook future's value as torch's reducer takes it (torch's C++ all-reduce yields
+    [bucket buffer])."""
+    return value[0] if isinstance(value, list) else value
 
-        def finish(f: torch.futures.Future) -> None:
-            try:
-                value = f.value()
-            except Exception:
-                self._wake.set()  # failed: the thread diagnoses it
-                return
-            if isinstance(value, list):  # torch's C++ all-reduce: [bucket buffer]
-                value = value[0]
-            if tap is not None:
-                tap.emit(ev.AllReduceDone, bucket)
-            self._settle(item, value)
 
-        fut.add_done_callback(finish)
-        return item.out
+class _Pending:
+    """One bucket's all-reduce: torch's reducer waits on `out`; `fallback` (the bucket) completes
+    it when the all-reduce cannot."""
 
-    def _settle(self, item: _Guarded, value: Any) -> None:
-        with self._lock:
-            if item.settled:
-                return
-            item.settled = True
-        item.out.set_result(value)
+    __slots__ = ("bucket", "fallback", "fut", "out", "step", "work")
 
-    def _run(self) -> None:
-        while not self._closed:
-            self._wake.wait(_POLL_S)
-            self._wake.clear()
-            while self._pending and not self._closed:
-                item = self._pending[0]
-                if item.settled:
-                    self._pending.popleft()
-                    continue
-                if not item.fut.done() and time.monotonic() - item.since < _POLL_S:
-                    break
-                dog = self.watchdog
-                dog.step, dog.phase = item.step, "backward"
-                try:
-                    dog.wait(item.fut, collective="all-reduce", bucket=item.bucket,
-                             params=item.params)
-                except BaseException as exc:
-                    if self.error is None:
-                        self.error = exc
-                    # Let torch's reducer return (with local gradients): watch raises after it.
-                    while self._pending:
-                        other = self._pending.popleft()
-                        self._settle(other, other.fallback)
-                    break
-                value = item.fut.value()  # completed (its done-callback may not have run)
-                self._settle(item, value[0] if isinstance(value, list) else value)
-                self._pending.popleft()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake.set()
+    def __init__(self, fut: torch.futures.Future, work: Any, out: torch.futures.Future,
+                 fallback: torch.Tensor, bucket: int, step: int) -> None:
+        self.fut, self.work, self.out, self.fallback = fut, work, out, fallback
+        self.bucket, self.step = bucket, step
 
 
 def _watch_level(detail: str | None) -> tuple[str, DetailPolicy]:

@@ -66,9 +66,10 @@ class Timeline:
     records: dict[int, dict[int, StepRecord]]  # step -> rank -> record
     world_size: int
     grad_ready_order: tuple[int, ...]  # the order the rebuild used (iteration 0's hooks)
-    # True for ddpviz's DDP: AllReduceDone is emitted as finalize waits for each bucket in
-    # order after the backward, so a bucket that finished early is seen done only then.
-    # False for a watched torch DDP (the all-reduce's future reports when it completes).
+    # True for ddpviz's DDP and a watched torch DDP: AllReduceDone is emitted as the training
+    # thread waits for each bucket in order after the backward, so a bucket that finished early
+    # is seen done only then. False for traces that stamp each all-reduce as it completes
+    # (watch() before it settled futures on the training thread).
     done_seen_at_finalize: bool
     launch_overhead_ns: float  # time one bucket launch takes on the training thread
     finalize_ns: float  # time finalize spends per bucket after its all-reduce is done
@@ -198,8 +199,8 @@ def build_timeline(trace: Trace) -> Timeline:
         observed = observed_plan(built[0], maps, rank=rank0, grad_ready_order=order or None)
     except ValueError as e:
         raise AdviceError(str(e)) from None
-    # ddpviz's DDP emits every AllReduceDone after the backward's last GradReady (finalize
-    # waits in order); a watched torch DDP reports early buckets as they finish.
+    # ddpviz's DDP and watch() emit every AllReduceDone after the backward's last GradReady
+    # (they wait in order); older watch() traces report early buckets as they finish.
     done_late = True
     for recs in records.values():
         for rec in recs.values():

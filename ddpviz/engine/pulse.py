@@ -5,11 +5,16 @@ board, rendezvous.Board) and looks, every CHECK_S, for errors other ranks posted
 training thread, that is a store write per forward and a store round trip twice a second: ~7 us
 and ~20-60 us on a quiet machine, but milliseconds when the rank hosting the store is starved
 of CPU, which a debugger that is left on cannot afford. `Pulse` moves both onto one daemon
-thread with its own store connection: `beat()` on the training thread is two attribute writes
-and an Event.set (~1 us); the thread posts the latest position at once (positions are
+thread with its own store connection. The thread posts the latest position (positions are
 coalesced, never queued) and sets `alerted` when another rank posted an alert, which the next
-heartbeat raises. Before the training thread posts a "waiting" or "failed" position itself it
-calls `hold()`, which waits out a post in flight, so a stale "running" position can never
+heartbeat raises. Steps 0-2 (iteration 0 and the bucket rebuild, where most hangs happen) wake
+the thread and are posted at once. While steps keep coming after that, the thread looks every
+POST_S and posts the latest one, and `beat()` is three attribute writes (~0.3 us), with no
+Event.set (a lock and often a thread wake-up on the rank's core) and no store round trip per
+step: posting every step cost 2-8% of a 0.6-1.3 ms step (benchmarks/bench_watch.py, 2 gloo
+ranks on 2 cores). A rank killed outright is therefore seen where it was at most POST_S before
+(a rank that exits through Python posts its last beat). Before the training thread posts a
+"waiting" or "failed" position itself it calls `hold()`, which waits out a post in flight, so a stale "running" position can never
 overwrite it.
 """
 
@@ -24,6 +29,8 @@ from ddpviz.engine.rendezvous import Board, Position
 from ddpviz.events import Phase
 
 CHECK_S = 0.5  # other ranks' alerts are looked for at most this often
+POST_S = 0.05  # from step EVERY_UNTIL on, the latest position is posted this often
+EVERY_UNTIL = 3  # steps before this one are posted at once
 _JOIN_S = 2.0  # how long close() waits for a store call in flight
 
 _LIVE: weakref.WeakSet[Pulse] = weakref.WeakSet()
@@ -46,6 +53,7 @@ class Pulse:
         self._closed = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._polling = False  # beats are coming: the thread looks every POST_S, unwoken
         self._thread = threading.Thread(target=self._run, name="ddpviz-pulse", daemon=True)
         _LIVE.add(self)
         self._thread.start()
@@ -54,7 +62,8 @@ class Pulse:
         """This rank reached `phase` of `step` (training thread; never blocks)."""
         self._latest = (step, phase, time.time())
         self._held = False
-        self._wake.set()
+        if step < EVERY_UNTIL or not self._polling:
+            self._wake.set()
 
     def hold(self) -> None:
         """Stop posting "running" positions until the next beat: the caller is about to post
@@ -75,13 +84,16 @@ class Pulse:
         checked = time.monotonic()
         try:
             while True:
-                self._wake.wait(CHECK_S)
+                self._wake.wait(POST_S if self._polling else CHECK_S)
                 self._wake.clear()
                 with self._lock:  # closing still posts the last beat: a rank that exits
                     latest, self._latest = self._latest, None  # right after it is seen there
                     if latest is not None and not self._held:
                         step, phase, t = latest
                         self.board.post_position(Position("running", step, phase, t))
+                    # a later step posted: keep looking without being woken; none: wait for one
+                    # (a beat that raced this write waits at most CHECK_S)
+                    self._polling = latest is not None and latest[0] >= EVERY_UNTIL
                 if self._closed:
                     return
                 now = time.monotonic()

@@ -200,17 +200,6 @@ class Watchdog:
         self._pulse = Pulse(Board(Scope(self.group, store=self._store, clone=True), epoch))
         weakref.finalize(self, self._pulse.close, False)
 
-    def twin(self) -> Watchdog:
-        """A watchdog on this one's board with a store connection of its own, for waits run by
-        another thread (watch()'s monitor); its positions hold this one's heartbeats."""
-        twin = Watchdog(self.group, timeout=self.timeout, tap=self.tap, store=self._store,
-                        clone=True)
-        if self.board is not None:
-            twin.board = Board(Scope(self.group, store=self._store, clone=True),
-                               self.board.epoch)
-        twin._pulse = self._pulse
-        return twin
-
     def exchange(self, name: str, payload: str, what: str) -> list[str]:
         """Every rank's payload via the store (not a collective), with the hang timeout."""
         if not self.enabled or self.board is None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ddpviz.engine.pulse import CHECK_S, Pulse
+from ddpviz.engine.pulse import CHECK_S, EVERY_UNTIL, POST_S, Pulse
 from ddpviz.engine.rendezvous import Board, Position, Scope
 from tests.diagnose.ranks_in_threads import FakeGroup
 
@@ -77,5 +77,41 @@ def test_another_ranks_alert_is_seen_by_the_thread() -> None:
         board(store, rank=1).post_alert("ddpviz: boom on rank 1", [])
         assert eventually(lambda: pulse.alerted)
         assert pulse.error is None
+    finally:
+        pulse.close()
+
+
+class CountingBoard:
+    """A board that records the positions posted to it (and has no alerts)."""
+
+    def __init__(self) -> None:
+        self.posted: list[Position] = []
+
+    def post_position(self, position: Position) -> None:
+        self.posted.append(position)
+
+    def has_alerts(self) -> bool:
+        return False
+
+
+def test_steps_after_the_first_three_are_posted_at_most_every_post_s_the_latest_last() -> None:
+    board_ = CountingBoard()
+    pulse = Pulse(board_)  # type: ignore[arg-type]
+    try:
+        for step in range(EVERY_UNTIL):  # iteration 0 and the rebuild: each one posted
+            pulse.beat(step, "forward")
+            assert eventually(lambda s=step: bool(board_.posted) and board_.posted[-1].step == s)
+        early = len(board_.posted)
+        start = time.monotonic()
+        step = EVERY_UNTIL
+        while time.monotonic() - start < 10 * POST_S:  # a fast training loop
+            pulse.beat(step, "forward")
+            step += 1
+        last = step - 1
+        assert eventually(lambda: board_.posted[-1].step == last)  # the latest one lands
+        elapsed = time.monotonic() - start
+        later = len(board_.posted) - early
+        assert step - EVERY_UNTIL > 1000  # thousands of beats ...
+        assert later <= elapsed / POST_S + 3  # ... posted a few times (store round trips)
     finally:
         pulse.close()
