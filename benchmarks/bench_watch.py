@@ -7,8 +7,7 @@ copies at each detail level ("full": a GradReady per parameter tensor; "sampled"
 full on a few steps, per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm
 hook, per-forward only), with no consumer of the events, plus "sampled -> trace file": the
 default level recording into a per-rank trace file through a Sender (what `ddpviz record
---out` does; "... ship at once": its Sender without gathering events for 10 ms between
-writes, as before), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
+--out` does), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
 all-reduce in the cheapest Python comm hook watch's design allows (completed on the training
 thread), i.e. the floor under every level that has a comm hook. Printed per world size,
 threads per rank and model: the median plain step time and the median over repetitions of
@@ -118,19 +117,15 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
             variants: dict[str, nn.Module] = {}
             names = ["torch DDP", "torch DDP (A/A)", "watch detail=full",
                      "watch detail=sampled", "watch detail=buckets", "watch detail=steps",
-                     "sampled -> trace file", "sampled -> trace file, ship at once",
-                     "minimal Python comm hook"]
+                     "sampled -> trace file", "minimal Python comm hook"]
             names += ["baseline watch"] if baseline else []
             watches: list[Any] = []
             senders: list[Any] = []
             for name in names:
                 ddp = nn.parallel.DistributedDataParallel(_model(dims))
-                if name.startswith("sampled -> trace file"):
-                    path = os.path.join(trace_dir, f"{threads}-{dims[0]}-{len(senders)}-"
-                                                   f"rank{rank}.ddpviz")
+                if name == "sampled -> trace file":
+                    path = os.path.join(trace_dir, f"{threads}-{dims[0]}-rank{rank}.ddpviz")
                     senders.append(Sender.to_file(path, rank))
-                    if name.endswith("ship at once"):
-                        senders[-1].gather_s = 0
                     watches.append(ddpviz.watch(ddp, detail="sampled", emitter=senders[-1]))
                 elif name.startswith("watch detail="):
                     watches.append(ddpviz.watch(ddp, detail=name.split("=")[1]))
@@ -193,7 +188,7 @@ def main() -> None:
           "block time / torch DDP's block time (bootstrap 95% interval of that median)")
     print("wall: elapsed time; cpu: the rank process's CPU time (all its threads), steadier on "
           "a loaded machine")
-    print(f"{'ranks':>5} {'thr':>3}  {'model':12} {'variant':36}{'step us':>9}{'wall':>7}"
+    print(f"{'ranks':>5} {'thr':>3}  {'model':12} {'variant':26}{'step us':>9}{'wall':>7}"
           f"{'95% interval':>15}{'cpu':>8}{'95% interval':>15}")
     for world in (int(w) for w in args.worlds.split(",")):
         for row in _run_world(world, args):
@@ -205,7 +200,7 @@ def main() -> None:
                     ratios = np.array(row[kind][name]) / np.array(base)
                     lo, hi = _median_interval(ratios)
                     cells.append(f"{np.median(ratios):>7.3f}{lo:>9.3f}-{hi:.3f}")
-                print(f"{world:>5} {row['threads']:>3}  {row['model']:12} {name:36}"
+                print(f"{world:>5} {row['threads']:>3}  {row['model']:12} {name:26}"
                       f"{step_us:>9.0f}{''.join(cells)}")
 
 

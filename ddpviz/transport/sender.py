@@ -40,10 +40,6 @@ from ddpviz.transport.handshake import secure_client
 
 _MIN_IDLE_S = 0.001  # the shipping thread polls the buffer, backing off to _MAX_IDLE_S
 _MAX_IDLE_S = 0.02
-# After shipping less than a full batch, the thread lets events gather this long (a flush or
-# close cuts it short), so that a training loop emitting a few events per sub-millisecond step
-# costs one wake-up and one write per GATHER_S instead of one per poll.
-GATHER_S = 0.01
 _PINGS = 5  # clock samples per connection; the one with the shortest round trip wins
 _PING_RETRY_S = 1.0
 _WARN_EVERY_S = 5.0
@@ -111,7 +107,6 @@ class Sender:
         self._capacity = capacity
         self._nominal_capacity = capacity
         self._batch = batch
-        self.gather_s = GATHER_S  # 0: ship as soon as the thread sees events (before)
         self._buf: collections.deque[Event] = collections.deque()
         self._lock = threading.Lock()
         self._dropped = 0  # drops since the last marker
@@ -233,11 +228,6 @@ class Sender:
                 self._ship(batch)
                 self._warn_drops()
                 idle_s = _MIN_IDLE_S
-                if take < self._batch and self.gather_s and req == self._flush_req and \
-                        not self._closing.is_set():
-                    self._sink.service()
-                    if self._wake.wait(self.gather_s):  # flush() or close(): go on at once
-                        self._wake.clear()
                 continue
             if self._dropped and (self._closing.is_set() or req > self._flush_done):
                 self._mark()  # flush/close: report drops even if no later event arrives
