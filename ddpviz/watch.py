@@ -366,6 +366,9 @@ class Watch:
     # --- backward -----------------------------------------------------------------------------
 
     def _begin_backward(self, task: int) -> None:
+        if self._pending:  # a backward that raised before its final callbacks: never settled
+            self._abandoned += [p for p in self._pending if p.work is not None]
+            self._pending = []
         self._task = task
         self._hooks_called = 0
         self._summary.begin(self.tap.step)
