@@ -9,7 +9,8 @@ hook, per-forward only), with no consumer of the events, plus "sampled -> trace 
 default level recording into a per-rank trace file through a Sender (what `ddpviz record
 --out` does), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
 all-reduce in the cheapest Python comm hook watch's design allows (completed on the training
-thread), i.e. the floor under every level that has a comm hook. Printed per world size,
+thread), i.e. the floor under every level that has a comm hook, and the same hook completed
+by a callback on gloo's thread (`.then`, as watch() did until stop 18). Printed per world size,
 threads per rank and model: the median plain step time and the median over repetitions of
 each copy's block time / the plain copy's block time, with a bootstrap 95% interval of that
 median, for elapsed time and for the process's CPU time.
@@ -61,9 +62,11 @@ def _model(dims: tuple[int, int, int]) -> nn.Module:
     return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
 
 
-def _minimal_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
+def _minimal_hook(ddp: nn.parallel.DistributedDataParallel, *, on_gloo_thread: bool = False
+                  ) -> None:
     """Register the least a Python comm hook can do: torch's averaging (x 1/world_size) and
-    a SUM all-reduce, the futures completed in one final callback of the backward."""
+    a SUM all-reduce, the futures completed in one final callback of the backward (or, with
+    `on_gloo_thread`, by a `.then` callback, which runs where the all-reduce completes)."""
     group = ddp.process_group
     scale = 1.0 / group.size()
     pending: list[tuple[Any, torch.futures.Future, torch.Tensor]] = []
@@ -78,6 +81,8 @@ def _minimal_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
         buffer = bucket.buffer()
         buffer.mul_(scale)
         work = group.allreduce([buffer])
+        if on_gloo_thread:
+            return work.get_future().then(lambda f: f.value()[0])
         out: torch.futures.Future = torch.futures.Future()
         if not pending:
             torch.autograd.Variable._execution_engine.queue_callback(settle)
@@ -117,7 +122,8 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
             variants: dict[str, nn.Module] = {}
             names = ["torch DDP", "torch DDP (A/A)", "watch detail=full",
                      "watch detail=sampled", "watch detail=buckets", "watch detail=steps",
-                     "sampled -> trace file", "minimal Python comm hook"]
+                     "sampled -> trace file", "minimal Python comm hook",
+                     "minimal hook, .then"]
             names += ["baseline watch"] if baseline else []
             watches: list[Any] = []
             senders: list[Any] = []
@@ -133,6 +139,8 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                     watches.append(baseline(ddp))
                 elif name == "minimal Python comm hook":
                     _minimal_hook(ddp)
+                elif name == "minimal hook, .then":
+                    _minimal_hook(ddp, on_gloo_thread=True)
                 variants[name] = ddp
             opts = {n: torch.optim.SGD(m.parameters(), lr=0.01) for n, m in variants.items()}
             g = torch.Generator().manual_seed(rank)

@@ -67,17 +67,17 @@ _FIRST_WAIT = datetime.timedelta(seconds=0.25)
 # torch's reducer takes a Python comm hook's result only as a Python object, so the future it
 # waits on must be completed from Python. Completing it from a done-callback (or `.then`) runs
 # Python on gloo's thread when the all-reduce finishes: that thread must take the GIL, and it
-# cost 40-60 us a bucket (measured at world size 1, where a whole step is ~210 us; this was
-# most of watch()'s 7-13%). So the hook returns a fresh future and nothing runs on the
-# collective's thread: a final callback queued on the backward (it runs after the last
-# autograd node and before the reducer's finalize_backward, which is queued when the last bucket
-# is ready) waits for each bucket's all-reduce in order on the training thread, a bounded C++
-# wait first (the GIL released, Ctrl-C honoured), then the watchdog's deadline, and completes the
-# futures. AllReduceDone is therefore stamped when the training thread sees the all-reduce done
-# (as ddpviz's own DDP stamps it, in finalize): for a bucket that finished while backward still
-# ran, that is after the backward's last hook. A hook called with no autograd node running
-# (static_graph's first backward runs every bucket from a final callback; join's shadow
-# all-reduces run outside backward) waits right there instead.
+# cost 80-100 us a step with one bucket (benchmarks/bench_watch.py --worlds 1: "minimal hook,
+# .then" against "minimal Python comm hook", on steps of 260-310 us). So the hook returns a
+# fresh future and nothing runs on the collective's thread: a final callback queued on the
+# backward (it runs after the last autograd node and before the reducer's finalize_backward,
+# which is queued when the last bucket is ready) waits for each bucket's all-reduce in order on
+# the training thread, a bounded C++ wait first (the GIL released, Ctrl-C honoured), then the
+# watchdog's deadline, and completes the futures. AllReduceDone is therefore stamped when the
+# training thread sees the all-reduce done (as ddpviz's own DDP stamps it, in finalize): for a
+# bucket that finished while backward still ran, that is after the backward's last hook. A
+# hook called with no autograd node running (static_graph's first backward runs every bucket
+# from a final callback; join's shadow all-reduces run outside backward) waits right there.
 
 
 def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None = None,
