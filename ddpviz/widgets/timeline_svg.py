@@ -65,13 +65,8 @@ def render(view: IterationView, names: Mapping[int, str] | None = None,
     if not view.lanes:
         return ""
     names = names or {}
-    t0, t1 = view.t0, max(view.t1, view.t0 + 1)
-    plot = width - LABEL - 8
-    scale = plot / (t1 - t0)
-
-    def x(t: int) -> int:
-        return LABEL + int((t - t0) * scale)
-
+    axis = _Axis(view, width)
+    x, t1 = axis.x, axis.t1
     height = LANE * len(view.lanes) + AXIS
     out: list[str] = [markup.fmt("<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' "
                       "style='font:10px sans-serif'>", width, height)]
@@ -80,7 +75,7 @@ def render(view: IterationView, names: Mapping[int, str] | None = None,
                              t1))
     # time axis, ms since the window's start
     y = LANE * len(view.lanes)
-    out += _axis_svg(x, t0, t1, y, plot, as_of)
+    out += axis.svg(y, as_of)
     return "".join(out)
 
 
@@ -230,15 +225,11 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
     if not view.lanes:
         return ""
     names = names or {}
-    t0, t1 = view.t0, max(view.t1, view.t0 + 1)
-    plot = width - LABEL - 8
-    scale = plot / (t1 - t0)
-
-    def x(t: float) -> int:
-        return LABEL + int((t - t0) * scale)
+    axis = _Axis(view, width)
+    x, t1 = axis.x, axis.t1
 
     def xr(t: float) -> int:  # relative to t0
-        return LABEL + int(t * scale)
+        return LABEL + int(t * axis.scale)
 
     lanes = [view.lanes[r] for r in shown if r in view.lanes]
     height = SPREAD_ROWS + LANE * len(lanes) + AXIS
@@ -308,22 +299,36 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
         out.append(_lane_svg(lane, SPREAD_ROWS + i * LANE, x, names,
                              view.order.positions.get(lane.rank, ()), t1))
     y = SPREAD_ROWS + LANE * len(lanes)
-    out += _axis_svg(x, t0, t1, y, plot, as_of)
+    out += axis.svg(y, as_of)
     return "".join(out)
 
 
-def _axis_svg(x: Callable[[int], int], t0: int, t1: int, y: int, plot: float,
-              as_of: int | None) -> list[str]:
-    """The time axis under the lanes at height `y` (ms since the window's start), the as-of
-    marker when it falls in the window, and the closing tag."""
-    out: list[str] = [markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2, plot)]
-    for ms in _ticks_ms(t1 - t0):
-        tx = x(t0 + int(ms * 1e6))
-        out.append(markup.fmt("<path d='M{} {}v4' stroke='#999'/>"
-                              "<text x='{}' y='{}' text-anchor='middle'>{:g} ms</text>",
-                              tx, y + 2, tx, y + 16, ms))
-    if as_of is not None and t0 <= as_of <= t1:
-        out.append(markup.fmt("<path d='M{} 0v{}' stroke='#000' stroke-dasharray='2 2'/>",
-                              x(as_of), y))
-    out.append("</svg>")
-    return out
+class _Axis:
+    """One window's time axis (both renderings): nanosecond times -> x pixels."""
+
+    __slots__ = ("plot", "scale", "t0", "t1")
+
+    def __init__(self, view: IterationView, width: int) -> None:
+        self.t0, self.t1 = view.t0, max(view.t1, view.t0 + 1)
+        self.plot = width - LABEL - 8
+        self.scale = self.plot / (self.t1 - self.t0)
+
+    def x(self, t: float) -> int:
+        return LABEL + int((t - self.t0) * self.scale)
+
+    def svg(self, y: int, as_of: int | None) -> list[str]:
+        """The axis under the lanes at height `y` (ms since the window's start), the as-of
+        marker when it falls in the window, and the closing tag."""
+        t0, t1 = self.t0, self.t1
+        out: list[str] = [markup.fmt("<path d='M{} {}h{}' stroke='#999'/>", LABEL, y + 2,
+                                     self.plot)]
+        for ms in _ticks_ms(t1 - t0):
+            tx = self.x(t0 + int(ms * 1e6))
+            out.append(markup.fmt("<path d='M{} {}v4' stroke='#999'/>"
+                                  "<text x='{}' y='{}' text-anchor='middle'>{:g} ms</text>",
+                                  tx, y + 2, tx, y + 16, ms))
+        if as_of is not None and t0 <= as_of <= t1:
+            out.append(markup.fmt("<path d='M{} 0v{}' stroke='#000' stroke-dasharray='2 2'/>",
+                                  self.x(as_of), y))
+        out.append("</svg>")
+        return out
