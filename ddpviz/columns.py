@@ -296,18 +296,18 @@ def tables_of(events: Iterable[Event]) -> dict[int, Table]:
     """Columns per rank from any events (each rank's in the order given)."""
     per_rank: dict[int, RankColumns] = {}
     shared = Shared()
-    batch: list[Event] = []
-    for e in events:
-        if not isinstance(e, Event):
-            continue
-        batch.append(e)
-    by_rank: dict[int, list[Event]] = {}
-    for e in batch:
-        lst = by_rank.get(e.rank)
-        if lst is None:
-            lst = by_rank[e.rank] = []
-        lst.append(e)
-    for rank, lst in by_rank.items():
+    for rank, lst in by_rank(e for e in events if isinstance(e, Event)).items():
         cols = per_rank[rank] = RankColumns(rank, shared)
         cols.add(lst)
     return {r: c.table() for r, c in per_rank.items()}
+
+
+def by_rank(events: Iterable[Event]) -> dict[int, list[Event]]:
+    """The events per rank, each rank's in the order given."""
+    out: dict[int, list[Event]] = {}
+    for e in events:
+        lst = out.get(e.rank)
+        if lst is None:
+            lst = out[e.rank] = []
+        lst.append(e)
+    return out

@@ -27,7 +27,7 @@ import msgspec
 from ddpviz import events as ev
 from ddpviz import limits
 from ddpviz.atomic import replacing
-from ddpviz.columns import RankColumns, Shared, Table
+from ddpviz.columns import RankColumns, Shared, Table, by_rank
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
 
 # The file format and writer live in tracefile.py (imported by transport/ too); the names the
@@ -116,14 +116,9 @@ class Trace:
             with self._lock:  # the usual case: one rank's chunk or message
                 self._rank_columns(rank).add(batch)
             return
-        by_rank: dict[int, list[Event]] = {}
-        for e in batch:
-            lst = by_rank.get(e.rank)
-            if lst is None:
-                lst = by_rank[e.rank] = []
-            lst.append(e)
+        grouped = by_rank(batch)
         with self._lock:
-            for r, lst in by_rank.items():
+            for r, lst in grouped.items():
                 self._rank_columns(r).add(lst)
 
     def set_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
