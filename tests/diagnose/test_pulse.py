@@ -5,27 +5,19 @@ still posts the last beat."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch.distributed as dist
 
 from ddpviz.engine.pulse import CHECK_S, EVERY_UNTIL, POST_S, Pulse
 from ddpviz.engine.rendezvous import Board, Position, Scope
 from tests.diagnose.ranks_in_threads import FakeGroup
+from tests.polling import eventually
 
 
 def board(store: dist.Store, rank: int = 0, world_size: int = 2) -> Board:
     return Board(Scope(FakeGroup(rank, world_size), store=store), 0)  # type: ignore[arg-type]
 
 
-def eventually(check: Callable[[], bool], limit: float = 60.0) -> bool:
-    """True once `check()` is (polled; the limit only bounds a broken pulse)."""
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_beat_reaches_the_board_and_the_latest_one_wins() -> None:

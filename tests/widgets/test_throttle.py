@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from itertools import pairwise
 
 import pytest
 
 from ddpviz.widgets.throttle import Throttle
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
+from tests.polling import eventually
 
 
 def test_a_burst_of_requests_from_threads_coalesces_into_few_redraws() -> None:
@@ -35,7 +26,7 @@ def test_a_burst_of_requests_from_threads_coalesces_into_few_redraws() -> None:
         th.start()
     for th in threads:
         th.join()
-    assert wait_until(lambda: not t.pending)
+    assert eventually(lambda: not t.pending, limit=5.0)
     time.sleep(0.15)
     t.close()
     assert 1 <= len(calls) <= 3  # 8,000 requests in a burst, not 8,000 redraws
@@ -62,7 +53,7 @@ def test_a_redraw_that_defers_work_is_run_again_by_the_throttle() -> None:
 
     t = Throttle(redraw, max_hz=50)
     t.request()
-    assert wait_until(lambda: left[0] == 0)
+    assert eventually(lambda: left[0] == 0, limit=5.0)
     t.close()
     assert t.redraws == 3
 
@@ -73,9 +64,9 @@ def test_errors_are_counted_and_kept_not_raised_in_the_thread() -> None:
 
     t = Throttle(boom, max_hz=50)
     t.request()
-    assert wait_until(lambda: t.errors == 1)
+    assert eventually(lambda: t.errors == 1, limit=5.0)
     t.request()
-    assert wait_until(lambda: t.errors == 2)
+    assert eventually(lambda: t.errors == 2, limit=5.0)
     t.close()
     assert isinstance(t.first_error, RuntimeError)
 
