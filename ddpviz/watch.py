@@ -367,7 +367,7 @@ class Watch:
 
     def _begin_backward(self, task: int) -> None:
         if self._pending:  # a backward that raised before its final callbacks: never settled
-            self._abandoned += [p for p in self._pending if p.work is not None]
+            self._abandon(self._pending)
             self._pending = []
         self._task = task
         self._hooks_called = 0
@@ -440,6 +440,11 @@ class Watch:
         interrupt, self._interrupt = self._interrupt, None
         if interrupt is not None:
             raise interrupt
+
+    def _abandon(self, items: list[_Pending]) -> None:
+        """All-reduces no backward will settle: waited for at the next forward, so that they
+        cannot write into the next backward's buckets."""
+        self._abandoned += [p for p in items if p.work is not None]
 
     def _finish_abandoned(self) -> None:
         """Wait (under the watchdog) for the all-reduces an interrupted backward left running:
@@ -545,9 +550,7 @@ class Watch:
                         rest.out.set_result(rest.fallback)
                 if not isinstance(exc, Exception):  # KeyboardInterrupt: once, after the reducer
                     self._interrupt = exc
-                    # still running: waited for at the next forward, so that they cannot write
-                    # into the next backward's buckets
-                    self._abandoned += [r for r in items[n:] if r.work is not None]
+                    self._abandon(items[n:])
                 elif self._error is None:
                     self._error = exc
                 return

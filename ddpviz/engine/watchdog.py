@@ -154,19 +154,16 @@ class Watchdog:
             watchdog; waits are plain waits, and no store traffic happens).
         tap: receives a FindingReported for every finding raised.
         store: the store to use (default: the group's).
-        clone: use a private store connection (for watchers running in another thread).
     """
 
     def __init__(self, process_group: dist.ProcessGroup, *, timeout: float | None,
-                 tap: Tap | None = None, store: dist.Store | None = None,
-                 clone: bool = False) -> None:
+                 tap: Tap | None = None, store: dist.Store | None = None) -> None:
         self.group = process_group
         self.timeout = timeout
         self.tap = tap if tap is not None else Tap()
         self.rank = process_group.rank()
         self.world_size = process_group.size()
         self._store = store
-        self._clone = clone
         self.board: Board | None = None
         self.step = -1
         self.phase: Phase = "constructor"
@@ -186,7 +183,7 @@ class Watchdog:
         if not self.enabled:
             return
         assert self.timeout is not None
-        scope = Scope(self.group, store=self._store, clone=self._clone)
+        scope = Scope(self.group, store=self._store)
         try:
             epoch = scope.generation("board")
             exchange("ddp", "", timeout=self.timeout, what=what, scope=scope,
