@@ -43,7 +43,8 @@ from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
 
 # "params" is the old name of "full"; "sampled:N" picks another period (engine/detail.py).
-Detail = Literal["full", "buckets", "sampled", "steps", "params"] | str
+Detail = Literal["light", "full", "buckets", "sampled", "steps", "params"] | str
+HOOKLESS = ("light", "steps")  # levels that leave torch's C++ reduction alone
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
 # an all-reduce still running after this plain wait goes to the watchdog's deadline
@@ -153,7 +154,8 @@ class Watch:
                                "before).\nUse the Watch that call returned, or .close() it "
                                "first.")
         existing = list(getattr(ddp, "_comm_hooks", ()))
-        if existing and hook is not None and detail != "steps":
+        hookless = detail in HOOKLESS
+        if existing and hook is not None and not hookless:
             raise RuntimeError(
                 f"ddpviz: watch(hook={getattr(hook, '__qualname__', hook)}) but this DDP already "
                 f"has the comm hook {getattr(existing[-1][0], '__qualname__', existing[-1][0])}"
@@ -164,7 +166,7 @@ class Watch:
         self.group = ddp.process_group
         self.world_size = self.group.size()
         target = emitter if emitter is not None else ev.default_emitter()
-        if target is not None and detail == "sampled":
+        if target is not None and detail in ("sampled", "light"):
             target = FindingObserver(target, self._on_finding)
         self.tap = Tap(target, rank=self.group.rank())
         self._summary = GradSummary(policy, self.tap)
@@ -182,6 +184,13 @@ class Watch:
         self._rebuilt_seen = False
         self._learning = False
         self._closed = False
+        self._light = detail == "light"
+        self._armed: list[Any] = []  # light: this step's per-parameter hooks
+        self._sync = True  # light: the backward all-reduces (not under no_sync)
+        self._left: list[int] = []  # light: per bucket, gradients not ready yet
+        self._ready: list[bool] = []
+        self._next_launch = 0
+        self._bucket_meta: list[tuple[int, str]] = []  # per bucket: bytes, dtype
         self._handles: list[Any] = []
         self._post_forward_handle: Any = None
         self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
@@ -189,7 +198,7 @@ class Watch:
         # gradient_as_bucket_view: .grad of every parameter after the synced forward (which
         # ones already are bucket views decides divide vs multiply; see the Note).
         self._batched = bool(getattr(ddp, "batched_grad_copy", False))
-        self._track_views = detail != "steps" and bool(ddp.gradient_as_bucket_view) and \
+        self._track_views = not hookless and bool(ddp.gradient_as_bucket_view) and \
             not self._batched
         self._grads_before: list[torch.Tensor | None] | None = None
         self._scale = 1.0 / self.world_size
@@ -203,7 +212,7 @@ class Watch:
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
-        if detail == "steps":
+        if hookless:
             if hook is not None:  # torch's own registration: watch adds no comm hook
                 ddp.register_comm_hook(state if state is not None else self.group, hook)
         elif existing:
@@ -224,7 +233,7 @@ class Watch:
         self._emit_params()
         self._read_buckets(rebuilt=False)
         self._nbytes = [p.numel() * p.element_size() for p in self.params]
-        if detail != "steps":
+        if not hookless:
             for i, p in enumerate(self.params):
                 self._handles.append(p.register_post_accumulate_grad_hook(
                     functools.partial(self._grad_ready, i)))
@@ -237,7 +246,8 @@ class Watch:
                 None, lambda state, buffers: self._sync_buffers(buffers),
                 _BufferCommHookLocation.PRE_FORWARD)
         _WATCHED.add(ddp)
-        if detail == "steps":
+        if hookless:
+            self.watchdog.guard_quiet()  # See [Note: the quiet guard] (engine/quiet.py)
             return
         try:
             # A lambda: torch rejects string annotations (this module's `from __future__`).
@@ -317,11 +327,14 @@ class Watch:
                 self.buckets, self._bucket_of, self._learning = [], {}, True
             return
         indices = [[self._index[id(p)] for p in b.parameters()] for b in buckets]
+        self._bucket_meta = [(int(b.buffer().numel() * b.buffer().element_size()),
+                              str(b.buffer().dtype).removeprefix("torch.")) for b in buckets]
         with self._lock:
+            self._learning = False
             self.buckets = indices
             self._bucket_of = {p: b for b, members in enumerate(indices) for p in members}
         if self.tap.enabled:
-            limits = tuple(int(b.buffer().numel() * b.buffer().element_size()) for b in buckets)
+            limits = tuple(nbytes for nbytes, _ in self._bucket_meta)
             if rebuilt:
                 order = tuple(p for members in indices for p in members)
                 self.tap.emit(ev.BucketsRebuilt, order)
@@ -341,6 +354,8 @@ class Watch:
         if self.tap.enabled:
             self.tap.emit(ev.ForwardStarted)
         self.watchdog.heartbeat(self.tap.step, "forward")
+        if self._light:
+            self._arm(self._summary.policy.full(self.tap.step))
         if not self._rebuilt_seen and self.tap.step == self._rebuild_step() and \
                 not self.ddp._has_rebuilt_buckets:
             # torch rebuilds the buckets in this forward with a blocking broadcast that ddpviz
@@ -357,6 +372,8 @@ class Watch:
             self._rebuilt_seen = True
             self._summary.policy.note_rebuild(self.tap.step)
             self._read_buckets(rebuilt=True)
+            if self._light:
+                self._arm(True)
         if self._track_views:
             if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
                 self._grads_before = [p.grad for p in self.params]
@@ -372,6 +389,11 @@ class Watch:
         self._task = task
         self._hooks_called = 0
         self._summary.begin(self.tap.step)
+        if self._light:
+            self._sync = bool(self.ddp.require_backward_grad_sync)
+            self._left = [len(members) for members in self.buckets]
+            self._ready = [False] * len(self.buckets)
+            self._next_launch = 0
         if self.tap.enabled:
             self.tap.emit(ev.BackwardStarted)
         torch.autograd.Variable._execution_engine.queue_callback(self._after_hooks)
@@ -388,6 +410,58 @@ class Watch:
         self._fired.add(index)
         if self.tap.enabled:
             self.tap.emit(ev.GradReady, index, self._bucket_of.get(index, -1))
+
+    # --- the light level: per-parameter hooks on sampled steps only, no comm hook ------------
+
+    def _arm(self, on: bool) -> None:
+        """Light: per-parameter hooks for this step (a sampled one) or none (the others)."""
+        if on == bool(self._armed) or self._closed:
+            return
+        if not on:
+            for h in self._armed:
+                h.remove()
+            self._armed = []
+            return
+        self._armed = [p.register_post_accumulate_grad_hook(
+            functools.partial(self._grad_ready_light, i)) for i, p in enumerate(self.params)]
+
+    def _grad_ready_light(self, index: int, _param: torch.Tensor) -> None:
+        # A post-accumulate-grad hook runs before torch's reducer marks the gradient ready
+        # (a hook on the same AccumulateGrad node): the bucket's last one is its BucketReady,
+        # and torch launches ready buckets in index order.
+        task = _graph_task()
+        if task != self._task and task != -1:
+            self._begin_backward(task)
+        self._fired.add(index)
+        if not self.tap.enabled:
+            return
+        b = self._bucket_of.get(index, -1)
+        self.tap.emit(ev.GradReady, index, b)
+        if b >= 0 and self._sync:
+            self._left[b] -= 1
+            if self._left[b] == 0:
+                self._bucket_ready(b)
+
+    def _bucket_ready(self, b: int) -> None:
+        self._ready[b] = True
+        self.tap.emit(ev.BucketReady, b)
+        while self._next_launch < len(self._ready) and self._ready[self._next_launch]:
+            nbytes, dtype = self._bucket_meta[self._next_launch]
+            self.tap.emit(ev.AllReduceLaunched, self._next_launch, nbytes, dtype)
+            self._next_launch += 1
+
+    def _light_finish(self) -> None:
+        """Light, after torch's finalize_backward (which waited for every all-reduce): buckets
+        torch marked ready itself (find_unused_parameters) are launched as of now, and every
+        launched all-reduce is done."""
+        if not self._sync or not self._ready:
+            return
+        for b, ready in enumerate(self._ready):
+            if not ready:
+                self._bucket_ready(b)
+        for b in range(self._next_launch):
+            self.tap.emit(ev.AllReduceDone, b)
+        self._ready = []
 
     def _on_finding(self, step: int) -> None:
         summary = self.__dict__.get("_summary")
@@ -419,6 +493,11 @@ class Watch:
 
     def _after_reducer(self) -> None:
         self._task = -1
+        if self._light:
+            if self._learning:  # a sparse bucket: readable once a backward has run
+                self._read_buckets(rebuilt=False)
+            elif self.tap.enabled:
+                self._light_finish()
         if self._learning and self.buckets:
             self._learning = False
             if self.tap.enabled:
@@ -651,9 +730,10 @@ class Watch:
         remove one) and stop the watchdog thread."""
         self._closed = True
         _WATCHED.discard(self.ddp)
-        for h in self._handles:
+        for h in self._handles + self._armed:
             h.remove()
         self._handles.clear()
+        self._armed = []
         if self._post_forward_handle is not None:
             self._post_forward_handle.remove()
 
@@ -723,17 +803,26 @@ class _Pending:
 
 
 def _watch_level(detail: str | None) -> tuple[str, DetailPolicy]:
-    """watch()'s level: "steps", or one of engine/detail.py's (the old "params" is "full"),
-    from `detail=`, else $DDPVIZ_DETAIL, else "sampled"."""
+    """watch()'s level: "light" (or "light:N"), "steps", or one of engine/detail.py's (the old
+    "params" is "full"), from `detail=`, else $DDPVIZ_DETAIL, else "light"."""
     raw = detail if detail is not None else (os.environ.get(ENV_DETAIL, "").strip() or None)
-    name = raw.strip().lower() if raw is not None else None
+    name = raw.strip().lower() if raw is not None else "light"
     if name == "params":
         name = "full"
     if name == "steps":
         return "steps", DetailPolicy("buckets")
     where = "watch() detail=" if detail is not None else f"${ENV_DETAIL}="
-    level, every = parse_level(name if name is not None else "sampled", where=where,
-                               also="; watch() also takes 'steps' (no comm hook and no "
-                                    "per-parameter hooks: the cheapest) and 'params' (the old "
-                                    "name of 'full')")
+    light = name == "light" or name.startswith("light:")
+    also = ("; watch() also takes 'light' or 'light:N' (its default: no comm hook, per-parameter "
+            "hooks on the sampled steps only), 'steps' (no comm hook and no per-parameter "
+            "hooks: the cheapest) and 'params' (the old name of 'full')")
+    try:
+        level, every = parse_level("sampled" + name[5:] if light else name, where=where,
+                                   also=also, default="light")
+    except ValueError:
+        if light:  # the message names the value as given
+            parse_level(raw or name, where=where, also=also, default="light")
+        raise
+    if light:
+        return "light", DetailPolicy("sampled", every)
     return level, DetailPolicy(level, every)

@@ -36,7 +36,8 @@ FIRST_FULL = 3
 EVERY = 100
 
 
-def parse_level(value: str, *, where: str, also: str = "") -> tuple[Level, int]:
+def parse_level(value: str, *, where: str, also: str = "",
+                default: str = "sampled") -> tuple[Level, int]:
     """`"full" | "buckets" | "sampled" | "sampled:N"` -> (level, every). `where` names the
     argument in the error ("detail=", "$DDPVIZ_DETAIL"); `also` names further choices."""
     text = value.strip().lower()
@@ -50,7 +51,7 @@ def parse_level(value: str, *, where: str, also: str = "") -> tuple[Level, int]:
     if name not in LEVELS or (every_text and name != "sampled") or every < 1:
         raise ValueError(
             f"ddpviz: {where}{value!r} is not a detail level; expected 'full', 'buckets', "
-            f"'sampled' or 'sampled:N' (N >= 1: every N-th step full){also}.\nUse 'sampled' (the "
+            f"'sampled' or 'sampled:N' (N >= 1: every N-th step full){also}.\nUse '{default}' (the "
             "default) for long or large jobs, 'full' to record every gradient hook.")
     return name, every
 

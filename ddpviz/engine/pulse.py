@@ -16,6 +16,10 @@ every beat set the Event, 14 us inline). A rank killed outright is therefore see
 was at most POST_S before (a rank that exits through Python posts its last beat). Before the
 training thread posts a "waiting" or "failed" position itself it calls `hold()`, which waits
 out a post in flight, so a stale "running" position can never overwrite it.
+
+`on_quiet`, when set, is called on this thread every CHECK_S with the board and the latest beat
+(step, phase, time.time()) while the training thread is away: the watchdog's guard for waits it
+cannot see (watch()'s levels without a comm hook; See [Note: the quiet guard] in watchdog.py).
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ import threading
 import time
 import weakref
 
+from collections.abc import Callable
+
 from ddpviz.engine.rendezvous import Board, Position
 from ddpviz.events import Phase
+
+Beat = tuple[int, Phase, float]  # step, phase, time.time()
 
 CHECK_S = 0.5  # other ranks' alerts are looked for at most this often
 POST_S = 0.05  # from step EVERY_UNTIL on, the latest position is posted this often
@@ -48,7 +56,9 @@ class Pulse:
         self.board = board
         self.alerted = False  # another rank posted an alert (the next heartbeat raises it)
         self.error: RuntimeError | None = None  # the store failed (its host exited)
-        self._latest: tuple[int, Phase, float] | None = None
+        self._latest: Beat | None = None
+        self.last: Beat | None = None  # the latest beat, posted or not
+        self.on_quiet: Callable[[Board, Beat], None] | None = None
         self._held = False
         self._closed = False
         self._lock = threading.Lock()
@@ -60,7 +70,7 @@ class Pulse:
 
     def beat(self, step: int, phase: Phase) -> None:
         """This rank reached `phase` of `step` (training thread; never blocks)."""
-        self._latest = (step, phase, time.time())
+        self.last = self._latest = (step, phase, time.time())
         self._held = False
         if step < EVERY_UNTIL or not self._polling:
             self._wake.set()
@@ -102,6 +112,9 @@ class Pulse:
                     if self.board.has_alerts():
                         self.alerted = True
                         return  # the next heartbeat raises; the slow paths read the board
+                    quiet, last = self.on_quiet, self.last
+                    if quiet is not None and last is not None and latest is None:
+                        quiet(self.board, last)
         except RuntimeError as exc:  # the store is gone (its host exited or was destroyed)
             self.error = exc
 

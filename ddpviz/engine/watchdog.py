@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine.pulse import Pulse
+from ddpviz.engine.quiet import QuietGuard
 from ddpviz.engine.rendezvous import (
     Board,
     Position,
@@ -170,6 +171,8 @@ class Watchdog:
         self.raised: RankHangError | None = None
         self._pulse: Pulse | None = None
         self._own_alert: tuple[str, tuple[Finding, ...]] | None = None
+        self.guarding = False  # the training thread is in a wait this watchdog guards
+        self.quiet: QuietGuard | None = None
 
     @property
     def enabled(self) -> bool:
@@ -202,12 +205,23 @@ class Watchdog:
         if not self.enabled or self.board is None:
             return [payload]
         assert self.timeout is not None
+        self.guarding = True
         try:
             return exchange(name, payload, timeout=self.timeout, what=what,
                             scope=self.board.scope)
         except RankHangError as exc:
             self._report(exc)
             raise
+        finally:
+            self.guarding = False
+
+    def guard_quiet(self) -> None:
+        """Name the ranks a step waits for from the pulse thread, for waits this watchdog does
+        not see (watch() without a comm hook). See [Note: the quiet guard] in quiet.py."""
+        if self._pulse is None or self.timeout is None:
+            return
+        self.quiet = QuietGuard(self, process_group_timeout(self.group))
+        self._pulse.on_quiet = self.quiet
 
     def agree_on_unused(self, step: int, missing: Sequence[int], unreachable: Sequence[int],
                         names: Sequence[str], shapes: Sequence[tuple[int, ...]]
@@ -304,6 +318,15 @@ class Watchdog:
         if board is None or self.timeout is None or future.done():
             self._plain_wait(waitable, collective, bucket, params)
             return
+        self.guarding = True
+        try:
+            self._wait_guarded(waitable, future, board, collective, bucket, params)
+        finally:
+            self.guarding = False
+
+    def _wait_guarded(self, waitable: Any, future: Any, board: Board, collective: Collective,
+                      bucket: int, params: Sequence[str]) -> None:
+        assert self.timeout is not None
         done = threading.Event()
         future.add_done_callback(lambda _f: done.set())
         start, since = time.monotonic(), time.time()
@@ -338,7 +361,7 @@ class Watchdog:
         assert self.timeout is not None
         states = {r: "not arrived yet" if r in missing else "arrived"
                   for r in range(self.world_size)}
-        self.tap.emit(FindingReported, self._waiting_finding(
+        self.tap.emit(FindingReported, self.waiting_finding(
             tuple(missing), what, since, group_ranks(states), step=-1))
 
     def _wait_notice(self, board: Board, position: Position) -> None:
@@ -364,13 +387,13 @@ class Watchdog:
                        for r in range(self.world_size))
         what = collective_name(position)
         at = f" at step {position.step}" if position.step >= 0 else ""
-        self.tap.emit(FindingReported, self._waiting_finding(
+        self.tap.emit(FindingReported, self.waiting_finding(
             missing, what + at, position.since, values, step=position.step,
             bucket=position.bucket, field=str(position.collective)))
 
-    def _waiting_finding(self, missing: tuple[int, ...], what: str, since: float,
-                         values: Any, *, step: int, bucket: int = -1,
-                         field: str = "arrival") -> Finding:
+    def waiting_finding(self, missing: tuple[int, ...], what: str, since: float,
+                        values: Any, *, step: int, bucket: int = -1, field: str = "arrival",
+                        fix: str | None = None) -> Finding:
         assert self.timeout is not None
         waited = time.time() - since
         clock = time.strftime("%H:%M:%S", time.localtime(since))
@@ -380,7 +403,7 @@ class Watchdog:
                    f"{format_ranks(missing)}; they are named at {self.timeout:g}s if they do "
                    "not come"),
             ranks=missing, field=field, bucket=bucket, step=step, values=tuple(values),
-            fix=fix_for("rank_waiting"),
+            fix=fix if fix is not None else fix_for("rank_waiting"),
             world_size=self.world_size)
 
     def waiter(self, collective: Collective) -> Callable[[Any], None] | None:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.dist
 
 STEPS = 8
 LEVELS = ("full", "buckets", "sampled:3")
-WATCH_LEVELS = ("params", "buckets", "sampled:3")
+WATCH_LEVELS = ("params", "buckets", "sampled:3", "light:3")
 # sampled:3 over 8 steps: 0-2 (the first iterations, the rebuild at step 1), every 3rd (0, 3,
 # 6); the rest is aggregated. See [Note: detail levels] in engine/detail.py.
 SAMPLED_FULL = {0, 1, 2, 3, 6}
@@ -91,6 +91,13 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
                                                                       finding)),
                             _plain(events))
     w.close()
+    events = []
+    tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
+    w = ddpviz.watch(tddp, emitter=events.append, detail="light:3", hang_timeout=0)
+    out["watch-light-finding"] = (_train(tddp, rank, 4, lambda: w.tap.emit(ev.FindingReported,
+                                                                            finding)),
+                                  _plain(events))
+    w.close()
     return out
 
 
@@ -134,7 +141,7 @@ def _summaries(events: list[tuple[str, dict[str, Any]]]
 
 def test_gradients_and_parameters_bitwise_torch_at_every_level(runs: dict[int, Any]) -> None:
     for rank, res in runs.items():
-        for level in (*LEVELS, "finding", "watch-finding",
+        for level in (*LEVELS, "finding", "watch-finding", "watch-light-finding",
                       *("watch-" + w for w in WATCH_LEVELS)):
             assert res[level][0] == res["torch"], f"rank {rank}, detail={level}"
 
@@ -192,6 +199,59 @@ def test_a_finding_makes_its_step_full_after_the_fact_and_the_next_one(
         assert agg == {k: v for k, v in _summaries(events).items() if k[0] == 4}
         seqs = [f["seq"] for _, f in events]
         assert seqs == list(range(len(seqs)))  # no gap, no reordering: fresh seq numbers
+
+
+def _bucket_steps(events: list[tuple[str, dict[str, Any]]], kind: str
+                  ) -> dict[int, list[int]]:
+    """step -> the buckets of its `kind` events, in emission order."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for k, f in events:
+        if k == kind:
+            out[f["step"]].append(f["bucket"])
+    return dict(out)
+
+
+def test_light_records_the_sampled_steps_in_full_and_nothing_of_the_others(
+        runs: dict[int, Any]) -> None:
+    """watch(detail="light:3"): no comm hook; per-parameter hooks on the sampled steps only.
+    Those steps carry the same GradReady events as a "params" watch, every bucket's
+    BucketReady after its last gradient, the launches in bucket order (as torch's reducer
+    launches them) and every all-reduce done after the backward's last hook; the other steps
+    have no backward events at all, and no GradsSummarized is ever made."""
+    for rank, res in runs.items():
+        events, full = res["watch-light:3"][1], res["watch-params"][1]
+        assert _steps(events, "GradReady") == SAMPLED_FULL
+        assert not _steps(events, "GradsSummarized")
+        assert {k: v[:2] for k, v in _aggregated(events).items()} == \
+            {k: v[:2] for k, v in _aggregated(full).items() if k[0] in SAMPLED_FULL}
+        for kind in ("BackwardStarted", "BucketReady", "AllReduceLaunched", "AllReduceDone"):
+            assert _steps(events, kind) == SAMPLED_FULL, (rank, kind)
+        assert _steps(events, "ForwardStarted") == set(range(STEPS))
+        launched = _bucket_steps(events, "AllReduceLaunched")
+        done = _bucket_steps(events, "AllReduceDone")
+        torch_launched = _bucket_steps(full, "AllReduceLaunched")
+        for step in SAMPLED_FULL:
+            assert launched[step] == done[step] == torch_launched[step], (rank, step)
+            assert launched[step] == sorted(launched[step])
+            assert sorted(_bucket_steps(events, "BucketReady")[step]) == launched[step]
+        assert max(len(b) for b in launched.values()) > 1  # several buckets after the rebuild
+        # each BucketReady comes after its bucket's last GradReady and before any done
+        position = {(k, f["step"], f.get("bucket"), f.get("param")): i
+                    for i, (k, f) in enumerate(events)}
+        assigned = [f for k, f in events if k == "BucketAssigned"]
+        for step in SAMPLED_FULL:
+            members = assigned[-1]["buckets"] if step >= 1 else assigned[0]["buckets"]
+            first_done = min(i for (k, s, _, _), i in position.items()
+                             if k == "AllReduceDone" and s == step)
+            for b, params in enumerate(members):
+                last_grad = max(position[("GradReady", step, b, p)] for p in params)
+                assert last_grad < position[("BucketReady", step, b, None)] < first_done
+
+
+def test_a_finding_under_light_makes_the_next_step_full(runs: dict[int, Any]) -> None:
+    # light keeps nothing of an unsampled step (no hooks ran), so only the next one is full
+    for res in runs.values():
+        assert _steps(res["watch-light-finding"][1], "GradReady") == SAMPLED_FULL | {5}
 
 
 def test_diagnosis_says_which_steps_were_not_recorded(runs: dict[int, Any]) -> None:

@@ -1,0 +1,108 @@
+"""The quiet guard: names the ranks a DDP step waits for when the wait itself is invisible.
+
+[Note: the quiet guard]
+watch()'s levels without a comm hook ("light", "steps") leave torch's C++ reducer alone, so the
+training thread waits for the bucket all-reduces inside C++, where no Python deadline can run
+and nothing can interrupt it before the process group's own timeout (30 minutes by default).
+What stays visible is each rank's heartbeat: the step whose forward it ran last (pulse.py posts
+it). So the rank's pulse thread, which already wakes every CHECK_S, looks at how long ago this
+rank's last beat was. A rank whose backward waits for a peer is quiet from that forward on;
+once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it reads the
+other ranks' positions (one store round trip each time, never in a step that keeps moving) and
+names those that have not reached its step: a live `rank_waiting` finding first, then a
+`rank_hang` error finding, each emitted (the dashboard, a trace file) and warned on stderr.
+Nothing is raised (the training thread is inside torch) and no alert is posted: a peer that
+turns up late, before the process group's timeout, finishes the step as torch would have, and
+a peer that does not is left to torch's own timeout error, now with its name already on record.
+A rank quiet because the job moved on (evaluation, the end of training) finds every peer at its
+step or past it and reports nothing. A rank quiet in a wait the watchdog guards itself (the
+buffer broadcast, the rebuild's meeting point) is skipped: that wait reports and raises on its
+own.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import TYPE_CHECKING
+
+from ddpviz.engine.pulse import Beat
+from ddpviz.engine.rendezvous import Board, Position, notice_after
+from ddpviz.events import FindingReported
+from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
+
+if TYPE_CHECKING:
+    from ddpviz.engine.watchdog import Watchdog
+
+
+class QuietGuard:
+    """Called by the pulse thread with the latest beat while the training thread is away (see
+    the Note). `findings` keeps what it reported, in order."""
+
+    def __init__(self, dog: Watchdog, pg_timeout: float | None) -> None:
+        assert dog.timeout is not None
+        self.dog = dog
+        self.timeout = dog.timeout
+        self.notice = notice_after(dog.timeout)
+        self.pg_timeout = pg_timeout
+        self.findings: list[Finding] = []
+        self._done: tuple[int, int] = (-1, 0)  # (step, stage) last looked at
+
+    def __call__(self, board: Board, beat: Beat) -> None:
+        step, _phase, since = beat
+        if step < 0 or self.dog.guarding:
+            return
+        waited = time.time() - since
+        stage = 2 if waited >= self.timeout else 1 if waited >= self.notice else 0
+        if stage == 0 or (step, stage) <= self._done:
+            return
+        self._done = (step, stage)
+        try:
+            positions = board.positions()
+        except RuntimeError:
+            return  # the store is gone (rank 0 exited): torch's collective reports that
+        behind = tuple(r for r in range(self.dog.world_size) if r != self.dog.rank
+                       and (r not in positions or positions[r].step < step))
+        if behind:
+            self._report(self._finding(stage, step, since, behind, positions))
+
+    def _finding(self, stage: int, step: int, since: float, behind: tuple[int, ...],
+                 positions: dict[int, Position]) -> Finding:
+        dog, now = self.dog, time.time()
+        states = {r: _where(positions.get(r), step, now) for r in range(dog.world_size)}
+        states[dog.rank] = f"quiet since its forward of step {step} ({now - since:.0f}s)"
+        values = tuple((states[r], (r,)) for r in range(dog.world_size))
+        what = f"step {step} (after its forward: the backward's all-reduces need every rank)"
+        if stage == 1:
+            return dog.waiting_finding(
+                behind, what, since, values, step=step, field="all-reduce",
+                fix="Nothing to do yet: if they do not come, a rank_hang finding names where "
+                    "they are (torch's own error follows at the process group's timeout).")
+        after = (f"torch's reducer waits in C++ until the process group's timeout "
+                 f"({self.pg_timeout:g}s), which then raises torch's own error"
+                 if self.pg_timeout is not None else
+                 "torch's reducer waits in C++ until the process group's timeout")
+        return Finding(
+            kind="rank_hang", severity="error",
+            title=(f"{format_ranks(behind)} did not reach step {step} within "
+                   f"{self.timeout:g}s; rank {dog.rank} has waited since its forward"),
+            ranks=behind, field="all-reduce", step=step, values=values,
+            detail=(f"named by rank {dog.rank}'s watcher thread: {after}; "
+                    "watch(detail='sampled') raises this as RankHangError from backward() "
+                    "instead",),
+            fix=fix_for("rank_hang", "behind"), world_size=dog.world_size)
+
+    def _report(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        if self.dog.tap.enabled:
+            self.dog.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
+        warnings.warn(finding.text(), DiagnosisWarning, stacklevel=1)
+
+
+def _where(position: Position | None, step: int, now: float) -> str:
+    if position is None:
+        return "never reported (no DDP step on this rank yet)"
+    ago = now - position.t
+    if position.step < step:
+        return f"at step {position.step} ({position.phase}, {ago:.0f}s ago): behind"
+    return f"at step {position.step} ({position.phase}, {ago:.0f}s ago)"
