@@ -10,7 +10,10 @@ rank's last beat was. A rank whose backward waits for a peer is quiet from that 
 once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it reads the
 other ranks' positions (one store round trip each time, never in a step that keeps moving) and
 names those that have not reached its step: a live `rank_waiting` finding first, then a
-`rank_hang` error finding, each emitted (the dashboard, a trace file) and warned on stderr.
+`rank_hang` error finding, each emitted (the dashboard, a trace file) and warned on stderr. It
+also posts this rank as waiting in the step's all-reduce, so that a verdict another rank reaches
+in a wait it guards (a buffer broadcast the laggard never came to) counts this rank as waiting,
+not as lagging.
 Nothing is raised (the training thread is inside torch) and no alert is posted: a peer that
 turns up late, before the process group's timeout, finishes the step as torch would have, and
 a peer that does not is left to torch's own timeout error, now with its name already on record.
@@ -47,6 +50,7 @@ class QuietGuard:
         self.pg_timeout = pg_timeout
         self.findings: list[Finding] = []
         self._done: tuple[int, int] = (-1, 0)  # (step, stage) last looked at
+        self._posted = -1  # the step this rank was last posted waiting in
 
     def __call__(self, board: Board, beat: Beat) -> None:
         step, _phase, since = beat
@@ -63,8 +67,16 @@ class QuietGuard:
             return  # the store is gone (rank 0 exited): torch's collective reports that
         behind = tuple(r for r in range(self.dog.world_size) if r != self.dog.rank
                        and (r not in positions or positions[r].step < step))
-        if behind:
-            self._report(self._finding(stage, step, since, behind, positions))
+        if not behind:
+            return
+        if self._posted != step:  # this rank waits in backward: say so on the board, so
+            self._posted = step  # that a verdict elsewhere counts it as waiting, not lagging
+            try:
+                board.post_position(Position("waiting", step, "backward", time.time(),
+                                             "all-reduce", since=since))
+            except RuntimeError:
+                return
+        self._report(self._finding(stage, step, since, behind, positions))
 
     def _finding(self, stage: int, step: int, since: float, behind: tuple[int, ...],
                  positions: dict[int, Position]) -> Finding:

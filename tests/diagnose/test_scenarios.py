@@ -242,9 +242,10 @@ HANG = 2.0  # ddpviz's hang_timeout in the runtime scenarios
 GRACE = 6.0  # what a hang may take beyond HANG: the others' grace to report, polling, slack
 
 
-def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool) -> dict[str, Any]:
-    """One situation on torch's DDP, with ddpviz.watch attached (use_ddpviz) or without (the
-    baseline). The last rank is the odd one."""
+def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool,
+                detail: str) -> dict[str, Any]:
+    """One situation on torch's DDP, with ddpviz.watch attached at `detail` (use_ddpviz) or
+    without (the baseline). The last rank is the odd one."""
     import ddpviz
     from tests.diagnose.scenario_models import Branchy
 
@@ -258,7 +259,8 @@ def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool) ->
     if situation == "unused_found" and odd:
         model.defect = "unused"
     events: list[Any] = []
-    w = ddpviz.watch(ddp, emitter=events.append, hang_timeout=HANG) if use_ddpviz else None
+    w = ddpviz.watch(ddp, emitter=events.append, hang_timeout=HANG,
+                     detail=detail) if use_ddpviz else None
     steps = 2 if situation == "uneven" and odd else 3
     out: dict[str, Any] = {"pid": os.getpid(), "error": "no error", "findings": []}
     start = time.monotonic()
@@ -284,9 +286,11 @@ def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool) ->
     return out
 
 
-def run_watch(situation: str, world_size: int, use_ddpviz: bool) -> dict[int, Any]:
-    return remember(run_ranks(watch_ranks, world_size, situation, use_ddpviz, timeout=60,
-                              **FAST))
+def run_watch(situation: str, world_size: int, use_ddpviz: bool,
+              detail: str = "sampled") -> dict[int, Any]:
+    """The comm-hook level by default: these tests check what it raises (from backward)."""
+    return remember(run_ranks(watch_ranks, world_size, situation, use_ddpviz, detail,
+                              timeout=60, **FAST))
 
 
 def test_watch_uneven_inputs_name_the_lagging_rank_on_every_waiting_rank() -> None:
@@ -304,6 +308,28 @@ def test_watch_uneven_inputs_name_the_lagging_rank_on_every_waiting_rank() -> No
     baseline = run_watch("uneven", 2, False)  # torch: a timeout naming no rank
     assert "Timed out waiting 4000ms" in outcome(baseline[0]["error"])
     assert baseline[1]["error"] == "no error"
+
+
+def test_watch_light_uneven_inputs_name_the_lagging_rank_before_torchs_timeout() -> None:
+    """watch's default level has no comm hook: rank 1, past the buffer broadcast (gloo's
+    broadcast needs only the root), waits for rank 2 inside torch's C++ all-reduce. Its pulse
+    thread names rank 2 and posts rank 1 as waiting there, so rank 0's verdict from the guarded
+    broadcast names rank 2 alone; rank 1 then gets torch's own error when rank 0 exits."""
+    results = run_watch("uneven", 3, True, detail="light")
+    assert results[0]["findings"] == [("rank_hang", "", (2,), "buffer broadcast")]
+    lines = results[0]["error"].splitlines()
+    assert lines[0] == ("ddpviz: rank 2 did not reach the buffer broadcast at step 2 within 2s "
+                        "(world_size=3):")
+    assert lines[2].startswith("  rank 1: waiting in the all-reduce at step 2")
+    assert results[0]["seconds"] < HANG + GRACE
+    named = [e.finding for e in results[1]["events"] if type(e).__name__ == "FindingReported"]
+    # its post (which rank 0's verdict shows) came with the live finding; the rank_hang one
+    # follows at 2s unless rank 0, the store's host, has exited by then
+    assert (named[0].kind, named[0].ranks, named[0].step) == ("rank_waiting", (2,), 2)
+    assert {(f.ranks, f.step) for f in named} == {((2,), 2)}
+    assert "ddpviz" not in results[1]["error"]  # torch's, once rank 0 stopped
+    assert results[2]["error"] == "no error"
+    assert no_orphans([results[r]["pid"] for r in range(3)])
 
 
 @pytest.mark.parametrize("step", [1, 2])
