@@ -83,9 +83,16 @@ CASES.update({
     "float16-no_sync-steps-detail": BASE["no_sync"]._replace(dtype="float16", detail="steps",
                                                              hook="arg"),
     "float32-control": Case(hook="control"),
+    # watch's default: no comm hook, per-parameter hooks on steps 0-2 (step 3 has none)
+    "float32-light-detail": Case(detail="light"),
+    "bfloat16-find_unused-light-detail": BASE["find_unused"]._replace(dtype="bfloat16",
+                                                                      detail="light", hook="arg"),
+    "float32-static_graph-light-detail": BASE["static_graph"]._replace(detail="light"),
+    "float32-no_sync_grad_view-light-detail": BASE["no_sync_grad_view"]._replace(detail="light"),
+    "float32-sparse-light-detail": Case(sparse=True, detail="light"),
 })
 WORLD4 = ["float32-default-none", "bfloat16-grad_view-none", "float16-no_sync-arg",
-          "float32-static_graph-none", "float32-control"]
+          "float32-static_graph-none", "float32-control", "float32-light-detail"]
 WORLD2 = [n for n in CASES if not n.startswith("float16") or n.endswith("default-none")]
 
 

@@ -15,6 +15,7 @@ from tests.dist.models import ZOO, Batch
 from tests.dist.test_engine_fidelity import HOOKS, SEED, SETTINGS
 
 STEPS = 4
+WATCH_DETAILS = ("light", "sampled")
 
 
 def init_nccl(rank: int, world_size: int) -> torch.device:
@@ -103,19 +104,22 @@ def watch_ranks(rank: int, world_size: int, cases: list[tuple[str, str]]
     for model, setting in cases:
         base = ZOO[model].build(SEED + rank).to(device)
         kwargs = {**SETTINGS[setting].kwargs, "device_ids": [device.index]}
-        plain_module, watched_module = copy.deepcopy(base), copy.deepcopy(base)
+        plain_module = copy.deepcopy(base)
         ref = _train(nn.parallel.DistributedDataParallel(plain_module, **kwargs), plain_module,
                      model, setting, rank, device)
-        events: list[Any] = []
-        watched = nn.parallel.DistributedDataParallel(watched_module, **kwargs)
-        hook = SETTINGS[setting].hook
-        w = ddpviz.watch(watched, emitter=events.append,
-                         hook=HOOKS[hook] if hook else None)
-        got = _train(watched, watched_module, model, setting, rank, device,
-                     register_hook=False)
-        w.close()
-        out[f"{model}-{setting}"] = (first_difference(ref, got),
-                                     sum(type(e).__name__ == "AllReduceDone" for e in events))
+        for detail in WATCH_DETAILS:  # the default (no comm hook) and the comm-hook path
+            events: list[Any] = []
+            watched_module = copy.deepcopy(base)
+            watched = nn.parallel.DistributedDataParallel(watched_module, **kwargs)
+            hook = SETTINGS[setting].hook
+            w = ddpviz.watch(watched, emitter=events.append, detail=detail,
+                             hook=HOOKS[hook] if hook else None)
+            got = _train(watched, watched_module, model, setting, rank, device,
+                         register_hook=False)
+            w.close()
+            out[f"{model}-{setting}-{detail}"] = (
+                first_difference(ref, got),
+                sum(type(e).__name__ == "AllReduceDone" for e in events))
     dist.destroy_process_group()
     return out
 

@@ -15,7 +15,7 @@ import torch
 import ddpviz
 from tests.dist.harness import free_port, run_ranks
 from tests.gpu.conftest import world_size
-from tests.gpu.ranks import fidelity_ranks, launched, watch_ranks
+from tests.gpu.ranks import WATCH_DETAILS, fidelity_ranks, launched, watch_ranks
 from tests.record.hooked import ROOT, hooked_python
 
 # Dense models only: NCCL has no sparse all-reduce (torch's DDP refuses sparse gradients there).
@@ -45,11 +45,12 @@ def test_ddpviz_ddp_is_bitwise_equal_to_torch_on_nccl(
         assert cases[f"{model}-{setting}"] is None, (rank, cases[f"{model}-{setting}"])
 
 
+@pytest.mark.parametrize("detail", WATCH_DETAILS)
 @pytest.mark.parametrize(("model", "setting"), WATCHED)
 def test_watch_is_transparent_on_nccl(watched: dict[int, dict[str, object]], model: str,
-                                      setting: str) -> None:
+                                      setting: str, detail: str) -> None:
     for rank, cases in watched.items():
-        difference, all_reduces = cases[f"{model}-{setting}"]  # type: ignore[misc]
+        difference, all_reduces = cases[f"{model}-{setting}-{detail}"]  # type: ignore[misc]
         assert difference is None, (rank, difference)
         assert all_reduces > 0  # it did watch
 
