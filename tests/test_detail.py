@@ -47,6 +47,14 @@ def test_watch_keeps_its_old_level_names_as_aliases(monkeypatch: pytest.MonkeyPa
     assert _watch_level("params")[0] == "full"
     assert _watch_level("buckets")[0] == "buckets"
     assert _watch_level("steps")[0] == "steps"
-    assert _watch_level(None)[0] == "sampled"
-    with pytest.raises(ValueError, match=r"watch\(\) detail='everything'.*'steps'.*\nUse"):
+    assert _watch_level("sampled:7")[1].describe() == "sampled:7"
+    # watch's default: no comm hook, sampled steps in full (the DDP's own default period)
+    level, policy = _watch_level(None)
+    assert (level, policy.describe()) == ("light", "sampled:100")
+    assert _watch_level("light:5")[1].describe() == "sampled:5"
+    monkeypatch.setenv("DDPVIZ_DETAIL", "Light")
+    assert _watch_level(None)[0] == "light"
+    with pytest.raises(ValueError, match=r"watch\(\) detail='everything'.*'steps'.*\nUse 'light'"):
         _watch_level("everything")
+    with pytest.raises(ValueError, match=r"detail='light:0' is not"):
+        _watch_level("light:0")
