@@ -3,11 +3,12 @@
 Inside the same rank processes, several DDP copies of one model train in alternating blocks of
 steps (the order rotates every repetition, so noise from other processes hits them alike):
 torch's DDP alone, a second unwatched copy (A/A: the noise floor of the ratios), and watched
-copies at each detail level ("full": a GradReady per parameter tensor; "sampled", the default:
-full on a few steps, per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm
-hook, per-forward only), with no consumer of the events, plus "sampled -> trace file": the
-default level recording into a per-rank trace file through a Sender (what `ddpviz record
---out` does), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
+copies at each detail level ("light", the default: no comm hook, per-parameter hooks on a few
+sampled steps only; "full": a GradReady per parameter tensor; "sampled": full on the same steps,
+per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm hook, per-forward
+only), with no consumer of the events, plus "light -> trace file" and "sampled -> trace file":
+the level recording into a per-rank trace file through a Sender (what `ddpviz record --out`
+does), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
 all-reduce in the cheapest Python comm hook watch's design allows (completed on the training
 thread), i.e. the floor under every level that has a comm hook, and the same hook completed
 by a callback on gloo's thread (`.then`, as watch() did until stop 18). Printed per world size,
@@ -120,19 +121,21 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
         torch.set_num_threads(threads)
         for model_name, dims in MODELS.items():
             variants: dict[str, nn.Module] = {}
-            names = ["torch DDP", "torch DDP (A/A)", "watch detail=full",
-                     "watch detail=sampled", "watch detail=buckets", "watch detail=steps",
-                     "sampled -> trace file", "minimal Python comm hook",
-                     "minimal hook, .then"]
+            names = ["torch DDP", "torch DDP (A/A)", "watch detail=light",
+                     "watch detail=full", "watch detail=sampled", "watch detail=buckets",
+                     "watch detail=steps", "light -> trace file", "sampled -> trace file",
+                     "minimal Python comm hook", "minimal hook, .then"]
             names += ["baseline watch"] if baseline else []
             watches: list[Any] = []
             senders: list[Any] = []
             for name in names:
                 ddp = nn.parallel.DistributedDataParallel(_model(dims))
-                if name == "sampled -> trace file":
-                    path = os.path.join(trace_dir, f"{threads}-{dims[0]}-rank{rank}.ddpviz")
+                if name.endswith(" -> trace file"):
+                    level = name.split()[0]
+                    path = os.path.join(trace_dir,
+                                        f"{level}-{threads}-{dims[0]}-rank{rank}.ddpviz")
                     senders.append(Sender.to_file(path, rank))
-                    watches.append(ddpviz.watch(ddp, detail="sampled", emitter=senders[-1]))
+                    watches.append(ddpviz.watch(ddp, detail=level, emitter=senders[-1]))
                 elif name.startswith("watch detail="):
                     watches.append(ddpviz.watch(ddp, detail=name.split("=")[1]))
                 elif name == "baseline watch":

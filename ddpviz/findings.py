@@ -120,8 +120,9 @@ FIXES: dict[Kind, dict[str, str]] = {
         # per-parameter events not recorded at some steps (detail levels)
         "not_recorded": "To check those steps, record them with detail='full' "
                         "(DistributedDataParallel(detail=...), watch(ddp, detail=...) or "
-                        "$DDPVIZ_DETAIL=full); the default 'sampled' records steps 0-2, the "
-                        "rebuild, every 100th step and steps with a finding in full.",
+                        "$DDPVIZ_DETAIL=full); the defaults ('sampled' for ddpviz's DDP, "
+                        "'light' for watch()) record steps 0-2, the rebuild, every 100th step "
+                        "and steps with a finding in full.",
     },
     "missing_rank": {
         # a meeting (rendezvous) some ranks never reached

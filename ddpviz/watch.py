@@ -4,11 +4,13 @@ own DDP, without changing what it computes. See [Note: transparent by constructi
 
 What is observable from Python, and used: the reducer's parameter list (the same rule as
 ddpviz's engine, params.py), its bucket map (`reducer._get_zeros_like_grad_buckets()`, once at
-attach and once after the rebuild), a post-accumulate-grad hook per parameter (GradReady;
-detail="params" only), a comm hook around the all-reduce (BucketReady, AllReduceLaunched,
-AllReduceDone; see [Note: settled on the training thread]), forward hooks on the DDP module (steps,
-heartbeats, the rebuild), a pre-forward buffer comm hook doing torch's buffer broadcast under
-the watchdog, and end-of-backward callbacks (parameters that got no gradient; errors).
+attach and once after the rebuild), a post-accumulate-grad hook per parameter (GradReady, or a
+per-bucket aggregate; at the default "light" level only on sampled steps, where the bucket's
+last one is its BucketReady), a comm hook around the all-reduce (BucketReady, AllReduceLaunched,
+AllReduceDone; see [Note: settled on the training thread]; not at "light" and "steps", whose
+hang guard is engine/quiet.py), forward hooks on the DDP module (steps, heartbeats, the
+rebuild), a pre-forward buffer comm hook doing torch's buffer broadcast under the watchdog, and
+end-of-backward callbacks (parameters that got no gradient; errors).
 """
 
 from __future__ import annotations
@@ -117,18 +119,24 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
         hang_timeout: seconds before a bucket all-reduce that does not complete is diagnosed
             (default $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most
             300 s; 0 turns the watchdog off).
-        detail: the same levels as ddpviz's DistributedDataParallel (See [Note: detail
-            levels] in engine/detail.py), plus "steps". "full" (old name "params", still
-            accepted): a GradReady event per parameter and the unused-parameter diagnosis at
-            the end of each backward; "buckets": a GradsSummarized per bucket instead (count,
-            bytes, first and last ready time: the per-parameter hook only updates four
-            numbers); "sampled" (default; "sampled:N"): full on steps 0-2, the rebuild step,
-            every 100th step and around this rank's findings, buckets otherwise; "steps": no
-            comm hook and no per-parameter hooks at all (torch's C++ reduction runs
-            untouched): per-forward heartbeats, the bucket maps, the guarded buffer broadcast
-            and bucket rebuild, but a rank missing from a backward all-reduce is left to the
-            process group's timeout. Default: $DDPVIZ_DETAIL, else "sampled". Measured costs
-            per level: benchmarks/bench_watch.py and the README.
+        detail: how much is observed, and at what cost (measured per level:
+            benchmarks/bench_watch.py and the README). "light" (the default; "light:N"): no
+            comm hook, so torch's C++ reduction runs untouched; per-parameter hooks only on the
+            sampled steps (0-2, the rebuild step, every 100th or N-th, the step after a
+            finding), which record GradReady, BucketReady, the launches in bucket order, every
+            all-reduce done after the backward and the unused-parameter diagnosis; the other
+            steps record the forward only. A hang in the backward's all-reduces is named by the
+            pulse thread (See [Note: the quiet guard] in engine/quiet.py) as a `rank_hang`
+            finding and a warning at hang_timeout, but torch itself waits until the process
+            group's timeout and raises its own error. "steps": the same without any
+            per-parameter hook. The levels with watch's comm hook add the guarded all-reduce
+            (raised from backward() as RankHangError at hang_timeout) and per-bucket all-reduce
+            times: "sampled" ("sampled:N"): full on the sampled steps, a GradsSummarized per
+            bucket otherwise; "full" (old name "params", still accepted): a GradReady per
+            parameter on every step; "buckets": a GradsSummarized per bucket (count, bytes,
+            first and last ready time) on every step. Every level keeps per-forward
+            heartbeats, the bucket maps, the guarded buffer broadcast and bucket rebuild.
+            Default: $DDPVIZ_DETAIL, else "light".
 
     Returns:
         A `Watch`; `.close()` removes the hooks it added (the comm hook stays, passing

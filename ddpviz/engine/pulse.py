@@ -28,7 +28,6 @@ import atexit
 import threading
 import time
 import weakref
-
 from collections.abc import Callable
 
 from ddpviz.engine.rendezvous import Board, Position
@@ -59,6 +58,7 @@ class Pulse:
         self._latest: Beat | None = None
         self.last: Beat | None = None  # the latest beat, posted or not
         self.on_quiet: Callable[[Board, Beat], None] | None = None
+        self.quiet_error: Exception | None = None  # what stopped on_quiet, if anything
         self._held = False
         self._closed = False
         self._lock = threading.Lock()
@@ -114,7 +114,11 @@ class Pulse:
                         return  # the next heartbeat raises; the slow paths read the board
                     quiet, last = self.on_quiet, self.last
                     if quiet is not None and last is not None and latest is None:
-                        quiet(self.board, last)
+                        try:
+                            quiet(self.board, last)
+                        except Exception as exc:  # (an emitter or warnings filter raising):
+                            self.on_quiet = None  # the guard stops; the heartbeat goes on
+                            self.quiet_error = exc
         except RuntimeError as exc:  # the store is gone (its host exited or was destroyed)
             self.error = exc
 

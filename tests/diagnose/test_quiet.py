@@ -1,0 +1,102 @@
+"""The quiet guard's decisions (engine/quiet.py) on a notice board in a HashStore, without
+ranks: when it looks, whom it names, what it posts, and that a failing guard does not stop the
+heartbeat. The multi-rank behaviour is tests/dist/test_watch_quiet.py."""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from ddpviz.engine.pulse import Pulse
+from ddpviz.engine.quiet import QuietGuard
+from ddpviz.engine.rendezvous import Board, Position, Scope
+from ddpviz.engine.watchdog import Watchdog
+from ddpviz.events import FindingReported, Tap
+from ddpviz.findings import DiagnosisWarning
+from tests.diagnose.ranks_in_threads import FakeGroup
+from tests.polling import eventually
+
+TIMEOUT = 4.0  # hang_timeout; the live notice comes at a quarter of it
+
+
+def board(store: dist.Store, rank: int, world_size: int = 3) -> Board:
+    return Board(Scope(FakeGroup(rank, world_size), store=store), 0)  # type: ignore[arg-type]
+
+
+def guard(events: list[Any], world_size: int = 3) -> QuietGuard:
+    """A guard for rank 0 of `world_size`, its findings emitted into `events`."""
+    dog: Any = types.SimpleNamespace(timeout=TIMEOUT, rank=0, world_size=world_size,
+                                     guarding=False, tap=Tap(events.append, rank=0))
+    dog.waiting_finding = types.MethodType(Watchdog.waiting_finding, dog)
+    return QuietGuard(dog, pg_timeout=60.0)
+
+
+def running(step: int) -> Position:
+    return Position("running", step, "forward", time.time())
+
+
+def test_names_only_the_ranks_behind_once_per_stage_and_posts_itself_waiting() -> None:
+    store = dist.HashStore()
+    mine, events = board(store, 0), []
+    board(store, 1).post_position(running(5))
+    board(store, 2).post_position(running(4))  # behind
+    g = guard(events)
+    with pytest.warns(DiagnosisWarning, match="rank 2 did not reach step 5 within 4s"):
+        g(mine, (5, "forward", time.time() - TIMEOUT - 1))  # past the deadline at once
+        g(mine, (5, "forward", time.time() - TIMEOUT - 1))  # the same stage: said once
+    assert [(f.kind, f.ranks, f.step) for f in g.findings] == [("rank_hang", (2,), 5)]
+    assert [type(e) for e in events] == [FindingReported]
+    me = mine.positions()[0]
+    assert (me.state, me.step, me.collective) == ("waiting", 5, "all-reduce")
+    assert "process group's timeout (60s)" in g.findings[0].text()
+
+
+def test_the_live_notice_comes_first_and_nothing_before_it() -> None:
+    store = dist.HashStore()
+    mine, events = board(store, 0, 2), []
+    board(store, 1, 2).post_position(running(2))
+    g = guard(events, world_size=2)
+    g(mine, (3, "forward", time.time()))  # quiet for no time yet
+    assert g.findings == [] and 0 not in mine.positions()
+    with pytest.warns(DiagnosisWarning):
+        g(mine, (3, "forward", time.time() - TIMEOUT / 4 - 0.1))
+    assert [(f.kind, f.severity, f.ranks) for f in g.findings] == [
+        ("rank_waiting", "warning", (1,))]
+
+
+@pytest.mark.parametrize("why", ["every rank at its step", "the watchdog guards the wait",
+                                 "the constructor"])
+def test_says_nothing_when_no_rank_is_behind_or_the_wait_is_guarded(why: str) -> None:
+    store = dist.HashStore()
+    mine, events = board(store, 0), []
+    for r in (1, 2):
+        board(store, r).post_position(running(7 if why == "every rank at its step" else 1))
+    g = guard(events)
+    g.dog.guarding = why == "the watchdog guards the wait"
+    step = -1 if why == "the constructor" else 7
+    g(mine, (step, "forward", time.time() - 10 * TIMEOUT))
+    assert g.findings == [] and events == []
+    assert 0 not in mine.positions()  # nor posted as waiting
+
+
+def test_a_guard_that_raises_stops_but_the_heartbeat_goes_on() -> None:
+    store = dist.HashStore()
+    pulse = Pulse(board(store, 0, 2))
+    reader = board(store, 1, 2)
+
+    def broken(board_: Board, beat: Any) -> None:
+        raise ValueError("an emitter that raises")
+
+    pulse.on_quiet = broken
+    try:
+        pulse.beat(0, "forward")
+        assert eventually(lambda: pulse.quiet_error is not None)
+        assert pulse.on_quiet is None and isinstance(pulse.quiet_error, ValueError)
+        pulse.beat(1, "forward")
+        assert eventually(lambda: 0 in reader.positions() and reader.positions()[0].step == 1)
+    finally:
+        pulse.close()
