@@ -304,9 +304,11 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
     arrays: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> param indices (columns)
     twice: dict[tuple[int, int], list[int]] = {}  # (param, step) -> ranks
     summarized: dict[int, set[int]] = {}  # step -> ranks with GradsSummarized (detail levels)
+    forwards: dict[int, set[int]] = {}  # rank -> steps with a ForwardStarted
     for rank, t in per_rank.items():
         for step in np.unique(t.step[t.rows(ev.GradsSummarized)]).tolist():
             summarized.setdefault(int(step), set()).add(rank)
+        forwards[rank] = set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
         for step, order in _grad_orders(t).items():
             arrays.setdefault(step, {})[rank] = order
             for p in _twice(order):
@@ -322,8 +324,9 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
                   f"{format_ranks(ranks)}",
             ranks=tuple(sorted(ranks)), param=param, name=name, field="hook", step=step,
             values=group_ranks(states), fix=fix_for("hook_fired_twice"), world_size=world_size))
-    out += _not_recorded(summarized, {(s, r) for s, rs in arrays.items() for r in rs},
-                         world_size)
+    fired = {(s, r) for s, rs in arrays.items() for r in rs}
+    out += _not_recorded(summarized, fired, world_size)
+    out += _no_backward_events(forwards, fired, summarized, world_size)
     differing = []
     seqs_of: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> order over common params
     for step in sorted(arrays):
@@ -371,6 +374,37 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
         ranks=odd, param=param, name=name, field="grad_order", bucket=bucket, step=step,
         values=shown, detail=tuple(detail), fix=fix_for("grad_order"), world_size=world_size))
     return out
+
+
+def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tuple[int, int]],
+                        summarized: Mapping[int, set[int]], world_size: int) -> list[Finding]:
+    """Steps with a forward but no gradient event at all on a rank that records them at other
+    steps (watch()'s "light" level records backward on sampled steps only), before that rank's
+    last forward: said, so that a clean diagnosis is not read as covering them."""
+    missing: dict[int, list[int]] = {}  # rank -> steps
+    for rank, steps in forwards.items():
+        if not any(r == rank for _, r in fired) or not steps:
+            continue
+        last = max(steps)
+        gaps = sorted(s for s in steps if s < last and s >= 0 and (s, rank) not in fired
+                      and rank not in summarized.get(s, ()))
+        if gaps:
+            missing[rank] = gaps
+    if not missing:
+        return []
+    ranks = tuple(sorted(missing))
+    steps = sorted({s for gaps in missing.values() for s in gaps})
+    return [Finding(
+        kind="grad_order", severity="info",
+        title=f"no gradient events at {len(steps)} step{'s' if len(steps) != 1 else ''} "
+              f"({_step_ranges(steps)}) on {format_ranks(ranks)}: gradient-ready order, "
+              "hooks firing twice and unused parameters were not checked there",
+        ranks=ranks, field="not_recorded", step=steps[0],
+        values=group_ranks({r: _step_ranges(missing[r]) for r in ranks}),
+        detail=("those steps were recorded without per-parameter hooks (watch()'s default "
+                "'light' level hooks only its sampled steps; 'steps' none), or ran a forward "
+                "without a backward",),
+        fix=fix_for("grad_order", "not_recorded"), world_size=world_size)]
 
 
 def _not_recorded(summarized: Mapping[int, set[int]], fired: Collection[tuple[int, int]],

@@ -254,6 +254,19 @@ def test_a_finding_under_light_makes_the_next_step_full(runs: dict[int, Any]) ->
         assert _steps(res["watch-light-finding"][1], "GradReady") == SAMPLED_FULL | {5}
 
 
+def test_diagnosis_says_which_light_steps_have_no_gradient_events(runs: dict[int, Any]
+                                                                    ) -> None:
+    def found(run: str) -> list[Any]:
+        events = [msgspec.convert(f, ev.ANY_EVENT) for res in runs.values()
+                  for _, f in res[run][1]]
+        return [f for f in diagnose_events(events) if f.field == "not_recorded"]
+
+    (f,) = found("watch-light:3")  # steps 4, 5 and 7 unhooked; 7 is each rank's last forward
+    assert f.severity == "info" and f.ranks == (0, 1)
+    assert "no gradient events at 2 steps (4-5)" in f.title and "'light'" in f.detail[0]
+    assert found("watch-params") == []
+
+
 def test_diagnosis_says_which_steps_were_not_recorded(runs: dict[int, Any]) -> None:
     events = [msgspec.convert(f, ev.ANY_EVENT) for res in runs.values()
               for _, f in res["sampled:3"][1]]
