@@ -382,11 +382,11 @@ def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tupl
     steps (watch()'s "light" level records backward on sampled steps only), before that rank's
     last forward: said, so that a clean diagnosis is not read as covering them."""
     missing: dict[int, list[int]] = {}  # rank -> steps
-    for rank, steps in forwards.items():
-        if not any(r == rank for _, r in fired) or not steps:
+    for rank, seen in forwards.items():
+        if not any(r == rank for _, r in fired) or not seen:
             continue
-        last = max(steps)
-        gaps = sorted(s for s in steps if s < last and s >= 0 and (s, rank) not in fired
+        last = max(seen)
+        gaps = sorted(s for s in seen if s < last and s >= 0 and (s, rank) not in fired
                       and rank not in summarized.get(s, ()))
         if gaps:
             missing[rank] = gaps
