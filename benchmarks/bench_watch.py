@@ -14,7 +14,7 @@ thread), i.e. the floor under every level that has a comm hook, and the same hoo
 by a callback on gloo's thread (`.then`, as watch() did until stop 18). Printed per world size,
 threads per rank and model: the median plain step time and the median over repetitions of
 each copy's block time / the plain copy's block time, with a bootstrap 95% interval of that
-median, for elapsed time and for the process's CPU time.
+median, for elapsed time, for the process's CPU time and for the training thread's CPU time.
 
 Rank r's training thread is pinned to core r % cores, gloo's threads are not (--no-pin: nothing
 is pinned). Unpinned, single blocks varied 2x on 2 cores (steps of 1-1.7 ms instead of 0.6)
@@ -150,12 +150,14 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
             x, y = torch.randn(16, dims[0], generator=g), torch.randn(16, dims[2], generator=g)
             blocks: dict[str, list[float]] = {n: [] for n in names}
             cpu: dict[str, list[float]] = {n: [] for n in names}
+            thread: dict[str, list[float]] = {n: [] for n in names}
             for rep in range(WARMUP_BLOCKS + args.reps):
                 order = names[rep % len(names):] + names[:rep % len(names)]
                 for name in order:
                     model, opt = variants[name], opts[name]
                     dist.barrier()
                     start, start_cpu = time.perf_counter(), time.process_time()
+                    start_thread = time.thread_time()
                     for _ in range(args.block):
                         nn.functional.mse_loss(model(x), y).backward()
                         opt.step()
@@ -163,11 +165,13 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                     if rep >= WARMUP_BLOCKS:
                         blocks[name].append(time.perf_counter() - start)
                         cpu[name].append(time.process_time() - start_cpu)
+                        thread[name].append(time.thread_time() - start_thread)
             for w in watches:
                 w.close()
             for sender in senders:
                 sender.close()
-            rows.append({"threads": threads, "model": model_name, "blocks": blocks, "cpu": cpu})
+            rows.append({"threads": threads, "model": model_name, "blocks": blocks, "cpu": cpu,
+                         "thread": thread})
     out.put((rank, rows))
     dist.destroy_process_group()
 
@@ -198,15 +202,18 @@ def main() -> None:
           f"steps, {args.reps} rotated repetitions, rank 0; ratio = median over repetitions of "
           "block time / torch DDP's block time (bootstrap 95% interval of that median)")
     print("wall: elapsed time; cpu: the rank process's CPU time (all its threads), steadier on "
-          "a loaded machine")
+          "a loaded machine; thread: the training thread's own CPU time, which waiting for a "
+          "core does not count (what ddpviz adds on that thread, even with more ranks or "
+          "threads than cores)")
     print(f"{'ranks':>5} {'thr':>3}  {'model':12} {'variant':26}{'step us':>9}{'wall':>7}"
-          f"{'95% interval':>15}{'cpu':>8}{'95% interval':>15}")
+          f"{'95% interval':>15}{'cpu':>8}{'95% interval':>15}{'thread':>8}"
+          f"{'95% interval':>15}")
     for world in (int(w) for w in args.worlds.split(",")):
         for row in _run_world(world, args):
             for name, times in row["blocks"].items():
                 step_us = statistics.median(times) / args.block * 1e6
                 cells = []
-                for kind in ("blocks", "cpu"):
+                for kind in ("blocks", "cpu", "thread"):
                     base = row[kind]["torch DDP"]
                     ratios = np.array(row[kind][name]) / np.array(base)
                     lo, hi = _median_interval(ratios)
