@@ -194,6 +194,7 @@ class Watch:
         self._closed = False
         self._light = detail == "light"
         self._armed: list[Any] = []  # light: this step's per-parameter hooks
+        self._fresh: list[torch.Tensor] = []  # light: parameters whose hook dict _arm made
         self._sync = True  # light: the backward all-reduces (not under no_sync)
         self._left: list[int] = []  # light: per bucket, gradients not ready yet
         self._ready: list[bool] = []
@@ -422,20 +423,35 @@ class Watch:
     # --- the light level: per-parameter hooks on sampled steps only, no comm hook ------------
 
     def _arm(self, on: bool) -> None:
-        """Light: per-parameter hooks for this step (a sampled one) or none (the others)."""
+        """Light: per-parameter hooks for this step (a sampled one) or none (the others).
+
+        Tensor gradient hooks, not post-accumulate-grad hooks: a removed hook of either kind
+        leaves its (empty) Python dict installed in C++, which every later backward still
+        calls, with the GIL, once per parameter (measured: +0.2 us per parameter and backward,
+        +90-200 us a backward at 500 parameters), and only a tensor's `_backward_hooks` can
+        be reset to None, which uninstalls it. The hook runs just before the gradient is
+        accumulated, right before torch's reducer sees it."""
         if on == bool(self._armed) or self._closed:
             return
         if not on:
-            for h in self._armed:
-                h.remove()
-            self._armed = []
+            self._disarm()
             return
-        self._armed = [p.register_post_accumulate_grad_hook(
-            functools.partial(self._grad_ready_light, i)) for i, p in enumerate(self.params)]
+        self._fresh = [p for p in self.params if p._backward_hooks is None]
+        self._armed = [p.register_hook(functools.partial(self._grad_ready_light, i))
+                       for i, p in enumerate(self.params)]
 
-    def _grad_ready_light(self, index: int, _param: torch.Tensor) -> None:
-        # A post-accumulate-grad hook runs before torch's reducer marks the gradient ready
-        # (a hook on the same AccumulateGrad node): the bucket's last one is its BucketReady,
+    def _disarm(self) -> None:
+        for h in self._armed:
+            h.remove()
+        self._armed = []
+        for p in self._fresh:  # only dicts this watch created, and only if nobody added one
+            if not p._backward_hooks:
+                p._backward_hooks = None
+        self._fresh = []
+
+    def _grad_ready_light(self, index: int, _grad: torch.Tensor) -> None:
+        # A parameter's gradient hook runs just before its AccumulateGrad node, whose post
+        # hook is torch's reducer marking it ready: the bucket's last one is its BucketReady,
         # and torch launches ready buckets in index order.
         task = _graph_task()
         if task != self._task and task != -1:
@@ -738,10 +754,10 @@ class Watch:
         remove one) and stop the watchdog thread."""
         self._closed = True
         _WATCHED.discard(self.ddp)
-        for h in self._handles + self._armed:
+        for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._armed = []
+        self._disarm()
         if self._post_forward_handle is not None:
             self._post_forward_handle.remove()
 

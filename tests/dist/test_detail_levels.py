@@ -81,8 +81,16 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
     for level in WATCH_LEVELS:
         events = []
         tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
+        user: list[int] = []  # a user's gradient hook on one parameter, before watch()
+        first = next(tddp.parameters())
+        first.register_hook(lambda g: user.append(1))
         w = ddpviz.watch(tddp, emitter=events.append, detail=level, hang_timeout=0)
         out["watch-" + level] = (_train(tddp, rank), _plain(events))
+        # after an unsampled step, light has left nothing installed on the parameters (a
+        # removed hook's dict would still be called by every backward): only the user's
+        out["residue-" + level] = ([p._backward_hooks is None for p in tddp.parameters()][1:],
+                                   len(first._backward_hooks), len(user),
+                                   [p._post_accumulate_grad_hooks for p in tddp.parameters()])
         w.close()
     events = []
     tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
@@ -246,6 +254,14 @@ def test_light_records_the_sampled_steps_in_full_and_nothing_of_the_others(
             for b, params in enumerate(members):
                 last_grad = max(position[("GradReady", step, b, p)] for p in params)
                 assert last_grad < position[("BucketReady", step, b, None)] < first_done
+
+
+def test_light_leaves_no_hook_installed_between_sampled_steps(runs: dict[int, Any]) -> None:
+    for res in runs.values():
+        cleared, user_hooks, user_calls, post_hooks = res["residue-light:3"]
+        assert all(cleared)  # step 7 is not sampled: every dict light made is uninstalled
+        assert user_hooks == 1 and user_calls == STEPS  # the user's own hook stays and runs
+        assert set(post_hooks) == {None}
 
 
 def test_a_finding_under_light_makes_the_next_step_full(runs: dict[int, Any]) -> None:
