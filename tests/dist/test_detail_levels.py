@@ -90,8 +90,10 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
         # removed hook's dict would still be called by every backward): only the user's
         out["residue-" + level] = ([p._backward_hooks is None for p in tddp.parameters()][1:],
                                    len(first._backward_hooks), len(user),
-                                   [p._post_accumulate_grad_hooks for p in tddp.parameters()])
+                                   [p._post_accumulate_grad_hooks for p in tddp.parameters()],
+                                   len(tddp._forward_pre_hooks) + len(tddp._forward_hooks))
         w.close()
+        out["residue-" + level] += ("forward" in tddp.__dict__,)
     events = []
     tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
     w = ddpviz.watch(tddp, emitter=events.append, detail="sampled:3", hang_timeout=0)
@@ -258,10 +260,19 @@ def test_light_records_the_sampled_steps_in_full_and_nothing_of_the_others(
 
 def test_light_leaves_no_hook_installed_between_sampled_steps(runs: dict[int, Any]) -> None:
     for res in runs.values():
-        cleared, user_hooks, user_calls, post_hooks = res["residue-light:3"]
+        cleared, user_hooks, user_calls, post_hooks, _, _ = res["residue-light:3"]
         assert all(cleared)  # step 7 is not sampled: every dict light made is uninstalled
         assert user_hooks == 1 and user_calls == STEPS  # the user's own hook stays and runs
         assert set(post_hooks) == {None}
+
+
+def test_watch_adds_no_forward_hook_and_close_restores_forward(runs: dict[int, Any]) -> None:
+    # (a forward hook sends every call through nn.Module's slow path: See [Note: forward
+    # wrapped, not hooked] in ddpviz/watch.py)
+    for res in runs.values():
+        for level in WATCH_LEVELS:
+            *_, module_hooks, wrapped_after_close = res["residue-" + level]
+            assert module_hooks == 0 and not wrapped_after_close, level
 
 
 def test_a_finding_under_light_makes_the_next_step_full(runs: dict[int, Any]) -> None:
