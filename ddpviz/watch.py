@@ -4,13 +4,14 @@ own DDP, without changing what it computes. See [Note: transparent by constructi
 
 What is observable from Python, and used: the reducer's parameter list (the same rule as
 ddpviz's engine, params.py), its bucket map (`reducer._get_zeros_like_grad_buckets()`, once at
-attach and once after the rebuild), a post-accumulate-grad hook per parameter (GradReady, or a
-per-bucket aggregate; at the default "light" level only on sampled steps, where the bucket's
-last one is its BucketReady), a comm hook around the all-reduce (BucketReady, AllReduceLaunched,
-AllReduceDone; see [Note: settled on the training thread]; not at "light" and "steps", whose
-hang guard is engine/quiet.py), forward hooks on the DDP module (steps, heartbeats, the
-rebuild), a pre-forward buffer comm hook doing torch's buffer broadcast under the watchdog, and
-end-of-backward callbacks (parameters that got no gradient; errors).
+attach and once after the rebuild), a hook per parameter (a post-accumulate-grad hook: GradReady
+or a per-bucket aggregate; at the default "light" level a tensor gradient hook on sampled steps
+only, whose bucket's last one is its BucketReady), a comm hook around the all-reduce
+(BucketReady, AllReduceLaunched, AllReduceDone; see [Note: settled on the training thread]; not
+at "light" and "steps", whose hang guard is engine/quiet.py), a wrapper of the DDP's forward
+(steps, heartbeats, the rebuild; See [Note: forward wrapped, not hooked]), a pre-forward buffer
+comm hook doing torch's buffer broadcast under the watchdog, and end-of-backward callbacks
+(parameters that got no gradient; errors).
 """
 
 from __future__ import annotations
