@@ -94,20 +94,13 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
                                    len(tddp._forward_pre_hooks) + len(tddp._forward_hooks))
         w.close()
         out["residue-" + level] += ("forward" in tddp.__dict__,)
-    events = []
-    tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
-    w = ddpviz.watch(tddp, emitter=events.append, detail="sampled:3", hang_timeout=0)
-    out["watch-finding"] = (_train(tddp, rank, 4, lambda: w.tap.emit(ev.FindingReported,
-                                                                      finding)),
-                            _plain(events))
-    w.close()
-    events = []
-    tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
-    w = ddpviz.watch(tddp, emitter=events.append, detail="light:3", hang_timeout=0)
-    out["watch-light-finding"] = (_train(tddp, rank, 4, lambda: w.tap.emit(ev.FindingReported,
-                                                                            finding)),
-                                  _plain(events))
-    w.close()
+    for level, name in (("sampled:3", "watch-finding"), ("light:3", "watch-light-finding")):
+        events = []
+        tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
+        w = ddpviz.watch(tddp, emitter=events.append, detail=level, hang_timeout=0)
+        out[name] = (_train(tddp, rank, 4, lambda w=w: w.tap.emit(ev.FindingReported, finding)),
+                     _plain(events))
+        w.close()
     return out
 
 
