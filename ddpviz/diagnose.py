@@ -390,46 +390,47 @@ def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tupl
                       and rank not in summarized.get(s, ()))
         if gaps:
             missing[rank] = gaps
-    if not missing:
-        return []
-    ranks = tuple(sorted(missing))
-    steps = sorted({s for gaps in missing.values() for s in gaps})
-    return [Finding(
-        kind="grad_order", severity="info",
-        title=f"no gradient events at {len(steps)} step{'s' if len(steps) != 1 else ''} "
-              f"({_step_ranges(steps)}) on {format_ranks(ranks)}: gradient-ready order, "
-              "hooks firing twice and unused parameters were not checked there",
-        ranks=ranks, field="not_recorded", step=steps[0],
-        values=group_ranks({r: _step_ranges(missing[r]) for r in ranks}),
-        detail=("those steps were recorded without per-parameter hooks (watch()'s default "
-                "'light' level hooks only its sampled steps; 'steps' none), or ran a forward "
-                "without a backward",),
-        fix=fix_for("grad_order", "not_recorded"), world_size=world_size)]
+    return _unchecked_steps(
+        missing, "no gradient events",
+        "gradient-ready order, hooks firing twice and unused parameters were",
+        "those steps were recorded without per-parameter hooks (watch()'s default 'light' "
+        "level hooks only its sampled steps; 'steps' none), or ran a forward without a "
+        "backward", world_size)
 
 
 def _not_recorded(summarized: Mapping[int, set[int]], fired: Collection[tuple[int, int]],
                   world_size: int) -> list[Finding]:
     """Steps whose per-parameter gradient events were not recorded on some ranks (detail
     levels "buckets"/"sampled": GradsSummarized only): said, not silently passed over."""
-    missing = {step: tuple(sorted(r for r in ranks if (step, r) not in fired))
-               for step, ranks in summarized.items()}
-    missing = {step: ranks for step, ranks in missing.items() if ranks}
+    missing: dict[int, list[int]] = {}  # rank -> steps
+    for step in sorted(summarized):
+        for rank in sorted(summarized[step]):
+            if (step, rank) not in fired:
+                missing.setdefault(rank, []).append(step)
+    return _unchecked_steps(
+        missing, "per-parameter gradient events were not recorded",
+        "gradient-ready order and hooks firing twice were",
+        "those steps were recorded at a detail level that keeps one GradsSummarized per "
+        "bucket (count, bytes, first and last ready time) instead of a GradReady per "
+        "parameter", world_size)
+
+
+def _unchecked_steps(missing: Mapping[int, Sequence[int]], what: str, unchecked: str,
+                     why: str, world_size: int) -> list[Finding]:
+    """The info finding for steps a diagnosis could not check (`missing`: rank -> its sorted
+    steps), or none."""
     if not missing:
         return []
-    steps = sorted(missing)
-    ranks = tuple(sorted({r for rs in missing.values() for r in rs}))
+    ranks = tuple(sorted(missing))
+    steps = sorted({s for rank_steps in missing.values() for s in rank_steps})
     return [Finding(
         kind="grad_order", severity="info",
-        title=f"per-parameter gradient events were not recorded at {len(steps)} step"
-              f"{'s' if len(steps) != 1 else ''} ({_step_ranges(steps)}) on "
-              f"{format_ranks(ranks)}: gradient-ready order and hooks firing twice were not "
-              "checked there", ranks=ranks, field="not_recorded", step=steps[0],
-        values=group_ranks({r: _step_ranges([s for s in steps if r in missing[s]])
-                            for r in ranks}),
-        detail=("those steps were recorded at a detail level that keeps one GradsSummarized "
-                "per bucket (count, bytes, first and last ready time) instead of a GradReady "
-                "per parameter",),
-        fix=fix_for("grad_order", "not_recorded"), world_size=world_size)]
+        title=f"{what} at {len(steps)} step{'s' if len(steps) != 1 else ''} "
+              f"({_step_ranges(steps)}) on {format_ranks(ranks)}: {unchecked} not checked "
+              "there",
+        ranks=ranks, field="not_recorded", step=steps[0],
+        values=group_ranks({r: _step_ranges(missing[r]) for r in ranks}),
+        detail=(why,), fix=fix_for("grad_order", "not_recorded"), world_size=world_size)]
 
 
 def _step_ranges(steps: Sequence[int]) -> str:
