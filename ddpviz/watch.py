@@ -197,8 +197,7 @@ class Watch:
         self._armed: list[Any] = []  # light: this step's per-parameter hooks
         self._fresh: list[torch.Tensor] = []  # light: parameters whose hook dict _arm made
         self._sync = True  # light: the backward all-reduces (not under no_sync)
-        self._left: list[int] = []  # light: per bucket, gradients not ready yet
-        self._ready: list[bool] = []
+        self._left: list[int] = []  # light: per bucket, gradients not ready yet (0: ready)
         self._next_launch = 0
         self._bucket_meta: list[tuple[int, str]] = []  # per bucket: bytes, dtype
         self._handles: list[Any] = []
@@ -437,7 +436,6 @@ class Watch:
         if self._light:
             self._sync = bool(self.ddp.require_backward_grad_sync)
             self._left = [len(members) for members in self.buckets]
-            self._ready = [False] * len(self.buckets)
             self._next_launch = 0
         if self.tap.enabled:
             self.tap.emit(ev.BackwardStarted)
@@ -503,9 +501,9 @@ class Watch:
                 self._bucket_ready(b)
 
     def _bucket_ready(self, b: int) -> None:
-        self._ready[b] = True
+        self._left[b] = 0
         self.tap.emit(ev.BucketReady, b)
-        while self._next_launch < len(self._ready) and self._ready[self._next_launch]:
+        while self._next_launch < len(self._left) and not self._left[self._next_launch]:
             nbytes, dtype = self._bucket_meta[self._next_launch]
             self.tap.emit(ev.AllReduceLaunched, self._next_launch, nbytes, dtype)
             self._next_launch += 1
@@ -514,14 +512,14 @@ class Watch:
         """Light, after torch's finalize_backward (which waited for every all-reduce): buckets
         torch marked ready itself (find_unused_parameters) are launched as of now, and every
         launched all-reduce is done."""
-        if not self._sync or not self._ready:
+        if not self._sync or not self._left:
             return
-        for b, ready in enumerate(self._ready):
-            if not ready:
+        for b, left in enumerate(self._left):
+            if left:
                 self._bucket_ready(b)
         for b in range(self._next_launch):
             self.tap.emit(ev.AllReduceDone, b)
-        self._ready = []
+        self._left = []
 
     def _on_finding(self, step: int) -> None:
         summary = self.__dict__.get("_summary")
