@@ -19,7 +19,7 @@ out a post in flight, so a stale "running" position can never overwrite it.
 
 `on_quiet`, when set, is called on this thread every CHECK_S with the board and the latest beat
 (step, phase, time.time()) while the training thread is away: the watchdog's guard for waits it
-cannot see (watch()'s levels without a comm hook; See [Note: the quiet guard] in watchdog.py).
+cannot see (watch()'s levels without a comm hook; See [Note: the quiet guard] in quiet.py).
 """
 
 from __future__ import annotations
