@@ -17,18 +17,22 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
 from ddpviz import events as ev
+from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.errors import RankHangError, RankMismatchError
 from ddpviz.events import Tap
 from ddpviz.session import connect
-from ddpviz.watch import Watch, watch
+from ddpviz.watch import NotObservableError, Watch
 
 DDP = nn.parallel.DistributedDataParallel
+_REGISTER = DDP.register_comm_hook  # torch's, before the class patch
 WHAT = "torch's DistributedDataParallel constructor"
 
 _pending: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
@@ -40,14 +44,49 @@ _patched = False
 def construct(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> None:
     """torch's DistributedDataParallel.__init__(ddp, *args, **kwargs), recorded."""
+    keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile]
     _install_class_patches()
     connect()
     group = _group(original, ddp, args, kwargs)
     if group is not None:
         Watchdog(group, timeout=resolve_hang_timeout(None, group),
                  tap=Tap(ev.default_emitter(), rank=group.rank())).start(WHAT)
+    names = _replicated_names(args, kwargs)
     original(ddp, *args, **kwargs)
     _pending[ddp] = True
+    if names is not None:
+        _drive(ddp, names)
+
+
+def _replicated_names(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str] | None:
+    """The dotted names of the parameters when torch's composable replicate() (torchtitan's
+    data parallelism) builds this DDP: over a ParameterList ("0", "1", ...) whose real names
+    its state keeps. Read from the caller's frame, once per construction."""
+    module = args[0] if args else kwargs.get("module")
+    if not isinstance(module, nn.ParameterList):
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return None
+        state = frame.f_locals.get("self")
+        if getattr(state, "_param_list", None) is module:
+            names = getattr(state, "_param_names", None)
+            return [str(n) for n in names] if isinstance(names, list) else None
+        frame = frame.f_back
+    return None
+
+
+def _drive(ddp: Any, names: list[str]) -> None:
+    """replicate() calls the DDP's `_pre_forward` from a module hook, never its forward: the
+    first call attaches the watch (which then wraps `_pre_forward` itself)."""
+    def _pre_forward(*args: Any, **kwargs: Any) -> Any:
+        ddp.__dict__.pop("_pre_forward", None)
+        if ddp in _pending:
+            attach(ddp, names=names, driven=True)
+        return ddp._pre_forward(*args, **kwargs)
+
+    ddp._pre_forward = _pre_forward
 
 
 def _group(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
@@ -70,7 +109,8 @@ def _group(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
     return dist.group.WORLD if dist.is_initialized() else None
 
 
-def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None) -> Watch | None:
+def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None, *,
+           names: list[str] | None = None, driven: bool = False) -> Watch | None:
     """Watch `ddp` now if it is still waiting for it (with the script's comm hook, if any)."""
     with _lock:
         if _pending.pop(ddp, None) is None:
@@ -78,7 +118,18 @@ def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None) 
     if getattr(ddp, "_comm_hooks", None):  # registered before we could see it
         _not_watched(ddp, "it already has a comm hook")
         return None
-    w = watch(ddp, hook=hook, state=state)
+    try:
+        w = Watch(ddp, emitter=None, hook=hook, state=state, hang_timeout=None,
+                  names=names, driven=driven)
+    except (RankHangError, RankMismatchError):
+        raise  # a diagnosis of the job, on every rank: the reason ddpviz is there
+    except Exception as exc:  # ddpviz cannot watch it: the job goes on as without ddpviz
+        why = str(exc).removeprefix("ddpviz: ").split("\n")[0].rstrip(".")
+        _not_watched(ddp, why.removeprefix(NotObservableError.PREFIX),
+                     everywhere=not isinstance(exc, NotObservableError))
+        if hook is not None:  # the script's own registration, as torch would do it
+            _REGISTER(ddp, state, hook)
+        return None
     watches.append(w)
     return w
 
@@ -92,7 +143,7 @@ def _install_class_patches() -> None:
             return
         _patched = True
     call = DDP.__call__
-    register = DDP.register_comm_hook
+    register = _REGISTER
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self in _pending:
@@ -119,14 +170,21 @@ def _install_class_patches() -> None:
 
 def _builtin_patch(builtin: Callable[..., None]) -> Callable[..., None]:
     def register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
-        if _pending.pop(self, None) is not None:
-            _not_watched(self, "the script registers a builtin comm hook (C++), which ddpviz "
-                               "cannot wrap; use register_comm_hook with the Python hook")
-        builtin(self, comm_hook_type)
+        if self in _pending:
+            attach(self)  # hook-less levels leave the registration to torch; guarded ones
+        own = self.__dict__.get("_register_builtin_comm_hook")  # take it (in Python)
+        if own is not None:
+            own(comm_hook_type)
+        else:
+            builtin(self, comm_hook_type)
 
     register_builtin_comm_hook.__doc__ = builtin.__doc__
     return register_builtin_comm_hook
 
-def _not_watched(ddp: Any, why: str) -> None:
-    print(f"ddpviz record: rank {ddp.process_group.rank()}: this DistributedDataParallel is not "
-          f"watched: {why}.", file=sys.stderr)
+def _not_watched(ddp: Any, why: str, *, everywhere: bool = True) -> None:
+    """Say once why `ddp` runs unwatched: on its rank 0 only when every rank has the same
+    reason (how the DDP was built), else on each rank."""
+    rank = ddp.process_group.rank()
+    if everywhere or rank == 0:
+        print(f"ddpviz record: rank {rank}: this DistributedDataParallel is not watched: {why}; "
+              "the job runs as without ddpviz.", file=sys.stderr)

@@ -33,6 +33,7 @@ from torch import nn
 from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
+from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.detail import (
     ENV_DETAIL,
     DetailPolicy,
@@ -147,17 +148,32 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
                  detail=detail)
 
 
+class NotObservableError(RuntimeError):
+    """watch() cannot observe this DDP (how it was built bypasses what ddpviz watches);
+    `ddpviz record` then leaves it unwatched, saying why once."""
+
+    PREFIX = "watch() cannot observe this DDP: "
+
+
 class Watch:
     """ddpviz's observation of one torch DDP on this rank. Created by `watch`."""
 
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
                  hook: Callable[..., torch.futures.Future] | None, state: Any,
-                 hang_timeout: float | None, detail: Detail | None = None) -> None:
+                 hang_timeout: float | None, detail: Detail | None = None,
+                 names: list[str] | None = None, driven: bool = False) -> None:
+        """`names`: the parameters' dotted names when the DDP's module does not carry them
+        (torch's composable replicate() wraps a ParameterList); `driven`: the DDP's
+        `_pre_forward` is called directly (replicate()), never its forward."""
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
                             "reports its events itself: pass it emitter= instead.")
         detail, policy = _watch_level(detail)
+        keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile] (engine/compiler.py)
+        unobservable = not_observable(ddp)
+        if unobservable:
+            raise NotObservableError(f"ddpviz: {NotObservableError.PREFIX}{unobservable}.")
         if ddp in _WATCHED:
             raise RuntimeError("ddpviz: this DDP is watched already (watch() was called on it "
                                "before).\nUse the Watch that call returned, or .close() it "
@@ -181,7 +197,9 @@ class Watch:
         self._summary = GradSummary(policy, self.tap)
         entries = build_params_for_reducer(ddp.module, set(ddp.parameters_to_ignore))
         self.params = [e.param for e in entries]
-        self.names = [e.name for e in entries]
+        self.names = [e.name for e in entries] if names is None or len(names) != len(
+            entries) else list(names)
+        self._driven = driven
         self._sparse = [e.sparse_grad for e in entries]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.buckets: list[list[int]] = []
@@ -222,6 +240,15 @@ class Watch:
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start("ddpviz.watch()")
+        try:
+            self._install(hook, state, existing, hookless)
+        except BaseException:
+            self.close()  # nothing of a failed attach stays on the DDP
+            raise
+
+    def _install(self, hook: Callable[..., torch.futures.Future] | None, state: Any,
+                 existing: list[Any], hookless: bool) -> None:
+        ddp = self.ddp
         if hookless:
             if hook is not None:  # torch's own registration: watch adds no comm hook
                 ddp.register_comm_hook(state if state is not None else self.group, hook)
@@ -359,9 +386,15 @@ class Watch:
     # nn.Module.__call__ reads `self.forward`, so the wrapper runs after the user's forward
     # pre-hooks and before DDP's forward; close() restores the attribute.
 
+    # A DDP driven by torch's composable replicate() (and so torchtitan) never runs its
+    # forward: module hooks call its `_pre_forward`/`_post_forward`. watch() then wraps
+    # `_pre_forward` instead; everything watch does after forward (the rebuild, which gradients
+    # are bucket views) is settled once torch's `_pre_forward` returned.
+
     def _wrap_forward(self) -> None:
         ddp = self.ddp
-        inner = ddp.forward
+        self._wrapped = "_pre_forward" if self._driven else "forward"
+        inner = getattr(ddp, self._wrapped)
         self._forward = inner
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -374,17 +407,18 @@ class Watch:
             return output
 
         self._own_forward = forward
-        self._had_forward = "forward" in ddp.__dict__
-        ddp.forward = forward  # type: ignore[method-assign]
+        self._had_forward = self._wrapped in ddp.__dict__
+        setattr(ddp, self._wrapped, forward)
 
     def _unwrap_forward(self) -> None:
         ddp = self.ddp
-        if ddp.__dict__.get("forward") is not getattr(self, "_own_forward", None):
+        wrapped = getattr(self, "_wrapped", "forward")
+        if ddp.__dict__.get(wrapped) is not getattr(self, "_own_forward", None):
             return  # wrapped again on top: the wrapper passes through once closed
         if self._had_forward:
-            ddp.forward = self._forward  # type: ignore[method-assign, assignment]
+            setattr(ddp, wrapped, self._forward)
         else:
-            del ddp.__dict__["forward"]
+            del ddp.__dict__[wrapped]
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if not torch.is_grad_enabled():

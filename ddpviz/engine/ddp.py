@@ -24,6 +24,7 @@ from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.comm import check_comm_hook
+from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.detail import DetailPolicy, FindingObserver
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
@@ -112,6 +113,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                  hang_timeout: float | None = None, detail: str | None = None) -> None:
         super().__init__()
         Joinable.__init__(self)
+        keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile]
         if (delay_all_reduce_named_params is not None) != (param_to_hook_all_reduce is not None):
             raise ValueError("ddpviz: delay_all_reduce_named_params and param_to_hook_all_reduce "
                              "need to be set at the same time.")
