@@ -25,6 +25,7 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz.engine.compiler import keep_ddpviz_eager
+from ddpviz.engine.verify import breaks_torch, compare_through_store
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.errors import RankHangError, RankMismatchError
 from ddpviz.events import Tap
@@ -47,10 +48,17 @@ def construct(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
     keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile]
     _install_class_patches()
     connect()
-    group = _group(original, ddp, args, kwargs)
+    try:
+        bound = inspect.signature(original).bind(ddp, *args, **kwargs).arguments
+    except TypeError:
+        bound = None  # torch's constructor raises its own error for these arguments
+    group = _group(bound)
     if group is not None:
-        Watchdog(group, timeout=resolve_hang_timeout(None, group),
-                 tap=Tap(ev.default_emitter(), rank=group.rank())).start(WHAT)
+        tap = Tap(ev.default_emitter(), rank=group.rank())
+        dog = Watchdog(group, timeout=resolve_hang_timeout(None, group), tap=tap)
+        dog.start(WHAT)
+        if bound is not None and isinstance(bound.get("module"), nn.Module):
+            _compare_models(dog, bound["module"], tap)
     names = _replicated_names(args, kwargs)
     original(ddp, *args, **kwargs)
     _pending[ddp] = True
@@ -89,14 +97,33 @@ def _drive(ddp: Any, names: list[str]) -> None:
     ddp._pre_forward = _pre_forward
 
 
-def _group(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> dist.ProcessGroup | None:
+def _compare_models(dog: Watchdog, module: nn.Module, tap: Tap) -> None:
+    """Before torch's constructor: the ranks' models compared through the store. Where torch
+    would fail (a count, shape, stride or dtype differs: it names at most a count or one index,
+    on one rank, while the others hang in its broadcast), every rank raises the same
+    RankMismatchError naming parameter, field and ranks; differences torch accepts (names,
+    order) are warned about."""
+    if dog.board is None:
+        return
+    report = compare_through_store(
+        module, dog.rank, dog.world_size,
+        lambda name, payload: dog.exchange(name, payload, f"the model comparison ({WHAT})"))
+    if report.ok:
+        return
+    if tap.enabled:  # diagnosis turns it into one finding per difference
+        tap.emit(ev.VerificationFailed, report.world_size, report.mismatches)
+    if breaks_torch(report):
+        raise RankMismatchError(report)
+    if dog.rank == 0:
+        print(f"ddpviz record: {report.message().removeprefix('ddpviz: ')}\n(torch's DistributedDataParallel accepts "
+              "this difference; the job goes on.)", file=sys.stderr)
+
+
+def _group(bound: dict[str, Any] | None) -> dist.ProcessGroup | None:
     """The group torch's constructor will use (its `process_group`, the device mesh's, or the
     default group)."""
-    try:
-        bound = inspect.signature(original).bind(ddp, *args, **kwargs).arguments
-    except TypeError:
-        return None  # torch's constructor raises its own error for these arguments
+    if bound is None:
+        return None
     mesh = bound.get("device_mesh")
     if mesh is not None:
         try:

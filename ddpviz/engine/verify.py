@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -517,3 +517,42 @@ def verify_module_across_ranks(module: nn.Module, process_group: dist.ProcessGro
     if raise_on_mismatch:
         report.raise_if_failed()
     return report
+
+
+# --- through the store, before torch's constructor (`ddpviz record`) ---------------------------
+
+
+def compare_through_store(module: nn.Module, rank: int, world_size: int,
+                          exchange: Callable[[str, str], list[str]]) -> ModelComparison:
+    """The same comparison as `verify_module_across_ranks`, with no collective: `exchange(name,
+    payload)` returns every rank's payload through the store (the watchdog's, so a missing rank
+    is named, never waited for). Every rank posts the digest of its metadata; only when the
+    digests differ does every rank post (and read) the metadata itself, so a healthy job reads
+    world_size short strings. Used by `ddpviz record` before torch's constructor, which checks
+    only counts and rank 0's sizes and fails on one rank while the others hang."""
+    local = describe_module(module, rank=rank)
+    digest = f"{_int64_hash(_canonical(local)) & (2**64 - 1):016x}"
+    digests = exchange("model-digest", digest)
+    if len(set(digests)) == 1:
+        metadata = tuple(local._replace(rank=r) for r in range(world_size))
+        return ModelComparison(world_size, rank, digest, (), metadata, 0)
+    payloads = exchange("model", encode_metadata(local).decode())
+    metadata = tuple(decode_metadata(p.encode()) for p in payloads)
+    return ModelComparison(world_size, rank, digest, compare_ranks(metadata), metadata, 0)
+
+
+def breaks_torch(report: ModelComparison) -> bool:
+    """Would torch's DDP constructor fail (or hang) on these models? It checks the number of
+    reduced parameters and their sizes and strides against rank 0, then broadcasts every
+    parameter and buffer coalesced by dtype: any difference in that layout fails on some rank
+    while others wait. Differences it accepts (names, registration order with the same
+    layout) are findings, not errors."""
+    if any(m.kind in ("count", "device") for m in report.mismatches):
+        return True
+
+    def layout(meta: RankMetadata) -> tuple[list[Any], list[Any]]:
+        return ([(p.shape, p.stride, p.dtype, p.requires_grad) for p in meta.params],
+                [(b.shape, b.dtype) for b in meta.buffers])
+
+    first = layout(report.metadata[0])
+    return any(layout(m) != first for m in report.metadata[1:])

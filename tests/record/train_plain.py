@@ -3,14 +3,20 @@
 Environment knobs (tests only): TRAIN_STEPS, TRAIN_HOOK=1 registers a comm hook after
 construction (it counts its calls into TRAIN_HOOK_LOG), TRAIN_ABSENT=R makes rank R sleep
 instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in seconds,
-TRAIN_DEVICE=cuda uses NCCL and one GPU per rank.
+TRAIN_DEVICE=cuda uses NCCL and one GPU per rank. TRAIN_MISMATCH=shape|name builds a different
+model on rank 1 (a layer 17 wide instead of 16 / the same layout under other names).
+TRAIN_VARIANT=compile_outer (torch.compile(DDP(m))), compile_inner (DDP(torch.compile(m))),
+python_reducer (compile_outer with optimize_ddp="python_reducer"), builtin_fp16 (torch's C++
+FP16_COMPRESS comm hook), replicate (torch's composable replicate(), no DDP object in sight).
 """
 
 import atexit
 import datetime
+import hashlib
 import os
 import sys
 import time
+from collections import OrderedDict
 
 import torch
 import torch.distributed as dist
@@ -34,8 +40,28 @@ def main() -> None:
         time.sleep(float(os.environ.get("TRAIN_ABSENT_S", "30")))
         return
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
+    mismatch = os.environ.get("TRAIN_MISMATCH") if rank == 1 else None
+    width = 17 if mismatch == "shape" else 16
+    if mismatch == "name":
+        model = nn.Sequential(OrderedDict(inp=nn.Linear(8, width), act=nn.ReLU(),
+                                          out=nn.Linear(width, 2))).to(device)
+    else:
+        model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2)).to(device)
+    variant = os.environ.get("TRAIN_VARIANT", "")
+    if variant == "python_reducer":
+        torch._dynamo.config.optimize_ddp = "python_reducer"
+    if variant == "replicate":
+        from torch.distributed._composable.replicate import replicate
+
+        ddp = replicate(model)
+    elif variant == "compile_inner":
+        ddp = DistributedDataParallel(torch.compile(model))
+    else:
+        ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
+    if variant == "builtin_fp16":
+        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    if variant in ("compile_outer", "python_reducer"):
+        ddp = torch.compile(ddp)
     calls = []
     if os.environ.get("TRAIN_HOOK") == "1":
         def hook(state, bucket):
@@ -56,7 +82,8 @@ def main() -> None:
         with open(f"{os.environ['TRAIN_HOOK_LOG']}.{rank}", "w") as f:
             f.write(" ".join(map(str, calls)))
     digest = sum(float(p.detach().double().sum()) for p in ddp.parameters())
-    print(f"rank {rank} done {digest:.6f}", flush=True)
+    raw = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+    print(f"rank {rank} done {digest:.6f} bits {raw.hexdigest()[:20]}", flush=True)
     # Leave like ddpviz.launch's ranks do: atexit handlers (ddpviz's trace flush among them),
     # then os._exit. Tearing gloo down at interpreter exit aborted a rank under load ("terminate
     # called without an active exception", SIGABRT) in watched and unwatched runs alike.
