@@ -115,8 +115,9 @@ def _compare_models(dog: Watchdog, module: nn.Module, tap: Tap) -> None:
     if breaks_torch(report):
         raise RankMismatchError(report)
     if dog.rank == 0:
-        print(f"ddpviz record: {report.message().removeprefix('ddpviz: ')}\n(torch's DistributedDataParallel accepts "
-              "this difference; the job goes on.)", file=sys.stderr)
+        text = report.message().removeprefix("ddpviz: ")
+        print(f"ddpviz record: {text}\n(torch's DistributedDataParallel accepts this "
+              "difference; the job goes on.)", file=sys.stderr)
 
 
 def _group(bound: dict[str, Any] | None) -> dist.ProcessGroup | None:
