@@ -98,7 +98,9 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
                   f"`ddpviz report {env[ENV_TRACE_DIR]}/*{SUFFIX}` writes an HTML report.",
                   file=sys.stderr)
         else:
-            print(f"ddpviz: no trace was written to {env[ENV_TRACE_DIR]}: the command "
-                  "constructed no torch DistributedDataParallel (or it is not a Python "
-                  "process of this environment).", file=sys.stderr)
+            print(f"ddpviz: no trace was written to {env[ENV_TRACE_DIR]}: no torch "
+                  "DistributedDataParallel was constructed in this job (or not in a Python "
+                  "process of this environment). ddpviz observes torch's DDP only: DeepSpeed's "
+                  "engine, Megatron's DDP, FSDP/FSDP2 and replicate_with_fsdp are other "
+                  "engines.", file=sys.stderr)
     return code if code >= 0 else 128 - code

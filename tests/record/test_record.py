@@ -228,3 +228,14 @@ def test_names_that_differ_with_the_same_layout_are_reported_and_the_job_runs(
     assert bits(done.stdout) == bits(plain.stdout) and len(bits(done.stdout)) == 2
     assert "parameter 0 is named differently across ranks" in done.stderr
     assert "torch's DistributedDataParallel accepts this difference" in done.stderr
+
+
+def test_a_job_without_torch_ddp_says_that_ddpviz_observes_torch_ddp_only(
+        python: str, tmp_path: Path) -> None:
+    done = run([python, "-m", "ddpviz", "record", "--out", str(tmp_path), "--", python, "-c",
+                "import torch; print('trained', torch.nn.Linear(2, 2)(torch.ones(2)).shape)"],
+               job_env())
+    assert done.returncode == 0 and "trained torch.Size([2])" in done.stdout
+    assert "no torch DistributedDataParallel was constructed in this job" in done.stderr
+    assert "ddpviz observes torch's DDP only" in done.stderr
+    assert not list(tmp_path.iterdir())  # no empty trace left behind
