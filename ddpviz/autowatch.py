@@ -35,6 +35,7 @@ from ddpviz.watch import NotObservableError, Watch
 DDP = nn.parallel.DistributedDataParallel
 _REGISTER = DDP.register_comm_hook  # torch's, before the class patch
 WHAT = "torch's DistributedDataParallel constructor"
+FIRST = "the first forward of torch's DistributedDataParallel"
 
 _pending: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 watches: list[Watch] = []  # every Watch this process attached (tests, debugging)
@@ -148,7 +149,7 @@ def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None, 
         return None
     try:
         w = Watch(ddp, emitter=None, hook=hook, state=state, hang_timeout=None,
-                  names=names, driven=driven)
+                  names=names, driven=driven, where=FIRST)
     except (RankHangError, RankMismatchError):
         raise  # a diagnosis of the job, on every rank: the reason ddpviz is there
     except Exception as exc:  # ddpviz cannot watch it: the job goes on as without ddpviz

@@ -161,10 +161,12 @@ class Watch:
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
                  hook: Callable[..., torch.futures.Future] | None, state: Any,
                  hang_timeout: float | None, detail: Detail | None = None,
-                 names: list[str] | None = None, driven: bool = False) -> None:
+                 names: list[str] | None = None, driven: bool = False,
+                 where: str = "ddpviz.watch()") -> None:
         """`names`: the parameters' dotted names when the DDP's module does not carry them
         (torch's composable replicate() wraps a ParameterList); `driven`: the DDP's
-        `_pre_forward` is called directly (replicate()), never its forward."""
+        `_pre_forward` is called directly (replicate()), never its forward; `where`: the
+        place every rank meets first, as a missing rank's finding names it."""
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
@@ -239,7 +241,7 @@ class Watch:
         self._pending: list[_Pending] = []  # this backward's all-reduces, in launch order
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
-        self.watchdog.start("ddpviz.watch()")
+        self.watchdog.start(where)
         try:
             self._install(hook, state, existing, hookless)
         except BaseException:
