@@ -38,6 +38,7 @@ class Stall:
     waiting: dict[int, FrEntry]  # ranks that launched it and wait
     never_launched: tuple[int, ...]  # ranks whose dumps stop before it
     ahead: tuple[int, ...]  # ranks that completed it (a mismatch, or it paired elsewhere)
+    also: tuple[int, ...] = ()  # later collectives others launched and the laggards never did
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,30 @@ def _mismatches(by_rank: dict[int, dict[int, FrEntry]]) -> tuple[Mismatch, ...]:
     return tuple(out)
 
 
+# [Note: the first collective never launched]
+# Sequence ids are consecutive per group on every rank, so a rank whose last launched
+# collective is #N never launched #N+1, whatever the other ranks' entries say when they are
+# dumped. Their "first pending" entry is not that stable: gloo retires an entry whose wait timed
+# out, so after the group's timeout the waiting ranks' oldest pending entry moves to a later
+# collective, and a post-mortem based on it named bucket 0 or bucket 2 of the same step
+# depending on when the dumps were taken. So when ranks launched different numbers of
+# collectives, the stall is the first one the laggards never launched (the later ones are
+# "also never launched"); only when every rank launched the same number is it the oldest
+# collective some rank waits in.
+
+
 def _stall(states: dict[int, RankState], by_rank: dict[int, dict[int, FrEntry]]
            ) -> Stall | None:
+    """The collective the group is stuck at. See [Note: the first collective never launched]."""
+    last = {r: st.last_launched.seq if st.last_launched is not None else 0
+            for r, st in states.items()}
+    if len(set(last.values())) > 1:
+        low, high = min(last.values()), max(last.values())
+        seq = low + 1
+        launched = {r: by_rank[r][seq] for r in states if seq in by_rank[r]}
+        if launched:
+            never = tuple(sorted(r for r, n in last.items() if n == low))
+            return Stall(seq, launched, never, (), tuple(range(seq + 1, high + 1)))
     pending = [st.first_pending.seq for st in states.values() if st.first_pending is not None]
     if not pending:  # nobody waits (ranks that stopped early show in the per-rank rows)
         return None

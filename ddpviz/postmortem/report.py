@@ -249,6 +249,12 @@ def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world:
         frames = st.waiting[waiter].frames
         if frames:
             detail.append(f"rank {waiter} launched it from: {frames[-1]}")
+        if st.also:
+            later = [name(min((r for r in g.entries if s in g.entries[r]), default=waiter), s)
+                     for s in st.also[:3]]
+            more = f" and {len(st.also) - 3} more" if len(st.also) > 3 else ""
+            detail.append(f"{format_ranks(st.never_launched)} also never launched: "
+                          f"{'; '.join(later)}{more}")
         if st.never_launched:
             title = f"{format_ranks(st.never_launched)} never launched {what}; " \
                     f"{format_ranks(sorted(st.waiting))} {_wait(st.waiting)} in it"

@@ -23,6 +23,7 @@ from tests.dist.harness import free_port
 
 FAULT_STEP = 3  # steps 0..2 run normally on every rank
 STABLE_S = 0.5
+LATE_TIMEOUT_S = 4  # the group's timeout of the "_late" scenarios, which dump after it
 PREFIX = "fr_trace_"
 
 
@@ -59,6 +60,7 @@ class _Dumper:
         self.rank, self.world_size, self.store, self.out = rank, world_size, store, out
         self.ready = threading.Event()
         self.min_pending = 0
+        self.delay = 0.0  # seconds between reaching the fault and dumping
         threading.Thread(target=self._run, daemon=True).start()
 
     def at_hang(self, min_pending: int) -> None:
@@ -70,6 +72,9 @@ class _Dumper:
 
         c10d: Any = torch._C._distributed_c10d
         self.ready.wait(120)
+        if self.delay:  # by then the timed-out waits may be retired: nothing stays pending
+            time.sleep(self.delay)
+            self.min_pending = 0
         last, since = None, time.monotonic()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -107,9 +112,13 @@ def _rank(scenario: str, rank: int, world_size: int, port: int, out: str) -> Non
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0,
                           timeout=datetime.timedelta(seconds=60))
+    late = scenario.endswith("_late")  # dumped after the group's timeout retired the waits
+    scenario = scenario.removesuffix("_late")
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=LATE_TIMEOUT_S if late else 60))
     dumper = _Dumper(rank, world_size, store, Path(out))
+    if late:
+        dumper.delay = 2 * LATE_TIMEOUT_S
     model = make_model()
     cap = SMALL_CAP_MB
     if scenario == "caps" and rank == 1:
@@ -138,7 +147,10 @@ def _rank(scenario: str, rank: int, world_size: int, port: int, out: str) -> Non
             dumper.at_hang(0)  # forward done, backward skipped: the rank goes on elsewhere
             time.sleep(600)
         dumper.at_hang(1)
-        loss.backward()
+        try:
+            loss.backward()
+        except RuntimeError:  # the group's timeout (the _late variant): wait for the dump
+            time.sleep(600)
     elif scenario == "stop_mid_step":
         loss = step()
         if rank == 1:  # the hook blocks before 0.weight's gradient is accumulated

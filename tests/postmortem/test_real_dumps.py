@@ -55,6 +55,19 @@ def test_rank_skips_backward(tmp_path: Path) -> None:
     assert "never launched collective #20 (all_reduce [" in g.title and "float32)" in g.title
 
 
+def test_the_rank_at_fault_is_named_the_same_when_dumped_after_the_timeout(
+        tmp_path: Path) -> None:
+    # After the group's timeout gloo retires the waiting ranks' timed-out entries, so their
+    # oldest pending one is a later bucket; the first collective rank 2 never launched is not.
+    run_job("skip_backward_late", 3, tmp_path, timeout=180)
+    pm = ddpviz.postmortem(tmp_path, make_model(), settings={"bucket_cap_mb": SMALL_CAP_MB})
+    f = _one(pm, "rank_hang")
+    assert f.ranks == (2,) and f.step == FAULT_STEP and f.bucket == 0, str(pm)
+    assert f.text().startswith(f"ddpviz: rank 2 never launched bucket 0 of step {FAULT_STEP} (")
+    assert any(line.startswith("rank 2 also never launched: bucket 1 of step 3")
+               for line in f.detail), f.detail
+
+
 def test_rank_stops_mid_step(tmp_path: Path) -> None:
     run_job("stop_mid_step", 2, tmp_path)
     pm = ddpviz.postmortem(tmp_path, make_model(), settings={"bucket_cap_mb": SMALL_CAP_MB})
