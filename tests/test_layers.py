@@ -2,8 +2,8 @@
 
 Imports are read with `ast`: module-level and lazy (inside functions) imports both count;
 imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up:
-- the vocabulary (events, findings, errors, limits) imports only itself; the utilities
-  (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
+- the vocabulary (events, findings, model_mismatch, errors, limits) imports only itself; the
+  utilities (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
 - tracefile (the .ddpviz frame format and writer) imports only the vocabulary;
 - engine/ (DDP itself) imports only the vocabulary and engine/;
 - transport/ never imports what consumes its events (sessions, the launcher, widgets, diagnosis,
@@ -23,7 +23,8 @@ import pytest
 import ddpviz
 
 PACKAGE = Path(ddpviz.__file__).parent
-VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits"}
+VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits",
+              "ddpviz.model_mismatch"}
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps"}
 FORMAT = {"ddpviz.tracefile"}
 # What transport/ feeds (it must work without any of them: the light rank-side install).
