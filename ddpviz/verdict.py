@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +21,9 @@ from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
 from ddpviz.trace import Trace
 from ddpviz.units import human_duration
 
+# C0/C1 control characters but newline: a name in an untrusted trace must not drive the terminal
+# (ANSI escapes can rewrite what was printed above)
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 JSON_SCHEMA = 1  # bump when a key of diagnosis_json changes meaning or goes away
 SEVERITIES = ("error", "warning", "info")
 
@@ -114,7 +118,8 @@ def diagnosis_text(trace: Trace, findings: Sequence[Finding],
     """`ddpviz diagnose`'s output: the trace in one line, the verdict, then the findings
     grouped by severity (errors first), each with where it is, its values, detail and fix."""
     facts = trace_facts(trace)
-    name = ", ".join(str(f) for f in files) or "trace"
+    name = (", ".join(str(f) for f in files) if len(files) <= 2
+             else f"{len(files)} files in {files[0].parent}") if files else "trace"
     lines = [f"ddpviz: {name}: {facts.sentence()}"]
     if facts.truncated:
         lines.append("ddpviz: a file ended in a torn frame: events after the writer's last "
@@ -128,7 +133,7 @@ def diagnosis_text(trace: Trace, findings: Sequence[Finding],
         lines += ["", f"{severity}s ({len(group)}):" if len(group) > 1 else f"{severity}:"]
         for f in group:
             lines += finding_lines(f)
-    return "\n".join(lines)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "\n".join(lines))
 
 
 def finding_record(f: Finding) -> dict[str, Any]:

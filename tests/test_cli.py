@@ -226,3 +226,17 @@ def test_diagnose_is_on_the_help_and_runs_as_a_command(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ddpviz", "diagnose", str(path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "healthy" in r.stdout, r.stdout + r.stderr
+
+
+def test_diagnose_never_prints_a_traces_control_characters(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpviz import events as ev
+
+    sneaky = ddpviz.Finding(kind="rank_hang", severity="error",
+                            title="\x1b[2K\x1b[1Ahidden\x07", detail=("a\rb",))
+    path = tmp_path / "t.ddpviz"
+    Trace([ev.FindingReported(0, 0, 1, 0, sneaky)]).save(path)
+    assert main(["diagnose", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "\\x1b[2K\\x1b[1Ahidden\\x07" in out and "a\\x0db" in out
+    assert not any(c in out for c in "\x1b\x07\r")

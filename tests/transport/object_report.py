@@ -97,7 +97,8 @@ def _ranks(trace: Trace) -> str:
         ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
         unfinished = sum(1 for s in sp if not s.finished)
         offset, error = trace.clock.get(rank, (0, 0))
-        clock = f"{offset} ± {error} ns" if error >= 0 else f"{offset} ns (wall clock)"
+        clock = (f"{human_duration(offset)} ± {human_duration(error)}" if error >= 0
+                 else f"{human_duration(offset)} (wall clock)")
         rows.append([rank, len(evs), steps, human_duration(duration),
                      human_duration(sum(back) / len(back)) if back else "-", len(ars),
                      human_duration(sum(ars) / len(ars)) if ars else "-", unfinished, dropped,
