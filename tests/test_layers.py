@@ -181,8 +181,8 @@ def test_every_named_exception_is_still_needed(where: tuple[str, str]) -> None:
 
 # --- reading traces never loads torch ---------------------------------------------------------
 # Planning a model and running ranks need torch; reading what a run recorded (load, diagnose,
-# the report, the Chrome export, the CLI's help and its trace verbs) does not, and importing
-# torch takes longer than all of those together.
+# the report, the Chrome export, the dashboard, the advisor, the CLI's help and its trace verbs)
+# does not, and importing torch takes longer than all of those together.
 
 _READERS = {
     "diagnose": "import ddpviz\nfound = ddpviz.diagnose(ddpviz.Trace.load(PATH))\n"
@@ -200,6 +200,12 @@ _READERS = {
                      "assert main(['report', PATH, '-o', PATH + '.html']) == 0",
     "findings and errors": "import ddpviz\nddpviz.Finding, ddpviz.DiagnosisError, "
                            "ddpviz.RankHangError",
+}
+# on a healthy run with bucket maps and gradient hooks (what the planner and advisor read)
+_PLANNERS = {
+    "dashboard": "import ddpviz\nd = ddpviz.Trace.load(PATH).dashboard()\n"
+                 "assert d.buckets.observed is not None\nd.close()",
+    "advise": "import ddpviz\nassert ddpviz.advise(PATH).rows",
 }
 
 
@@ -226,11 +232,35 @@ def defective_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def healthy_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ddpviz.trace import Trace
+    from tests.diagnose.synthetic import Ranks
+
+    ranks = Ranks(2)
+    ranks.construct()
+    for step in range(4):
+        for rank in (0, 1):
+            ranks.iteration(rank, step)
+    path = tmp_path_factory.mktemp("trace") / "healthy.ddpviz"
+    Trace(ranks.events).save(path)
+    return path
+
+
+_WHY = ("imported torch: find the chain with python -X importtime and move the torch-needing "
+        "import into the function that plans a module or runs ranks")
+
+
 @pytest.mark.parametrize("reader", sorted(_READERS))
 def test_reading_a_trace_never_imports_torch(reader: str, defective_trace: Path) -> None:
-    assert not _loads_torch(_READERS[reader], defective_trace), (
-        f"{reader} imported torch: find the chain with python -X importtime and move the "
-        "torch-needing import into the function that plans or runs")
+    assert not _loads_torch(_READERS[reader], defective_trace), f"{reader} {_WHY}"
+
+
+@pytest.mark.parametrize("reader", sorted(_PLANNERS))
+def test_replanning_a_recorded_run_never_imports_torch(reader: str, healthy_trace: Path) -> None:
+    if reader == "dashboard":
+        pytest.importorskip("ipywidgets")
+    assert not _loads_torch(_PLANNERS[reader], healthy_trace), f"{reader} {_WHY}"
 
 
 def test_the_probe_sees_torch_where_a_model_is_planned(defective_trace: Path) -> None:
