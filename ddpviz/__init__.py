@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     )
     from ddpviz.engine.ddp import DistributedDataParallel
     from ddpviz.errors import (
+        DiagnosisError,
         GradientGraphError,
         RankHangError,
         RankMismatchError,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "advise": "ddpviz.advise",
     "BucketPlan": "ddpviz.plan",
+    "DiagnosisError": "ddpviz.errors",
     "DistributedDataParallel": "ddpviz.engine.ddp",
     "Finding": "ddpviz.findings",
     "GradientGraphError": "ddpviz.errors",
@@ -117,6 +119,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "BucketPlan",
+    "DiagnosisError",
     "DistributedDataParallel",
     "Finding",
     "GradientGraphError",

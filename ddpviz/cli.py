@@ -1,5 +1,10 @@
-"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz report TRACE`,
-`ddpviz record -- COMMAND`, `ddpviz postmortem DUMP_DIR`, `ddpviz advise TRACE`."""
+"""The `ddpviz` command line: `ddpviz demo`, `ddpviz buckets TARGET`, `ddpviz diagnose TRACE`,
+`ddpviz report TRACE`, `ddpviz record -- COMMAND`, `ddpviz postmortem DUMP_DIR`,
+`ddpviz advise TRACE`.
+
+Every verb imports what it needs when it runs: the verbs that read traces (diagnose, report)
+never load torch, which takes longer to import than they take to run (tests/test_layers.py
+holds this)."""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
-from ddpviz.plan import bucket_plan
+    from ddpviz.trace import Trace
 
 
 class TargetError(ValueError):
@@ -59,7 +65,7 @@ def load_target(target: str) -> tuple[nn.Module, Any]:
                        and getattr(v, "__module__", None) == mod.__name__)
         raise TargetError(f"ddpviz: {where!r} has no attribute {attr!r}; callables there: "
                           f"{', '.join(names[:12]) or 'none'}.")
-    if isinstance(factory, nn.Module):
+    if _is_module(factory):
         return factory, None
     if not callable(factory):
         raise TargetError(f"ddpviz: {target!r} is a {type(factory).__name__}, not a callable "
@@ -70,13 +76,21 @@ def load_target(target: str) -> tuple[nn.Module, Any]:
         raise TargetError(f"ddpviz: calling {target}() failed: {type(e).__name__}: {e}. The "
                           "factory must need no arguments.") from e
     module, example = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
-    if not isinstance(module, nn.Module):
+    if not _is_module(module):
         raise TargetError(f"ddpviz: {target}() returned a {type(module).__name__}; it must "
                           "return an nn.Module or (nn.Module, example_inputs).")
     return module, example
 
 
+def _is_module(x: object) -> bool:
+    from torch import nn
+
+    return isinstance(x, nn.Module)
+
+
 def _buckets(args: argparse.Namespace) -> int:
+    from ddpviz.plan import bucket_plan
+
     try:
         module, example = load_target(args.target)
     except TargetError as e:
@@ -100,17 +114,76 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def _report(args: argparse.Namespace) -> int:
-    from ddpviz.report import write_report
+class TraceArgsError(ValueError):
+    """TRACE arguments that do not name readable .ddpviz traces."""
+
+
+def trace_files(paths: list[str]) -> list[Path]:
+    """The trace files TRACE arguments name: a file as itself, a folder as its *.ddpviz files
+    (sorted). Raises TraceArgsError for a missing path or a folder without traces."""
+    from ddpviz.tracefile import SUFFIX
+
+    files: list[Path] = []
+    for arg in paths:
+        path = Path(arg)
+        if path.is_dir():
+            found = sorted(p for p in path.glob(f"*{SUFFIX}") if p.is_file())
+            if not found:
+                raise TraceArgsError(f"ddpviz: the folder {arg!r} holds no *{SUFFIX} file.\n"
+                                     "Pass the trace files, or the folder `ddpviz record "
+                                     "--out` or Trace.save wrote them to.")
+            files += found
+        elif not path.exists():
+            raise TraceArgsError(f"ddpviz: no file {arg!r}.\nCheck the path, relative to the "
+                                 "current directory.")
+        else:
+            files.append(path)
+    return files
+
+
+def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
+    """TRACE arguments as one trace: several files (one per rank of a run) are merged.
+    Raises TraceArgsError, with what was wrong and how to fix it, for anything unreadable."""
     from ddpviz.trace import Trace, TraceError
 
+    files = trace_files(paths)
+    traces = []
+    for f in files:
+        try:
+            traces.append(Trace.load(f))
+        except TraceError as e:
+            raise TraceArgsError(str(e)) from e
+        except OSError as e:
+            raise TraceArgsError(f"ddpviz: cannot read {str(f)!r}: {e.strerror or e}.\n"
+                                 "Pass a .ddpviz trace file or a folder of them.") from e
+    return (traces[0] if len(traces) == 1 else Trace.merge(traces)), files
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from ddpviz.diagnose import diagnose
+    from ddpviz.verdict import diagnosis_json, diagnosis_text
+
     try:
-        traces = [Trace.load(path) for path in args.trace]
-    except (OSError, TraceError) as e:
+        trace, files = load_traces(args.trace)
+    except TraceArgsError as e:
         print(e, file=sys.stderr)
         return 2
-    trace = traces[0] if len(traces) == 1 else Trace.merge(traces)
-    out = Path(args.output) if args.output else Path(args.trace[0]).with_suffix(".html")
+    findings = diagnose(trace)
+    print(diagnosis_json(trace, findings, files) if args.json
+          else diagnosis_text(trace, findings, files))
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ddpviz.report import write_report
+
+    try:
+        trace, files = load_traces(args.trace)
+    except TraceArgsError as e:
+        print(e, file=sys.stderr)
+        return 2
+    first = files[0].parent if Path(args.trace[0]).is_dir() else files[0]
+    out = Path(args.output) if args.output else first.with_suffix(".html")
     write_report(trace, out, title=f"ddpviz report: {', '.join(args.trace)}")
     print(f"ddpviz: wrote {out} ({len(trace)} events, ranks {trace.ranks})")
     return 0
@@ -181,9 +254,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=3, help="training steps of the 2-rank job")
     d.add_argument("--plan-only", action="store_true", help="only print the bucket plan")
     d.set_defaults(func=_demo)
+    g = sub.add_parser("diagnose", help="print what is wrong in a recorded run (exit 1 when a "
+                       "finding is an error, 2 when the trace cannot be read)")
+    g.add_argument("trace", nargs="+", help="trace file(s) or folder(s) of *.ddpviz files; "
+                   "several (one per rank) are merged")
+    g.add_argument("--json", action="store_true",
+                   help="print the findings and a summary of the trace as JSON")
+    g.set_defaults(func=_diagnose)
     r = sub.add_parser("report", help="write a self-contained HTML report of .ddpviz trace(s)")
-    r.add_argument("trace", nargs="+", help="trace file(s); several (one per rank) are merged")
-    r.add_argument("-o", "--output", default=None, help="HTML file (default: TRACE.html)")
+    r.add_argument("trace", nargs="+", help="trace file(s) or folder(s) of *.ddpviz files; "
+                   "several (one per rank) are merged")
+    r.add_argument("-o", "--output", default=None,
+                   help="HTML file (default: TRACE.html, or FOLDER.html for a folder)")
     r.set_defaults(func=_report)
     w = sub.add_parser("record", help="run an unmodified training command with every torch "
                        "DistributedDataParallel watched",

@@ -24,7 +24,6 @@ import numpy as np
 from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz.columns import Table
-from ddpviz.engine.verify import mismatch_findings
 from ddpviz.events import Event
 from ddpviz.findings import (
     Finding,
@@ -35,6 +34,7 @@ from ddpviz.findings import (
     odd_ranks,
     sort_findings,
 )
+from ddpviz.model_mismatch import mismatch_findings
 
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 

@@ -6,64 +6,73 @@ what went wrong without parsing text.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
-if TYPE_CHECKING:
-    from ddpviz.engine.verify import ModelComparison
+from ddpviz.findings import Finding
 
 
-class RankMismatchError(RuntimeError):
-    """The model differs across ranks; raised on every rank, with the same message everywhere.
+class DiagnosisError(RuntimeError):
+    """Base of every ddpviz error that carries a diagnosis: `findings` holds one
+    `ddpviz.Finding` per problem (kind, severity, ranks, step, parameter, the fix), the same
+    findings `ddpviz.diagnose` reports for the run. `except ddpviz.DiagnosisError as e` catches
+    RankMismatchError, RankHangError, GradientGraphError and UnusedParametersError alike.
 
-    A RuntimeError, like torch's own verification errors, so existing `except RuntimeError`
-    code keeps working. `report` holds every difference and the metadata gathered from all ranks.
+    A RuntimeError, like torch's own DDP errors, so existing `except RuntimeError` code keeps
+    working.
     """
 
-    def __init__(self, report: ModelComparison, message: str | None = None) -> None:
-        self.report = report
-        super().__init__(message if message is not None else report.message())
+    findings: tuple[Finding, ...] = ()
+
+    def __init__(self, message: str, findings: Iterable[Finding] = ()) -> None:
+        self.findings = tuple(findings)
+        super().__init__(message)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Exceptions pickle their args only; keep the report when crossing process boundaries.
-        return (type(self), (self.report, str(self)))
-
-    @property
-    def findings(self) -> tuple[Any, ...]:
-        """One `ddpviz.findings.Finding` per difference (kind, parameter, ranks, field)."""
-        return tuple(self.report.findings())
+        # Exceptions pickle their args only; keep the findings across process boundaries.
+        return (type(self), (str(self), self.findings))
 
 
-class RankHangError(RuntimeError):
+class RankMismatchError(DiagnosisError):
+    """The model differs across ranks; raised on every rank, with the same message everywhere.
+
+    `findings` holds one finding per difference (kind, parameter, ranks, field); `report`, when
+    raised by verification, the engine's `ModelComparison`: every difference and the metadata
+    gathered from all ranks.
+    """
+
+    def __init__(self, message: str, findings: Iterable[Finding] = (), report: Any = None
+                 ) -> None:
+        super().__init__(message, findings)
+        self.report = report
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.findings, self.report))
+
+
+class RankHangError(DiagnosisError):
     """Ranks stopped meeting each other: one never arrived, lags behind, runs other
     collectives, crashed, or failed. Raised on every rank that is still waiting, well before the
     process group's own timeout, naming the missing or lagging ranks and where each one was.
 
-    `findings` holds the structured diagnosis (`ddpviz.findings.Finding`, kind "missing_rank",
-    "rank_hang", "rank_exited" or "peer_failed"); `positions` maps each rank to where it was
-    last seen (plain data: step, phase, collective, bucket, params), absent if it never said.
+    `findings` holds the structured diagnosis (kind "missing_rank", "rank_hang", "rank_exited"
+    or "peer_failed"); `positions` maps each rank to where it was last seen (plain data: step,
+    phase, collective, bucket, params), absent if it never said.
     """
 
-    def __init__(self, message: str, findings: tuple[Any, ...] = (),
+    def __init__(self, message: str, findings: Iterable[Finding] = (),
                  positions: dict[int, dict[str, Any]] | None = None) -> None:
-        self.findings = tuple(findings)
+        super().__init__(message, findings)
         self.positions = dict(positions or {})
-        super().__init__(message)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.findings, self.positions))
 
 
-class GradientGraphError(RuntimeError):
+class GradientGraphError(DiagnosisError):
     """The autograd graph does not fit what DDP expects: a parameter's gradient hook fired twice
     in one iteration, or static_graph=True and the graph changed. `findings` says which
     parameter, on which rank, at which step."""
-
-    def __init__(self, message: str, findings: tuple[Any, ...] = ()) -> None:
-        self.findings = tuple(findings)
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.findings))
 
 
 # [Note: torch's sentences]
@@ -127,10 +136,8 @@ def torch_unfinished_reduction(missing: dict[int, list[tuple[int, str]]], *,
     return text
 
 
-class UnusedParametersError(RuntimeError):
+class UnusedParametersError(DiagnosisError):
     """Some parameters got no gradient in a backward that DDP had to reduce (with
     find_unused_parameters=False). Raised at the end of iteration 0 on every rank, and at the next
     forward later on; `findings` says, per parameter, which ranks gave it no gradient."""
-
-    findings: tuple[Any, ...] = ()
 

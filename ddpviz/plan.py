@@ -9,16 +9,12 @@ can be re-planned with other settings at once (`with_settings`), which the Bucke
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
-
-import torch
-from torch import nn
 
 from ddpviz import events as ev
 from ddpviz.engine.buckets import (
@@ -29,9 +25,13 @@ from ddpviz.engine.buckets import (
     initial_buckets,
     rebuilt_buckets,
 )
-from ddpviz.engine.params import build_params_for_reducer
 
+# torch only where a module is planned (bucket_plan, measure_grad_ready_order): a plan from a
+# recorded run's events (observed_plan, with_settings) works on names and sizes, without torch.
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from ddpviz.widgets.bucket_map import BucketMap
     from ddpviz.widgets.event_model import Timed
 
@@ -53,8 +53,7 @@ class PlannedParam:
     sparse_grad: bool
 
     def spec(self) -> TensorSpec:
-        dtype, device = _dtype_and_device(self.dtype, self.device)
-        return TensorSpec(self.numel, self.element_size, dtype, device)
+        return TensorSpec(self.numel, self.element_size, self.dtype, self.device)
 
 
 @dataclass(frozen=True)
@@ -196,20 +195,6 @@ class BucketPlan:
         return BucketMap(self)
 
 
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"ddpviz: unknown dtype {name!r}")
-    return dt
-
-
-@functools.lru_cache(maxsize=256)
-def _dtype_and_device(dtype: str, device: str) -> tuple[torch.dtype, torch.device]:
-    # cached: re-planning 10,000 parameters (with_settings) would otherwise spend most of its
-    # time parsing the same few dtype and device strings
-    return _dtype(dtype), torch.device(device)
-
-
 def _describe(entries: Sequence[Any]) -> tuple[tuple[PlannedParam, ...], list[TensorSpec]]:
     params, specs = [], []
     for e in entries:
@@ -271,6 +256,8 @@ def measure_grad_ready_order(module: nn.Module, example_inputs: Any) -> tuple[li
 
     Returns (order of parameter indices, names of parameters that got no gradient).
     """
+    from ddpviz.engine.params import build_params_for_reducer
+
     replica = copy.deepcopy(module)
     entries = build_params_for_reducer(replica)
     order: list[int] = []
@@ -298,6 +285,8 @@ def measure_grad_ready_order(module: nn.Module, example_inputs: Any) -> tuple[li
 
 
 def _scalar_from_output(out: Any) -> torch.Tensor | None:
+    import torch
+
     tensors: list[torch.Tensor] = []
 
     def walk(x: Any) -> None:
@@ -348,6 +337,8 @@ def bucket_plan(
         A `BucketPlan`.
     """
     import os
+
+    from ddpviz.engine.params import build_params_for_reducer
 
     entries = build_params_for_reducer(module)
     params, specs = _describe(entries)

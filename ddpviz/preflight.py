@@ -64,7 +64,7 @@ class VerificationReport:
     def raise_if_failed(self) -> None:
         """Raise `RankMismatchError` (on every rank, same message) when the model differs."""
         if not self.ok:
-            raise RankMismatchError(self.verification, str(self))
+            raise RankMismatchError(str(self), self.mismatches, report=self.verification)
 
 
 def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,

@@ -1,16 +1,20 @@
 """A static, self-contained HTML report of a trace (`ddpviz report TRACE -o report.html`).
 
-One file, no scripts, no CDN: inline CSS, HTML tables and inline SVG. Sections: per-rank
-summary, verification result, bucket maps, all-reduce timeline, unused parameters. Everything
-shown comes from the trace's events, so a report can be made long after the run. It reads the
-columnar store (ddpviz/columns.py): per-rank counts from the columns, spans built from the span
-events' rows only, the rare events (maps, verification, unused parameters) as objects.
+One file, no scripts, no CDN: inline CSS, HTML tables and inline SVG. Sections: the findings of
+`ddpviz.diagnose` (severity first, each linked to the bucket, step or verification section it
+names), a summary of the run, per-rank summary, verification result, bucket maps, all-reduce
+timeline. Everything shown comes from the trace's events, so a report can be made long after
+the run. It reads the columnar store (ddpviz/columns.py): per-rank counts from the columns,
+spans built from the span events' rows only, the rare events (maps, verification) as objects.
+What is wrong (differing models, unused parameters, hangs, ...) is diagnose()'s to say: the
+report shows its findings and derives none of its own.
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +25,11 @@ from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.columns import Table
+from ddpviz.diagnose import diagnose
+from ddpviz.findings import Finding, sort_findings, value_lines
 from ddpviz.trace import Span, Trace, gc_paused, table_spans
-from ddpviz.units import human_bytes
+from ddpviz.units import human_bytes, human_duration
+from ddpviz.verdict import SEVERITIES, trace_facts, verdict_line, where
 
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64
@@ -33,6 +40,10 @@ h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-botto
 table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:2px 8px;
 text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}.bad{color:#b00020}
 .ok{color:#1b7f3b}.muted{color:#777}svg{display:block;margin:.5em 0}
+.finding{border-left:4px solid #ccc;padding:.2em .8em;margin:.6em 0}
+.finding.error{border-color:#b00020}.finding.warning{border-color:#c77c02}
+.finding h4{margin:.2em 0}.sev{font-size:.8em;text-transform:uppercase;margin-right:.5em}
+.finding pre{margin:.2em 0;white-space:pre-wrap}.fix{margin:.2em 0}
 """
 _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac")
@@ -47,13 +58,17 @@ def render(trace: Trace, *, title: str = "ddpviz report") -> str:
 def _render(trace: Trace, title: str) -> str:
     tables = trace.columns()
     spans = {r: table_spans(t, trace.clock.get(r, (0, 0))[0]) for r, t in tables.items()}
+    all_spans = [s for sp in spans.values() for s in sp]
+    findings = sort_findings(diagnose(trace))
+    maps = _bucket_maps(trace)
+    steps = _timeline_steps(all_spans)
     parts = [markup.fmt("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
                         "<title>{}</title><style>{}</style></head><body>", title,
                         markup.Markup(_CSS)),
-             markup.fmt("<h1>{}</h1>", title), _summary(trace, tables),
-             _ranks(trace, tables, spans), _verification(trace), _buckets(trace),
-             _timeline([s for sp in spans.values() for s in sp]), _unused(trace),
-             "</body></html>"]
+             markup.fmt("<h1>{}</h1>", title),
+             _findings(findings, lambda f: _link(f, maps, steps)), _summary(trace),
+             _ranks(trace, tables, spans), _verification(trace, findings), _buckets(trace, maps),
+             _timeline(all_spans, steps), "</body></html>"]
     return "\n".join(parts)
 
 
@@ -69,15 +84,18 @@ def _e(value: object) -> str:
     return markup.escape(value)
 
 
-def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = ()) -> str:
-    """An HTML table; columns in `text` are left-aligned, the others (numbers) right."""
+def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = (),
+           ids: list[str] | None = None) -> str:
+    """An HTML table; columns in `text` are left-aligned, the others (numbers) right; `ids`
+    names each row (in-page link targets)."""
     cls = [markup.Markup(" class='l'" if i in text else "") for i in range(len(head))]
     heads = markup.join(markup.fmt("<th{}>{}</th>", c, h) for c, h in zip(cls, head, strict=True))
     out: list[str] = [markup.fmt("<table><tr>{}</tr>", heads)]
-    for row in rows:
+    for n, row in enumerate(rows):
         cells = markup.join(markup.fmt("<td{}>{}</td>", c, v)
                             for c, v in zip(cls, row, strict=True))
-        out.append(markup.fmt("<tr>{}</tr>", cells))
+        row_id = markup.fmt(" id='{}'", ids[n]) if ids is not None else ""
+        out.append(markup.fmt("<tr{}>{}</tr>", row_id, cells))
     out.append("</table>")
     return markup.Markup("".join(out))  # trusted pieces only: fmt results and literals
 
@@ -89,15 +107,19 @@ def _ms(ns: float) -> str:
 # --- sections ---------------------------------------------------------------------------------
 
 
-def _summary(trace: Trace, tables: dict[int, Table]) -> str:
-    n, ranks = sum(len(t) for t in tables.values()), list(tables)
-    meta = ", ".join(f"{k}={v}" for k, v in sorted(trace.meta.items()) if k != "rank")
+# meta keys the summary says in words (or that only align clocks)
+_META_SAID = {"rank", "started_wall_ns", "wall_ns", "mono_ns", "boot"}
+
+
+def _summary(trace: Trace) -> str:
+    facts = trace_facts(trace)
+    extra = ", ".join(f"{k}: {v}" for k, v in sorted(trace.meta.items()) if k not in _META_SAID)
     truncated = ("<p class='bad'>The trace file ended in a torn frame: events after the "
                  "writer's last flush are missing.</p>" if trace.truncated else "")
-    return markup.fmt("<section id='summary'><h2>Summary</h2><p>{} events from {} rank{} ({}).</p>"
-                      "<p class='muted'>{}</p>{}</section>", n, len(ranks),
-                      "s" if len(ranks) != 1 else "", ", ".join(map(str, ranks)) or "none",
-                      meta, markup.Markup(truncated))
+    return markup.fmt("<section id='summary'><h2>Summary</h2><p>{}</p>{}{}</section>",
+                      facts.sentence(),
+                      markup.fmt("<p class='muted'>{}</p>", extra) if extra else "",
+                      markup.Markup(truncated))
 
 
 def _ranks(trace: Trace, tables: dict[int, Table], spans_by_rank: dict[int, list[Span]]
@@ -116,18 +138,19 @@ def _ranks(trace: Trace, tables: dict[int, Table], spans_by_rank: dict[int, list
         ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
         unfinished = sum(1 for s in sp if not s.finished)
         offset, error = trace.clock.get(rank, (0, 0))
-        clock = f"{offset} ± {error} ns" if error >= 0 else f"{offset} ns (wall clock)"
-        rows.append([rank, n, steps, _ms(duration),
-                     _ms(sum(back) / len(back)) if back else "-", len(ars),
-                     _ms(sum(ars) / len(ars)) if ars else "-", unfinished, dropped, holes,
-                     clock])
-    html = _table(["rank", "events", "steps", "span ms", "backward mean ms", "all-reduces",
-                   "all-reduce mean ms", "unfinished spans", "dropped", "seq holes",
+        clock = (f"{human_duration(offset)} ± {human_duration(error)}" if error >= 0
+                 else f"{human_duration(offset)} (wall clock)")
+        rows.append([rank, n, steps, human_duration(duration),
+                     human_duration(sum(back) / len(back)) if back else "-", len(ars),
+                     human_duration(sum(ars) / len(ars)) if ars else "-", unfinished, dropped,
+                     holes, clock])
+    html = _table(["rank", "events", "steps", "span", "backward mean", "all-reduces",
+                   "all-reduce mean", "unfinished spans", "dropped", "seq holes",
                    "clock offset"], rows)
     return markup.fmt("<section id='ranks'><h2>Per-rank summary</h2>{}</section>", html)
 
 
-def _verification(trace: Trace) -> str:
+def _verification(trace: Trace, findings: list[Finding]) -> str:
     out = ["<section id='verification'><h2>Model verification across ranks</h2>"]
     passed = trace.of_type(ev.VerificationPassed)
     failed = trace.of_type(ev.VerificationFailed)
@@ -138,19 +161,14 @@ def _verification(trace: Trace) -> str:
         ranks = sorted({e.rank for e in passed})
         out.append(markup.fmt("<p class='ok'>Passed on ranks {} (world size {}; digest {}).</p>",
                               ranks, passed[0].world_size, ", ".join(digests)))
-    seen: set[tuple[Any, ...]] = set()
-    for e in failed:
-        mismatches = e.mismatches
-        if mismatches in seen:
-            continue
-        seen.add(mismatches)
-        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})
-        out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): "
-                              "{} difference(s).</p>", ranks, len(mismatches)))
-        rows = [[m.kind, m.index, m.name, m.field,
-                 "; ".join(f"{value} on ranks {','.join(map(str, rs))}" for value, rs in m.values)]
-                for m in mismatches]
-        out.append(_table(["kind", "index", "name", "field", "values"], rows, text=(0, 2, 3, 4)))
+    if failed:
+        ranks = sorted({e.rank for e in failed})
+        differ = [(i, f) for i, f in enumerate(findings) if f.kind in _MODEL_KINDS]
+        out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): {} difference{}, "
+                              "in the findings above:</p>", ranks, len(differ),
+                              "s" if len(differ) != 1 else ""))
+        out.append(markup.fmt("<ul>{}</ul>", markup.join(
+            markup.fmt("<li><a href='#finding-{}'>{}</a></li>", i, f.title) for i, f in differ)))
     out.append("</section>")
     return "".join(out)
 
@@ -170,16 +188,21 @@ def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
     return out
 
 
-def _buckets(trace: Trace) -> str:
+def _bucket_maps(trace: Trace) -> dict[tuple[Any, ...], list[tuple[int, int]]]:
+    """(rebuilt, buckets, limits) -> the (rank, step) pairs that assigned that map, in order
+    of first appearance (the order the report draws them: map m's rows have ids bucket-m-b)."""
+    maps: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
+    for e in trace.of_type(ev.BucketAssigned):
+        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))
+    return maps
+
+
+def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -> str:
     out = ["<section id='buckets'><h2>Bucket maps</h2>"]
-    assigned = trace.of_type(ev.BucketAssigned)
-    if not assigned:
+    if not maps:
         out.append("<p class='muted'>No bucket assignment in this trace.</p></section>")
         return "".join(out)
     params = _param_bytes(trace)
-    maps: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
-    for e in assigned:
-        maps[(e.rebuilt, e.buckets, e.limits)].append((e.rank, e.step))
     by_kind: dict[bool, set[tuple[Any, ...]]] = defaultdict(set)
     for key in maps:
         by_kind[key[0]].add(key[1])
@@ -188,9 +211,9 @@ def _buckets(trace: Trace) -> str:
             out.append(markup.fmt("<p class='bad'>Ranks disagree on the {} "
                                   "bucket map: each rank would all-reduce different tensors "
                                   "together.</p>", "rebuilt" if rebuilt else ""))
-    for (rebuilt, buckets, limits), where in maps.items():
-        ranks = sorted({r for r, _ in where})
-        step = min(s for _, s in where)
+    for m, ((rebuilt, buckets, limits), assigned) in enumerate(maps.items()):
+        ranks = sorted({r for r, _ in assigned})
+        step = min(s for _, s in assigned)
         label = f"rebuilt in step {step}" if rebuilt else "at construction"
         out.append(markup.fmt("<h3>Bucket map {} (ranks {}), {} buckets, "
                               "bucket 0 reduced first</h3>", label, ranks, len(buckets)))
@@ -204,7 +227,7 @@ def _buckets(trace: Trace) -> str:
             limit = human_bytes(limits[i]) if i < len(limits) else "-"
             rows.append([i, len(b), human_bytes(sizes[i]) if params else "?", limit, shown])
         out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
-                          text=(4,)))
+                          text=(4,), ids=[f"bucket-{m}-{i}" for i in range(len(rows))]))
         if len(rows) > _MAX_ROWS:
             out.append(markup.fmt("<p class='muted'>{} more buckets not shown.</p>",
                                   len(rows) - _MAX_ROWS))
@@ -232,19 +255,24 @@ def _bucket_svg(sizes: list[int]) -> str:
                       markup.join(rects))
 
 
-def _timeline(all_spans: list[Span]) -> str:
+def _timeline_steps(all_spans: list[Span]) -> list[int]:
+    """The steps the timeline draws: the last few with a backward pass."""
+    return sorted({s.step for s in all_spans if s.name == "backward"})[-_TIMELINE_STEPS:]
+
+
+def _timeline(all_spans: list[Span], steps: list[int]) -> str:
     out = ["<section id='timeline'><h2>All-reduce timeline</h2>"]
     spans = [s for s in all_spans if s.cat in ("allreduce", "phase", "gradients")]
-    steps = sorted({s.step for s in spans if s.name == "backward"})[-_TIMELINE_STEPS:]
     shown = [s for s in spans if s.step in steps
              and (s.name in ("backward", "forward") or s.cat in ("allreduce", "gradients"))]
     if not shown:
         out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
                    "</section>")
         return "".join(out)
+    named = markup.join((markup.fmt("<span id='step-{}'>{}</span>", s, s) for s in steps), ", ")
     out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
                           "rank: forward and backward on top, one row per bucket's all-reduce "
-                          "below. Hatched: never finished.</p>", ", ".join(map(str, steps))))
+                          "below. Hatched: never finished.</p>", named))
     summarized = sorted({s.step for s in shown if s.cat == "gradients"})
     if summarized:
         out.append(markup.fmt(
@@ -305,25 +333,56 @@ def _timeline(all_spans: list[Span]) -> str:
     return "".join(out)
 
 
-def _unused(trace: Trace) -> str:
-    out = ["<section id='unused'><h2>Unused parameters</h2>"]
-    found = trace.of_type(ev.UnusedParametersFound)
-    if not found:
-        out.append("<p class='muted'>No rank reported unused parameters.</p></section>")
-        return "".join(out)
-    per_rank: dict[int, dict[int, str]] = defaultdict(dict)
-    steps: dict[int, set[int]] = defaultdict(set)
-    for e in found:
-        for p, name in zip(e.params, e.names, strict=False):
-            per_rank[e.rank][p] = name
-        steps[e.rank].add(e.step)
-    rows: list[list[object]] = []
-    for rank in sorted(per_rank):
-        names = [f"{i} {n}" for i, n in sorted(per_rank[rank].items())]
-        rows.append([rank, len(names), ", ".join(map(str, sorted(steps[rank]))),
-                     ", ".join(names)])
-    out.append("<p class='bad'>Parameters that got no gradient: with "
-               "find_unused_parameters=False DDP would not all-reduce them.</p>")
-    out.append(_table(["rank", "count", "steps", "parameters"], rows, text=(2, 3)))
+# --- findings ----------------------------------------------------------------------------------
+
+# Finding kinds about the model's description, which the verification section lists
+_MODEL_KINDS = ("param_mismatch", "buffer_mismatch", "gpu_shared")
+_HEADINGS = {"error": "Errors", "warning": "Warnings", "info": "Notes"}
+
+
+def _link(f: Finding, maps: dict[tuple[Any, ...], list[tuple[int, int]]],
+          steps: list[int]) -> str:
+    """The in-page anchor of the section a finding names ('' when the report has none): its
+    bucket in the map in force at its step, else its step on the timeline, else verification."""
+    if f.bucket >= 0:
+        best = None  # the latest map assigned at or before the finding's step, by its ranks
+        for m, ((_, buckets, _), assigned) in enumerate(maps.items()):
+            at = min(s for _, s in assigned)
+            ranks = {r for r, _ in assigned}
+            if f.bucket < min(len(buckets), _MAX_ROWS) and (f.step < 0 or at <= f.step) and (
+                    not f.ranks or ranks & set(f.ranks)) and (best is None or at >= best[0]):
+                best = (at, m)
+        if best is not None:
+            return f"bucket-{best[1]}-{f.bucket}"
+    if f.step in steps:
+        return f"step-{f.step}"
+    if f.kind in _MODEL_KINDS:
+        return "verification"
+    return ""
+
+
+def _finding(i: int, f: Finding, anchor: str) -> str:
+    at = where(f)
+    place = (markup.fmt(" <a href='#{}'>({})</a>", anchor, at or "see below") if anchor
+             else markup.fmt(" <span class='muted'>({})</span>", at) if at else "")
+    body = [*value_lines(f.values), *(f"  {d}" for d in f.detail)]
+    return markup.fmt("<div class='finding {}' id='finding-{}'><h4><span class='sev'>{}</span>"
+                      "{}{}</h4>{}{}</div>", f.severity, i, f.severity, f.title, place,
+                      markup.fmt("<pre>{}</pre>", "\n".join(body)) if body else "",
+                      markup.fmt("<p class='fix'><b>Fix:</b> {}</p>", f.fix) if f.fix else "")
+
+
+def _findings(findings: list[Finding], link: Callable[[Finding], str]) -> str:
+    """What diagnose() found, errors first, one block per finding; one line when healthy."""
+    if not findings:
+        return ("<section id='findings'><h2>Findings</h2><p class='ok'>Healthy: ddpviz found "
+                "no problem in this run.</p></section>")
+    out: list[str] = [markup.fmt("<section id='findings'><h2>Findings</h2><p>{}</p>",
+                      verdict_line(findings).capitalize())]
+    for severity in SEVERITIES:
+        group = [(i, f) for i, f in enumerate(findings) if f.severity == severity]
+        if group:
+            out.append(markup.fmt("<h3>{}</h3>", _HEADINGS[severity]))
+            out += [_finding(i, f, link(f)) for i, f in group]
     out.append("</section>")
     return "".join(out)

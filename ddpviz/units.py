@@ -16,3 +16,15 @@ def human_bytes(n: int) -> str:
             return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
         x /= 1024
     return f"{x:.1f} GiB"
+
+
+def human_duration(ns: float) -> str:
+    """Nanoseconds for people: '2.35 s', '12.3 ms', '45 µs', '0 s'."""
+    if ns < 0:
+        return "-" + human_duration(-ns)
+    s = ns / 1e9
+    if s >= 1 or s == 0:
+        return f"{s:.2f} s" if s < 100 else f"{s:.0f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"

@@ -295,3 +295,29 @@ def test_replay_steps_are_consistent(case):
             assert len(b.indices) == 1 and b.limit == 0
     if not indices:
         assert a.bucket_indices == sorted(a.bucket_indices, key=min)
+
+
+def test_specs_by_name_assign_as_specs_by_torch_object() -> None:
+    # a recorded run has only names ("float16", "cuda:1"): the same keys, order and buckets
+    import random
+
+    from ddpviz.engine.buckets import key_hash
+
+    rng = random.Random(0)
+    kinds = [("float32", "cpu"), ("float16", "cpu"), ("bfloat16", "cuda:1"), ("float64", "meta"),
+             ("float16", "cuda")]
+    for _ in range(50):
+        picked = [rng.choice(kinds) for _ in range(rng.randint(1, 30))]
+        sizes = [rng.randint(1, 4000) for _ in picked]
+        named = [TensorSpec(n, 2, d, v) for n, (d, v) in zip(sizes, picked, strict=True)]
+        objects = [TensorSpec(n, 2, getattr(torch, d), torch.device(v))
+                   for n, (d, v) in zip(sizes, picked, strict=True)]
+        limits = [rng.randint(1, 9000) for _ in range(rng.randint(1, 3))]
+        order = list(range(len(named)))
+        rng.shuffle(order)
+        for indices in ((), order):
+            ours = replay_bucket_assignment(named, limits, tensor_indices=indices)
+            theirs = replay_bucket_assignment(objects, limits, tensor_indices=indices)
+            assert ours == theirs
+    for d, v in kinds:
+        assert key_hash(d, v) == key_hash(getattr(torch, d), torch.device(v))

@@ -1,14 +1,19 @@
-"""The command line: `ddpviz buckets TARGET` and `ddpviz demo`."""
+"""The command line: `ddpviz buckets TARGET`, `ddpviz demo` and `ddpviz diagnose TRACE`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+import ddpviz
 from ddpviz import Trace, bucket_plan
 from ddpviz.cli import TargetError, load_target, main
 from ddpviz.zoo import convnet, mlp
@@ -109,3 +114,129 @@ def test_demo_plan_only(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "why: 'encoder.layers.0.linear2.weight' brought its bucket to 1.0 MiB" in out
     assert "2/2" not in out
+
+
+# --- ddpviz diagnose, on traces of real 2-rank gloo runs ------------------------------------
+
+
+def _record(fn: Any, folder: Path) -> Path:
+    """Run `fn` on 2 ranks (ddpviz.launch) and save each rank's events in its own file, as
+    `ddpviz record --out` or per-rank `ddpviz.connect()` files would be."""
+    with ddpviz.listen(show=False) as session:
+        run = ddpviz.launch(fn, 2, session=session, timeout=120)
+        # the planted defect stops the ranks (RankError): their events are what we want
+        with contextlib.suppress(ddpviz.RankError):
+            run.wait()
+        trace = session.trace
+    folder.mkdir()
+    for rank in trace.ranks:
+        Trace(trace.events(rank), meta={**trace.meta, "rank": rank},
+              clock={rank: trace.clock.get(rank, (0, 0))}).save(folder / f"rank{rank}.ddpviz")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests.widgets import rank_fns
+
+    root = tmp_path_factory.mktemp("runs")
+    return {"healthy": _record(rank_fns.torch_then_ddpviz, root / "healthy"),
+            "planted": _record(rank_fns.rank_1_builds_another_head, root / "planted")}
+
+
+@pytest.mark.dist
+def test_diagnose_names_the_shape_planted_on_rank_1_and_exits_1(
+        recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", str(recorded["planted"])]) == 1  # a folder: its per-rank files
+    out = capsys.readouterr().out
+    assert "from ranks 0,1 (world size 2)" in out and "2 findings: 2 errors." in out
+    assert "- parameter 4 '4.weight' has a different shape across ranks (rank 1):" in out
+    assert re.search(r"rank 0: +\(1, 16\)\n +rank 1: +\(3, 16\)", out)
+    assert "fix: All ranks must build the same model" in out
+    files = sorted(str(p) for p in recorded["planted"].glob("*.ddpviz"))
+    assert main(["diagnose", *files]) == 1  # the files themselves read the same
+    assert capsys.readouterr().out.split("\n", 1)[1] == out.split("\n", 1)[1]
+
+
+@pytest.mark.dist
+def test_diagnose_json_carries_every_field_of_the_findings(
+        recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", "--json", str(recorded["planted"])]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    findings = ddpviz.diagnose(Trace.merge(Trace.load(p) for p in
+                                           sorted(recorded["planted"].glob("*.ddpviz"))))
+    assert doc["schema"] == 1 and doc["verdict"] == "errors"
+    assert doc["counts"] == {"error": 2, "warning": 0, "info": 0}
+    assert [(f["kind"], f["name"], f["ranks"], f["field"]) for f in doc["findings"]] == [
+        ("param_mismatch", "4.weight", [1], "shape"), ("param_mismatch", "4.bias", [1], "shape")]
+    assert [f["text"] for f in doc["findings"]] == [f.text() for f in findings]
+    assert set(doc["findings"][0]) == {*ddpviz.Finding.__struct_fields__, "text"}
+    summary = doc["trace"]
+    assert summary["ranks"] == [0, 1] and summary["world_size"] == 2
+    assert len(summary["files"]) == 2 and summary["truncated"] is False
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d.*\+00:00", summary["started"])
+
+
+@pytest.mark.dist
+def test_diagnose_a_healthy_run_says_so_in_one_line_and_exits_0(
+        recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", str(recorded["healthy"])]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and out[1] == "ddpviz: healthy: no problems found."
+    assert main(["diagnose", "--json", str(recorded["healthy"])]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "healthy" and doc["findings"] == []
+    assert doc["trace"]["steps"] == 3
+
+
+@pytest.mark.dist
+def test_report_of_a_folder_opens_with_the_findings(recorded: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    assert main(["report", str(recorded["planted"]), "-o", str(out)]) == 0
+    page = out.read_text()
+    findings = page.index("<section id='findings'>")
+    assert findings < page.index("<section id='summary'>")
+    assert "4.weight" in page[findings:page.index("</section>", findings)]
+    assert "started_wall_ns" not in page
+
+
+def test_diagnose_garbage_exits_2_and_says_what_is_wrong(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.ddpviz"
+    bad.write_bytes(b"not a trace at all")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [([str(bad)], "is not a ddpviz trace"),
+             ([str(tmp_path / "nope.ddpviz")], "no file"),
+             ([str(empty)], "holds no *.ddpviz file")]
+    for args, what in cases:
+        assert main(["diagnose", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ddpviz: ") and what in err and args[0] in err, err
+        assert len(err.strip().splitlines()) >= 2  # then how to fix it
+
+
+def test_diagnose_is_on_the_help_and_runs_as_a_command(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "ddpviz", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "diagnose" in r.stdout
+    path = tmp_path / "t.ddpviz"
+    Trace().save(path)
+    r = subprocess.run([sys.executable, "-m", "ddpviz", "diagnose", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "healthy" in r.stdout, r.stdout + r.stderr
+
+
+def test_diagnose_never_prints_a_traces_control_characters(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpviz import events as ev
+
+    sneaky = ddpviz.Finding(kind="rank_hang", severity="error",
+                            title="\x1b[2K\x1b[1Ahidden\x07", detail=("a\rb",))
+    path = tmp_path / "t.ddpviz"
+    Trace([ev.FindingReported(0, 0, 1, 0, sneaky)]).save(path)
+    assert main(["diagnose", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "\\x1b[2K\\x1b[1Ahidden\\x07" in out and "a\\x0db" in out
+    assert not any(c in out for c in "\x1b\x07\r")

@@ -2,8 +2,8 @@
 
 Imports are read with `ast`: module-level and lazy (inside functions) imports both count;
 imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up:
-- the vocabulary (events, findings, errors, limits) imports only itself; the utilities
-  (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
+- the vocabulary (events, findings, model_mismatch, errors, limits) imports only itself; the
+  utilities (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
 - tracefile (the .ddpviz frame format and writer) imports only the vocabulary;
 - engine/ (DDP itself) imports only the vocabulary and engine/;
 - transport/ never imports what consumes its events (sessions, the launcher, widgets, diagnosis,
@@ -23,7 +23,8 @@ import pytest
 import ddpviz
 
 PACKAGE = Path(ddpviz.__file__).parent
-VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits"}
+VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits",
+              "ddpviz.model_mismatch"}
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps"}
 FORMAT = {"ddpviz.tracefile"}
 # What transport/ feeds (it must work without any of them: the light rank-side install).
@@ -176,3 +177,92 @@ def test_only_named_ui_methods_import_widgets() -> None:
 def test_every_named_exception_is_still_needed(where: tuple[str, str]) -> None:
     assert any((m, f) == where and _under(t, "ddpviz.widgets") for m, t, _, f in EDGES), (
         f"{where} no longer imports a widget: remove it from UI_METHODS")
+
+
+# --- reading traces never loads torch ---------------------------------------------------------
+# Planning a model and running ranks need torch; reading what a run recorded (load, diagnose,
+# the report, the Chrome export, the dashboard, the advisor, the CLI's help and its trace verbs)
+# does not, and importing torch takes longer than all of those together.
+
+_READERS = {
+    "diagnose": "import ddpviz\nfound = ddpviz.diagnose(ddpviz.Trace.load(PATH))\n"
+                "assert any(f.kind == 'param_mismatch' for f in found), found",
+    "report": "from ddpviz.report import render\nfrom ddpviz.trace import Trace\n"
+              "assert 'finding-0' in render(Trace.load(PATH))",
+    "chrome export": "import ddpviz\nt = ddpviz.Trace.load(PATH)\n"
+                     "assert t.to_chrome_trace()['traceEvents']\n"
+                     "t.write_chrome_trace(PATH + '.json')",
+    "ddpviz --help": "from ddpviz.cli import main\ntry:\n    main(['--help'])\n"
+                     "except SystemExit as e:\n    assert e.code == 0",
+    "ddpviz diagnose": "from ddpviz.cli import main\nassert main(['diagnose', PATH]) == 1\n"
+                       "assert main(['diagnose', '--json', PATH]) == 1",
+    "ddpviz report": "from ddpviz.cli import main\n"
+                     "assert main(['report', PATH, '-o', PATH + '.html']) == 0",
+    "findings and errors": "import ddpviz\nddpviz.Finding, ddpviz.DiagnosisError, "
+                           "ddpviz.RankHangError",
+}
+# on a healthy run with bucket maps and gradient hooks (what the planner and advisor read)
+_PLANNERS = {
+    "dashboard": "import ddpviz\nd = ddpviz.Trace.load(PATH).dashboard()\n"
+                 "assert d.buckets.observed is not None\nd.close()",
+    "advise": "import ddpviz\nassert ddpviz.advise(PATH).rows",
+}
+
+
+def _loads_torch(code: str, path: Path) -> bool:
+    """Whether a fresh interpreter has imported torch after running `code` (PATH = path)."""
+    import subprocess
+    import sys
+
+    probe = (f"import sys\nPATH = {str(path)!r}\n{code}\n"
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.fixture(scope="module")
+def defective_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ddpviz.trace import Trace
+    from tests.diagnose.random_runs import DEFECTS, random_run
+
+    path = tmp_path_factory.mktemp("trace") / "run.ddpviz"
+    Trace(random_run(3, DEFECTS), meta={"started_wall_ns": 1_795_566_483_621_739_137}).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def healthy_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ddpviz.trace import Trace
+    from tests.diagnose.synthetic import Ranks
+
+    ranks = Ranks(2)
+    ranks.construct()
+    for step in range(4):
+        for rank in (0, 1):
+            ranks.iteration(rank, step)
+    path = tmp_path_factory.mktemp("trace") / "healthy.ddpviz"
+    Trace(ranks.events).save(path)
+    return path
+
+
+_WHY = ("imported torch: find the chain with python -X importtime and move the torch-needing "
+        "import into the function that plans a module or runs ranks")
+
+
+@pytest.mark.parametrize("reader", sorted(_READERS))
+def test_reading_a_trace_never_imports_torch(reader: str, defective_trace: Path) -> None:
+    assert not _loads_torch(_READERS[reader], defective_trace), f"{reader} {_WHY}"
+
+
+@pytest.mark.parametrize("reader", sorted(_PLANNERS))
+def test_replanning_a_recorded_run_never_imports_torch(reader: str, healthy_trace: Path) -> None:
+    if reader == "dashboard":
+        pytest.importorskip("ipywidgets")
+    assert not _loads_torch(_PLANNERS[reader], healthy_trace), f"{reader} {_WHY}"
+
+
+def test_the_probe_sees_torch_where_a_model_is_planned(defective_trace: Path) -> None:
+    code = "from ddpviz.cli import main\nassert main(['buckets', 'ddpviz.zoo:mlp']) == 0"
+    assert _loads_torch(code, defective_trace)

@@ -28,6 +28,7 @@ def _loaded_after(code: str) -> list[str]:
     "import ddpviz.engine.buckets",
     "from ddpviz import DistributedDataParallel, bucket_plan, diagnose, Trace",
     "import ddpviz; ddpviz.advise",
+    "from ddpviz import DiagnosisError, Finding, RankHangError",
 ])
 def test_the_engine_and_analysis_load_no_transport_or_widgets(code: str) -> None:
     assert _loaded_after(code) == []

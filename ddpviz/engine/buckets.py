@@ -17,9 +17,14 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# Bucket assignment works on descriptions (TensorSpec: sizes, dtype and device by name), so
+# planning a recorded run's maps (the dashboard, the advisor) needs no torch; torch is imported
+# only where real tensors are passed in (_as_spec).
 
 # [Note: partly filled buckets]
 # torch keeps one accumulating bucket per (dtype, device) key in a std::unordered_map and, after
@@ -50,9 +55,7 @@ _SCALAR_TYPE_NAMES = (
     "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7",
     "int1", "int2", "int3", "int4", "int5", "int6", "int7", "float8_e8m0fnu", "float4_e2m1fn_x2",
 )
-SCALAR_TYPE: dict[torch.dtype, int] = {
-    getattr(torch, name): i for i, name in enumerate(_SCALAR_TYPE_NAMES) if hasattr(torch, name)
-}
+SCALAR_TYPE: dict[str, int] = {name: i for i, name in enumerate(_SCALAR_TYPE_NAMES)}
 
 # c10::DeviceType enum values (torch/headeronly/core/DeviceType.h).
 DEVICE_TYPE: dict[str, int] = {
@@ -68,12 +71,13 @@ DEVICE_TYPE: dict[str, int] = {
 @dataclass(frozen=True)
 class TensorSpec:
     """A tensor described by what bucketing needs: enough to plan for a model that exists only as
-    shapes (meta device, or a description from another machine)."""
+    shapes (meta device, or a description from another machine). dtype and device are torch's
+    objects or their names ("float32", "cuda:0"), which is all a recorded trace holds."""
 
     numel: int
     element_size: int
-    dtype: torch.dtype
-    device: torch.device
+    dtype: torch.dtype | str
+    device: torch.device | str
 
     @staticmethod
     def of(tensor: torch.Tensor) -> TensorSpec:
@@ -126,6 +130,8 @@ class BucketAssignment(NamedTuple):
 def _as_spec(t: Any, position: int) -> TensorSpec:
     if isinstance(t, TensorSpec):
         return t
+    import torch
+
     if isinstance(t, torch.Tensor):
         if t.is_sparse or t.layout != torch.strided:
             raise ValueError(
@@ -140,14 +146,24 @@ def _as_spec(t: Any, position: int) -> TensorSpec:
     )
 
 
-def key_hash(dtype: torch.dtype, device: torch.device) -> int:
+def _device(device: torch.device | str) -> tuple[str, str, int]:
+    """(name, type, index) of a device or its name: 'cuda:1' -> ('cuda:1', 'cuda', 1); the
+    index is -1 when not given (torch.device's index None)."""
+    name = str(device)
+    kind, sep, index = name.partition(":")
+    if not kind or (sep and not index.isdigit()):
+        raise ValueError(f"ddpviz: {name!r} is not a device; expected e.g. 'cpu' or 'cuda:0'.")
+    return name, kind, int(index) if sep else -1
+
+
+def key_hash(dtype: torch.dtype | str, device: torch.device | str) -> int:
     """c10::hash<BucketKey>: hash_combine(std::hash<Device>, ScalarType), in 64-bit arithmetic."""
+    _, kind, index = _device(device)
     try:
-        scalar_type = SCALAR_TYPE[dtype]
-        device_type = DEVICE_TYPE[device.type]
+        scalar_type = SCALAR_TYPE[_dtype_name(dtype)]
+        device_type = DEVICE_TYPE[kind]
     except KeyError as e:
         raise ValueError(f"ddpviz: no c10 enum value known for {e.args[0]!r}") from None
-    index = device.index if device.index is not None else -1
     seed = (device_type << 16) | (index & 0xFF)
     return (seed ^ ((scalar_type + 0x9E3779B9 + (seed << 6) + (seed >> 2)) & _MASK64)) & _MASK64
 
@@ -213,25 +229,24 @@ def replay_bucket_assignment(
     steps: list[AssignStep] = []
     emitted: list[EmittedBucket] = []
     order = _UnorderedMapOrder()
-    # per (dtype, device) key: [indices, bytes, limit position, last limit, display key]
-    open_buckets: dict[tuple[torch.dtype, torch.device], list[Any]] = {}
+    # per (dtype, device) key, by name: [indices, bytes, limit position, last limit, key]
+    open_buckets: dict[tuple[str, str], list[Any]] = {}
     last_pos = len(limits) - 1
 
     for position, spec in enumerate(specs):
         index = indices[position] if indices else position
-        device = spec.device if isinstance(spec.device, torch.device) else torch.device(
-            spec.device)
+        device = _device(spec.device)[0]
         nbytes = spec.numel * spec.element_size
         if flags and flags[index]:
             emitted.append(EmittedBucket((index,), 0, CloseReason.SPARSE))
-            steps.append(AssignStep(position, index, ("sparse", str(device)), nbytes,
+            steps.append(AssignStep(position, index, ("sparse", device), nbytes,
                                     nbytes, 0, -1, CloseReason.SPARSE))
             continue
-        key = (spec.dtype, device)
+        key = (_dtype_name(spec.dtype), device)
         state = open_buckets.get(key)
         if state is None:
-            order.insert(key, key_hash(spec.dtype, device))
-            state = open_buckets[key] = [[], 0, 0, 0, (_dtype_name(spec.dtype), str(device))]
+            order.insert(key, key_hash(*key))
+            state = open_buckets[key] = [[], 0, 0, 0, key]
         state[0].append(index)
         bucket_bytes = state[1] = state[1] + nbytes
         pos = state[2]
@@ -304,15 +319,16 @@ def _check_inputs(n: int, limits: list[int], flags: list[bool], indices: list[in
                              "flags; indices must lie in [0, len(tensors)).")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
-def bucket_keys(specs: Iterable[TensorSpec]) -> list[tuple[torch.dtype, torch.device]]:
-    """Distinct (dtype, device) keys in first-seen order (each key walks the limits on its own)."""
-    seen: dict[tuple[torch.dtype, torch.device], None] = {}
+def bucket_keys(specs: Iterable[TensorSpec]) -> list[tuple[str, str]]:
+    """Distinct (dtype, device) keys by name, in first-seen order (each key walks the limits on
+    its own)."""
+    seen: dict[tuple[str, str], None] = {}
     for s in specs:
-        seen.setdefault((s.dtype, torch.device(s.device)), None)
+        seen.setdefault((_dtype_name(s.dtype), _device(s.device)[0]), None)
     return list(seen)
 
 

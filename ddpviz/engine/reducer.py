@@ -608,8 +608,7 @@ class Reducer:
         for f in findings:  # the same text on every rank: each rank's missing parameters
             for r in f.ranks:
                 by_rank.setdefault(r, []).append((f.param, f.name))
-        error = UnusedParametersError(f"{body}\n{self._torch_text(by_rank)}\n{tail}")
-        error.findings = findings
+        error = UnusedParametersError(f"{body}\n{self._torch_text(by_rank)}\n{tail}", findings)
         self._log_error(str(error))
         self._raise_unused(error)
 

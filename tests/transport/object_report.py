@@ -1,5 +1,7 @@
 """The static report as it was before the columnar store (events as objects), kept only as
-the oracle test_columnar_exports.py compares ddpviz.report with."""
+the oracle test_columnar_exports.py compares ddpviz.report with: the sections the report derives
+from events itself (per-rank summary, bucket maps, timeline; the findings and the summary are
+diagnose()'s and verdict.py's, tested on their own)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.trace import Span, Trace, gc_paused
-from ddpviz.units import human_bytes
+from ddpviz.units import human_bytes, human_duration
 from tests.transport.object_exports import object_spans
 
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
@@ -39,8 +41,8 @@ def _render(trace: Trace, title: str) -> str:
     parts = [markup.fmt("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
                         "<title>{}</title><style>{}</style></head><body>", title,
                         markup.Markup(_CSS)),
-             markup.fmt("<h1>{}</h1>", title), _summary(trace), _ranks(trace), _verification(trace),
-             _buckets(trace), _timeline(trace), _unused(trace), "</body></html>"]
+             markup.fmt("<h1>{}</h1>", title), _ranks(trace), _buckets(trace), _timeline(trace),
+             "</body></html>"]
     return "\n".join(parts)
 
 
@@ -56,15 +58,17 @@ def _e(value: object) -> str:
     return markup.escape(value)
 
 
-def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = ()) -> str:
+def _table(head: list[str], rows: list[list[object]], text: tuple[int, ...] = (),
+           ids: list[str] | None = None) -> str:
     """An HTML table; columns in `text` are left-aligned, the others (numbers) right."""
     cls = [markup.Markup(" class='l'" if i in text else "") for i in range(len(head))]
     heads = markup.join(markup.fmt("<th{}>{}</th>", c, h) for c, h in zip(cls, head, strict=True))
     out: list[str] = [markup.fmt("<table><tr>{}</tr>", heads)]
-    for row in rows:
+    for n, row in enumerate(rows):
         cells = markup.join(markup.fmt("<td{}>{}</td>", c, v)
                             for c, v in zip(cls, row, strict=True))
-        out.append(markup.fmt("<tr>{}</tr>", cells))
+        row_id = markup.fmt(" id='{}'", ids[n]) if ids is not None else ""
+        out.append(markup.fmt("<tr{}>{}</tr>", row_id, cells))
     out.append("</table>")
     return markup.Markup("".join(out))  # trusted pieces only: fmt results and literals
 
@@ -74,17 +78,6 @@ def _ms(ns: float) -> str:
 
 
 # --- sections ---------------------------------------------------------------------------------
-
-
-def _summary(trace: Trace) -> str:
-    n, ranks = len(trace), trace.ranks
-    meta = ", ".join(f"{k}={v}" for k, v in sorted(trace.meta.items()) if k != "rank")
-    truncated = ("<p class='bad'>The trace file ended in a torn frame: events after the "
-                 "writer's last flush are missing.</p>" if trace.truncated else "")
-    return markup.fmt("<section id='summary'><h2>Summary</h2><p>{} events from {} rank{} ({}).</p>"
-                      "<p class='muted'>{}</p>{}</section>", n, len(ranks),
-                      "s" if len(ranks) != 1 else "", ", ".join(map(str, ranks)) or "none",
-                      meta, markup.Markup(truncated))
 
 
 def _ranks(trace: Trace) -> str:
@@ -104,43 +97,16 @@ def _ranks(trace: Trace) -> str:
         ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
         unfinished = sum(1 for s in sp if not s.finished)
         offset, error = trace.clock.get(rank, (0, 0))
-        clock = f"{offset} ± {error} ns" if error >= 0 else f"{offset} ns (wall clock)"
-        rows.append([rank, len(evs), steps, _ms(duration),
-                     _ms(sum(back) / len(back)) if back else "-", len(ars),
-                     _ms(sum(ars) / len(ars)) if ars else "-", unfinished, dropped, holes,
-                     clock])
-    table = _table(["rank", "events", "steps", "span ms", "backward mean ms", "all-reduces",
-                    "all-reduce mean ms", "unfinished spans", "dropped", "seq holes",
+        clock = (f"{human_duration(offset)} ± {human_duration(error)}" if error >= 0
+                 else f"{human_duration(offset)} (wall clock)")
+        rows.append([rank, len(evs), steps, human_duration(duration),
+                     human_duration(sum(back) / len(back)) if back else "-", len(ars),
+                     human_duration(sum(ars) / len(ars)) if ars else "-", unfinished, dropped,
+                     holes, clock])
+    table = _table(["rank", "events", "steps", "span", "backward mean", "all-reduces",
+                    "all-reduce mean", "unfinished spans", "dropped", "seq holes",
                     "clock offset"], rows)
     return markup.fmt("<section id='ranks'><h2>Per-rank summary</h2>{}</section>", table)
-
-
-def _verification(trace: Trace) -> str:
-    out = ["<section id='verification'><h2>Model verification across ranks</h2>"]
-    passed = trace.of_type(ev.VerificationPassed)
-    failed = trace.of_type(ev.VerificationFailed)
-    if not passed and not failed:
-        out.append("<p class='muted'>No verification events in this trace.</p>")
-    if passed:
-        digests = sorted({e.digest for e in passed})
-        ranks = sorted({e.rank for e in passed})
-        out.append(markup.fmt("<p class='ok'>Passed on ranks {} (world size {}; digest {}).</p>",
-                              ranks, passed[0].world_size, ", ".join(digests)))
-    seen: set[tuple[Any, ...]] = set()
-    for e in failed:
-        mismatches = e.mismatches
-        if mismatches in seen:
-            continue
-        seen.add(mismatches)
-        ranks = sorted({f.rank for f in failed if f.mismatches == mismatches})
-        out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): "
-                              "{} difference(s).</p>", ranks, len(mismatches)))
-        rows = [[m.kind, m.index, m.name, m.field,
-                 "; ".join(f"{value} on ranks {','.join(map(str, rs))}" for value, rs in m.values)]
-                for m in mismatches]
-        out.append(_table(["kind", "index", "name", "field", "values"], rows, text=(0, 2, 3, 4)))
-    out.append("</section>")
-    return "".join(out)
 
 
 def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
@@ -176,7 +142,7 @@ def _buckets(trace: Trace) -> str:
             out.append(markup.fmt("<p class='bad'>Ranks disagree on the {} "
                                   "bucket map: each rank would all-reduce different tensors "
                                   "together.</p>", "rebuilt" if rebuilt else ""))
-    for (rebuilt, buckets, limits), where in maps.items():
+    for m, ((rebuilt, buckets, limits), where) in enumerate(maps.items()):
         ranks = sorted({r for r, _ in where})
         step = min(s for _, s in where)
         label = f"rebuilt in step {step}" if rebuilt else "at construction"
@@ -192,7 +158,7 @@ def _buckets(trace: Trace) -> str:
             limit = human_bytes(limits[i]) if i < len(limits) else "-"
             rows.append([i, len(b), human_bytes(sizes[i]) if params else "?", limit, shown])
         out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
-                          text=(4,)))
+                          text=(4,), ids=[f"bucket-{m}-{i}" for i in range(len(rows))]))
         if len(rows) > _MAX_ROWS:
             out.append(markup.fmt("<p class='muted'>{} more buckets not shown.</p>",
                                   len(rows) - _MAX_ROWS))
@@ -230,9 +196,10 @@ def _timeline(trace: Trace) -> str:
         out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
                    "</section>")
         return "".join(out)
+    named = markup.join((markup.fmt("<span id='step-{}'>{}</span>", s, s) for s in steps), ", ")
     out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
                           "rank: forward and backward on top, one row per bucket's all-reduce "
-                          "below. Hatched: never finished.</p>", ", ".join(map(str, steps))))
+                          "below. Hatched: never finished.</p>", named))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)
     scale = 900.0 / max(t1 - t0, 1)
@@ -275,28 +242,4 @@ def _timeline(trace: Trace) -> str:
     out.append(markup.fmt("<svg width='{}' height='{}' role='img' "
                           "aria-label='all-reduce timeline'>{}</svg></section>",
                           label_w + 960, height, markup.Markup("".join(items))))
-    return "".join(out)
-
-
-def _unused(trace: Trace) -> str:
-    out = ["<section id='unused'><h2>Unused parameters</h2>"]
-    found = trace.of_type(ev.UnusedParametersFound)
-    if not found:
-        out.append("<p class='muted'>No rank reported unused parameters.</p></section>")
-        return "".join(out)
-    per_rank: dict[int, dict[int, str]] = defaultdict(dict)
-    steps: dict[int, set[int]] = defaultdict(set)
-    for e in found:
-        for p, name in zip(e.params, e.names, strict=False):
-            per_rank[e.rank][p] = name
-        steps[e.rank].add(e.step)
-    rows: list[list[object]] = []
-    for rank in sorted(per_rank):
-        names = [f"{i} {n}" for i, n in sorted(per_rank[rank].items())]
-        rows.append([rank, len(names), ", ".join(map(str, sorted(steps[rank]))),
-                     ", ".join(names)])
-    out.append("<p class='bad'>Parameters that got no gradient: with "
-               "find_unused_parameters=False DDP would not all-reduce them.</p>")
-    out.append(_table(["rank", "count", "steps", "parameters"], rows, text=(2, 3)))
-    out.append("</section>")
     return "".join(out)

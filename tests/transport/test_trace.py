@@ -209,7 +209,7 @@ def test_report_is_self_contained_with_every_section():
     parser = _Sections()
     parser.feed(text)
     assert parser.stack == []
-    assert {"summary", "ranks", "verification", "buckets", "timeline", "unused"} <= set(
+    assert {"findings", "summary", "ranks", "verification", "buckets", "timeline"} <= set(
         parser.ids)
     assert "script" not in parser.tags and "link" not in parser.tags and "http" not in text
     assert text.count("<svg") == 3  # two bucket maps, one timeline
@@ -225,8 +225,8 @@ def test_report_names_mismatches_and_disagreeing_bucket_maps():
     evs += [ev.BucketAssigned(0, -1, 1, 1, ((0, 1),), (100,), False),
             ev.BucketAssigned(1, -1, 1, 1, ((1, 0),), (100,), False)]
     text = render(Trace(evs))
-    assert "Failed (reported by ranks [0, 1])" in text and "fc2.weight" in text
-    assert "(16, 4) on ranks 1" in text and "Ranks disagree" in text
+    assert "Failed (reported by ranks [0, 1]): 1 difference" in text and "fc2.weight" in text
+    assert "rank 1: (16, 4)" in text and "Ranks disagree" in text
 
 
 def test_cli_report_merges_per_rank_files(tmp_path, capsys):

@@ -1,0 +1,171 @@
+"""The verdict on a recorded run, as `ddpviz diagnose` prints it and the HTML report opens with
+it: what the trace holds (when it was recorded, for how long, which ranks, how many steps) and
+its findings, severity first, as text for people or as JSON (schema in `diagnosis_json`).
+
+Reads traces and findings only: no torch, no processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+
+from ddpviz import events as ev
+from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
+from ddpviz.trace import Trace
+from ddpviz.units import human_duration
+
+# C0/C1 control characters but newline: a name in an untrusted trace must not drive the terminal
+# (ANSI escapes can rewrite what was printed above)
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+JSON_SCHEMA = 1  # bump when a key of diagnosis_json changes meaning or goes away
+SEVERITIES = ("error", "warning", "info")
+
+
+class TraceFacts(NamedTuple):
+    """What a trace holds, for people."""
+
+    ranks: tuple[int, ...]
+    events: int
+    steps: int  # DDP iterations seen (the highest step + 1) on the rank that ran most
+    world_size: int  # from verification; 0 when the trace does not say
+    started_wall_ns: int | None  # wall clock of the first event (or of the session's start)
+    duration_ns: int  # first to last event, on the aligned clock
+    truncated: bool  # a file ended in a torn frame: events after its last flush are lost
+    source: str  # meta's "source" ("session", "ddpviz postmortem", ...), "" when unknown
+
+    def started(self) -> str:
+        """'2026-11-25 11:51:09 UTC', or '' when the trace carries no wall clock."""
+        if self.started_wall_ns is None:
+            return ""
+        when = datetime.datetime.fromtimestamp(self.started_wall_ns / 1e9, tz=datetime.UTC)
+        return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    def sentence(self) -> str:
+        """One line: '236 events from ranks 0,1 (world size 2), 3 steps, recorded
+        2026-11-25 11:51:09 UTC over 1.20 s.'"""
+        ranks = format_ranks(self.ranks) if self.ranks else "no rank"
+        size = f" (world size {self.world_size})" if self.world_size else ""
+        steps = f", {self.steps} step{'s' if self.steps != 1 else ''}" if self.steps else ""
+        when = f", recorded {self.started()}" if self.started_wall_ns is not None else ""
+        span = f" over {human_duration(self.duration_ns)}" if self.events else ""
+        return f"{self.events} events from {ranks}{size}{steps}{when}{span}."
+
+
+def trace_facts(trace: Trace) -> TraceFacts:
+    """The facts `TraceFacts` names, from the trace's columns and meta."""
+    tables = trace.columns()
+    starts, ends, steps = [], [], 0
+    for rank, t in tables.items():
+        if not len(t):
+            continue
+        offset = trace.clock.get(rank, (0, 0))[0]
+        starts.append(int(t.t.min()) + offset)
+        ends.append(int(t.t.max()) + offset)
+        steps = max(steps, int(t.step.max()) + 1)
+    sizes = [e.world_size for e in trace.of_type(ev.VerificationStarted)]
+    meta = trace.meta
+    wall: int | None = None
+    if isinstance(meta.get("started_wall_ns"), int):
+        wall = meta["started_wall_ns"]
+    elif starts and isinstance(meta.get("wall_ns"), int) and isinstance(meta.get("mono_ns"), int):
+        wall = meta["wall_ns"] - meta["mono_ns"] + min(starts)  # events carry monotonic ns
+    source = meta.get("source")
+    return TraceFacts(
+        ranks=tuple(r for r, t in tables.items() if len(t)), events=len(trace), steps=steps,
+        world_size=max(sizes, default=0), started_wall_ns=wall,
+        duration_ns=(max(ends) - min(starts)) if starts else 0, truncated=trace.truncated,
+        source=source if isinstance(source, str) else "")
+
+
+def where(f: Finding) -> str:
+    """'step 3, bucket 1, rank 1': where a finding is, '' when it names no place."""
+    parts = [f"step {f.step}" if f.step >= 0 else "", f"bucket {f.bucket}" if f.bucket >= 0
+             else "", format_ranks(f.ranks) if f.ranks else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def verdict_line(findings: Sequence[Finding]) -> str:
+    """'healthy: no problems found.' or '3 findings: 1 error, 2 warnings.'"""
+    if not findings:
+        return "healthy: no problems found."
+    counts = [(s, sum(f.severity == s for f in findings)) for s in SEVERITIES]
+    told = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts if n)
+    healthy = "" if any(f.severity == "error" for f in findings) else " (no error)"
+    return f"{len(findings)} finding{'s' if len(findings) > 1 else ''}{healthy}: {told}."
+
+
+def finding_lines(f: Finding) -> list[str]:
+    """One finding for a terminal: title and where, values per rank, detail, fix."""
+    at = where(f)
+    colon = ":" if f.values or f.detail else ""
+    lines = [f"- {f.title}" + (f" ({at})" if at else "") + colon]
+    lines += ["  " + line for line in value_lines(f.values)]
+    lines += [f"    {d}" for d in f.detail]
+    if f.fix:
+        lines.append(f"  fix: {f.fix}")
+    return lines
+
+
+def diagnosis_text(trace: Trace, findings: Sequence[Finding],
+                   files: Sequence[Path] = ()) -> str:
+    """`ddpviz diagnose`'s output: the trace in one line, the verdict, then the findings
+    grouped by severity (errors first), each with where it is, its values, detail and fix."""
+    facts = trace_facts(trace)
+    name = (", ".join(str(f) for f in files) if len(files) <= 2
+             else f"{len(files)} files in {files[0].parent}") if files else "trace"
+    lines = [f"ddpviz: {name}: {facts.sentence()}"]
+    if facts.truncated:
+        lines.append("ddpviz: a file ended in a torn frame: events after the writer's last "
+                     "flush are missing, so the diagnosis may be incomplete.")
+    lines.append(f"ddpviz: {verdict_line(findings)}")
+    ordered = sort_findings(findings)
+    for severity in SEVERITIES:
+        group = [f for f in ordered if f.severity == severity]
+        if not group:
+            continue
+        lines += ["", f"{severity}s ({len(group)}):" if len(group) > 1 else f"{severity}:"]
+        for f in group:
+            lines += finding_lines(f)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "\n".join(lines))
+
+
+def finding_record(f: Finding) -> dict[str, Any]:
+    """A finding as plain data: every field of `Finding` (values as [value, ranks] pairs) and
+    `text`, its house-style message (the same shape as `ddpviz postmortem --json`'s)."""
+    out: dict[str, Any] = msgspec.to_builtins(f)
+    out["text"] = f.text()
+    return out
+
+
+def diagnosis_json(trace: Trace, findings: Sequence[Finding],
+                   files: Sequence[Path] = ()) -> str:
+    """`ddpviz diagnose --json`: one object,
+    {"schema": 1, "verdict": "healthy" | "warnings" | "errors",
+     "trace": {"files", "ranks", "events", "steps", "world_size", "started" (ISO 8601 UTC or
+               null), "started_wall_ns", "duration_s", "truncated", "source"},
+     "counts": {"error": n, "warning": n, "info": n},
+     "findings": [{"kind", "severity", "title", "ranks", "param", "name", "field", "bucket",
+                   "step", "values", "detail", "fix", "world_size", "text"}, ...]}
+    with findings errors first; -1 in param/bucket/step means "not about one"."""
+    facts = trace_facts(trace)
+    ordered = sort_findings(findings)
+    counts = {s: sum(f.severity == s for f in ordered) for s in SEVERITIES}
+    verdict = "errors" if counts["error"] else "warnings" if counts["warning"] else "healthy"
+    started = (datetime.datetime.fromtimestamp(facts.started_wall_ns / 1e9, tz=datetime.UTC)
+               .isoformat() if facts.started_wall_ns is not None else None)
+    doc = {"schema": JSON_SCHEMA, "verdict": verdict,
+           "trace": {"files": [str(f) for f in files], "ranks": list(facts.ranks),
+                     "events": facts.events, "steps": facts.steps,
+                     "world_size": facts.world_size, "started": started,
+                     "started_wall_ns": facts.started_wall_ns,
+                     "duration_s": facts.duration_ns / 1e9, "truncated": facts.truncated,
+                     "source": facts.source},
+           "counts": counts, "findings": [finding_record(f) for f in ordered]}
+    return json.dumps(doc, indent=1)
