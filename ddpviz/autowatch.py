@@ -114,7 +114,7 @@ def _compare_models(dog: Watchdog, module: nn.Module, tap: Tap) -> None:
     if tap.enabled:  # diagnosis turns it into one finding per difference
         tap.emit(ev.VerificationFailed, report.world_size, report.mismatches)
     if breaks_torch(report):
-        raise RankMismatchError(report)
+        report.raise_if_failed()
     if dog.rank == 0:
         text = report.message().removeprefix("ddpviz: ")
         print(f"ddpviz record: {text}\n(torch's DistributedDataParallel accepts this "
