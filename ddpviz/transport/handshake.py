@@ -31,6 +31,7 @@ from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
 HANDSHAKE_S = 5.0  # zmq drops a connection whose handshake takes longer
+_MAX_CONFIRMED = 1 << 16  # connections remembered as past their handshake
 MAX_PENDING = 12  # connections allowed mid-handshake at once (the oldest beyond go): with
 #                  4 MiB messages, 12 x 4.125 MiB ~ 50 MiB of unverified data at most
 
@@ -82,16 +83,31 @@ def secure_client(sock: zmq.Socket[bytes], secret: bytes) -> None:
 class PendingGuard:
     """Reads a server socket's monitor: counts failed handshakes and keeps at most
     `max_pending` connections mid-handshake (shutting the oldest down). Not thread-safe: the
-    collector's thread owns it."""
+    collector's thread owns it.
+
+    [Note: which connection is pending]
+    zmq's monitor names the listening endpoint in every event, gives the descriptor only in
+    ACCEPTED and DISCONNECTED, and reaches us behind the messages: under a flood of thousands
+    of connections a second, a sender's first message is often read before its ACCEPTED event,
+    and by then a descriptor may already belong to another connection. So a connection is
+    known by its socket's inode (unique per socket while it exists, never a recycled number
+    in practice: the kernel counts them up), read with fstat: `confirm` records the inode of
+    every connection a signed-in message arrived on, and a late ACCEPTED for such an inode is
+    ignored. Shutting a connection that had finished its handshake loses what was in flight
+    (the sender counted it as sent), so a connection once confirmed is never shut; the sender
+    sends no events on a connection before the collector answered its hello (sender.py), so a
+    connection shut while still pending carried no events.
+    """
 
     def __init__(self, sock: zmq.Socket[bytes], max_pending: int = MAX_PENDING) -> None:
         self.monitor = sock.get_monitor_socket(_WATCHED)
         self.max_pending = max_pending
         self.failed = 0  # handshakes that failed: peers without the secret
         self.shut = 0  # pending connections shut down for being over the cap
-        # remote endpoint -> (a duplicate of zmq's socket for it, when accepted). The duplicate
+        # socket inode -> (a duplicate of zmq's socket for it, when accepted). The duplicate
         # pins the connection, so a shutdown can never hit a recycled descriptor.
-        self._pending: dict[bytes, tuple[socket.socket, float]] = {}
+        self._pending: dict[int, tuple[socket.socket, float]] = {}
+        self._confirmed: dict[int, None] = {}  # inodes past their handshake (oldest first)
 
     def service(self, enforce: bool = True) -> int:
         """Handle the monitor's queued events; returns how many handshakes failed among them.
@@ -104,14 +120,11 @@ class PendingGuard:
             except zmq.Again:
                 break
             event = parse_monitor_message(msg)
-            kind, value, endpoint = event["event"], int(event["value"]), event["endpoint"]
+            kind, value = event["event"], int(event["value"])
             if kind == zmq.EVENT_ACCEPTED:
                 self._accepted(value)
             elif kind & _FAILED:
                 failed += 1
-                self._forget(endpoint)
-            elif kind in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
-                self._forget(endpoint)
         if enforce:
             self.enforce()
         self.failed += failed
@@ -129,33 +142,29 @@ class PendingGuard:
         except OSError:  # already gone
             return
         try:
-            host, port = dup.getpeername()[:2]
+            inode = os.fstat(dup.fileno()).st_ino
         except OSError:
             dup.close()
             return
-        key = _key(host, port)
-        old = self._pending.pop(key, None)
+        if inode in self._confirmed:  # a late event for a connection that already spoke
+            dup.close()
+            return
+        old = self._pending.pop(inode, None)
         if old is not None:
             old[0].close()
-        self._pending[key] = (dup, time.monotonic())
+        self._pending[inode] = (dup, time.monotonic())
 
     def confirm(self, fd: int) -> None:
-        """A message arrived on the connection with descriptor `fd` (zmq's SRCFD), so its
-        handshake succeeded: it is no longer pending. zmq's own HANDSHAKE_SUCCEEDED event names
-        the listening endpoint, not the peer, so it cannot say which connection that was."""
+        """A signed-in message arrived on the connection with descriptor `fd` (zmq's SRCFD), so
+        its handshake succeeded: it is not pending, now or when its ACCEPTED event comes."""
         try:
-            probe = socket.socket(fileno=os.dup(fd))
+            inode = os.fstat(fd).st_ino
         except OSError:
             return
-        with probe:
-            try:
-                host, port = probe.getpeername()[:2]
-            except OSError:
-                return
-        self._forget(_key(host, port))
-
-    def _forget(self, endpoint: bytes) -> None:
-        entry = self._pending.pop(endpoint, None)
+        self._confirmed[inode] = None
+        if len(self._confirmed) > _MAX_CONFIRMED:
+            del self._confirmed[next(iter(self._confirmed))]
+        entry = self._pending.pop(inode, None)
         if entry is not None:
             entry[0].close()
 
@@ -179,11 +188,6 @@ class PendingGuard:
             dup.close()
         self._pending.clear()
         self.monitor.close(linger=0)
-
-
-def _key(host: str, port: int) -> bytes:
-    """A peer's address as zmq writes endpoints."""
-    return (f"tcp://{host}:{port}" if ":" not in host else f"tcp://[{host}]:{port}").encode()
 
 
 _TRIM_EVERY_S = 1.0

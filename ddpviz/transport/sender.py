@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ddpviz.events import Event, EventsDropped
 from ddpviz.tracefile import TraceWriter
@@ -37,6 +38,12 @@ from ddpviz.transport.codec import (
     parse_connect_string,
 )
 from ddpviz.transport.handshake import secure_client
+
+_REFUSALS = 3  # failed handshakes in a row (none ever succeeded) that mean "refused"
+_HELLO_RETRY_S = 1.0  # a hello not answered by then is sent again (its connection may be gone)
+_CLIENT_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 _MIN_IDLE_S = 0.001  # the shipping thread polls the buffer, backing off to _MAX_IDLE_S
 _MAX_IDLE_S = 0.02
@@ -314,6 +321,13 @@ class _ZmqSink:
         self._deadline: Callable[[], float | None] = lambda: None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        # The collector answered a hello on the current connection (See [Note: which
+        # connection is pending] in handshake.py): only then do events go.
+        self._answered = False
+        self._hello_at: float | None = None  # when the last unanswered hello went
+        self._refusals = 0  # handshakes failed in a row; -1 once one succeeded
+        self._epoch_ns = 0  # our clock at the last disconnect: older pongs prove nothing
 
     def describe(self) -> str:
         return self.address
@@ -335,17 +349,71 @@ class _ZmqSink:
         secure_client(sock, self._secret)
         if ":[" in self.address or self.address.count(":") > 2:
             sock.setsockopt(zmq.IPV6, 1)
+        self._monitor = sock.get_monitor_socket(_CLIENT_WATCHED)
         sock.connect(self.address)
         self._sock = sock
+        self._hello()
+
+    def _hello(self) -> None:
         header = make_header("hello", self.rank, self._id, self._next_seq(), t_ns=self._clock(),
                              wall_ns=time.time_ns(), host=socket.gethostname(), pid=os.getpid(),
                              boot=boot_id() if self._clock is time.monotonic_ns else "")
-        self._send(self._codec.encode(header))
+        self._hello_at = time.monotonic()
+        self._send(self._codec.encode(header), _HELLO_RETRY_S)
         self._last_ping = time.monotonic()
 
-    def _send(self, parts: list[bytes], limit_s: float | None = None) -> bool:
+    def _watch(self) -> None:
+        """Read the socket's monitor: a new connection must be greeted again before events go
+        on it; a failed handshake means the collector refused our key (said once)."""
+        mon = self._monitor
+        assert mon is not None
+        while True:
+            try:
+                msg = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = parse_monitor_message(msg)["event"]
+            if kind == zmq.EVENT_DISCONNECTED:
+                # A pong still queued from the old connection must not count for the next.
+                self._answered, self._hello_at = False, None
+                self._epoch_ns = self._clock()
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._refusals = -1  # our key works here
+                if not self._answered and self._hello_at is None:
+                    self._hello_at = 0.0  # greet at once
+            elif self._refusals >= 0:
+                # A server that cannot decrypt our hello just hangs up, which the client sees
+                # as a handshake failure without detail (as when a full collector sheds a
+                # connection mid-handshake): say so after a few in a row, never having got in.
+                self._refusals += 1
+                if self._refusals == _REFUSALS:
+                    _warn(f"ddpviz: rank {self.rank}: the notebook refused this rank's key "
+                          f"({_REFUSALS} secure handshakes with {self.address} failed): the "
+                          "secret after '#' in the connect string is not this session's, or "
+                          "something other than a ddpviz collector listens there.\nEvents wait "
+                          "in the buffer and are dropped (counted) while refused; copy the "
+                          "connect string again from the notebook (ddpviz.listen()).")
+
+    def _ready(self) -> bool:
+        """Wait until the collector has answered a hello on this connection (greeting again
+        every _HELLO_RETRY_S); False once past the close deadline."""
+        while True:
+            self.service()
+            if self._answered:
+                return True
+            deadline = self._deadline()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            if self._hello_at is None or time.monotonic() - self._hello_at > _HELLO_RETRY_S:
+                self._hello()
+            assert self._sock is not None
+            self._sock.poll(20, zmq.POLLIN)
+
+    def _send(self, parts: list[bytes], limit_s: float | None = None,
+              answered: bool = False) -> bool | None:
         """Blocking send, retried while the collector is slow or away; False once past the
-        close deadline (or `limit_s` seconds)."""
+        close deadline (or `limit_s` seconds). With answered=True, None when the connection
+        the collector answered on has gone meanwhile (greet the next one first)."""
         assert self._sock is not None
         give_up = None if limit_s is None else time.monotonic() + limit_s
         while True:
@@ -353,6 +421,10 @@ class _ZmqSink:
                 self._sock.send_multipart(parts, copy=False)
                 return True
             except zmq.Again:
+                if answered:
+                    self._watch()
+                    if not self._answered:
+                        return None
                 deadline = self._deadline()
                 if deadline is not None and give_up is not None:
                     deadline = min(deadline, give_up)
@@ -373,15 +445,23 @@ class _ZmqSink:
                   f"of {len(body)} bytes: messages are limited to {MAX_MESSAGE_BYTES} bytes.\n"
                   "Please report this as a ddpviz bug (events are meant to be small).")
             return True
-        header = make_header("events", self.rank, self._id, self._next_seq(), count=len(events))
-        ok = self._send(self._codec.encode_with_body(header, body))
-        self.service()
-        return ok
+        while True:
+            if not self._ready():
+                return False
+            # Numbered after the hellos _ready sent: the collector refuses a frame number lower
+            # than one it has seen (as a replay).
+            header = make_header("events", self.rank, self._id, self._next_seq(),
+                                 count=len(events))
+            ok = self._send(self._codec.encode_with_body(header, body), answered=True)
+            if ok is not None:
+                self.service()
+                return ok
 
     def service(self) -> None:
         """Read pongs; ping again until _PINGS samples are in (See [Note: clock alignment])."""
         sock = self._sock
         assert sock is not None
+        self._watch()
         while sock.poll(0, zmq.POLLIN):
             parts = sock.recv_multipart()
             t4 = self._clock()
@@ -392,6 +472,8 @@ class _ZmqSink:
             h = frame.header
             if h.kind != "pong":
                 continue
+            if h.t_ns >= self._epoch_ns:
+                self._answered, self._hello_at = True, None
             self._samples += 1
             error = (t4 - h.t_ns + 1) // 2
             if self._best_error is None or error < self._best_error:
@@ -415,6 +497,8 @@ class _ZmqSink:
         # Linger until the queued messages reach the collector (or the deadline passes).
         linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
         self._sock.close(linger=linger_ms)
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
         self._ctx.term()
         self._sock = self._ctx = None
 
