@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpviz import events
-from ddpviz.atomic import SaveError, commit, discard
+from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
 from ddpviz.trace import SUFFIX, Trace, TraceWriter
 from ddpviz.transport.collector import (
@@ -61,10 +61,15 @@ class Session:
         self.record = Path(record) if record else None
         self.record_error: SaveError | None = None  # why recording stopped, if it did
         self._writer: TraceWriter | None = None
+        self._part = Path()
         if self.record is not None:
-            part = self.record.with_name(self.record.name + ".part")
+            part = self._part = self.record.with_name(self.record.name + ".part")
             try:
-                self._writer = TraceWriter(part, meta=self._trace.meta)
+                with creating(part) as tmp:  # never through a link planted as RECORD.part
+                    self._writer = TraceWriter(tmp, meta=self._trace.meta)
+            except LinkError:
+                collector.close()
+                raise
             except OSError as exc:
                 collector.close()
                 raise SaveError(self.record, exc) from exc
@@ -221,7 +226,7 @@ class Session:
             return
         with contextlib.suppress(OSError):
             writer.close()
-        discard(writer.path)
+        discard(self._part)
         assert self.record is not None
         self.record_error = SaveError(self.record, exc)
         with contextlib.suppress(Warning):  # on the collector's thread: must not raise
@@ -260,7 +265,7 @@ class Session:
             for rank, (offset, error) in sorted(clock.items()):
                 writer.write_clock(rank, offset, error)
             writer.close()
-            commit(writer.path, self.record)
+            commit(self._part, self.record)
             self._writer = None
         except OSError as exc:
             self._record_failed(exc)

@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ddpviz.atomic import creating
 from ddpviz.events import Event, EventsDropped
 from ddpviz.tracefile import TraceWriter
 from ddpviz.transport.codec import (
@@ -78,6 +79,8 @@ class _Sink(Protocol):
     def service(self) -> None: ...
     def close(self, sent: int, dropped: int, deadline: float) -> None: ...
     def describe(self) -> str: ...
+    unreachable: str  # how the drop warning says the sink failed
+    fix: str  # what to check when the sink stopped
 
 
 class Sender:
@@ -131,6 +134,7 @@ class Sender:
         self._closing = threading.Event()
         self._deadline: float | None = None
         self._closed = False
+        self._inflight: list[Event] = []  # the batch being shipped
         self.error: BaseException | None = None  # why the shipping thread stopped, if it did
         self._thread = threading.Thread(target=self._run, name=f"ddpviz-sender-{rank}",
                                         daemon=True)
@@ -218,9 +222,16 @@ class Sender:
         except BaseException as e:  # keep training alive; report through .error and a warning
             self.error = e
             self._capacity = 0
+            # What the sink failed on and what the buffer held never went anywhere: dropped.
+            lost = self._inflight + [self._buf.popleft() for _ in range(len(self._buf))]
+            self._inflight = []
+            n = sum(1 for ev in lost if type(ev) is not EventsDropped)
+            with self._lock:
+                self._dropped_total += n + self._dropped  # pending drops get no marker now
+                self._dropped, self._first_drop = 0, None
             _warn(f"ddpviz: rank {self.rank}'s event sender to {self._sink.describe()} stopped: "
-                  f"{type(e).__name__}: {e}\nLater events are dropped (counted); check the "
-                  "connect string and that the notebook still listens.")
+                  f"{type(e).__name__}: {e}\n{n} buffered events and all later ones are "
+                  f"dropped (counted in stats.dropped); {self._sink.fix}.")
             with self._cv:
                 self._cv.notify_all()
 
@@ -231,8 +242,9 @@ class Sender:
             n = len(buf)
             if n:
                 take = min(n, self._batch)
-                batch = [buf.popleft() for _ in range(take)]
+                batch = self._inflight = [buf.popleft() for _ in range(take)]
                 self._ship(batch)
+                self._inflight = []
                 self._warn_drops()
                 idle_s = _MIN_IDLE_S
                 continue
@@ -274,7 +286,7 @@ class Sender:
             self._unwarned, self._last_warn = 0, time.monotonic()
         _warn(f"ddpviz: rank {self.rank} dropped {n} events ({self._dropped_total} in total): "
               f"the sender's buffer (capacity {self._nominal_capacity}) was full or "
-              f"{self._sink.describe()} was unreachable.\nThe stream shows EventsDropped "
+              f"{self._sink.describe()} {self._sink.unreachable}.\nThe stream shows EventsDropped "
               "markers where events are missing; pass a larger capacity= or emit fewer events.")
 
 
@@ -307,6 +319,9 @@ def _warn(message: str) -> None:
 
 class _ZmqSink:
     """Ships batches over a zmq DEALER socket and runs the clock exchange."""
+
+    unreachable = "was unreachable"
+    fix = "check the connect string and that the notebook still listens"
 
     def __init__(self, address: str, secret: bytes, rank: int,
                  clock: Callable[[], int]) -> None:
@@ -506,6 +521,10 @@ class _ZmqSink:
 class _FileSink:
     """Appends batches to a trace file; each batch reaches the OS before the next is taken."""
 
+    unreachable = "could not be written"
+    fix = ("the file keeps every event written before; free space there (or check the folder "
+           "and its permissions) and run again")
+
     def __init__(self, path: Path, rank: int) -> None:
         self.path, self.rank = path, rank
         self._writer: TraceWriter | None = None
@@ -517,7 +536,9 @@ class _FileSink:
         # Enough to align this file's clock with another host's (Trace.merge).
         meta = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
                 "boot": boot_id(), "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
-        self._writer = TraceWriter(self.path, meta=meta)
+        # Created new, never through a link planted under its name (a shared work folder).
+        with creating(self.path) as tmp:
+            self._writer = TraceWriter(tmp, meta=meta)
 
     def ship(self, events: list[Event]) -> bool:
         assert self._writer is not None
