@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -24,6 +26,7 @@ from ddpviz import events
 from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
 from ddpviz.trace import SUFFIX, Trace, TraceWriter
+from ddpviz.transport.codec import parse_connect_string
 from ddpviz.transport.collector import (
     END_OF_STREAM,
     Collector,
@@ -366,6 +369,7 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
         target = os.environ.get(ENV_CONNECT, "").strip()
         if target:
             sender = Sender(target, rank, capacity=capacity, batch=batch)
+            _say_if_remote(target, rank)
         else:
             folder = Path(trace_dir or os.environ.get(ENV_TRACE_DIR) or ".")
             folder.mkdir(parents=True, exist_ok=True)
@@ -375,6 +379,21 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
         _connected = sender
         atexit.register(disconnect)
         return sender
+
+
+def _say_if_remote(target: str, rank: int) -> None:
+    """Events leaving this machine are worth a line (once per node: on local rank 0), so that
+    a DDPVIZ_CONNECT inherited from somewhere unexpected is not followed silently."""
+    address, _ = parse_connect_string(target)
+    host = address.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a host name: not resolved here (no DNS lookup on a rank's start)
+    if not loopback and os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"ddpviz: rank {rank} sends its events to {host} (not this machine's loopback), "
+              f"from ${ENV_CONNECT}.\nIf that is not your notebook's machine, unset "
+              f"{ENV_CONNECT}.", file=sys.stderr)
 
 
 def disconnect(timeout: float = 10.0) -> None:
