@@ -44,6 +44,7 @@ from ddpviz.tracefile import FileHeader as _FileHeader
 from ddpviz.tracefile import Format as _Format
 from ddpviz.tracefile import TraceError as TraceError
 from ddpviz.tracefile import TraceWriter as TraceWriter
+from ddpviz.tracefile import check_past_end
 
 if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
@@ -265,6 +266,8 @@ class Trace:
             last = pos >= end
             if len(payload) < length or zlib.crc32(payload) != crc:
                 if last and trace is not None:
+                    trace.clock.update(clock)  # (for a partial trace in the error below)
+                    check_past_end(path, where, length, end - where - _FRAME.size, trace)
                     _torn(path, where, "the last frame is incomplete")
                     trace = trace or cls()
                     trace.truncated = True
