@@ -405,7 +405,8 @@ class _ZmqSink:
                     _warn(f"ddpviz: rank {self.rank}: the notebook refused this rank's key "
                           f"({_REFUSALS} secure handshakes with {self.address} failed): the "
                           "secret after '#' in the connect string is not this session's, or "
-                          "something other than a ddpviz collector listens there.\nEvents wait "
+                          "something other than a ddpviz collector listens there (or a flood "
+                          "of connections to it crowds this rank out).\nEvents wait "
                           "in the buffer and are dropped (counted) while refused; copy the "
                           "connect string again from the notebook (ddpviz.listen()).")
 
