@@ -96,7 +96,10 @@ class PendingGuard:
     ignored. Shutting a connection that had finished its handshake loses what was in flight
     (the sender counted it as sent), so a connection once confirmed is never shut; the sender
     sends no events on a connection before the collector answered its hello (sender.py), so a
-    connection shut while still pending carried no events.
+    connection shut while still pending carried no events. The guard holds no duplicate of a
+    pending connection's descriptor (that would keep connections zmq closed open): before
+    shutting one it duplicates the descriptor and checks the inode, so it never shuts a
+    connection that took over a recycled number.
     """
 
     def __init__(self, sock: zmq.Socket[bytes], max_pending: int = MAX_PENDING) -> None:
@@ -104,9 +107,9 @@ class PendingGuard:
         self.max_pending = max_pending
         self.failed = 0  # handshakes that failed: peers without the secret
         self.shut = 0  # pending connections shut down for being over the cap
-        # socket inode -> (a duplicate of zmq's socket for it, when accepted). The duplicate
-        # pins the connection, so a shutdown can never hit a recycled descriptor.
-        self._pending: dict[int, tuple[socket.socket, float]] = {}
+        # socket inode -> (zmq's descriptor for it, when accepted). No duplicate is held: that
+        # would keep a connection zmq has closed (a failed handshake) open until we let go.
+        self._pending: dict[int, tuple[int, float]] = {}
         self._confirmed: dict[int, None] = {}  # inodes past their handshake (oldest first)
 
     def service(self, enforce: bool = True) -> int:
@@ -137,57 +140,54 @@ class PendingGuard:
         return len(self._pending)
 
     def _accepted(self, fd: int) -> None:
-        try:
-            dup = socket.socket(fileno=os.dup(fd))
-        except OSError:  # already gone
-            return
-        try:
-            inode = os.fstat(dup.fileno()).st_ino
-        except OSError:
-            dup.close()
-            return
-        if inode in self._confirmed:  # a late event for a connection that already spoke
-            dup.close()
-            return
-        old = self._pending.pop(inode, None)
-        if old is not None:
-            old[0].close()
-        self._pending[inode] = (dup, time.monotonic())
+        inode = _inode(fd)
+        if inode is None or inode in self._confirmed:  # gone, or a late event for a
+            return  # connection that already spoke
+        self._pending.pop(inode, None)
+        self._pending[inode] = (fd, time.monotonic())
 
     def confirm(self, fd: int) -> None:
         """A signed-in message arrived on the connection with descriptor `fd` (zmq's SRCFD), so
         its handshake succeeded: it is not pending, now or when its ACCEPTED event comes."""
-        try:
-            inode = os.fstat(fd).st_ino
-        except OSError:
+        inode = _inode(fd)
+        if inode is None:
             return
         self._confirmed[inode] = None
         if len(self._confirmed) > _MAX_CONFIRMED:
             del self._confirmed[next(iter(self._confirmed))]
-        entry = self._pending.pop(inode, None)
-        if entry is not None:
-            entry[0].close()
+        self._pending.pop(inode, None)
 
     def enforce(self) -> None:
-        """Shut the oldest pending connections beyond the cap (and forget expired ones)."""
+        """Forget pending connections that are over (zmq closed them), then shut the oldest
+        beyond the cap."""
         now = time.monotonic()
-        for key, (dup, since) in list(self._pending.items()):
-            if now - since > HANDSHAKE_S + 2.0:  # zmq has ended it (its event may be lost)
-                del self._pending[key]
-                dup.close()
+        for inode, (fd, since) in list(self._pending.items()):
+            if now - since > HANDSHAKE_S + 2.0 or _inode(fd) != inode:
+                del self._pending[inode]
         while len(self._pending) > self.max_pending:
-            key = next(iter(self._pending))  # the oldest
-            dup, _ = self._pending.pop(key)
-            with contextlib.suppress(OSError):
-                dup.shutdown(socket.SHUT_RDWR)  # zmq sees the connection end and frees it
-            dup.close()
-            self.shut += 1
+            inode = next(iter(self._pending))  # the oldest
+            fd, _ = self._pending.pop(inode)
+            try:  # the duplicate pins the connection: a recycled descriptor is never shut
+                dup = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            with dup:
+                if _inode(dup.fileno()) == inode:
+                    with contextlib.suppress(OSError):
+                        dup.shutdown(socket.SHUT_RDWR)  # zmq sees the end and frees it
+                    self.shut += 1
 
     def close(self) -> None:
-        for dup, _ in self._pending.values():
-            dup.close()
         self._pending.clear()
         self.monitor.close(linger=0)
+
+
+def _inode(fd: int) -> int | None:
+    """The socket behind descriptor `fd`, or None when it is closed."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
 
 
 _TRIM_EVERY_S = 1.0
