@@ -1,9 +1,11 @@
 """The startup hook of `ddpviz record` (stdlib only, imported by `ddpviz_autowatch.pth`).
 
 `ddpviz_autowatch.pth`, installed into site-packages with ddpviz, runs one line at every
-interpreter start: `os.environ.get("DDPVIZ_RECORD")`. Only when `ddpviz record` set that
-variable does it import this module, and `install()` only adds a meta path finder: nothing of
-torch or ddpviz is imported here. When torch later imports `torch.nn.parallel.distributed`,
+interpreter start: `os.environ.get("DDPVIZ_RECORD")`. Only when that variable is set does it
+import this module (if that fails, a leftover hook of an uninstalled ddpviz, it says so once,
+never with a traceback), and `install()` arms only for the value "1" that `ddpviz record` sets
+(another value is said once and ignored) and only adds a meta path finder: nothing of torch or
+ddpviz is imported here. When torch later imports `torch.nn.parallel.distributed`,
 the finder wraps `DistributedDataParallel.__init__`; the first DDP constructed imports
 `ddpviz.autowatch`, which watches it (and every later one).
 """
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 ENV = "DDPVIZ_RECORD"
+_SAID = "DDPVIZ_RECORD_SAID"  # set once a process of the job said why it does not record
 _TARGET = "torch.nn.parallel.distributed"
 
 
@@ -67,8 +70,14 @@ def patch(cls: type) -> None:
         return
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        from ddpviz.autowatch import construct
-
+        try:
+            from ddpviz.autowatch import construct
+        except ImportError as exc:  # ddpviz gone, its hook left: the job runs unwatched
+            say_once(f"ddpviz: {ENV} is set but ddpviz cannot be imported ({exc}), so this "
+                     "job runs unwatched.\nReinstall ddpviz, or remove the leftover "
+                     "ddpviz_autowatch.pth and ddpviz_autowatch.py from site-packages.")
+            original(self, *args, **kwargs)
+            return
         construct(original, self, args, kwargs)
 
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -78,9 +87,29 @@ def patch(cls: type) -> None:
     cls.__init__ = __init__  # type: ignore[misc]
 
 
+def say_once(message: str) -> None:
+    """Print `message` to stderr once per job: the first process says it and marks the
+    environment, which the job's later processes (torchrun's ranks) inherit."""
+    import os
+
+    if not os.environ.get(_SAID):
+        os.environ[_SAID] = "1"
+        print(message, file=sys.stderr)
+
+
 def install() -> None:
     """Watch every torch DDP this process constructs (called by the .pth when $DDPVIZ_RECORD
-    is set)."""
+    is set). Only the documented value "1" arms it (what `ddpviz record` sets); any other
+    value is said once and ignored, as a `DDPVIZ_RECORD=0` meaning "off" must not record."""
+    import os
+
+    value = os.environ.get(ENV, "")
+    if value != "1":
+        if value:
+            say_once(f"ddpviz: ignoring {ENV}={value[:40]!r}: only {ENV}=1 (what `ddpviz "
+                     "record` sets) turns recording on, so this job is not recorded.\nUnset "
+                     f"{ENV} to silence this, or run the job under `ddpviz record`.")
+        return
     module = sys.modules.get(_TARGET)
     if module is not None:  # torch came first (an unusual .pth order): patch right away
         patch(module.DistributedDataParallel)

@@ -4,15 +4,20 @@ Every file ddpviz saves (traces, reports, Chrome traces, demo outputs, a session
 written to a temporary file in the same directory, flushed to disk (fsync), then renamed over the
 target (`os.replace`, atomic on POSIX) and the directory entry is synced. A full disk or any other
 write error leaves the previous file untouched, removes the temporary one and raises `SaveError`
-naming the path and the reason.
+naming the path and the reason. A temporary file left by a save that was killed is removed by
+the next save of the same name (`sweep`). Files that grow while a job runs (per-rank traces, a
+session's `.part`) are created by `create_new`, which never writes through a symbolic link.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
+import socket
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +40,73 @@ class SaveError(OSError):
         return self.message
 
 
+class LinkError(SaveError):
+    """The name to create a file under is a symbolic link; ddpviz does not write through it."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            to = f" (to {os.readlink(path)})"
+        except OSError:
+            to = ""
+        self.message = (f"ddpviz: will not write {path}: it is a symbolic link{to}, and writing "
+                        "through it would overwrite whatever it points to (in a shared folder, "
+                        "someone else may have planted it).\nRemove the link (`rm "
+                        f"{path}`) or write elsewhere (another --out folder or trace_dir).")
+        OSError.__init__(self, errno.ELOOP, self.message)
+        self.filename = str(path)
+
+
+STALE_S = 3600.0  # a temporary file untouched this long is an abandoned one, whoever owns it
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
 def temporary_path(path: Path) -> Path:
-    """A fresh name next to `path` for the new version."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    """A fresh name next to `path` for the new version: `.NAME.PID@HOST.RANDOM.tmp`, naming
+    its writer so that a later save can tell an abandoned one (See `sweep`)."""
+    return path.with_name(f".{path.name}.{os.getpid()}@{_HOST}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def sweep(path: Path) -> int:
+    """Remove the temporary files an earlier save of `path` left behind (its process killed
+    mid-save): those whose writer, on this host, is gone, and any untouched for STALE_S
+    seconds. A live writer's file is kept: its pid is alive (or it is on another host) and it
+    keeps being written. Returns how many were removed."""
+    removed = 0
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent or ".")
+                 if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return 0
+    now = time.time()
+    for name in names:
+        tmp = path.with_name(name)
+        owner = name[len(prefix):-len(".tmp")].rsplit(".", 1)[0]
+        pid, _, host = owner.partition("@")
+        try:
+            st = tmp.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        gone = host == _HOST and pid.isdigit() and not _alive(int(pid))
+        if gone or now - st.st_mtime > STALE_S:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _target(path: str | os.PathLike[str]) -> Path:
@@ -51,6 +120,7 @@ def replacing(path: str | os.PathLike[str], *, temp: Path | None = None) -> Iter
     synced and renamed over `path`. On an error it is removed, and an OSError becomes
     SaveError."""
     target = _target(path)
+    sweep(target)
     tmp = temp if temp is not None else temporary_path(target)
     try:
         yield tmp
@@ -105,3 +175,27 @@ def streaming(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
 def write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
     """Save `text` as `path` atomically. Returns the path."""
     return write_bytes(path, text.encode(encoding))
+
+
+@contextlib.contextmanager
+def creating(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """For a writer that streams into `path` as it runs (per-rank traces, a session's `.part`),
+    never through a link: yields a temporary name next to it, made exclusively
+    (O_EXCL|O_NOFOLLOW, so nothing planted there is followed), for the writer to open; then
+    renames it to `path` (a rename replaces a name, it never follows it). An existing regular
+    file there is replaced; a symbolic link raises `LinkError`. On an error the temporary file
+    is removed."""
+    target = Path(path)
+    if target.is_symlink():
+        raise LinkError(target)
+    sweep(target)
+    tmp = temporary_path(target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o666)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        discard(tmp)
+        raise

@@ -270,7 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("record", help="run an unmodified training command with every torch "
                        "DistributedDataParallel watched",
                        usage="ddpviz record [--connect STRING | --out DIR] [--hang-timeout S] "
-                             "-- COMMAND ...")
+                             "-- COMMAND ...",
+                       epilog="Security: ddpviz adds no listening socket to the job (ranks "
+                              "send to the notebook or write files), but torchrun's own "
+                              "rendezvous store (a TCPStore on --master-port) listens on all "
+                              "interfaces, unauthenticated, whatever --master-addr says: on a "
+                              "shared or open network, firewall that port (or run the job "
+                              "where only you can reach it).")
     where = w.add_mutually_exclusive_group()
     where.add_argument("--connect", default=None,
                        help="a notebook session's connect string (ddpviz.listen())")

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpviz import events
-from ddpviz.atomic import SaveError, commit, discard
+from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
 from ddpviz.trace import SUFFIX, Trace, TraceWriter
+from ddpviz.transport.codec import parse_connect_string
 from ddpviz.transport.collector import (
     END_OF_STREAM,
     Collector,
@@ -61,10 +64,15 @@ class Session:
         self.record = Path(record) if record else None
         self.record_error: SaveError | None = None  # why recording stopped, if it did
         self._writer: TraceWriter | None = None
+        self._part = Path()
         if self.record is not None:
-            part = self.record.with_name(self.record.name + ".part")
+            part = self._part = self.record.with_name(self.record.name + ".part")
             try:
-                self._writer = TraceWriter(part, meta=self._trace.meta)
+                with creating(part) as tmp:  # never through a link planted as RECORD.part
+                    self._writer = TraceWriter(tmp, meta=self._trace.meta)
+            except LinkError:
+                collector.close()
+                raise
             except OSError as exc:
                 collector.close()
                 raise SaveError(self.record, exc) from exc
@@ -221,7 +229,7 @@ class Session:
             return
         with contextlib.suppress(OSError):
             writer.close()
-        discard(writer.path)
+        discard(self._part)
         assert self.record is not None
         self.record_error = SaveError(self.record, exc)
         with contextlib.suppress(Warning):  # on the collector's thread: must not raise
@@ -260,7 +268,7 @@ class Session:
             for rank, (offset, error) in sorted(clock.items()):
                 writer.write_clock(rank, offset, error)
             writer.close()
-            commit(writer.path, self.record)
+            commit(self._part, self.record)
             self._writer = None
         except OSError as exc:
             self._record_failed(exc)
@@ -361,6 +369,7 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
         target = os.environ.get(ENV_CONNECT, "").strip()
         if target:
             sender = Sender(target, rank, capacity=capacity, batch=batch)
+            _say_if_remote(target, rank)
         else:
             folder = Path(trace_dir or os.environ.get(ENV_TRACE_DIR) or ".")
             folder.mkdir(parents=True, exist_ok=True)
@@ -370,6 +379,21 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
         _connected = sender
         atexit.register(disconnect)
         return sender
+
+
+def _say_if_remote(target: str, rank: int) -> None:
+    """Events leaving this machine are worth a line (once per node: on local rank 0), so that
+    a DDPVIZ_CONNECT inherited from somewhere unexpected is not followed silently."""
+    address, _ = parse_connect_string(target)
+    host = address.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False  # a host name: not resolved here (no DNS lookup on a rank's start)
+    if not loopback and os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"ddpviz: rank {rank} sends its events to {host} (not this machine's loopback), "
+              f"from ${ENV_CONNECT}.\nIf that is not your notebook's machine, unset "
+              f"{ENV_CONNECT}.", file=sys.stderr)
 
 
 def disconnect(timeout: float = 10.0) -> None:

@@ -44,6 +44,7 @@ from ddpviz.tracefile import FileHeader as _FileHeader
 from ddpviz.tracefile import Format as _Format
 from ddpviz.tracefile import TraceError as TraceError
 from ddpviz.tracefile import TraceWriter as TraceWriter
+from ddpviz.tracefile import check_past_end
 
 if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
@@ -265,6 +266,8 @@ class Trace:
             last = pos >= end
             if len(payload) < length or zlib.crc32(payload) != crc:
                 if last and trace is not None:
+                    trace.clock.update(clock)  # (for a partial trace in the error below)
+                    check_past_end(path, where, length, end - where - _FRAME.size, trace)
                     _torn(path, where, "the last frame is incomplete")
                     trace = trace or cls()
                     trace.truncated = True
@@ -383,13 +386,30 @@ def _torn(path: Path, where: int, what: str) -> None:
                   "after the last flush are lost.", UserWarning, stacklevel=5)
 
 
+_MAX_CLOCK_NS = 100 * 365 * 86400 * 10**9  # wall and monotonic clocks in a file's meta
+_MAX_WALL_OFFSET_NS = 10 * 365 * 86400 * 10**9  # two hosts' boot times differ by less
+
+
 def _wall_offset(meta: dict[str, Any], ref: dict[str, Any]) -> tuple[int, int]:
-    """(offset, error) of a per-rank file's clock onto the reference file's clock."""
+    """(offset, error) of a per-rank file's clock onto the reference file's clock. The meta is
+    untrusted: an absurd clock (which would overflow the timeline's int64 times) is ignored,
+    with a note, and the file is left unaligned."""
     if meta.get("boot") and meta.get("boot") == ref.get("boot"):
         return (0, 0)  # same kernel: same monotonic clock
-    if not all(isinstance(m.get(k), int) for m in (meta, ref) for k in ("wall_ns", "mono_ns")):
+    keys = ("wall_ns", "mono_ns")
+    if not all(type(m.get(k)) is int for m in (meta, ref) for k in keys):
         return (0, -1)  # unknown
-    return ((meta["wall_ns"] - meta["mono_ns"]) - (ref["wall_ns"] - ref["mono_ns"]), -1)
+    offset = (meta["wall_ns"] - meta["mono_ns"]) - (ref["wall_ns"] - ref["mono_ns"])
+    if (any(not 0 <= m[k] <= _MAX_CLOCK_NS for m in (meta, ref) for k in keys)
+            or abs(offset) > _MAX_WALL_OFFSET_NS):
+        warnings.warn(f"ddpviz: ignoring the clocks in a merged file's metadata (rank "
+                      f"{str(meta.get('rank'))[:20]}: wall_ns={str(meta['wall_ns'])[:24]}, "
+                      f"mono_ns={str(meta['mono_ns'])[:24]}): they are out of any real "
+                      "range, so its events are not aligned with the other files' (offset 0)."
+                      "\nThe file is damaged or hostile; its events are kept as recorded.",
+                      UserWarning, stacklevel=3)
+        return (0, -1)
+    return (offset, -1)
 
 
 # --- spans ------------------------------------------------------------------------------------

@@ -30,7 +30,38 @@ HEADER, EVENTS, CLOCK = 1, 2, 3
 
 
 class TraceError(ValueError):
-    """A file that is not a loadable ddpviz trace."""
+    """A file that is not a loadable ddpviz trace. `partial`, when set, is the trace read up to
+    where reading stopped (the events of every intact frame before it), for the caller to use
+    knowingly: `except TraceError as e: trace = e.partial`."""
+
+    def __init__(self, message: str, partial: Any = None) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+# [Note: a frame past the end]
+# A frame whose length runs past the end of the file is either the torn tail a writer that
+# died mid-frame leaves (loaded up to it, with a warning) or a length that lies, mid-file.
+# The format has no sync marker, so the frames after a lying length cannot be found soundly: a
+# scan would try every byte offset, take any byte run whose CRC happens to match, and costs
+# quadratic time on a hostile file. So it is not resynchronised; a claimed length above any
+# frame a writer produces (events are small; a chunk of 8,192 is a few MB) is not taken for a
+# torn tail: it raises TraceError saying how many events were read and where reading stopped,
+# with those events in `.partial`, so that dropping the rest of the file is the user's choice.
+MAX_TORN_FRAME = 1 << 30
+
+
+def check_past_end(path: Path, where: int, length: int, remaining: int, partial: Any) -> None:
+    """A frame at byte `where` claims `length` bytes of payload and `remaining` are left: return
+    if it may be a torn tail, else raise TraceError (See [Note: a frame past the end])."""
+    if length <= MAX_TORN_FRAME:
+        return
+    raise TraceError(
+        f"ddpviz: {str(path)!r}: the frame at byte {where:,} claims {length:,} bytes, more than "
+        f"any ddpviz frame and more than the {remaining:,} left in the file: the file is "
+        f"damaged or hostile past that point. {len(partial):,} events were read before it."
+        "\nTo use them, catch the error and take its `.partial` trace (`except TraceError as "
+        "e: trace = e.partial`); the rest of the file cannot be read.", partial)
 
 
 class FileHeader(msgspec.Struct):

@@ -96,6 +96,7 @@ def spawn_rank(rank: int, world_size: int, *, port: int, store: Path, backend: s
         DDPVIZ_CHANNEL=f"{to_rank_r},{from_rank_w}",
         DDPVIZ_SYS_PATH=os.pathsep.join(_absolute(sys.path)),
     )
+    child_env["DDPVIZ_PARENT"] = str(os.getpid())
     try:
         popen = subprocess.Popen(
             [sys.executable, "-m", "ddpviz.launcher.rank"], env=child_env,
@@ -107,7 +108,36 @@ def spawn_rank(rank: int, world_size: int, *, port: int, store: Path, backend: s
         raise
     finally:  # the rank's ends of the pipes live in the rank only
         close_fds(to_rank_r, from_rank_w, out_w, err_w)
+    _control_ends.add(to_rank_w)
     return RankProcess(rank, popen, to_rank_w, from_rank_r, out_r, err_r)
+
+
+# [Note: forked children and the control pipe]
+# A rank ends when its control pipe reaches EOF, i.e. when every copy of the kernel's end is
+# closed. os.pipe() ends are close-on-exec, which covers subprocesses, but os.fork() copies
+# every descriptor: a child the kernel forks (multiprocessing's fork workers, a DataLoader
+# worker, os.fork() in a cell) held the kernel's end and kept the ranks alive until it exited
+# (19 s in issue 23). So in a forked child those ends are pointed at /dev/null (the child
+# never talks to the ranks; the descriptor numbers stay valid for any code that closes them).
+# The ranks also watch their parent pid (rank.py), for forks that bypass Python's hooks.
+_control_ends: set[int] = set()
+
+
+def _drop_control_ends_in_child() -> None:
+    if not _control_ends:
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    for fd in _control_ends:
+        with contextlib.suppress(OSError):
+            os.dup2(null, fd, inheritable=False)
+    os.close(null)
+    _control_ends.clear()
+
+
+os.register_at_fork(after_in_child=_drop_control_ends_in_child)
 
 
 @contextlib.contextmanager
@@ -198,5 +228,6 @@ def group_alive(pgid: int) -> bool:
 
 def close_fds(*fds: int) -> None:
     for fd in fds:
+        _control_ends.discard(fd)
         with contextlib.suppress(OSError):
             os.close(fd)

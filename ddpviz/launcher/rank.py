@@ -19,6 +19,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 import types
 from collections.abc import Callable
@@ -51,9 +52,20 @@ def main() -> int:
     return _serve_cells(rank, world_size, backend, inbox, reply)
 
 
+_PARENT_POLL_S = 0.5
+
+
 def _watch_control(fd: int) -> queue.Queue[Any]:
-    """Messages from the kernel, read by a thread that ends the rank if the kernel goes away."""
+    """Messages from the kernel, read by a thread that ends the rank if the kernel goes away
+    (its pipe closes, or this process gets another parent: See [Note: forked children and the
+    control pipe] in process.py)."""
     inbox: queue.Queue[Any] = queue.Queue()
+    parent = int(os.environ.pop("DDPVIZ_PARENT", "0") or 0)
+
+    def die() -> None:  # the kernel is gone: take everything down
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
 
     def pump() -> None:
         while True:
@@ -61,13 +73,18 @@ def _watch_control(fd: int) -> queue.Queue[Any]:
                 message = channel.recv(fd)
             except Exception:
                 message = None
-            if message is None:  # the kernel closed the pipe or died: take everything down
-                with contextlib.suppress(OSError):
-                    os.killpg(os.getpgrp(), signal.SIGKILL)
-                os._exit(1)
+            if message is None:  # the kernel closed the pipe or died
+                die()
             inbox.put(message)
 
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        die()
+
     threading.Thread(target=pump, name="ddpviz-control", daemon=True).start()
+    if parent:
+        threading.Thread(target=orphaned, name="ddpviz-parent", daemon=True).start()
     return inbox
 
 

@@ -283,9 +283,11 @@ class Collector:
                 except zmq.Again:
                     break
                 msg = [f.bytes for f in frames]
-                if guard.pending and msg[0] not in self._confirmed:
-                    # Its handshake is over: take it off the pending list, so that a flood
-                    # of new connections can never shut an established sender down.
+                if msg[0] not in self._confirmed:
+                    # Its handshake is over: off the pending list for good (its ACCEPTED
+                    # event may still be on its way), so that a flood of new connections can
+                    # never shut an established sender down (See [Note: which connection is
+                    # pending] in handshake.py).
                     guard.confirm(frames[0].get(zmq.SRCFD))
                     if len(self._confirmed) >= _MAX_CONFIRMED:
                         self._confirmed.clear()

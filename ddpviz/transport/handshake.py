@@ -31,6 +31,7 @@ from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
 HANDSHAKE_S = 5.0  # zmq drops a connection whose handshake takes longer
+_MAX_CONFIRMED = 1 << 16  # connections remembered as past their handshake
 MAX_PENDING = 12  # connections allowed mid-handshake at once (the oldest beyond go): with
 #                  4 MiB messages, 12 x 4.125 MiB ~ 50 MiB of unverified data at most
 
@@ -82,16 +83,34 @@ def secure_client(sock: zmq.Socket[bytes], secret: bytes) -> None:
 class PendingGuard:
     """Reads a server socket's monitor: counts failed handshakes and keeps at most
     `max_pending` connections mid-handshake (shutting the oldest down). Not thread-safe: the
-    collector's thread owns it."""
+    collector's thread owns it.
+
+    [Note: which connection is pending]
+    zmq's monitor names the listening endpoint in every event, gives the descriptor only in
+    ACCEPTED and DISCONNECTED, and reaches us behind the messages: under a flood of thousands
+    of connections a second, a sender's first message is often read before its ACCEPTED event,
+    and by then a descriptor may already belong to another connection. So a connection is
+    known by its socket's inode (unique per socket while it exists, never a recycled number
+    in practice: the kernel counts them up), read with fstat: `confirm` records the inode of
+    every connection a signed-in message arrived on, and a late ACCEPTED for such an inode is
+    ignored. Shutting a connection that had finished its handshake loses what was in flight
+    (the sender counted it as sent), so a connection once confirmed is never shut; the sender
+    sends no events on a connection before the collector answered its hello (sender.py), so a
+    connection shut while still pending carried no events. The guard holds no duplicate of a
+    pending connection's descriptor (that would keep connections zmq closed open): before
+    shutting one it duplicates the descriptor and checks the inode, so it never shuts a
+    connection that took over a recycled number.
+    """
 
     def __init__(self, sock: zmq.Socket[bytes], max_pending: int = MAX_PENDING) -> None:
         self.monitor = sock.get_monitor_socket(_WATCHED)
         self.max_pending = max_pending
         self.failed = 0  # handshakes that failed: peers without the secret
         self.shut = 0  # pending connections shut down for being over the cap
-        # remote endpoint -> (a duplicate of zmq's socket for it, when accepted). The duplicate
-        # pins the connection, so a shutdown can never hit a recycled descriptor.
-        self._pending: dict[bytes, tuple[socket.socket, float]] = {}
+        # socket inode -> (zmq's descriptor for it, when accepted). No duplicate is held: that
+        # would keep a connection zmq has closed (a failed handshake) open until we let go.
+        self._pending: dict[int, tuple[int, float]] = {}
+        self._confirmed: dict[int, None] = {}  # inodes past their handshake (oldest first)
 
     def service(self, enforce: bool = True) -> int:
         """Handle the monitor's queued events; returns how many handshakes failed among them.
@@ -104,14 +123,11 @@ class PendingGuard:
             except zmq.Again:
                 break
             event = parse_monitor_message(msg)
-            kind, value, endpoint = event["event"], int(event["value"]), event["endpoint"]
+            kind, value = event["event"], int(event["value"])
             if kind == zmq.EVENT_ACCEPTED:
                 self._accepted(value)
             elif kind & _FAILED:
                 failed += 1
-                self._forget(endpoint)
-            elif kind in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
-                self._forget(endpoint)
         if enforce:
             self.enforce()
         self.failed += failed
@@ -124,66 +140,54 @@ class PendingGuard:
         return len(self._pending)
 
     def _accepted(self, fd: int) -> None:
-        try:
-            dup = socket.socket(fileno=os.dup(fd))
-        except OSError:  # already gone
-            return
-        try:
-            host, port = dup.getpeername()[:2]
-        except OSError:
-            dup.close()
-            return
-        key = _key(host, port)
-        old = self._pending.pop(key, None)
-        if old is not None:
-            old[0].close()
-        self._pending[key] = (dup, time.monotonic())
+        inode = _inode(fd)
+        if inode is None or inode in self._confirmed:  # gone, or a late event for a
+            return  # connection that already spoke
+        self._pending.pop(inode, None)
+        self._pending[inode] = (fd, time.monotonic())
 
     def confirm(self, fd: int) -> None:
-        """A message arrived on the connection with descriptor `fd` (zmq's SRCFD), so its
-        handshake succeeded: it is no longer pending. zmq's own HANDSHAKE_SUCCEEDED event names
-        the listening endpoint, not the peer, so it cannot say which connection that was."""
-        try:
-            probe = socket.socket(fileno=os.dup(fd))
-        except OSError:
+        """A signed-in message arrived on the connection with descriptor `fd` (zmq's SRCFD), so
+        its handshake succeeded: it is not pending, now or when its ACCEPTED event comes."""
+        inode = _inode(fd)
+        if inode is None:
             return
-        with probe:
-            try:
-                host, port = probe.getpeername()[:2]
-            except OSError:
-                return
-        self._forget(_key(host, port))
-
-    def _forget(self, endpoint: bytes) -> None:
-        entry = self._pending.pop(endpoint, None)
-        if entry is not None:
-            entry[0].close()
+        self._confirmed[inode] = None
+        if len(self._confirmed) > _MAX_CONFIRMED:
+            del self._confirmed[next(iter(self._confirmed))]
+        self._pending.pop(inode, None)
 
     def enforce(self) -> None:
-        """Shut the oldest pending connections beyond the cap (and forget expired ones)."""
+        """Forget pending connections that are over (zmq closed them), then shut the oldest
+        beyond the cap."""
         now = time.monotonic()
-        for key, (dup, since) in list(self._pending.items()):
-            if now - since > HANDSHAKE_S + 2.0:  # zmq has ended it (its event may be lost)
-                del self._pending[key]
-                dup.close()
+        for inode, (fd, since) in list(self._pending.items()):
+            if now - since > HANDSHAKE_S + 2.0 or _inode(fd) != inode:
+                del self._pending[inode]
         while len(self._pending) > self.max_pending:
-            key = next(iter(self._pending))  # the oldest
-            dup, _ = self._pending.pop(key)
-            with contextlib.suppress(OSError):
-                dup.shutdown(socket.SHUT_RDWR)  # zmq sees the connection end and frees it
-            dup.close()
-            self.shut += 1
+            inode = next(iter(self._pending))  # the oldest
+            fd, _ = self._pending.pop(inode)
+            try:  # the duplicate pins the connection: a recycled descriptor is never shut
+                dup = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            with dup:
+                if _inode(dup.fileno()) == inode:
+                    with contextlib.suppress(OSError):
+                        dup.shutdown(socket.SHUT_RDWR)  # zmq sees the end and frees it
+                    self.shut += 1
 
     def close(self) -> None:
-        for dup, _ in self._pending.values():
-            dup.close()
         self._pending.clear()
         self.monitor.close(linger=0)
 
 
-def _key(host: str, port: int) -> bytes:
-    """A peer's address as zmq writes endpoints."""
-    return (f"tcp://{host}:{port}" if ":" not in host else f"tcp://[{host}]:{port}").encode()
+def _inode(fd: int) -> int | None:
+    """The socket behind descriptor `fd`, or None when it is closed."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
 
 
 _TRIM_EVERY_S = 1.0

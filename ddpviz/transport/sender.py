@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from ddpviz.atomic import creating
 from ddpviz.events import Event, EventsDropped
 from ddpviz.tracefile import TraceWriter
 from ddpviz.transport.codec import (
@@ -37,6 +39,12 @@ from ddpviz.transport.codec import (
     parse_connect_string,
 )
 from ddpviz.transport.handshake import secure_client
+
+_REFUSALS = 3  # failed handshakes in a row (none ever succeeded) that mean "refused"
+_HELLO_RETRY_S = 1.0  # a hello not answered by then is sent again (its connection may be gone)
+_CLIENT_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 _MIN_IDLE_S = 0.001  # the shipping thread polls the buffer, backing off to _MAX_IDLE_S
 _MAX_IDLE_S = 0.02
@@ -71,6 +79,8 @@ class _Sink(Protocol):
     def service(self) -> None: ...
     def close(self, sent: int, dropped: int, deadline: float) -> None: ...
     def describe(self) -> str: ...
+    unreachable: str  # how the drop warning says the sink failed
+    fix: str  # what to check when the sink stopped
 
 
 class Sender:
@@ -124,6 +134,7 @@ class Sender:
         self._closing = threading.Event()
         self._deadline: float | None = None
         self._closed = False
+        self._inflight: list[Event] = []  # the batch being shipped
         self.error: BaseException | None = None  # why the shipping thread stopped, if it did
         self._thread = threading.Thread(target=self._run, name=f"ddpviz-sender-{rank}",
                                         daemon=True)
@@ -211,9 +222,16 @@ class Sender:
         except BaseException as e:  # keep training alive; report through .error and a warning
             self.error = e
             self._capacity = 0
+            # What the sink failed on and what the buffer held never went anywhere: dropped.
+            lost = self._inflight + [self._buf.popleft() for _ in range(len(self._buf))]
+            self._inflight = []
+            n = sum(1 for ev in lost if type(ev) is not EventsDropped)
+            with self._lock:
+                self._dropped_total += n + self._dropped  # pending drops get no marker now
+                self._dropped, self._first_drop = 0, None
             _warn(f"ddpviz: rank {self.rank}'s event sender to {self._sink.describe()} stopped: "
-                  f"{type(e).__name__}: {e}\nLater events are dropped (counted); check the "
-                  "connect string and that the notebook still listens.")
+                  f"{type(e).__name__}: {e}\n{n} buffered events and all later ones are "
+                  f"dropped (counted in stats.dropped); {self._sink.fix}.")
             with self._cv:
                 self._cv.notify_all()
 
@@ -224,8 +242,9 @@ class Sender:
             n = len(buf)
             if n:
                 take = min(n, self._batch)
-                batch = [buf.popleft() for _ in range(take)]
+                batch = self._inflight = [buf.popleft() for _ in range(take)]
                 self._ship(batch)
+                self._inflight = []
                 self._warn_drops()
                 idle_s = _MIN_IDLE_S
                 continue
@@ -267,7 +286,7 @@ class Sender:
             self._unwarned, self._last_warn = 0, time.monotonic()
         _warn(f"ddpviz: rank {self.rank} dropped {n} events ({self._dropped_total} in total): "
               f"the sender's buffer (capacity {self._nominal_capacity}) was full or "
-              f"{self._sink.describe()} was unreachable.\nThe stream shows EventsDropped "
+              f"{self._sink.describe()} {self._sink.unreachable}.\nThe stream shows EventsDropped "
               "markers where events are missing; pass a larger capacity= or emit fewer events.")
 
 
@@ -301,6 +320,9 @@ def _warn(message: str) -> None:
 class _ZmqSink:
     """Ships batches over a zmq DEALER socket and runs the clock exchange."""
 
+    unreachable = "was unreachable"
+    fix = "check the connect string and that the notebook still listens"
+
     def __init__(self, address: str, secret: bytes, rank: int,
                  clock: Callable[[], int]) -> None:
         self.address, self.rank, self._clock = address, rank, clock
@@ -314,6 +336,13 @@ class _ZmqSink:
         self._deadline: Callable[[], float | None] = lambda: None
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        # The collector answered a hello on the current connection (See [Note: which
+        # connection is pending] in handshake.py): only then do events go.
+        self._answered = False
+        self._hello_at: float | None = None  # when the last unanswered hello went
+        self._refusals = 0  # handshakes failed in a row; -1 once one succeeded
+        self._epoch_ns = 0  # our clock at the last disconnect: older pongs prove nothing
 
     def describe(self) -> str:
         return self.address
@@ -335,17 +364,72 @@ class _ZmqSink:
         secure_client(sock, self._secret)
         if ":[" in self.address or self.address.count(":") > 2:
             sock.setsockopt(zmq.IPV6, 1)
+        self._monitor = sock.get_monitor_socket(_CLIENT_WATCHED)
         sock.connect(self.address)
         self._sock = sock
+        self._hello()
+
+    def _hello(self) -> None:
         header = make_header("hello", self.rank, self._id, self._next_seq(), t_ns=self._clock(),
                              wall_ns=time.time_ns(), host=socket.gethostname(), pid=os.getpid(),
                              boot=boot_id() if self._clock is time.monotonic_ns else "")
-        self._send(self._codec.encode(header))
+        self._hello_at = time.monotonic()
+        self._send(self._codec.encode(header), _HELLO_RETRY_S)
         self._last_ping = time.monotonic()
 
-    def _send(self, parts: list[bytes], limit_s: float | None = None) -> bool:
+    def _watch(self) -> None:
+        """Read the socket's monitor: a new connection must be greeted again before events go
+        on it; a failed handshake means the collector refused our key (said once)."""
+        mon = self._monitor
+        assert mon is not None
+        while True:
+            try:
+                msg = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = parse_monitor_message(msg)["event"]
+            if kind == zmq.EVENT_DISCONNECTED:
+                # A pong still queued from the old connection must not count for the next.
+                self._answered, self._hello_at = False, None
+                self._epoch_ns = self._clock()
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._refusals = -1  # our key works here
+                if not self._answered and self._hello_at is None:
+                    self._hello_at = 0.0  # greet at once
+            elif self._refusals >= 0:
+                # A server that cannot decrypt our hello just hangs up, which the client sees
+                # as a handshake failure without detail (as when a full collector sheds a
+                # connection mid-handshake): say so after a few in a row, never having got in.
+                self._refusals += 1
+                if self._refusals == _REFUSALS:
+                    _warn(f"ddpviz: rank {self.rank}: the notebook refused this rank's key "
+                          f"({_REFUSALS} secure handshakes with {self.address} failed): the "
+                          "secret after '#' in the connect string is not this session's, or "
+                          "something other than a ddpviz collector listens there (or a flood "
+                          "of connections to it crowds this rank out).\nEvents wait "
+                          "in the buffer and are dropped (counted) while refused; copy the "
+                          "connect string again from the notebook (ddpviz.listen()).")
+
+    def _ready(self) -> bool:
+        """Wait until the collector has answered a hello on this connection (greeting again
+        every _HELLO_RETRY_S); False once past the close deadline."""
+        while True:
+            self.service()
+            if self._answered:
+                return True
+            deadline = self._deadline()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            if self._hello_at is None or time.monotonic() - self._hello_at > _HELLO_RETRY_S:
+                self._hello()
+            assert self._sock is not None
+            self._sock.poll(20, zmq.POLLIN)
+
+    def _send(self, parts: list[bytes], limit_s: float | None = None,
+              answered: bool = False) -> bool | None:
         """Blocking send, retried while the collector is slow or away; False once past the
-        close deadline (or `limit_s` seconds)."""
+        close deadline (or `limit_s` seconds). With answered=True, None when the connection
+        the collector answered on has gone meanwhile (greet the next one first)."""
         assert self._sock is not None
         give_up = None if limit_s is None else time.monotonic() + limit_s
         while True:
@@ -353,6 +437,10 @@ class _ZmqSink:
                 self._sock.send_multipart(parts, copy=False)
                 return True
             except zmq.Again:
+                if answered:
+                    self._watch()
+                    if not self._answered:
+                        return None
                 deadline = self._deadline()
                 if deadline is not None and give_up is not None:
                     deadline = min(deadline, give_up)
@@ -373,15 +461,23 @@ class _ZmqSink:
                   f"of {len(body)} bytes: messages are limited to {MAX_MESSAGE_BYTES} bytes.\n"
                   "Please report this as a ddpviz bug (events are meant to be small).")
             return True
-        header = make_header("events", self.rank, self._id, self._next_seq(), count=len(events))
-        ok = self._send(self._codec.encode_with_body(header, body))
-        self.service()
-        return ok
+        while True:
+            if not self._ready():
+                return False
+            # Numbered after the hellos _ready sent: the collector refuses a frame number lower
+            # than one it has seen (as a replay).
+            header = make_header("events", self.rank, self._id, self._next_seq(),
+                                 count=len(events))
+            ok = self._send(self._codec.encode_with_body(header, body), answered=True)
+            if ok is not None:
+                self.service()
+                return ok
 
     def service(self) -> None:
         """Read pongs; ping again until _PINGS samples are in (See [Note: clock alignment])."""
         sock = self._sock
         assert sock is not None
+        self._watch()
         while sock.poll(0, zmq.POLLIN):
             parts = sock.recv_multipart()
             t4 = self._clock()
@@ -392,6 +488,8 @@ class _ZmqSink:
             h = frame.header
             if h.kind != "pong":
                 continue
+            if h.t_ns >= self._epoch_ns:
+                self._answered, self._hello_at = True, None
             self._samples += 1
             error = (t4 - h.t_ns + 1) // 2
             if self._best_error is None or error < self._best_error:
@@ -415,12 +513,18 @@ class _ZmqSink:
         # Linger until the queued messages reach the collector (or the deadline passes).
         linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
         self._sock.close(linger=linger_ms)
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
         self._ctx.term()
         self._sock = self._ctx = None
 
 
 class _FileSink:
     """Appends batches to a trace file; each batch reaches the OS before the next is taken."""
+
+    unreachable = "could not be written"
+    fix = ("the file keeps every event written before; free space there (or check the folder "
+           "and its permissions) and run again")
 
     def __init__(self, path: Path, rank: int) -> None:
         self.path, self.rank = path, rank
@@ -433,7 +537,9 @@ class _FileSink:
         # Enough to align this file's clock with another host's (Trace.merge).
         meta = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
                 "boot": boot_id(), "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
-        self._writer = TraceWriter(self.path, meta=meta)
+        # Created new, never through a link planted under its name (a shared work folder).
+        with creating(self.path) as tmp:
+            self._writer = TraceWriter(tmp, meta=meta)
 
     def ship(self, events: list[Event]) -> bool:
         assert self._writer is not None

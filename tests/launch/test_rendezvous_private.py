@@ -3,6 +3,7 @@ temporary directories go away, even when the kernel was killed with SIGKILL."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import signal
@@ -115,3 +116,38 @@ def test_a_killed_kernel_leaves_nothing_after_the_next_launch(tmp_path: Path) ->
         tempfile.tempdir = old
     assert not directory.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(PREFIX)]
+
+
+@pytest.mark.dist
+def test_a_child_the_kernel_forked_does_not_keep_the_ranks_alive(tmp_path: Path) -> None:
+    # Issue 23: a forked child of the kernel inherited the kernel's end of each rank's control
+    # pipe (fork copies every descriptor), so after the kernel died the ranks lived on until
+    # the child exited (19 s). The child here lives 300 s; the ranks must end within 10 s.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    code = textwrap.dedent(f"""
+        import os, time
+        import ddpviz
+        from tests.launch import rank_fns
+        run = ddpviz.launch(rank_fns.sleep_forever, 2, args=({str(tmp_path)!r},))
+        child = os.fork()
+        if child == 0:
+            time.sleep(300)
+            os._exit(0)
+        print(child, flush=True)
+        run.wait()
+    """)
+    kernel = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    assert kernel.stdout is not None
+    child = int(kernel.stdout.readline().strip())
+    from tests.launch.processes import recorded_pids
+
+    try:
+        pids = recorded_pids(tmp_path, 2)
+        os.kill(kernel.pid, signal.SIGKILL)
+        kernel.wait()
+        assert still_alive(pids, within=10.0) == []
+        assert still_alive([child], within=0.0) == [child]  # the forked child still runs
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)

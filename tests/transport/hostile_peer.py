@@ -1,6 +1,8 @@
 """A local peer WITHOUT the session secret that tries to make the collector hold memory.
 
-Run: python -m tests.transport.hostile_peer HOST PORT SECONDS
+Run: python -m tests.transport.hostile_peer HOST PORT SECONDS [connections]
+With "connections": only open (and drop) bare TCP connections as fast as one thread can, up to
+500 held at once, and print how many a second. Otherwise:
 Three attacks in parallel until SECONDS pass, then it prints how many bytes it pushed:
 - zmq DEALERs (no CURVE) sending 1 MiB multi-frame messages with bad signatures;
 - a zmq DEALER with CURVE keys from a wrong secret, same messages;
@@ -67,8 +69,33 @@ def _raw_flood(host: str, port: int, deadline: float, sent: list[int]) -> None:
         s.close()
 
 
+def _connection_flood(host: str, port: int, seconds: float) -> float:
+    held: list[socket.socket] = []
+    n, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect((host, port))
+        except BlockingIOError:
+            pass
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+        n += 1
+        if len(held) > 500:
+            held.pop(0).close()
+    for s in held:
+        s.close()
+    return n / (time.monotonic() - start)
+
+
 def main() -> None:
     host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    if sys.argv[4:] == ["connections"]:
+        print(int(_connection_flood(host, port, seconds)))
+        return
     address = f"tcp://{host}:{port}"
     deadline = time.monotonic() + seconds
     sent = [[0] for _ in range(4)]

@@ -127,3 +127,84 @@ def test_an_event_over_the_message_limit_is_not_sent_and_the_stream_goes_on():
         assert stats.total_rejected == 0  # the connection was never dropped
         said = [str(w.message) for w in caught if "did not send a ParamsBuilt" in str(w.message)]
         assert len(said) == 1 and f"limited to {MAX_MESSAGE_BYTES} bytes" in said[0]
+
+
+def test_a_connection_flood_never_loses_a_senders_events_silently():
+    # Issue 23: bare connections opened thousands a second made the pending-handshake guard
+    # shut a sender's connection after its messages were on the way (sent=2000, dropped=0,
+    # 1024 or 2000 never arrived). Each try starts a sender mid-flood and emits its events at
+    # once (two full messages); every event arrives or the sender counts it as dropped.
+    import warnings
+
+    n_events = 2000
+    for _ in range(2):
+        with Collector() as collector:
+            flooder = subprocess.Popen(
+                [sys.executable, "-m", "tests.transport.hostile_peer", "127.0.0.1",
+                 str(collector.port), "3", "connections"],
+                cwd=ROOT, stdout=subprocess.PIPE, text=True)
+            assert collector.wait(lambda s: s.handshakes_failed + s.pending_shut > 100, 60)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a shed handshake may read as "refused"
+                with Sender(collector.connect_string, 1) as sender:
+                    tap = ev.Tap(sender, 1)
+                    for i in range(n_events):
+                        tap.emit(ev.GradReady, i, 0)
+            rate = int(flooder.communicate(timeout=60)[0])
+            assert collector.wait(lambda s: 1 in s.closed, timeout=60)
+            stats, sent = collector.stats, sender.stats
+            print(f"\n{rate} connections/s; {stats.pending_shut} shut, sender {sent}")
+            assert stats.pending_shut > 0  # the guard was shedding connections meanwhile
+            assert stats.closed[1] == (sent.sent, sent.dropped)
+            assert stats.received.get(1, 0) == sent.sent
+            assert stats.received.get(1, 0) - stats.dropped.get(1, 0) + sent.dropped \
+                >= n_events
+            assert stats.gaps.get(1, 0) == 0
+
+
+def test_a_late_accepted_event_does_not_make_a_confirmed_connection_pending():
+    # The monitor's ACCEPTED event can come after the connection's first message (and name a
+    # descriptor by then reused): a connection that already spoke must never be shed.
+    from ddpviz.transport.handshake import PendingGuard, secure_server
+
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)
+    secure_server(server, b"s")
+    server.bind("tcp://127.0.0.1:*")
+    guard = PendingGuard(server, max_pending=0)
+    client = ctx.socket(zmq.DEALER)
+    secure_client(client, b"s")
+    client.connect(server.getsockopt(zmq.LAST_ENDPOINT).decode())
+    client.send(b"hi")
+    assert server.poll(10_000)
+    frames = server.recv_multipart(copy=False)
+    fd = frames[0].get(zmq.SRCFD)
+    guard.confirm(fd)  # the message is read first ...
+    guard.service()  # ... then its ACCEPTED event, and the cap (0) is applied
+    guard._accepted(fd)  # (once more, as a late event naming the reused descriptor)
+    guard.enforce()
+    assert guard.pending == 0 and guard.shut == 0
+    client.send(b"still here")
+    assert server.poll(10_000) and server.recv_multipart()[1] == b"still here"
+    guard.close()
+    client.close(0)
+    server.close(0)
+    ctx.term()
+
+
+def test_a_rank_with_the_wrong_secret_hears_it_before_close():
+    import warnings
+
+    from tests.polling import eventually
+
+    with Collector() as collector:
+        wrong = collector.connect_string.rsplit("#", 1)[0] + "#" + "ab" * 32
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sender = Sender(wrong, 0)
+            ev.Tap(sender, 0).emit(ev.GradReady, 1, 0)
+            assert eventually(lambda: any("refused this rank's key" in str(w.message)
+                                          for w in caught), 60)
+            sender.close(timeout=0.5)
+        assert sender.stats.dropped == 1 and sender.stats.sent == 0
+        assert collector.stats.received == {}
