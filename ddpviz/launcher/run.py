@@ -15,6 +15,7 @@ import os
 import subprocess
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -138,6 +139,7 @@ class Run:
         self._events = EventStream(session)
         port = free_port()
         sources = _cell_sources()
+        origins = code_origins(fn)
         try:
             for rank in range(nprocs):
                 rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
@@ -149,7 +151,7 @@ class Run:
                                  PipeRelay(proc.stderr, rank, "stderr", self._target)]
             with interrupts_deferred():  # the supervisor must exist once the ranks run
                 for proc in self._ranks:
-                    threading.Thread(target=self._watch, args=(proc, payload, sources),
+                    threading.Thread(target=self._watch, args=(proc, payload, sources, origins),
                                      name=f"ddpviz-rank{proc.rank}", daemon=True).start()
                 threading.Thread(target=self._supervise, name="ddpviz-supervisor",
                                  daemon=True).start()
@@ -263,9 +265,10 @@ class Run:
     def _running(self) -> list[int]:
         return [p.rank for p in self._ranks if p.rank not in self._outcomes]
 
-    def _watch(self, proc: RankProcess, payload: bytes, sources: dict[str, str]) -> None:
+    def _watch(self, proc: RankProcess, payload: bytes, sources: dict[str, str],
+               origins: dict[str, str]) -> None:
         with contextlib.suppress(OSError):  # a rank that died at start shows up as EOF below
-            channel.send(proc.control, ("call", payload, sources))
+            channel.send(proc.control, ("call", payload, sources, origins))
         try:
             message = channel.recv(proc.results)
             while message is not None and message[0] == "events":
@@ -396,6 +399,20 @@ def _cell_sources() -> dict[str, str]:
             break
         sources[filename] = text
     return sources
+
+
+def code_origins(fn: Any) -> dict[str, str]:
+    """The file (notebook cell) of `fn` and of the functions its globals hold, keyed by
+    'name@first line': cloudpickle (3.1.3 on) ships them as "<dynamic-code>"; the rank puts
+    the names back for its tracebacks and stacks."""
+    funcs = [fn, *(v for v in getattr(fn, "__globals__", {}).values()
+                   if isinstance(v, types.FunctionType))]
+    out: dict[str, str] = {}
+    for f in funcs:
+        code = getattr(f, "__code__", None)
+        if isinstance(code, types.CodeType):
+            out[f"{code.co_name}@{code.co_firstlineno}"] = code.co_filename
+    return out
 
 
 @atexit.register
