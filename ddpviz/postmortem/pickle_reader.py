@@ -197,6 +197,8 @@ class _Reader:
 
     def run(self) -> Any:
         data, n, table = self.data, len(self.data), _TABLE
+        if n < 2 or data[0] != 0x80:
+            raise self.refuse("not a pickle of protocol 2 to 5 (they start with PROTO, 0x80)")
         ops = 0
         while self.pos < n:
             ops += 1
