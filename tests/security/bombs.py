@@ -1,6 +1,8 @@
 """Small hostile trace files that once made ddpviz allocate until MemoryError or run for
 minutes (issue #12): a huge declared world size, ranks of +-2**63, 10**10 broadcast chunks,
-100,000 buckets, 200,000 shape dimensions. Shared by tests/security and
+100,000 buckets, 200,000 shape dimensions; and (issue #23) fields within the limits whose
+product sized a widget: 256 ranks each declaring 65,536 broadcast chunks, a failed
+verification across 131,072 ranks naming 300 parameters. Shared by tests/security and
 benchmarks/bench_hostile.py. The events are built directly (constructors do not check limits,
 decoders do), as an attacker's writer would."""
 
@@ -59,10 +61,26 @@ def many_dims(n: int = 200_000) -> list[Event]:
             ev.BucketAssigned(0, -1, 3_000, 3, ((0,),), (4,), False)]
 
 
+def broadcast_chunks(ranks: int = 256) -> list[Event]:
+    """Each rank starts a broadcast of the most chunks allowed, and sends none (25 KB)."""
+    return [ev.BroadcastStarted(r, -1, 1_000 + r, 0, 0, 1, 10, 65_536) for r in range(ranks)]
+
+
+def verification_world(params: int = 300) -> list[Event]:
+    """One rank reports a verification failed across the largest world allowed, with one
+    shape mismatch per parameter between two ranks (24 KB)."""
+    mismatches = tuple(ev.Mismatch("param", i, f"p{i}", "shape", (("(4,)", (0,)),
+                                                                ("(5,)", (1,))))
+                       for i in range(params))
+    return [ev.VerificationFailed(0, -1, 1_000, 0, 1 << 17, mismatches)]
+
+
 BOMBS: dict[str, Callable[[], list[Event]]] = {
     "world_size=10**10": world_size, "ranks +-2**63": huge_ranks,
     "10**10 broadcast chunks": chunks, "100,000 buckets": many_buckets,
     "200,000 shape dims": many_dims,
+    "256 ranks x 65,536 broadcast chunks": broadcast_chunks,
+    "131,072-rank verification x 300 params": verification_world,
 }
 
 
