@@ -426,19 +426,25 @@ class HookTimeline(EventView):
                           markup.join(rows))
 
     def _unused(self, v: IterationView, names: dict[int, str]) -> str:
-        unused = v.unused
-        if not unused:
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        for r, lane in v.lanes.items():
+            if lane.unused:
+                groups.setdefault((lane.unused, max(lane.n_unused, len(lane.unused))),
+                                  []).append(r)
+        if not groups:
             return ""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for r, params in unused.items():
-            groups.setdefault(params, []).append(r)
         lines = []
-        for params, ranks in groups.items():
+        for (params, n), ranks in list(groups.items())[:MAX_UNUSED_GROUPS]:
             listed = ", ".join(f"p{p} '{names.get(p, '?')}'" for p in params[:10])
-            more = f" and {len(params) - 10} more" if len(params) > 10 else ""
-            lines.append(f"{format_ranks(ranks)}: {listed}{more}")
+            more = f" and {n - 10} more" if n > 10 else ""
+            lines.append(f"{format_ranks(ranks)[:400]}: {listed}{more}")
+        if len(groups) > MAX_UNUSED_GROUPS:
+            lines.append(f"… and {len(groups) - MAX_UNUSED_GROUPS:,} more groups of ranks")
         return markup.fmt("<div style='font-size:12px;color:#b42318'>✕ unused parameters (no "
                           "gradient this iteration): {}</div>", "; ".join(lines))
+
+
+MAX_UNUSED_GROUPS = 32  # groups of ranks (by their unused parameters) listed
 
 
 def _more_buckets_row(n_buckets: int, columns: int) -> markup.Markup:

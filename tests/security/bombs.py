@@ -75,12 +75,24 @@ def verification_world(params: int = 300) -> list[Event]:
     return [ev.VerificationFailed(0, -1, 1_000, 0, 1 << 17, mismatches)]
 
 
+def unused_params(params: int = 12_000, ranks: int = 1_000) -> list[Event]:
+    """A model of `params` parameters; in iteration 0 each rank fires one gradient hook and
+    finishes backward: every other parameter is unused there, on every rank (0.9 MB)."""
+    infos = tuple(ParamInfo(i, "p", (1,), "f", "c", False) for i in range(params))
+    out: list[Event] = [ev.ParamsBuilt(0, -1, 1_000, 0, infos, (), ())]
+    for r in range(ranks):
+        out += [ev.BackwardStarted(r, 0, 10_000, 1), ev.GradReady(r, 0, 10_001, 2, r, 0),
+                ev.BackwardFinished(r, 0, 10_002, 3)]
+    return out
+
+
 BOMBS: dict[str, Callable[[], list[Event]]] = {
     "world_size=10**10": world_size, "ranks +-2**63": huge_ranks,
     "10**10 broadcast chunks": chunks, "100,000 buckets": many_buckets,
     "200,000 shape dims": many_dims,
     "256 ranks x 65,536 broadcast chunks": broadcast_chunks,
     "131,072-rank verification x 300 params": verification_world,
+    "1,000 ranks x 12,000 unused params": unused_params,
 }
 
 
