@@ -73,7 +73,7 @@ class Row(NamedTuple):
         """The worst cell: missing > differs > pending > same."""
         for s in ("missing", "differs", "pending"):
             if self.counts.get(s):
-                return s  # type: ignore[return-value]
+                return s
         return "same"
 
 
@@ -186,8 +186,7 @@ def build_matrix(states: Mapping[int, RankState], world_size: int | None = None)
         # true reorderings as "order", so the index alone never flags a cell
         all_fields = {f for v in holders.values() for f in v if f not in ("present", "index")}
         for f in all_fields:
-            known = {r: v[f] for r, v in holders.items() if f in v}
-            groups = group_ranks(known)
+            groups = group_ranks({r: v[f] for r, v in holders.items() if f in v})
             if len(groups) > 1:
                 differing.add(f)
                 for _, rs in groups[1:]:

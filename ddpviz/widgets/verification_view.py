@@ -261,7 +261,7 @@ class VerificationView(EventView):
         if not m.rows:
             return ""
         columns = self.columns()
-        hidden = columns[MAX_COLUMNS:]
+        left_out = columns[MAX_COLUMNS:]
         columns = columns[:MAX_COLUMNS]
         chosen = self.rank_select.value
         head = markup.join(
@@ -290,10 +290,10 @@ class VerificationView(EventView):
                                     "p" if row.kind == "param" else "b", row.position, row.name,
                                     markup.join(cells)))
         lines.append("</table>")
-        if hidden:
+        if left_out:
             lines.append(markup.fmt("<div style='font-size:11px;color:#555'>… and {:,} more "
                                     "columns ({:,} ranks): group ranks that agree to see "
-                                    "them</div>", len(hidden), sum(len(g) for g in hidden)))
+                                    "them</div>", len(left_out), sum(len(g) for g in left_out)))
         hidden = len(m.rows) - len(shown)
         if hidden:
             lines.append(markup.fmt("<div style='font-size:11px;color:#555'>… and {:,} more rows, "
