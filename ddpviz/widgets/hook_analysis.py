@@ -52,7 +52,9 @@ class Lane(NamedTuple):
 class OrderDiff(NamedTuple):
     reference: tuple[int, ...]  # the most common order (ties: the lowest rank's)
     reference_ranks: tuple[int, ...]
-    positions: dict[int, tuple[int, ...]]  # rank -> positions where it departs from reference
+    # rank -> the first MAX_DEPARTURES_LISTED positions where it departs from the reference
+    positions: dict[int, tuple[int, ...]]
+    departures: dict[int, int]  # rank -> how many positions depart, in all
 
     @property
     def differs(self) -> bool:
@@ -137,17 +139,26 @@ def _unused(reported: Iterable[int], fired: Iterable[int], n_params: int | None
 def order_diff(orders: Mapping[int, tuple[int, ...]]) -> OrderDiff:
     """The reference order and each rank's departures from it, position by position."""
     if not orders:
-        return OrderDiff((), (), {})
+        return OrderDiff((), (), {}, {})
     groups = group_ranks({r: ",".join(map(str, o)) for r, o in orders.items()})
     ref_ranks = groups[0][1]
     reference = orders[ref_ranks[0]]
     positions: dict[int, tuple[int, ...]] = {}
+    departures: dict[int, int] = {}
     for r, o in orders.items():
-        n = max(len(o), len(reference))
-        positions[r] = tuple(i for i in range(n)
-                             if (o[i] if i < len(o) else None)
-                             != (reference[i] if i < len(reference) else None))
-    return OrderDiff(reference, ref_ranks, positions)
+        # the shared prefix compared (linear in this rank's own hooks), the rest counted: a
+        # rank that fired 1 hook is not compared position by position with 30,000
+        common = min(len(o), len(reference))
+        first = [i for i in range(common) if o[i] != reference[i]]
+        count = len(first) + max(len(o), len(reference)) - common
+        tail = range(common, common + max(0, MAX_DEPARTURES_LISTED - len(first)))
+        positions[r] = tuple(first[:MAX_DEPARTURES_LISTED]) + tuple(
+            i for i in tail if i < common + count - len(first))
+        departures[r] = count
+    return OrderDiff(reference, ref_ranks, positions, departures)
+
+
+MAX_DEPARTURES_LISTED = 256  # positions kept per rank where its order departs
 
 
 def analyse(step: int, records: Mapping[int, StepRecord],

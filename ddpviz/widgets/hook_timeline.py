@@ -13,6 +13,7 @@ iteration; its redraws are rate-limited by bytes (`live_bytes_per_s`) as well as
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as w
@@ -350,7 +351,8 @@ class HookTimeline(EventView):
                 cells.append(markup.fmt("<td{} title='{}'>{}</td>", cls, names.get(p, ""), p))
             rows.append(markup.fmt("<tr><th>{}</th>{}</tr>", label, markup.join(cells)))
         if order.differs:
-            worst = max(order.positions, key=lambda r: len(order.positions[r]))
+            worst = max(order.positions, key=lambda r: order.departures.get(
+                r, len(order.positions[r])))
             first = order.positions[worst][0]
             mine = lanes[worst].order[first] if first < len(lanes[worst].order) else None
             theirs = order.reference[first] if first < len(order.reference) else None
@@ -361,7 +363,8 @@ class HookTimeline(EventView):
             summary = markup.fmt(
                 "<b style='color:#b42318'>✘ rank {} departs from the order of {} at {} "
                 "position(s); first at #{}: {} where they fire {}</b>", worst,
-                format_ranks(order.reference_ranks), len(order.positions[worst]), first,
+                _short_ranks(order.reference_ranks),
+                order.departures.get(worst, len(order.positions[worst])), first,
                 name(mine), name(theirs))
         else:
             summary = markup.fmt("✔ the same hook firing order on {} ({} hooks)",
@@ -445,6 +448,11 @@ class HookTimeline(EventView):
 
 
 MAX_UNUSED_GROUPS = 32  # groups of ranks (by their unused parameters) listed
+
+
+def _short_ranks(ranks: Sequence[int]) -> str:
+    text = format_ranks(ranks)
+    return text if len(text) <= 400 else text[:399] + "…"
 
 
 def _more_buckets_row(n_buckets: int, columns: int) -> markup.Markup:

@@ -17,9 +17,22 @@ import pytest
 
 from ddpviz.trace import Trace
 from ddpviz.widgets import BroadcastProgress, VerificationView
-from ddpviz.widgets.hook_analysis import MAX_UNUSED_LISTED, analyse
+from ddpviz.widgets.event_model import EventModel
+from ddpviz.widgets.hook_analysis import (
+    MAX_DEPARTURES_LISTED,
+    MAX_UNUSED_LISTED,
+    IterationView,
+    analyse,
+)
+from ddpviz.widgets.source import attach
 from ddpviz.widgets.verification_view import MAX_COLUMNS
-from tests.security.bombs import broadcast_chunks, unused_params, verification_world, write
+from tests.security.bombs import (
+    broadcast_chunks,
+    long_reference_order,
+    unused_params,
+    verification_world,
+    write,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_CAP = 2 << 30
@@ -43,8 +56,9 @@ def _cap_memory() -> None:
 
 
 @pytest.mark.timeout(TIME_CAP_S + 60)
-@pytest.mark.parametrize("make", [broadcast_chunks, verification_world, unused_params],
-                         ids=["chunks", "verification", "unused"])
+@pytest.mark.parametrize("make", [broadcast_chunks, verification_world, unused_params,
+                                  long_reference_order],
+                         ids=["chunks", "verification", "unused", "order"])
 def test_the_dashboard_opens_a_product_bomb_within_the_caps(tmp_path: Path, make: object
                                                             ) -> None:
     path = write(tmp_path / "bomb.ddpviz", make())  # type: ignore[operator]
@@ -90,13 +104,23 @@ def test_the_verification_matrix_keeps_the_cells_the_file_names(tmp_path: Path) 
 
 
 def test_unused_parameters_are_listed_up_to_a_bound_and_counted(tmp_path: Path) -> None:
-    trace = Trace.load(write(tmp_path / "u.ddpviz", unused_params(5_000, 20)))
-    from ddpviz.widgets.event_model import EventModel
-    from ddpviz.widgets.source import attach
-
-    model = EventModel()
-    attach(trace, model, lambda: None)
-    view = analyse(0, model.step_records(0), 5_000)
+    view = _iteration(write(tmp_path / "u.ddpviz", unused_params(5_000, 20)), 5_000)
     lane = view.lanes[7]
     assert lane.n_unused == 4_999 and len(lane.unused) == MAX_UNUSED_LISTED
     assert lane.unused == tuple(i for i in range(MAX_UNUSED_LISTED + 1) if i != 7)
+
+
+def test_order_departures_are_listed_up_to_a_bound_and_counted(tmp_path: Path) -> None:
+    view = _iteration(write(tmp_path / "o.ddpviz", long_reference_order(2_000, 5)), 2_000)
+    order = view.order
+    assert order.reference == tuple(range(2_000)) and order.reference_ranks == (0,)
+    assert order.positions[0] == () and order.departures[0] == 0
+    # rank 3 fired p3 first where the reference fires p0, then nothing: 2,000 departures
+    assert order.departures[3] == 2_000
+    assert order.positions[3] == tuple(range(MAX_DEPARTURES_LISTED))
+
+
+def _iteration(path: Path, n_params: int) -> IterationView:
+    model = EventModel()
+    attach(Trace.load(path), model, lambda: None)
+    return analyse(0, model.step_records(0), n_params)
