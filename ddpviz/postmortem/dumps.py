@@ -342,11 +342,10 @@ def _groups(v: Any, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
         if isinstance(ranks_text, str):
             if len(ranks_text) > 16 * MAX_GROUP_RANKS:
                 raise _fail(source, "a process group's rank list is too long.")
-            try:
-                ranks = json.loads(ranks_text)
-            except ValueError as e:
+            ranks = _rank_list(ranks_text)
+            if ranks is None:
                 raise _fail(source, f"pg_config ranks {_short(ranks_text)} is not a list of "
-                            "integers.") from e
+                            "integers.")
         else:
             ranks = ranks_text
         if not isinstance(ranks, list) or len(ranks) > MAX_GROUP_RANKS:
@@ -354,6 +353,24 @@ def _groups(v: Any, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
         name = _str(cfg.get("name", key), source, "pg_config name") or _str(key, source, "pg")
         out[name or "0"] = (_str(cfg.get("desc", ""), source, "pg desc"),
                             tuple(_int(r, source, "a rank", 0, MAX_GROUP_RANKS) for r in ranks))
+    return out
+
+
+def _rank_list(text: str) -> list[int] | None:
+    """'[0, 1, 2]' (how torch writes a group's ranks) -> [0, 1, 2]; None if it is anything
+    else. Not json.loads: a string of nested or empty lists would build what it likes."""
+    body = text.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    body = body[1:-1].strip()
+    if not body:
+        return []
+    out = []
+    for part in body.split(","):
+        part = part.strip()
+        if not part.isascii() or not part.isdigit() or len(part) > 7:
+            return None
+        out.append(int(part))
     return out
 
 

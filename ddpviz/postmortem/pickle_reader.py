@@ -322,8 +322,7 @@ def _refuse_global(r: _Reader, module: object, name: object) -> None:
 def _op_global(r: _Reader) -> None:
     def line() -> str:
         end = bytes(r.data[r.pos:r.pos + 256]).find(b"\n")
-        text = r.read(end + 1 if end >= 0 else 0)[:-1] if end >= 0 else ""
-        return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        return "?" if end < 0 else r.read(end + 1)[:-1].decode("utf-8", "replace")
     _refuse_global(r, line(), line())
 
 

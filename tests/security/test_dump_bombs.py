@@ -135,3 +135,13 @@ def test_a_real_flight_recorder_pickle_parses_as_pickle_loads_reads_it(tmp_path:
     (dump,) = load_dumps(tmp_path)
     assert [e.op for e in dump.entries] == ["all_reduce"] * 3 + ["broadcast", "all_gather"]
     assert dump.entries[3].input_sizes == ((2, 3),) and dump.entries[3].dtypes == ("float64",)
+
+
+def test_a_group_rank_list_is_read_as_integers_only() -> None:
+    from tests.postmortem.test_dumps import dump, entry
+
+    for ranks in ("[" * 100_000 + "]" * 100_000, "[[], [], []]", "[0, 1.5]", "[1e9]"):
+        with pytest.raises(DumpError, match="is not a list of integers"):
+            load_dumps([dump([entry(1)], ranks=ranks)])
+    (parsed,) = load_dumps([dump([entry(1)], ranks=" [0, 1 ,2] ")])
+    assert parsed.groups["0"][1] == (0, 1, 2)
