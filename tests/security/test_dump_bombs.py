@@ -145,3 +145,25 @@ def test_a_group_rank_list_is_read_as_integers_only() -> None:
             load_dumps([dump([entry(1)], ranks=ranks)])
     (parsed,) = load_dumps([dump([entry(1)], ranks=" [0, 1 ,2] ")])
     assert parsed.groups["0"][1] == (0, 1, 2)
+
+
+INTERRUPTED = r"""
+import os, signal, threading
+from ddpviz.postmortem import pickle_reader
+from tests.security.dump_bombs import none_flood
+pickle_reader.MAX_OPS = pickle_reader.MAX_BYTES = 1 << 40  # a parse that runs for minutes
+data = none_flood(256)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    pickle_reader.load_plain(data)
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_long_parse_stops_at_an_interrupt() -> None:
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED], cwd=ROOT, timeout=TIME_CAP_S,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                          preexec_fn=_cap_memory, text=True)
+    assert proc.stdout.strip() == "interrupted", proc.stdout + proc.stderr[-2000:]
