@@ -54,7 +54,9 @@ except MemoryError:
     out = "MemoryError"
 except Exception as e:
     out = type(e).__name__
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process image's peak RSS (ru_maxrss would carry the spawning parent's over exec)
+peak = next(int(line.split()[1]) for line in open("/proc/self/status")
+            if line.startswith("VmHWM:")) / 1024
 print(json.dumps([out, time.perf_counter() - t0, peak]))
 """
 
@@ -100,7 +102,7 @@ def main() -> None:
             path = Path(tmp) / "fr_0"
             path.write_bytes(make_dump())
             cells = [run(tree, path, "dumps", args.cap_s, args.mem_mb) for _, tree in trees]
-            print(f"\n{name} ({path.stat().st_size:,} bytes)\n  {'postmortem':<10}"
+            print(f"\n{name} ({path.stat().st_size:,} bytes)\n  {'postmortem':<12}"
                   + "".join(f"{c:<34}" for c in cells), flush=True)
 
 
