@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import mmap
 import operator
 import os
 import threading
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, NoReturn, cast, overload
 
 import msgspec
 
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
 
 _CHUNK = 8192  # events per frame when saving a whole trace
 _RANK = operator.attrgetter("rank")
-_MMAP_FROM = 64 << 20  # files from this size on are mapped rather than read
+_WHOLE_BELOW = 64 << 20  # smaller files are read whole; bigger ones frame by frame
 
 
 SpanCategory = Literal["phase", "allreduce", "broadcast", "gradients"]
@@ -217,37 +216,54 @@ class Trace:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
         """Read a `.ddpviz` file. A torn last frame (the writer died mid-write) is skipped with
-        a warning; every complete frame before it is kept. Raises TraceError otherwise."""
+        a warning; every complete frame before it is kept. Raises TraceError otherwise, also
+        when the file shrinks while it is being read."""
         path = Path(path)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size < _MMAP_FROM:
+            if size < _WHOLE_BELOW:
                 return cls.from_bytes(f.read(), path)
-            # a big file is read through the page cache, never copied onto the heap
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                return cls.from_bytes(data, path)  # type: ignore[arg-type]
-            finally:
-                with contextlib.suppress(BufferError):  # an error's traceback holds a view:
-                    data.close()  # the map then goes with it
+            # A big file is read frame by frame (frames are small), never whole onto the heap.
+            # Not mapped: a mapped file that shrinks under the parse (a new `ddpviz record`
+            # truncating it, a file on NFS rewritten by another node) kills the process with
+            # SIGBUS; a short read here is a TraceError.
+            fd = f.fileno()
+            if os.pread(fd, len(_MAGIC), 0) != _MAGIC:
+                _not_a_trace(path)
+
+            def read(pos: int, n: int) -> bytes:
+                n = min(n, size - pos)  # a declared length never sizes more than the file
+                got = os.pread(fd, n, pos)
+                if len(got) < n:
+                    now = os.fstat(fd).st_size
+                    raise TraceError(
+                        f"ddpviz: {str(path)!r} changed while it was being read: it was "
+                        f"{size:,} bytes, a read at byte {pos:,} found {now:,} (another "
+                        "process truncated or rewrote it).\nLoad it again once the writer "
+                        "is done, or load a copy.")
+                return got
+
+            with gc_paused():
+                return cls._parse(read, size, path)
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Trace:
         """Like `load`, from the bytes of a `.ddpviz` file; `path` only names it in messages."""
         path = Path(path)
         if data[:len(_MAGIC)] != _MAGIC:
-            raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} "
-                             "magic at its start).\nPass a file written by Trace.save, "
-                             "TraceWriter or ddpviz.connect().")
+            _not_a_trace(path)
+        view = memoryview(data)
         with gc_paused():
-            return cls._parse(data, path)
+            return cls._parse(lambda pos, n: view[pos:pos + n], len(data), path)
 
     @classmethod
-    def _parse(cls, data: bytes, path: Path) -> Trace:
+    def _parse(cls, read: Callable[[int, int], bytes | memoryview], end: int,
+               path: Path) -> Trace:
+        """The frames after the magic; `read(pos, n)` gives at most n bytes from pos (fewer
+        only at the end)."""
         decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
         decode_clock = msgspec.msgpack.Decoder(_Clock).decode
-        view = memoryview(data)
-        pos, end = len(_MAGIC), len(data)
+        pos = len(_MAGIC)
         trace: Trace | None = None
         clock: dict[int, tuple[int, int]] = {}
         while pos < end:
@@ -259,9 +275,9 @@ class Trace:
                 trace = trace or cls()
                 trace.truncated = True
                 break
-            kind, length, crc = _FRAME.unpack_from(data, pos)
+            kind, length, crc = _FRAME.unpack(read(pos, _FRAME.size))
             pos += _FRAME.size
-            payload = view[pos:pos + length]
+            payload = read(pos, length)
             pos += length
             last = pos >= end
             if len(payload) < length or zlib.crc32(payload) != crc:
@@ -363,7 +379,13 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_header(path: Path, kind: int, payload: memoryview) -> dict[str, Any]:
+def _not_a_trace(path: Path) -> NoReturn:
+    raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} magic at "
+                     "its start).\nPass a file written by Trace.save, TraceWriter or "
+                     "ddpviz.connect().")
+
+
+def _read_header(path: Path, kind: int, payload: bytes | memoryview) -> dict[str, Any]:
     if kind != _HEADER:
         raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
                          "is damaged; restore it from the original run.")

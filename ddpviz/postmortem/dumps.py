@@ -6,16 +6,16 @@ only plain data and refuses every class, and every size is bounded before it siz
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddpviz.postmortem.pickle_reader import PickleRefused, load_plain
 
 # Bounds on what a dump may hold (a real dump: TORCH_FR_BUFFER_SIZE entries, 2,000 by default).
 MAX_FILE_BYTES = 256 * 2**20
@@ -31,6 +31,8 @@ KEPT_FRAMES = 8  # innermost frames kept per entry (for the report)
 # Shapes and frames of one dump together; a pickle can repeat one big list by reference, so
 # per-entry bounds alone do not bound what parsing builds.
 MAX_ITEMS_PER_DUMP = 16_000_000
+MAX_JSON_BYTES = MAX_FILE_BYTES
+MAX_JSON_VALUES = 16_000_000  # values one JSON dump may build (~1 GiB at worst)
 
 # The dump versions whose fields were checked against real dumps (torch 2.13 writes "2.10").
 TESTED_VERSIONS = ("2.10",)
@@ -110,28 +112,30 @@ class FrDump:
     unknown_fields: tuple[str, ...]  # entry fields this ddpviz does not know (newer torch)
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, strings, numbers, bools, None and bytes; any class or
-    function reference (GLOBAL, STACK_GLOBAL, REDUCE on a found class) is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise DumpError(f"ddpviz: refused to load {module}.{name} from a pickled Flight Recorder "
-                        "dump: dumps hold only plain data, so this file is not one torch wrote "
-                        "(or was tampered with). Do not load it with pickle.")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise DumpError("ddpviz: refused a persistent id in a pickled Flight Recorder dump.")
-
-
 def load_plain_pickle(data: bytes) -> Any:
-    """Unpickle plain data only (see `_PlainUnpickler`)."""
+    """Plain data from a pickle, through ddpviz's own bounded interpreter (pickle_reader.py):
+    no class is ever looked up and every size is bounded while parsing."""
     try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
-    except DumpError:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, RecursionError, MemoryError, OverflowError) as e:
-        raise DumpError(f"ddpviz: not a readable pickle ({type(e).__name__}: {e}).") from e
+        return load_plain(data)
+    except PickleRefused as e:
+        raise DumpError(f"ddpviz: not a Flight Recorder pickle: {e}.") from None
+
+
+def load_plain_json(data: bytes) -> Any:
+    """JSON, its size and the number of values it can build bounded before parsing."""
+    if len(data) > MAX_JSON_BYTES:
+        raise DumpError(f"ddpviz: a JSON dump of {len(data):,} bytes, more than "
+                        f"{MAX_JSON_BYTES:,}.")
+    # every value but the first follows a ',' or opens with '[' or '{' (also counted inside
+    # strings: an over-estimate), so this bounds what json.loads builds before it runs
+    values = data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+    if values > MAX_JSON_VALUES:
+        raise DumpError(f"ddpviz: a JSON dump of about {values:,} values, more than "
+                        f"{MAX_JSON_VALUES:,}; a Flight Recorder dump holds far fewer.")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise DumpError(f"ddpviz: not valid JSON ({_short(str(e))}).") from None
 
 
 def _read_file(path: Path) -> Any:
@@ -141,18 +145,20 @@ def _read_file(path: Path) -> Any:
                         "Flight Recorder dump can reasonably hold; is it a dump?")
     with path.open("rb") as f:
         data = f.read(MAX_FILE_BYTES + 1)
-    if data[:1] in (b"{", b"[") or data[:1].isspace():
-        try:
-            return json.loads(data)
-        except (ValueError, RecursionError) as e:
-            raise DumpError(f"ddpviz: {path} is not valid JSON ({e}).") from e
-    if data[:1] == b"\x80":
-        try:
-            return load_plain_pickle(data)
-        except DumpError as e:
-            raise DumpError(f"{e} (file {path})") from None
-    raise DumpError(f"ddpviz: {path} is neither a JSON nor a pickled Flight Recorder dump "
-                    f"(starts with {data[:8]!r}).")
+    if len(data) > MAX_FILE_BYTES:
+        raise DumpError(f"ddpviz: {path} grew past {MAX_FILE_BYTES:,} bytes while it was read; "
+                        "is it a dump?")
+    reader = (load_plain_json if data[:1] in (b"{", b"[") or data[:1].isspace()
+              else load_plain_pickle if data[:1] == b"\x80" else None)
+    if reader is None:
+        raise DumpError(f"ddpviz: {path} is neither a JSON nor a pickled Flight Recorder dump "
+                        f"(starts with {data[:8]!r}).")
+    try:
+        return reader(data)
+    except DumpError as e:
+        raise DumpError(f"{e} (file {path})\nPass the files torch's Flight Recorder wrote "
+                        "(TORCH_FR_DUMP_TEMP_FILE, _dump_fr_trace or _dump_fr_trace_json).") \
+            from None
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -235,9 +241,21 @@ def _str(v: Any, source: str, what: str) -> str:
 
 
 def _short(v: Any) -> str:
-    text = repr(v) if not isinstance(v, (list, tuple, dict, str, bytes)) or len(v) < 8 else \
-        f"a {type(v).__name__} of length {len(v)}"
-    return text[:80]
+    """A value for a message, never by str() or repr() of anything unvalidated (a container's
+    repr walks all of it; an object's runs its code)."""
+    if v is None or isinstance(v, (bool, float)) or (
+            isinstance(v, int) and v.bit_length() <= 256):
+        return repr(v)
+    if isinstance(v, (str, bytes)) and len(v) < 80:
+        return repr(v)[:80]
+    if isinstance(v, (list, tuple, dict, str, bytes)):
+        return f"a {type(v).__name__} of length {len(v)}"
+    return f"a {type(v).__name__}"
+
+
+def _key(k: Any) -> str:
+    """A dict key for a message (keys of a parsed dump are str or int)."""
+    return k[:40] if isinstance(k, str) else _short(k)[:40]
 
 
 class _Budget:
@@ -285,7 +303,7 @@ def parse_dump(data: Any, *, rank: int, source: str) -> FrDump:
         raise _fail(source, f"a Flight Recorder dump is a dict, found {type(data).__name__}.")
     version = data.get("version")
     missing_top = [k for k in REQUIRED_TOP if k not in data]
-    unknown_top = sorted(str(k)[:40] for k in data if k not in KNOWN_TOP)
+    unknown_top = sorted(_key(k) for k in data if k not in KNOWN_TOP)
     if missing_top:
         raise _version_error(source, version, missing_top, unknown_top)
     version = _str(version, source, "version")
@@ -302,7 +320,7 @@ def parse_dump(data: Any, *, rank: int, source: str) -> FrDump:
         if not isinstance(e, Mapping):
             raise _fail(source, f"entry {i} is a {type(e).__name__}, not a dict.")
         missing = [k for k in REQUIRED_ENTRY if k not in e]
-        extra = [str(k)[:40] for k in e if k not in KNOWN_ENTRY]
+        extra = [_key(k) for k in e if k not in KNOWN_ENTRY]
         if missing:
             raise _version_error(source, version, missing, sorted(set(extra)))
         unknown.update(extra)
@@ -324,11 +342,10 @@ def _groups(v: Any, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
         if isinstance(ranks_text, str):
             if len(ranks_text) > 16 * MAX_GROUP_RANKS:
                 raise _fail(source, "a process group's rank list is too long.")
-            try:
-                ranks = json.loads(ranks_text)
-            except ValueError as e:
+            ranks = _rank_list(ranks_text)
+            if ranks is None:
                 raise _fail(source, f"pg_config ranks {_short(ranks_text)} is not a list of "
-                            "integers.") from e
+                            "integers.")
         else:
             ranks = ranks_text
         if not isinstance(ranks, list) or len(ranks) > MAX_GROUP_RANKS:
@@ -336,6 +353,24 @@ def _groups(v: Any, source: str) -> dict[str, tuple[str, tuple[int, ...]]]:
         name = _str(cfg.get("name", key), source, "pg_config name") or _str(key, source, "pg")
         out[name or "0"] = (_str(cfg.get("desc", ""), source, "pg desc"),
                             tuple(_int(r, source, "a rank", 0, MAX_GROUP_RANKS) for r in ranks))
+    return out
+
+
+def _rank_list(text: str) -> list[int] | None:
+    """'[0, 1, 2]' (how torch writes a group's ranks) -> [0, 1, 2]; None if it is anything
+    else. Not json.loads: a string of nested or empty lists would build what it likes."""
+    body = text.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return None
+    body = body[1:-1].strip()
+    if not body:
+        return []
+    out = []
+    for part in body.split(","):
+        part = part.strip()
+        if not part.isascii() or not part.isdigit() or len(part) > 7:
+            return None
+        out.append(int(part))
     return out
 
 

@@ -47,7 +47,11 @@ class RankBroadcast(NamedTuple):
     in_flight: tuple[int, ...]  # chunk indices launched and not done
     bytes_per_s: float | None  # done bytes over the time from start to the last chunk done
     seconds: float | None  # BroadcastFinished's own measure
-    chunks: tuple[ChunkState, ...]
+    chunks: dict[int, ChunkState]  # the chunks sent or done, by index (others are pending)
+    extent: int  # chunk rows: n_chunks, or one past the highest chunk seen if more
+
+    def chunk(self, i: int) -> ChunkState | None:
+        return self.chunks.get(i)
 
     @property
     def fraction(self) -> float:
@@ -65,26 +69,27 @@ def rank_broadcast(s: RankState) -> RankBroadcast:
     elif s.verify_started is not None:
         verification = "exchanging"
     started = s.broadcast_started
-    chunks: list[ChunkState] = []
+    # Only the chunks with an event are built: a declared n_chunks (up to 65,536 on each of
+    # many ranks) is a count, never a loop.
+    chunks: dict[int, ChunkState] = {}
     total = n_chunks = 0
     src = None
     if started is not None:
         b = started.event
         assert isinstance(b, ev.BroadcastStarted)
         total, n_chunks, src = b.total_bytes, b.n_chunks, b.src
-    for i in range(max([n_chunks, *[c + 1 for c in s.chunks_sent],
-                        *[c + 1 for c in s.chunks_done]])):
+    for i in sorted(s.chunks_sent.keys() | s.chunks_done.keys()):
         sent, done = s.chunks_sent.get(i), s.chunks_done.get(i)
         e = sent.event if sent is not None else None
         nbytes = (e.nbytes if isinstance(e, ev.BroadcastChunkSent)
                   else done.event.nbytes if done is not None
                   and isinstance(done.event, ev.BroadcastChunkDone) else 0)
-        chunks.append(ChunkState(i, e.dtype if isinstance(e, ev.BroadcastChunkSent) else "",
-                                 nbytes, e.n_tensors if isinstance(e, ev.BroadcastChunkSent)
-                                 else 0, sent.t if sent else None, done.t if done else None))
-    done_bytes = sum(c.nbytes for c in chunks if c.done is not None)
-    in_flight = tuple(c.chunk for c in chunks if c.sent is not None and c.done is None)
-    last_done = max((c.done for c in chunks if c.done is not None), default=None)
+        chunks[i] = ChunkState(i, e.dtype if isinstance(e, ev.BroadcastChunkSent) else "",
+                               nbytes, e.n_tensors if isinstance(e, ev.BroadcastChunkSent)
+                               else 0, sent.t if sent else None, done.t if done else None)
+    done_bytes = sum(c.nbytes for c in chunks.values() if c.done is not None)
+    in_flight = tuple(c.chunk for c in chunks.values() if c.sent is not None and c.done is None)
+    last_done = max((c.done for c in chunks.values() if c.done is not None), default=None)
     rate = None
     if started is not None and last_done is not None and last_done > started.t:
         rate = done_bytes / ((last_done - started.t) / 1e9)
@@ -101,8 +106,8 @@ def rank_broadcast(s: RankState) -> RankBroadcast:
     else:
         state = "waiting"
     return RankBroadcast(s.rank, verification, state, src, total, done_bytes, n_chunks,
-                         sum(c.done is not None for c in chunks), in_flight, rate, seconds,
-                         tuple(chunks))
+                         sum(c.done is not None for c in chunks.values()), in_flight, rate,
+                         seconds, chunks, max(n_chunks, max(chunks, default=-1) + 1))
 
 
 def _rate(x: float | None) -> str:
@@ -115,6 +120,7 @@ _B_COLOUR = {"waiting": "#999", "broadcasting": "#4c78a8", "done": "#1e7b34",
 
 
 MAX_GROUP_ROWS = 24  # bars drawn for groups of ranks; the rest are listed on one line
+MAX_CHUNK_COLUMNS = 64  # columns (ranks or groups) of the chunk table; the rest are counted
 
 
 class BroadcastProgress(EventView):
@@ -202,7 +208,8 @@ class BroadcastProgress(EventView):
                                           self.group_labels, strict=True)] + [self.more_html]
         rest = [r for g in self.groups[MAX_GROUP_ROWS:] for r in g.ranks]
         more = markup.fmt("<span style='font-size:12px;color:#555'>… and {} more groups: "
-                          "ranks {}</span>", len(self.groups) - n, rank_label(rest)) \
+                          "ranks {}</span>", len(self.groups) - n,
+                          _short(rank_label(rest), 400)) \
             if rest else ""
         if self.more_html.value != more:
             self.more_html.value = more
@@ -305,26 +312,33 @@ class BroadcastProgress(EventView):
 
     def shown_chunks(self) -> list[int]:
         """Chunk rows drawn: all when few; else those in flight or in different states on
-        different ranks, plus the first and last few, up to max_chunk_rows."""
-        n = max((len(p.chunks) for p in self.progress.values()), default=0)
+        different ranks, plus the first and last few, up to max_chunk_rows. Linear in the
+        chunks with events: a chunk none of them names is pending on every rank."""
+        n = max((p.extent for p in self.progress.values()), default=0)
         if n <= self.max_chunk_rows:
             return list(range(n))
+        states: dict[int, set[str]] = {}
+        seen: dict[int, int] = {}  # chunk -> ranks with an event of it
+        for p in self.progress.values():
+            for i, c in p.chunks.items():
+                states.setdefault(i, set()).add(_chunk_state(c))
+                seen[i] = seen.get(i, 0) + 1
         busy = set()
-        for i in range(n):
-            states = {_chunk_state(p.chunks[i] if i < len(p.chunks) else None)
-                      for p in self.progress.values()}
-            if "in flight" in states or len(states) > 1:
+        for i, found in states.items():
+            if seen[i] < len(self.progress):
+                found.add("pending")
+            if "in flight" in found or len(found) > 1:
                 busy.add(i)
         edges = {0, 1, 2, n - 3, n - 2, n - 1}
-        return sorted(sorted(busy)[: self.max_chunk_rows - len(edges)] + sorted(edges))
+        return sorted(set(sorted(busy - edges)[: self.max_chunk_rows - len(edges)]) | edges)
 
     def chunk_columns(self, shown: list[int]) -> list[tuple[int, ...]]:
         """The chunk table's columns: one rank each, or (many ranks) groups of ranks whose
         shown chunks are in the same states."""
         if not self.grouped:
             return [(r,) for r in sorted(self.progress)]
-        states = {r: tuple(_chunk_state(p.chunks[i] if i < len(p.chunks) else None)
-                           for i in shown) for r, p in self.progress.items()}
+        states = {r: tuple(_chunk_state(p.chunk(i)) for i in shown)
+                  for r, p in self.progress.items()}
         return sorted((g.ranks for g in value_groups(states)), key=lambda rs: rs[0])
 
     def _chunks(self) -> str:
@@ -332,7 +346,9 @@ class BroadcastProgress(EventView):
         if not shown:
             return ""
         columns = self.chunk_columns(shown)
-        head = markup.join(markup.fmt("<th title='{}'>r{}</th>", rank_label(g),
+        hidden = columns[MAX_CHUNK_COLUMNS:]
+        columns = columns[:MAX_CHUNK_COLUMNS]
+        head = markup.join(markup.fmt("<th title='{}'>r{}</th>", _short(rank_label(g), 400),
                                       _short(rank_label(g))) for g in columns)
         rows = []
         previous = -1
@@ -342,14 +358,13 @@ class BroadcastProgress(EventView):
                                        "{}-{}: the same state on every rank</td></tr>",
                                        2 + len(columns), previous + 1, i - 1))
             previous = i
-            info = next((p.chunks[i] for p in self.progress.values()
-                         if i < len(p.chunks) and p.chunks[i].dtype), None)
+            info = next((c for p in self.progress.values()
+                         if (c := p.chunk(i)) is not None and c.dtype), None)
             desc = (f"{info.dtype}, {human_bytes(info.nbytes)}, {info.n_tensors} tensors"
                     if info else "not launched yet")
             cells: list[markup.Markup] = []
             for g in columns:
-                mine = [self.progress[r].chunks[i] if i < len(self.progress[r].chunks)
-                        else None for r in g]
+                mine = [self.progress[r].chunk(i) for r in g]
                 state = _chunk_state(mine[0])
                 if state == "pending":
                     cells.append(markup.Markup("<td style='color:#999'>pending</td>"))
@@ -369,9 +384,12 @@ class BroadcastProgress(EventView):
                             took.max, took.p50))
             rows.append(markup.fmt("<tr><td>#{}</td><td>{}</td>{}</tr>", i, desc,
                                    markup.join(cells)))
+        more = markup.fmt("<div style='font-size:11px;color:#555'>… and {:,} more columns "
+                          "(groups of ranks), {:,} ranks</div>", len(hidden),
+                          sum(len(g) for g in hidden)) if hidden else ""
         return markup.fmt("<table style='font-size:11px;border-collapse:collapse'><tr>"
-                          "<th>chunk</th><th>contents</th>{}</tr>{}</table>", head,
-                          markup.join(rows))
+                          "<th>chunk</th><th>contents</th>{}</tr>{}</table>{}", head,
+                          markup.join(rows), more)
 
 
 def _progress_key(p: RankBroadcast) -> tuple[Any, ...]:

@@ -13,6 +13,7 @@ iteration; its redraws are rate-limited by bytes (`live_bytes_per_s`) as well as
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as w
@@ -350,7 +351,8 @@ class HookTimeline(EventView):
                 cells.append(markup.fmt("<td{} title='{}'>{}</td>", cls, names.get(p, ""), p))
             rows.append(markup.fmt("<tr><th>{}</th>{}</tr>", label, markup.join(cells)))
         if order.differs:
-            worst = max(order.positions, key=lambda r: len(order.positions[r]))
+            worst = max(order.positions, key=lambda r: order.departures.get(
+                r, len(order.positions[r])))
             first = order.positions[worst][0]
             mine = lanes[worst].order[first] if first < len(lanes[worst].order) else None
             theirs = order.reference[first] if first < len(order.reference) else None
@@ -361,7 +363,8 @@ class HookTimeline(EventView):
             summary = markup.fmt(
                 "<b style='color:#b42318'>✘ rank {} departs from the order of {} at {} "
                 "position(s); first at #{}: {} where they fire {}</b>", worst,
-                format_ranks(order.reference_ranks), len(order.positions[worst]), first,
+                _short_ranks(order.reference_ranks),
+                order.departures.get(worst, len(order.positions[worst])), first,
                 name(mine), name(theirs))
         else:
             summary = markup.fmt("✔ the same hook firing order on {} ({} hooks)",
@@ -426,19 +429,30 @@ class HookTimeline(EventView):
                           markup.join(rows))
 
     def _unused(self, v: IterationView, names: dict[int, str]) -> str:
-        unused = v.unused
-        if not unused:
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        for r, lane in v.lanes.items():
+            if lane.unused:
+                groups.setdefault((lane.unused, max(lane.n_unused, len(lane.unused))),
+                                  []).append(r)
+        if not groups:
             return ""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for r, params in unused.items():
-            groups.setdefault(params, []).append(r)
         lines = []
-        for params, ranks in groups.items():
+        for (params, n), ranks in list(groups.items())[:MAX_UNUSED_GROUPS]:
             listed = ", ".join(f"p{p} '{names.get(p, '?')}'" for p in params[:10])
-            more = f" and {len(params) - 10} more" if len(params) > 10 else ""
-            lines.append(f"{format_ranks(ranks)}: {listed}{more}")
+            more = f" and {n - 10} more" if n > 10 else ""
+            lines.append(f"{format_ranks(ranks)[:400]}: {listed}{more}")
+        if len(groups) > MAX_UNUSED_GROUPS:
+            lines.append(f"… and {len(groups) - MAX_UNUSED_GROUPS:,} more groups of ranks")
         return markup.fmt("<div style='font-size:12px;color:#b42318'>✕ unused parameters (no "
                           "gradient this iteration): {}</div>", "; ".join(lines))
+
+
+MAX_UNUSED_GROUPS = 32  # groups of ranks (by their unused parameters) listed
+
+
+def _short_ranks(ranks: Sequence[int]) -> str:
+    text = format_ranks(ranks)
+    return text if len(text) <= 400 else text[:399] + "…"
 
 
 def _more_buckets_row(n_buckets: int, columns: int) -> markup.Markup:

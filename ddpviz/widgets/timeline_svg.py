@@ -86,10 +86,11 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
                                  lane.rank)]
     if lane.unused:
         listed = ", ".join(names.get(p, f"p{p}") for p in lane.unused[:20])
-        more = f" (+{len(lane.unused) - 20})" if len(lane.unused) > 20 else ""
+        n = max(lane.n_unused, len(lane.unused))
+        more = f" (+{n - 20})" if n > 20 else ""
         out.append(markup.fmt("<text x='2' y='{}' fill='{}'>✕ {} unused"
                               "<title>unused: {}</title></text>", y + 34, _EXPOSED,
-                              len(lane.unused), listed + more))
+                              n, listed + more))
     # phases: forward (grey), backward (light blue)
     if rec.forward is not None:
         f_end = rec.backward if rec.backward is not None else rec.last

@@ -5,10 +5,17 @@ result (VerificationPassed, or VerificationFailed's mismatches, which also carry
 ParamsBuilt lacks: strides, requires_grad, buffer shapes). A cell is "same" (the rank agrees
 with the most common value of every field), "differs", "missing" (the rank has no such entry)
 or "pending" (the rank has not reported yet). Pure functions: no widgets here.
+
+Sized by what the file holds, never by rows x ranks: a row keeps the cells of the ranks it names
+(its ParamsBuilt entries and mismatch values, `Row.known`); every other rank's cell follows from
+the rank alone (`Matrix.base`: missing where the rank's ParamsBuilt lacks the row, same where it
+passed verification, else pending), so a world size of 131,072 costs a count, not 131,072
+cells per row.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
@@ -31,19 +38,41 @@ class Row(NamedTuple):
     kind: Literal["param", "buffer"]
     position: int  # index on the lowest rank holding it
     name: str
-    cells: tuple[CellStatus, ...]  # per rank, in `Matrix.ranks` order
+    known: dict[int, CellStatus]  # the cells of the ranks this row names
     values: dict[int, dict[str, str]]  # rank -> field -> value, for ranks holding it
     differing: tuple[str, ...]  # fields whose values differ across ranks
+    counts: dict[CellStatus, int]  # ranks per status, over all of the matrix's ranks
+    base: Mapping[int, CellStatus]  # the matrix's (shared): cells of ranks not in `known`
+    ranks: tuple[int, ...]  # the matrix's (shared)
 
     @property
     def key(self) -> str:
         return f"{self.kind}:{self.name}"
 
+    def cell(self, rank: int) -> CellStatus:
+        """`rank`'s status in this row."""
+        found = self.known.get(rank)
+        return found if found is not None else self.base.get(rank, "pending")
+
+    @property
+    def cells(self) -> tuple[CellStatus, ...]:
+        """Per rank, in `Matrix.ranks` order (one per rank: for a few ranks; views use
+        `cell`, `counts` and `ranks_with`)."""
+        return tuple(self.cell(r) for r in self.ranks)
+
+    def ranks_with(self, status: CellStatus) -> list[int]:
+        """The ranks whose cell is `status`, sorted."""
+        if status == "pending":
+            return [r for r in self.ranks if self.cell(r) == "pending"]
+        found = {r for r, c in self.known.items() if c == status}
+        found |= {r for r, c in self.base.items() if c == status and r not in self.known}
+        return sorted(found)
+
     @property
     def status(self) -> CellStatus:
         """The worst cell: missing > differs > pending > same."""
         for s in ("missing", "differs", "pending"):
-            if s in self.cells:
+            if self.counts.get(s):
                 return s
         return "same"
 
@@ -56,6 +85,7 @@ class Matrix(NamedTuple):
     digest: str  # VerificationPassed's digest ("" otherwise)
     notes: tuple[str, ...]  # count and GPU-sharing mismatches, which belong to no row
     verdict: str  # the one-line summary, plain text
+    base: Mapping[int, CellStatus] = {}  # cells of the reporting ranks in rows not naming them
 
 
 def describe(values: Mapping[str, str]) -> str:
@@ -132,6 +162,19 @@ def build_matrix(states: Mapping[int, RankState], world_size: int | None = None)
                 for r in rs:
                     flagged.setdefault(key, {}).setdefault(r, set()).add(m.field)
 
+    # A rank's cell in a row that does not name it depends on the rank alone.
+    base: dict[int, CellStatus] = {}
+    for r in states:
+        if r in listed:
+            base[r] = "missing"  # its ParamsBuilt does not list the row
+        elif r in verified and (passed is not None or failed is not None):
+            base[r] = "same"  # verified, and no mismatch names this rank
+        else:
+            base[r] = "pending"
+    rank_set = set(ranks)
+    base_counts = Counter(base[r] for r in base if r in rank_set)
+    anonymous = len(ranks) - sum(base_counts.values())  # ranks not heard from: pending
+
     rows: list[Row] = []
     for key in sorted(first_index, key=lambda k: (kinds[k] != "param", first_index[k][1],
                                                    first_index[k][0], k)):
@@ -143,34 +186,36 @@ def build_matrix(states: Mapping[int, RankState], world_size: int | None = None)
         # true reorderings as "order", so the index alone never flags a cell
         all_fields = {f for v in holders.values() for f in v if f not in ("present", "index")}
         for f in all_fields:
-            known = {r: v[f] for r, v in holders.items() if f in v}
-            groups = group_ranks(known)
+            groups = group_ranks({r: v[f] for r, v in holders.items() if f in v})
             if len(groups) > 1:
                 differing.add(f)
                 for _, rs in groups[1:]:
                     for r in rs:
                         rank_fields.setdefault(r, set()).add(f)
-        cells: list[CellStatus] = []
-        for r in ranks:
+        known: dict[int, CellStatus] = {}
+        counts: Counter[CellStatus] = Counter(base_counts)
+        counts["pending"] += anonymous
+        for r in sorted((per_rank.keys() | rank_fields.keys()) & rank_set):
             fields = rank_fields.get(r, set())
+            cell: CellStatus
             if per_rank.get(r, {}).get("present") == "missing" or "present" in fields:
-                cells.append("missing")
+                cell = "missing"
             elif r in holders:
-                cells.append("differs" if fields else "same")
-            elif r in listed:
-                cells.append("missing")  # its ParamsBuilt does not list it
-            elif r in verified and (passed is not None or failed is not None):
-                cells.append("same")  # verified, and no mismatch names this rank
+                cell = "differs" if fields else "same"
             else:
-                cells.append("pending")
-        if "missing" in cells:
+                cell = base.get(r, "pending")
+            known[r] = cell
+            counts[base.get(r, "pending")] -= 1
+            counts[cell] += 1
+        if counts["missing"]:
             differing.add("present")
         for fields in rank_fields.values():
             differing |= fields
         kind = kinds[key]
-        rows.append(Row(kind, first_index[key][1], key.split(":", 1)[1], tuple(cells),
+        rows.append(Row(kind, first_index[key][1], key.split(":", 1)[1], known,
                         {r: dict(v) for r, v in per_rank.items()},
-                        tuple(f for f in FIELD_ORDER if f in differing)))
+                        tuple(f for f in FIELD_ORDER if f in differing),
+                        {c: n for c, n in counts.items() if n}, base, ranks))
 
     state: MatrixState
     if failed is not None:
@@ -185,7 +230,7 @@ def build_matrix(states: Mapping[int, RankState], world_size: int | None = None)
         state = "waiting"
     matrix = Matrix(ranks, world_size if world_size is not None else (failed.world_size if failed
                     else None), tuple(rows), state, passed.digest if passed else "",
-                    tuple(notes), "")
+                    tuple(notes), "", base)
     return matrix._replace(verdict=verdict(matrix, states))
 
 
@@ -202,9 +247,8 @@ def verdict(m: Matrix, states: Mapping[int, RankState]) -> str:
             first = bad[0]
             what = "parameter" if first.kind == "param" else "buffer"
             fields = ", ".join(f for f in first.differing if f != "present")
-            how = "missing on " + format_ranks(
-                [r for r, c in zip(m.ranks, first.cells, strict=True) if c == "missing"]) \
-                if "missing" in first.cells else f"{fields} differs"
+            missing = first.ranks_with("missing")
+            how = "missing on " + format_ranks(missing) if missing else f"{fields} differs"
             parts.append(f"{what} {first.position} '{first.name}' {how}")
             if len(bad) > 1:
                 more = len(bad) - 1

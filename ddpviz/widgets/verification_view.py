@@ -40,6 +40,8 @@ _CSS = (
     + ".ddpviz-vm tr.sel td{outline:1px solid #333}.ddpviz-vm .rsel{font-weight:bold}")
 _STYLE = markup.tag("style", markup.Markup(_CSS))  # constants only
 ALL_RANKS = -1
+MAX_COLUMNS = 64  # columns (ranks or groups of ranks) drawn; the rest are counted
+MAX_RANK_OPTIONS = 1024  # ranks listed in the rank dropdown (those named by a row first)
 
 
 def _row_label(row: Row) -> str:
@@ -68,6 +70,8 @@ class VerificationView(EventView):
         self.matrix: Matrix = build_matrix({})
         self._key: tuple[Any, ...] | None = None
         self._columns: tuple[Matrix | None, list[tuple[int, ...]]] = (None, [])
+        self._ranks: tuple[Matrix | None, frozenset[int]] = (None, frozenset())
+        self._picked: int | None = None
         super().__init__(source, **kwargs)
 
     def _build(self) -> list[w.Widget]:
@@ -100,12 +104,18 @@ class VerificationView(EventView):
     def cell(self, name: str, rank: int, kind: str = "param") -> str:
         """The status drawn for `name` on `rank`: same, differs, missing or pending."""
         row = self._row(f"{kind}:{name}")
-        return row.cells[self.matrix.ranks.index(rank)]
+        if rank not in self._rank_set():
+            raise ValueError(f"ddpviz: rank {rank} is not in the verification matrix (ranks "
+                             f"0-{len(self.matrix.ranks) - 1}).\nPass one of its ranks.")
+        return row.cell(rank)
 
     def select(self, name: str, rank: int = ALL_RANKS, kind: str = "param") -> None:
         """Show `name`'s values on every rank, `rank`'s group first (like clicking a cell)."""
         key = f"{kind}:{name}"
         self._row(key)
+        if rank != ALL_RANKS and rank not in [v for _, v in self.rank_select.options]:
+            self._picked = rank  # beyond the listed ranks: listed from now on
+            self._sync_selects()
         self.rank_select.value = rank
         self.row_select.value = key
 
@@ -134,6 +144,30 @@ class VerificationView(EventView):
                        f"{names or 'nothing yet'}).\nPass a dotted parameter name and "
                        "kind='param' or kind='buffer'.")
 
+    def _rank_set(self) -> frozenset[int]:
+        if self._ranks[0] is not self.matrix:
+            self._ranks = (self.matrix, frozenset(self.matrix.ranks))
+        return self._ranks[1]
+
+    def _rank_options(self) -> list[int]:
+        """Every rank when few; else the ranks some row names or that reported, first."""
+        m = self.matrix
+        if len(m.ranks) <= MAX_RANK_OPTIONS:
+            return list(m.ranks)
+        named = set(m.base)
+        for row in m.rows:
+            if len(named) >= MAX_RANK_OPTIONS:
+                break
+            named.update(row.known)
+        chosen = sorted(named)[:MAX_RANK_OPTIONS]
+        if len(chosen) < MAX_RANK_OPTIONS:
+            have = set(chosen)
+            chosen += [r for r in m.ranks[:MAX_RANK_OPTIONS] if r not in have]
+            chosen = sorted(chosen[:MAX_RANK_OPTIONS])
+        if self._picked is not None and self._picked not in chosen:
+            chosen.append(self._picked)
+        return chosen
+
     def _set_group(self, value: bool) -> None:
         if self.group_checkbox.value != value:
             self.group_checkbox.unobserve(self._on_group, names="value")
@@ -143,7 +177,7 @@ class VerificationView(EventView):
     def _sync_selects(self) -> None:
         m = self.matrix
         rows = [(f"{GLYPHS[r.status]} {_row_label(r)}", r.key) for r in m.rows]
-        ranks = [("all ranks", ALL_RANKS)] + [(f"rank {r}", r) for r in m.ranks]
+        ranks = [("all ranks", ALL_RANKS)] + [(f"rank {r}", r) for r in self._rank_options()]
         for control, options in ((self.row_select, rows or [("(no parameters yet)", "")]),
                                  (self.rank_select, ranks)):
             if [tuple(o) for o in control.options] != options:
@@ -191,15 +225,22 @@ class VerificationView(EventView):
         if self._columns[0] is m:
             return list(self._columns[1])
         # Only rows with a difference tell ranks apart (elsewhere every holder has the same
-        # values), and there only the cell and the differing fields' values do.
-        odd = [row for row in m.rows if row.differing or any(c != "same" for c in row.cells)]
-        signature: dict[int, tuple[str, ...]] = {
-            r: tuple(row.cells[i] + "|" + "|".join(row.values.get(r, {}).get(f, "")
-                                                   for f in row.differing)
-                     for row in odd) for i, r in enumerate(m.ranks)}
-        groups: dict[tuple[str, ...], list[int]] = {}
+        # values), and there only the cell and the differing fields' values do. A rank a row
+        # does not name has the cell its class gives (Matrix.base) and no values there, so a
+        # rank's signature is its class plus the rows where it departs from that: linear in
+        # the cells rows name, not rows x ranks.
+        odd = [row for row in m.rows if row.differing or row.status != "same"]
+        departs: dict[int, list[tuple[int, str]]] = {}
+        for i, row in enumerate(odd):
+            blank = "|" * max(len(row.differing) - 1, 0)
+            for r, cell in row.known.items():
+                entry = cell + "|" + "|".join(row.values.get(r, {}).get(f, "")
+                                              for f in row.differing)
+                if entry != m.base.get(r, "pending") + "|" + blank:
+                    departs.setdefault(r, []).append((i, entry))
+        groups: dict[tuple[object, ...], list[int]] = {}
         for r in m.ranks:
-            groups.setdefault(signature[r], []).append(r)
+            groups.setdefault((m.base.get(r, "pending"), *departs.get(r, ())), []).append(r)
         columns = sorted((tuple(rs) for rs in groups.values()), key=lambda g: g[0])
         self._columns = (m, columns)  # a matrix is immutable: its columns are computed once
         return list(columns)
@@ -220,11 +261,13 @@ class VerificationView(EventView):
         if not m.rows:
             return ""
         columns = self.columns()
-        index = {r: i for i, r in enumerate(m.ranks)}
+        left_out = columns[MAX_COLUMNS:]
+        columns = columns[:MAX_COLUMNS]
         chosen = self.rank_select.value
         head = markup.join(
             markup.fmt("<th{} title='{}'>{}</th>",
-                       markup.Markup(" class=rsel" if chosen in g else ""), rank_label(g),
+                       markup.Markup(" class=rsel" if chosen in g else ""),
+                       _short(rank_label(g), 400),
                        ("r" if len(g) == 1 else f"{len(g)} ranks: ") + _short(rank_label(g)))
             for g in columns)
         lines: list[str] = [_STYLE, markup.fmt(
@@ -234,18 +277,23 @@ class VerificationView(EventView):
             sel = markup.Markup(" class=sel" if row.key == self.row_select.value else "")
             cells = []
             for g in columns:
-                status = row.cells[index[g[0]]]
+                status = row.cell(g[0])
                 title = markup.Markup("")
                 if status not in ("same", "pending"):
                     values = row.values.get(g[0], {})
                     what = "missing" if status == "missing" else " ".join(
                         f"{f}={values[f]}" for f in row.differing if f in values)
-                    title = markup.fmt(" title='{}'", format_ranks(g) + ": " + what)
+                    title = markup.fmt(" title='{}'", _short(format_ranks(g), 400) + ": "
+                                       + what)
                 cells.append(markup.fmt("<td class={}{}>{}</td>", status[0], title, GLYPHS[status]))
             lines.append(markup.fmt("<tr{}><td>{}{}</td><td>{}</td>{}</tr>", sel,
                                     "p" if row.kind == "param" else "b", row.position, row.name,
                                     markup.join(cells)))
         lines.append("</table>")
+        if left_out:
+            lines.append(markup.fmt("<div style='font-size:11px;color:#555'>… and {:,} more "
+                                    "columns ({:,} ranks): group ranks that agree to see "
+                                    "them</div>", len(left_out), sum(len(g) for g in left_out)))
         hidden = len(m.rows) - len(shown)
         if hidden:
             lines.append(markup.fmt("<div style='font-size:11px;color:#555'>… and {:,} more rows, "
@@ -262,7 +310,8 @@ class VerificationView(EventView):
             return ""
         chosen = self.rank_select.value
         described: dict[int, str] = {}
-        for r, status in zip(self.matrix.ranks, row.cells, strict=True):
+        for r in self.matrix.ranks:  # one string per distinct cell: few distinct texts
+            status = row.cell(r)
             values = row.values.get(r, {})
             if status == "missing":
                 described[r] = "missing"
@@ -275,11 +324,15 @@ class VerificationView(EventView):
                             " · differs in: "
                             + ", ".join(f for f in row.differing if f != "present")
                             if row.differing else " · the same on every rank")]
-        for text, ranks in group_ranks(described):
+        groups = group_ranks(described)
+        for text, ranks in groups[:MAX_COLUMNS]:
             mark = "▶ " if chosen in ranks else ""
             weight = "bold" if chosen in ranks else "normal"
             lines.append(markup.fmt("<div style='font-weight:{}'>{}{}: {}</div>", weight, mark,
-                                    format_ranks(ranks), text))
+                                    _short(format_ranks(ranks), 400), text))
+        if len(groups) > MAX_COLUMNS:
+            lines.append(markup.fmt("<div>… and {:,} more groups of ranks</div>",
+                                    len(groups) - MAX_COLUMNS))
         return markup.fmt("<div style='font-size:12px;font-family:monospace'>{}</div>",
                           markup.join(lines))
 

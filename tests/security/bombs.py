@@ -1,6 +1,9 @@
 """Small hostile trace files that once made ddpviz allocate until MemoryError or run for
 minutes (issue #12): a huge declared world size, ranks of +-2**63, 10**10 broadcast chunks,
-100,000 buckets, 200,000 shape dimensions. Shared by tests/security and
+100,000 buckets, 200,000 shape dimensions; and (issue #23) fields within the limits whose
+product sized a widget: 256 ranks each declaring 65,536 broadcast chunks, a failed
+verification across 131,072 ranks naming 300 parameters, ranks x parameters never ready,
+ranks x the positions of a long reference hook order. Shared by tests/security and
 benchmarks/bench_hostile.py. The events are built directly (constructors do not check limits,
 decoders do), as an attacker's writer would."""
 
@@ -59,10 +62,51 @@ def many_dims(n: int = 200_000) -> list[Event]:
             ev.BucketAssigned(0, -1, 3_000, 3, ((0,),), (4,), False)]
 
 
+def broadcast_chunks(ranks: int = 256) -> list[Event]:
+    """Each rank starts a broadcast of the most chunks allowed, and sends none (25 KB)."""
+    return [ev.BroadcastStarted(r, -1, 1_000 + r, 0, 0, 1, 10, 65_536) for r in range(ranks)]
+
+
+def verification_world(params: int = 300) -> list[Event]:
+    """One rank reports a verification failed across the largest world allowed, with one
+    shape mismatch per parameter between two ranks (24 KB)."""
+    mismatches = tuple(ev.Mismatch("param", i, f"p{i}", "shape", (("(4,)", (0,)),
+                                                                ("(5,)", (1,))))
+                       for i in range(params))
+    return [ev.VerificationFailed(0, -1, 1_000, 0, 1 << 17, mismatches)]
+
+
+def unused_params(params: int = 12_000, ranks: int = 1_000) -> list[Event]:
+    """A model of `params` parameters; in iteration 0 each rank fires one gradient hook and
+    finishes backward: every other parameter is unused there, on every rank (0.9 MB)."""
+    infos = tuple(ParamInfo(i, "p", (1,), "f", "c", False) for i in range(params))
+    out: list[Event] = [ev.ParamsBuilt(0, -1, 1_000, 0, infos, (), ())]
+    for r in range(ranks):
+        out += [ev.BackwardStarted(r, 0, 10_000, 1), ev.GradReady(r, 0, 10_001, 2, r, 0),
+                ev.BackwardFinished(r, 0, 10_002, 3)]
+    return out
+
+
+def long_reference_order(params: int = 12_000, ranks: int = 1_000) -> list[Event]:
+    """Rank 0 fires all `params` hooks in iteration 0 (the reference order); every other rank
+    fires one (1.6 MB): each departs from the reference at params - 1 positions."""
+    infos = tuple(ParamInfo(i, "p", (1,), "f", "c", False) for i in range(params))
+    out: list[Event] = [ev.ParamsBuilt(0, -1, 1_000, 0, infos, (), ()),
+                        ev.BackwardStarted(0, 0, 10_000, 1)]
+    out += [ev.GradReady(0, 0, 10_001 + i, 2 + i, i, 0) for i in range(params)]
+    for r in range(1, ranks):
+        out += [ev.BackwardStarted(r, 0, 10_000, 1), ev.GradReady(r, 0, 10_001, 2, r, 0)]
+    return out
+
+
 BOMBS: dict[str, Callable[[], list[Event]]] = {
     "world_size=10**10": world_size, "ranks +-2**63": huge_ranks,
     "10**10 broadcast chunks": chunks, "100,000 buckets": many_buckets,
     "200,000 shape dims": many_dims,
+    "256 ranks x 65,536 broadcast chunks": broadcast_chunks,
+    "131,072-rank verification x 300 params": verification_world,
+    "1,000 ranks x 12,000 unused params": unused_params,
+    "1,000 ranks x a 12,000-hook reference order": long_reference_order,
 }
 
 

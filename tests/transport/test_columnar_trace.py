@@ -30,11 +30,11 @@ def test_events_come_back_equal_in_arrival_order_per_rank_and_by_type() -> None:
                                                    if isinstance(e, ev.AllReduceLaunched)]
 
 
-def test_a_mapped_big_file_loads_like_a_read_one_and_fails_alike(
+def test_a_big_file_read_frame_by_frame_loads_like_a_read_one_and_fails_alike(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = Trace(random_run(9), clock={1: (40, 2)}).save(tmp_path / "t.ddpviz")
     read = Trace.load(path)
-    monkeypatch.setattr(trace_module, "_MMAP_FROM", 1)
+    monkeypatch.setattr(trace_module, "_WHOLE_BELOW", 1)
     assert Trace.load(path) == read
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -46,6 +46,10 @@ def test_a_mapped_big_file_loads_like_a_read_one_and_fails_alike(
     torn.write_bytes(path.read_bytes()[:-3])
     with pytest.warns(UserWarning, match="torn frame"):
         assert Trace.load(torn).truncated
+    other = tmp_path / "other.ddpviz"
+    other.write_bytes(b"x" * 100)
+    with pytest.raises(TraceError, match="is not a ddpviz trace"):
+        Trace.load(other)
 
 
 def test_hot_events_take_at_most_45_bytes_each_in_the_columns() -> None:
