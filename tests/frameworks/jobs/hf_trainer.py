@@ -38,10 +38,10 @@ class Clock(TrainerCallback):
     def __init__(self) -> None:
         self.clock = report.StepClock()
 
-    def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_begin(self, args, state, control, **kwargs):
         self.clock.start()
 
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+    def on_step_end(self, args, state, control, **kwargs):
         self.clock.stop()
 
 
