@@ -17,8 +17,11 @@ $(BIN)/.base: pyproject.toml
 EXTENSION := $(wildcard extension/package.json extension/yarn.lock extension/src/*.ts \
 	extension/style/* extension/schema/*.json ddpviz/templates/*.ipynb)
 
+# The frameworks extra (tests/frameworks) depends on torch: the constraint keeps the CPU wheel
+# installed above, so pip never replaces it with a CUDA build.
 $(BIN)/.test: $(BIN)/.base pyproject.toml $(EXTENSION)
-	$(BIN)/python -m pip install -q -e '.[lab,test]'
+	echo torch==2.13.0 > $(VENV)/torch-constraint.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[lab,test,frameworks]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

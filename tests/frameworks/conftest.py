@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.frameworks.harness import Run
+from tests.record.hooked import hooked_python
+
+
+@pytest.fixture(scope="session")
+def python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The interpreter with ddpviz's startup hook (tests/record/hooked.py)."""
+    return hooked_python(tmp_path_factory.mktemp("frameworks-hooked"))
+
+
+class Baselines:
+    """Unrecorded runs, one per command, shared by the cases that compare against it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.runs: dict[str, Run] = {}
+
+    def get(self, key: str, run: Callable[[Path], Run]) -> Run:
+        """The unrecorded run `key`, made by run(folder) the first time it is asked for."""
+        if key not in self.runs:
+            folder = self.folder / key
+            folder.mkdir()
+            self.runs[key] = run(folder)
+        return self.runs[key]
+
+
+@pytest.fixture(scope="session")
+def baselines(tmp_path_factory: pytest.TempPathFactory) -> Baselines:
+    return Baselines(tmp_path_factory.mktemp("frameworks-baselines"))

@@ -1,0 +1,62 @@
+"""What every framework job writes at its end (no ddpviz import: the jobs are unmodified
+framework scripts): per rank, $FW_OUT/rank{R}.json with a digest of the raw bytes of the final
+parameters and the parameter names, as DDP's module holds them and as the user's model does.
+
+Environment knobs shared by the jobs: FW_OUT (required), FW_STEPS (default 3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def steps() -> int:
+    return int(os.environ.get("FW_STEPS", "3"))
+
+
+def digest(params: Iterable[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def write(rank: int, *, model: nn.Module, ddp_module: nn.Module | None,
+          step_s: list[float] | None = None, **extra: object) -> None:
+    """`model`: the user's model (its dotted names are what the user knows); `ddp_module`:
+    the module torch's DDP wraps (the framework may wrap the user's model in its own)."""
+    wrapped = ddp_module if ddp_module is not None else model
+    record = {
+        "digest": digest(p for _, p in wrapped.named_parameters()),
+        "ddp_names": [n for n, p in wrapped.named_parameters() if p.requires_grad],
+        "model_names": [n for n, p in model.named_parameters() if p.requires_grad],
+        "step_s": step_s or [],
+        **extra,
+    }
+    out = Path(os.environ["FW_OUT"])
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".rank{rank}.json"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(out / f"rank{rank}.json")
+
+
+class StepClock:
+    """Wall time of each training step, measured inside the job (benchmarks)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t = 0.0
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+
+    def stop(self) -> None:
+        self.times.append(time.perf_counter() - self._t)
