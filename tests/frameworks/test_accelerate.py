@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import ddpviz
 from tests.frameworks.harness import (
     accelerate_launch,
     assert_finished,
@@ -35,14 +36,13 @@ def test_accelerate_is_recorded_without_changing_the_job(python: str, tmp_path: 
     assert_traces(recorded)
 
 
-@pytest.mark.xfail(strict=True, reason="torch's constructor check fails first ('params[2] in "
-                   "this process with sizes [33, 32] appears not to match'), naming no "
-                   "parameter; lead's fix pending (issue 22)")
 def test_a_shape_mismatch_on_rank_1_is_named(python: str, tmp_path: Path) -> None:
     recorded = launch(python, accelerate_launch(python, SCRIPT), tmp_path, recorded=True,
                       name="accelerate-mismatch", env=job_env(tmp_path, FW_MISMATCH="1"))
     assert recorded.code != 0  # the job cannot run, with or without ddpviz
-    found = [f for f in recorded.findings(0) if f.kind == "param_mismatch"]
+    # every rank raised ddpviz's error before torch's constructor ran its own check
+    assert "appears not to match" not in recorded.out, tail(recorded)
+    found = [f for f in ddpviz.diagnose(recorded.trace(0)) if f.kind == "param_mismatch"]
     assert found, tail(recorded)
     assert found[0].name == "encoder.2.weight" and found[0].field == "shape"
     assert 1 in found[0].ranks

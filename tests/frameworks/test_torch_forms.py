@@ -22,32 +22,24 @@ from tests.frameworks.harness import (
     assert_traces,
     job_env,
     launch,
+    tail,
     torchrun,
 )
 
 pytestmark = [pytest.mark.dist, pytest.mark.frameworks]
 
-PENDING = "lead's fix pending (issue 22)"
-MODES = ["ddp_optimizer", "python_reducer", "no_optimization"]
+OBSERVED = ["ddp_optimizer", "no_optimization"]
 
 
-def case(mode: str, optimize: str = "", xfail: str = "") -> pytest.param:  # type: ignore[valid-type]
-    marks = [pytest.mark.xfail(strict=True, reason=f"{xfail}: {PENDING}")] if xfail else []
-    return pytest.param(mode, optimize, marks=marks,
-                        id=f"{mode}-{optimize}" if optimize else mode)
+def case(mode: str, optimize: str = "") -> pytest.param:  # type: ignore[valid-type]
+    return pytest.param(mode, optimize, id=f"{mode}-{optimize}" if optimize else mode)
 
 
 CASES = [
     case("py_hook"),
-    case("builtin_hook", xfail="a built-in (C++) comm hook leaves the DDP unwatched"),
-    case("replicate", xfail="replicate() calls its DDP's _pre_forward/_post_forward, never "
-                            "DDP.__call__, so the DDP is never attached: empty traces"),
-    case("compile_inner", "ddp_optimizer"),
-    case("compile_inner", "python_reducer"),
-    case("compile_inner", "no_optimization"),
-    *(case("compile_outer", m, xfail="torch.compile(DDP(m)) crashes under record: dynamo traces "
-                        "autowatch's DDP.__call__ into watch()")
-      for m in MODES),
+    case("builtin_hook"),  # registered with torch at the default (hook-less) level
+    case("replicate"),  # never calls the DDP's forward: watched through _pre_forward
+    *(case(form, m) for form in ("compile_inner", "compile_outer") for m in OBSERVED),
 ]
 
 
@@ -65,3 +57,21 @@ def test_torch_ddp_form_is_recorded_without_changing_the_job(
         env=job_env(folder, FW_MODE=reference)))
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
+
+
+@pytest.mark.parametrize("form", ["compile_inner", "compile_outer"])
+def test_a_python_reducer_ddp_is_left_alone_and_said_so_once(
+        python: str, baselines: Baselines, tmp_path: Path, form: str) -> None:
+    # optimize_ddp="python_reducer" all-reduces each gradient from DDP's own hook, never
+    # through the C++ reducer's buckets that ddpviz watches: ddpviz steps aside
+    env = job_env(tmp_path, FW_MODE=form, FW_OPTIMIZE_DDP="python_reducer")
+    recorded = launch(python, torchrun(python, "torch_job.py"), tmp_path, recorded=True,
+                      name=f"{form}-python_reducer", env=env)
+    assert_finished(recorded)
+    plain = baselines.get("torch-plain", lambda folder: launch(
+        python, torchrun(python, "torch_job.py"), folder, recorded=False, name="plain",
+        env=job_env(folder, FW_MODE="plain")))
+    assert_same_parameters(recorded, plain)
+    notes = [line for line in recorded.out.splitlines()
+             if "this DistributedDataParallel is not watched" in line]
+    assert len(notes) == 1 and "optimize_ddp = 'python_reducer'" in notes[0], tail(recorded)

@@ -5,9 +5,7 @@ construction (it counts its calls into TRAIN_HOOK_LOG), TRAIN_ABSENT=R makes ran
 instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in seconds,
 TRAIN_DEVICE=cuda uses NCCL and one GPU per rank. TRAIN_MISMATCH=shape|name builds a different
 model on rank 1 (a layer 17 wide instead of 16 / the same layout under other names).
-TRAIN_VARIANT=compile_outer (torch.compile(DDP(m))), compile_inner (DDP(torch.compile(m))),
-python_reducer (compile_outer with optimize_ddp="python_reducer"), builtin_fp16 (torch's C++
-FP16_COMPRESS comm hook), replicate (torch's composable replicate(), no DDP object in sight).
+(The forms frameworks build, torch.compile and replicate() included: tests/frameworks.)
 """
 
 import atexit
@@ -47,21 +45,7 @@ def main() -> None:
                                           out=nn.Linear(width, 2))).to(device)
     else:
         model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2)).to(device)
-    variant = os.environ.get("TRAIN_VARIANT", "")
-    if variant == "python_reducer":
-        torch._dynamo.config.optimize_ddp = "python_reducer"
-    if variant == "replicate":
-        from torch.distributed._composable.replicate import replicate
-
-        ddp = replicate(model)
-    elif variant == "compile_inner":
-        ddp = DistributedDataParallel(torch.compile(model))
-    else:
-        ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
-    if variant == "builtin_fp16":
-        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
-    if variant in ("compile_outer", "python_reducer"):
-        ddp = torch.compile(ddp)
+    ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
     calls = []
     if os.environ.get("TRAIN_HOOK") == "1":
         def hook(state, bucket):

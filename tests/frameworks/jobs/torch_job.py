@@ -52,13 +52,15 @@ def main() -> None:
     # than the others.
     cap = {} if mode.startswith("compile") else {"bucket_cap_mb": 0.004}
     ddp_module: nn.Module | None
+    if mode.startswith("compile"):  # as a user would, before the DDP is built (python_reducer
+        # takes effect in DDP's constructor)
+        torch._dynamo.config.optimize_ddp = os.environ.get("FW_OPTIMIZE_DDP", "ddp_optimizer")
     if mode == "replicate":
         from torch.distributed._composable import replicate
 
         train = replicate(model, **cap)
         ddp_module = None
     elif mode == "compile_inner":
-        torch._dynamo.config.optimize_ddp = os.environ.get("FW_OPTIMIZE_DDP", "ddp_optimizer")
         ddp = DDP(torch.compile(model, backend="aot_eager"), **cap)
         train, ddp_module = ddp, ddp.module
     else:
@@ -72,8 +74,6 @@ def main() -> None:
             ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
         train = ddp
         if mode == "compile_outer":
-            torch._dynamo.config.optimize_ddp = os.environ.get("FW_OPTIMIZE_DDP",
-                                                               "ddp_optimizer")
             train = torch.compile(ddp, backend="aot_eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(report.steps()):
