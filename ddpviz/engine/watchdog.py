@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 import weakref
@@ -75,7 +76,27 @@ def resolve_hang_timeout(value: float | None,
                                  "off.") from None
         else:
             value = default_hang_timeout(process_group)
+        _warn_past_group_timeout(value, process_group)
+    elif value > 0:
+        _warn_past_group_timeout(value, process_group)
     return float(value) if value > 0 else None
+
+
+_warned_past: set[float] = set()
+
+
+def _warn_past_group_timeout(value: float, process_group: dist.ProcessGroup | None) -> None:
+    """Say once when a deadline cannot come first: the group's own timeout would end every
+    wait before it, with an error that names no rank."""
+    group_timeout = process_group_timeout(process_group)
+    if group_timeout is None or value < group_timeout or value in _warned_past:
+        return
+    _warned_past.add(value)
+    print(f"ddpviz: hang_timeout={value:g}s is not below the process group's timeout "
+          f"({group_timeout:g}s), so torch's own timeout error comes first; ddpviz then names "
+          "the ranks that were behind after it. Set hang_timeout (or $DDPVIZ_HANG_TIMEOUT) "
+          "below the group's timeout, or leave it unset (0.6 x the group's timeout).",
+          file=sys.stderr)
 
 
 def default_hang_timeout(process_group: dist.ProcessGroup | None = None) -> float:
@@ -539,6 +560,8 @@ class Watchdog:
     def _failed(self, position: Position, exc: BaseException) -> RankHangError:
         board = self.board
         assert board is not None
+        if timed_out(exc):  # the backend's own timeout ended the wait: a hang, not an exit
+            return self._timed_out(board, position, exc)
         failed = msgspec.structs.replace(position, state="failed", error=short_error(exc))
         self._hold_pulse()
         try:
@@ -554,7 +577,30 @@ class Watchdog:
         except RuntimeError as err:
             return self._report(store_lost(board.scope, collective_name(position), err))
 
-    def _compose_hang(self, me: Position, positions: dict[int, Position]
+    def _timed_out(self, board: Board, position: Position, exc: BaseException
+                   ) -> RankHangError:
+        """The process group's timeout fired before this watchdog's deadline (a hang_timeout
+        at or past it): the ranks that never came are behind, whatever closed the
+        connection afterwards; the verdict says whose timeout it was."""
+        self._hold_pulse()
+        try:
+            board.post_position(position)  # still waiting, as far as the others can tell
+            if board.has_alerts():
+                return self._from_alerts(position)
+            positions = self._gather(board, 2.0)
+            if board.has_alerts():
+                return self._from_alerts(position)
+            waited = time.time() - position.since if position.since else None
+            text, findings = self._compose_hang(position, positions, waited=waited,
+                                                cause=short_error(exc))
+            return self._conclude(board, (text, findings), positions)
+        except RankHangError as err:
+            return err
+        except RuntimeError as err:
+            return self._report(store_lost(board.scope, collective_name(position), err))
+
+    def _compose_hang(self, me: Position, positions: dict[int, Position], *,
+                      waited: float | None = None, cause: str = ""
                       ) -> tuple[str, tuple[Finding, ...]]:
         positions = {**positions, self.rank: me}
         now = time.time()
@@ -569,15 +615,21 @@ class Watchdog:
         me = waiting[min(waiting)]
         where = collective_name(me)
         at = f"step {me.step}" if me.step >= 0 else "construction"
+        within = f"{self.timeout:g}s" if waited is None else f"{waited:.1f}s"
+        detail: tuple[str, ...] = ()
+        if cause:
+            detail = (f"the process group's own timeout ended the wait first ({cause}), "
+                      f"before ddpviz's hang_timeout of {self.timeout:g}s: set hang_timeout "
+                      "(or $DDPVIZ_HANG_TIMEOUT) below the group's timeout, or leave it "
+                      "unset (0.6 x the group's timeout), for the verdict to come first",)
         if lagging:
             steps = [positions[r].step for r in lagging if r in positions]
             behind = not steps or min(steps) < me.step
-            title = (f"{format_ranks(lagging)} did not reach {where} at {at} within "
-                     f"{self.timeout:g}s")
+            title = f"{format_ranks(lagging)} did not reach {where} at {at} within {within}"
             finding = Finding(
                 kind="rank_hang", severity="error", title=title, ranks=lagging,
                 param=-1, name=(me.params or ("",))[0], field=str(me.collective),
-                bucket=me.bucket, step=me.step, values=values,
+                bucket=me.bucket, step=me.step, values=values, detail=detail,
                 fix=fix_for("rank_hang", "behind" if behind else ""), world_size=self.world_size)
         else:
             places = {r: _here(p) for r, p in waiting.items()}
@@ -624,6 +676,14 @@ class Watchdog:
 
 
 _CALLBACK_PREFIX = "Got the following error when running the callback: "
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Is `exc` a backend's own collective timeout (gloo's "Timed out waiting 20000ms for
+    send operation to complete", NCCL's watchdog timeout)?"""
+    text = str(exc)
+    lower = text.lower()
+    return "Timed out waiting" in text or ("timed out" in lower and "collective" in lower)
 
 
 def short_error(exc: BaseException) -> str:

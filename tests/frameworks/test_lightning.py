@@ -89,11 +89,10 @@ def test_a_rank_stuck_in_its_data_loader_is_named_before_the_group_timeout(
     assert "ddpviz.errors.RankHangError: ddpviz: rank 1 did not reach" in run.out, tail(run)
 
 
-@pytest.mark.xfail(strict=True, reason="when gloo's own timeout ends the wait first, rank 0's "
-                   "verdict says 'rank 1 closed its connection ... it exited or crashed' "
-                   "(watchdog._failed/_compose_exit take every non-waiting rank for gone); "
-                   "lead's fix pending (issue 22)")
 def test_a_stuck_rank_is_not_called_exited_when_the_group_times_out_first(
         python: str, tmp_path: Path) -> None:
     # ddpviz's deadline (60 s) is past the group's (15 s): gloo's timeout ends the wait.
-    assert_rank_1_named_as_behind(stuck(python, tmp_path, hang_timeout="60", sleep="20"))
+    run = stuck(python, tmp_path, hang_timeout="60", sleep="20")
+    assert_rank_1_named_as_behind(run)
+    assert "is not below the process group's timeout" in run.out, tail(run)  # said up front
+    assert "the process group's own timeout ended the wait first" in run.out, tail(run)
