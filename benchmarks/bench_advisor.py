@@ -97,7 +97,7 @@ def _picks(name: str, x: torch.Tensor, most: int) -> list[dict[str, Any]]:
     """torch's default setting first, then up to `most` default candidates of the advisor with
     bucket maps distinct from it and each other (the planner's maps), spread over the number of
     buckets. Every rank computes the same list."""
-    from ddpviz.advise.candidates import Candidate, default_candidates
+    from ddpviz.advisor.candidates import Candidate, default_candidates
     from ddpviz.plan import bucket_plan
 
     torch.manual_seed(0)
@@ -153,7 +153,7 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
             models.append((m, torch.optim.SGD(m.parameters(), lr=1e-4), sink))
             for _ in range(2):  # the rebuild
                 _step(m, models[-1][1], x)
-        measured = ddpviz.advise.measure(  # type: ignore[attr-defined]
+        measured = ddpviz.advisor.measure(
             dtypes=("float32", "bfloat16"), repeats=10)
         times: list[list[float]] = [[] for _ in picks]
         block_last: list[int] = []  # the recorded DDP's steps that end a block
@@ -215,7 +215,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def _candidate(p: dict[str, Any]) -> Any:
-    from ddpviz.advise import Candidate
+    from ddpviz.advisor import Candidate
 
     caps = p["bucket_cap_mb_list"]
     return Candidate(p["candidate"], p["bucket_cap_mb"], tuple(caps) if caps else None,
@@ -226,7 +226,7 @@ def analyze(data: dict[str, Any], verbose: bool, contention: float) -> tuple[Any
     """Predict the settings that were run (the first one is the recorded setting) and compare
     with their measured step times."""
     import ddpviz
-    from ddpviz.advise import CostModel, Line
+    from ddpviz.advisor import CostModel, Line
     from ddpviz.trace import Trace
 
     trace = Trace.load(data["trace"])

@@ -36,7 +36,7 @@ try:
     op = sys.argv[2]
     trace = Trace.load(sys.argv[1]) if op != "dumps" else None
     if op == "dumps":
-        from ddpviz.postmortem.dumps import load_dumps
+        from ddpviz._postmortem.dumps import load_dumps
         load_dumps(sys.argv[1])
     elif op == "diagnose":
         ddpviz.diagnose(trace)

@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def ours_assign(tensors: list[torch.Tensor], limits: list[int],
                     indices: list[int]) -> Callable[[], Any]:
-        return lambda: tuple(ddpviz.compute_bucket_assignment_by_size(tensors, limits, [],
-                                                                      indices))
+        return lambda: tuple(ddpviz.plan.compute_bucket_assignment_by_size(tensors, limits, [],
+                                                                           indices))
 
     default_rebuild = [MiB, 25 * MiB]
     cases: list[tuple[str, list[torch.Tensor], list[int], list[int]]] = [

@@ -38,8 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpviz import events as ev
+from ddpviz._diagnose import diagnose
 from ddpviz.chrome_trace import write_chrome_trace
-from ddpviz.diagnose import diagnose
 from ddpviz.report import render
 from ddpviz.trace import Trace, gc_paused
 from ddpviz.tracefile import TraceWriter

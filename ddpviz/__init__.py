@@ -1,18 +1,17 @@
 """ddpviz: an interactive debugger for PyTorch DistributedDataParallel that lives in Jupyter."""
 
 import importlib
+import importlib.util
 import sys
 import types
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddpviz.advise import advise
-    from ddpviz.diagnose import diagnose
-    from ddpviz.engine.buckets import (
-        TensorSpec,
-        compute_bucket_assignment_by_size,
-        replay_bucket_assignment,
-    )
+    from ddpviz._diagnose import diagnose
+    from ddpviz._postmortem import PostMortem, postmortem
+    from ddpviz._preflight import VerificationReport, preflight
+    from ddpviz.advisor import advise
     from ddpviz.engine.ddp import DistributedDataParallel
     from ddpviz.errors import (
         DiagnosisError,
@@ -23,59 +22,82 @@ if TYPE_CHECKING:
     )
     from ddpviz.findings import Finding
     from ddpviz.launcher import LaunchError, RankError, Run, launch
-    from ddpviz.plan import BucketPlan, bucket_plan
-    from ddpviz.postmortem import PostMortem, postmortem
-    from ddpviz.preflight import VerificationReport, preflight, verify_across_ranks
+    from ddpviz.plan import bucket_plan
     from ddpviz.session import Session, connect, listen
     from ddpviz.trace import Trace
     from ddpviz.watch import Watch, watch
 
-# Public name -> the module that owns it. Names load on first use (PEP 562), so `import ddpviz`
-# or `import ddpviz.engine.buckets` does not load zmq, cloudpickle, ipywidgets or plotly; the
-# block above tells type checkers the same names. tests/test_public_api.py keeps the three
-# lists in step.
+# Public name -> the module that owns it: what a user calls in the first hour, what those calls
+# return, and the errors they raise. Names load on first use (PEP 562), so `import ddpviz` or
+# `import ddpviz.engine.buckets` does not load torch, zmq, cloudpickle, ipywidgets or plotly; the
+# block above tells type checkers the same names. tests/test_public_api.py keeps the three lists
+# in step. A module that owns a public function of its own name is private (`_diagnose`,
+# `_preflight`, `_postmortem`) or named apart (`advisor`): importing a submodule binds it to the
+# package's attribute of that name, which would replace the function.
 _WHERE = {
-    "advise": "ddpviz.advise",
-    "BucketPlan": "ddpviz.plan",
     "DiagnosisError": "ddpviz.errors",
     "DistributedDataParallel": "ddpviz.engine.ddp",
     "Finding": "ddpviz.findings",
     "GradientGraphError": "ddpviz.errors",
     "LaunchError": "ddpviz.launcher",
-    "PostMortem": "ddpviz.postmortem",
+    "PostMortem": "ddpviz._postmortem",
     "RankError": "ddpviz.launcher",
     "RankHangError": "ddpviz.errors",
     "RankMismatchError": "ddpviz.errors",
     "Run": "ddpviz.launcher",
     "Session": "ddpviz.session",
-    "TensorSpec": "ddpviz.engine.buckets",
     "Trace": "ddpviz.trace",
     "UnusedParametersError": "ddpviz.errors",
-    "VerificationReport": "ddpviz.preflight",
+    "VerificationReport": "ddpviz._preflight",
     "Watch": "ddpviz.watch",
+    "advise": "ddpviz.advisor",
     "bucket_plan": "ddpviz.plan",
-    "compute_bucket_assignment_by_size": "ddpviz.engine.buckets",
     "connect": "ddpviz.session",
-    "diagnose": "ddpviz.diagnose",
+    "diagnose": "ddpviz._diagnose",
     "launch": "ddpviz.launcher",
     "listen": "ddpviz.session",
-    "postmortem": "ddpviz.postmortem",
-    "preflight": "ddpviz.preflight",
-    "replay_bucket_assignment": "ddpviz.engine.buckets",
-    "verify_across_ranks": "ddpviz.preflight",
+    "postmortem": "ddpviz._postmortem",
+    "preflight": "ddpviz._preflight",
     "watch": "ddpviz.watch",
 }
+
+# Names that left the top level: old name -> (owner, name there, the spelling to use now).
+# They still resolve, with a DeprecationWarning naming the new spelling; not in __all__ or dir().
+_MOVED = {
+    "BucketPlan": ("ddpviz.plan", "BucketPlan", "ddpviz.plan.BucketPlan"),
+    "TensorSpec": ("ddpviz.plan", "TensorSpec", "ddpviz.plan.TensorSpec"),
+    "compute_bucket_assignment_by_size": ("ddpviz.plan", "compute_bucket_assignment_by_size",
+                                          "ddpviz.plan.compute_bucket_assignment_by_size"),
+    "replay_bucket_assignment": ("ddpviz.plan", "replay_bucket_assignment",
+                                 "ddpviz.plan.replay_bucket_assignment"),
+    "verify_across_ranks": ("ddpviz._preflight", "verify_across_ranks",
+                            "ddpviz.preflight(module, ..., check=False)"),
+}
+
+# Importing ddpviz.watch (autowatch and `from ddpviz.watch import Watch` do) binds the module
+# to `ddpviz.watch`, replacing the function. The guard below keeps the function until
+# ddpviz/watch.py becomes ddpviz/_watch.py (held back while watch()'s detail= policy changes
+# there); the other function-named modules are private already.
+_SHADOWED = frozenset({"watch"})
 
 
 def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'ddpviz' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(where), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+    if where is not None:
+        value = getattr(importlib.import_module(where), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    moved = _MOVED.get(name)
+    if moved is not None:
+        owner, attr, spelling = moved
+        warnings.warn(f"ddpviz.{name} is deprecated: use {spelling}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(importlib.import_module(owner), attr)  # not cached: warn every time
+    # Public submodules load on first use too, so `import ddpviz` stays the one import:
+    # `ddpviz.plan.TensorSpec`, `ddpviz.advisor.measure(pg)`.
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'ddpviz' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
@@ -83,12 +105,10 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """ddpviz itself. Loading a submodule binds it to its package's attribute; for the five
-    whose name is also a public function (watch, diagnose, preflight, postmortem, advise) the
-    function keeps the name, as when this package imported everything eagerly."""
+    """ddpviz itself, while `watch` is both a function and a module name (see _SHADOWED)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _WHERE and isinstance(value, types.ModuleType):
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 
@@ -118,7 +138,6 @@ def unload_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
-    "BucketPlan",
     "DiagnosisError",
     "DistributedDataParallel",
     "Finding",
@@ -130,7 +149,6 @@ __all__ = [
     "RankMismatchError",
     "Run",
     "Session",
-    "TensorSpec",
     "Trace",
     "UnusedParametersError",
     "VerificationReport",
@@ -138,14 +156,11 @@ __all__ = [
     "__version__",
     "advise",
     "bucket_plan",
-    "compute_bucket_assignment_by_size",
     "connect",
     "diagnose",
     "launch",
     "listen",
     "postmortem",
     "preflight",
-    "replay_bucket_assignment",
-    "verify_across_ranks",
     "watch",
 ]

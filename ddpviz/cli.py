@@ -160,7 +160,7 @@ def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from ddpviz.diagnose import diagnose
+    from ddpviz._diagnose import diagnose
     from ddpviz.verdict import diagnosis_json, diagnosis_text
 
     try:
@@ -200,7 +200,7 @@ def _record(args: argparse.Namespace) -> int:
         return 2
 
 def _advise(args: argparse.Namespace) -> int:
-    from ddpviz.advise import AdviceError, advise
+    from ddpviz.advisor import AdviceError, advise
 
     try:
         advice = advise(args.trace)
@@ -212,8 +212,8 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _postmortem(args: argparse.Namespace) -> int:
+    from ddpviz._postmortem import DumpError, postmortem
     from ddpviz.plan import PlanSettings
-    from ddpviz.postmortem import DumpError, postmortem
 
     module, example = None, None
     if args.model:
@@ -237,9 +237,24 @@ def _postmortem(args: argparse.Namespace) -> int:
     return 1 if any(f.severity == "error" for f in pm.findings) else 0
 
 
+# The shell's words differ where a command is not one Python call: `buckets` prints what
+# bucket_plan() returns; `record` runs a whole command with every torch DDP in it watched, where
+# watch() takes one DDP object. The mapping is printed rather than the verbs renamed.
+PYTHON_NAMES = """\
+in Python (import ddpviz):
+  ddpviz buckets TARGET        ddpviz.bucket_plan(module)
+  ddpviz record -- COMMAND     ddpviz.watch(torch_ddp) on every DDP the command builds
+  ddpviz diagnose TRACE        ddpviz.diagnose(ddpviz.Trace.load(path))
+  ddpviz report TRACE          ddpviz.report.write_report(trace, "run.html")
+  ddpviz postmortem DUMP_DIR   ddpviz.postmortem(dump_dir, model)
+  ddpviz advise TRACE          ddpviz.advise(trace)
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddpviz", description="An interactive debugger for "
-                                "PyTorch DistributedDataParallel.")
+                                "PyTorch DistributedDataParallel.", epilog=PYTHON_NAMES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("buckets", help="print the bucket plan torch's DDP builds for a model")
     b.add_argument("target", help="module factory: package.module:callable or file.py:callable")

@@ -4,6 +4,11 @@
 rules and returns a `BucketPlan`: the constructor's map and, where torch rebuilds, the map after
 the first iteration. A plan keeps only descriptions of the parameters (never the module), so it
 can be re-planned with other settings at once (`with_settings`), which the BucketMap widget does.
+
+The bucket primitives live here too (implemented in ddpviz.engine.buckets, which the engine
+uses): `compute_bucket_assignment_by_size(tensors, limits)` is torch's C++ function of that
+name in Python, `replay_bucket_assignment` the same with every step recorded, `TensorSpec` the
+tensor description both accept.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from ddpviz.engine.buckets import (
     BucketCapacity,
     Limits,
     TensorSpec,
+    compute_bucket_assignment_by_size,
     initial_buckets,
     rebuilt_buckets,
+    replay_bucket_assignment,
 )
 
 # torch only where a module is planned (bucket_plan, measure_grad_ready_order): a plan from a
@@ -34,6 +41,10 @@ if TYPE_CHECKING:
 
     from ddpviz.widgets.bucket_map import BucketMap
     from ddpviz.widgets.event_model import Timed
+
+__all__ = ["BucketPlan", "BucketSlot", "PlanSettings", "PlannedBucket", "PlannedParam",
+           "TensorSpec", "bucket_plan", "compute_bucket_assignment_by_size",
+           "measure_grad_ready_order", "observed_plan", "replay_bucket_assignment"]
 
 OrderSource = Literal["given", "measured", "predicted"]
 

@@ -23,9 +23,9 @@ import numpy as np
 from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz import markup
+from ddpviz._diagnose import diagnose
 from ddpviz.atomic import write_text
 from ddpviz.columns import Table
-from ddpviz.diagnose import diagnose
 from ddpviz.findings import Finding, sort_findings, value_lines
 from ddpviz.trace import Span, Trace, gc_paused, table_spans
 from ddpviz.units import human_bytes, human_duration

@@ -13,8 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddpviz import BucketPlan, bucket_plan
-from ddpviz.plan import PlannedBucket
+from ddpviz.plan import BucketPlan, PlannedBucket, bucket_plan
 from ddpviz.units import human_bytes
 from ddpviz.widgets import BucketMap
 from ddpviz.widgets.bucket_figure import PALETTE, bar_traces, limit_trace

@@ -1,4 +1,4 @@
-"""ddpviz.compute_bucket_assignment_by_size against torch's own C++ function, by property.
+"""ddpviz.plan.compute_bucket_assignment_by_size against torch's own C++ function, by property.
 
 torch's `dist._compute_bucket_assignment_by_size` is the oracle: every input torch accepts must
 give the same `(bucket_indices, per_bucket_size_limits)`. Inputs that crash torch (empty tensor
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpviz import TensorSpec, compute_bucket_assignment_by_size, replay_bucket_assignment
 from ddpviz.engine.buckets import CloseReason
+from ddpviz.plan import TensorSpec, compute_bucket_assignment_by_size, replay_bucket_assignment
 
 COMMON_DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,

@@ -240,3 +240,22 @@ def test_diagnose_never_prints_a_traces_control_characters(
     out = capsys.readouterr().out
     assert "\\x1b[2K\\x1b[1Ahidden\\x07" in out and "a\\x0db" in out
     assert not any(c in out for c in "\x1b\x07\r")
+
+
+def test_the_help_maps_every_command_to_a_python_name_that_exists() -> None:
+    import argparse
+    import re
+
+    from ddpviz.cli import PYTHON_NAMES, build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions
+                    if isinstance(a, argparse._SubParsersAction)).choices
+    mapped = dict(re.findall(r"^  ddpviz (\w+) .*?\s(ddpviz\.[\w.]+)\(", PYTHON_NAMES, re.M))
+    assert set(mapped) == set(commands) - {"demo"}
+    for spelling in mapped.values():
+        obj: Any = ddpviz
+        for part in spelling.split(".")[1:]:
+            obj = getattr(obj, part)
+        assert callable(obj), spelling
+    assert PYTHON_NAMES in parser.format_help()

@@ -28,19 +28,19 @@ VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limit
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps"}
 FORMAT = {"ddpviz.tracefile"}
 # What transport/ feeds (it must work without any of them: the light rank-side install).
-ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz.diagnose",
+ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz._diagnose",
                    "ddpviz.plan", "ddpviz.plan_table", "ddpviz.report", "ddpviz.trace",
-                   "ddpviz.postmortem", "ddpviz.preflight", "ddpviz.watch", "ddpviz.record",
+                   "ddpviz._postmortem", "ddpviz._preflight", "ddpviz.watch", "ddpviz.record",
                    "ddpviz.autowatch", "ddpviz.magic", "ddpviz.cli", "ddpviz.demo",
-                   "ddpviz.advise")
+                   "ddpviz.advisor")
 # (module, function) -> why it may import a widget: each opens the UI for its own object.
 UI_METHODS = {
     ("ddpviz.plan", "show"): "BucketPlan.show() returns the BucketMap widget of the plan",
     ("ddpviz.trace", "dashboard"): "Trace.dashboard() opens the Dashboard over the trace",
     ("ddpviz.session", "dashboard"): "Session.dashboard() opens the live Dashboard",
     ("ddpviz.launcher.run", "dashboard"): "Run.dashboard() opens the Dashboard of a launch",
-    ("ddpviz.postmortem.report", "show"): "PostMortem.show() returns its PostMortemView",
-    ("ddpviz.advise.advice", "show"): "Advice.show() returns its AdviceView",
+    ("ddpviz._postmortem.report", "show"): "PostMortem.show() returns its PostMortemView",
+    ("ddpviz.advisor.advice", "show"): "Advice.show() returns its AdviceView",
 }
 
 
@@ -155,10 +155,10 @@ def test_transport_never_imports_its_consumers() -> None:
 def test_the_advisor_sits_above_the_engine_and_transport() -> None:
     # advise/ reads traces and plans (which use the engine's pure bucket functions); nothing
     # below it (engine, transport, the vocabulary) may import it
-    bad = [e for e in EDGES if _under(e[1], "ddpviz.advise") and _under(
+    bad = [e for e in EDGES if _under(e[1], "ddpviz.advisor") and _under(
         e[0], "ddpviz.engine", "ddpviz.transport", *VOCABULARY, *FORMAT)]
     assert not bad, "a lower layer imports the advisor:\n" + _show(bad)
-    assert any(_under(m, "ddpviz.advise") and t == "ddpviz.plan" for m, t, _, _f in EDGES)
+    assert any(_under(m, "ddpviz.advisor") and t == "ddpviz.plan" for m, t, _, _f in EDGES)
 
 
 def test_widgets_never_import_the_engine() -> None:

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpviz import bucket_plan, compute_bucket_assignment_by_size
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.plan import bucket_plan, compute_bucket_assignment_by_size
 
 MiB = 1024 * 1024
 

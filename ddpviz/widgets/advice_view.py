@@ -13,7 +13,7 @@ from ddpviz import markup
 from ddpviz.widgets.bucket_map import BucketMap
 
 if TYPE_CHECKING:
-    from ddpviz.advise import Advice
+    from ddpviz.advisor import Advice
 
 _LINES = {"cap": "bucket_cap_mb = cap", "first+cap": "1 MiB first bucket + cap",
           "default": "torch's default", "layers": "one bucket per layer group",
@@ -97,7 +97,7 @@ class AdviceTab(w.Tab):
         self.layout.display = "" if steps >= MIN_STEPS else "none"
 
     def compute(self) -> Advice | None:
-        from ddpviz.advise import AdviceError, advise
+        from ddpviz.advisor import AdviceError, advise
         from ddpviz.events import Event
         from ddpviz.trace import Trace
 

@@ -12,7 +12,7 @@ import ipywidgets as w
 from ddpviz import markup
 
 if TYPE_CHECKING:
-    from ddpviz.postmortem import PostMortem
+    from ddpviz._postmortem import PostMortem
 
 STRIP = 24  # collectives shown per rank, newest last
 

@@ -71,10 +71,10 @@ def torch_buckets(rank: int, world_size: int, cap_mb: float | None,
 
 
 def measure_costs(rank: int, world_size: int) -> dict[str, Any]:
-    """ddpviz.advise.measure on the default group: the fitted line per dtype."""
+    """ddpviz.advisor.measure on the default group: the fitted line per dtype."""
     import ddpviz
 
-    model = ddpviz.advise.measure(sizes=(4096, 65536, 1 << 20), dtypes=("float32", "bfloat16"),
+    model = ddpviz.advisor.measure(sizes=(4096, 65536, 1 << 20), dtypes=("float32", "bfloat16"),
                                   repeats=3)
     return {"source": model.source, "separable": model.separable,
             "lines": {d: (ln.latency_s, ln.seconds_per_byte) for d, ln in model.lines.items()}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.advise import Advice, AdviceError, Candidate, CostModel, Line, advise
+from ddpviz.advisor import Advice, AdviceError, Candidate, CostModel, Line, advise
 from ddpviz.cli import main
 from ddpviz.trace import Trace
 from tests.advise.synthetic import linear_stack, run_trace
@@ -159,5 +159,5 @@ def test_advise_is_public_and_lazy() -> None:
     import ddpviz
 
     assert ddpviz.advise is advise
-    assert ddpviz.advise.measure.__module__ == "ddpviz.advise.measure"  # type: ignore[attr-defined]
+    assert ddpviz.advisor.measure.__module__ == "ddpviz.advisor.measure"
     assert isinstance(advise(_exposed_last_bucket(), candidates=[1]), Advice)

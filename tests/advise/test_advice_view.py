@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ddpviz.advise import CostModel, Line, advise
+from ddpviz.advisor import CostModel, Line, advise
 from ddpviz.widgets import Dashboard
 from ddpviz.widgets.advice_view import AdviceView
 from ddpviz.widgets.bucket_map import BucketMap

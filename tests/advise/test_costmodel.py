@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from ddpviz.advise import CostModel, Line, build_timeline, fit_cost_model
-from ddpviz.advise.measure import _fit
+from ddpviz.advisor import CostModel, Line, build_timeline, fit_cost_model
+from ddpviz.advisor.measure import _fit
 from tests.advise.synthetic import run_trace
 
 
@@ -45,7 +45,7 @@ def test_too_few_sizes_is_said_and_a_measured_latency_fills_in() -> None:
     assert not alone.separable
     assert alone.distinct_sizes == {"float32": 1}
     assert "only 1 distinct size(s)" in " ".join(alone.notes)
-    assert "ddpviz.advise.measure(process_group)" in " ".join(alone.notes)
+    assert "ddpviz.advisor.measure(process_group)" in " ".join(alone.notes)
     helped = fit_cost_model(timeline, CostModel({"float32": Line(2e-4, 0.0)}, "measured"))
     assert helped.separable and helped.lines["float32"].latency_s == 2e-4
     assert helped.lines["float32"].seconds_per_byte == pytest.approx(5e-9, rel=0.05)

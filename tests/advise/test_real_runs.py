@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.advise import Candidate, advise, build_timeline
-from ddpviz.advise.advisor import current_candidate, plan_for, steady_map
+from ddpviz.advisor import Candidate, advise, build_timeline
+from ddpviz.advisor.advisor import current_candidate, plan_for, steady_map
 from ddpviz.trace import Trace
 from tests.advise import rank_fns
 from tests.dist.harness import run_ranks
@@ -100,7 +100,7 @@ def test_measure_fits_one_model_that_every_rank_agrees_on() -> None:
 
 
 def test_measure_needs_a_process_group() -> None:
-    from ddpviz.advise import AdviceError, measure
+    from ddpviz.advisor import AdviceError, measure
 
     with pytest.raises(AdviceError, match="needs an initialized process group"):
         measure()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import ddpviz
-from ddpviz.postmortem.ddp_map import DdpSchedule
+from ddpviz._postmortem.ddp_map import DdpSchedule
 from tests.browser.conftest import ConsoleLog
 from tests.browser.lab import LabServer
 from tests.browser.ui import double_click_file, open_lab, wait_for_viewer

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddpviz import diagnose
-from ddpviz.diagnose import diagnose_events
+from ddpviz._diagnose import diagnose_events
 from ddpviz.trace import Trace
 from tests.diagnose import object_diagnosis
 from tests.diagnose.random_runs import DEFECTS, random_run

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.diagnose import diagnose, mismatch_findings
+from ddpviz._diagnose import diagnose, mismatch_findings
 from ddpviz.events import Mismatch
 from ddpviz.findings import Finding, Findings, format_findings
 from ddpviz.trace import Trace

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ddpviz import events as ev
-from ddpviz.diagnose import diagnose_events
+from ddpviz._diagnose import diagnose_events
 from tests.dist.harness import run_ranks
 
 pytestmark = pytest.mark.dist

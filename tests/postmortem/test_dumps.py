@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import ddpviz
-from ddpviz.postmortem.dumps import MAX_DIMS, DumpError, load_dumps
+from ddpviz._postmortem.dumps import MAX_DIMS, DumpError, load_dumps
 
 
 def entry(seq: int, op: str = "all_reduce", numel: int = 4, retired: bool = True,
@@ -97,10 +97,9 @@ def test_shared_references_cannot_blow_up_parsing(tmp_path: Path) -> None:
 
 def test_oversized_file_is_refused_before_reading(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
+    from ddpviz._postmortem import dumps
 
-    # (ddpviz.postmortem the attribute is the function; the module is in sys.modules)
-    monkeypatch.setattr(sys.modules["ddpviz.postmortem.dumps"], "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(dumps, "MAX_FILE_BYTES", 100)
     (tmp_path / "fr_0").write_text(json.dumps(dump([entry(1)])))
     with pytest.raises(DumpError, match="more than the 100"):
         load_dumps(tmp_path)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpviz.postmortem.dumps import DumpError, load_dumps
-from ddpviz.postmortem.pickle_reader import PickleRefused, load_plain
+from ddpviz._postmortem.dumps import DumpError, load_dumps
+from ddpviz._postmortem.pickle_reader import PickleRefused, load_plain
 from tests.security.dump_bombs import DUMP_BOMBS, tuple_dag_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ TIME_CAP_S = 240  # each is refused in seconds on an idle machine
 
 CHILD = r"""
 import json, sys
-from ddpviz.postmortem.dumps import DumpError, load_dumps
+from ddpviz._postmortem.dumps import DumpError, load_dumps
 try:
     load_dumps(sys.argv[1])
     print(json.dumps(["loaded", ""]))
@@ -149,7 +149,7 @@ def test_a_group_rank_list_is_read_as_integers_only() -> None:
 
 INTERRUPTED = r"""
 import os, signal, threading
-from ddpviz.postmortem import pickle_reader
+from ddpviz._postmortem import pickle_reader
 from tests.security.dump_bombs import none_flood
 pickle_reader.MAX_OPS = pickle_reader.MAX_BYTES = 1 << 40  # a parse that runs for minutes
 data = none_flood(256)

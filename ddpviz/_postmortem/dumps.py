@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpviz.postmortem.pickle_reader import PickleRefused, load_plain
+from ddpviz._postmortem.pickle_reader import PickleRefused, load_plain
 
 # Bounds on what a dump may hold (a real dump: TORCH_FR_BUFFER_SIZE entries, 2,000 by default).
 MAX_FILE_BYTES = 256 * 2**20

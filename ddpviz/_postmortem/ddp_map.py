@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
+from ddpviz._postmortem.dumps import FrEntry
 from ddpviz.engine.params import build_buffers, build_params_for_reducer, parameters_to_ignore
 from ddpviz.plan import BucketPlan, PlannedBucket
-from ddpviz.postmortem.dumps import FrEntry
 from ddpviz.units import human_bytes
 
 # torch's broadcast_bucket_size: the state and buffer broadcasts are coalesced in 250 MiB chunks.

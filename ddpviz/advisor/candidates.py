@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddpviz.advise.source import AdviceError
+from ddpviz.advisor.source import AdviceError
 from ddpviz.plan import MB, PlannedParam
 
 CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0, 32.0, 64.0, 128.0, 256.0)

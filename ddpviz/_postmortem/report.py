@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from ddpviz._postmortem.align import GroupAlignment, align
+from ddpviz._postmortem.ddp_map import DdpSchedule, Labelled, match_rank, name_span
+from ddpviz._postmortem.dumps import FrDump, FrEntry, load_dumps
 from ddpviz.findings import (
     Finding,
     Findings,
@@ -21,9 +24,6 @@ from ddpviz.findings import (
     group_ranks,
 )
 from ddpviz.plan import BucketPlan, PlanSettings, bucket_plan
-from ddpviz.postmortem.align import GroupAlignment, align
-from ddpviz.postmortem.ddp_map import DdpSchedule, Labelled, match_rank, name_span
-from ddpviz.postmortem.dumps import FrDump, FrEntry, load_dumps
 
 if TYPE_CHECKING:
     from ddpviz.trace import Trace
@@ -109,7 +109,7 @@ class PostMortem:
     def to_trace(self) -> Trace:
         """A ddpviz Trace of what the dumps say (bucket maps, DDP's all-reduces, findings):
         `.dashboard()` it, or `.save("x.ddpviz")` for the JupyterLab viewer."""
-        from ddpviz.postmortem.trace_export import to_trace
+        from ddpviz._postmortem.trace_export import to_trace
 
         return to_trace(self)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ddpviz import events as ev
-from ddpviz.advise.source import AdviceError
+from ddpviz.advisor.source import AdviceError
 from ddpviz.plan import ObservedMaps, PlannedParam, observed_plan
 from ddpviz.trace import Trace
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddpviz.postmortem.dumps import FrDump, FrEntry
+from ddpviz._postmortem.dumps import FrDump, FrEntry
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from ddpviz import events as ev
 from ddpviz.trace import Trace
 
 if TYPE_CHECKING:
-    from ddpviz.postmortem.report import PostMortem
+    from ddpviz._postmortem.report import PostMortem
 
 
 def to_trace(pm: PostMortem) -> Trace:

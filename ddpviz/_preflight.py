@@ -1,12 +1,13 @@
 """Checks to run before DDP (ddpviz's own, or torch's): every rank arrives, the model is the
 same everywhere, and its initial values agree.
 
-`verify_across_ranks` is the engine's verification (walk-through step 2) behind a store-based
-meeting with a timeout, plus a checksum comparison of every parameter's values: differing
-values are harmless under DDP (rank 0's are broadcast) but usually mean a missing
-`torch.manual_seed`, so they are a warning. `preflight` raises on every rank; use it before
-wrapping a model in `torch.nn.parallel.DistributedDataParallel`, which checks less and hangs or
-crashes where this names the difference.
+`preflight` is the engine's verification (walk-through step 2) behind a store-based meeting
+with a timeout, plus a checksum comparison of every parameter's values: differing values are
+harmless under DDP (rank 0's are broadcast) but usually mean a missing `torch.manual_seed`, so
+they are a warning. It raises on every rank; `check=False` returns the report instead
+(subprocess.run's idiom). Use it before wrapping a model in
+`torch.nn.parallel.DistributedDataParallel`, which checks less and hangs or crashes where this
+names the difference.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ddpviz.findings import DiagnosisWarning, Finding, format_findings
 
 @dataclass(frozen=True)
 class VerificationReport:
-    """What `verify_across_ranks` found; the same on every rank.
+    """What `preflight` found; the same on every rank.
 
     `ok` is False when any finding is an error (the model differs); warnings (initial values)
     leave it True. `verification` is the engine's ModelComparison with every rank's metadata.
@@ -67,10 +68,13 @@ class VerificationReport:
             raise RankMismatchError(str(self), self.mismatches, report=self.verification)
 
 
-def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                        timeout: float | None = None, ignore: set[str] | None = None,
-                        tap: Tap | None = None) -> VerificationReport:
-    """Check that every rank holds the same model (collective: call it on every rank).
+def preflight(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
+              timeout: float | None = None, check: bool = True, ignore: set[str] | None = None,
+              tap: Tap | None = None) -> VerificationReport:
+    """Check that every rank holds the same model (collective: call it on every rank), before
+    `torch.nn.parallel.DistributedDataParallel(module)`: catches what torch does not check
+    (dtypes, names, registration order, requires_grad, buffers) or reports badly (a count
+    without names, one rank erroring while the others hang), without hanging.
 
     First every rank checks in through the store (a rank that never calls this is named after
     `timeout` seconds instead of hanging the others), then the engine's verification compares
@@ -82,6 +86,9 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
         process_group: the group (default group if None).
         timeout: seconds to wait for the other ranks (default: ddpviz's hang timeout,
             $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most 300 s).
+        check: True (default) raises on a mismatch and warns on differing initial values;
+            False returns the report for the caller to read (`report.ok`, `report.findings`),
+            as `subprocess.run(check=False)` does.
         ignore: names to skip (default: `module._ddp_params_and_buffers_to_ignore`).
         tap: receives the verification events and a FindingReported per finding (default:
             the process's default emitter, so a launched rank reports to the notebook).
@@ -90,40 +97,38 @@ def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | No
         A `VerificationReport` (`.ok`, `.findings`, `str()`), the same on every rank.
 
     Raises:
-        RankHangError: some ranks did not arrive within `timeout` (on every rank that did).
+        RankMismatchError: with check=True, on every rank, with the same message, when the
+            model differs.
+        RankHangError: on every rank that arrived, when some rank never called preflight
+            (also with check=False: there is no report to return).
+    Warns:
+        DiagnosisWarning: with check=True, initial values differ (usually a missing seed).
     """
     if tap is None:  # report to the notebook when launched (ddpviz.launch, ddpviz.connect)
         group = dist.group.WORLD if process_group is None else process_group
         tap = Tap(default_emitter(), rank=group.rank() if group is not None else 0)
     wait = resolve_hang_timeout(timeout, process_group)
     if wait is not None:
-        rendezvous("verify", process_group, timeout=wait, what="verify_across_ranks")
-    report = verify.verify_module_across_ranks(module, process_group, ignore=ignore, tap=tap,
-                                               raise_on_mismatch=False)
-    findings: tuple[Finding, ...] = tuple(mismatch_findings(report.mismatches,
-                                                            report.world_size))
-    if report.ok:
+        rendezvous("verify", process_group, timeout=wait, what="preflight")
+    compared = verify.verify_module_across_ranks(module, process_group, ignore=ignore, tap=tap,
+                                                 raise_on_mismatch=False)
+    findings: tuple[Finding, ...] = tuple(mismatch_findings(compared.mismatches,
+                                                            compared.world_size))
+    if compared.ok:
         findings += initial_value_findings(module, process_group, ignore=ignore)
     if tap is not None and tap.enabled:
         for f in findings:
             tap.emit(FindingReported, f)
-    return VerificationReport(report.world_size, findings, report)
-
-
-def preflight(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-              timeout: float | None = None) -> VerificationReport:
-    """Run before `torch.nn.parallel.DistributedDataParallel(module)`: catches what torch does
-    not check (dtypes, names, registration order, requires_grad, buffers) or reports badly (a
-    count without names, one rank erroring while the others hang), without hanging.
-
-    Raises:
-        RankMismatchError: on every rank, with the same message, when the model differs.
-        RankHangError: on every rank that arrived, when some rank never called preflight.
-    Warns:
-        DiagnosisWarning: initial values differ (usually a missing seed).
-    """
-    report = verify_across_ranks(module, process_group, timeout=timeout)
-    report.raise_if_failed()
-    for f in report.warnings:
-        warnings.warn(f.text(), DiagnosisWarning, stacklevel=2)
+    report = VerificationReport(compared.world_size, findings, compared)
+    if check:
+        report.raise_if_failed()
+        for f in report.warnings:
+            warnings.warn(f.text(), DiagnosisWarning, stacklevel=2)
     return report
+
+
+def verify_across_ranks(module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
+                        timeout: float | None = None, ignore: set[str] | None = None,
+                        tap: Tap | None = None) -> VerificationReport:
+    """Deprecated: `preflight(module, ..., check=False)` (ddpviz's top level warns on access)."""
+    return preflight(module, process_group, timeout=timeout, check=False, ignore=ignore, tap=tap)

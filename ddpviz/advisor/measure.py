@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ddpviz.advise.costmodel import CostModel, Line
-from ddpviz.advise.source import AdviceError
+from ddpviz.advisor.costmodel import CostModel, Line
+from ddpviz.advisor.source import AdviceError
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)  # bytes
 MAX_BYTES = 1 << 30

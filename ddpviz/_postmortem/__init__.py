@@ -2,7 +2,7 @@
 process group and sequence id (align.py), named in DDP's terms through the exact bucket planner
 (ddp_map.py), reported as findings (report.py)."""
 
-from ddpviz.postmortem.dumps import DumpError
-from ddpviz.postmortem.report import PostMortem, postmortem
+from ddpviz._postmortem.dumps import DumpError
+from ddpviz._postmortem.report import PostMortem, postmortem
 
 __all__ = ["DumpError", "PostMortem", "postmortem"]

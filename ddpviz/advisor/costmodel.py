@@ -4,7 +4,7 @@ Fitted from the run's own AllReduceLaunched -> AllReduceDone pairs by replaying 
 the in-order queue (commqueue.py), so queueing behind an earlier bucket and (for ddpviz's DDP)
 done times seen only at finalize are accounted for. A run whose buckets of one dtype have fewer
 than two distinct sizes cannot tell latency from bandwidth: the model says so, and
-`ddpviz.advise.measure(process_group)` measures both instead.
+`ddpviz.advisor.measure(process_group)` measures both instead.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ddpviz.advise.commqueue import Array, finish_times, seen_done
-from ddpviz.advise.timeline import Timeline
+from ddpviz.advisor.commqueue import Array, finish_times, seen_done
+from ddpviz.advisor.timeline import Timeline
 
 NS = 1e-9
 
@@ -208,7 +208,7 @@ def fit_cost_model(timeline: Timeline, prior: CostModel | None = None) -> CostMo
         notes.append(
             f"{d}: the run's buckets have only {len(sizes[d])} distinct size(s), so latency and "
             "bandwidth cannot be told apart; the fit puts the whole cost per byte (latency 0), "
-            "which favours small buckets. Run ddpviz.advise.measure(process_group) on the ranks "
+            "which favours small buckets. Run ddpviz.advisor.measure(process_group) on the ranks "
             "and pass advise(..., cost_model=...) for a measured latency.")
     bound = _latency_bound(obs)
     for _round in range(3 if len(sizes) > 1 else 1):

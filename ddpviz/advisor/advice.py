@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpviz.advise.candidates import Candidate
-from ddpviz.advise.costmodel import CostModel
-from ddpviz.advise.replay import Prediction
+from ddpviz.advisor.candidates import Candidate
+from ddpviz.advisor.costmodel import CostModel
+from ddpviz.advisor.replay import Prediction
 from ddpviz.plan import BucketPlan, PlannedBucket
 
 if TYPE_CHECKING:

@@ -16,12 +16,12 @@ import statistics
 import sys
 from dataclasses import replace
 
-from ddpviz.advise.advice import Advice, Row, explain
-from ddpviz.advise.candidates import Candidate, default_candidates, validate_candidates
-from ddpviz.advise.costmodel import CostModel, fit_cost_model
-from ddpviz.advise.replay import observed_step_s, predict
-from ddpviz.advise.source import AdviceError, as_trace
-from ddpviz.advise.timeline import Timeline, build_timeline
+from ddpviz.advisor.advice import Advice, Row, explain
+from ddpviz.advisor.candidates import Candidate, default_candidates, validate_candidates
+from ddpviz.advisor.costmodel import CostModel, fit_cost_model
+from ddpviz.advisor.replay import observed_step_s, predict
+from ddpviz.advisor.source import AdviceError, as_trace
+from ddpviz.advisor.timeline import Timeline, build_timeline
 from ddpviz.plan import MB, BucketPlan, PlannedBucket
 
 
@@ -73,7 +73,7 @@ def advise(source: object, *, candidates: object = None,
         candidates: None for the default sweep (caps 0.25..256 MiB with and without the 1 MiB
             first bucket, torch's default with the small bucket last, bucket lists cut at layer
             boundaries), or a list of caps in MiB, cap lists, dicts or advise.Candidate.
-        cost_model: measured all-reduce costs (`ddpviz.advise.measure(pg)`): a dtype whose
+        cost_model: measured all-reduce costs (`ddpviz.advisor.measure(pg)`): a dtype whose
             recorded buckets have fewer than two distinct sizes takes its latency from it (its
             bandwidth is still fitted from the run); used as is where the run has none.
         contention: 0..1, the share of all-reduce time hidden behind the backward that still
@@ -93,7 +93,7 @@ def advise(source: object, *, candidates: object = None,
     """
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise AdviceError(f"ddpviz: cost_model is a {type(cost_model).__name__}; expected the "
-                          "CostModel that ddpviz.advise.measure(process_group) returns, or None.")
+                          "CostModel that ddpviz.advisor.measure(process_group) returns, or None.")
     if isinstance(contention, bool) or not isinstance(contention, (int, float)) or \
             not 0.0 <= float(contention) <= 1.0:
         raise AdviceError(f"ddpviz: contention is {contention!r}; expected a number in [0, 1] "

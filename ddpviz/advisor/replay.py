@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ddpviz.advise.commqueue import finish_times, seen_done
-from ddpviz.advise.costmodel import NS, CostModel
-from ddpviz.advise.timeline import StepRecord, Timeline
+from ddpviz.advisor.commqueue import finish_times, seen_done
+from ddpviz.advisor.costmodel import NS, CostModel
+from ddpviz.advisor.timeline import StepRecord, Timeline
 from ddpviz.plan import PlannedBucket
 
 
