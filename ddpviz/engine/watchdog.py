@@ -35,7 +35,7 @@ from ddpviz.engine.rendezvous import (
     notice_after,
     store_lost,
 )
-from ddpviz.errors import RankHangError
+from ddpviz.errors import RankHangError, UnusedParametersError
 from ddpviz.events import Collective, FindingReported, Phase, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 
@@ -293,6 +293,8 @@ class Watchdog:
             return
         if self._own_alert is not None:  # this rank failed before: no collective can follow
             message, findings = self._own_alert
+            if findings and all(f.kind == "unused_parameter" for f in findings):
+                raise UnusedParametersError(message, findings)  # what it is, not a hang
             raise self._report(RankHangError(message, findings, {}))
         if pulse.error is not None:
             raise self._report(store_lost(board.scope, f"step {step}", pulse.error)
@@ -679,11 +681,13 @@ _CALLBACK_PREFIX = "Got the following error when running the callback: "
 
 
 def timed_out(exc: BaseException) -> bool:
-    """Is `exc` a backend's own collective timeout (gloo's "Timed out waiting 20000ms for
-    send operation to complete", NCCL's watchdog timeout)?"""
+    """Is `exc` a backend's own collective timeout? gloo says "Timed out waiting 20000ms for
+    send operation to complete" or, on the other side of the pair, "Application timeout
+    caused pair closure"; NCCL's watchdog "... collective operation timeout ..."."""
     text = str(exc)
     lower = text.lower()
-    return "Timed out waiting" in text or ("timed out" in lower and "collective" in lower)
+    return ("Timed out waiting" in text or "Application timeout caused pair closure" in text
+            or ("timeout" in lower and "collective operation" in lower))
 
 
 def short_error(exc: BaseException) -> str:

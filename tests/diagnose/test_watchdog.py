@@ -246,3 +246,23 @@ def test_reassigned_and_removed_buffers_are_reported_once() -> None:
     assert check.check({"stats": stats * 0.8, "count": count}, 2) == []  # once per buffer
     (gone,) = check.check({"stats": stats}, 3)
     assert gone.matches(name="count", values=(("gone", (1,)),))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting "
+     "15000ms for send operation to complete", True),
+    ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Application timeout caused "
+     "pair closure", True),
+    ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+     "OpType=ALLREDUCE, NumelIn=466119168) ran for 600012 milliseconds before timing out.", True),
+    ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+     "[127.0.0.1]:4321", False),
+    ("Connection reset by peer", False),
+])
+def test_the_backends_own_timeouts_are_told_from_a_peer_that_left(text: str,
+                                                                  expected: bool) -> None:
+    # A timeout ends a wait for a rank that is alive and behind (a hang); a closed connection
+    # is a rank that exited. The verdicts differ.
+    from ddpviz.engine.watchdog import timed_out
+
+    assert timed_out(RuntimeError(text)) is expected

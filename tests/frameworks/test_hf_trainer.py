@@ -45,6 +45,7 @@ def test_an_unused_parameter_is_named(python: str, tmp_path: Path) -> None:
     # reduction in the prior iteration" error.
     assert recorded.code != 0
     assert "'unused_proj.weight', 'unused_proj.bias'" in recorded.out, tail(recorded)
+    assert "ddpviz.errors.UnusedParametersError: ddpviz:" in recorded.out, tail(recorded)
     for rank in (0, 1):
         found = [f for f in recorded.findings(rank) if f.kind == "unused_parameter"]
         assert found, tail(recorded)
