@@ -29,36 +29,53 @@ _TARGET = "torch.nn.parallel.distributed"
 
 
 class _Loader:
-    """torch's own loader for the DDP module, then the patch."""
+    """A module's own loader, then `then(module)` right after the module ran."""
 
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
+    def __init__(self, loader: Any, then: Any) -> None:
+        self._loader, self._then = loader, then
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
-        patch(module.DistributedDataParallel)
+        self._then(module)
 
 
 class _Finder:
-    """Finds nothing itself: when torch's DDP module is imported, hands torch's own spec back
-    with a loader that patches the class right after the module ran."""
+    """Finds nothing itself: when `name` is imported, hands its own spec back with a loader
+    that calls `then(module)` once the module ran. One module, once."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self._then = name, then
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None, /) -> ModuleSpec | None:
-        if fullname != _TARGET:
+        if fullname != self.name:
             return None
-        sys.meta_path.remove(self)  # one module, once
+        sys.meta_path.remove(self)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, self._then)
                 return spec
         return None
+
+
+def after_import(name: str, then: Any) -> None:
+    """Call `then(module)` once module `name` is imported: now if it is already, else right
+    after its import (ddpviz also uses it for dynamo's trace rules: engine/compiler.py)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    elif not any(isinstance(f, _Finder) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(name, then))
+
+
+def _patch_module(module: ModuleType) -> None:
+    patch(module.DistributedDataParallel)
 
 
 def patch(cls: type) -> None:
@@ -110,8 +127,4 @@ def install() -> None:
                      "record` sets) turns recording on, so this job is not recorded.\nUnset "
                      f"{ENV} to silence this, or run the job under `ddpviz record`.")
         return
-    module = sys.modules.get(_TARGET)
-    if module is not None:  # torch came first (an unusual .pth order): patch right away
-        patch(module.DistributedDataParallel)
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import(_TARGET, _patch_module)  # at once if torch came first (an unusual order)

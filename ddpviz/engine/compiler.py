@@ -5,11 +5,8 @@ See [Note: ddpviz under torch.compile].
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -39,11 +36,9 @@ def keep_ddpviz_eager() -> None:
         if _done:
             return
         _done = True
-    rules = sys.modules.get(_RULES)
-    if rules is not None and hasattr(rules, "SKIP_DIRS_RE"):
-        _skip(rules)
-    else:
-        sys.meta_path.insert(0, _AfterImport())
+    from ddpviz_autowatch import after_import  # stdlib only, installed with ddpviz
+
+    after_import(_RULES, _skip)
 
 
 def _skip(rules: ModuleType) -> None:
@@ -52,39 +47,6 @@ def _skip(rules: ModuleType) -> None:
     except Exception as exc:  # a torch whose rules differ: ddpviz's frames may be traced
         print(f"ddpviz: could not keep ddpviz's frames out of torch.compile ({exc!r}); under "
               "torch.compile a watched job may fail to compile.", file=sys.stderr)
-
-
-class _Loader(importlib.abc.Loader):
-    """dynamo's own loader for its trace rules, then the skip directory."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _skip(module)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: hands back the trace rules' own spec with a loader that adds
-    ddpviz's directory once the module ran."""
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _RULES:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        return None
 
 
 def not_observable(ddp: Any) -> str:
