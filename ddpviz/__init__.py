@@ -14,6 +14,7 @@ if TYPE_CHECKING:
         replay_bucket_assignment,
     )
     from ddpviz.engine.ddp import DistributedDataParallel
+    from ddpviz.engine.detail import Recording
     from ddpviz.errors import (
         DiagnosisError,
         GradientGraphError,
@@ -46,6 +47,7 @@ _WHERE = {
     "RankError": "ddpviz.launcher",
     "RankHangError": "ddpviz.errors",
     "RankMismatchError": "ddpviz.errors",
+    "Recording": "ddpviz.engine.detail",
     "Run": "ddpviz.launcher",
     "Session": "ddpviz.session",
     "TensorSpec": "ddpviz.engine.buckets",
@@ -128,6 +130,7 @@ __all__ = [
     "RankError",
     "RankHangError",
     "RankMismatchError",
+    "Recording",
     "Run",
     "Session",
     "TensorSpec",

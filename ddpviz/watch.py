@@ -5,10 +5,10 @@ own DDP, without changing what it computes. See [Note: transparent by constructi
 What is observable from Python, and used: the reducer's parameter list (the same rule as
 ddpviz's engine, params.py), its bucket map (`reducer._get_zeros_like_grad_buckets()`, once at
 attach and once after the rebuild), a hook per parameter (a post-accumulate-grad hook: GradReady
-or a per-bucket aggregate; at the default "light" level a tensor gradient hook on sampled steps
-only, whose bucket's last one is its BucketReady), a comm hook around the all-reduce
-(BucketReady, AllReduceLaunched, AllReduceDone; see [Note: settled on the training thread]; not
-at "light" and "steps", whose hang guard is engine/quiet.py), a wrapper of the DDP's forward
+or a per-bucket aggregate; without the guard, the default, a tensor gradient hook on sampled
+steps only, whose bucket's last one is its BucketReady), a comm hook around the all-reduce
+(`Recording(guard=True)`: BucketReady, AllReduceLaunched, AllReduceDone; see [Note: settled on
+the training thread]; without it the hang guard is engine/quiet.py), a wrapper of the DDP's forward
 (steps, heartbeats, the rebuild; See [Note: forward wrapped, not hooked]), a pre-forward buffer
 comm hook doing torch's buffer broadcast under the watchdog, and end-of-backward callbacks
 (parameters that got no gradient; errors).
@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import os
 import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,20 +34,17 @@ from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.detail import (
-    ENV_DETAIL,
     DetailPolicy,
     FindingObserver,
     GradSummary,
-    parse_level,
+    Recording,
+    resolve_recording,
 )
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
 
-# "params" is the old name of "full"; "sampled:N" picks another period (engine/detail.py).
-Detail = Literal["light", "full", "buckets", "sampled", "steps", "params"] | str
-HOOKLESS = ("light", "steps")  # levels that leave torch's C++ reduction alone
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
 # an all-reduce still running after this plain wait goes to the watchdog's deadline
@@ -88,7 +84,7 @@ _FIRST_WAIT = datetime.timedelta(seconds=0.25)
 def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None = None,
           hook: Callable[[Any, dist.GradBucket], torch.futures.Future] | None = None,
           state: Any = None, hang_timeout: float | None = None,
-          detail: Detail | None = None) -> Watch:
+          recording: Recording | None = None, detail: str | None = None) -> Watch:
     """Attach ddpviz to a torch DDP (call on every rank, after constructing it, best before
     the first forward).
 
@@ -121,31 +117,34 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
         hang_timeout: seconds before a bucket all-reduce that does not complete is diagnosed
             (default $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most
             300 s; 0 turns the watchdog off).
-        detail: how much is observed, and at what cost (measured per level:
-            benchmarks/bench_watch.py and the README). "light" (the default; "light:N"): no
-            comm hook, so torch's C++ reduction runs untouched; per-parameter hooks only on the
-            sampled steps (0-2, the rebuild step, every 100th or N-th, the step after a
-            finding), which record GradReady, BucketReady, the launches in bucket order, every
-            all-reduce done after the backward and the unused-parameter diagnosis; the other
-            steps record the forward only. A hang in the backward's all-reduces is named by the
-            pulse thread (See [Note: the quiet guard] in engine/quiet.py) as a `rank_hang`
-            finding and a warning at hang_timeout, but torch itself waits until the process
-            group's timeout and raises its own error. "steps": the same without any
-            per-parameter hook. The levels with watch's comm hook add the guarded all-reduce
-            (raised from backward() as RankHangError at hang_timeout) and per-bucket all-reduce
-            times: "sampled" ("sampled:N"): full on the sampled steps, a GradsSummarized per
-            bucket otherwise; "full" (old name "params", still accepted): a GradReady per
-            parameter on every step; "buckets": a GradsSummarized per bucket (count, bytes,
-            first and last ready time) on every step. Every level keeps per-forward
-            heartbeats, the bucket maps, the guarded buffer broadcast and bucket rebuild.
-            Default: $DDPVIZ_DETAIL, else "light".
+        recording: what is observed, and at what cost (a `ddpviz.Recording`; measured:
+            benchmarks/bench_watch.py and the README; See [Note: recording policy] in
+            engine/detail.py). `guard=False` (the default): no comm hook, so torch's C++
+            reduction runs untouched; per-parameter hooks only on the steps `every` picks
+            (default 100: 0-2, the rebuild step, every 100th, the step after a finding), which
+            record GradReady, BucketReady, the launches in bucket order, every all-reduce done
+            after the backward and the unused-parameter diagnosis; the other steps record the
+            forward only. A hang in the backward's all-reduces is named by the pulse thread
+            (See [Note: the quiet guard] in engine/quiet.py) as a `rank_hang` finding and a
+            warning at hang_timeout, but torch itself waits until the process group's timeout
+            and raises its own error. `guard=True`: watch's comm hook around each bucket
+            all-reduce, which raises a hang from backward() as RankHangError at hang_timeout,
+            records per-bucket all-reduce times and, on the steps without per-parameter
+            events, a GradsSummarized per bucket (count, bytes, first and last ready time).
+            `every=1`: a GradReady per parameter on every step; `every=None`: on none. Every
+            recording keeps per-forward heartbeats, the bucket maps, the guarded buffer
+            broadcast and bucket rebuild. Default: $DDPVIZ_RECORDING, else `Recording()`.
+        detail: deprecated (one release): the old level names ("light", "sampled", "full",
+            ...), mapped to `recording=` with a DeprecationWarning naming it.
 
     Returns:
         A `Watch`; `.close()` removes the hooks it added (the comm hook stays, passing
         through: torch cannot unregister one).
     """
+    if recording is None and detail is not None:  # the warning points at watch()'s caller
+        recording, detail = resolve_recording(None, detail, where="watch()", stacklevel=2), None
     return Watch(ddp, emitter=emitter, hook=hook, state=state, hang_timeout=hang_timeout,
-                 detail=detail)
+                 recording=recording, detail=detail)
 
 
 class NotObservableError(RuntimeError):
@@ -160,7 +159,8 @@ class Watch:
 
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
                  hook: Callable[..., torch.futures.Future] | None, state: Any,
-                 hang_timeout: float | None, detail: Detail | None = None,
+                 hang_timeout: float | None, recording: Recording | None = None,
+                 detail: str | None = None,
                  names: list[str] | None = None, driven: bool = False,
                  where: str = "ddpviz.watch()") -> None:
         """`names`: the parameters' dotted names when the DDP's module does not carry them
@@ -171,7 +171,8 @@ class Watch:
             raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
                             f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
                             "reports its events itself: pass it emitter= instead.")
-        detail, policy = _watch_level(detail)
+        rec = resolve_recording(recording, detail, where="watch()", stacklevel=2)
+        policy = DetailPolicy.of(rec)
         keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile] (engine/compiler.py)
         unobservable = not_observable(ddp)
         if unobservable:
@@ -181,7 +182,7 @@ class Watch:
                                "before).\nUse the Watch that call returned, or .close() it "
                                "first.")
         existing = list(getattr(ddp, "_comm_hooks", ()))
-        hookless = detail in HOOKLESS
+        hookless = not rec.guard  # See [Note: recording policy] (engine/detail.py)
         if existing and hook is not None and not hookless:
             raise RuntimeError(
                 f"ddpviz: watch(hook={getattr(hook, '__qualname__', hook)}) but this DDP already "
@@ -189,11 +190,11 @@ class Watch:
                 "; torch runs one hook per DDP.\nPass hook= only for a DDP without a hook "
                 "(watch() wraps a registered one by itself).")
         self.ddp = ddp
-        self.detail = detail
+        self.recording = rec
         self.group = ddp.process_group
         self.world_size = self.group.size()
         target = emitter if emitter is not None else ev.default_emitter()
-        if target is not None and detail in ("sampled", "light"):
+        if target is not None and policy.level == "sampled":
             target = FindingObserver(target, self._on_finding)
         self.tap = Tap(target, rank=self.group.rank())
         self._summary = GradSummary(policy, self.tap)
@@ -213,7 +214,8 @@ class Watch:
         self._rebuilt_seen = False
         self._learning = False
         self._closed = False
-        self._light = detail == "light"
+        self._light = hookless and rec.every is not None  # per-parameter hooks, armed per step
+        self._steps_only = hookless and rec.every is None  # neither hook: forwards only
         self._armed: list[Any] = []  # light: this step's per-parameter hooks
         self._fresh: list[torch.Tensor] = []  # light: parameters whose hook dict _arm made
         self._sync = True  # light: the backward all-reduces (not under no_sync)
@@ -573,7 +575,7 @@ class Watch:
             self._settle(pending)
 
     def _check_unused(self) -> None:
-        if not self._summary.per_param or self.detail == "steps" or \
+        if not self._summary.per_param or self._steps_only or \
                 not self.ddp.require_backward_grad_sync:
             return
         missing = [i for i in range(len(self.params)) if i not in self._fired
@@ -833,7 +835,7 @@ class Watch:
     def __repr__(self) -> str:
         return (f"<ddpviz.Watch rank {self.group.rank()}/{self.world_size}: {len(self.params)} "
                 f"parameters, {len(self.buckets)} buckets, {self._forwards} forwards, "
-                f"detail={self.detail!r}>")
+                f"recording={self.recording}>")
 
 
 def _logger(ddp: nn.parallel.DistributedDataParallel) -> Any:
@@ -893,29 +895,3 @@ class _Pending:
                  fallback: torch.Tensor, bucket: int, step: int) -> None:
         self.fut, self.work, self.out, self.fallback = fut, work, out, fallback
         self.bucket, self.step = bucket, step
-
-
-def _watch_level(detail: str | None) -> tuple[str, DetailPolicy]:
-    """watch()'s level: "light" (or "light:N"), "steps", or one of engine/detail.py's (the old
-    "params" is "full"), from `detail=`, else $DDPVIZ_DETAIL, else "light"."""
-    raw = detail if detail is not None else (os.environ.get(ENV_DETAIL, "").strip() or None)
-    name = raw.strip().lower() if raw is not None else "light"
-    if name == "params":
-        name = "full"
-    if name == "steps":
-        return "steps", DetailPolicy("buckets")
-    where = "watch() detail=" if detail is not None else f"${ENV_DETAIL}="
-    light = name == "light" or name.startswith("light:")
-    also = ("; watch() also takes 'light' or 'light:N' (its default: no comm hook, per-parameter "
-            "hooks on the sampled steps only), 'steps' (no comm hook and no per-parameter "
-            "hooks: the cheapest) and 'params' (the old name of 'full')")
-    try:
-        level, every = parse_level("sampled" + name[5:] if light else name, where=where,
-                                   also=also, default="light")
-    except ValueError:
-        if light:  # the message names the value as given
-            parse_level(raw or name, where=where, also=also, default="light")
-        raise
-    if light:
-        return "light", DetailPolicy("sampled", every)
-    return level, DetailPolicy(level, every)

@@ -1,10 +1,10 @@
 """The quiet guard: names the ranks a DDP step waits for when the wait itself is invisible.
 
 [Note: the quiet guard]
-watch()'s levels without a comm hook ("light", "steps") leave torch's C++ reducer alone, so the
-training thread waits for the bucket all-reduces inside C++, where no Python deadline can run
-and nothing can interrupt it before the process group's own timeout (30 minutes by default).
-What stays visible is each rank's heartbeat: the step whose forward it ran last (pulse.py posts
+watch() without the guard (`Recording(guard=False)`: no comm hook) leaves torch's C++ reducer
+alone, so the training thread waits for the bucket all-reduces inside C++, where no Python
+deadline can run and nothing can interrupt it before the process group's own timeout (30
+minutes by default). What stays visible is each rank's heartbeat: the step whose forward it ran last (pulse.py posts
 it). So the rank's pulse thread, which already wakes every CHECK_S, looks at how long ago this
 rank's last beat was. A rank whose backward waits for a peer is quiet from that forward on;
 once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it reads the
@@ -100,7 +100,8 @@ class QuietGuard:
                    f"{self.timeout:g}s; rank {dog.rank} has waited since its forward"),
             ranks=behind, field="all-reduce", step=step, values=values,
             detail=(f"named by rank {dog.rank}'s watcher thread: {after}; "
-                    "watch(detail='sampled') raises this as RankHangError from backward() "
+                    "watch(recording=ddpviz.Recording(guard=True)) raises this as RankHangError "
+                    "from backward() "
                     "instead",),
             fix=fix_for("rank_hang", "behind"), world_size=dog.world_size)
 
