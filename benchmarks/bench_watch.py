@@ -50,6 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from _ranks import run_ranks
 
+# the old level names the tables keep (README), as $DDPVIZ_RECORDING spells them
+RECORDING = {"light": "every=100", "steps": "every=never", "sampled": "guard,every=100",
+             "full": "guard,every=1", "buckets": "guard,every=never"}
 MODELS = {
     "~100 params": (8, 8, 4),  # Linear(8, 8) + Linear(8, 4): 108 parameters
     "~10k params": (64, 96, 40),  # Linear(64, 96) + Linear(96, 40): 10,120 parameters
@@ -135,9 +138,11 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                     path = os.path.join(trace_dir,
                                         f"{level}-{threads}-{dims[0]}-rank{rank}.ddpviz")
                     senders.append(Sender.to_file(path, rank))
-                    watches.append(ddpviz.watch(ddp, detail=level, emitter=senders[-1]))
+                    watches.append(ddpviz.watch(ddp, emitter=senders[-1], recording=(
+                        ddpviz.Recording.parse(RECORDING[level]))))
                 elif name.startswith("watch detail="):
-                    watches.append(ddpviz.watch(ddp, detail=name.split("=")[1]))
+                    watches.append(ddpviz.watch(ddp, recording=ddpviz.Recording.parse(
+                        RECORDING[name.split("=")[1]])))
                 elif name == "baseline watch":
                     watches.append(baseline(ddp))
                 elif name == "minimal Python comm hook":
