@@ -4,8 +4,8 @@
 watch() without the guard (`Recording(guard=False)`: no comm hook) leaves torch's C++ reducer
 alone, so the training thread waits for the bucket all-reduces inside C++, where no Python
 deadline can run and nothing can interrupt it before the process group's own timeout (30
-minutes by default). What stays visible is each rank's heartbeat: the step whose forward it ran last (pulse.py posts
-it). So the rank's pulse thread, which already wakes every CHECK_S, looks at how long ago this
+minutes by default). What stays visible is each rank's heartbeat: the step whose forward it
+ran last (pulse.py posts it). So the rank's pulse thread, which already wakes every CHECK_S, looks at how long ago this
 rank's last beat was. A rank whose backward waits for a peer is quiet from that forward on;
 once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it reads the
 other ranks' positions (one store round trip each time, never in a step that keeps moving) and
