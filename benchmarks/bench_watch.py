@@ -3,18 +3,19 @@
 Inside the same rank processes, several DDP copies of one model train in alternating blocks of
 steps (the order rotates every repetition, so noise from other processes hits them alike):
 torch's DDP alone, a second unwatched copy (A/A: the noise floor of the ratios), and watched
-copies at each detail level ("light", the default: no comm hook, per-parameter hooks on a few
-sampled steps only; "full": a GradReady per parameter tensor; "sampled": full on the same steps,
-per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm hook, per-forward
-only), with no consumer of the events, plus "light -> trace file" and "sampled -> trace file":
-the level recording into a per-rank trace file through a Sender (what `ddpviz record --out`
-does), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
-all-reduce in the cheapest Python comm hook watch's design allows (completed on the training
-thread), i.e. the floor under every level that has a comm hook, and the same hook completed
-by a callback on gloo's thread (`.then`, as watch() did until stop 18). Printed per world size,
-threads per rank and model: the median plain step time and the median over repetitions of
-each copy's block time / the plain copy's block time, with a bootstrap 95% interval of that
-median, for elapsed time, for the process's CPU time and for the training thread's CPU time.
+copies at each recording, labelled by its old level name (RECORDING below; "light", the default:
+no comm hook, per-parameter hooks on a few sampled steps only; "full": a GradReady per parameter
+tensor; "sampled": full on the same steps, per-bucket summaries otherwise; "buckets": summaries
+only; "steps": no comm hook, per-forward only), with no consumer of the events, plus "light ->
+trace file" and "sampled -> trace file": the level recording into a per-rank trace file through
+a Sender (what `ddpviz record --out` does), and "minimal Python comm hook": no ddpviz at all,
+only torch's averaging and all-reduce in the cheapest Python comm hook watch's design allows
+(completed on the training thread), i.e. the floor under every level that has a comm hook, and
+the same hook completed by a callback on gloo's thread (`.then`, as watch() did until stop 18).
+Printed per world size, threads per rank and model: the median plain step time and the median
+over repetitions of each copy's block time / the plain copy's block time, with a bootstrap 95%
+interval of that median, for elapsed time, for the process's CPU time and for the training
+thread's CPU time.
 
 Rank r's training thread is pinned to core r % cores, gloo's threads are not (--no-pin: nothing
 is pinned). Unpinned, single blocks varied 2x on 2 cores (steps of 1-1.7 ms instead of 0.6)
