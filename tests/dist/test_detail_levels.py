@@ -123,6 +123,18 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
     out["deprecated"] = (str(w.recording), ddp._detail.describe(),
                          [(c.category.__name__, str(c.message), c.filename) for c in caught])
     w.close()
+    # The strategy is chosen once, from the recording, also when Watch is created directly
+    # (as `ddpviz record` does).
+    out["strategies"] = []
+    for recording in (ddpviz.Recording(), ddpviz.Recording(every=None),
+                      ddpviz.Recording(guard=True), None):
+        tddp = nn.parallel.DistributedDataParallel(_model())
+        w = (ddpviz.watch(tddp, recording=recording, hang_timeout=0) if recording is not None
+             else ddpviz.Watch(tddp, emitter=None, hook=None, state=None, hang_timeout=0))
+        out["strategies"].append((type(w).__name__, str(w.recording),
+                                  bool(getattr(tddp, "_comm_hooks", None)) or
+                                  "register_comm_hook" in tddp.__dict__))
+        w.close()
     return out
 
 
@@ -333,3 +345,11 @@ def test_old_detail_names_still_work_with_a_deprecation_naming_the_new_spelling(
         assert "DistributedDataParallel() detail='light' is deprecated" in caught[1][1]
         assert "recording=ddpviz.Recording(guard=False, every=100)" in caught[1][1]
         assert all(c[2] == __file__ for c in caught), caught  # points at the caller's line
+
+
+def test_the_strategy_is_chosen_from_the_recording(runs: dict[int, Any]) -> None:
+    for res in runs.values():
+        assert res["strategies"] == [("HooklessWatch", "every=100", False),
+                                     ("ForwardsOnlyWatch", "every=never", False),
+                                     ("GuardedWatch", "guard,every=100", True),
+                                     ("HooklessWatch", "every=100", False)]  # Watch(...)
