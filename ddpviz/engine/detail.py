@@ -205,10 +205,10 @@ def resolve_recording(recording: Recording | None, detail: str | None = None, *,
     return Recording()
 
 
-def parse_level(value: str, *, where: str, also: str = "",
-                default: str = "sampled") -> tuple[Level, int]:
-    """`"full" | "buckets" | "sampled" | "sampled:N"` -> (level, every). `where` names the
-    argument in the error ("detail=", "$DDPVIZ_DETAIL"); `also` names further choices."""
+def parse_level(value: str, *, where: str) -> tuple[Level, int]:
+    """`DetailPolicy.describe()`'s spelling, `"full" | "buckets" | "sampled:N"`, back to
+    (level, every): the per-step policy inside the engine, read by benchmarks/bench_fleet.py.
+    Users spell a `Recording` (its `parse` reads $DDPVIZ_RECORDING)."""
     text = value.strip().lower()
     name, _, every_text = text.partition(":")
     every = EVERY
@@ -219,9 +219,9 @@ def parse_level(value: str, *, where: str, also: str = "",
             every = 0
     if name not in LEVELS or (every_text and name != "sampled") or every < 1:
         raise ValueError(
-            f"ddpviz: {where}{value!r} is not a detail level; expected 'full', 'buckets', "
-            f"'sampled' or 'sampled:N' (N >= 1: every N-th step full){also}.\nUse '{default}' (the "
-            "default) for long or large jobs, 'full' to record every gradient hook.")
+            f"ddpviz: {where}{value!r} is not a per-step policy; expected 'full', 'buckets', "
+            "'sampled' or 'sampled:N' (N >= 1: every N-th step full).\nUse one of those "
+            "(DetailPolicy.describe() spells them).")
     return name, every
 
 
