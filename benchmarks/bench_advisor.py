@@ -78,7 +78,7 @@ def _build(name: str, settings: dict[str, Any], emitter: Any = None) -> Any:
         return ddpviz.DistributedDataParallel(
             factory(), bucket_cap_mb=settings.get("bucket_cap_mb"),
             bucket_cap_mb_list=list(cap_list) if cap_list else None, emitter=emitter,
-            hang_timeout=0, detail="full")  # the advisor reads every step's gradient times
+            hang_timeout=0, recording=ddpviz.Recording(every=1))  # every step's gradient times
     finally:
         if env_before is None:
             os.environ.pop("DDP_SET_LAST_BUCKET_CAP", None)

@@ -32,6 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 WARMUP = 5
 VARIANTS = ("taps off", "full", "buckets", "sampled", "torch DDP")
+# the old level names the tables keep, as $DDPVIZ_RECORDING spells them (guard: ignored by
+# ddpviz's own DDP, always guarded)
+RECORDING = {"full": "every=1", "buckets": "every=never", "sampled": "every=100"}
 
 
 def _model(layers: int) -> nn.Module:
@@ -59,8 +62,8 @@ def _rank(rank: int, world_size: int, port: int, steps: int, layers: int, q: Any
             else:
                 events[name] = []
                 ddps[name] = ddpviz.DistributedDataParallel(
-                    module, bucket_cap_mb=0.04, emitter=events[name].append, detail=name,
-                    hang_timeout=0)
+                    module, bucket_cap_mb=0.04, emitter=events[name].append,
+                    recording=ddpviz.Recording.parse(RECORDING[name]), hang_timeout=0)
         opts = {k: torch.optim.SGD(d.parameters(), lr=1e-3) for k, d in ddps.items()}
         x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
         times: dict[str, list[float]] = {k: [] for k in ddps}

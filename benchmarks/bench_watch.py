@@ -3,18 +3,19 @@
 Inside the same rank processes, several DDP copies of one model train in alternating blocks of
 steps (the order rotates every repetition, so noise from other processes hits them alike):
 torch's DDP alone, a second unwatched copy (A/A: the noise floor of the ratios), and watched
-copies at each detail level ("light", the default: no comm hook, per-parameter hooks on a few
-sampled steps only; "full": a GradReady per parameter tensor; "sampled": full on the same steps,
-per-bucket summaries otherwise; "buckets": summaries only; "steps": no comm hook, per-forward
-only), with no consumer of the events, plus "light -> trace file" and "sampled -> trace file":
-the level recording into a per-rank trace file through a Sender (what `ddpviz record --out`
-does), and "minimal Python comm hook": no ddpviz at all, only torch's averaging and
-all-reduce in the cheapest Python comm hook watch's design allows (completed on the training
-thread), i.e. the floor under every level that has a comm hook, and the same hook completed
-by a callback on gloo's thread (`.then`, as watch() did until stop 18). Printed per world size,
-threads per rank and model: the median plain step time and the median over repetitions of
-each copy's block time / the plain copy's block time, with a bootstrap 95% interval of that
-median, for elapsed time, for the process's CPU time and for the training thread's CPU time.
+copies at each recording, labelled by its old level name (RECORDING below; "light", the default:
+no comm hook, per-parameter hooks on a few sampled steps only; "full": a GradReady per parameter
+tensor; "sampled": full on the same steps, per-bucket summaries otherwise; "buckets": summaries
+only; "steps": no comm hook, per-forward only), with no consumer of the events, plus "light ->
+trace file" and "sampled -> trace file": the level recording into a per-rank trace file through
+a Sender (what `ddpviz record --out` does), and "minimal Python comm hook": no ddpviz at all,
+only torch's averaging and all-reduce in the cheapest Python comm hook watch's design allows
+(completed on the training thread), i.e. the floor under every level that has a comm hook, and
+the same hook completed by a callback on gloo's thread (`.then`, as watch() did until stop 18).
+Printed per world size, threads per rank and model: the median plain step time and the median
+over repetitions of each copy's block time / the plain copy's block time, with a bootstrap 95%
+interval of that median, for elapsed time, for the process's CPU time and for the training
+thread's CPU time.
 
 Rank r's training thread is pinned to core r % cores, gloo's threads are not (--no-pin: nothing
 is pinned). Unpinned, single blocks varied 2x on 2 cores (steps of 1-1.7 ms instead of 0.6)
@@ -50,6 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from _ranks import run_ranks
 
+# the old level names the tables keep (README), as $DDPVIZ_RECORDING spells them
+RECORDING = {"light": "every=100", "steps": "every=never", "sampled": "guard,every=100",
+             "full": "guard,every=1", "buckets": "guard,every=never"}
 MODELS = {
     "~100 params": (8, 8, 4),  # Linear(8, 8) + Linear(8, 4): 108 parameters
     "~10k params": (64, 96, 40),  # Linear(64, 96) + Linear(96, 40): 10,120 parameters
@@ -135,9 +139,11 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                     path = os.path.join(trace_dir,
                                         f"{level}-{threads}-{dims[0]}-rank{rank}.ddpviz")
                     senders.append(Sender.to_file(path, rank))
-                    watches.append(ddpviz.watch(ddp, detail=level, emitter=senders[-1]))
+                    watches.append(ddpviz.watch(ddp, emitter=senders[-1], recording=(
+                        ddpviz.Recording.parse(RECORDING[level]))))
                 elif name.startswith("watch detail="):
-                    watches.append(ddpviz.watch(ddp, detail=name.split("=")[1]))
+                    watches.append(ddpviz.watch(ddp, recording=ddpviz.Recording.parse(
+                        RECORDING[name.split("=")[1]])))
                 elif name == "baseline watch":
                     watches.append(baseline(ddp))
                 elif name == "minimal Python comm hook":

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ddpviz._preflight import VerificationReport, preflight
     from ddpviz.advisor import advise
     from ddpviz.engine.ddp import DistributedDataParallel
+    from ddpviz.engine.detail import Recording
     from ddpviz.errors import (
         DiagnosisError,
         GradientGraphError,
@@ -44,6 +45,7 @@ _WHERE = {
     "RankError": "ddpviz.launcher",
     "RankHangError": "ddpviz.errors",
     "RankMismatchError": "ddpviz.errors",
+    "Recording": "ddpviz.engine.detail",
     "Run": "ddpviz.launcher",
     "Session": "ddpviz.session",
     "Trace": "ddpviz.trace",
@@ -147,6 +149,7 @@ __all__ = [
     "RankError",
     "RankHangError",
     "RankMismatchError",
+    "Recording",
     "Run",
     "Session",
     "Trace",

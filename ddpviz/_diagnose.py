@@ -379,8 +379,9 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
 def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tuple[int, int]],
                         summarized: Mapping[int, set[int]], world_size: int) -> list[Finding]:
     """Steps with a forward but no gradient event at all on a rank that records them at other
-    steps (watch()'s "light" level records backward on sampled steps only), before that rank's
-    last forward: said, so that a clean diagnosis is not read as covering them."""
+    steps (watch() without the guard records backward on the steps `Recording.every` picks
+    only), before that rank's last forward: said, so that a clean diagnosis is not read as
+    covering them."""
     missing: dict[int, list[int]] = {}  # rank -> steps
     for rank, seen in forwards.items():
         if not any(r == rank for _, r in fired) or not seen:
@@ -393,9 +394,9 @@ def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tupl
     return _unchecked_steps(
         missing, "no gradient events",
         "gradient-ready order, hooks firing twice and unused parameters were",
-        "those steps were recorded without per-parameter hooks (watch()'s default 'light' "
-        "level hooks only its sampled steps; 'steps' none), or ran a forward without a "
-        "backward", world_size)
+        "those steps were recorded without per-parameter hooks (watch() without the guard "
+        "hooks only the steps Recording.every picks; every=None none), or ran a forward "
+        "without a backward", world_size)
 
 
 def _not_recorded(summarized: Mapping[int, set[int]], fired: Collection[tuple[int, int]],
@@ -410,7 +411,7 @@ def _not_recorded(summarized: Mapping[int, set[int]], fired: Collection[tuple[in
     return _unchecked_steps(
         missing, "per-parameter gradient events were not recorded",
         "gradient-ready order and hooks firing twice were",
-        "those steps were recorded at a detail level that keeps one GradsSummarized per "
+        "those steps were recorded (Recording.every skipped them) with one GradsSummarized per "
         "bucket (count, bytes, first and last ready time) instead of a GradReady per "
         "parameter", world_size)
 

@@ -194,7 +194,7 @@ def _record(args: argparse.Namespace) -> int:
 
     try:
         return run_recorded(args.cmd, connect=args.connect, out=args.out,
-                            hang_timeout=args.hang_timeout)
+                            hang_timeout=args.hang_timeout, recording=args.recording)
     except RecordError as e:
         print(e, file=sys.stderr)
         return 2
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("record", help="run an unmodified training command with every torch "
                        "DistributedDataParallel watched",
                        usage="ddpviz record [--connect STRING | --out DIR] [--hang-timeout S] "
-                             "-- COMMAND ...",
+                             "[--recording POLICY] -- COMMAND ...",
                        epilog="Security: ddpviz adds no listening socket to the job (ranks "
                               "send to the notebook or write files), but torchrun's own "
                               "rendezvous store (a TCPStore on --master-port) listens on all "
@@ -300,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--hang-timeout", type=float, default=None,
                    help="seconds before a hang is diagnosed (default: 0.6 x the process "
                         "group's timeout, at most 300; 0: off)")
+    w.add_argument("--recording", default=None, metavar="POLICY",
+                   help="what is recorded, as $DDPVIZ_RECORDING spells it: 'every=100' (the "
+                        "default: no comm hook, per-parameter events every 100th step), "
+                        "'guard,every=100' (watch's comm hook: a hang raised from backward), "
+                        "'every=1', 'every=never'")
     w.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command, e.g. torchrun --nproc-per-node 2 train.py")
     w.set_defaults(func=_record)

@@ -117,12 +117,12 @@ FIXES: dict[Kind, dict[str, str]] = {
         "": "Not an error, but buckets are rebuilt in rank 0's order, so other ranks launch "
             "all-reduces later and overlap less. Make forward the same on every rank (no "
             "rank-dependent branches or data-dependent module order).",
-        # per-parameter events not recorded at some steps (detail levels)
-        "not_recorded": "To check those steps, record them with detail='full' "
-                        "(DistributedDataParallel(detail=...), watch(ddp, detail=...) or "
-                        "$DDPVIZ_DETAIL=full); the defaults ('sampled' for ddpviz's DDP, "
-                        "'light' for watch()) record steps 0-2, the rebuild, every 100th step "
-                        "and steps with a finding in full.",
+        # per-parameter events not recorded at some steps (Recording.every)
+        "not_recorded": "To check those steps, record every step's gradients: "
+                        "recording=ddpviz.Recording(every=1) (watch(ddp, recording=...), "
+                        "DistributedDataParallel(recording=...)) or "
+                        "$DDPVIZ_RECORDING=every=1; the default, every=100, records steps 0-2, "
+                        "the rebuild, every 100th step and steps with a finding in full.",
     },
     "missing_rank": {
         # a meeting (rendezvous) some ranks never reached

@@ -5,7 +5,8 @@ DistributedDataParallel in every rank watched.
 It sets $DDPVIZ_RECORD, which the startup hook `ddpviz_autowatch.pth` (installed into
 site-packages with ddpviz, editable or not) honours in every Python process of the job, plus
 where the events go: $DDPVIZ_CONNECT (a notebook's `ddpviz.listen()` session) or
-$DDPVIZ_TRACE_DIR (one `ddpviz-trace-rank{R}.ddpviz` per rank). See `ddpviz.autowatch`.
+$DDPVIZ_TRACE_DIR (one `ddpviz-trace-rank{R}.ddpviz` per rank), and with `--recording` what
+is recorded ($DDPVIZ_RECORDING, See [Note: recording policy]). See `ddpviz.autowatch`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ddpviz.engine.detail import ENV_RECORDING, Recording
 from ddpviz.engine.watchdog import ENV_HANG_TIMEOUT
 from ddpviz.session import ENV_CONNECT, ENV_TRACE_DIR
 from ddpviz.trace import SUFFIX
@@ -41,7 +43,8 @@ def hook_path() -> Path | None:
 
 
 def record_env(*, connect: str | None, out: str | None, hang_timeout: float | None,
-               base: dict[str, str] | None = None) -> dict[str, str]:
+               base: dict[str, str] | None = None,
+               recording: Recording | None = None) -> dict[str, str]:
     """The environment the command runs with."""
     env = dict(os.environ if base is None else base)
     env[ENV_RECORD] = "1"
@@ -53,12 +56,16 @@ def record_env(*, connect: str | None, out: str | None, hang_timeout: float | No
         env[ENV_TRACE_DIR] = str(Path(out or ".").resolve())
     if hang_timeout is not None:
         env[ENV_HANG_TIMEOUT] = str(hang_timeout)
+    if recording is not None:
+        env[ENV_RECORDING] = str(recording)
     return env
 
 
 def run_recorded(command: Sequence[str], *, connect: str | None = None,
-                 out: str | None = None, hang_timeout: float | None = None) -> int:
-    """Run `command` recorded; returns its exit status (128+N when killed by signal N)."""
+                 out: str | None = None, hang_timeout: float | None = None,
+                 recording: str | None = None) -> int:
+    """Run `command` recorded; returns its exit status (128+N when killed by signal N).
+    `recording`: $DDPVIZ_RECORDING's spelling ("guard,every=100"), checked here."""
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
@@ -69,13 +76,17 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         raise RecordError("ddpviz: record got both --connect and --out; events go to one "
                           "place.\nPass --connect STRING (a notebook's listen() session) or "
                           "--out DIR (per-rank trace files).")
+    try:
+        policy = None if recording is None else Recording.parse(recording, where="--recording ")
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
     if hook_path() is None:
         raise RecordError(
             f"ddpviz: the startup hook {HOOK} is not in this Python's site-packages "
             f"({sys.prefix}), so the ranks would run unwatched.\nReinstall ddpviz in this "
             "environment (`pip install ddpviz`, or `pip install -e .` in a checkout): the "
             "hook ships in the wheel.")
-    env = record_env(connect=connect, out=out, hang_timeout=hang_timeout)
+    env = record_env(connect=connect, out=out, hang_timeout=hang_timeout, recording=policy)
     if ENV_TRACE_DIR in env:
         Path(env[ENV_TRACE_DIR]).mkdir(parents=True, exist_ok=True)
     try:

@@ -1,12 +1,13 @@
-"""The detail-level policy (engine/detail.py) on its own: which steps are full, the
-$DDPVIZ_DETAIL fallback, and errors for levels that do not exist."""
+"""The recording policy (engine/detail.py) on its own: which steps are full, `recording=` then
+$DDPVIZ_RECORDING then the default, its grammar and errors, and the old level names (`detail=`,
+$DDPVIZ_DETAIL) mapped with a DeprecationWarning that names the new spelling."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddpviz.engine.detail import EVERY, FIRST_FULL, DetailPolicy, resolve_level
-from ddpviz.watch import _watch_level
+from ddpviz import Recording
+from ddpviz.engine.detail import EVERY, FIRST_FULL, DetailPolicy, resolve_recording
 
 
 def test_full_and_buckets_are_every_step_and_no_step() -> None:
@@ -23,38 +24,85 @@ def test_sampled_is_full_on_the_first_steps_every_nth_the_rebuild_and_around_fin
     assert FIRST_FULL == 3 and EVERY == 100  # the documented default (README, docstrings)
 
 
-def test_level_from_argument_then_environment_then_default(monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
+@pytest.fixture
+def no_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.delenv("DDPVIZ_RECORDING", raising=False)
     monkeypatch.delenv("DDPVIZ_DETAIL", raising=False)
-    assert resolve_level(None) == ("sampled", 100)
-    monkeypatch.setenv("DDPVIZ_DETAIL", "buckets")
-    assert resolve_level(None) == ("buckets", 100)
-    assert resolve_level("sampled:7") == ("sampled", 7)  # the argument wins
-    monkeypatch.setenv("DDPVIZ_DETAIL", "Full ")
-    assert resolve_level(None)[0] == "full"
-    monkeypatch.setenv("DDPVIZ_DETAIL", "steps")
-    assert _watch_level(None)[0] == "steps"  # watch's own cheapest level
+    return monkeypatch
 
 
-@pytest.mark.parametrize("bad", ["param", "buckets:3", "sampled:0", "sampled:x", ""])
-def test_unknown_levels_are_refused_with_the_choices(bad: str) -> None:
-    with pytest.raises(ValueError, match="'full', 'buckets', 'sampled'"):
-        resolve_level(bad)
+def test_recording_from_argument_then_environment_then_default(no_env: pytest.MonkeyPatch
+                                                               ) -> None:
+    assert resolve_recording(None, where="watch()") == Recording(guard=False, every=100)
+    assert DetailPolicy.of(Recording()).describe() == "sampled:100"  # one default, both engines
+    no_env.setenv("DDPVIZ_RECORDING", " Guard , every=never")
+    assert resolve_recording(None, where="w") == Recording(guard=True, every=None)
+    assert resolve_recording(Recording(every=7), where="w") == Recording(every=7)  # arg wins
+    no_env.setenv("DDPVIZ_RECORDING", "every=1")
+    assert DetailPolicy.of(resolve_recording(None, where="w")).level == "full"
+    no_env.setenv("DDPVIZ_RECORDING", "guard=false,every=5")
+    assert resolve_recording(None, where="w") == Recording(every=5)
+    assert DetailPolicy.of(Recording(every=None)).level == "buckets"
 
 
-def test_watch_keeps_its_old_level_names_as_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DDPVIZ_DETAIL", raising=False)
-    assert _watch_level("params")[0] == "full"
-    assert _watch_level("buckets")[0] == "buckets"
-    assert _watch_level("steps")[0] == "steps"
-    assert _watch_level("sampled:7")[1].describe() == "sampled:7"
-    # watch's default: no comm hook, sampled steps in full (the DDP's own default period)
-    level, policy = _watch_level(None)
-    assert (level, policy.describe()) == ("light", "sampled:100")
-    assert _watch_level("light:5")[1].describe() == "sampled:5"
-    monkeypatch.setenv("DDPVIZ_DETAIL", "Light")
-    assert _watch_level(None)[0] == "light"
-    with pytest.raises(ValueError, match=r"watch\(\) detail='everything'.*'steps'.*\nUse 'light'"):
-        _watch_level("everything")
-    with pytest.raises(ValueError, match=r"detail='light:0' is not"):
-        _watch_level("light:0")
+def test_the_environment_spelling_round_trips() -> None:
+    for rec in (Recording(), Recording(True, 1), Recording(True, None), Recording(False, 7)):
+        assert Recording.parse(str(rec)) == rec
+
+
+@pytest.mark.parametrize("bad", ["every=0", "every=x", "guard=maybe", "guard,guard", "sampled",
+                                 "every", "full:3"])
+def test_bad_environment_values_are_refused_with_the_grammar(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"(?s)not a recording policy.*'every=never'.*\nUse e.g."):
+        Recording.parse(bad)
+
+
+def test_an_old_name_in_the_new_variable_says_its_new_spelling() -> None:
+    with pytest.raises(ValueError, match=r"'sampled' is an old level name: write guard,every=100"):
+        Recording.parse("sampled")
+
+
+@pytest.mark.parametrize("bad", [{"every": 0}, {"every": True}, {"every": 2.5}, {"guard": 1}])
+def test_bad_fields_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises((TypeError, ValueError), match=r"Recording\((every|guard)="):
+        Recording(**bad)  # type: ignore[arg-type]
+
+
+def test_a_string_or_both_arguments_are_refused(no_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError, match=r"is not a ddpviz.Recording.*\nPass e.g."):
+        resolve_recording("guard", where="watch()")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="both recording= and detail="):
+        resolve_recording(Recording(), "full", where="watch()")
+
+
+OLD = {"light": Recording(False, 100), "light:5": Recording(False, 5),
+       "steps": Recording(False, None), "sampled": Recording(True, 100),
+       "sampled:7": Recording(True, 7), "full": Recording(True, 1), "params": Recording(True, 1),
+       "buckets": Recording(True, None), " Full ": Recording(True, 1)}
+
+
+@pytest.mark.parametrize("old", list(OLD))
+def test_old_detail_names_map_exactly_with_a_deprecation(no_env: pytest.MonkeyPatch,
+                                                         old: str) -> None:
+    new = OLD[old]
+    with pytest.warns(DeprecationWarning, match=rf"watch\(\) detail={old!r} is deprecated.*"
+                      rf"use recording={new.spelled().replace('(', '.').replace(')', '.')}"):
+        assert resolve_recording(None, old, where="watch()") == new
+    no_env.setenv("DDPVIZ_DETAIL", old)
+    with pytest.warns(DeprecationWarning, match=rf"DDPVIZ_DETAIL={old!r} is deprecated.*"
+                      rf"use DDPVIZ_RECORDING={new}"):
+        assert resolve_recording(None, where="DistributedDataParallel()") == new
+    no_env.setenv("DDPVIZ_RECORDING", "guard,every=3")  # the new variable wins, no warning
+    assert resolve_recording(None, where="w") == Recording(True, 3)
+
+
+@pytest.mark.parametrize("bad", ["param", "buckets:3", "sampled:0", "sampled:x", "light:0",
+                                 "everything"])
+def test_unknown_old_names_are_refused_with_the_new_spelling(no_env: pytest.MonkeyPatch,
+                                                             bad: str) -> None:
+    with pytest.raises(ValueError, match=rf"(?s)detail={bad!r} is not a detail level.*\nPass "
+                       r"recording=ddpviz.Recording"):
+        resolve_recording(None, bad, where="watch()")
+    no_env.setenv("DDPVIZ_DETAIL", bad)
+    with pytest.raises(ValueError, match=r"(?s)is not a detail level.*\nSet DDPVIZ_RECORDING"):
+        resolve_recording(None, where="watch()")

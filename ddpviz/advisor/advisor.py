@@ -68,7 +68,8 @@ def advise(source: object, *, candidates: object = None,
 
     Args:
         source: a ddpviz.Run, Session, Trace or .ddpviz path of one run of ddpviz's
-            DistributedDataParallel or of a torch DDP under ddpviz.watch (detail="params"),
+            DistributedDataParallel or of a torch DDP under ddpviz.watch,
+            recorded with `recording=ddpviz.Recording(every=1)`,
             with at least 3 steps.
         candidates: None for the default sweep (caps 0.25..256 MiB with and without the 1 MiB
             first bucket, torch's default with the small bucket last, bucket lists cut at layer
@@ -107,8 +108,8 @@ def advise(source: object, *, candidates: object = None,
             f"ddpviz: the trace holds {n} step(s) but no step after the first that every one of "
             f"the {timeline.world_size} ranks recorded completely with the final bucket map.\n"
             "Record at least 3 training steps (forward, backward, optimizer) with per-parameter "
-            "gradient times (detail='full'; the default 'sampled' records them on steps 0-2 and "
-            "every 100th only) and pass it again.")
+            "gradient times (recording=ddpviz.Recording(every=1); the default, every=100, records "
+            "them on steps 0-2 and every 100th only) and pass it again.")
     model = fit_cost_model(timeline, cost_model)
     cur_c = current_candidate(timeline)
     observed_map = timeline.current_buckets()

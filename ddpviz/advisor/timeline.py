@@ -187,8 +187,9 @@ def build_timeline(trace: Trace) -> Timeline:
     if not any(rec.ready_ns for recs in records.values() for rec in recs.values()):
         raise AdviceError(
             "ddpviz: the trace has no GradReady events, so when each gradient became ready is "
-            "unknown.\nRecord with detail='full' (or the default 'sampled', whose first steps "
-            "and every 100th are full) for ddpviz.watch or ddpviz's DistributedDataParallel.")
+            "unknown.\nRecord with recording=ddpviz.Recording(every=1) (or the default, every=100, "
+            "whose first steps and every 100th are full) for ddpviz.watch or ddpviz's "
+            "DistributedDataParallel.")
     order: list[int] = list(rebuilt_events[0].grad_ready_order) if rebuilt_events else []
     if not order:
         first = min(records)

@@ -7,8 +7,9 @@ rank 0's state in coalesced chunks; buckets.py (4) derives torch's byte limits a
 parameters to buckets exactly as torch's C++ does; reducer.py (5-6) registers the gradient
 hooks, fills bucket buffers, all-reduces them (through comm.py's hooks and GradBucket) and
 rebuilds the buckets once, its bucket buffers and views in bucket_views.py and every failure
-text in failure_texts.py; detail.py decides which steps record a GradReady per parameter and
-which a GradsSummarized per bucket (`detail=`); forward.py is the forward-side work (outputs,
+text in failure_texts.py; detail.py holds the recording policy (`ddpviz.Recording`,
+`recording=`) and decides which steps record a GradReady per parameter and which a
+GradsSummarized per bucket; forward.py is the forward-side work (outputs,
 the unused-parameter search). Alongside: watchdog.py names lagging or missing ranks before the
 process group times out (pulse.py posts its heartbeats from a daemon thread); logger.py keeps
 torch's logging data; mixed_precision.py, buffer_identity.py and initial_values.py are the

@@ -25,7 +25,7 @@ from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.comm import check_comm_hook
 from ddpviz.engine.compiler import keep_ddpviz_eager
-from ddpviz.engine.detail import DetailPolicy, FindingObserver
+from ddpviz.engine.detail import DetailPolicy, FindingObserver, Recording, resolve_recording
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
@@ -88,12 +88,16 @@ class DistributedDataParallel(nn.Module, Joinable):
             the missing or lagging ones named (RankHangError); default
             $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout (at most 300 s); 0
             turns the watchdog off.
-        detail: how much of each backward is recorded (See [Note: detail levels] in
-            engine/detail.py): "full" (a GradReady per parameter, every step), "buckets" (a
-            GradsSummarized per bucket instead: count, bytes, first and last ready time),
-            "sampled" (default; "sampled:N" for another period): full on steps 0-2, the
-            rebuild step, every 100th step and around this rank's findings, buckets otherwise.
-            Default $DDPVIZ_DETAIL (for launched and torchrun ranks), else "sampled".
+        recording: what is recorded of each backward, a `ddpviz.Recording` (See [Note:
+            recording policy] in engine/detail.py): `every=N` (default 100) records a GradReady
+            per parameter on steps 0-2, the rebuild step, every N-th step and around this
+            rank's findings, and a GradsSummarized per bucket (count, bytes, first and last
+            ready time) on the others; `every=1` every step in full, `every=None` summaries
+            only. `guard` changes nothing here: this DDP's all-reduce is Python and always
+            guarded. Default $DDPVIZ_RECORDING (launched and torchrun ranks), else
+            `Recording()`.
+        detail: deprecated (one release): the old level names ("sampled", "full", ...),
+            mapped to `recording=` with a DeprecationWarning naming it.
     """
 
     def __init__(self, module: nn.Module, device_ids: list[int | torch.device] | None = None,
@@ -110,7 +114,8 @@ class DistributedDataParallel(nn.Module, Joinable):
                  bucket_cap_mb_list: list[float] | None = None,
                  batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None,
                  *, emitter: Emitter | None = None,
-                 hang_timeout: float | None = None, detail: str | None = None) -> None:
+                 hang_timeout: float | None = None, recording: Recording | None = None,
+                 detail: str | None = None) -> None:
         super().__init__()
         Joinable.__init__(self)
         keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile]
@@ -120,7 +125,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.process_group = self._choose_group(process_group, device_mesh, module)
         if device_mesh is not None:
             self.device_mesh = device_mesh  # torch keeps it public (only when given)
-        self._detail = DetailPolicy.resolve(detail)
+        self._detail = DetailPolicy.of(resolve_recording(
+            recording, detail, where="DistributedDataParallel()", stacklevel=2))
         target = emitter if emitter is not None else default_emitter()
         if target is not None and self._detail.level == "sampled":
             target = FindingObserver(target, _finding_callback(weakref.ref(self)))
@@ -806,7 +812,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__setstate__(state)
         self.__dict__.setdefault("require_forward_param_sync", True)
         self.__dict__.setdefault("require_backward_grad_sync", True)
-        self.__dict__.setdefault("_detail", DetailPolicy.resolve(None))
+        if "_detail" not in self.__dict__:
+            self._detail = DetailPolicy.of(resolve_recording(None, where="torch.load"))
         self._tap = Tap(None, rank=self.process_group.rank())
         # Unpickling happens on one rank at a time (torch.load): no constructor meeting point.
         self._watchdog = Watchdog(self.process_group, timeout=None, tap=self._tap)

@@ -1,13 +1,16 @@
-"""Detail levels at the source: which steps record a GradReady per parameter and which only a
-GradsSummarized per bucket. See [Note: detail levels].
+"""The recording policy (`ddpviz.Recording`, `recording=`, $DDPVIZ_RECORDING) and, at the
+source, which steps record a GradReady per parameter and which only a GradsSummarized per
+bucket. See [Note: recording policy] and [Note: detail levels].
 
-Shared by ddpviz's DistributedDataParallel (`detail=`, engine/reducer.py) and `watch()`.
+Shared by ddpviz's DistributedDataParallel (engine/reducer.py), `watch()` and `ddpviz record`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -15,7 +18,8 @@ from ddpviz.events import Emitter, Event, FindingReported, GradReady, GradsSumma
 
 Level = Literal["full", "buckets", "sampled"]
 LEVELS: tuple[Level, ...] = ("full", "buckets", "sampled")
-ENV_DETAIL = "DDPVIZ_DETAIL"
+ENV_RECORDING = "DDPVIZ_RECORDING"
+ENV_DETAIL = "DDPVIZ_DETAIL"  # deprecated: the old level names (See [Note: recording policy])
 _now = time.monotonic_ns
 
 # [Note: detail levels]
@@ -35,11 +39,176 @@ _now = time.monotonic_ns
 FIRST_FULL = 3
 EVERY = 100
 
+# [Note: recording policy]
+# Two independent choices, the same words for watch(), ddpviz's DDP, `ddpviz record` and
+# $DDPVIZ_RECORDING (one default, `Recording()`, for every engine):
+#   guard  watch(): its comm hook around each bucket all-reduce (per-bucket all-reduce times,
+#          a hang raised from backward() as RankHangError, a GradsSummarized per bucket on the
+#          steps without per-parameter detail) or none (torch's C++ reduction untouched, the
+#          hang named by engine/quiet.py). ddpviz's DDP is always guarded: its all-reduce is
+#          Python already, so the guard costs it nothing and `guard` changes nothing there.
+#   every  which steps record a GradReady per parameter: 1 every step, N (default 100) steps
+#          0..FIRST_FULL-1, the rebuild, every N-th and around a finding, None no step.
+# The per-bucket summaries are not a third choice: they come with the guard, whose comm hook
+# sees every bucket anyway (without it, a summary would need a hook per parameter on every
+# step, which is what the hook-less recording avoids).
+# The old level names map exactly (OLD_SPELLINGS) and still work for one release, with a
+# DeprecationWarning naming the new spelling.
 
-def parse_level(value: str, *, where: str, also: str = "",
-                default: str = "sampled") -> tuple[Level, int]:
-    """`"full" | "buckets" | "sampled" | "sampled:N"` -> (level, every). `where` names the
-    argument in the error ("detail=", "$DDPVIZ_DETAIL"); `also` names further choices."""
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recording:
+    """What ddpviz records of each backward, and whether watch() guards the all-reduce.
+
+    Args:
+        guard: watch() puts its comm hook around each bucket all-reduce: per-bucket all-reduce
+            times, a GradsSummarized per bucket on the steps without per-parameter detail, and
+            a hang in backward raised from backward() as `ddpviz.RankHangError`. False (the
+            default): no comm hook, torch's C++ reduction runs untouched, a hang is named by
+            ddpviz's pulse thread but raised by torch at the process group's timeout.
+            ddpviz's DistributedDataParallel is always guarded (its all-reduce is Python).
+        every: which steps record a GradReady per parameter: N (default 100) on steps 0-2,
+            the bucket-rebuild step, every N-th step and the step of this rank's finding and
+            the next; 1 every step; None no step.
+
+    In the environment (launched and torchrun ranks, `ddpviz record`):
+    `DDPVIZ_RECORDING="guard,every=100"`, `"every=1"`, `"guard,every=never"` (see `parse`).
+    """
+
+    guard: bool = False
+    every: int | None = EVERY
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.guard, bool):
+            raise TypeError(f"ddpviz: Recording(guard={self.guard!r}) is not a bool.\nUse "
+                            "guard=True (watch's comm hook) or guard=False.")
+        if self.every is not None and (isinstance(self.every, bool)
+                                       or not isinstance(self.every, int) or self.every < 1):
+            raise ValueError(f"ddpviz: Recording(every={self.every!r}) is not a step period.\n"
+                             "Use every=N (N >= 1; 1: every step) or every=None (no "
+                             "per-parameter events).")
+
+    def __str__(self) -> str:
+        """The $DDPVIZ_RECORDING spelling."""
+        every = "never" if self.every is None else str(self.every)
+        return ("guard," if self.guard else "") + f"every={every}"
+
+    def spelled(self) -> str:
+        """The Python spelling, as advice and warnings show it."""
+        return f"ddpviz.Recording(guard={self.guard}, every={self.every})"
+
+    @classmethod
+    def parse(cls, text: str, *, where: str = f"${ENV_RECORDING}=") -> Recording:
+        """`"guard,every=100"`: comma-separated, any order, each at most once; `guard` (or
+        `guard=true|false|1|0|on|off`), `every=N` or `every=never`; what is left out keeps its
+        default; "" is the default."""
+        guard = False
+        every: int | None = EVERY
+        seen: set[str] = set()
+        for raw in text.split(","):
+            item = raw.strip().lower()
+            if not item:
+                continue
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            ok = key not in seen
+            seen.add(key)
+            if key == "guard" and ok:
+                flags = {"": True, "true": True, "1": True, "on": True, "yes": True,
+                         "false": False, "0": False, "off": False, "no": False}
+                ok = (value in flags) and (bool(value) or not eq)
+                guard = flags.get(value, False)
+            elif key == "every" and eq and ok:
+                if value in ("never", "none"):
+                    every = None
+                else:
+                    try:
+                        every = int(value)
+                    except ValueError:
+                        every = 0
+                    ok = every >= 1
+            else:
+                ok = False
+            if not ok:
+                old = _OLD_SPELLINGS.get(item.partition(":")[0])
+                hint = (f"\n{item!r} is an old level name: write {_old(item)!s}."
+                        if old is not None and _old(item) is not None else "")
+                raise ValueError(
+                    f"ddpviz: {where}{text!r} is not a recording policy ({raw.strip()!r}: "
+                    "expected 'guard', 'guard=false', 'every=N' with N >= 1 or 'every=never', "
+                    f"each at most once, comma-separated).{hint}\nUse e.g. "
+                    f"'{Recording()}' (the default), 'guard,every=100' or 'every=1'.")
+        return cls(guard, every)
+
+
+# The old level names: (guard, every); `None` in every = no per-parameter step; ":N" -> every.
+_OLD_SPELLINGS: dict[str, tuple[bool, int | None]] = {
+    "light": (False, EVERY), "steps": (False, None), "sampled": (True, EVERY),
+    "full": (True, 1), "params": (True, 1), "buckets": (True, None)}
+
+
+def _old(value: str) -> Recording | None:
+    name, colon, n = value.strip().lower().partition(":")
+    spelled = _OLD_SPELLINGS.get(name)
+    if spelled is None or (colon and name not in ("light", "sampled")):
+        return None
+    every = spelled[1]
+    if colon:
+        try:
+            every = int(n)
+        except ValueError:
+            return None
+        if every < 1:
+            return None
+    return Recording(spelled[0], every)
+
+
+def from_old(value: str, *, where: str, env: bool = False, stacklevel: int = 2) -> Recording:
+    """An old level name (`detail="sampled:7"`, $DDPVIZ_DETAIL) as its Recording, with a
+    DeprecationWarning that names the new spelling; a ValueError for anything else."""
+    rec = _old(value)
+    if rec is None:
+        raise ValueError(
+            f"ddpviz: {where}{value!r} is not a detail level (and `detail=` / ${ENV_DETAIL} "
+            "are deprecated).\n" + (f"Set {ENV_RECORDING}, e.g. '{Recording()}' (the default) "
+                                     "or 'guard,every=100'." if env else
+                                     "Pass recording=ddpviz.Recording(guard=..., every=...), "
+                                     "e.g. ddpviz.Recording() (the default)."))
+    new = f"{ENV_RECORDING}={rec}" if env else f"recording={rec.spelled()}"
+    warnings.warn(f"ddpviz: {where}{value!r} is deprecated and goes in the next release; use "
+                  f"{new} (the same recording).", DeprecationWarning, stacklevel=stacklevel + 1)
+    return rec
+
+
+def resolve_recording(recording: Recording | None, detail: str | None = None, *,
+                      where: str, stacklevel: int = 2) -> Recording:
+    """The recording from `recording=`, else the deprecated `detail=`, else $DDPVIZ_RECORDING,
+    else the deprecated $DDPVIZ_DETAIL, else `Recording()`. `where` names the call
+    ("watch()")."""
+    if recording is not None and detail is not None:
+        raise TypeError(f"ddpviz: {where} got both recording= and detail=.\nPass recording= "
+                        "only (detail= is its deprecated old spelling).")
+    if recording is not None:
+        if not isinstance(recording, Recording):
+            raise TypeError(f"ddpviz: {where} recording={recording!r} is not a "
+                            "ddpviz.Recording.\nPass e.g. recording=ddpviz.Recording(guard=True, "
+                            "every=100); the string form is $DDPVIZ_RECORDING's.")
+        return recording
+    if detail is not None:
+        return from_old(detail, where=f"{where} detail=", stacklevel=stacklevel + 1)
+    raw = os.environ.get(ENV_RECORDING, "")
+    if raw.strip():
+        return Recording.parse(raw)
+    raw = os.environ.get(ENV_DETAIL, "")
+    if raw.strip():
+        return from_old(raw, where=f"${ENV_DETAIL}=", env=True, stacklevel=stacklevel + 1)
+    return Recording()
+
+
+def parse_level(value: str, *, where: str) -> tuple[Level, int]:
+    """`DetailPolicy.describe()`'s spelling, `"full" | "buckets" | "sampled:N"`, back to
+    (level, every): the per-step policy inside the engine, read by benchmarks/bench_fleet.py.
+    Users spell a `Recording` (its `parse` reads $DDPVIZ_RECORDING)."""
     text = value.strip().lower()
     name, _, every_text = text.partition(":")
     every = EVERY
@@ -50,21 +219,10 @@ def parse_level(value: str, *, where: str, also: str = "",
             every = 0
     if name not in LEVELS or (every_text and name != "sampled") or every < 1:
         raise ValueError(
-            f"ddpviz: {where}{value!r} is not a detail level; expected 'full', 'buckets', "
-            f"'sampled' or 'sampled:N' (N >= 1: every N-th step full){also}.\nUse '{default}' (the "
-            "default) for long or large jobs, 'full' to record every gradient hook.")
+            f"ddpviz: {where}{value!r} is not a per-step policy; expected 'full', 'buckets', "
+            "'sampled' or 'sampled:N' (N >= 1: every N-th step full).\nUse one of those "
+            "(DetailPolicy.describe() spells them).")
     return name, every
-
-
-def resolve_level(detail: str | None) -> tuple[Level, int]:
-    """The level from `detail=`, else $DDPVIZ_DETAIL (launched and torchrun ranks), else
-    'sampled'."""
-    if detail is not None:
-        return parse_level(detail, where="detail=")
-    raw = os.environ.get(ENV_DETAIL, "").strip()
-    if raw:
-        return parse_level(raw, where=f"${ENV_DETAIL}=")
-    return "sampled", EVERY
 
 
 class DetailPolicy:
@@ -81,9 +239,13 @@ class DetailPolicy:
         self._rebuild_steps: set[int] = set()
 
     @classmethod
-    def resolve(cls, detail: str | None) -> DetailPolicy:
-        level, every = resolve_level(detail)
-        return cls(level, every)
+    def of(cls, recording: Recording) -> DetailPolicy:
+        """The per-step policy of `recording` (its `every`; the guard is the caller's)."""
+        if recording.every is None:
+            return cls("buckets")
+        if recording.every == 1:  # the same steps as sampled:1, without keeping a log
+            return cls("full")
+        return cls("sampled", recording.every)
 
     def full(self, step: int) -> bool:
         """Whether `step` records a GradReady per parameter."""

@@ -1,26 +1,25 @@
 """The quiet guard: names the ranks a DDP step waits for when the wait itself is invisible.
 
 [Note: the quiet guard]
-watch()'s levels without a comm hook ("light", "steps") leave torch's C++ reducer alone, so the
-training thread waits for the bucket all-reduces inside C++, where no Python deadline can run
-and nothing can interrupt it before the process group's own timeout (30 minutes by default).
-What stays visible is each rank's heartbeat: the step whose forward it ran last (pulse.py posts
-it). So the rank's pulse thread, which already wakes every CHECK_S, looks at how long ago this
-rank's last beat was. A rank whose backward waits for a peer is quiet from that forward on;
-once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it reads the
-other ranks' positions (one store round trip each time, never in a step that keeps moving) and
-names those that have not reached its step: a live `rank_waiting` finding first, then a
-`rank_hang` error finding, each emitted (the dashboard, a trace file) and warned on stderr. It
-also posts this rank as waiting in the step's all-reduce, so that a verdict another rank reaches
-in a wait it guards (a buffer broadcast the laggard never came to) counts this rank as waiting,
-not as lagging.
-Nothing is raised (the training thread is inside torch) and no alert is posted: a peer that
-turns up late, before the process group's timeout, finishes the step as torch would have, and
-a peer that does not is left to torch's own timeout error, now with its name already on record.
-A rank quiet because the job moved on (evaluation, the end of training) finds every peer at its
-step or past it and reports nothing. A rank quiet in a wait the watchdog guards itself (the
-buffer broadcast, the rebuild's meeting point) is skipped: that wait reports and raises on its
-own.
+watch() without the guard (`Recording(guard=False)`: no comm hook) leaves torch's C++ reducer
+alone, so the training thread waits for the bucket all-reduces inside C++, where no Python
+deadline can run and nothing can interrupt it before the process group's own timeout (30 minutes
+by default). What stays visible is each rank's heartbeat: the step whose forward it ran last
+(pulse.py posts it). So the rank's pulse thread, which already wakes every CHECK_S, looks at how
+long ago this rank's last beat was. A rank whose backward waits for a peer is quiet from that
+forward on; once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it
+reads the other ranks' positions (one store round trip each time, never in a step that keeps
+moving) and names those that have not reached its step: a live `rank_waiting` finding first,
+then a `rank_hang` error finding, each emitted (the dashboard, a trace file) and warned on
+stderr. It also posts this rank as waiting in the step's all-reduce, so that a verdict another
+rank reaches in a wait it guards (a buffer broadcast the laggard never came to) counts this rank
+as waiting, not as lagging. Nothing is raised (the training thread is inside torch) and no alert
+is posted: a peer that turns up late, before the process group's timeout, finishes the step as
+torch would have, and a peer that does not is left to torch's own timeout error, now with its
+name already on record. A rank quiet because the job moved on (evaluation, the end of training)
+finds every peer at its step or past it and reports nothing. A rank quiet in a wait the watchdog
+guards itself (the buffer broadcast, the rebuild's meeting point) is skipped: that wait reports
+and raises on its own.
 """
 
 from __future__ import annotations
@@ -100,7 +99,8 @@ class QuietGuard:
                    f"{self.timeout:g}s; rank {dog.rank} has waited since its forward"),
             ranks=behind, field="all-reduce", step=step, values=values,
             detail=(f"named by rank {dog.rank}'s watcher thread: {after}; "
-                    "watch(detail='sampled') raises this as RankHangError from backward() "
+                    "watch(recording=ddpviz.Recording(guard=True)) raises this as RankHangError "
+                    "from backward() "
                     "instead",),
             fix=fix_for("rank_hang", "behind"), world_size=dog.world_size)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from tests.recordings import recording
+
 
 def mlp(widths: tuple[int, ...] = (32, 64, 64, 64, 8)) -> Any:
     import torch
@@ -29,10 +31,10 @@ def record_ddpviz(rank: int, world_size: int, steps: int, cap_mb: float | None,
     model = mlp()
     if torch_ddp:
         ddp: Any = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
-        watch = ddpviz.watch(ddp, emitter=events.append, detail="full")
+        watch = ddpviz.watch(ddp, emitter=events.append, recording=recording("full"))
     else:
         ddp = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap_mb, emitter=events.append,
-                                             detail="full")
+                                             recording=recording("full"))
         watch = None
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     torch.manual_seed(1 + rank)

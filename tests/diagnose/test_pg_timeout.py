@@ -20,6 +20,7 @@ from ddpviz.engine.watchdog import (
     resolve_hang_timeout,
 )
 from tests.dist.harness import RankFailed, run_ranks
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -87,7 +88,7 @@ def never_ranks(rank: int, world_size: int, kind: str) -> dict[str, Any]:
             ddpviz.DistributedDataParallel(model, emitter=emit)
         else:
             ddp = nn.parallel.DistributedDataParallel(model)
-            w = ddpviz.watch(ddp, emitter=emit, detail=kind.removeprefix("watch-"))
+            w = ddpviz.watch(ddp, emitter=emit, recording=recording(kind.removeprefix("watch-")))
             if odd:
                 time.sleep(PG_TIMEOUT + 4)  # stuck outside DDP: never reaches the backward
                 return out

@@ -25,6 +25,7 @@ from ddpviz.errors import RankMismatchError
 from ddpviz.findings import Finding
 from tests.diagnose.scenario_models import MODEL_DEFECTS, Net
 from tests.dist.harness import RankFailed, run_ranks
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -260,7 +261,7 @@ def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool,
         model.defect = "unused"
     events: list[Any] = []
     w = ddpviz.watch(ddp, emitter=events.append, hang_timeout=HANG,
-                     detail=detail) if use_ddpviz else None
+                     recording=recording(detail)) if use_ddpviz else None
     steps = 2 if situation == "uneven" and odd else 3
     out: dict[str, Any] = {"pid": os.getpid(), "error": "no error", "findings": []}
     start = time.monotonic()

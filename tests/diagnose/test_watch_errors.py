@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.dist.harness import run_ranks
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -38,7 +39,7 @@ def error_ranks(rank: int, world_size: int, situation: str, detail: str) -> dict
     model = Branchy("unused" if situation == "unused" and odd else "none")
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0003)
     w = ddpviz.watch(ddp, emitter=lambda e: None, hang_timeout=HANG,
-                     detail=detail)  # type: ignore[arg-type]
+                     recording=recording(detail))
     out: dict[str, Any] = {"type": None, "text": "", "same_as_watch_error": False}
     start = time.monotonic()
     try:

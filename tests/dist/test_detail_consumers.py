@@ -1,5 +1,5 @@
 """Steps recorded at an aggregated detail level (GradsSummarized per bucket, no GradReady),
-drawn by every consumer, on a real 2-rank gloo run of ddpviz's DDP at detail="sampled:3": the
+drawn by every consumer, on a real 2-rank gloo run of ddpviz's DDP at Recording(every=3): the
 event model (live `feed` and trace `feed_table`) holds exactly the summaries the ranks emitted,
 the hook timeline draws one span per bucket from its first to its last gradient ready with a
 note and "not recorded" for the firing order, the report and the Chrome export carry one
@@ -38,7 +38,8 @@ def _rank(rank: int, world_size: int) -> bytes:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(24, 24) for _ in range(5)], nn.Linear(24, 4))
     events: list[ev.Event] = []
-    ddp = ddpviz.DistributedDataParallel(model, emitter=events.append, detail="sampled:3",
+    ddp = ddpviz.DistributedDataParallel(model, emitter=events.append,
+                                         recording=ddpviz.Recording(every=3),
                                          hang_timeout=0, bucket_cap_mb=0.004)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     for step in range(STEPS):

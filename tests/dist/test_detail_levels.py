@@ -1,8 +1,10 @@
-"""Detail levels at the source (`detail=` of ddpviz's DDP and of watch(); engine/detail.py), on
-2 real gloo ranks: gradients stay bitwise torch's at every level, the per-bucket aggregates of
-the "buckets" level equal the GradReady events of a "full" run of the same deterministic model
-aggregated per bucket, "sampled" records the documented steps in full, a finding makes its
-step full after the fact, and diagnosis says which steps' per-parameter events are missing."""
+"""Recording policies at the source (`recording=` of ddpviz's DDP and of watch();
+engine/detail.py), on 2 real gloo ranks: gradients stay bitwise torch's at every policy, the
+per-bucket aggregates of guard with every=None ("buckets") equal the GradReady events of an
+every=1 ("full") run of the same deterministic model aggregated per bucket, every=3 ("sampled")
+records the documented steps in full, a finding makes its step full after the fact, diagnosis
+says which steps' per-parameter events are missing, and the old `detail=` names still work with
+a DeprecationWarning (one release)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ from tests.dist.harness import run_ranks
 pytestmark = pytest.mark.dist
 
 STEPS = 8
+# Result labels (the old level names) and the recording each stands for.
 LEVELS = ("full", "buckets", "sampled:3")
 WATCH_LEVELS = ("params", "buckets", "sampled:3", "light:3")
+RECORDINGS = {"full": (True, 1), "params": (True, 1), "buckets": (True, None),
+              "sampled:3": (True, 3), "light:3": (False, 3)}  # (guard, every)
 # sampled:3 over 8 steps: 0-2 (the first iterations, the rebuild at step 1), every 3rd (0, 3,
 # 6); the rest is aggregated. See [Note: detail levels] in engine/detail.py.
 SAMPLED_FULL = {0, 1, 2, 3, 6}
@@ -59,21 +64,28 @@ def _plain(events: list[ev.Event]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _levels(rank: int, world_size: int) -> dict[str, Any]:
+    import warnings
+
     import ddpviz
     from ddpviz.findings import Finding
+
+    def rec(level: str) -> ddpviz.Recording:
+        return ddpviz.Recording(*RECORDINGS[level])
 
     out: dict[str, Any] = {}
     cap = {"bucket_cap_mb": 0.004}  # ~1,000 floats a bucket: several buckets after the rebuild
     out["torch"] = _train(nn.parallel.DistributedDataParallel(_model(), **cap), rank)
     for level in LEVELS:
         events: list[ev.Event] = []
-        ddp = ddpviz.DistributedDataParallel(_model(), emitter=events.append, detail=level,
+        ddp = ddpviz.DistributedDataParallel(_model(), emitter=events.append,
+                                             recording=rec(level),
                                              hang_timeout=0, **cap)
         out[level] = (_train(ddp, rank), _plain(events))
     # A finding reported at step 4 (aggregated in sampled:3): step 4 gets its GradReady events
     # after the fact, and step 5 is full.
     events = []
-    ddp = ddpviz.DistributedDataParallel(_model(), emitter=events.append, detail="sampled:3",
+    ddp = ddpviz.DistributedDataParallel(_model(), emitter=events.append,
+                                         recording=rec("sampled:3"),
                                          hang_timeout=0, **cap)
     finding = Finding(kind="buffer_reassigned", severity="warning", title="planted", ranks=(rank,))
     out["finding"] = (_train(ddp, rank, 4, lambda: ddp._tap.emit(ev.FindingReported, finding)),
@@ -84,7 +96,7 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
         user: list[int] = []  # a user's gradient hook on one parameter, before watch()
         first = next(tddp.parameters())
         first.register_hook(lambda g: user.append(1))
-        w = ddpviz.watch(tddp, emitter=events.append, detail=level, hang_timeout=0)
+        w = ddpviz.watch(tddp, emitter=events.append, recording=rec(level), hang_timeout=0)
         out["watch-" + level] = (_train(tddp, rank), _plain(events))
         # after an unsampled step, light has left nothing installed on the parameters (a
         # removed hook's dict would still be called by every backward): only the user's
@@ -97,9 +109,31 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
     for level, name in (("sampled:3", "watch-finding"), ("light:3", "watch-light-finding")):
         events = []
         tddp = nn.parallel.DistributedDataParallel(_model(), **cap)
-        w = ddpviz.watch(tddp, emitter=events.append, detail=level, hang_timeout=0)
+        w = ddpviz.watch(tddp, emitter=events.append, recording=rec(level), hang_timeout=0)
         out[name] = (_train(tddp, rank, 4, lambda w=w: w.tap.emit(ev.FindingReported, finding)),
                      _plain(events))
+        w.close()
+    # The old names (one release): the same recording, and a DeprecationWarning naming it;
+    # "light" was a ValueError for ddpviz's DDP and is now the same recording for both.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w = ddpviz.watch(nn.parallel.DistributedDataParallel(_model()), detail="light:3",
+                         hang_timeout=0)
+        ddp = ddpviz.DistributedDataParallel(_model(), detail="light", hang_timeout=0)
+    out["deprecated"] = (str(w.recording), ddp._detail.describe(),
+                         [(c.category.__name__, str(c.message), c.filename) for c in caught])
+    w.close()
+    # The strategy is chosen once, from the recording, also when Watch is created directly
+    # (as `ddpviz record` does).
+    out["strategies"] = []
+    for recording in (ddpviz.Recording(), ddpviz.Recording(every=None),
+                      ddpviz.Recording(guard=True), None):
+        tddp = nn.parallel.DistributedDataParallel(_model())
+        w = (ddpviz.watch(tddp, recording=recording, hang_timeout=0) if recording is not None
+             else ddpviz.Watch(tddp, emitter=None, hook=None, state=None, hang_timeout=0))
+        out["strategies"].append((type(w).__name__, str(w.recording),
+                                  bool(getattr(tddp, "_comm_hooks", None)) or
+                                  "register_comm_hook" in tddp.__dict__))
         w.close()
     return out
 
@@ -283,7 +317,7 @@ def test_diagnosis_says_which_light_steps_have_no_gradient_events(runs: dict[int
 
     (f,) = found("watch-light:3")  # steps 4, 5 and 7 unhooked; 7 is each rank's last forward
     assert f.severity == "info" and f.ranks == (0, 1)
-    assert "no gradient events at 2 steps (4-5)" in f.title and "'light'" in f.detail[0]
+    assert "no gradient events at 2 steps (4-5)" in f.title and "Recording.every" in f.detail[0]
     assert found("watch-params") == []
 
 
@@ -294,6 +328,28 @@ def test_diagnosis_says_which_steps_were_not_recorded(runs: dict[int, Any]) -> N
     assert len(found) == 1
     f = found[0]
     assert f.kind == "grad_order" and f.severity == "info" and f.ranks == (0, 1)
-    assert "3 steps (4-5, 7)" in f.title and "detail='full'" in f.fix
+    assert "3 steps (4-5, 7)" in f.title and "Recording(every=1)" in f.fix
     full = [msgspec.convert(f, ev.ANY_EVENT) for res in runs.values() for _, f in res["full"][1]]
     assert not [f for f in diagnose_events(full) if f.field == "not_recorded"]
+
+
+def test_old_detail_names_still_work_with_a_deprecation_naming_the_new_spelling(
+        runs: dict[int, Any]) -> None:
+    for rank, res in runs.items():
+        recording, engine_level, caught = res["deprecated"]
+        assert recording == "every=3", rank  # light:3 is the hook-less every=3
+        assert engine_level == "sampled:100", rank  # light: no longer a ValueError here
+        assert [c[0] for c in caught] == ["DeprecationWarning", "DeprecationWarning"], caught
+        assert "watch() detail='light:3' is deprecated" in caught[0][1]
+        assert "recording=ddpviz.Recording(guard=False, every=3)" in caught[0][1]
+        assert "DistributedDataParallel() detail='light' is deprecated" in caught[1][1]
+        assert "recording=ddpviz.Recording(guard=False, every=100)" in caught[1][1]
+        assert all(c[2] == __file__ for c in caught), caught  # points at the caller's line
+
+
+def test_the_strategy_is_chosen_from_the_recording(runs: dict[int, Any]) -> None:
+    for res in runs.values():
+        assert res["strategies"] == [("HooklessWatch", "every=100", False),
+                                     ("ForwardsOnlyWatch", "every=never", False),
+                                     ("GuardedWatch", "guard,every=100", True),
+                                     ("HooklessWatch", "every=100", False)]  # Watch(...)

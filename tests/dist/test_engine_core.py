@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from tests.dist.harness import run_ranks
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -107,7 +108,8 @@ def _compare_with_torch(rank: int, world_size: int) -> dict[str, Any]:
         out[name] = [torch.equal(a, b) for a, b in zip(theirs, ours, strict=True)]
     out["emit_calls_without_emitter"] = list(built)
     events: list[Any] = []
-    _train(DistributedDataParallel, rank, "default", emitter=events.append, detail="full")
+    _train(DistributedDataParallel, rank, "default", emitter=events.append,
+           recording=recording("full"))
     out["event_names"] = [type(e).__name__ for e in events]
     out["event_steps"] = sorted({e.step for e in events})
     out["maps_torch"] = _bucket_maps(TorchDDP, rank)

@@ -22,6 +22,7 @@ from torch import nn
 
 from tests.dist.harness import run_ranks
 from tests.polling import eventually
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -53,7 +54,7 @@ def quiet_ranks(rank: int, world_size: int, detail: str) -> dict[str, Any]:
 
     ddp = nn.parallel.DistributedDataParallel(_model())
     twin = nn.parallel.DistributedDataParallel(_model())
-    w = ddpviz.watch(ddp, emitter=emit, hang_timeout=4, detail=detail)  # type: ignore[arg-type]
+    w = ddpviz.watch(ddp, emitter=emit, hang_timeout=4, recording=recording(detail))
     g = torch.Generator().manual_seed(rank)
     with warnings.catch_warnings(record=True) as warned:  # (process-wide: the pulse thread's)
         warnings.simplefilter("always")

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.dist.harness import run_ranks
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -38,7 +39,7 @@ def thread_ranks(rank: int, world_size: int, detail: str) -> dict[str, Any]:
     seen: list[tuple[str, int, int]] = []  # (event, bucket, thread)
     ddp = nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.0005)
     twin = nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.0005)
-    w = ddpviz.watch(ddp, detail=detail,  # type: ignore[arg-type]
+    w = ddpviz.watch(ddp, recording=recording(detail),
                      emitter=lambda e: seen.append((type(e).__name__, getattr(e, "bucket", -1),
                                                     threading.get_ident())))
     g = torch.Generator().manual_seed(rank)
@@ -70,7 +71,7 @@ def interrupt_ranks(rank: int, world_size: int) -> dict[str, Any]:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored when run in background
     store = dist.distributed_c10d._get_default_store()
     ddp = nn.parallel.DistributedDataParallel(_model())
-    w = ddpviz.watch(ddp, emitter=lambda e: None, hang_timeout=45, detail="buckets")
+    w = ddpviz.watch(ddp, emitter=lambda e: None, hang_timeout=45, recording=recording("buckets"))
     g = torch.Generator().manual_seed(rank)
     xs = [torch.randn(4, 8, generator=g) for _ in range(3)]
     ddp(xs[0]).sum().backward()

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from tests.dist.harness import run_ranks
+from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
@@ -169,7 +170,7 @@ def _run_case(rank: int, world_size: int, case: Case) -> str | None:
     w = ddpviz.watch(watched, emitter=lambda e: None, hang_timeout=60,
                      hook=allreduce_hook if case.hook == "arg" else None,
                      state=dist.group.WORLD if case.hook == "arg" else None,
-                     detail=case.detail)  # type: ignore[arg-type]
+                     recording=recording(case.detail))
     if case.hook == "after":
         watched.register_comm_hook(dist.group.WORLD, allreduce_hook)
     if case.hook == "builtin":

@@ -13,6 +13,7 @@ from torch import nn
 
 from tests.dist.models import ZOO, Batch
 from tests.dist.test_engine_fidelity import HOOKS, SEED, SETTINGS
+from tests.recordings import recording
 
 STEPS = 4
 WATCH_DETAILS = ("light", "sampled")
@@ -112,7 +113,7 @@ def watch_ranks(rank: int, world_size: int, cases: list[tuple[str, str]]
             watched_module = copy.deepcopy(base)
             watched = nn.parallel.DistributedDataParallel(watched_module, **kwargs)
             hook = SETTINGS[setting].hook
-            w = ddpviz.watch(watched, emitter=events.append, detail=detail,
+            w = ddpviz.watch(watched, emitter=events.append, recording=recording(detail),
                              hook=HOOKS[hook] if hook else None)
             got = _train(watched, watched_module, model, setting, rank, device,
                          register_hook=False)

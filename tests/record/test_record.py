@@ -149,9 +149,25 @@ def test_a_rank_that_never_constructs_ddp_is_named_before_the_group_timeout(
     assert found[0].ranks == (1,) and found[1].ranks == (1,)
 
 
-def test_record_without_a_command_or_with_both_targets_says_how() -> None:
+def test_recording_sets_the_policy_for_every_rank(python: str, tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--recording", "every=never", "--out",
+                str(out), "--", python, str(SCRIPT)], job_env(TRAIN_PORT=str(free_port())))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Deprecat" not in done.stderr
+    counts = kinds(ddpviz.Trace.load(out / "ddpviz-trace-rank0.ddpviz"))
+    assert counts["ForwardStarted"] == 3  # forwards only: no per-parameter hook, no comm hook
+    assert counts["GradReady"] == counts["AllReduceDone"] == counts["GradsSummarized"] == 0
+
+
+def test_record_without_a_command_or_with_both_targets_says_how(
+        capsys: pytest.CaptureFixture[str]) -> None:
     from ddpviz.cli import main
 
+    assert main(["record", "--recording", "sampled", "--", sys.executable, "-c", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--recording 'sampled' is not a recording policy" in err
+    assert "old level name: write guard,every=100" in err
     assert main(["record", "--"]) == 2
     with pytest.raises(SystemExit):
         main(["record", "--connect", "x", "--out", "y", "--", sys.executable, "-c", "0"])

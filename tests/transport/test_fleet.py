@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_fleet
 
-from ddpviz.engine.detail import resolve_level
+from ddpviz.engine.detail import DetailPolicy, resolve_recording
 
 pytestmark = pytest.mark.dist
 
@@ -24,8 +24,9 @@ STEPS = 5  # steps 0-2 full (1,078 events a rank), 3-4 aggregated (103) at the d
 def test_sixteen_ranks_at_the_default_level_arrive_without_loss(monkeypatch: pytest.MonkeyPatch
                                                                  ) -> None:
     monkeypatch.delenv("DDPVIZ_DETAIL", raising=False)
-    level, every = resolve_level(None)
-    r = bench_fleet.run_fleet(16, f"{level}:{every}", steps=STEPS, procs=4, timeout=240)
+    monkeypatch.delenv("DDPVIZ_RECORDING", raising=False)
+    level = DetailPolicy.of(resolve_recording(None, where="test")).describe()
+    r = bench_fleet.run_fleet(16, level, steps=STEPS, procs=4, timeout=240)
     assert r.emitted == 16 * (3 * 1078 + 2 * 103)
     assert r.dropped == 0
     assert r.gaps == 0

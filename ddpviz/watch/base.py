@@ -1,0 +1,427 @@
+"""`Watch`: what watch() does at every recording (parameters and bucket maps, the wrapped
+forward, heartbeats, the guarded buffer broadcast and the bucket rebuild's meeting point, the
+end-of-backward checks). Creating a `Watch` creates its strategy, chosen once from the
+recording: `HooklessWatch` (hookless.py) or `GuardedWatch` (guarded.py); the methods the
+strategies fill in do nothing here."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpviz import events as ev
+from ddpviz.engine.broadcast import broadcast_coalesced
+from ddpviz.engine.buffer_identity import BufferIdentity
+from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
+from ddpviz.engine.detail import (
+    DetailPolicy,
+    FindingObserver,
+    GradSummary,
+    Recording,
+    resolve_recording,
+)
+from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.events import Emitter, Tap
+from ddpviz.findings import DiagnosisWarning, Finding, fix_for
+
+_WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
+
+# an all-reduce still running after this plain wait goes to the watchdog's deadline
+_FIRST_WAIT = datetime.timedelta(seconds=0.25)
+
+
+class NotObservableError(RuntimeError):
+    """watch() cannot observe this DDP (how it was built bypasses what ddpviz watches);
+    `ddpviz record` then leaves it unwatched, saying why once."""
+
+    PREFIX = "watch() cannot observe this DDP: "
+
+
+class Watch:
+    """ddpviz's observation of one torch DDP on this rank. Created by `watch`; `Watch(...)`
+    returns the strategy its recording picks (a subclass)."""
+
+    def __new__(cls, ddp: nn.parallel.DistributedDataParallel, *, recording: Recording | None
+                = None, detail: str | None = None, **_: Any) -> Watch:
+        if not isinstance(ddp, nn.parallel.DistributedDataParallel):
+            raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
+                            f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
+                            "reports its events itself: pass it emitter= instead.")
+        rec = resolve_recording(recording, detail, where="watch()", stacklevel=2)
+        if cls is Watch:
+            cls = _strategy(rec)
+        self = super().__new__(cls)
+        self.recording = rec  # read by __init__: resolved (and warned about) once
+        return self
+
+    def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
+                 hook: Callable[..., torch.futures.Future] | None, state: Any,
+                 hang_timeout: float | None, recording: Recording | None = None,
+                 detail: str | None = None,
+                 names: list[str] | None = None, driven: bool = False,
+                 where: str = "ddpviz.watch()") -> None:
+        """`names`: the parameters' dotted names when the DDP's module does not carry them
+        (torch's composable replicate() wraps a ParameterList); `driven`: the DDP's
+        `_pre_forward` is called directly (replicate()), never its forward; `where`: the
+        place every rank meets first, as a missing rank's finding names it."""
+        policy = DetailPolicy.of(self.recording)
+        keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile] (engine/compiler.py)
+        unobservable = not_observable(ddp)
+        if unobservable:
+            raise NotObservableError(f"ddpviz: {NotObservableError.PREFIX}{unobservable}.")
+        if ddp in _WATCHED:
+            raise RuntimeError("ddpviz: this DDP is watched already (watch() was called on it "
+                               "before).\nUse the Watch that call returned, or .close() it "
+                               "first.")
+        existing = list(getattr(ddp, "_comm_hooks", ()))
+        self._refuse(hook, existing)
+        self.ddp = ddp
+        self.group = ddp.process_group
+        self.world_size = self.group.size()
+        target = emitter if emitter is not None else ev.default_emitter()
+        if target is not None and policy.level == "sampled":
+            target = FindingObserver(target, self._on_finding)
+        self.tap = Tap(target, rank=self.group.rank())
+        self._summary = GradSummary(policy, self.tap)
+        entries = build_params_for_reducer(ddp.module, set(ddp.parameters_to_ignore))
+        self.params = [e.param for e in entries]
+        self.names = [e.name for e in entries] if names is None or len(names) != len(
+            entries) else list(names)
+        self._driven = driven
+        self._sparse = [e.sparse_grad for e in entries]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self.buckets: list[list[int]] = []
+        self._bucket_of: dict[int, int] = {}
+        self._forwards = 0
+        self._fired: set[int] = set()
+        self._task = -1  # the backward (graph task) this watch's callbacks are queued in
+        self._rebuilt_seen = False
+        self._learning = False
+        self._closed = False
+        self._bucket_meta: list[tuple[int, str]] = []  # per bucket: bytes, dtype
+        self._handles: list[Any] = []
+        self._post_needed = True  # _post_forward has something to look at
+        self._forward: Callable[..., Any] | None = None  # the DDP's forward, before watch's
+        self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
+        self._lock = threading.Lock()
+        self._init_strategy()
+        timeout = resolve_hang_timeout(hang_timeout, self.group)
+        self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
+        self.watchdog.start(where)
+        try:
+            self._install(hook, state, existing)
+        except BaseException:
+            self.close()  # nothing of a failed attach stays on the DDP
+            raise
+
+    # --- what the strategies fill in ---------------------------------------------------------
+
+    recording: Recording  # set by __new__
+    _track_views = False  # the guarded strategy's gradient_as_bucket_view bookkeeping
+    _grads_before: list[torch.Tensor | None] | None  # (guarded.py) .grad after the forward
+
+    def _init_strategy(self) -> None:
+        """The strategy's own state (before anything is installed)."""
+
+    def _refuse(self, hook: Callable[..., torch.futures.Future] | None,
+                existing: list[Any]) -> None:
+        """Raise for a combination of hooks the strategy cannot run (before the first meeting)."""
+
+    def _take_hook(self, hook: Callable[..., torch.futures.Future] | None, state: Any,
+                   existing: list[Any]) -> None:
+        """Take the user's comm hook (`hook=`, or one registered before watch())."""
+
+    def _hook_params(self) -> None:
+        """Per-parameter hooks installed once, at attach."""
+
+    def _guard(self) -> None:
+        """The hang guard of the backward's all-reduces, last."""
+
+    def _settle_previous(self) -> None:
+        """At a forward (grad enabled), before anything else: what the last backward left."""
+
+    def _arm_step(self, step: int) -> None:
+        """At a forward, after its heartbeat: per-parameter hooks for `step`."""
+
+    def _on_rebuild(self) -> None:
+        """The forward that rebuilt the buckets (its step is now full)."""
+
+    def _backward_begins(self) -> None:
+        """A backward starts (its first hook ran)."""
+
+    def _backward_done(self) -> None:
+        """After torch's reducer finished the backward, before BackwardFinished."""
+
+    def _disarm(self) -> None:
+        """Remove per-step hooks (close())."""
+
+    # --- attach -------------------------------------------------------------------------------
+
+    def _install(self, hook: Callable[..., torch.futures.Future] | None, state: Any,
+                 existing: list[Any]) -> None:
+        ddp = self.ddp
+        self._take_hook(hook, state, existing)
+        self._emit_params()
+        self._read_buckets(rebuilt=False)
+        self._nbytes = [p.numel() * p.element_size() for p in self.params]
+        self._hook_params()
+        self._wrap_forward()
+        if not hasattr(ddp, "buffer_hook") and len(getattr(ddp, "modules_buffers", ())) > 0:
+            from torch.nn.parallel.distributed import _BufferCommHookLocation
+
+            ddp._register_buffer_comm_hook(
+                None, lambda state, buffers: self._sync_buffers(buffers),
+                _BufferCommHookLocation.PRE_FORWARD)
+        _WATCHED.add(ddp)
+        self._guard()
+
+    def _emit_params(self) -> None:
+        if not self.tap.enabled:
+            return
+        infos = tuple(ev.ParamInfo(i, n, tuple(p.shape), str(p.dtype).removeprefix("torch."),
+                                   str(p.device), sparse, p.element_size())
+                      for i, (n, p, sparse) in enumerate(zip(self.names, self.params,
+                                                             self._sparse, strict=True)))
+        buffers = tuple(n for n, _ in build_buffers(self.ddp.module,
+                                                    set(self.ddp.parameters_to_ignore)))
+        self.tap.emit(ev.ParamsBuilt, infos, buffers, tuple(sorted(self.ddp.parameters_to_ignore)))
+
+    def _read_buckets(self, *, rebuilt: bool) -> None:
+        try:
+            buckets = self.ddp.reducer._get_zeros_like_grad_buckets()
+        except RuntimeError:  # a sparse bucket has no tensor before its first backward
+            with self._lock:  # learn the map from the comm hook's buckets instead
+                self.buckets, self._bucket_of, self._learning = [], {}, True
+            return
+        indices = [[self._index[id(p)] for p in b.parameters()] for b in buckets]
+        self._bucket_meta = [(int(b.buffer().numel() * b.buffer().element_size()),
+                              str(b.buffer().dtype).removeprefix("torch.")) for b in buckets]
+        with self._lock:
+            self._learning = False
+            self.buckets = indices
+            self._bucket_of = {p: b for b, members in enumerate(indices) for p in members}
+        if self.tap.enabled:
+            limits = tuple(nbytes for nbytes, _ in self._bucket_meta)
+            if rebuilt:
+                order = tuple(p for members in indices for p in members)
+                self.tap.emit(ev.BucketsRebuilt, order)
+            self.tap.emit(ev.BucketAssigned, tuple(tuple(b) for b in indices), limits, rebuilt)
+
+    # --- forward ------------------------------------------------------------------------------
+
+    # [Note: forward wrapped, not hooked]
+    # watch() puts its per-forward work in the DDP instance's `forward` (a plain function that
+    # calls the one it replaced), not in forward hooks: any forward hook on a module sends
+    # every call through nn.Module's slow path, which cost 4 us a step on torch's DDP
+    # (training-thread CPU, 2 gloo ranks), more than watch's own work at its default level.
+    # nn.Module.__call__ reads `self.forward`, so the wrapper runs after the user's forward
+    # pre-hooks and before DDP's forward; close() restores the attribute.
+
+    # A DDP driven by torch's composable replicate() (and so torchtitan) never runs its
+    # forward: module hooks call its `_pre_forward`/`_post_forward`. watch() then wraps
+    # `_pre_forward` instead; everything watch does after forward (the rebuild, which gradients
+    # are bucket views) is settled once torch's `_pre_forward` returned.
+
+    def _wrap_forward(self) -> None:
+        ddp = self.ddp
+        self._wrapped = "_pre_forward" if self._driven else "forward"
+        inner = getattr(ddp, self._wrapped)
+        self._forward = inner
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if self._closed:
+                return inner(*args, **kwargs)
+            self._pre_forward(ddp, args)
+            output = inner(*args, **kwargs)
+            if self._post_needed:
+                self._post_forward(ddp, args, output)
+            return output
+
+        self._own_forward = forward
+        self._had_forward = self._wrapped in ddp.__dict__
+        setattr(ddp, self._wrapped, forward)
+
+    def _unwrap_forward(self) -> None:
+        ddp = self.ddp
+        wrapped = getattr(self, "_wrapped", "forward")
+        if ddp.__dict__.get(wrapped) is not getattr(self, "_own_forward", None):
+            return  # wrapped again on top: the wrapper passes through once closed
+        if self._had_forward:
+            setattr(ddp, wrapped, self._forward)
+        else:
+            del ddp.__dict__[wrapped]
+
+    def _pre_forward(self, module: nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        self._settle_previous()
+        self.tap.step = self._forwards
+        self._forwards += 1
+        self._fired = set()
+        if self.tap.enabled:
+            self.tap.emit(ev.ForwardStarted)
+        self.watchdog.heartbeat(self.tap.step, "forward")
+        self._arm_step(self.tap.step)
+        if not self._rebuilt_seen and self.tap.step == self._rebuild_step() and \
+                not self.ddp._has_rebuilt_buckets:
+            # torch rebuilds the buckets in this forward with a blocking broadcast that ddpviz
+            # cannot guard: meet first, so a rank that never comes is named instead.
+            self.watchdog.exchange("rebuild", "", f"the bucket rebuild at step {self.tap.step}")
+
+    def _rebuild_step(self) -> int:
+        if self.ddp.static_graph:
+            return 2
+        return -2 if self.ddp.find_unused_parameters else 1
+
+    def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self._rebuilt_seen and getattr(self.ddp, "_has_rebuilt_buckets", False):
+            self._rebuilt_seen = True
+            self._summary.policy.note_rebuild(self.tap.step)
+            self._read_buckets(rebuilt=True)
+            self._on_rebuild()
+        if self._track_views:
+            if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+                self._grads_before = [p.grad for p in self.params]
+        elif self._rebuilt_seen or self._rebuild_step() < 0:
+            self._post_needed = False  # nothing left to look at after forward
+
+    # --- backward -----------------------------------------------------------------------------
+
+    def _begin_backward(self, task: int) -> None:
+        self._task = task
+        self._summary.begin(self.tap.step)
+        self._backward_begins()
+        if self.tap.enabled:
+            self.tap.emit(ev.BackwardStarted)
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_hooks)
+
+    def _on_finding(self, step: int) -> None:
+        summary = self.__dict__.get("_summary")
+        if summary is not None:
+            summary.note_finding(step)
+
+    def _after_hooks(self) -> None:
+        # Runs before torch's finalize_backward (queued when the last bucket is ready, after
+        # this); queue the last word after it (guarded.py then settles the all-reduces the
+        # reducer waits on).
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_reducer)
+        self._check_unused()  # (warns: an error filter makes that raise)
+
+    def _check_unused(self) -> None:
+        if not self._summary.per_param or not self.ddp.require_backward_grad_sync:
+            return
+        missing = [i for i in range(len(self.params)) if i not in self._fired
+                   and self.params[i].requires_grad]
+        if missing:
+            names = tuple(self.names[i] for i in missing)
+            if self.tap.enabled:
+                self.tap.emit(ev.UnusedParametersFound, tuple(missing), names)
+            if not self.ddp.find_unused_parameters and not self.ddp.static_graph:
+                self._warn_unused(missing)
+
+    def _after_reducer(self) -> None:
+        self._task = -1
+        self._backward_done()
+        if self.tap.enabled:
+            self.tap.emit(ev.BackwardFinished)
+
+    def _warn_unused(self, missing: list[int]) -> None:
+        buckets = sorted({self._bucket_of.get(i, -1) for i in missing})
+        rank = self.group.rank()
+        step = self.tap.step
+        shown = ", ".join(repr(self.names[i]) for i in missing[:6])
+        finding = Finding(
+            kind="unused_parameter", severity="error",
+            title=f"{len(missing)} of {len(self.params)} parameters got no gradient on rank "
+                  f"{rank} at step {step} (find_unused_parameters=False): {shown}",
+            ranks=(rank,), param=missing[0], name=self.names[missing[0]], field="unused",
+            bucket=buckets[0], step=step,
+            detail=(f"torch DDP did not all-reduce bucket(s) {', '.join(map(str, buckets))} "
+                    "in this iteration: these gradients stay local to each rank, silently; "
+                    "torch raises at the next forward",),
+            fix=fix_for("unused_parameter"), world_size=self.world_size)
+        # The iteration is broken: ranks that used the parameter wait for this bucket forever,
+        # and torch fails at the next forward. Post it, so waiting ranks stop now, named.
+        self.watchdog.fail(finding.text(), [finding])
+        warnings.warn(finding.text(), DiagnosisWarning, stacklevel=2)
+
+    def _sync_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
+        # torch's own buffer sync (a coalesced broadcast from rank 0 before forward), with the
+        # watchdog's deadline: a rank that never comes to this forward is named, not waited for.
+        for finding in self._buffer_identity.check(buffers, self.tap.step):
+            if self.tap.enabled:
+                self.tap.emit(ev.FindingReported, finding)
+            warnings.warn(finding.text(), DiagnosisWarning, stacklevel=2)
+        tensors = list(buffers.values())
+        dog = self.watchdog
+        wait = None
+        if dog.board is not None:
+            def wait(work: Any) -> None:
+                _plain_wait_first(work)
+                dog.wait(work, collective="buffer broadcast")
+        try:
+            broadcast_coalesced(tensors, self.group, src=0, chunk_bytes=int(
+                getattr(self.ddp, "broadcast_bucket_size", 250 << 20)), tap=self.tap, wait=wait)
+        except RuntimeError as exc:
+            raise dog.failed(exc, collective="buffer broadcast") from exc
+        if self.tap.enabled:
+            self.tap.emit(ev.BuffersSynced, len(tensors),
+                          sum(t.numel() * t.element_size() for t in tensors))
+
+    # --- public -------------------------------------------------------------------------------
+
+    @property
+    def error(self) -> Exception | None:
+        """The ddpviz error this rank raised or is about to raise (RankHangError), if any."""
+        return self.watchdog.raised
+
+    def close(self) -> None:
+        """Remove the hooks (the comm hook stays registered, passing through: torch cannot
+        remove one) and stop the watchdog thread."""
+        self._closed = True
+        _WATCHED.discard(self.ddp)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._disarm()  # (a strategy's per-step hooks)
+        self._unwrap_forward()
+
+    def __repr__(self) -> str:
+        return (f"<ddpviz.Watch rank {self.group.rank()}/{self.world_size}: {len(self.params)} "
+                f"parameters, {len(self.buckets)} buckets, {self._forwards} forwards, "
+                f"recording={self.recording}>")
+
+
+def _strategy(recording: Recording) -> type[Watch]:
+    """The Watch subclass that runs `recording` (imported here: they import this module)."""
+    from ddpviz.watch.guarded import GuardedWatch
+    from ddpviz.watch.hookless import ForwardsOnlyWatch, HooklessWatch
+
+    if recording.guard:
+        return GuardedWatch
+    return HooklessWatch if recording.every is not None else ForwardsOnlyWatch
+
+
+def _logger(ddp: nn.parallel.DistributedDataParallel) -> Any:
+    return ddp.logger
+
+def _plain_wait_first(work: Any) -> None:
+    """Wait for `work` up to _FIRST_WAIT in C++ (the GIL released, no Python callback, no store
+    traffic); one still running, or failed, is then the watchdog's (`Watchdog.wait`, which
+    returns at once for a completed one)."""
+    with contextlib.suppress(RuntimeError):
+        work.wait(_FIRST_WAIT)
+
+
+def _graph_task() -> int:
+    """The running backward's autograd graph task id (-1 outside backward)."""
+    return torch._C._current_graph_task_id()
