@@ -2,8 +2,6 @@
 
 import importlib
 import importlib.util
-import sys
-import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +9,7 @@ if TYPE_CHECKING:
     from ddpviz._diagnose import diagnose
     from ddpviz._postmortem import PostMortem, postmortem
     from ddpviz._preflight import VerificationReport, preflight
+    from ddpviz._watch import Watch, watch
     from ddpviz.advisor import advise
     from ddpviz.engine.ddp import DistributedDataParallel
     from ddpviz.engine.detail import Recording
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
     from ddpviz.plan import bucket_plan
     from ddpviz.session import Session, connect, listen
     from ddpviz.trace import Trace
-    from ddpviz.watch import Watch, watch
 
 # Public name -> the module that owns it: what a user calls in the first hour, what those calls
 # return, and the errors they raise. Names load on first use (PEP 562), so `import ddpviz` or
@@ -51,7 +49,7 @@ _WHERE = {
     "Trace": "ddpviz.trace",
     "UnusedParametersError": "ddpviz.errors",
     "VerificationReport": "ddpviz._preflight",
-    "Watch": "ddpviz.watch",
+    "Watch": "ddpviz._watch",
     "advise": "ddpviz.advisor",
     "bucket_plan": "ddpviz.plan",
     "connect": "ddpviz.session",
@@ -60,7 +58,7 @@ _WHERE = {
     "listen": "ddpviz.session",
     "postmortem": "ddpviz._postmortem",
     "preflight": "ddpviz._preflight",
-    "watch": "ddpviz.watch",
+    "watch": "ddpviz._watch",
 }
 
 # Names that left the top level: old name -> (owner, name there, the spelling to use now).
@@ -75,13 +73,6 @@ _MOVED = {
     "verify_across_ranks": ("ddpviz._preflight", "verify_across_ranks",
                             "ddpviz.preflight(module, ..., check=False)"),
 }
-
-# Importing ddpviz.watch (autowatch and `from ddpviz.watch import Watch` do) binds the module
-# to `ddpviz.watch`, replacing the function. The guard below keeps the function until
-# ddpviz/watch.py becomes ddpviz/_watch.py (held back while watch()'s detail= policy changes
-# there); the other function-named modules are private already.
-_SHADOWED = frozenset({"watch"})
-
 
 def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
@@ -106,21 +97,6 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_WHERE})
 
 
-class _Package(types.ModuleType):
-    """ddpviz itself, while `watch` is both a function and a module name (see _SHADOWED)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by name, like any module (cloudpickle dispatches on the exact ModuleType, so
-        # a function that uses `ddpviz` could not be sent to launch()'s ranks otherwise).
-        return importlib.import_module, (self.__name__,)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"

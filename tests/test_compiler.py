@@ -14,7 +14,7 @@ import sys
 import torch
 from ddpviz.engine.compiler import keep_ddpviz_eager
 import importlib
-w = importlib.import_module("ddpviz.watch")
+w = importlib.import_module("ddpviz._watch")
 keep_ddpviz_eager()
 print("dynamo imported by ddpviz:", "torch._dynamo" in sys.modules)
 import torch._dynamo.trace_rules as rules

@@ -70,7 +70,7 @@ def test_functions_keep_their_name_when_their_module_is_imported() -> None:
     # Importing a submodule binds it to the package attribute of its name: a function's module
     # is named apart from it, so these imports (in this order) leave every function in place.
     code = ("import ddpviz, ddpviz._diagnose, ddpviz._preflight, ddpviz._postmortem, "
-            "ddpviz.advisor, ddpviz.watch, ddpviz._postmortem.dumps, ddpviz.advisor.measure\n"
+            "ddpviz.advisor, ddpviz._watch, ddpviz._postmortem.dumps, ddpviz.advisor.measure\n"
             "names = ('watch', 'diagnose', 'preflight', 'postmortem', 'advise')\n"
             "print(all(callable(getattr(ddpviz, n)) and not isinstance(getattr(ddpviz, n), "
             "type(sys)) for n in names))")
@@ -79,13 +79,13 @@ def test_functions_keep_their_name_when_their_module_is_imported() -> None:
     assert out.stdout.strip() == "True"
 
 
-def test_no_module_is_named_like_a_public_name_but_watch() -> None:
-    # watch.py is the one left (it becomes _watch.py after watch()'s detail= rework lands);
-    # the package's __setattr__ guard covers exactly the names that still collide.
+def test_no_module_is_named_like_a_public_name() -> None:
+    # Importing a module binds it to the package attribute of its name, replacing a function
+    # of that name: so no module is named like a public function.
     package = Path(ddpviz.__file__).parent
     modules = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir()
                                                         if (p / "__init__.py").exists()}
-    assert set(ddpviz._WHERE) & modules == set(ddpviz._SHADOWED) == {"watch"}
+    assert set(ddpviz._WHERE) & modules == set()
 
 
 def test_no_function_carries_attributes_but_a_deprecated_alias() -> None:
@@ -140,15 +140,12 @@ def test_public_verification_report_is_preflights() -> None:
 
 def test_the_lazy_package_pickles_by_name_so_launched_functions_can_use_it() -> None:
     # A notebook function that refers to `ddpviz` is shipped to launch()'s ranks by cloudpickle.
-    import pickle
-
     import cloudpickle
 
     def uses_ddpviz() -> str:
         return ddpviz.__version__
 
     assert cloudpickle.loads(cloudpickle.dumps(uses_ddpviz))() == ddpviz.__version__
-    assert pickle.loads(pickle.dumps(ddpviz)) is ddpviz
 
 
 def test_the_readme_counts_the_top_level_names() -> None:

@@ -295,7 +295,7 @@ def test_light_leaves_no_hook_installed_between_sampled_steps(runs: dict[int, An
 
 def test_watch_adds_no_forward_hook_and_close_restores_forward(runs: dict[int, Any]) -> None:
     # (a forward hook sends every call through nn.Module's slow path: See [Note: forward
-    # wrapped, not hooked] in ddpviz/watch.py)
+    # wrapped, not hooked] in ddpviz/_watch/base.py)
     for res in runs.values():
         for level in WATCH_LEVELS:
             *_, module_hooks, wrapped_after_close = res["residue-" + level]

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ddpviz import events as ev
-from ddpviz.watch.base import Watch, _graph_task, _logger, _plain_wait_first
+from ddpviz._watch.base import Watch, _graph_task, _logger, _plain_wait_first
 
 # [Note: transparent by construction]
 # torch's reducer scales gradients itself only when NO comm hook is registered: it copies each

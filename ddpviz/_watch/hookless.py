@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ddpviz import events as ev
-from ddpviz.watch.base import Watch, _graph_task
+from ddpviz._watch.base import Watch, _graph_task
 
 
 class HooklessWatch(Watch):

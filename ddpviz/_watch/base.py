@@ -403,8 +403,8 @@ class Watch:
 
 def _strategy(recording: Recording) -> type[Watch]:
     """The Watch subclass that runs `recording` (imported here: they import this module)."""
-    from ddpviz.watch.guarded import GuardedWatch
-    from ddpviz.watch.hookless import ForwardsOnlyWatch, HooklessWatch
+    from ddpviz._watch.guarded import GuardedWatch
+    from ddpviz._watch.hookless import ForwardsOnlyWatch, HooklessWatch
 
     if recording.guard:
         return GuardedWatch

@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddpviz._watch.base import NotObservableError, Watch
 from ddpviz.engine.detail import Recording, resolve_recording
 from ddpviz.events import Emitter
-from ddpviz.watch.base import NotObservableError, Watch
 
 __all__ = ["NotObservableError", "Watch", "watch"]
 
