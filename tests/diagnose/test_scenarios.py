@@ -275,7 +275,7 @@ def watch_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool,
     except RuntimeError as exc:
         out["error"] = str(exc).strip().splitlines()[0 if not use_ddpviz else -1]
         error = w.error if w is not None else None
-        if error is None and isinstance(exc, ddpviz.RankHangError):
+        if error is None and isinstance(exc, ddpviz.DiagnosisError):
             error = exc
         if error is not None:
             out["error"] = str(error)
