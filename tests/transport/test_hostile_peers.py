@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from ddpviz import events as ev
@@ -129,7 +130,11 @@ def test_an_event_over_the_message_limit_is_not_sent_and_the_stream_goes_on():
         assert len(said) == 1 and f"limited to {MAX_MESSAGE_BYTES} bytes" in said[0]
 
 
+@pytest.mark.stress
 def test_a_connection_flood_never_loses_a_senders_events_silently():
+    # Issue 23 (open): passes alone and under two CPU hogs (17 of 17 runs), but with four
+    # hogs, or inside the full suite, about one run in six loses a 1,024-event frame that the
+    # sender counted as sent (a reconnect the sender has not seen yet when it sends).
     # Issue 23: bare connections opened thousands a second made the pending-handshake guard
     # shut a sender's connection after its messages were on the way (sent=2000, dropped=0,
     # 1024 or 2000 never arrived). Each try starts a sender mid-flood and emits its events at
