@@ -67,7 +67,7 @@ def main() -> None:
     ddp = trainer.model_wrapped
     assert isinstance(ddp, nn.parallel.DistributedDataParallel), type(ddp)
     report.write(args.process_index, model=model, ddp_module=ddp.module,
-                 step_s=clock.clock.times)
+                 step_s=clock.clock.times, step_cpu_s=clock.clock.cpu)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ class Report(L.Callback):
         ddp = trainer.strategy.model
         assert isinstance(ddp, nn.parallel.DistributedDataParallel), type(ddp)
         report.write(trainer.global_rank, model=pl_module, ddp_module=ddp.module,
-                     step_s=self.clock.times)
+                     step_s=self.clock.times, step_cpu_s=self.clock.cpu)
 
 
 def main() -> None:

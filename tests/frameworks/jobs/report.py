@@ -49,14 +49,17 @@ def write(rank: int, *, model: nn.Module, ddp_module: nn.Module | None,
 
 
 class StepClock:
-    """Wall time of each training step, measured inside the job (benchmarks)."""
+    """Wall time of each training step, and the training thread's own CPU time in it (which
+    waiting for a core or for a peer does not count), measured inside the job (benchmarks)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
-        self._t = 0.0
+        self.cpu: list[float] = []
+        self._t = self._c = 0.0
 
     def start(self) -> None:
-        self._t = time.perf_counter()
+        self._t, self._c = time.perf_counter(), time.thread_time()
 
     def stop(self) -> None:
         self.times.append(time.perf_counter() - self._t)
+        self.cpu.append(time.thread_time() - self._c)
