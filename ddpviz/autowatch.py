@@ -28,7 +28,7 @@ from ddpviz._watch import NotObservableError, Watch
 from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.verify import breaks_torch, compare_through_store
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
-from ddpviz.errors import RankHangError, RankMismatchError
+from ddpviz.errors import DiagnosisError
 from ddpviz.events import Tap
 from ddpviz.session import connect
 
@@ -150,7 +150,7 @@ def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None, 
     try:
         w = Watch(ddp, emitter=None, hook=hook, state=state, hang_timeout=None,
                   names=names, driven=driven, where=FIRST)
-    except (RankHangError, RankMismatchError):
+    except DiagnosisError:
         raise  # a diagnosis of the job, on every rank: the reason ddpviz is there
     except Exception as exc:  # ddpviz cannot watch it: the job goes on as without ddpviz
         why = str(exc).removeprefix("ddpviz: ").split("\n")[0].rstrip(".")

@@ -75,11 +75,11 @@ def resolve_hang_timeout(value: float | None,
                                  "seconds.\nSet it to e.g. 60, or 0 to turn the hang watchdog "
                                  "off.") from None
         else:
-            value = default_hang_timeout(process_group)
-        _warn_past_group_timeout(value, process_group)
-    elif value > 0:
-        _warn_past_group_timeout(value, process_group)
-    return float(value) if value > 0 else None
+            return default_hang_timeout(process_group)  # below the group's timeout
+    if value <= 0:
+        return None
+    _warn_past_group_timeout(value, process_group)
+    return float(value)
 
 
 _warned_past: set[float] = set()
@@ -560,42 +560,33 @@ class Watchdog:
             return self._report(store_lost(board.scope, collective_name(position), exc))
 
     def _failed(self, position: Position, exc: BaseException) -> RankHangError:
+        """The wait for `position`'s collective ended with `exc`. A peer that closed its
+        connection exited; the backend's own timeout (a hang_timeout at or past it) means the
+        ranks that never came are behind, whatever closed the connection afterwards, and the
+        verdict says whose timeout it was."""
         board = self.board
         assert board is not None
-        if timed_out(exc):  # the backend's own timeout ended the wait: a hang, not an exit
-            return self._timed_out(board, position, exc)
-        failed = msgspec.structs.replace(position, state="failed", error=short_error(exc))
-        self._hold_pulse()
-        try:
-            board.post_position(failed)
-            if board.has_alerts():
-                return self._from_alerts(position)
-            positions = self._gather(board, 2.0)
-            if board.has_alerts():
-                return self._from_alerts(position)
-            return self._conclude(board, self._compose_exit(failed, positions), positions)
-        except RankHangError as err:
-            return err
-        except RuntimeError as err:
-            return self._report(store_lost(board.scope, collective_name(position), err))
-
-    def _timed_out(self, board: Board, position: Position, exc: BaseException
-                   ) -> RankHangError:
-        """The process group's timeout fired before this watchdog's deadline (a hang_timeout
-        at or past it): the ranks that never came are behind, whatever closed the
-        connection afterwards; the verdict says whose timeout it was."""
-        self._hold_pulse()
-        try:
-            board.post_position(position)  # still waiting, as far as the others can tell
-            if board.has_alerts():
-                return self._from_alerts(position)
-            positions = self._gather(board, 2.0)
-            if board.has_alerts():
-                return self._from_alerts(position)
+        cause = short_error(exc)
+        if timed_out(exc):  # still waiting, as far as the others can tell
+            posted = position
             waited = time.time() - position.since if position.since else None
-            text, findings = self._compose_hang(position, positions, waited=waited,
-                                                cause=short_error(exc))
-            return self._conclude(board, (text, findings), positions)
+
+            def compose(positions: dict[int, Position]) -> tuple[str, tuple[Finding, ...]]:
+                return self._compose_hang(position, positions, waited=waited, cause=cause)
+        else:
+            posted = msgspec.structs.replace(position, state="failed", error=cause)
+
+            def compose(positions: dict[int, Position]) -> tuple[str, tuple[Finding, ...]]:
+                return self._compose_exit(posted, positions)
+        self._hold_pulse()
+        try:
+            board.post_position(posted)
+            if board.has_alerts():
+                return self._from_alerts(position)
+            positions = self._gather(board, 2.0)
+            if board.has_alerts():
+                return self._from_alerts(position)
+            return self._conclude(board, compose(positions), positions)
         except RankHangError as err:
             return err
         except RuntimeError as err:
