@@ -28,6 +28,7 @@ from typing import Any
 import cloudpickle
 
 from ddpviz.launcher import channel, stacks
+from ddpviz.launcher.cells import restore_origins
 
 # Written on stdout and stderr after each cell so the kernel knows it has all the cell's output.
 CELL_END = "\x1eddpviz-cell-end:"
@@ -117,7 +118,7 @@ def _serve_call(rank: int, world_size: int, backend: str, inbox: queue.Queue[Any
     except BaseException as exc:
         reply(_failure("unpickle", exc))
         return 1
-    _restore_cells(fn, origins)
+    restore_origins(fn, origins)
     events = _start(rank, world_size, backend, reply)
     if events is None:
         return 1
@@ -197,30 +198,6 @@ def _seed_linecache(sources: dict[str, str]) -> None:
     """Notebook cells are not files: give tracebacks their source lines anyway."""
     for filename, text in sources.items():
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-
-
-_DYNAMIC = "<dynamic-code>"
-
-
-def _restore_cells(fn: Any, origins: dict[str, str]) -> None:
-    """cloudpickle (3.1.3 on) ships a function defined in a notebook cell with the file name
-    "<dynamic-code>": give it, and the functions its globals hold, the file the kernel saw
-    (`run.code_origins`), so that tracebacks and stacks name the cell and show its lines."""
-    funcs = [fn, *(v for v in getattr(fn, "__globals__", {}).values()
-                   if isinstance(v, types.FunctionType))]
-    for f in funcs:
-        code = getattr(f, "__code__", None)
-        if not isinstance(code, types.CodeType) or code.co_filename != _DYNAMIC:
-            continue
-        origin = origins.get(f"{code.co_name}@{code.co_firstlineno}")
-        if isinstance(origin, str) and origin != _DYNAMIC:
-            f.__code__ = _renamed(code, origin)
-
-
-def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
-    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c
-                   for c in code.co_consts)
-    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _flush_std() -> None:

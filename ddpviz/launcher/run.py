@@ -15,7 +15,6 @@ import os
 import subprocess
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from ddpviz.launcher import channel
+from ddpviz.launcher.cells import code_origins
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
 from ddpviz.launcher.private_dir import PrivateDir
@@ -399,20 +399,6 @@ def _cell_sources() -> dict[str, str]:
             break
         sources[filename] = text
     return sources
-
-
-def code_origins(fn: Any) -> dict[str, str]:
-    """The file (notebook cell) of `fn` and of the functions its globals hold, keyed by
-    'name@first line': cloudpickle (3.1.3 on) ships them as "<dynamic-code>"; the rank puts
-    the names back for its tracebacks and stacks."""
-    funcs = [fn, *(v for v in getattr(fn, "__globals__", {}).values()
-                   if isinstance(v, types.FunctionType))]
-    out: dict[str, str] = {}
-    for f in funcs:
-        code = getattr(f, "__code__", None)
-        if isinstance(code, types.CodeType):
-            out[f"{code.co_name}@{code.co_firstlineno}"] = code.co_filename
-    return out
 
 
 @atexit.register
