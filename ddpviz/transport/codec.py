@@ -28,13 +28,13 @@ import msgspec
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 MAGIC = b"ddpviz"
 MAX_MESSAGE_BYTES = 4 << 20  # senders split larger batches (ParamsBuilt of 40k params fits)
 MAX_FRAME_SLACK = 128 << 10  # zmq's per-frame limit is max_bytes + this (see Collector)
 REASONS = ("garbage", "truncated", "oversized", "version", "schema", "auth")
 Reason = Literal["garbage", "truncated", "oversized", "version", "schema", "auth"]
-Kind = Literal["hello", "ping", "pong", "clock", "events", "bye"]
+Kind = Literal["hello", "ping", "pong", "clock", "events", "bye", "ack"]
 
 
 class WireError(ValueError):
@@ -64,6 +64,7 @@ class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: limits.Name = ""  # hello: sender's hostname
     pid: limits.Pid = 0  # hello: sender's process id
     boot: limits.Name = ""  # hello: kernel boot id: equal boot ids share one monotonic clock
+    batch: limits.Count = 0  # events/bye: the sender's batch number; ack: the last one received
 
 
 class _Versions(msgspec.Struct):

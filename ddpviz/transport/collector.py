@@ -87,6 +87,7 @@ class _RankState:
     clock: tuple[int, int] | None = None
     peer: str = ""
     closed: tuple[int, int] | None = None
+    next_batch: int = 0  # next expected batch number: a lower one is a resent duplicate
 
 
 @dataclass
@@ -320,6 +321,7 @@ class Collector:
                 del self._senders[next(iter(self._senders))]
         if h.kind == "events":
             self._accept(h, events)
+            self._ack(identity, h)
             return
         with self._lock:
             st = self._state(h)
@@ -335,6 +337,8 @@ class Collector:
                     st.clock = (h.offset_ns, h.error_ns)
             elif h.kind == "bye":
                 st.closed = (h.count, h.dropped)
+        if h.kind == "bye":
+            self._ack(identity, h)
         if h.kind in ("hello", "ping"):
             pong = make_header("pong", h.rank, h.sender, 0, t_ns=h.t_ns, peer_ns=t_recv)
             # If the peer went away the pong is lost; it pings again if it still cares.
@@ -348,16 +352,26 @@ class Collector:
             st = self._ranks[h.rank] = _RankState()
         if st.sender != h.sender:
             if st.sender:
-                st.next_seq, st.closed = 0, None
+                st.next_seq, st.closed, st.next_batch = 0, None, 0
             st.sender, st.next_frame = h.sender, h.seq
         if h.seq > st.next_frame:
             st.lost_frames += h.seq - st.next_frame
         st.next_frame = max(st.next_frame, h.seq + 1)
         return st
 
+    def _ack(self, identity: bytes, h: Header) -> None:
+        """Confirm a batch (and every one before it): the sender resends what is unconfirmed
+        when its connection is replaced (See [Note: confirmed batches] in sender.py)."""
+        ack = make_header("ack", h.rank, h.sender, 0, batch=h.batch)
+        with contextlib.suppress(zmq.ZMQError):  # lost with its connection: resent, re-acked
+            self._sock.send_multipart([identity, *self._codec.encode(ack)], zmq.NOBLOCK)
+
     def _accept(self, h: Header, events: list[Event]) -> None:
         with self._lock:
             st = self._state(h)
+            if h.batch < st.next_batch:
+                return  # resent after a reconnect, but it had arrived: delivered once
+            st.next_batch = h.batch + 1
             nxt, gaps, dropped, reordered = st.next_seq, 0, 0, 0
             for e in events:
                 s = e.seq

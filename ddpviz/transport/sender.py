@@ -51,6 +51,8 @@ _MAX_IDLE_S = 0.02
 _PINGS = 5  # clock samples per connection; the one with the shortest round trip wins
 _PING_RETRY_S = 1.0
 _WARN_EVERY_S = 5.0
+_WINDOW_FRAMES = 32  # batches shipped but not yet confirmed, at most (See [Note: confirmed
+_WINDOW_BYTES = 16 << 20  # batches]); and their encoded size
 
 # [Note: clock alignment]
 # Events carry time.monotonic_ns() of their rank. On one host every process shares that clock;
@@ -65,6 +67,18 @@ _WARN_EVERY_S = 5.0
 # Processes under one kernel (same Linux boot id, sent in the hello) share CLOCK_MONOTONIC:
 # their offset is exactly 0 and pings cannot improve on it.
 
+# [Note: confirmed batches]
+# zmq delivers a message only while its connection lives: a message queued on a connection that
+# is then shut (the collector's pending-handshake guard shedding a flood, a network blip) is
+# gone, and the DEALER reconnects without a word. So the collector confirms every batch of
+# events ("ack" with the batch's number, cumulative), and the sender keeps each batch until it
+# is confirmed (at most _WINDOW_FRAMES / _WINDOW_BYTES of them; beyond that the shipping thread
+# waits, and events wait in, or overflow counted from, the in-process buffer). When its
+# connection is replaced, the sender greets the new one and resends every unconfirmed batch, in
+# order, under its original batch number; the collector delivers a batch number once and
+# confirms duplicates again. At close the sender waits (up to the close deadline) until every
+# batch and then its "bye" are confirmed; batches still unconfirmed then count as dropped.
+
 
 class SenderStats(NamedTuple):
     sent: int  # events shipped, including EventsDropped markers
@@ -77,7 +91,7 @@ class _Sink(Protocol):
     def open(self, deadline: Callable[[], float | None]) -> None: ...
     def ship(self, events: list[Event]) -> bool: ...
     def service(self) -> None: ...
-    def close(self, sent: int, dropped: int, deadline: float) -> None: ...
+    def close(self, sent: int, dropped: int, deadline: float) -> tuple[int, int]: ...
     def describe(self) -> str: ...
     unreachable: str  # how the drop warning says the sink failed
     fix: str  # what to check when the sink stopped
@@ -263,7 +277,14 @@ class Sender:
                 idle_s = _MIN_IDLE_S
             else:
                 idle_s = min(idle_s * 2, _MAX_IDLE_S)
-        self._sink.close(self._sent, self._dropped_total, self._deadline or time.monotonic())
+        lost, markers = self._sink.close(self._sent, self._dropped_total,
+                                         self._deadline or time.monotonic())
+        if lost or markers:  # shipped, never confirmed before the deadline: not delivered
+            with self._lock:
+                self._sent -= lost + markers
+                self._markers -= markers
+                self._dropped_total += lost
+                self._unwarned += lost
 
     def _ship(self, batch: list[Event]) -> None:
         if not self._sink.ship(batch):  # undeliverable before the close deadline
@@ -343,6 +364,14 @@ class _ZmqSink:
         self._hello_at: float | None = None  # when the last unanswered hello went
         self._refusals = 0  # handshakes failed in a row; -1 once one succeeded
         self._epoch_ns = 0  # our clock at the last disconnect: older pongs prove nothing
+        # See [Note: confirmed batches]: (batch number, encoded body, events, markers) of the
+        # batches not yet confirmed, oldest first; the first _on_conn of them went on the
+        # current connection.
+        self._unconfirmed: collections.deque[tuple[int, bytes, int, int]] = collections.deque()
+        self._unconfirmed_bytes = 0
+        self._on_conn = 0
+        self._next_batch = 0
+        self._bye_confirmed = False
 
     def describe(self) -> str:
         return self.address
@@ -392,6 +421,7 @@ class _ZmqSink:
                 # A pong still queued from the old connection must not count for the next.
                 self._answered, self._hello_at = False, None
                 self._epoch_ns = self._clock()
+                self._on_conn = 0  # what went on it and is unconfirmed goes again
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._refusals = -1  # our key works here
                 if not self._answered and self._hello_at is None:
@@ -461,17 +491,55 @@ class _ZmqSink:
                   f"of {len(body)} bytes: messages are limited to {MAX_MESSAGE_BYTES} bytes.\n"
                   "Please report this as a ddpviz bug (events are meant to be small).")
             return True
+        markers = sum(1 for e in events if type(e) is EventsDropped)
+        self._unconfirmed.append((self._next_batch, body, len(events), markers))
+        self._unconfirmed_bytes += len(body)
+        self._next_batch += 1
+        if self._pump(lambda: len(self._unconfirmed) < _WINDOW_FRAMES
+                      and self._unconfirmed_bytes < _WINDOW_BYTES):
+            return True
+        if self._unconfirmed and self._unconfirmed[-1][0] == self._next_batch - 1:
+            # Past the close deadline: the caller counts this batch as dropped; forget it.
+            self._forget(self._unconfirmed.pop())
+            self._on_conn = min(self._on_conn, len(self._unconfirmed))
+        return False
+
+    def _forget(self, item: tuple[int, bytes, int, int]) -> None:
+        self._unconfirmed_bytes -= len(item[1])
+
+    def _pump(self, done: Callable[[], bool]) -> bool:
+        """Send the unconfirmed batches not yet sent on this connection and read confirmations
+        until `done()`; False once past the close deadline."""
         while True:
             if not self._ready():
                 return False
-            # Numbered after the hellos _ready sent: the collector refuses a frame number lower
-            # than one it has seen (as a replay).
-            header = make_header("events", self.rank, self._id, self._next_seq(),
-                                 count=len(events))
-            ok = self._send(self._codec.encode_with_body(header, body), answered=True)
-            if ok is not None:
-                self.service()
-                return ok
+            while self._on_conn < len(self._unconfirmed):
+                batch, body, count, _ = self._unconfirmed[self._on_conn]
+                # Numbered after the hellos _ready sent: the collector refuses a frame number
+                # lower than one it has seen (as a replay).
+                header = make_header("events", self.rank, self._id, self._next_seq(),
+                                     count=count, batch=batch)
+                ok = self._send(self._codec.encode_with_body(header, body), answered=True)
+                if ok is None:
+                    break  # the connection went: greet the next one, resend from the first
+                if not ok:
+                    return False
+                self._on_conn += 1
+            self.service()
+            if self._answered and done():
+                return True
+            if self._answered and self._on_conn >= len(self._unconfirmed):
+                assert self._sock is not None
+                self._sock.poll(20, zmq.POLLIN)
+
+    def _confirmed(self, batch: int) -> None:
+        """The collector has every batch up to `batch`."""
+        q = self._unconfirmed
+        while q and q[0][0] <= batch:
+            self._forget(q.popleft())
+            self._on_conn = max(0, self._on_conn - 1)
+        if batch >= self._next_batch:
+            self._bye_confirmed = True  # the bye carries the batch number after the last
 
     def service(self) -> None:
         """Read pongs; ping again until _PINGS samples are in (See [Note: clock alignment])."""
@@ -486,6 +554,9 @@ class _ZmqSink:
             except WireError:
                 continue  # not our collector; nothing to align with
             h = frame.header
+            if h.kind == "ack":
+                self._confirmed(h.batch)
+                continue
             if h.kind != "pong":
                 continue
             if h.t_ns >= self._epoch_ns:
@@ -504,19 +575,38 @@ class _ZmqSink:
             self._last_ping = time.monotonic()
             self._send(self._codec.encode(ping), 1.0)
 
-    def close(self, sent: int, dropped: int, deadline: float) -> None:
+    def close(self, sent: int, dropped: int, deadline: float) -> tuple[int, int]:
+        """Returns the events and markers shipped but never confirmed (dropped after all)."""
         if self._sock is None or self._ctx is None:
-            return
-        bye = make_header("bye", self.rank, self._id, self._next_seq(), count=sent,
-                          dropped=dropped)
-        self._send(self._codec.encode(bye), max(0.0, deadline - time.monotonic()))
-        # Linger until the queued messages reach the collector (or the deadline passes).
-        linger_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            return 0, 0
+        self._pump(lambda: not self._unconfirmed)
+        lost = sum(item[2] - item[3] for item in self._unconfirmed)  # markers are not events
+        lost_markers = sum(item[3] for item in self._unconfirmed)
+        bye = make_header("bye", self.rank, self._id, self._next_seq(),
+                          count=sent - lost - lost_markers, dropped=dropped + lost,
+                          batch=self._next_batch)
+        if time.monotonic() > deadline:
+            self._send(self._codec.encode(bye), 0.0)  # one try: the counts say what was lost
+        # Greeted again and said again on every new connection, until confirmed.
+        while not self._bye_confirmed and self._ready():
+            if not self._send(self._codec.encode(bye), max(0.0, deadline - time.monotonic()),
+                              answered=True):
+                continue
+            until = min(deadline, time.monotonic() + _HELLO_RETRY_S)
+            while not self._bye_confirmed and self._answered and time.monotonic() < until:
+                self._sock.poll(20, zmq.POLLIN)
+                self.service()
+            bye = make_header("bye", self.rank, self._id, self._next_seq(),
+                              count=sent - lost - lost_markers, dropped=dropped + lost,
+                              batch=self._next_batch)
+        linger_ms = max(0, int((deadline - time.monotonic()) * 1000)) if not \
+            self._bye_confirmed else 0
         self._sock.close(linger=linger_ms)
         if self._monitor is not None:
             self._monitor.close(linger=0)
         self._ctx.term()
         self._sock = self._ctx = None
+        return lost, lost_markers
 
 
 class _FileSink:
@@ -550,7 +640,8 @@ class _FileSink:
     def service(self) -> None:
         pass
 
-    def close(self, sent: int, dropped: int, deadline: float) -> None:
+    def close(self, sent: int, dropped: int, deadline: float) -> tuple[int, int]:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        return 0, 0

@@ -12,6 +12,7 @@ from ddpviz import limits
 from ddpviz.transport.codec import (
     MAGIC,
     REASONS,
+    WIRE_VERSION,
     Codec,
     WireError,
     make_header,
@@ -77,7 +78,8 @@ def test_each_reason_is_reported():
     assert _reason(codec, signed(wrong_version, enc.encode([]))) == "version"
     wrong_schema = enc.encode({"version": 1, "schema": ev.SCHEMA_VERSION + 1})
     assert _reason(codec, signed(wrong_schema, enc.encode([]))) == "version"
-    missing = enc.encode({"version": 1, "schema": ev.SCHEMA_VERSION, "kind": "events"})
+    missing = enc.encode({"version": WIRE_VERSION, "schema": ev.SCHEMA_VERSION,
+                          "kind": "events"})
     assert _reason(codec, signed(missing, body)) == "schema"
     bad_event = enc.encode([{"type": "GradReady", "rank": 0}])
     assert _reason(codec, signed(head, bad_event)) == "schema"

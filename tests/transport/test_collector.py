@@ -156,7 +156,8 @@ def test_gaps_and_reordering_are_counted_per_rank():
                     frame += 1  # rank 0's third message is numbered 3: message 2 went missing
                 evs = _good_events(rank, seqs)
                 sock.send_multipart(codec.encode(
-                    make_header("events", rank, f"s{rank}", frame, count=len(evs)), evs))
+                    make_header("events", rank, f"s{rank}", frame, count=len(evs), batch=frame),
+                    evs))
         assert collector.wait(lambda s: s.total_received == 37, timeout=10)
         stats = collector.stats
         assert stats.received == {0: 21, 1: 16}
