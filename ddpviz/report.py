@@ -276,9 +276,10 @@ def _timeline(all_spans: list[Span], steps: list[int]) -> str:
     summarized = sorted({s.step for s in shown if s.cat == "gradients"})
     if summarized:
         out.append(markup.fmt(
-            "<p>Steps {}: per-bucket summaries (detail level 'sampled' or 'buckets'): a "
-            "'gradients ready' row per rank draws each bucket from its first to its last "
-            "gradient ready; per-parameter hooks were not recorded on these steps.</p>",
+            "<p>Steps {}: per-bucket summaries: a 'gradients ready' row per rank draws each "
+            "bucket from its first to its last gradient ready; per-parameter hooks were not "
+            "recorded on these steps (ddpviz.Recording(every=1) records them on every step)."
+            "</p>",
             ", ".join(map(str, summarized))))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)

@@ -54,11 +54,10 @@ def step_list(steps: list[int], most: int = 8) -> str:
 
 def summary_note(step: int, full_steps: list[int]) -> str:
     """The line said over a step whose gradients were recorded per bucket only."""
-    level = "sampled" if full_steps else "buckets"
     recorded = (f"per-parameter hooks recorded on steps {step_list(full_steps)}" if full_steps
                 else "no step has per-parameter hooks")
-    return (f"step {step}: per-bucket summaries (detail='{level}'); {recorded}. Each bucket "
-            "is drawn from its first to its last gradient ready.")
+    return (f"step {step}: per-bucket summaries; {recorded} (Recording(every=1): every step). "
+            "Each bucket is drawn from its first to its last gradient ready.")
 
 
 def _ms(x: float | None) -> str:

@@ -413,13 +413,12 @@ function stepList(steps: number[], most = 8): string {
 
 /** The line said over a step whose gradients were recorded per bucket only. */
 function summaryNote(step: number, fullSteps: number[]): string {
-  const level = fullSteps.length > 0 ? 'sampled' : 'buckets';
   const recorded =
     fullSteps.length > 0
       ? `per-parameter hooks recorded on steps ${stepList(fullSteps)}`
       : 'no step has per-parameter hooks';
   return (
-    `Step ${step}: per-bucket summaries (detail='${level}'); ${recorded}. Each bucket is ` +
-    'drawn from its first to its last gradient ready.'
+    `Step ${step}: per-bucket summaries; ${recorded} (Recording(every=1): every step). ` +
+    'Each bucket is drawn from its first to its last gradient ready.'
   );
 }

@@ -50,8 +50,8 @@ def test_a_summarized_step_draws_one_span_per_bucket_and_says_so(
     assert got == want
     note = viewer.locator(".ddpviz-summary-note")
     assert note.get_attribute("data-ranks") == "0,1"
-    assert "Step 3: per-bucket summaries (detail='sampled'); per-parameter hooks recorded on " \
-        "steps 0-2" in note.inner_text()
+    assert "Step 3: per-bucket summaries; per-parameter hooks recorded on steps 0-2 " \
+        "(Recording(every=1): every step)" in note.inner_text()
     select.select_option("2")
     assert svg.get_attribute("data-step") == "2"
     hooks = [e for e in summarized.of_type(ev.GradReady) if e.step == 2]

@@ -118,8 +118,8 @@ def test_the_hook_timeline_draws_one_span_per_bucket_on_an_aggregated_step(
             assert f"bucket {b}: {n:,} gradients ready" in chunk
         assert v.lanes[rank].compute_end == max(
             want[(rank, step, b)][1] for b in buckets)
-    assert "step 4: per-bucket summaries (detail='sampled'); per-parameter hooks recorded " \
-        "on steps 0-3" in html.unescape(t.header_html.value)
+    assert "step 4: per-bucket summaries; per-parameter hooks recorded on steps 0-3 " \
+        "(Recording(every=1): every step)" in html.unescape(t.header_html.value)
     assert "hook firing order (step 4, ranks 0,1): not recorded" in t.order_html.value
     assert "<td" not in t.order_html.value  # no order table for summarized ranks
     # the bucket table counts the summarized gradients per bucket
