@@ -37,9 +37,10 @@ class Tokens(torch.utils.data.Dataset):
 class Clock(TrainerCallback):
     def __init__(self) -> None:
         self.clock = report.StepClock()
+        self.trainer: Trainer | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.clock.start()
+        self.clock.start(self.trainer.model_wrapped if self.trainer is not None else None)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.clock.stop()
@@ -63,11 +64,13 @@ def main() -> None:
             logging_strategy="no", disable_tqdm=True, seed=0, data_seed=0,
             dataloader_num_workers=0)
         trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[clock])
+        clock.trainer = trainer
         trainer.train()
     ddp = trainer.model_wrapped
     assert isinstance(ddp, nn.parallel.DistributedDataParallel), type(ddp)
     report.write(args.process_index, model=model, ddp_module=ddp.module,
-                 step_s=clock.clock.times, step_cpu_s=clock.clock.cpu)
+                 step_s=clock.clock.times, step_cpu_s=clock.clock.cpu,
+                 watched=clock.clock.watched)
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ class Report(L.Callback):
     def __init__(self) -> None:
         self.clock = report.StepClock()
 
-    def on_train_batch_start(self, *args: object) -> None:
-        self.clock.start()
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+        self.clock.start(trainer.strategy.model)
 
     def on_train_batch_end(self, *args: object) -> None:
         self.clock.stop()
@@ -91,7 +91,8 @@ class Report(L.Callback):
         ddp = trainer.strategy.model
         assert isinstance(ddp, nn.parallel.DistributedDataParallel), type(ddp)
         report.write(trainer.global_rank, model=pl_module, ddp_module=ddp.module,
-                     step_s=self.clock.times, step_cpu_s=self.clock.cpu)
+                     step_s=self.clock.times, step_cpu_s=self.clock.cpu,
+                     watched=self.clock.watched)
 
 
 def main() -> None:

@@ -50,14 +50,34 @@ def write(rank: int, *, model: nn.Module, ddp_module: nn.Module | None,
 
 class StepClock:
     """Wall time of each training step, and the training thread's own CPU time in it (which
-    waiting for a core or for a peer does not count), measured inside the job (benchmarks)."""
+    waiting for a core or for a peer does not count), measured inside the job (benchmarks).
+
+    With FW_TOGGLE=K (benchmarks/bench_frameworks.py --in-process), the clock also watches the
+    job's DDP with `ddpviz.watch()` in every other block of K steps from step FW_TOGGLE_FROM
+    on (closing the watch in between), and notes which steps were watched: an A/B inside one
+    job, so that launches and other processes' load do not weigh on the ratio."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self.cpu: list[float] = []
+        self.watched: list[bool] = []
         self._t = self._c = 0.0
+        self._toggle = int(os.environ.get("FW_TOGGLE", "0"))
+        self._from = int(os.environ.get("FW_TOGGLE_FROM", "5"))
+        self._watch: object | None = None
 
-    def start(self) -> None:
+    def start(self, ddp: nn.Module | None = None) -> None:
+        if self._toggle and ddp is not None:
+            block = (len(self.times) - self._from) // self._toggle
+            want = block >= 0 and block % 2 == 1
+            if want and self._watch is None:
+                import ddpviz  # only in the benchmark's mode: the jobs never import ddpviz
+
+                self._watch = ddpviz.watch(ddp)
+            elif not want and self._watch is not None:
+                self._watch.close()  # type: ignore[attr-defined]
+                self._watch = None
+            self.watched.append(want)
         self._t, self._c = time.perf_counter(), time.thread_time()
 
     def stop(self) -> None:
