@@ -26,7 +26,7 @@ from ddpviz import columns as col
 from ddpviz import json_numbers
 from ddpviz.atomic import streaming
 from ddpviz.columns import Table
-from ddpviz.trace import SPAN_TYPES, Span, Trace, _args, gc_paused, table_spans
+from ddpviz.trace import SPAN_TYPES, Span, Trace, event_args, gc_paused, table_spans
 
 _SPAN_CODES = col.codes(*SPAN_TYPES)
 _BUCKET_READY = (b'{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'
@@ -127,7 +127,7 @@ def _instant_text(table: Table, row: int, rank: int, tid: int, shift: int) -> by
                                 int(table.step[row]), int(table.seq[row]), int(table.a[row]))
     e = table.objects[row]
     return _dumps({"name": type(e).__name__, "cat": "event", "ph": "i", "s": "t", "pid": rank,
-                   "tid": tid, "ts": (e.t_ns + shift) / 1000, "args": _args(e)})
+                   "tid": tid, "ts": (e.t_ns + shift) / 1000, "args": event_args(e)})
 
 
 def chrome_trace_pieces(trace: Trace) -> Iterator[bytes]:

@@ -445,7 +445,9 @@ _PHASES: dict[type[Event], tuple[str, tuple[type[Event], ...]]] = {
 _ENDS = {end: start for start, (_, ends) in _PHASES.items() for end in ends}
 
 
-def _args(event: Event) -> dict[str, Any]:
+def event_args(event: Event) -> dict[str, Any]:
+    """An event's fields as plain values, without the ones every event has (the span and Chrome
+    exports' "args")."""
     d: dict[str, Any] = msgspec.to_builtins(event)
     for k in ("type", "rank", "t_ns"):
         d.pop(k, None)
@@ -465,7 +467,7 @@ class _RankSpans:
 
     def close(self, start: Event, end_ns: int, name: str, cat: SpanCategory, lane: str,
               done: bool, extra: dict[str, Any]) -> None:
-        args = _args(start)
+        args = event_args(start)
         args.update(extra)
         if not done:
             args["unfinished"] = True
@@ -496,7 +498,7 @@ class _RankSpans:
     def grads_summarized(self, e: ev.GradsSummarized) -> None:
         """An aggregated step (detail "buckets"/"sampled"): the bucket's gradients were ready
         from its first to its last hook; per-parameter hooks were not recorded."""
-        args = _args(e)
+        args = event_args(e)
         args["per_parameter"] = "not recorded (detail level aggregated this step)"
         self.out.append(Span(self.rank, f"gradients ready b{e.bucket} (summary of {e.n_grads})",
                              "gradients", SUMMARY_LANE, e.step, e.first_t_ns + self.offset,

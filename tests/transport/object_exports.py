@@ -7,7 +7,7 @@ from typing import Any
 
 from ddpviz import events as ev
 from ddpviz.events import Event
-from ddpviz.trace import _SPAN_HANDLERS, Span, Trace, _args, _rank_spans
+from ddpviz.trace import _SPAN_HANDLERS, Span, Trace, _rank_spans, event_args
 
 
 def object_spans(trace: Trace) -> list[Span]:
@@ -65,7 +65,7 @@ def object_chrome(trace: Trace) -> dict[str, Any]:
                          else (cls.__name__, "event"))
             out.append({"name": name, "cat": cat,
                         "ph": "i", "s": "t", "pid": rank, "tid": tid(rank, lane),
-                        "ts": (e.t_ns + offset - t0) / 1000, "args": _args(e)})
+                        "ts": (e.t_ns + offset - t0) / 1000, "args": event_args(e)})
     clock = {str(r): {"offset_ns": o, "error_ns": err} for r, (o, err) in trace.clock.items()}
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "otherData": {"generator": "ddpviz", "clock": clock, "meta": trace.meta}}
