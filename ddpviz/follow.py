@@ -28,7 +28,7 @@ import msgspec
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, Event, EventsDropped
-from ddpviz.trace import _read_header, _wall_offset
+from ddpviz.trace import _read_header, _wall_offset, gc_paused
 from ddpviz.tracefile import CLOCK, EVENTS, FRAME, MAGIC, SUFFIX, Clock, TraceError
 from ddpviz.transport.collector import CollectorStats
 
@@ -299,8 +299,9 @@ class FolderFeed:
 
     def start(self) -> None:
         """Read every file to its current end (the history, in this thread), then follow."""
-        while self.poll() and not self._stop.is_set():
-            pass  # a poll reads at most READ_BUDGET per file: loop until caught up
+        with gc_paused():  # many small objects, no cycles (see trace.gc_paused)
+            while self.poll() and not self._stop.is_set():
+                pass  # a poll reads at most READ_BUDGET per file: loop until caught up
         self._thread = threading.Thread(target=self._run, name="ddpviz-follow", daemon=True)
         self._thread.start()
 
@@ -370,7 +371,18 @@ class FolderFeed:
             self._clock.setdefault(rank, _wall_offset(meta, self._ref))
 
     def _count(self, chunk: list[Event]) -> None:
+        first, last = chunk[0], chunk[-1]
         with self._lock:
+            r = first.rank
+            nxt = self._next_seq.get(r, 0)
+            if (first.seq == nxt and last.rank == r
+                    and last.seq - first.seq == len(chunk) - 1):
+                # One rank's events numbered on from the last: no gap, and no EventsDropped
+                # (a marker's count would widen the span). The usual chunk, counted at once.
+                self._received[r] = self._received.get(r, 0) + len(chunk)
+                self._next_seq[r] = last.seq + 1
+                self._gaps.setdefault(r, 0)
+                chunk = []
             for e in chunk:  # the collector's accounting (transport/collector.py _accept)
                 r, s = e.rank, e.seq
                 self._received[r] = self._received.get(r, 0) + 1

@@ -131,13 +131,18 @@ class Session:
     # --- consumers ----------------------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False,
-                  replay: bool = False) -> Callable[[], None]:
+                  replay: bool = False, history: Callable[[Trace], None] | None = None
+                  ) -> Callable[[], None]:
         """Call `callback(event)` for each new event (`callback(events)` per message with
         batch=True) on the collector's thread; with replay=True first for every event already
-        received (in this thread, none missed or doubled). Returns an unsubscribe function."""
+        received (in this thread, none missed or doubled). `history=f` calls `f(trace)` with
+        the trace so far instead of a replay, with the same guarantee (a dashboard reads its
+        columns at once: no object per past event). Returns an unsubscribe function."""
         entry = (callback, batch)
         with self._lock:
-            if replay:
+            if history is not None:
+                history(self.trace)
+            elif replay:
                 past = self._trace.events()
                 if batch:
                     callback(past)
