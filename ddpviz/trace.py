@@ -404,8 +404,10 @@ def _read_header(path: Path, kind: int, payload: bytes | memoryview) -> dict[str
 
 def _torn(path: Path, where: int, what: str) -> None:
     warnings.warn(f"ddpviz: {str(path)!r} ends in a torn frame at byte {where} ({what}); "
-                  "the writer stopped mid-write.\nEverything before it was loaded; events "
-                  "after the last flush are lost.", UserWarning, stacklevel=5)
+                  "the writer stopped mid-write, or is still writing (a running job).\n"
+                  "Everything before it was loaded; a running job's later events are in the "
+                  "file once written (`ddpviz.listen(follow=DIR)` follows them live).",
+                  UserWarning, stacklevel=5)
 
 
 _MAX_CLOCK_NS = 100 * 365 * 86400 * 10**9  # wall and monotonic clocks in a file's meta
