@@ -106,6 +106,32 @@ def first_paint(size: str) -> None:
         print(f"{'ratio attach / offline':<38}{live_s / off_s:>8.2f}")
 
 
+def latency(events: int = 40, every_s: float = 0.05) -> None:
+    """From a frame handed to the OS to the attached session's subscriber (the poll)."""
+    from ddpviz import events as ev
+    from ddpviz.follow import POLL_S
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        delays: list[float] = []
+        with TraceWriter(folder / "ddpviz-trace-rank0.ddpviz", meta={"rank": 0}) as w:
+            w.flush()
+            session = attach(folder, show=False)
+            session.subscribe(lambda e: delays.append((time.monotonic_ns() - e.t_ns) / 1e6))
+            for i in range(events):
+                w(ev.ForwardStarted(0, i, time.monotonic_ns(), i))
+                w.flush()
+                time.sleep(every_s)
+            session.wait(events=events, timeout=60)
+            session.close()
+    delays.sort()
+    print(f"\n## new events: frame written -> subscriber, poll every {POLL_S} s, {len(delays)} "
+          f"events {every_s * 1e3:.0f} ms apart\n")
+    print(f"median {statistics.median(delays):.0f} ms, p95 "
+          f"{delays[int(0.95 * (len(delays) - 1))]:.0f} ms, max {delays[-1]:.0f} ms "
+          "(plus the ranks' own ~20 ms from event to file)")
+
+
 # --- the job's step time, attached or not -----------------------------------------------------
 
 def run_job(python: str, folder: Path, steps: int, attached: bool) -> dict[str, float]:
@@ -177,6 +203,7 @@ def main() -> None:
     if not args.skip_paint:
         for size in args.sizes.split(","):
             first_paint(size)
+        latency()
     if not args.skip_job:
         job_cost(args.reps, args.steps)
 

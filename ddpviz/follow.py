@@ -14,8 +14,10 @@ See [Note: following a growing file].
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import stat
 import threading
 import time
 import warnings
@@ -66,14 +68,21 @@ class FileTail:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(path, flags)  # a link planted under the name: OSError
+        # A link planted under the name fails (O_NOFOLLOW); a FIFO does not block the open
+        # (O_NONBLOCK) and, like any file that is not a regular one, is refused below.
+        flags = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+        self._fd: int | None = os.open(path, flags)
         st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self._fd)
+            raise OSError(errno.EINVAL, "not a regular file")
         self._ino = (st.st_dev, st.st_ino)
         self.pos = 0  # bytes consumed: every complete frame before it
         self.meta: dict[str, Any] | None = None  # the header's, once read
         self.clock: dict[int, tuple[int, int]] = {}  # from clock frames in the file
         self.stopped: str | None = None
+        self.reason = ""  # "truncated" | "replaced" | "damaged" | "unreadable", once stopped
         self._replaced = False
         self._more = False
         self.events = 0
@@ -95,7 +104,8 @@ class FileTail:
         except (TraceError, OSError) as exc:  # the frames before it are delivered
             self._stop(str(exc) if isinstance(exc, TraceError) else
                        f"ddpviz: cannot read {str(self.path)!r}: {exc.strerror or exc}; it is "
-                       "no longer followed.\nCheck the file, then attach again.")
+                       "no longer followed.\nCheck the file, then attach again.",
+                       "damaged" if isinstance(exc, TraceError) else "unreadable")
         return out
 
     def _poll(self, budget: int, out: list[list[Event]]) -> None:
@@ -112,7 +122,7 @@ class FileTail:
             self._stop(f"ddpviz: {str(self.path)!r} was truncated while it was followed (it "
                        f"shrank from {self.pos:,} to {size:,} bytes: a new job rewrote it in "
                        f"place?).\nThe {self.events:,} events read before are kept; it is no "
-                       "longer followed. Attach again to follow the new job.")
+                       "longer followed. Attach again to follow the new job.", "truncated")
             return
         if self.pos == 0:
             if size < len(MAGIC) + FRAME.size:
@@ -181,10 +191,10 @@ class FileTail:
             self._stop(f"ddpviz: {str(self.path)!r} was replaced by a new file (a new job "
                        f"writing to the same folder?).\nThe {self.events:,} events of the "
                        "file followed until then are kept; the new one is not mixed in. "
-                       "Attach again to follow the new job.")
+                       "Attach again to follow the new job.", "replaced")
 
-    def _stop(self, why: str) -> None:
-        self.stopped = why
+    def _stop(self, why: str, reason: str) -> None:
+        self.stopped, self.reason = why, reason
         self.close()
 
 
@@ -233,7 +243,7 @@ class FolderFeed:
 
     @property
     def problems(self) -> list[str]:
-        """Why files stopped being followed (truncated, replaced, damaged), one line each."""
+        """Why files stopped being followed (truncated, replaced, damaged), one message each."""
         with self._lock:
             return list(self._problems)
 
@@ -278,10 +288,9 @@ class FolderFeed:
 
     def _rejected(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for p in self._problems:
-            reason = ("replaced" if "was replaced" in p else
-                      "truncated" if "was truncated" in p else "damaged")
-            counts[reason] = counts.get(reason, 0) + 1
+        for tail in self._tails.values():
+            if tail.reason:
+                counts[tail.reason] = counts.get(tail.reason, 0) + 1
         return counts
 
     def report_callback_error(self, callback: object, exc: Exception) -> None:
@@ -340,8 +349,7 @@ class FolderFeed:
         return delivered
 
     def _discover(self) -> None:
-        if any(t.stopped is not None and "was replaced" in t.stopped
-               for t in self._tails.values()):
+        if any(t.reason == "replaced" for t in self._tails.values()):
             return  # the folder holds a new job now: not mixed into this session
         try:
             found = sorted(self.folder.glob(_PATTERN),
@@ -438,9 +446,10 @@ def _dead(path: Path, exc: OSError) -> FileTail:
     tail = FileTail.__new__(FileTail)
     tail.path, tail._fd, tail.meta, tail.clock, tail.events = path, None, None, {}, 0
     tail.pos, tail._replaced, tail._more, tail._ino = 0, False, False, (0, 0)
-    tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc} (a link "
-                    "planted under a trace's name is never followed).\nIt is left out; check "
-                    "the folder.")
+    tail.reason = "unreadable"
+    tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc}. Only "
+                    "regular files are followed (a link or anything else planted under a "
+                    "trace's name never is).\nIt is left out; check the folder.")
     return tail
 
 

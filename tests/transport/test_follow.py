@@ -196,6 +196,7 @@ def test_a_corrupt_frame_mid_file_stops_that_file_with_a_clear_message(tmp_path:
         session = attached(tmp_path)
     with session:
         assert by_rank(session) == {0: steps(0, 0, 1)}
+        assert session.stats.rejected == {"damaged": 1}
     w.close()
 
 
@@ -213,15 +214,18 @@ def test_a_hostile_frame_length_is_refused_without_sizing_memory(tmp_path: Path)
     w.close()
 
 
-def test_a_link_planted_under_a_trace_name_is_not_followed(tmp_path: Path) -> None:
+def test_a_link_or_fifo_planted_under_a_trace_name_is_not_followed(tmp_path: Path) -> None:
     secret = tmp_path / "elsewhere.ddpviz"
     with TraceWriter(secret, meta={"rank": 0}) as w:
         w.write_many(steps(0, 0, 1))
     os.symlink(secret, tmp_path / name(0))
-    with pytest.warns(UserWarning, match="a link planted under a trace's name is never"):
+    os.mkfifo(tmp_path / name(1))  # would block a plain open()
+    with pytest.warns(UserWarning, match=r"Only regular files are followed") as caught:
         session = attached(tmp_path)
     with session:
         assert len(session.trace) == 0
+        assert session.stats.rejected == {"unreadable": 2}
+    assert len(caught) == 2
 
 
 def test_detach_and_reattach_lose_and_double_nothing(tmp_path: Path) -> None:
