@@ -96,14 +96,14 @@ def first_paint(size: str) -> None:
               f"{n:,} events in {ranks} files, {mib:,.0f} MiB (load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; median of 3)\n")
         print(f"{'path':<38}{'wall s':>8}{'CPU s':>8}{'events/s':>12}")
-        med = {}
+        med = []
         for name in dict.fromkeys(r[0] for r in rows):
             wall = statistics.median(r[1] for r in rows if r[0] == name)
             cpu = statistics.median(r[2] for r in rows if r[0] == name)
-            med[name] = wall
+            med.append((wall, cpu))
             print(f"{name:<38}{wall:>8.2f}{cpu:>8.2f}{n / wall / 1e6:>11.2f}M")
-        live_s, off_s = med.values()
-        print(f"{'ratio attach / offline':<38}{live_s / off_s:>8.2f}")
+        (live_w, live_c), (off_w, off_c) = med
+        print(f"{'ratio attach / offline':<38}{live_w / off_w:>8.2f}{live_c / off_c:>8.2f}")
 
 
 def latency(events: int = 40, every_s: float = 0.05) -> None:
@@ -154,8 +154,11 @@ def run_job(python: str, folder: Path, steps: int, attached: bool) -> dict[str, 
         if attached:
             session = attach(out, show=False)
             board = session.dashboard()
+        wall, cpu = time.perf_counter(), time.process_time()
         gate.touch()
         stdout, stderr = job.communicate(timeout=600)
+        # the notebook's side: this process's CPU (poll thread, dashboard redraws) per second
+        notebook = (time.process_time() - cpu) / (time.perf_counter() - wall)
     finally:
         if job.poll() is None:
             job.kill()
@@ -166,7 +169,9 @@ def run_job(python: str, folder: Path, steps: int, attached: bool) -> dict[str, 
         raise SystemExit(f"the job failed:\n{stdout}\n{stderr}")
     found = re.search(r"ATTACH_BENCH (\{.*?\})", stdout)
     assert found, stdout
-    return json.loads(found.group(1))  # type: ignore[no-any-return]
+    result: dict[str, float] = json.loads(found.group(1))
+    result["notebook_cpu"] = notebook
+    return result
 
 
 def job_cost(reps: int, steps: int) -> None:
@@ -190,6 +195,11 @@ def job_cost(reps: int, steps: int) -> None:
         ratios = [a / p for a, p in zip(att, plain, strict=True)]
         print(f"{label:<24}{statistics.median(plain):>11.3f} ms{statistics.median(att):>9.3f} ms"
               f"{statistics.median(ratios):>8.3f}  {min(ratios):.3f}-{max(ratios):.3f}")
+    busy = statistics.median(r["notebook_cpu"] for r in runs[True])
+    idle = statistics.median(r["notebook_cpu"] for r in runs[False])
+    print(f"\nthe notebook's process while the job ran: {busy:.1%} of a CPU attached (poll "
+          f"thread, live dashboard), {idle:.1%} not attached. On this 2-CPU machine it shares "
+          "the ranks' CPUs; on a cluster it runs elsewhere.")
 
 
 def main() -> None:
