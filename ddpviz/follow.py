@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 POLL_S = 0.25  # how often the files are polled: new events show within about this
 MAX_FRAME = 256 << 20  # a frame claiming more is damage (a writer's chunk is a few MB)
 READ_BUDGET = 64 << 20  # bytes read from one file per poll, so one huge file cannot stall the rest
+# Files kept open between polls; the ones beyond are opened for each poll, so a job of
+# thousands of ranks stays within the process's descriptor limit (often 1,024).
+MAX_OPEN = 256
 _NAME = re.compile(r"ddpviz-trace-rank(\d+)" + re.escape(SUFFIX))
 _PATTERN = f"ddpviz-trace-rank*{SUFFIX}"
 _decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
@@ -66,18 +69,14 @@ class FileTail:
     `poll()` returns the events of the frames completed since; `stopped` says why the file is
     no longer followed (None while it is)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, keep_open: bool = True) -> None:
         self.path = path
-        # A link planted under the name fails (O_NOFOLLOW); a FIFO does not block the open
-        # (O_NONBLOCK) and, like any file that is not a regular one, is refused below.
-        flags = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_CLOEXEC", 0))
-        self._fd: int | None = os.open(path, flags)
-        st = os.fstat(self._fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(self._fd)
-            raise OSError(errno.EINVAL, "not a regular file")
+        self.keep_open = keep_open
+        self._fd: int | None = None
+        fd = self._open()
+        st = os.fstat(fd)
         self._ino = (st.st_dev, st.st_ino)
+        self._fd = fd
         self.pos = 0  # bytes consumed: every complete frame before it
         self.meta: dict[str, Any] | None = None  # the header's, once read
         self.clock: dict[int, tuple[int, int]] = {}  # from clock frames in the file
@@ -86,6 +85,19 @@ class FileTail:
         self._replaced = False
         self._more = False
         self.events = 0
+        if not keep_open:
+            self.close()
+
+    def _open(self) -> int:
+        # A link planted under the name fails (O_NOFOLLOW); a FIFO does not block the open
+        # (O_NONBLOCK) and, like any file that is not a regular one, is refused.
+        flags = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(self.path, flags)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fd
 
     def close(self) -> None:
         if self._fd is not None:
@@ -97,15 +109,29 @@ class FileTail:
         `budget` bytes of them). Never raises for the file's content: a damaged, truncated or
         replaced file sets `stopped` (the message) and closes."""
         out: list[list[Event]] = []
-        if self._fd is None:
+        if self.stopped is not None:
             return out
         try:
+            if self._fd is None:  # not kept open between polls (see FolderFeed MAX_OPEN)
+                try:
+                    fd = self._open()
+                except FileNotFoundError:
+                    return out  # removed for now: a file put back under the name is new
+                st = os.fstat(fd)
+                self._fd = fd
+                if (st.st_dev, st.st_ino) != self._ino:
+                    self._replaced = True  # the old file's unread rest is out of reach
+                    self._settle()
+                    return out
             self._poll(budget, out)
         except (TraceError, OSError) as exc:  # the frames before it are delivered
             self._stop(str(exc) if isinstance(exc, TraceError) else
                        f"ddpviz: cannot read {str(self.path)!r}: {exc.strerror or exc}; it is "
                        "no longer followed.\nCheck the file, then attach again.",
                        "damaged" if isinstance(exc, TraceError) else "unreadable")
+        finally:
+            if not self.keep_open:
+                self.close()
         return out
 
     def _poll(self, budget: int, out: list[list[Event]]) -> None:
@@ -187,7 +213,7 @@ class FileTail:
 
     def _settle(self) -> None:
         """After a poll: a replaced file read to its end is done with."""
-        if self._replaced and self._fd is not None and not self._more:
+        if self._replaced and not self._more:
             self._stop(f"ddpviz: {str(self.path)!r} was replaced by a new file (a new job "
                        f"writing to the same folder?).\nThe {self.events:,} events of the "
                        "file followed until then are kept; the new one is not mixed in. "
@@ -360,7 +386,7 @@ class FolderFeed:
             if path in self._tails or not _NAME.fullmatch(path.name):
                 continue
             try:
-                self._tails[path] = FileTail(path)
+                self._tails[path] = FileTail(path, keep_open=len(self._tails) < MAX_OPEN)
             except OSError as exc:
                 # a link planted under the name, or unreadable: left out, said once
                 self._tails[path] = _dead(path, exc)
@@ -446,7 +472,7 @@ def _dead(path: Path, exc: OSError) -> FileTail:
     tail = FileTail.__new__(FileTail)
     tail.path, tail._fd, tail.meta, tail.clock, tail.events = path, None, None, {}, 0
     tail.pos, tail._replaced, tail._more, tail._ino = 0, False, False, (0, 0)
-    tail.reason = "unreadable"
+    tail.keep_open, tail.reason = False, "unreadable"
     tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc}. Only "
                     "regular files are followed (a link or anything else planted under a "
                     "trace's name never is).\nIt is left out; check the folder.")

@@ -15,12 +15,22 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
+from ddpviz import follow
 from ddpviz.follow import FolderFeed, attach
 from ddpviz.session import Session
 from ddpviz.trace import Trace
 from ddpviz.tracefile import EVENTS, FRAME, TraceWriter
 
 HOUR = 3600.0
+
+
+@pytest.fixture(params=[True, False], ids=["kept-open", "reopened-each-poll"])
+def kept_open(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways a file is followed: its descriptor kept open between polls, or (beyond
+    follow.MAX_OPEN files) opened for each poll."""
+    if not request.param:
+        monkeypatch.setattr(follow, "MAX_OPEN", 0)
+    return bool(request.param)
 
 
 def name(rank: int) -> str:
@@ -56,7 +66,8 @@ def by_rank(session: Session) -> dict[int, list[ev.Event]]:
     return {r: session.trace.events(r) for r in session.trace.ranks}
 
 
-def test_history_then_new_events_then_a_rank_that_starts_late(tmp_path: Path) -> None:
+def test_history_then_new_events_then_a_rank_that_starts_late(tmp_path: Path,
+                                                              kept_open: bool) -> None:
     w0, w1 = writer(tmp_path, 0), writer(tmp_path, 1)
     for r, w in ((0, w0), (1, w1)):
         w.write_many(steps(r, 0, 3))
@@ -99,7 +110,7 @@ def test_the_polling_thread_delivers_and_stops_on_close(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cut", [-FRAME.size + 3, 0, 5])  # in the frame header, after, mid-payload
-def test_a_torn_last_frame_waits_for_its_end(tmp_path: Path, cut: int) -> None:
+def test_a_torn_last_frame_waits_for_its_end(tmp_path: Path, cut: int, kept_open: bool) -> None:
     w = writer(tmp_path, 0)
     w.write_many(steps(0, 0, 2))
     w.flush()
@@ -140,7 +151,8 @@ def test_a_last_frame_failing_its_checksum_is_waited_for_then_read(tmp_path: Pat
     w.close()
 
 
-def test_a_file_truncated_while_followed_is_left_with_a_clear_message(tmp_path: Path) -> None:
+def test_a_file_truncated_while_followed_is_left_with_a_clear_message(
+        tmp_path: Path, kept_open: bool) -> None:
     w = writer(tmp_path, 0)
     w.write_many(steps(0, 0, 2))
     w.flush()
@@ -157,7 +169,7 @@ def test_a_file_truncated_while_followed_is_left_with_a_clear_message(tmp_path: 
 
 
 def test_a_file_replaced_by_a_new_job_is_read_to_its_end_and_not_mixed_in(
-        tmp_path: Path) -> None:
+        tmp_path: Path, kept_open: bool) -> None:
     w = writer(tmp_path, 0)
     w.write_many(steps(0, 0, 2))
     w.flush()
@@ -168,9 +180,13 @@ def test_a_file_replaced_by_a_new_job_is_read_to_its_end_and_not_mixed_in(
         with TraceWriter(new, meta={"rank": 0}) as w2:
             w2.write_many(steps(0, 0, 9))
         os.replace(new, tmp_path / name(0))  # how a new job's rank puts its file in place
-        with pytest.warns(UserWarning, match=r"was replaced by a new file.*\n.*9 events"):
+        # Kept open, the old file is read to its end; reopened for each poll, its unread rest
+        # is out of reach (the name holds the new file now): either way nothing new is mixed in.
+        old = steps(0, 0, 3) if kept_open else steps(0, 0, 2)
+        with pytest.warns(UserWarning, match=rf"was replaced by a new file.*\n.*{len(old)} "
+                          "events"):
             poll(session)
-        assert by_rank(session) == {0: steps(0, 0, 3)}  # the old file to its end, nothing new
+        assert by_rank(session) == {0: old}
         with writer(tmp_path, 1) as w3:  # the new job's other rank: not picked up either
             w3.write_many(steps(1, 0, 1))
         poll(session)
@@ -228,7 +244,7 @@ def test_a_link_or_fifo_planted_under_a_trace_name_is_not_followed(tmp_path: Pat
     assert len(caught) == 2
 
 
-def test_detach_and_reattach_lose_and_double_nothing(tmp_path: Path) -> None:
+def test_detach_and_reattach_lose_and_double_nothing(tmp_path: Path, kept_open: bool) -> None:
     w0, w1 = writer(tmp_path, 0), writer(tmp_path, 1)
     for r, w in ((0, w0), (1, w1)):
         w.write_many(steps(r, 0, 2))
