@@ -247,8 +247,8 @@ class FolderFeed:
         self.host = ""
         self._tails: dict[Path, FileTail] = {}
         self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
-        self._lock = threading.Lock()  # subscribers, stats
-        self._poll_lock = threading.Lock()  # one poll at a time (thread vs catch_up)
+        self._lock = threading.Lock()  # subscribers, stats, the set of tails
+        self._poll_lock = threading.Lock()  # one poll at a time (the thread vs start())
         self._polled = threading.Condition()  # notified after every poll
         self._received: dict[int, int] = {}
         self._dropped: dict[int, int] = {}
@@ -386,11 +386,14 @@ class FolderFeed:
             if path in self._tails or not _NAME.fullmatch(path.name):
                 continue
             try:
-                self._tails[path] = FileTail(path, keep_open=len(self._tails) < MAX_OPEN)
+                tail = FileTail(path, keep_open=len(self._tails) < MAX_OPEN)
             except OSError as exc:
                 # a link planted under the name, or unreadable: left out, said once
-                self._tails[path] = _dead(path, exc)
-                self._problem(self._tails[path].stopped or "")
+                tail = _dead(path, exc)
+            with self._lock:  # stats() reads the tails from other threads
+                self._tails[path] = tail
+            if tail.stopped is not None:
+                self._problem(tail.stopped)
 
     def _describe(self, tail: FileTail) -> None:
         meta = tail.meta
