@@ -32,6 +32,7 @@ from ddpviz import limits
 from ddpviz.events import ANY_EVENT, Event, EventsDropped
 from ddpviz.trace import _read_header, _wall_offset, gc_paused
 from ddpviz.tracefile import CLOCK, EVENTS, FRAME, MAGIC, SUFFIX, Clock, TraceError
+from ddpviz.transport.codec import boot_id
 from ddpviz.transport.collector import CollectorStats
 
 if TYPE_CHECKING:
@@ -256,6 +257,7 @@ class FolderFeed:
         self._next_seq: dict[int, int] = {}
         self._clock: dict[int, tuple[int, int]] = {}
         self._peers: dict[int, str] = {}
+        self._finished: dict[int, FileTail] = {}  # ranks whose writing process has exited
         self._ref: dict[str, Any] | None = None  # the first header: the reference clock
         self._problems: list[str] = []
         self._callback_errors = 0
@@ -298,7 +300,9 @@ class FolderFeed:
                 received=dict(self._received), frames={}, rejected=self._rejected(),
                 gaps=dict(self._gaps), dropped=dict(self._dropped),
                 reordered=dict.fromkeys(ranks, 0), lost_frames=dict.fromkeys(ranks, 0),
-                clock=dict(self._clock), peers=dict(self._peers), closed={},
+                clock=dict(self._clock), peers=dict(self._peers),
+                closed={r: (self._received.get(r, 0), self._dropped.get(r, 0))
+                        for r in self._finished},
                 callback_errors=self._callback_errors)
 
     def wait(self, predicate: Callable[[CollectorStats], bool], timeout: float = 30.0) -> bool:
@@ -364,6 +368,17 @@ class FolderFeed:
                 chunks = tail.poll()
                 if tail.meta is not None:
                     self._describe(tail)
+                rank = tail.meta.get("rank") if tail.meta is not None else None
+                if (not chunks and type(rank) is int and rank not in self._finished
+                        and tail.meta is not None and _writer_gone(tail.meta)):
+                    # Its writer has exited, so the file is whole: read what came after the
+                    # last look, then count the rank finished (`stats.closed`, `wait(ranks=)`).
+                    chunks = tail.poll()
+                    with self._lock:
+                        self._finished[rank] = tail
+                elif chunks and type(rank) is int and rank in self._finished:
+                    with self._lock:  # written after all (another pid namespace?): not finished
+                        del self._finished[rank]
                 for chunk in chunks:
                     self._count(chunk)
                     self._deliver(chunk)
@@ -469,6 +484,25 @@ class FolderFeed:
     def __repr__(self) -> str:
         return (f"<ddpviz FolderFeed {self.folder}: {len(self._tails)} files, "
                 f"{sum(self._received.values())} events>")
+
+
+_BOOT = boot_id()
+
+
+def _writer_gone(meta: dict[str, Any]) -> bool:
+    """Whether the process that wrote a file (its header's boot id and pid) has exited: known
+    only on this machine (the same kernel); elsewhere, or when unsure, False. Only a hint
+    (the file is still followed), so a pid seen from another pid namespace does no harm."""
+    pid = meta.get("pid")
+    if not _BOOT or meta.get("boot") != _BOOT or type(pid) is not int or not 1 < pid < 1 << 22:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists (not ours), or cannot tell
+    return False
 
 
 def _dead(path: Path, exc: OSError) -> FileTail:

@@ -103,9 +103,9 @@ def test_attach_mid_run_see_history_and_new_steps_detach_reattach(python: str,
         job.communicate()
         raise
     files = {r: ddpviz.Trace.load(out / f"ddpviz-trace-rank{r}.ddpviz") for r in (0, 1)}
-    # Nothing lost or doubled: the re-attached session ends with every event of the files.
-    assert eventually(lambda: all(len(again.trace.events(r)) == len(files[r]) for r in (0, 1)),
-                      LIMIT)
+    # Nothing lost or doubled: the re-attached session ends with every event of the files,
+    # and counts both ranks finished once their processes have exited.
+    assert again.wait(ranks=2, timeout=LIMIT), again.stats
     for r in (0, 1):
         assert again.trace.events(r) == files[r].events(r)
         assert before[r] == files[r].events(r)[:len(before[r])]  # the detached one: a prefix

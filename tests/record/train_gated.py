@@ -51,7 +51,8 @@ def main() -> None:
         loss.backward()
         opt.step()
     raw = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-    print(f"rank {rank} done loss {float(loss.detach()):.9g} bits {raw.hexdigest()[:20]}", flush=True)
+    print(f"rank {rank} done loss {float(loss.detach()):.9g} bits {raw.hexdigest()[:20]}",
+          flush=True)
     dist.barrier()  # then leave like train_plain.py (see there)
     sys.stdout.flush()
     atexit._run_exitfuncs()

@@ -7,6 +7,8 @@ step is deterministic: no timing window anywhere."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from ddpviz.follow import FolderFeed, attach
 from ddpviz.session import Session
 from ddpviz.trace import Trace
 from ddpviz.tracefile import EVENTS, FRAME, TraceWriter
+from ddpviz.transport.codec import boot_id
 
 HOUR = 3600.0
 
@@ -303,3 +306,21 @@ def test_attach_prints_what_it_found(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_listen_follow_refuses_the_socket_options(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"binds nothing, so port, secret do not apply"):
         ddpviz.listen(port=5555, secret="x", follow=tmp_path)
+
+
+def test_a_rank_whose_writer_exited_counts_as_finished(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    for rank, pid in ((0, int(gone.stdout)), (1, os.getpid())):
+        with TraceWriter(tmp_path / name(rank),
+                         meta={"rank": rank, "pid": pid, "boot": boot_id()}) as w:
+            w.write_many(steps(rank, 0, 1))
+    with attached(tmp_path) as session:
+        poll(session)  # a poll that finds nothing new looks at the writer
+        assert session.stats.closed == {0: (3, 0)}  # rank 1's writer (this process) lives
+        assert session.wait(ranks=1, timeout=0) and not session.wait(ranks=2, timeout=0)
+        with open(tmp_path / name(0), "ab") as f:  # written after all: no longer finished
+            payload = msgspec.msgpack.encode(steps(0, 1, 2, seq=3))
+            f.write(FRAME.pack(EVENTS, len(payload), zlib.crc32(payload)) + payload)
+        poll(session)
+        assert session.stats.closed == {} and len(session.trace.events(0)) == 6
