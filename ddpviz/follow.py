@@ -30,7 +30,7 @@ import msgspec
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, Event, EventsDropped
-from ddpviz.trace import _read_header, _wall_offset, gc_paused
+from ddpviz.trace import gc_paused, read_header, wall_offset
 from ddpviz.tracefile import CLOCK, EVENTS, FRAME, MAGIC, SUFFIX, Clock, TraceError
 from ddpviz.transport.codec import boot_id
 from ddpviz.transport.collector import CollectorStats
@@ -193,7 +193,7 @@ class FileTail:
     def _take(self, kind: int, payload: bytes, where: int, out: list[list[Event]]) -> None:
         try:
             if self.meta is None:
-                self.meta = _read_header(self.path, kind, payload)
+                self.meta = read_header(self.path, kind, payload)
             elif kind == EVENTS:
                 chunk = cast("list[Event]", _decode_events(payload))
                 limits.check_events(chunk)
@@ -420,7 +420,7 @@ class FolderFeed:
             if self._ref is None:
                 self._ref = meta
             self._peers[rank] = f"{str(meta.get('host'))[:200]} {str(meta.get('pid'))[:20]}"
-            self._clock.setdefault(rank, _wall_offset(meta, self._ref))
+            self._clock.setdefault(rank, wall_offset(meta, self._ref))
 
     def _count(self, chunk: list[Event]) -> None:
         first, last = chunk[0], chunk[-1]
