@@ -36,6 +36,7 @@ from ddpviz.transport.collector import (
 from ddpviz.transport.sender import Sender
 
 if TYPE_CHECKING:
+    from ddpviz.follow import FolderFeed
     from ddpviz.widgets.dashboard import Dashboard
 
 ENV_CONNECT = "DDPVIZ_CONNECT"
@@ -46,7 +47,8 @@ class Session:
     """Every rank's events, live: subscribe, iterate, wait, save.
 
     Args:
-        collector: where the events come from (`listen()` makes one).
+        collector: where the events come from (`listen()` makes one; `attach()` a FolderFeed
+            reading a recording job's files).
         record: also append every event to a `.ddpviz` file as it arrives: to `RECORD.part`
             while the session runs (crash-safe: load it if the kernel died), renamed to
             `record` when the session closes, so an earlier file there survives until then.
@@ -54,8 +56,8 @@ class Session:
             warned about once and kept in `record_error`, and the earlier file is unchanged.
     """
 
-    def __init__(self, collector: Collector, *, record: str | os.PathLike[str] | None = None
-                 ) -> None:
+    def __init__(self, collector: Collector | FolderFeed, *,
+                 record: str | os.PathLike[str] | None = None) -> None:
         self.collector = collector
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
@@ -129,13 +131,18 @@ class Session:
     # --- consumers ----------------------------------------------------------------------------
 
     def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False,
-                  replay: bool = False) -> Callable[[], None]:
+                  replay: bool = False, history: Callable[[Trace], None] | None = None
+                  ) -> Callable[[], None]:
         """Call `callback(event)` for each new event (`callback(events)` per message with
         batch=True) on the collector's thread; with replay=True first for every event already
-        received (in this thread, none missed or doubled). Returns an unsubscribe function."""
+        received (in this thread, none missed or doubled). `history=f` calls `f(trace)` with
+        the trace so far instead of a replay, with the same guarantee (a dashboard reads its
+        columns at once: no object per past event). Returns an unsubscribe function."""
         entry = (callback, batch)
         with self._lock:
-            if replay:
+            if history is not None:
+                history(self.trace)
+            elif replay:
                 past = self._trace.events()
                 if batch:
                     callback(past)
@@ -311,8 +318,11 @@ class Session:
 
 def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
            advertise: str | None = None, record: str | os.PathLike[str] | None = None,
-           show: bool = True, max_pending: int | None = None) -> Session:
+           show: bool = True, max_pending: int | None = None,
+           follow: str | os.PathLike[str] | None = None) -> Session:
     """Start a live session in this process (the notebook) and show how to connect to it.
+    With `follow=DIR`: the live session of a job already running under `ddpviz record --out
+    DIR`, read from its per-rank trace files (history, then new events; see ddpviz/follow.py).
 
     The connect string (address and secret) is not printed: cell outputs are saved with the
     notebook. It is in `session.connect_string`, `session.env`, and in `session.connect_file`
@@ -329,9 +339,24 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
             transport/handshake.py); ranks beyond it that connect in the same instant are
             disconnected and reconnect, counted under rejected "auth". For a fleet of N ranks
             starting together pass about N (each pending peer may hold ~4 MiB in the kernel).
+        follow: a `ddpviz record --out` folder to attach to instead of listening (nothing is
+            bound; the job is not touched; `session.close()` detaches). Only `record` and
+            `show` apply with it.
     Returns:
         The Session; `session.connect_string` goes into the ranks' DDPVIZ_CONNECT.
     """
+    if follow is not None:
+        given = [name for name, value, default in (
+            ("host", host, "127.0.0.1"), ("port", port, 0), ("secret", secret, None),
+            ("advertise", advertise, None), ("max_pending", max_pending, None))
+            if value != default]
+        if given:
+            raise ValueError(f"ddpviz: listen(follow=...) reads a folder and binds nothing, so "
+                             f"{', '.join(given)} do not apply.\nPass follow= alone (with "
+                             "record= or show= if wanted), or listen without follow=.")
+        from ddpviz.follow import attach
+
+        return attach(follow, record=record, show=show)
     collector = Collector(host, port, secret, advertise=advertise) if max_pending is None else \
         Collector(host, port, secret, advertise=advertise, max_pending=max_pending)
     session = Session(collector, record=record)

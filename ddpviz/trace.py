@@ -295,7 +295,7 @@ class Trace:
                                  "restore it from the original run.")
             try:
                 if trace is None:
-                    trace = cls(meta=_read_header(path, kind, payload))
+                    trace = cls(meta=read_header(path, kind, payload))
                 elif kind == _EVENTS:
                     chunk = cast("list[Event]", decode_events(payload))
                     limits.check_events(chunk)
@@ -326,7 +326,7 @@ class Trace:
         for t in traces:
             merged.extend(t.events())
             for rank in t.ranks:
-                merged.clock[rank] = t.clock.get(rank, _wall_offset(t.meta, ref))
+                merged.clock[rank] = t.clock.get(rank, wall_offset(t.meta, ref))
         merged.meta.pop("rank", None)
         return merged
 
@@ -385,7 +385,8 @@ def _not_a_trace(path: Path) -> NoReturn:
                      "ddpviz.connect().")
 
 
-def _read_header(path: Path, kind: int, payload: bytes | memoryview) -> dict[str, Any]:
+def read_header(path: Path, kind: int, payload: bytes | memoryview) -> dict[str, Any]:
+    """The metadata of a file's header frame (also ddpviz/follow.py's), versions checked."""
     if kind != _HEADER:
         raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
                          "is damaged; restore it from the original run.")
@@ -404,15 +405,17 @@ def _read_header(path: Path, kind: int, payload: bytes | memoryview) -> dict[str
 
 def _torn(path: Path, where: int, what: str) -> None:
     warnings.warn(f"ddpviz: {str(path)!r} ends in a torn frame at byte {where} ({what}); "
-                  "the writer stopped mid-write.\nEverything before it was loaded; events "
-                  "after the last flush are lost.", UserWarning, stacklevel=5)
+                  "the writer stopped mid-write, or is still writing (a running job).\n"
+                  "Everything before it was loaded; a running job's later events are in the "
+                  "file once written (`ddpviz.listen(follow=DIR)` follows them live).",
+                  UserWarning, stacklevel=5)
 
 
 _MAX_CLOCK_NS = 100 * 365 * 86400 * 10**9  # wall and monotonic clocks in a file's meta
 _MAX_WALL_OFFSET_NS = 10 * 365 * 86400 * 10**9  # two hosts' boot times differ by less
 
 
-def _wall_offset(meta: dict[str, Any], ref: dict[str, Any]) -> tuple[int, int]:
+def wall_offset(meta: dict[str, Any], ref: dict[str, Any]) -> tuple[int, int]:
     """(offset, error) of a per-rank file's clock onto the reference file's clock. The meta is
     untrusted: an absurd clock (which would overflow the timeline's int64 times) is ignored,
     with a note, and the file is left unaligned."""

@@ -88,7 +88,12 @@ def _from_session(session: Session, model: EventModel, on_events: Callable[[], N
         model.feed(batch)
         on_events()
 
-    unsubscribe = session.subscribe(receive, batch=True, replay=True)
+    def history(trace: Trace) -> None:  # what came before: as columns, like a loaded trace
+        model.set_clock(trace.clock)
+        for table in trace.columns().values():
+            model.feed_table(table)
+
+    unsubscribe = session.subscribe(receive, batch=True, history=history)
     return Source("session", True, f"{label} {session.collector.address}", unsubscribe,
                   lambda: session.stats)
 

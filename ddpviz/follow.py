@@ -1,0 +1,549 @@
+"""`ddpviz.listen(follow=DIR)`: the live session of a job that `ddpviz record --out DIR` is running.
+
+The job's ranks append their events to `ddpviz-trace-rank{R}.ddpviz` in DIR as they go (a
+Sender's thread off the training thread, one frame per batch handed to the OS within ~20 ms,
+see transport/sender.py). A `FolderFeed` reads those files from byte 0 (the history), then
+tails them: it polls each file's size, reads the frames that are complete with `pread`, and
+delivers them like a collector does, so a `Session` over it is what `listen()` gives: the same
+trace, subscribers, iterators and `session.dashboard()`. The job never knows: nothing is
+written, nothing signalled, and closing the session only stops the polling thread.
+
+See [Note: following a growing file].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import msgspec
+
+from ddpviz import limits
+from ddpviz.events import ANY_EVENT, Event, EventsDropped
+from ddpviz.trace import gc_paused, read_header, wall_offset
+from ddpviz.tracefile import CLOCK, EVENTS, FRAME, MAGIC, SUFFIX, Clock, TraceError
+from ddpviz.transport.codec import boot_id
+from ddpviz.transport.collector import CollectorStats
+
+if TYPE_CHECKING:
+    from ddpviz.session import Session
+
+# [Note: following a growing file]
+# A writer appends whole frames but a reader can see any prefix of one (a payload bigger than
+# the writer's buffer goes out in several writes; a shared filesystem shows sizes before
+# contents). So a frame is taken only once all of it is within the file's current size and
+# its CRC matches; a frame cut short by the end is left for the next poll (the torn tail of a
+# live writer, or of one that died). A CRC mismatch on the last frame is also waited for (NFS
+# can show the new size before the bytes); on a frame with more bytes after it, the file is
+# damaged. Reads are `os.pread` on a descriptor opened once, never `mmap`: a mapped file that
+# a new job truncates or rewrites kills the reader with SIGBUS. The descriptor keeps the
+# inode: a file replaced under its name (a new job in the same folder renames its new file
+# over the old one) is noticed by comparing the name's inode with ours; the old file is read
+# to its end, then left, with one message. A file that shrinks under us was truncated in
+# place: left with one message. Neither changes what was already delivered.
+
+POLL_S = 0.25  # how often the files are polled: new events show within about this
+MAX_FRAME = 256 << 20  # a frame claiming more is damage (a writer's chunk is a few MB)
+READ_BUDGET = 64 << 20  # bytes read from one file per poll, so one huge file cannot stall the rest
+# Files kept open between polls; the ones beyond are opened for each poll, so a job of
+# thousands of ranks stays within the process's descriptor limit (often 1,024).
+MAX_OPEN = 256
+_NAME = re.compile(r"ddpviz-trace-rank(\d+)" + re.escape(SUFFIX))
+_PATTERN = f"ddpviz-trace-rank*{SUFFIX}"
+_decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
+_decode_clock = msgspec.msgpack.Decoder(Clock).decode
+
+
+class FileTail:
+    """One per-rank trace file, read frame by frame from where the last poll stopped.
+
+    `poll()` returns the events of the frames completed since; `stopped` says why the file is
+    no longer followed (None while it is)."""
+
+    def __init__(self, path: Path, *, keep_open: bool = True) -> None:
+        self.path = path
+        self.keep_open = keep_open
+        self._fd: int | None = None
+        fd = self._open()
+        st = os.fstat(fd)
+        self._ino = (st.st_dev, st.st_ino)
+        self._fd = fd
+        self.pos = 0  # bytes consumed: every complete frame before it
+        self.meta: dict[str, Any] | None = None  # the header's, once read
+        self.clock: dict[int, tuple[int, int]] = {}  # from clock frames in the file
+        self.stopped: str | None = None
+        self.reason = ""  # "truncated" | "replaced" | "damaged" | "unreadable", once stopped
+        self._replaced = False
+        self._more = False
+        self.events = 0
+        if not keep_open:
+            self.close()
+
+    def _open(self) -> int:
+        # A link planted under the name fails (O_NOFOLLOW); a FIFO does not block the open
+        # (O_NONBLOCK) and, like any file that is not a regular one, is refused.
+        flags = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(self.path, flags)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def poll(self, budget: int = READ_BUDGET) -> list[list[Event]]:
+        """The event chunks of the frames completed since the last poll (at most about
+        `budget` bytes of them). Never raises for the file's content: a damaged, truncated or
+        replaced file sets `stopped` (the message) and closes."""
+        out: list[list[Event]] = []
+        if self.stopped is not None:
+            return out
+        try:
+            if self._fd is None:  # not kept open between polls (see FolderFeed MAX_OPEN)
+                try:
+                    fd = self._open()
+                except FileNotFoundError:
+                    return out  # removed for now: a file put back under the name is new
+                st = os.fstat(fd)
+                self._fd = fd
+                if (st.st_dev, st.st_ino) != self._ino:
+                    self._replaced = True  # the old file's unread rest is out of reach
+                    self._settle()
+                    return out
+            self._poll(budget, out)
+        except (TraceError, OSError) as exc:  # the frames before it are delivered
+            self._stop(str(exc) if isinstance(exc, TraceError) else
+                       f"ddpviz: cannot read {str(self.path)!r}: {exc.strerror or exc}; it is "
+                       "no longer followed.\nCheck the file, then attach again.",
+                       "damaged" if isinstance(exc, TraceError) else "unreadable")
+        finally:
+            if not self.keep_open:
+                self.close()
+        return out
+
+    def _poll(self, budget: int, out: list[list[Event]]) -> None:
+        fd = self._fd
+        assert fd is not None
+        if not self._replaced:
+            try:
+                st = os.stat(self.path, follow_symlinks=False)
+                self._replaced = (st.st_dev, st.st_ino) != self._ino
+            except FileNotFoundError:
+                pass  # removed (cleaned up): what the descriptor holds is still read
+        size = os.fstat(fd).st_size
+        if size < self.pos:
+            self._stop(f"ddpviz: {str(self.path)!r} was truncated while it was followed (it "
+                       f"shrank from {self.pos:,} to {size:,} bytes: a new job rewrote it in "
+                       f"place?).\nThe {self.events:,} events read before are kept; it is no "
+                       "longer followed. Attach again to follow the new job.", "truncated")
+            return
+        if self.pos == 0:
+            if size < len(MAGIC) + FRAME.size:
+                return
+            if os.pread(fd, len(MAGIC), 0) != MAGIC:
+                raise TraceError(f"ddpviz: {str(self.path)!r} is not a ddpviz trace (no "
+                                 f"{MAGIC!r} magic at its start).\nIt is left out; remove it "
+                                 "from the folder.")
+            self.pos = len(MAGIC)
+        start = self.pos
+        self._more = False  # stopped by the budget, with complete frames left
+        while size - self.pos >= FRAME.size:
+            if self.pos - start >= budget:
+                self._more = True
+                break
+            where = self.pos
+            kind, length, crc = FRAME.unpack(os.pread(fd, FRAME.size, where))
+            if length > MAX_FRAME:
+                raise TraceError(
+                    f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} claims "
+                    f"{length:,} bytes, more than any ddpviz frame: the file is damaged or "
+                    f"hostile past that point.\nThe {self.events:,} events before it are "
+                    "kept; the rest of the file is not read.")
+            end = where + FRAME.size + length
+            if end > size:
+                break  # the frame is still being written: next poll
+            payload = os.pread(fd, length, where + FRAME.size)
+            if len(payload) < length:
+                break  # shrank under the read: the next poll says so
+            if zlib.crc32(payload) != crc:
+                if end == size:
+                    break  # the newest frame, perhaps not all there yet: next poll
+                raise TraceError(
+                    f"ddpviz: {str(self.path)!r} is corrupt: the frame at byte {where:,} fails "
+                    f"its checksum.\nThe {self.events:,} events before it are kept; the rest "
+                    "of the file is not read.")
+            self._take(kind, payload, where, out)
+            self.pos = end
+        self._settle()
+
+    def _take(self, kind: int, payload: bytes, where: int, out: list[list[Event]]) -> None:
+        try:
+            if self.meta is None:
+                self.meta = read_header(self.path, kind, payload)
+            elif kind == EVENTS:
+                chunk = cast("list[Event]", _decode_events(payload))
+                limits.check_events(chunk)
+                if chunk:
+                    out.append(chunk)
+                    self.events += len(chunk)
+            elif kind == CLOCK:
+                c = _decode_clock(payload)
+                self.clock[c.rank] = (c.offset_ns, c.error_ns)
+            # other kinds: records of a later minor format; skipped, as Trace.load does
+        except (msgspec.MsgspecError, ValueError, RecursionError) as e:
+            if isinstance(e, TraceError):
+                raise
+            raise TraceError(f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} does "
+                             f"not decode within ddpviz's limits: {e}.\nThe {self.events:,} "
+                             "events before it are kept; the rest of the file is not read "
+                             "(limits: ddpviz/limits.py).") from None
+
+    def _settle(self) -> None:
+        """After a poll: a replaced file read to its end is done with."""
+        if self._replaced and not self._more:
+            self._stop(f"ddpviz: {str(self.path)!r} was replaced by a new file (a new job "
+                       f"writing to the same folder?).\nThe {self.events:,} events of the "
+                       "file followed until then are kept; the new one is not mixed in. "
+                       "Attach again to follow the new job.", "replaced")
+
+    def _stop(self, why: str, reason: str) -> None:
+        self.stopped, self.reason = why, reason
+        self.close()
+
+
+class FolderFeed:
+    """The per-rank trace files in a folder, as a collector: history, then new events.
+
+    What a `Session` needs of a collector (`subscribe`, `stats`, `close`, `address`), fed by
+    a thread polling the files every `interval` seconds. Files that appear later (ranks that
+    start late) are picked up; after a file was replaced (a new job), no new file is.
+
+    Args:
+        folder: the `ddpviz record --out` folder.
+        interval: seconds between polls.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], *, interval: float = POLL_S) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise FileNotFoundError(
+                f"ddpviz: no folder {str(self.folder)!r} to attach to.\nPass the folder the "
+                "job records into (`ddpviz record --out DIR`), as seen from this machine.")
+        self.interval = interval
+        self.address = f"folder {self.folder}"
+        self.host = ""
+        self._tails: dict[Path, FileTail] = {}
+        self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
+        self._lock = threading.Lock()  # subscribers, stats, the set of tails
+        self._poll_lock = threading.Lock()  # one poll at a time (the thread vs start())
+        self._polled = threading.Condition()  # notified after every poll
+        self._received: dict[int, int] = {}
+        self._dropped: dict[int, int] = {}
+        self._gaps: dict[int, int] = {}
+        self._next_seq: dict[int, int] = {}
+        self._clock: dict[int, tuple[int, int]] = {}
+        self._peers: dict[int, str] = {}
+        self._finished: dict[int, FileTail] = {}  # ranks whose writing process has exited
+        self._ref: dict[str, Any] | None = None  # the first header: the reference clock
+        self._problems: list[str] = []
+        self._callback_errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.polls = 0
+
+    @property
+    def connect_string(self) -> str:
+        return ""  # nothing to connect to: the ranks write files
+
+    @property
+    def problems(self) -> list[str]:
+        """Why files stopped being followed (truncated, replaced, damaged), one message each."""
+        with self._lock:
+            return list(self._problems)
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
+    def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False
+                  ) -> Callable[[], None]:
+        entry = (callback, batch)
+        with self._lock:
+            self._subscribers.append(entry)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if entry in self._subscribers:
+                    self._subscribers.remove(entry)
+
+        return unsubscribe
+
+    @property
+    def stats(self) -> CollectorStats:
+        with self._lock:
+            ranks = sorted(self._received)
+            return CollectorStats(
+                received=dict(self._received), frames={}, rejected=self._rejected(),
+                gaps=dict(self._gaps), dropped=dict(self._dropped),
+                reordered=dict.fromkeys(ranks, 0), lost_frames=dict.fromkeys(ranks, 0),
+                clock=dict(self._clock), peers=dict(self._peers),
+                closed={r: (self._received.get(r, 0), self._dropped.get(r, 0))
+                        for r in self._finished},
+                callback_errors=self._callback_errors)
+
+    def wait(self, predicate: Callable[[CollectorStats], bool], timeout: float = 30.0) -> bool:
+        """Block until `predicate(stats)` holds (checked after every poll); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._polled:
+            while not predicate(self.stats):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed:
+                    return predicate(self.stats)
+                self._polled.wait(min(left, 0.05))
+        return True
+
+    def _rejected(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for tail in self._tails.values():
+            if tail.reason:
+                counts[tail.reason] = counts.get(tail.reason, 0) + 1
+        return counts
+
+    def report_callback_error(self, callback: object, exc: Exception) -> None:
+        with self._lock:
+            self._callback_errors += 1
+            first = self._callback_errors == 1
+        if first:
+            with contextlib.suppress(Warning):
+                warnings.warn(f"ddpviz: a subscriber ({callback!r}) raised "
+                              f"{type(exc).__name__}: {exc}; later errors are only counted in "
+                              "stats.callback_errors.\nFix the callback; following goes on.",
+                              UserWarning, stacklevel=2)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Read every file to its current end (the history, in this thread), then follow."""
+        with gc_paused():  # many small objects, no cycles (see trace.gc_paused)
+            while self.poll() and not self._stop.is_set():
+                pass  # a poll reads at most READ_BUDGET per file: loop until caught up
+        self._thread = threading.Thread(target=self._run, name="ddpviz-follow", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                while self.poll() and not self._stop.is_set():
+                    pass
+            except Exception as exc:  # keep following; a bug here must not go silent
+                with contextlib.suppress(Warning):
+                    warnings.warn(f"ddpviz: following {str(self.folder)!r} failed on a poll "
+                                  f"({type(exc).__name__}: {exc}); it keeps polling.\nPlease "
+                                  "report this as a ddpviz bug.", UserWarning, stacklevel=2)
+
+    def poll(self) -> int:
+        """One pass over the folder: pick up new files, deliver new frames. Returns the number
+        of events delivered."""
+        with self._poll_lock:
+            self.polls += 1
+            self._discover()
+            delivered = 0
+            for tail in list(self._tails.values()):
+                if tail.stopped is not None:
+                    continue
+                chunks = tail.poll()
+                if tail.meta is not None:
+                    self._describe(tail)
+                rank = tail.meta.get("rank") if tail.meta is not None else None
+                if (not chunks and type(rank) is int and rank not in self._finished
+                        and tail.meta is not None and _writer_gone(tail.meta)):
+                    # Its writer has exited, so the file is whole: read what came after the
+                    # last look, then count the rank finished (`stats.closed`, `wait(ranks=)`).
+                    chunks = tail.poll()
+                    with self._lock:
+                        self._finished[rank] = tail
+                elif chunks and type(rank) is int and rank in self._finished:
+                    with self._lock:  # written after all (another pid namespace?): not finished
+                        del self._finished[rank]
+                for chunk in chunks:
+                    self._count(chunk)
+                    self._deliver(chunk)
+                    delivered += len(chunk)
+                if tail.stopped is not None:
+                    self._problem(tail.stopped)
+        with self._polled:
+            self._polled.notify_all()
+        return delivered
+
+    def _discover(self) -> None:
+        if any(t.reason == "replaced" for t in self._tails.values()):
+            return  # the folder holds a new job now: not mixed into this session
+        try:
+            found = sorted(self.folder.glob(_PATTERN),
+                           key=lambda p: (len(p.name), p.name))  # rank order
+        except OSError:
+            return
+        for path in found:
+            if path in self._tails or not _NAME.fullmatch(path.name):
+                continue
+            try:
+                tail = FileTail(path, keep_open=len(self._tails) < MAX_OPEN)
+            except OSError as exc:
+                # a link planted under the name, or unreadable: left out, said once
+                tail = _dead(path, exc)
+            with self._lock:  # stats() reads the tails from other threads
+                self._tails[path] = tail
+            if tail.stopped is not None:
+                self._problem(tail.stopped)
+
+    def _describe(self, tail: FileTail) -> None:
+        meta = tail.meta
+        assert meta is not None
+        rank = meta.get("rank")
+        if type(rank) is not int or rank in self._peers:
+            return
+        with self._lock:
+            if self._ref is None:
+                self._ref = meta
+            self._peers[rank] = f"{str(meta.get('host'))[:200]} {str(meta.get('pid'))[:20]}"
+            self._clock.setdefault(rank, wall_offset(meta, self._ref))
+
+    def _count(self, chunk: list[Event]) -> None:
+        first, last = chunk[0], chunk[-1]
+        with self._lock:
+            r = first.rank
+            nxt = self._next_seq.get(r, 0)
+            if (first.seq == nxt and last.rank == r
+                    and last.seq - first.seq == len(chunk) - 1):
+                # One rank's events numbered on from the last: no gap, and no EventsDropped
+                # (a marker's count would widen the span). The usual chunk, counted at once.
+                self._received[r] = self._received.get(r, 0) + len(chunk)
+                self._next_seq[r] = last.seq + 1
+                self._gaps.setdefault(r, 0)
+                chunk = []
+            for e in chunk:  # the collector's accounting (transport/collector.py _accept)
+                r, s = e.rank, e.seq
+                self._received[r] = self._received.get(r, 0) + 1
+                nxt = self._next_seq.get(r, 0)
+                if s > nxt:
+                    self._gaps[r] = self._gaps.get(r, 0) + s - nxt
+                if type(e) is EventsDropped:  # its seq starts the sender's hole: explained
+                    self._dropped[r] = self._dropped.get(r, 0) + e.count
+                    nxt = max(nxt, s + e.count)
+                else:
+                    nxt = max(nxt, s + 1)
+                self._next_seq[r] = nxt
+                self._gaps.setdefault(r, 0)
+            for tail in self._tails.values():
+                self._clock.update(tail.clock)  # a file's own clock records win
+
+    def _deliver(self, chunk: list[Event]) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback, batch in subscribers:
+            try:
+                if batch:
+                    callback(chunk)
+                else:
+                    for e in chunk:
+                        callback(e)
+            except Exception as exc:
+                self.report_callback_error(callback, exc)
+
+    def _problem(self, message: str) -> None:
+        with self._lock:
+            if message in self._problems:
+                return
+            self._problems.append(message)
+        with contextlib.suppress(Warning):  # on the polling thread: must not raise
+            warnings.warn(message, UserWarning, stacklevel=2)
+
+    def close(self) -> None:
+        """Stop following (the job is not touched); idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        with self._poll_lock:
+            for tail in self._tails.values():
+                tail.close()
+
+    def __repr__(self) -> str:
+        return (f"<ddpviz FolderFeed {self.folder}: {len(self._tails)} files, "
+                f"{sum(self._received.values())} events>")
+
+
+_BOOT = boot_id()
+
+
+def _writer_gone(meta: dict[str, Any]) -> bool:
+    """Whether the process that wrote a file (its header's boot id and pid) has exited: known
+    only on this machine (the same kernel); elsewhere, or when unsure, False. Only a hint
+    (the file is still followed), so a pid seen from another pid namespace does no harm."""
+    pid = meta.get("pid")
+    if not _BOOT or meta.get("boot") != _BOOT or type(pid) is not int or not 1 < pid < 1 << 22:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists (not ours), or cannot tell
+    return False
+
+
+def _dead(path: Path, exc: OSError) -> FileTail:
+    tail = FileTail.__new__(FileTail)
+    tail.path, tail._fd, tail.meta, tail.clock, tail.events = path, None, None, {}, 0
+    tail.pos, tail._replaced, tail._more, tail._ino = 0, False, False, (0, 0)
+    tail.keep_open, tail.reason = False, "unreadable"
+    tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc}. Only "
+                    "regular files are followed (a link or anything else planted under a "
+                    "trace's name never is).\nIt is left out; check the folder.")
+    return tail
+
+
+def attach(folder: str | os.PathLike[str], *, interval: float = POLL_S, show: bool = True,
+           record: str | os.PathLike[str] | None = None) -> Session:
+    """The live session of the job recording into `folder` (`ddpviz record --out DIR`);
+    `ddpviz.listen(follow=DIR)` calls it.
+
+    Reads the per-rank trace files written so far (the history), then follows them as they
+    grow: `session.dashboard()` shows the job live, like a `listen()` session. The job is not
+    touched: it only writes files, and `session.close()` stops reading them. Attach as often
+    as you like; every attach reads the files from their start.
+
+    Args:
+        folder: the job's `--out` folder (on a shared filesystem for a multi-node job).
+        interval: seconds between polls of the files (new events show within about this).
+        show: print what was found.
+        record: also stream every event into this `.ddpviz` file (see Session).
+    Returns:
+        A Session (`session.trace`, `session.dashboard()`, `session.close()`).
+    """
+    from ddpviz.session import Session
+
+    feed = FolderFeed(folder, interval=interval)
+    session = Session(feed, record=record)
+    session._trace.meta.update(source="attach", address=feed.address)
+    feed.start()
+    if show:
+        s = feed.stats
+        print(f"ddpviz: attached to {feed.folder}: {sum(s.received.values()):,} events from "
+              f"{len(s.received)} ranks so far, following every {interval:g} s.\n"
+              "session.dashboard() shows them live; session.close() detaches (the job "
+              "is not affected).")
+    return session
