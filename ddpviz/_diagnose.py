@@ -43,6 +43,9 @@ def diagnose(source: Any) -> Findings:
     """Findings from a run: a `Run` (from ddpviz.launch), a `Session`, a `Trace`, a path to a
     `.ddpviz` file, or any iterable of events (e.g. a list an emitter appended to).
 
+    Args:
+        source: a `Run`, `Session`, `Trace`, a `.ddpviz` path, or an iterable of events.
+
     Returns:
         The findings, errors first, each identical no matter which rank's events reported it;
         a list that prints as one message.

@@ -360,6 +360,9 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
             process group's rank, else 0).
         trace_dir: where the fallback trace file goes.
         capacity, batch: see `Sender`.
+
+    Returns:
+        The process's `Sender` (live, or writing the fallback trace file).
     """
     global _connected, _previous_emitter
     with _connect_lock:

@@ -1,0 +1,127 @@
+"""Sphinx configuration of ddpviz's documentation site (`make docs`; built into out/docs/html).
+
+Sphinx + pydata-sphinx-theme + myst-nb, as Jupyter and the PyData projects build theirs: the
+pages are Markdown (MyST), the notebooks in ../notebooks render as pages, the API reference is
+generated from the docstrings (autodoc + napoleon, Google style) and the CLI reference from
+ddpviz/cli.py's argparse parser (sphinx-argparse). See docs/contributing.md for why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # document this checkout's ddpviz, not an installed copy
+sys.path.insert(0, str(HERE / "_ext"))  # cli_parser: the CLI parser sphinx-argparse documents
+
+import ddpviz  # noqa: E402
+
+project = "ddpviz"
+author = "the ddpviz authors"
+copyright = "the ddpviz authors"
+release = version = ddpviz.__version__
+
+extensions = [
+    "myst_nb",  # Markdown pages (MyST) and notebooks
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "sphinxarg.ext",
+]
+
+# The notebooks live in ../notebooks (tests/test_notebooks.py runs them from there); a copy goes
+# into the source tree at each build, so the site renders the files as they are in git.
+NOTEBOOKS = HERE / "notebooks"
+shutil.rmtree(NOTEBOOKS, ignore_errors=True)
+NOTEBOOKS.mkdir()
+for nb in sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "notebooks").glob("_*.py")]):
+    shutil.copy2(nb, NOTEBOOKS / nb.name)
+
+# The notebooks start ranks (2-rank gloo jobs, torchrun, hangs): executing them would add minutes
+# to every build, so they render as stored (tests/test_notebooks.py executes them in CI). The
+# widgets they draw are shown as screenshots taken by the browser tests (docs/screenshots).
+nb_execution_mode = "off"
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "README.md"]
+suppress_warnings = ["myst.header"]  # notebooks start at ## under their own title
+
+autodoc_default_options = {"members": False}
+autodoc_typehints = "description"
+autodoc_member_order = "bysource"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+
+default_role = "literal"  # docstrings write `name` as in Markdown: render it as code
+
+html_theme = "pydata_sphinx_theme"
+html_title = "ddpviz"
+html_static_path: list[str] = []
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": [],
+}
+html_last_updated_fmt = None
+html_show_sourcelink = False
+
+# The findings table (reference/findings.md) is written from the vocabulary itself.
+GENERATED = HERE / "_generated"
+GENERATED.mkdir(exist_ok=True)
+
+
+def _findings_table() -> str:
+    from ddpviz.findings import FIXES, KINDS
+
+    rows = ["| kind | what it means | usual fix |", "|---|---|---|"]
+    for kind, meaning in KINDS.items():
+        fix = FIXES.get(kind, {}).get("", "")
+        rows.append(f"| `{kind}` | {meaning} | {fix.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+(GENERATED / "findings.md").write_text(_findings_table(), encoding="utf-8")
+
+
+# Docstrings of public functions follow one style (Google: Args/Returns/Raises). The build checks
+# it: a documented function whose Args section leaves out a parameter, or that returns something
+# without a Returns section, is a warning, and `make docs` turns warnings into errors.
+def _check_docstring(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]
+                     ) -> None:
+    import inspect
+    import re
+
+    from sphinx.util import logging
+
+    if what != "function":
+        return
+    doc = inspect.getdoc(obj) or ""
+    log = logging.getLogger("ddpviz.docstyle")
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return
+    args = re.search(r"^Args:\n((?:[ ]{4}.*\n?|\n)*)", doc, re.M)
+    documented: set[str] = set()
+    for entry in re.findall(r"^    ([\w*, ]+?)(?: \([^)]*\))?:", args.group(1) if args else "",
+                            re.M):
+        documented.update(n.strip().lstrip("*") for n in entry.split(","))
+    wanted = [p.name for p in sig.parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    missing = [p for p in wanted if p not in documented]
+    if missing:
+        log.warning("%s: the docstring's Args section does not describe %s (Google style: "
+                    "'Args:' then '    name: what it is')", name, ", ".join(missing))
+    if sig.return_annotation not in (inspect.Signature.empty, None, "None") and \
+            "Returns:" not in doc:
+        log.warning("%s: the docstring has no Returns section", name)
+
+
+def setup(app: Any) -> None:
+    app.connect("autodoc-process-docstring", _check_docstring)
