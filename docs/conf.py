@@ -68,6 +68,7 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+html_context = {"default_mode": "auto"}  # without it the theme logs "invalid theme mode" on load
 html_last_updated_fmt = None
 html_show_sourcelink = False
 
