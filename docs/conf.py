@@ -41,10 +41,16 @@ NOTEBOOKS.mkdir()
 for nb in sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "notebooks").glob("_*.py")]):
     shutil.copy2(nb, NOTEBOOKS / nb.name)
 
-# The notebooks start ranks (2-rank gloo jobs, torchrun, hangs): executing them would add minutes
-# to every build, so they render as stored (tests/test_notebooks.py executes them in CI). The
-# widgets they draw are shown as screenshots taken by the browser tests (docs/screenshots).
-nb_execution_mode = "off"
+# Most notebooks start ranks (2-rank gloo jobs, torchrun, hangs): executing them would add
+# minutes to every build, so they render as stored, without outputs (tests/test_notebooks.py
+# executes them in CI); the widgets they draw are shown as screenshots on the task pages.
+# 01_buckets runs in one process in seconds: it is executed, so its page shows the bucket plans
+# the installed ddpviz computes.
+nb_execution_mode = "force"
+nb_execution_excludepatterns = [f"notebooks/{nb.name}" for nb in (ROOT / "notebooks").glob("*.ipynb")
+                                if nb.name != "01_buckets.ipynb"]
+nb_execution_timeout = 120
+nb_execution_raise_on_error = True
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
