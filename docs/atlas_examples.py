@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import sys
 import time
@@ -189,7 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
-    cases = run_cases(set(args.only) if args.only else None)
+    # The torch runs fail on purpose, and their ranks print C++ stack traces and gloo's aborts:
+    # keep them in a log beside the examples, shown only if this script fails.
+    log = OUT / "ranks.log"
+    saved = os.dup(2)
+    with open(log, "wb") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            cases = run_cases(set(args.only) if args.only else None)
+        except BaseException:
+            os.dup2(saved, 2)
+            sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-20_000:])
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
     for case, texts in cases.items():
         for side in ("torch", "ddpviz"):
             (OUT / f"{case}.{side}.txt").write_text(_scrub(texts[side]).rstrip() + "\n",
@@ -198,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     known = json.loads(manifest.read_text()) if manifest.exists() else {}
     known.update({c: {"kinds": t["kinds"]} for c, t in cases.items()})
     manifest.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"atlas: {len(cases)} cases run in {time.monotonic() - start:.0f} s -> {OUT}")
+    print(f"atlas: cases run: {len(cases)}, in {time.monotonic() - start:.0f} s -> {OUT} "
+          f"(the ranks' own output: {log.name})")
     return 0
 
 

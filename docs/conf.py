@@ -47,7 +47,8 @@ for nb in sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "notebooks").g
 # 01_buckets runs in one process in seconds: it is executed, so its page shows the bucket plans
 # the installed ddpviz computes.
 nb_execution_mode = "force"
-nb_execution_excludepatterns = [f"notebooks/{nb.name}" for nb in (ROOT / "notebooks").glob("*.ipynb")
+nb_execution_excludepatterns = [f"notebooks/{nb.name}"
+                                for nb in (ROOT / "notebooks").glob("*.ipynb")
                                 if nb.name != "01_buckets.ipynb"]
 nb_execution_timeout = 120
 nb_execution_raise_on_error = True
@@ -147,3 +148,15 @@ def _check_docstring(app: Any, what: str, name: str, obj: Any, options: Any, lin
 
 def setup(app: Any) -> None:
     app.connect("autodoc-process-docstring", _check_docstring)
+
+
+# Pages that helpers working beside this site write at docs/NAME.md (issues 24 and 25). Each one
+# present joins the user guide's task list (guide/index.md includes this file), so a merge needs
+# no edit here; a page outside every toctree would fail the build.
+FEATURE_PAGES = ("replicas", "nonfinite", "triage", "triage-straggler", "attach")
+_present = [name for name in FEATURE_PAGES if (HERE / f"{name}.md").exists()]
+(GENERATED / "feature_pages.md").write_text(
+    "```{toctree}\n:maxdepth: 1\n:caption: More tasks\n\n"
+    + "".join(f"../{name}\n" for name in _present) + "```\n" if _present
+    else "<!-- no feature pages (docs/NAME.md of FEATURE_PAGES in docs/conf.py) yet -->\n",
+    encoding="utf-8")
