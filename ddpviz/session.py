@@ -86,7 +86,9 @@ class Session:
 
     @property
     def connect_string(self) -> str:
-        """`tcp://HOST:PORT#SECRET`: set it as DDPVIZ_CONNECT for the ranks (keep it private)."""
+        """The connect string to set as DDPVIZ_CONNECT for the ranks (keep it private).
+
+        Its form is `tcp://HOST:PORT#SECRET`."""
         return self.collector.connect_string
 
     @property
@@ -109,7 +111,8 @@ class Session:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment a rank needs: `subprocess.run(..., env={**os.environ, **s.env})`."""
+        """The environment a rank needs, e.g. for
+        `subprocess.run(..., env={**os.environ, **s.env})`."""
         return {ENV_CONNECT: self.connect_string}
 
     @property
