@@ -83,6 +83,7 @@ autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
+smartquotes = False  # "--out" stays two hyphens in the CLI reference and in code-like prose
 default_role = "literal"  # docstrings write `name` as in Markdown: render it as code
 
 html_theme = "pydata_sphinx_theme"
