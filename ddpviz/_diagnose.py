@@ -49,6 +49,11 @@ def diagnose(source: Any) -> Findings:
     Returns:
         The findings, errors first, each identical no matter which rank's events reported it;
         a list that prints as one message.
+
+    Example:
+        >>> findings = ddpviz.diagnose("run.ddpviz")   # or a Run, a Session, a Trace
+        >>> print(findings)                            # the house-style message, errors first
+        >>> [f.kind for f in findings if f.severity == "error"]
     """
     return diagnose_tables(_tables(source))
 
