@@ -55,7 +55,8 @@ nb_execution_raise_on_error = True
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "README.md"]
+# _generated holds files that pages include, not pages of their own
+exclude_patterns = ["_build", "_generated", "Thumbs.db", ".DS_Store", "README.md"]
 suppress_warnings = ["myst.header"]  # notebooks start at ## under their own title
 
 autodoc_default_options: dict[str, object] = {}
