@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-gpu lint bench conformance clean
+.PHONY: demo test test-gpu lint docs bench conformance clean
 
 $(BIN)/.base: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,10 +18,10 @@ EXTENSION := $(wildcard extension/package.json extension/yarn.lock extension/src
 	extension/style/* extension/schema/*.json ddpviz/templates/*.ipynb)
 
 # The frameworks extra (tests/frameworks) depends on torch: the constraint keeps the CPU wheel
-# installed above, so pip never replaces it with a CUDA build.
+# installed above, so pip never replaces it with a CUDA build. The docs extra builds the site.
 $(BIN)/.test: $(BIN)/.base pyproject.toml $(EXTENSION)
 	echo torch==2.13.0 > $(VENV)/torch-constraint.txt
-	$(BIN)/python -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[lab,test,frameworks]'
+	$(BIN)/python -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[lab,test,frameworks,docs]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -34,7 +34,7 @@ $(CHROMIUM):
 	apt-get update -qq && apt-get install -y -qq chromium
 
 lint: $(BIN)/.test extension/node_modules
-	$(BIN)/ruff check ddpviz tests benchmarks ddpviz_autowatch.py
+	$(BIN)/ruff check ddpviz tests benchmarks docs ddpviz_autowatch.py
 	$(BIN)/mypy
 	cd extension && PATH="$(abspath $(BIN)):$$PATH" jlpm lint:check
 
@@ -43,7 +43,16 @@ extension/node_modules: extension/package.json extension/yarn.lock $(BIN)/.test
 	cd extension && PATH="$(abspath $(BIN)):$$PATH" jlpm install
 	touch $@
 
-test: lint $(CHROMIUM)
+# The documentation site (docs/, Sphinx) into out/docs/html, warnings as errors: a broken link,
+# a missing reference, a page outside every toctree or a docstring off the house style fails it.
+# The atlas's examples (docs/_generated/atlas) come from real 2-rank gloo runs first.
+DOCS_OUT := out/docs/html
+docs: $(BIN)/.test
+	PYTHONPATH=. $(BIN)/python docs/atlas_examples.py
+	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs $(DOCS_OUT)
+
+# The docs are built first so that CI (.ci/run) covers them (tests/browser/test_docs_site.py).
+test: lint docs $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 # On a machine with CUDA GPUs: NCCL with as many ranks as GPUs (tests/gpu, marker gpu). Where

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from _ranks import run_ranks
 
-# the old level names the tables keep (README), as $DDPVIZ_RECORDING spells them
+# the old level names the tables keep (docs/guide/recording.md), as $DDPVIZ_RECORDING spells them
 RECORDING = {"light": "every=100", "steps": "every=never", "sampled": "guard,every=100",
              "full": "guard,every=1", "buckets": "guard,every=never"}
 MODELS = {

@@ -43,9 +43,17 @@ def diagnose(source: Any) -> Findings:
     """Findings from a run: a `Run` (from ddpviz.launch), a `Session`, a `Trace`, a path to a
     `.ddpviz` file, or any iterable of events (e.g. a list an emitter appended to).
 
+    Args:
+        source: a `Run`, `Session`, `Trace`, a `.ddpviz` path, or an iterable of events.
+
     Returns:
         The findings, errors first, each identical no matter which rank's events reported it;
         a list that prints as one message.
+
+    Example:
+        >>> findings = ddpviz.diagnose("run.ddpviz")   # or a Run, a Session, a Trace
+        >>> print(findings)                            # the house-style message, errors first
+        >>> [f.kind for f in findings if f.severity == "error"]
     """
     return diagnose_tables(_tables(source))
 

@@ -210,19 +210,19 @@ _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
     """One diagnosed problem. Only `kind`, `severity` and `title` are always set."""
 
-    kind: Kind
-    severity: Severity
-    title: Text  # what is wrong, one line, without "ddpviz: " and the world size
-    ranks: Ranks = ()  # the ranks at fault (the odd ones out), sorted
-    param: ParamIndexOrNone = -1  # parameter (or buffer) index in DDP's list; -1 when not about one
-    name: Name = ""  # its dotted name
-    field: Name = ""  # what differs: "shape", "dtype", "order", "grad_order", ...
-    bucket: BucketIndexOrNone = -1  # bucket index (reduction order); -1 when not about one
-    step: Step = -1  # DDP iteration; -1 for construction or unknown
-    values: RankValues = ()  # (value, ranks), most common first
-    detail: Lines = ()  # further lines, printed after the values
-    fix: Text = ""  # the likely fix, one or two sentences
-    world_size: WorldSizeOrUnknown = 0  # 0 when unknown
+    kind: Kind  #: one of the kinds in `KINDS` (listed in docs/reference/findings.md)
+    severity: Severity  #: "error", "warning" or "info"
+    title: Text  #: what is wrong, in one line (without the "ddpviz" prefix and the world size)
+    ranks: Ranks = ()  #: the ranks at fault (the odd ones out), sorted
+    param: ParamIndexOrNone = -1  #: parameter (or buffer) index in DDP's list; -1 if none
+    name: Name = ""  #: its dotted name
+    field: Name = ""  #: what differs, e.g. "shape", "dtype", "order", "grad_order"
+    bucket: BucketIndexOrNone = -1  #: bucket index (reduction order); -1 when not about one
+    step: Step = -1  #: DDP iteration; -1 for construction or unknown
+    values: RankValues = ()  #: (value, ranks), most common first
+    detail: Lines = ()  #: further lines, printed after the values
+    fix: Text = ""  #: the likely fix, one or two sentences
+    world_size: WorldSizeOrUnknown = 0  #: 0 when unknown
 
     def text(self, *, header: bool = True) -> str:
         """The house-style message: title line, one line per value with its ranks, detail,

@@ -346,6 +346,12 @@ def bucket_plan(
 
     Returns:
         A `BucketPlan`.
+
+    Example:
+        >>> plan = ddpviz.bucket_plan(model, example_inputs=torch.randn(8, 512))
+        >>> print(plan)          # buckets in reduction order: names, shapes, offsets, limits
+        >>> plan.show()          # the BucketMap widget
+        >>> plan.with_settings(bucket_cap_mb=5).rebuilt   # the rebuilt map with another cap
     """
     import os
 

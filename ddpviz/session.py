@@ -88,7 +88,9 @@ class Session:
 
     @property
     def connect_string(self) -> str:
-        """`tcp://HOST:PORT#SECRET`: set it as DDPVIZ_CONNECT for the ranks (keep it private)."""
+        """The connect string to set as DDPVIZ_CONNECT for the ranks (keep it private).
+
+        Its form is `tcp://HOST:PORT#SECRET`."""
         return self.collector.connect_string
 
     @property
@@ -111,7 +113,8 @@ class Session:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment a rank needs: `subprocess.run(..., env={**os.environ, **s.env})`."""
+        """The environment a rank needs, e.g. for
+        `subprocess.run(..., env={**os.environ, **s.env})`."""
         return {ENV_CONNECT: self.connect_string}
 
     @property
@@ -385,6 +388,9 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
             process group's rank, else 0).
         trace_dir: where the fallback trace file goes.
         capacity, batch: see `Sender`.
+
+    Returns:
+        The process's `Sender` (live, or writing the fallback trace file).
     """
     global _connected, _previous_emitter
     with _connect_lock:

@@ -21,7 +21,7 @@ def test_sampled_is_full_on_the_first_steps_every_nth_the_rebuild_and_around_fin
     p.note_finding(21)
     full = [s for s in range(40) if p.full(s)]
     assert full == [0, 1, 2, 10, 13, 20, 21, 22, 30]
-    assert FIRST_FULL == 3 and EVERY == 100  # the documented default (README, docstrings)
+    assert FIRST_FULL == 3 and EVERY == 100  # the documented default (docs/guide, docstrings)
 
 
 @pytest.fixture

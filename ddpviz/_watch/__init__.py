@@ -75,7 +75,7 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
             (default $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout, at most
             300 s; 0 turns the watchdog off).
         recording: what is observed, and at what cost (a `ddpviz.Recording`; measured:
-            benchmarks/bench_watch.py and the README; See [Note: recording policy] in
+            benchmarks/bench_watch.py and docs/guide/recording.md; See [Note: recording policy] in
             engine/detail.py). `guard=False` (the default): no comm hook, so torch's C++
             reduction runs untouched; per-parameter hooks only on the steps `every` picks
             (default 100: 0-2, the rebuild step, every 100th, the step after a finding), which

@@ -32,8 +32,21 @@ def _fit(points: Sequence[tuple[int, float]]) -> Line:
 
 def measure(process_group: Any = None, *, sizes: Sequence[int] = SIZES,
             dtypes: Sequence[str] = ("float32",), repeats: int = 5) -> CostModel:
-    """Time all-reduces of `sizes` bytes per dtype on `process_group` (None: the default
-    group) and fit latency and bandwidth. A collective: call it on every rank."""
+    """Time all-reduces of `sizes` bytes per dtype on `process_group` and fit latency and
+    bandwidth. A collective: call it on every rank.
+
+    Args:
+        process_group: the group to time (None: the default group).
+        sizes: message sizes in bytes, at least 2 distinct ones in (0, 1 GiB].
+        dtypes: dtype names to time, e.g. "float32", "bfloat16".
+        repeats: all-reduces timed per size and dtype (their median on the slowest rank counts).
+
+    Returns:
+        A `CostModel` for `ddpviz.advise(run, cost_model=...)`.
+
+    Raises:
+        AdviceError: without an initialized process group, or with unusable sizes.
+    """
     import torch
     import torch.distributed as dist
 

@@ -210,7 +210,7 @@ def replay_bucket_assignment(
     """Assign tensors to buckets exactly as torch 2.13 does, recording every decision.
 
     Args:
-        tensors: parameters (or `TensorSpec`s) in the order to walk them.
+        tensors: parameters (or `TensorSpec` objects) in the order to walk them.
         bucket_size_limits: byte limits; each (dtype, device) key walks this list on its own and
             the last entry repeats.
         expect_sparse_gradient: empty, or one flag per tensor, indexed by tensor index.
@@ -287,8 +287,18 @@ def compute_bucket_assignment_by_size(
 
     Returns `(bucket_indices, per_bucket_size_limits)`, identical to torch's for every input torch
     accepts; where torch asserts or crashes, raises `ValueError` naming the problem. Tensors may be
-    real tensors (any device, meta included) or `TensorSpec`s. See `replay_bucket_assignment`
-    for the arguments and for a step-by-step account.
+    real tensors (any device, meta included) or `TensorSpec` objects. See `replay_bucket_assignment`
+    for a step-by-step account.
+
+    Args:
+        tensors, bucket_size_limits, expect_sparse_gradient, tensor_indices: as for
+            `replay_bucket_assignment`.
+
+    Returns:
+        `(bucket_indices, per_bucket_size_limits)`, as torch returns them.
+
+    Raises:
+        ValueError: where torch asserts or crashes (the message names the problem).
     """
     a = replay_bucket_assignment(tensors, bucket_size_limits, expect_sparse_gradient,
                                  tensor_indices)

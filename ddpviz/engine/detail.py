@@ -32,7 +32,7 @@ _now = time.monotonic_ns
 #          finding (the per-parameter times of the current step are kept in a list and emitted
 #          as GradReady, with their own times, when the finding is reported) and the step after
 #          it; buckets otherwise.
-# Why these numbers: benchmarks/bench_fleet.py (README "Events at scale"). A 1,000-parameter,
+# Why these numbers: benchmarks/bench_fleet.py (docs/scale.md "Events at scale"). A 1,000-parameter,
 # 25-bucket model emits ~1,100 events per rank and step at full, ~110 at buckets; at 256 ranks
 # and 1 step/s that is 280k vs 28k events/s into one collector. Sampled every 100th step
 # averages ~120 events per rank and step.

@@ -185,7 +185,7 @@ class Run:
 
     @property
     def returncodes(self) -> list[int | None]:
-        """Exit code per rank (None while running; negative: killed by that signal)."""
+        """Exit code per rank (None while running; a negative code is the signal that killed it)."""
         return [p.popen.returncode for p in self._ranks]
 
     @property

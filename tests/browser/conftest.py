@@ -18,7 +18,8 @@ import pytest
 from tests.browser.lab import CHROMIUM, CHROMIUM_ARGS, ROOT, LabServer
 
 # Screenshots land in out/screenshots (ignored by git); DDPVIZ_UPDATE_SCREENSHOTS=1 writes them
-# into docs/screenshots instead, which is how the README's pictures are refreshed.
+# into docs/screenshots instead, which is how the README's and the docs site's pictures are
+# refreshed.
 SCREENSHOTS = ROOT / ("docs" if os.environ.get("DDPVIZ_UPDATE_SCREENSHOTS") == "1" else "out") / (
     "screenshots")
 
@@ -89,7 +90,7 @@ def page(browser: Any, lab: LabServer, console: ConsoleLog) -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str, locator: Any = None) -> Path:
-    """Save a PNG into SCREENSHOTS (docs/screenshots feeds the README)."""
+    """Save a PNG into SCREENSHOTS (docs/screenshots feeds the README and the docs site)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     (locator or page).screenshot(path=str(path))

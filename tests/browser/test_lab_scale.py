@@ -3,7 +3,7 @@
 ranks grouped (verification, broadcast, event counts) and the hook timeline as a distribution
 whose slowest ranks are the ones Python computes from the same file; picking a rank draws its
 lane. Prints how long the open took and the longest main-thread task (no timing is asserted;
-the README's numbers come from this test)."""
+docs/scale.md's numbers come from this test)."""
 
 from __future__ import annotations
 

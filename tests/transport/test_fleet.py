@@ -32,5 +32,5 @@ def test_sixteen_ranks_at_the_default_level_arrive_without_loss(monkeypatch: pyt
     assert r.gaps == 0
     assert r.delivered == r.emitted
     # Not asserted: r.lost_frames (control messages: a hello or ping on a connection the
-    # collector shut mid-handshake while 16 ranks connected at once; see README "Events at
-    # scale"); never an event.
+    # collector shut mid-handshake while 16 ranks connected at once; see docs/scale.md "Events
+    # at scale"); never an event.

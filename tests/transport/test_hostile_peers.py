@@ -46,7 +46,7 @@ def test_flood_without_the_secret_holds_bounded_memory_and_the_good_sender_gets_
         # The good sender is connected (handshake done, first events in) before the attack
         # starts and before the memory baseline: what it imports and allocates to get going
         # is not the attacker's, and a sender whose handshake lands mid-flood competes with
-        # the attacker's pending connections (a limit stated in the README).
+        # the attacker's pending connections (a limit stated in docs/security.md).
         worker = threading.Thread(target=good)
         worker.start()
         assert collector.wait(lambda s: s.received.get(3, 0) > 0, timeout=60)
