@@ -47,8 +47,8 @@ class Session:
     """Every rank's events, live: subscribe, iterate, wait, save.
 
     Args:
-        collector: where the events come from (`listen()` makes one; `attach()` a FolderFeed
-            reading a recording job's files).
+        collector: where the events come from (`listen()` makes one; `listen(follow=DIR)`
+            a FolderFeed reading a recording job's files).
         record: also append every event to a `.ddpviz` file as it arrives: to `RECORD.part`
             while the session runs (crash-safe: load it if the kernel died), renamed to
             `record` when the session closes, so an earlier file there survives until then.

@@ -70,7 +70,8 @@ nitpick_ignore_regex = [
     ("py:.*", r"(torch|nn|dist|msgspec|os|collections|typing|numpy|np|pathlib)\..*"),
     ("py:.*", r"\w+=-?\d+"),
     ("py:.*", r"ddpviz\._\w+\..*"),
-    ("py:.*", r"(RankFailure|Event|Emitter|Collector|BucketAssignment|AdviceError|CostModel)"),
+    ("py:.*", r"(RankFailure|Event|Emitter|Collector|FolderFeed|BucketAssignment|AdviceError|"
+              r"CostModel)"),
     # names that docstrings inherited from torch or written in prose mention (nn.Module's
     # train(), Join's hooks), and views and records one level further down (not documented yet)
     ("py:.*", r"(Dropout|BatchNorm|Module|JoinHook|Joinable|LaunchTimeout|Dashboard|BucketMap|"
