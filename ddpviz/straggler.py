@@ -31,7 +31,7 @@ MAX_STEPS = 4096  # the latest steps analysed (per-step arrays are ranks x steps
 MAX_CELLS = 1 << 23  # ranks x steps x buckets of the launch cube (64 MiB of float64)
 MIN_STEPS = 4  # recorded steps before a straggler can be named
 MIN_SHARE = 0.05  # a straggler costs at least this share of the median step time
-P_MAX = 1e-3  # the chance that one rank is last this often with every rank equally slow
+P_MAX = 1e-4  # the chance that one rank is last this often with every rank equally slow
 
 # [Note: straggler verdict]
 # A rank k is named when, over the n recorded steps that every rank recorded:
@@ -39,8 +39,8 @@ P_MAX = 1e-3  # the chance that one rank is last this often with every rank equa
 #   2. k's last launch is later than every other rank's by more than the clock uncertainty
 #      of k against them (x_k > error: the step's last all-reduce waited for k, surely) in m
 #      of n steps, m >= n / 2, with P(Binomial(n, 1/world size) >= m) <= P_MAX (one rank last
-#      by chance that often: rules out a lucky streak among few ranks, 2 ranks: 10 of 10
-#      steps, 13 of 14...; small because the verdict is asked again at every step, live);
+#      by chance that often: rules out a lucky streak among few ranks, 2 ranks: 14 of 14
+#      steps, 18 of 19...; small because the verdict is asked again at every step, live);
 #   3. k's lateness against the other ranks' median exceeds max(clock uncertainty,
 #      MIN_SHARE x median step time) in the median over steps, and the clock uncertainty in
 #      3 steps of 4 (its 25th percentile): k is slower than a typical rank, steadily, by a
