@@ -21,7 +21,7 @@ import numpy as np
 from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz.columns import Table
-from ddpviz.findings import Finding, fix_for
+from ddpviz.findings import Finding, fix_for, format_ranks
 from ddpviz.units import human_duration as ms
 
 # Offsets from wall clocks only (merged per-host files, error recorded as -1): NTP keeps hosts
@@ -88,7 +88,7 @@ class WaitFold(NamedTuple):
 
     ranks: tuple[int, ...]
     buckets: tuple[int, ...]
-    count: np.ndarray  # (R, B) steps in which the rank made the bucket wait
+    n_last: np.ndarray  # (R, B) steps in which the rank made the bucket wait
     wait_ns: np.ndarray  # (R, B) total wait it caused
     steps: int  # steps with every rank's launch of at least one bucket
     unsure: int  # bucket-steps within the clock uncertainty (attributed to nobody)
@@ -380,7 +380,7 @@ def find_straggler(tl: Timeline) -> Straggler | None:
         got = _verdict(ends, tl.bucket_steps, tl, step_time)
         if got is not None:
             k, n, m, xk, threshold, error = got
-            cols = ~np.isnan(ends).any(axis=0)
+            cols = np.asarray(~np.isnan(ends).any(axis=0))
             phase, bucket, parts = _breakdown(tl, k, cols)
             cost = np.clip(xk, 0, None)
             return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
@@ -391,7 +391,7 @@ def find_straggler(tl: Timeline) -> Straggler | None:
         return None
     k, n, m, xk, threshold, error = got
     cost = np.clip(xk, 0, None)
-    cols = ~np.isnan(tl.forward).any(axis=0)
+    cols = np.asarray(~np.isnan(tl.forward).any(axis=0))
     return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
                      float(np.percentile(cost, 90)), threshold, error, "data", -1,
                      (("data", float(np.median(xk))),), int(tl.steps[cols][-1]), "forward")
@@ -469,3 +469,39 @@ def bucket_members(per_rank: Mapping[int, Table]) -> dict[int, tuple[int, ...]]:
         if maps:
             return {b: tuple(p) for b, p in enumerate(maps[-1].buckets)}
     return {}
+
+
+MANY_RANKS = 16  # above this, the rank x bucket view shows the top ranks and one "others" row
+TOP_RANKS = 8
+
+
+class WaitRow(NamedTuple):
+    label: str  # "rank 3" or "other ranks 0-2, 4-63"
+    ranks: tuple[int, ...]
+    n_last: tuple[int, ...]  # per bucket: steps in which these ranks made it wait
+    wait_ns: tuple[float, ...]  # per bucket: total wait they caused
+
+
+def wait_rows(table: WaitFold, many: int = MANY_RANKS, top: int = TOP_RANKS) -> list[WaitRow]:
+    """The rows of the rank x bucket view: one per rank up to `many` ranks; above, the `top`
+    ranks that caused the most wait, then every other rank folded into one row (what the
+    dashboard and the viewer draw)."""
+    label = format_ranks
+    n_r = len(table.ranks)
+    totals = table.wait_ns.sum(axis=1) if n_r else np.zeros(0)
+    if n_r <= many:
+        keep = list(range(n_r))
+        rest: list[int] = []
+    else:
+        order = np.argsort(-totals, kind="stable")
+        keep = sorted(int(i) for i in order[:top] if totals[i] > 0)
+        rest = sorted(set(range(n_r)) - set(keep))
+    rows = [WaitRow(label((table.ranks[i],)), (table.ranks[i],),
+                    tuple(int(c) for c in table.n_last[i]),
+                    tuple(float(x) for x in table.wait_ns[i])) for i in keep]
+    if rest:
+        ranks = tuple(table.ranks[i] for i in rest)
+        rows.append(WaitRow("other " + label(ranks), ranks,
+                            tuple(int(c) for c in table.n_last[rest].sum(axis=0)),
+                            tuple(float(x) for x in table.wait_ns[rest].sum(axis=0))))
+    return rows

@@ -79,9 +79,9 @@ def test_the_rank_by_bucket_table_names_who_made_each_bucket_wait() -> None:
     assert table.ranks == tuple(range(8)) and table.buckets == tuple(range(5))
     assert table.steps == 20
     # rank 6 made (nearly) every bucket wait, in (nearly) every step; the waits are positive
-    assert table.count[6].sum() >= 0.8 * 20 * 5
-    assert table.count.sum() + table.unsure <= 20 * 5
-    assert (table.wait_ns[table.count == 0] == 0).all() and (table.wait_ns[6] > 0).all()
+    assert table.n_last[6].sum() >= 0.8 * 20 * 5
+    assert table.n_last.sum() + table.unsure <= 20 * 5
+    assert (table.wait_ns[table.n_last == 0] == 0).all() and (table.wait_ns[6] > 0).all()
     # against the launch times: the wait is the last launch minus the one before it
     tl = st.timeline(sim.tables)
     w = st.bucket_waits(tl)
@@ -100,3 +100,16 @@ def test_diagnose_reads_the_clock_of_a_trace(tmp_path) -> None:  # type: ignore[
         trace.set_clock(r, 0, -1)  # wall clocks only: 10 ms assumed, more than it is late
     path = trace.save(tmp_path / "t.ddpviz")
     assert [f for f in ddpviz.diagnose(path) if f.kind == "straggler"] == []
+
+
+def test_ddpviz_diagnose_and_the_report_print_the_finding(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from ddpviz.cli import main
+    from ddpviz.report import render
+
+    sim = simulate(4, 30, slow_rank=2, slow=1.2, every=1, jitter=0.02, seed=7)
+    trace = ddpviz.Trace([e for t in sim.tables.values() for e in t.events()])
+    path = trace.save(tmp_path / "slow.ddpviz")
+    main(["diagnose", str(path)])
+    out = capsys.readouterr().out
+    assert "rank 2 is the straggler" in out and "clock offsets exact" in out
+    assert "rank 2 is the straggler" in render(trace)

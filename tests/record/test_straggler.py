@@ -78,4 +78,4 @@ def test_a_healthy_job_beside_a_cpu_hog_names_nobody(python: str, tmp_path: Path
     from ddpviz.straggler import who_waited
 
     table = who_waited(trace.columns(), trace.clock)
-    assert table.steps >= 20 and table.count.sum() + table.unsure > 0
+    assert table.steps >= 20 and table.n_last.sum() + table.unsure > 0

@@ -1,0 +1,36 @@
+"""The dashboard's rank x bucket "who made the all-reduce wait" table: one row per rank up to
+16 ranks; above, the ranks that caused most wait and one row for the others."""
+
+from __future__ import annotations
+
+import ddpviz
+from benchmarks.bench_straggler import simulate
+from ddpviz.straggler import wait_rows, who_waited
+from ddpviz.widgets.dashboard import Dashboard
+
+
+def _trace(ranks: int, slow_rank: int) -> ddpviz.Trace:
+    sim = simulate(ranks, 12, slow_rank=slow_rank, slow=1.3, every=1, jitter=0.02,
+                   buckets=4, seed=9)
+    return ddpviz.Trace([e for t in sim.tables.values() for e in t.events()])
+
+
+def test_the_dashboard_shows_who_made_each_bucket_wait() -> None:
+    trace = _trace(4, 2)
+    d = Dashboard(trace)
+    assert d.waits.update(force=True)
+    table = d.waits.table
+    assert table is not None and table.ranks == (0, 1, 2, 3) and table.steps == 12
+    assert int(table.n_last[2].sum()) == int(table.n_last.sum()) > 0  # only rank 2 was last
+    html = d.waits.widget.value
+    assert html.count("<tr>") == 1 + 4 and "b3" in html and "rank 2" in html
+
+
+def test_above_16_ranks_the_top_ranks_get_a_row_and_the_rest_share_one() -> None:
+    trace = _trace(64, 40)
+    rows = wait_rows(who_waited(trace.columns(), trace.clock))
+    assert rows[-1].label.startswith("other ranks") and len(rows[-1].ranks) >= 64 - 8
+    assert any(r.ranks == (40,) for r in rows[:-1]) and len(rows) <= 9
+    assert sum(len(r.ranks) for r in rows) == 64
+    by_rank = {r.ranks: sum(r.wait_ns) for r in rows}
+    assert by_rank[(40,)] == max(by_rank.values())
