@@ -425,10 +425,11 @@ def straggler_findings(per_rank: Mapping[int, Table],
                        clock: Mapping[int, tuple[int, int]] | None = None,
                        world_size: int = 0,
                        names: Mapping[int, Mapping[int, str]] | None = None,
-                       bucket_params: Mapping[int, Sequence[int]] | None = None
-                       ) -> list[Finding]:
-    """The `straggler` finding, when one rank is persistently last (else nothing)."""
-    tl = timeline(per_rank, clock)
+                       bucket_params: Mapping[int, Sequence[int]] | None = None,
+                       timeline_: Timeline | None = None) -> list[Finding]:
+    """The `straggler` finding, when one rank is persistently last (else nothing);
+    `timeline_`: the timeline of these tables when the caller has it already."""
+    tl = timeline(per_rank, clock) if timeline_ is None else timeline_
     s = find_straggler(tl)
     if s is None:
         return []

@@ -1,4 +1,5 @@
-"""Who made the all-reduce wait: a rank x bucket table in the dashboard.
+"""Who made the all-reduce wait: a rank x bucket table in the dashboard, under the live
+straggler verdict (the `straggler` finding of diagnose(), recomputed as events come in).
 
 Each cell: in how many recorded steps that rank launched that bucket's all-reduce last, and
 the total time the others waited for it (ddpviz/straggler.py computes and folds it; above 16
@@ -16,8 +17,21 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz import markup
-from ddpviz.straggler import WaitFold, wait_rows, who_waited
+from ddpviz.findings import Finding
+from ddpviz.straggler import WaitFold, bucket_waits, fold, straggler_findings, timeline, wait_rows
 from ddpviz.units import human_duration
+
+
+def verdict_html(found: list[Finding]) -> str:
+    """The straggler verdict over the table: the finding's title and where it loses time."""
+    if not found:
+        return markup.fmt("<div style='font-size:12px;color:#555'>{}</div>",
+                          "No straggler: no rank is persistently last by more than the noise "
+                          "and the clock uncertainty.")
+    f = found[0]
+    return markup.fmt("<div style='font-size:12px;color:#b54708;font-weight:bold'>{}</div>"
+                      "<div style='font-size:12px;color:#555'>{}</div>", f.title,
+                      "; ".join(f.detail[:1]))
 
 
 def wait_table_html(table: WaitFold) -> str:
@@ -61,6 +75,7 @@ class WaitTable:
         self._last = -float("inf")
         self._seen = -1
         self.table: WaitFold | None = None
+        self.straggler: list[Finding] = []  # the straggler finding, when there is one
 
     def _resolve(self) -> Any:
         if self._trace is None:
@@ -88,8 +103,11 @@ class WaitTable:
         if n == self._seen and not force:
             return False
         self._last, self._seen = now, n
-        self.table = who_waited(trace.columns(), dict(trace.clock))
-        html = wait_table_html(self.table)
+        tables, clock = trace.columns(), dict(trace.clock)
+        tl = timeline(tables, clock)
+        self.table = fold(bucket_waits(tl))
+        self.straggler = straggler_findings(tables, clock, timeline_=tl)
+        html = verdict_html(self.straggler) + wait_table_html(self.table)
         if self.widget.value != html:
             self.widget.value = html
         return True

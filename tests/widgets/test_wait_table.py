@@ -24,6 +24,18 @@ def test_the_dashboard_shows_who_made_each_bucket_wait() -> None:
     assert int(table.n_last[2].sum()) == int(table.n_last.sum()) > 0  # only rank 2 was last
     html = d.waits.widget.value
     assert html.count("<tr>") == 1 + 4 and "b3" in html and "rank 2" in html
+    # the verdict above it: the straggler finding diagnose() gives
+    assert [f.ranks for f in d.waits.straggler] == [(2,)]
+    assert "rank 2 is the straggler" in html
+    assert [f.title for f in d.waits.straggler] == [
+        f.title for f in ddpviz.diagnose(trace) if f.kind == "straggler"]
+
+
+def test_a_healthy_run_says_no_straggler() -> None:
+    sim = simulate(4, 12, every=1, jitter=0.1, spikes=0.05, buckets=3, seed=2)
+    d = Dashboard(ddpviz.Trace([e for t in sim.tables.values() for e in t.events()]))
+    assert d.waits.update(force=True)
+    assert d.waits.straggler == [] and "No straggler" in d.waits.widget.value
 
 
 def test_above_16_ranks_the_top_ranks_get_a_row_and_the_rest_share_one() -> None:
