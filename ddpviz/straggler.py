@@ -29,7 +29,7 @@ from ddpviz.units import human_duration as ms
 UNKNOWN_CLOCK_ERROR_NS = 10_000_000
 MAX_STEPS = 4096  # the latest steps analysed (per-step arrays are ranks x steps)
 MAX_CELLS = 1 << 23  # ranks x steps x buckets of the launch cube (64 MiB of float64)
-MIN_STEPS = 4  # recorded steps before a straggler can be named
+MIN_STEPS = 6  # recorded steps before a straggler can be named
 MIN_SHARE = 0.05  # a straggler costs at least this share of the median step time
 P_MAX = 1e-4  # the chance that one rank is last this often with every rank equally slow
 
@@ -38,12 +38,14 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 #   1. n >= MIN_STEPS;
 #   2. k's last launch is later than every other rank's by more than the clock uncertainty
 #      of k against them (x_k > error: the step's last all-reduce waited for k, surely) in m
-#      of n steps, m >= n / 2, with P(Binomial(n, 1/world size) >= m) <= P_MAX (one rank last
-#      by chance that often: rules out a lucky streak among few ranks, 2 ranks: 14 of 14
-#      steps, 18 of 19...; small because the verdict is asked again at every step, live);
+#      of n steps, m >= n / 4 (at 256 ranks the jitter of 255 others makes even a steady 20%
+#      straggler last in only about half the steps), with P(Binomial(n, 1/world size) >= m)
+#      <= P_MAX (one rank last by chance that often: rules out a lucky streak among few
+#      ranks, 2 ranks: 14 of 14 steps, 18 of 19...; small because the verdict is asked again
+#      at every step, live);
 #   3. k's lateness against the other ranks' median exceeds max(clock uncertainty,
-#      MIN_SHARE x median step time) in the median over steps, and the clock uncertainty in
-#      3 steps of 4 (its 25th percentile): k is slower than a typical rank, steadily, by a
+#      MIN_SHARE x median step time) in the median over steps, and half of that in 3 steps
+#      of 4 (its 25th percentile): k is slower than a typical rank, steadily, by a
 #      margin that is neither clock error nor a rounding of the step. (Against the latest
 #      other rank instead, 63 ranks' jitter would hide a 20% straggler at 64 ranks; a healthy
 #      rank that had a few long stalls has a high median at most, not a high quartile.)
@@ -295,8 +297,8 @@ def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float
     xk = x[k]
     m = int((xk > error).sum())
     typical = t[k] - np.median(np.delete(t, k, axis=0), axis=0)
-    if (2 * m < n or float(np.median(typical)) <= threshold
-            or float(np.percentile(typical, 25)) <= error
+    if (4 * m < n or float(np.median(typical)) <= threshold
+            or float(np.percentile(typical, 25)) <= max(error, threshold / 2)
             or _binom_sf(m, n, 1.0 / n_r) > P_MAX):
         return None
     return k, n, m, xk, threshold, error
