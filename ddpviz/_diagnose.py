@@ -114,9 +114,9 @@ def diagnose_tables(per_rank: Mapping[int, Table],
 
 def _straggler(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]] | None,
                names: Mapping[int, Mapping[int, str]], world_size: int) -> list[Finding]:
-    from ddpviz.straggler import bucket_members, straggler_findings
+    from ddpviz.straggler import straggler_findings
 
-    return straggler_findings(per_rank, clock, world_size, names, bucket_members(per_rank))
+    return straggler_findings(per_rank, clock, world_size, names)
 
 
 # --- context ----------------------------------------------------------------------------------

@@ -430,7 +430,9 @@ def straggler_findings(per_rank: Mapping[int, Table],
                        bucket_params: Mapping[int, Sequence[int]] | None = None,
                        timeline_: Timeline | None = None) -> list[Finding]:
     """The `straggler` finding, when one rank is persistently last (else nothing);
-    `timeline_`: the timeline of these tables when the caller has it already."""
+    `names` ({rank: {param: dotted name}}) and `bucket_params` (bucket -> params) name the
+    bucket's parameters (read from the tables when not given); `timeline_`: the timeline of
+    these tables when the caller has it already."""
     tl = timeline(per_rank, clock) if timeline_ is None else timeline_
     s = find_straggler(tl)
     if s is None:
@@ -440,8 +442,10 @@ def straggler_findings(per_rank: Mapping[int, Table],
         where += ", spread over its buckets"
     if s.bucket >= 0:
         where += f", most of it before bucket {s.bucket} launched"
-        members = (bucket_params or {}).get(s.bucket, ())
-        shown = [(names or {}).get(s.rank, {}).get(i, f"#{i}") for i in members[:3]]
+        members = (bucket_members(per_rank) if bucket_params is None
+                   else bucket_params).get(s.bucket, ())
+        own = (names or {}).get(s.rank) or _param_names(per_rank.get(s.rank))
+        shown = [own.get(i, f"#{i}") for i in members[:3]]
         if shown:
             where += f" ({', '.join(shown)}{', ...' if len(members) > 3 else ''})"
     what = ("the step's last all-reduce" if s.evidence == "buckets"
@@ -455,7 +459,7 @@ def straggler_findings(per_rank: Mapping[int, Table],
               f"{_clock_text(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]), s.error_ns)}",
               f"named when slower than the other ranks' median by more than "
               f"{ms(s.threshold_ns)} (the uncertainty or {MIN_SHARE:.0%} of the step, "
-              "whichever is larger) and last in most steps",
+              "whichever is larger) and last far more often than chance",
               f"from the {'per-bucket' if s.evidence == 'buckets' else 'forward'} events of "
               f"steps up to {s.last_step}")
     return [Finding(kind="straggler", severity="warning", title=title, ranks=(s.rank,),
@@ -463,6 +467,12 @@ def straggler_findings(per_rank: Mapping[int, Table],
                     values=((f"last in {s.last_in}/{s.steps} steps, waited for "
                              f"{ms(s.median_ns)} median", (s.rank,)),),
                     detail=detail, fix=fix_for("straggler", s.phase), world_size=world_size)]
+
+
+def _param_names(table: Table | None) -> dict[int, str]:
+    """param index -> dotted name, from a rank's latest ParamsBuilt."""
+    built = table.rare(ev.ParamsBuilt) if table is not None else []
+    return {p.index: p.name for p in built[-1].params} if built else {}
 
 
 def bucket_members(per_rank: Mapping[int, Table]) -> dict[int, tuple[int, ...]]:
