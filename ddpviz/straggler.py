@@ -333,15 +333,12 @@ def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray) -> tuple[
     d_b = late(tl.backward[:, pos])
     d_l = np.stack([late(cube[:, :, j]) for j in range(cube.shape[2])], axis=1) \
         if cube.shape[2] else np.zeros((len(pos), 0))
-    with np.errstate(all="ignore"):
-        d_end = np.nanmax(np.where(np.isnan(d_l), -np.inf, d_l), axis=1) if d_l.size else d_f
-    # the lateness of the last launched bucket of each step
-    last_b = np.array([np.flatnonzero(~np.isnan(cube[k, s]))[-1]
-                       if (~np.isnan(cube[k, s])).any() else -1 for s in range(cube.shape[1])],
-                      dtype=np.int64) if cube.shape[2] else np.zeros(0, np.int64)
-    if len(last_b):
-        d_end = np.where(last_b >= 0, d_l[np.arange(len(last_b)), np.maximum(last_b, 0)],
-                         np.nan)
+    # k's lateness at the last bucket it launched in each step (buckets launch in order)
+    d_end = d_f
+    if cube.shape[2]:
+        launched = ~np.isnan(cube[k])  # (steps, buckets)
+        last_b = cube.shape[2] - 1 - np.argmax(launched[:, ::-1], axis=1)
+        d_end = np.where(launched.any(axis=1), d_l[np.arange(len(last_b)), last_b], np.nan)
     data = _nanmedian(d_f)
     if np.isnan(d_b).all():
         compute = _nanmedian(d_end - d_f)
