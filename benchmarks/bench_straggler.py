@@ -136,7 +136,7 @@ def main() -> None:
             ("backward +20%, guard (every step)", args.steps, dict(slow_rank=slow, every=1)),
             ("backward +20%, jitter 10%", args.steps, dict(slow_rank=slow, every=1,
                                                            jitter=0.1)),
-            ("backward +20%, default (every=100)", 310, dict(slow_rank=slow, every=100)),
+            ("backward +20%, default (every=100)", 410, dict(slow_rank=slow, every=100)),
             ("data x2 (+15% step), default", args.steps, dict(slow_rank=slow, phase="data",
                                                               slow=2.0, every=100)),
             ("healthy, jitter 10% + stalls", args.steps, dict(every=1, jitter=0.1,

@@ -29,8 +29,9 @@ from ddpviz.units import human_duration as ms
 UNKNOWN_CLOCK_ERROR_NS = 10_000_000
 MAX_STEPS = 4096  # the latest steps analysed (per-step arrays are ranks x steps)
 MAX_CELLS = 1 << 23  # ranks x steps x buckets of the launch cube (64 MiB of float64)
-MIN_STEPS = 6  # recorded steps before a straggler can be named
+MIN_STEPS = 7  # recorded steps before a straggler can be named (P_STEADY needs 7 of 7)
 MIN_SHARE = 0.05  # a straggler costs at least this share of the median step time
+P_STEADY = 1e-2  # the chance that a rank is later than the others' median that often
 P_MAX = 1e-4  # the chance that one rank is last this often with every rank equally slow
 
 # [Note: straggler verdict]
@@ -44,11 +45,12 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 #      ranks, 2 ranks: 14 of 14 steps, 18 of 19...; small because the verdict is asked again
 #      at every step, live);
 #   3. k's lateness against the other ranks' median exceeds max(clock uncertainty,
-#      MIN_SHARE x median step time) in the median over steps, and half of that in 3 steps
-#      of 4 (its 25th percentile): k is slower than a typical rank, steadily, by a
-#      margin that is neither clock error nor a rounding of the step. (Against the latest
-#      other rank instead, 63 ranks' jitter would hide a 20% straggler at 64 ranks; a healthy
-#      rank that had a few long stalls has a high median at most, not a high quartile.)
+#      MIN_SHARE x median step time) in the median over steps, and the clock uncertainty in
+#      more steps than chance allows (P(Binomial(n, 1/2) >= count) <= P_STEADY): k is slower
+#      than a typical rank, steadily, by a margin that is neither clock error nor a rounding
+#      of the step. (Against the latest other rank instead, 63 ranks' jitter would hide a 20%
+#      straggler at 64 ranks; a healthy rank that had a few long stalls early on has a high
+#      median, but is not later than the median rank in, e.g., 9 of 10 steps: p = 0.01.)
 # The cost reported is x_k clipped at 0 (what the step's last all-reduce waited for k beyond
 # the next-latest rank), median and p90 over the n steps.
 # The clock uncertainty of a rank is the larger of its recorded error and how far its end of
@@ -298,7 +300,7 @@ def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float
     m = int((xk > error).sum())
     typical = t[k] - np.median(np.delete(t, k, axis=0), axis=0)
     if (4 * m < n or float(np.median(typical)) <= threshold
-            or float(np.percentile(typical, 25)) <= max(error, threshold / 2)
+            or _binom_sf(int((typical > error).sum()), n, 0.5) > P_STEADY
             or _binom_sf(m, n, 1.0 / n_r) > P_MAX):
         return None
     return k, n, m, xk, threshold, error

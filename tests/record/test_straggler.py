@@ -42,14 +42,17 @@ def stragglers(trace: ddpviz.Trace) -> list[ddpviz.Finding]:
     return [f for f in ddpviz.diagnose(trace) if f.kind == "straggler"]
 
 
-def test_a_rank_slowed_in_its_backward_is_named_with_the_bucket(python: str,
-                                                                tmp_path: Path) -> None:
-    # 2 ranks: a sleep of 12 ms in layer 2's backward hook on rank 1 (steps ~40-50 ms).
-    # every=2 samples 31 of 60 steps: two ranks need 14 of 14 to rule out chance.
-    trace = record(python, tmp_path / "t", 2, "every=2", TRAIN_SLOW_RANK="1",
+@pytest.mark.parametrize(("ranks", "recording", "slow"), [(2, "every=2", 1),
+                                                          (3, "guard,every=never", 0)])
+def test_a_rank_slowed_in_its_backward_is_named_with_the_bucket(
+        python: str, tmp_path: Path, ranks: int, recording: str, slow: int) -> None:
+    # A sleep of 12 ms in layer 2's backward hook on one rank (steps ~40-90 ms). Hook-less
+    # watch, every=2: 31 of 60 steps with bucket events (two ranks need 14 of 14 to rule out
+    # chance); the guard: every step.
+    trace = record(python, tmp_path / "t", ranks, recording, TRAIN_SLOW_RANK=str(slow),
                    TRAIN_SLOW_PHASE="backward")
     (f,) = stragglers(trace)
-    assert f.ranks == (1,) and f.field == "backward"
+    assert f.ranks == (slow,) and f.field == "backward"
     # the hook runs after layer 2's gradients, before layer 0's: the time is lost before
     # the bucket of 0.weight/0.bias launches
     assert f.bucket >= 0 and "0.weight" in f.text()
