@@ -50,7 +50,7 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 #      than a typical rank, steadily, by a margin that is neither clock error nor a rounding
 #      of the step. (Against the latest other rank instead, 63 ranks' jitter would hide a 20%
 #      straggler at 64 ranks; a healthy rank that had a few long stalls early on has a high
-#      median, but is not later than the median rank in, e.g., 9 of 10 steps: p = 0.01.)
+#      median, but is rarely later than the median rank in 11 of 12 steps: p = 0.003.)
 # The cost reported is x_k clipped at 0 (what the step's last all-reduce waited for k beyond
 # the next-latest rank), median and p90 over the n steps.
 # The clock uncertainty of a rank is the larger of its recorded error and how far its end of
