@@ -46,3 +46,33 @@ def test_above_16_ranks_the_top_ranks_get_a_row_and_the_rest_share_one() -> None
     assert sum(len(r.ranks) for r in rows) == 64
     by_rank = {r.ranks: sum(r.wait_ns) for r in rows}
     assert by_rank[(40,)] == max(by_rank.values())
+
+
+def test_live_from_a_session_the_verdict_comes_as_the_steps_arrive() -> None:
+    from ddpviz.transport import Sender
+    from tests.polling import eventually
+
+    sim = simulate(3, 16, slow_rank=1, slow=1.3, every=1, jitter=0.02, buckets=3, seed=11)
+    per_rank = {r: t.events() for r, t in sim.tables.items()}
+    with ddpviz.listen(show=False) as session:
+        d = session.dashboard(max_hz=10)
+        senders = {r: Sender(session.connect_string, r, batch=16) for r in per_rank}
+        half = {r: [e for e in evs if e.step < 4] for r, evs in per_rank.items()}
+        for r, s in senders.items():
+            for e in half[r]:
+                s(e)
+            s.flush()
+        assert eventually(lambda: len(session.trace) >= sum(map(len, half.values())))
+        assert d.waits.update(force=True)
+        assert d.waits.straggler == []  # 4 steps: too few to name anybody
+        assert d.waits.table is not None and d.waits.table.steps == 4
+        for r, s in senders.items():
+            for e in per_rank[r][len(half[r]):]:
+                s(e)
+            s.close()
+        assert session.wait(ranks=3, timeout=30)
+        assert eventually(lambda: len(session.trace) >= sim.events)
+        assert d.waits.update(force=True)
+        assert [f.ranks for f in d.waits.straggler] == [(1,)]
+        assert "rank 1 is the straggler" in d.waits.widget.value
+        d.close()
