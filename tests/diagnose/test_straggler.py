@@ -11,6 +11,7 @@ import pytest
 
 import ddpviz
 from benchmarks.bench_straggler import MS, prefix, simulate, steps_until_named
+from ddpviz import columns as col
 from ddpviz import straggler as st
 from ddpviz._diagnose import diagnose_tables
 
@@ -20,7 +21,7 @@ def test_a_rank_slowed_20_percent_in_backward_is_named_within_10_recorded_steps(
         every: int, jitter: float) -> None:
     sim = simulate(64, 120 if every > 1 else 30, slow_rank=37, slow=1.2, every=every,
                    jitter=jitter, buckets=12, seed=every)
-    recorded = sorted({int(s) for s in sim.tables[0].step[sim.tables[0].kind == 15]})
+    recorded = sorted({int(s) for s in sim.tables[0].step[sim.tables[0].kind == col.LAUNCHED]})
     after = steps_until_named(sim.tables, 120 if every > 1 else 30, 37)
     assert after is not None
     # within 10 steps with bucket events (the sampled ones at every=10)
