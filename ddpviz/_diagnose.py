@@ -55,7 +55,17 @@ def diagnose(source: Any) -> Findings:
         >>> print(findings)                            # the house-style message, errors first
         >>> [f.kind for f in findings if f.severity == "error"]
     """
-    return diagnose_tables(_tables(source))
+    if isinstance(source, (str, os.PathLike)):
+        from ddpviz.trace import Trace
+
+        source = Trace.load(source)
+    return diagnose_tables(_tables(source), clock=_clock(source))
+
+
+def _clock(source: Any) -> dict[int, tuple[int, int]] | None:
+    """The clock offsets of a trace source (None: one host's shared clock)."""
+    trace = getattr(source, "trace", source)
+    return dict(trace.clock) if isinstance(getattr(trace, "clock", None), dict) else None
 
 
 def _tables(source: Any) -> dict[int, Table]:
@@ -88,8 +98,10 @@ def diagnose_events(events: Iterable[Event]) -> Findings:
     return diagnose_tables(_seq_ordered(col.tables_of(events)))
 
 
-def diagnose_tables(per_rank: Mapping[int, Table]) -> Findings:
-    """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/columns.py)."""
+def diagnose_tables(per_rank: Mapping[int, Table],
+                    clock: Mapping[int, tuple[int, int]] | None = None) -> Findings:
+    """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/columns.py);
+    `clock`: the ranks' offsets onto one clock (Trace.clock), for who is slow."""
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
@@ -98,13 +110,21 @@ def diagnose_tables(per_rank: Mapping[int, Table]) -> Findings:
                 *_grad_ready(per_rank, names, world_size),
                 *_collectives(per_rank, world_size),
                 *_progress(per_rank, names, world_size, reported),
-                *_dropped(per_rank, world_size)]
+                *_dropped(per_rank, world_size),
+                *_straggler(per_rank, clock, names, world_size)]
     seen = {(f.kind, f.name) for f in reported}
     out = list(reported)
     for f in computed:
         if (f.kind, f.name) not in seen and f not in out:
             out.append(f)
     return Findings(sort_findings(out))
+
+
+def _straggler(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]] | None,
+               names: Mapping[int, Mapping[int, str]], world_size: int) -> list[Finding]:
+    from ddpviz.straggler import straggler_findings
+
+    return straggler_findings(per_rank, clock, world_size, names)
 
 
 # --- context ----------------------------------------------------------------------------------

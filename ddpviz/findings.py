@@ -32,7 +32,7 @@ Kind = Literal[
     "param_mismatch", "buffer_mismatch", "gpu_shared", "initial_values", "unused_parameter",
     "hook_fired_twice", "graph_changed", "grad_order", "missing_rank", "rank_waiting",
     "rank_hang", "rank_exited", "peer_failed", "uneven_iterations", "collective_mismatch",
-    "buffer_reassigned", "events_dropped", "plan_mismatch",
+    "buffer_reassigned", "events_dropped", "plan_mismatch", "straggler",
 ]
 
 # Every kind of finding, with what its fields mean.
@@ -59,6 +59,9 @@ KINDS: dict[Kind, str] = {
     "events_dropped": "events were lost on the way, so the diagnosis may be incomplete",
     "plan_mismatch": "a rank's collectives differ from DDP's plan for the given model and "
                      "settings (bucket sizes or order; post-mortem)",
+    "straggler": "one rank is persistently the last to launch the all-reduces, so every step "
+                 "waits for it (field: where it loses the time: data, forward, backward, "
+                 "compute; bucket: the bucket before whose launch it loses most)",
 }
 
 # The model differs across ranks: one fix per differing field ("" for any other field).
@@ -192,6 +195,15 @@ FIXES: dict[Kind, dict[str, str]] = {
         "": "Build DDP with the same bucket_cap_mb, bucket_cap_mb_list, find_unused_parameters "
             "and static_graph on every rank, or pass the settings this rank used to "
             "postmortem(settings=...) if the dumps are of a different configuration.",
+    },
+    "straggler": {
+        # late at the forward: the gap after the previous backward
+        "data": "Look at this rank's data loading and optimizer step: more DataLoader "
+                "workers or pin_memory, a shard or files on slower storage, per-rank logging "
+                "or checkpointing between steps, or a host with fewer free cores.",
+        "": "Look at what makes this rank's compute slower: another process on its cores or "
+            "GPU (nvidia-smi, top), thermal throttling, a different device, or rank-dependent "
+            "work in forward/backward (a hook, a larger batch, extra layers).",
     },
 }
 

@@ -24,6 +24,7 @@ from ddpviz.widgets.live_bucket_map import LiveBucketMap
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.verification_matrix import group_ranks
 from ddpviz.widgets.verification_view import VerificationView
+from ddpviz.widgets.wait_table import WaitTable
 
 
 def _heading(text: str) -> w.HTML:
@@ -54,6 +55,7 @@ class Dashboard(EventView):
     def _build(self) -> list[w.Widget]:
         self.status_html = w.HTML()
         self.advice = AdviceTab(self._advised)
+        self.waits = WaitTable(self._advised)
         self.verification = VerificationView.embedded_in(self.model)
         self.broadcast = BroadcastProgress.embedded_in(self.model)
         self.buckets = LiveBucketMap.embedded_in(self.model)
@@ -73,6 +75,7 @@ class Dashboard(EventView):
                    layout=w.Layout(flex_flow="row wrap")),
             _heading("4 · buckets (the maps DDP really used)"), self.buckets,
             _heading("5-6 · forward and backward: hooks, buckets, all-reduce"), self.timeline,
+            _heading("who made each bucket's all-reduce wait (rank x bucket)"), self.waits.widget,
             self.advice,
         ]
 
@@ -81,6 +84,7 @@ class Dashboard(EventView):
         for part in (self.verification, self.broadcast, self.buckets, self.timeline):
             deferred |= part.render(cursor)
         self._draw_status(cursor)
+        self.waits.update()
         if self.status is not None and self.status.steps:
             self.advice.update(min(self.status.steps.values()) + 1)
         return deferred

@@ -66,6 +66,7 @@ export type FindingKind =
   | 'rank_exited'
   | 'rank_hang'
   | 'rank_waiting'
+  | 'straggler'
   | 'uneven_iterations'
   | 'unused_parameter';
 

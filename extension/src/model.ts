@@ -16,6 +16,7 @@ import {
   ParamInfo
 } from './events';
 import { ParsedTrace } from './trace';
+import { WaitFold, whoWaited } from './waits';
 
 /**
  * Bytes per element by dtype name, only for traces written before `ParamInfo.element_size`
@@ -301,6 +302,38 @@ export class TraceModel {
   }
 
   private _fullSteps: number[] | null = null;
+
+  /** Who made each bucket's all-reduce wait, rank x bucket (computed once; see waits.ts). */
+  waits(): WaitFold {
+    if (this._waits === null) {
+      this._waits = whoWaited(
+        this.ranks.map(rank => {
+          const events = this.events(rank);
+          const launched = events.filter(e => e.type === 'AllReduceLaunched');
+          const ready = launched.length ? launched : events.filter(e => e.type === 'BucketReady');
+          return {
+            rank,
+            forwardSteps: events.filter(e => e.type === 'ForwardStarted').map(e => e.step),
+            launches: ready.map(
+              e =>
+                [e.step, (e as { bucket: number }).bucket, this.aligned(e)] as [
+                  number,
+                  number,
+                  number
+                ]
+            ),
+            ends: events
+              .filter(e => e.type === 'BackwardFinished')
+              .map(e => [e.step, this.aligned(e)] as [number, number]),
+            error: this.trace.clock.get(rank)?.[1] ?? 0
+          };
+        })
+      );
+    }
+    return this._waits;
+  }
+
+  private _waits: WaitFold | null = null;
 
   private readonly _rowCache = new Map<number, { rows: TimelineRow[]; t0: number; t1: number }>();
 

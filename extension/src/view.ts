@@ -13,6 +13,7 @@ import { h, humanBytes, note, section, ViewOptions } from './dom';
 import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './model';
 import { MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './timelineView';
+import { waitRows } from './waits';
 
 export { humanBytes } from './dom';
 export type { ViewOptions } from './dom';
@@ -62,6 +63,7 @@ export function renderTrace(model: TraceModel, name: string, options: ViewOption
     guarded('verification', 'Verification', () => renderVerification(model)),
     guarded('broadcast', 'State broadcast', () => renderBroadcast(model)),
     guarded('timeline', 'Hook timeline', () => renderTimelineSection(model, options)),
+    guarded('waits', 'Who made the all-reduce wait', () => renderWaits(model)),
     guarded('counts', 'Events', () => renderCounts(model))
   );
 }
@@ -464,6 +466,78 @@ function renderBroadcastGroups(rows: BroadcastRow[]): HTMLElement {
     'State broadcast',
     h('p', { class: 'ddpviz-broadcast-summary' }, summary),
     bars
+  );
+}
+
+/** ns for people, as ddpviz.units.human_duration: '2.35 s', '12.3 ms', '45 µs'. */
+function duration(ns: number): string {
+  const sec = ns / 1e9;
+  if (sec >= 1 || sec === 0) {
+    return sec < 100 ? `${sec.toFixed(2)} s` : `${sec.toFixed(0)} s`;
+  }
+  return sec >= 1e-3
+    ? `${Number((sec * 1e3).toPrecision(3))} ms`
+    : `${Number((sec * 1e6).toPrecision(3))} µs`;
+}
+
+/**
+ * Rank x bucket: in how many recorded steps each rank launched each bucket's all-reduce last,
+ * and how long the others waited for it (waits.ts). Above MANY_RANKS, the ranks that caused
+ * most wait get a row each and the others share one.
+ */
+function renderWaits(model: TraceModel): HTMLElement {
+  const fold = model.waits();
+  if (fold.steps === 0) {
+    return section(
+      'waits',
+      'Who made the all-reduce wait',
+      note(
+        "No step with every rank's all-reduce launches in this trace (they come with " +
+          "watch's guard, or on the steps Recording.every samples)."
+      )
+    );
+  }
+  const rows = waitRows(fold);
+  const peak = Math.max(1, ...rows.flatMap(r => r.waitNs));
+  const body = rows.map(r =>
+    h(
+      'tr',
+      { 'data-ranks': r.ranks.join(',') },
+      h('th', {}, (r.others ? 'other ' : '') + formatRanks(r.ranks)),
+      r.nLast.map((n, j) => {
+        const shade = Math.round(235 - (150 * r.waitNs[j]) / peak);
+        return h(
+          'td',
+          { style: `background: rgb(255, ${shade}, ${shade})`, 'data-last': n },
+          n ? `${n} · ${duration(r.waitNs[j])}` : ''
+        );
+      })
+    )
+  );
+  return section(
+    'waits',
+    'Who made the all-reduce wait',
+    h(
+      'table',
+      { class: 'ddpviz-table ddpviz-waits-table' },
+      h(
+        'thead',
+        {},
+        h(
+          'tr',
+          {},
+          h('th', {}, 'rank'),
+          fold.buckets.map(b => h('th', {}, `b${b}`))
+        )
+      ),
+      h('tbody', {}, body)
+    ),
+    note(
+      `${fold.steps} steps with every rank's launches; cell: steps in which the rank ` +
+        'launched the bucket last · total time the others waited for it; ' +
+        `${fold.unsure} bucket-steps within the clock uncertainty ` +
+        `(+-${duration(fold.maxError)} a rank) attributed to nobody.`
+    )
   );
 }
 

@@ -1,0 +1,519 @@
+"""Who is slow: which rank each bucket's all-reduce waited for, and the `straggler` finding.
+
+Pure numpy over the columnar store (ddpviz/columns.py): no event objects, no torch.
+
+Every all-reduce starts for real when the last rank launches it, so on each recorded step the
+rank whose AllReduceLaunched (BucketReady where no launch was recorded) comes last made that
+bucket wait, for the time between its launch and the one before it. Times are put on one clock
+with the offsets ddpviz already estimates (`Trace.clock`: 0 on one host, the transport's ping
+across hosts, wall clocks for merged files); a difference smaller than the two ranks' clock
+uncertainty is attributed to nobody. See [Note: straggler verdict] for when a rank is named.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from ddpviz import columns as col
+from ddpviz import events as ev
+from ddpviz.columns import Table
+from ddpviz.findings import Finding, fix_for, format_ranks
+from ddpviz.units import human_duration as ms
+
+# Offsets from wall clocks only (merged per-host files, error recorded as -1): NTP keeps hosts
+# within a few ms; 10 ms is assumed, so only a rank late by more than that can be named.
+UNKNOWN_CLOCK_ERROR_NS = 10_000_000
+MAX_STEPS = 4096  # the latest steps analysed (per-step arrays are ranks x steps)
+MAX_CELLS = 1 << 23  # ranks x steps x buckets of the launch cube (64 MiB of float64)
+MIN_STEPS = 7  # recorded steps before a straggler can be named (P_STEADY needs 7 of 7)
+MIN_SHARE = 0.05  # a straggler costs at least this share of the median step time
+P_STEADY = 1e-2  # the chance that a rank is later than the others' median that often
+P_MAX = 1e-4  # the chance that one rank is last this often with every rank equally slow
+
+# [Note: straggler verdict]
+# A rank k is named when, over the n recorded steps that every rank recorded:
+#   1. n >= MIN_STEPS;
+#   2. k's last launch is later than every other rank's by more than the clock uncertainty
+#      of k against them (x_k > error: the step's last all-reduce waited for k, surely) in m
+#      of n steps, m >= n / 4 (at 256 ranks the jitter of 255 others makes even a steady 20%
+#      straggler last in only about half the steps), with P(Binomial(n, 1/world size) >= m)
+#      <= P_MAX (one rank last by chance that often: rules out a lucky streak among few
+#      ranks, 2 ranks: 14 of 14 steps, 18 of 19...; small because the verdict is asked again
+#      at every step, live);
+#   3. k's lateness against the other ranks' median exceeds max(clock uncertainty,
+#      MIN_SHARE x median step time) in the median over steps, and the clock uncertainty in
+#      more steps than chance allows (P(Binomial(n, 1/2) >= count) <= P_STEADY): k is slower
+#      than a typical rank, steadily, by a margin that is neither clock error nor a rounding
+#      of the step. (Against the latest other rank instead, 63 ranks' jitter would hide a 20%
+#      straggler at 64 ranks; a healthy rank that had a few long stalls early on has a high
+#      median, but is rarely later than the median rank in 11 of 12 steps: p = 0.003.)
+# The cost reported is x_k clipped at 0 (what the step's last all-reduce waited for k beyond
+# the next-latest rank), median and p90 over the n steps.
+# The clock uncertainty of a rank is the larger of its recorded error and how far its end of
+# backward (which every rank leaves together: the last all-reduce) sits from the others'
+# (median over steps): an offset that is wrong shifts a rank's end of backward too, a straggler
+# does not.
+# Steps with per-bucket events (all steps under the guard, the sampled ones by default) give
+# the phase where k loses the time; steps with only a ForwardStarted (hook-less watch between
+# samples) can still show a rank that arrives late at the forward (data loading, optimizer).
+
+
+class Timeline(NamedTuple):
+    """Per-rank times on the aligned clock, ns since `t0`, NaN where not recorded."""
+
+    ranks: np.ndarray  # (R,) rank numbers
+    steps: np.ndarray  # (S,) steps with a ForwardStarted on some rank
+    forward: np.ndarray  # (R, S) first ForwardStarted
+    backward: np.ndarray  # (R, S) first BackwardStarted
+    end: np.ndarray  # (R, S) last BackwardFinished
+    bucket_steps: np.ndarray  # (Sb,) steps with a launch recorded on some rank
+    buckets: np.ndarray  # (B,) bucket indices (reduction order)
+    launch: np.ndarray  # (R, Sb, B) AllReduceLaunched (BucketReady without launches)
+    stated_error_ns: np.ndarray  # (R,) clock error as recorded (unknown: assumed)
+    error_ns: np.ndarray  # (R,) max(stated, measured skew at the end of backward)
+    t0: int
+
+
+class Waits(NamedTuple):
+    """Who made each bucket's all-reduce wait, per recorded step."""
+
+    timeline: Timeline
+    last: np.ndarray  # (Sb, B) index into timeline.ranks of the last rank; -1: nobody
+    wait_ns: np.ndarray  # (Sb, B) its launch minus the one before it (0 where last is -1)
+    unsure: np.ndarray  # (Sb, B) every rank launched but within the clock uncertainty
+
+
+class WaitFold(NamedTuple):
+    """`Waits` folded over steps: a rank x bucket table (what the views draw)."""
+
+    ranks: tuple[int, ...]
+    buckets: tuple[int, ...]
+    n_last: np.ndarray  # (R, B) steps in which the rank made the bucket wait
+    wait_ns: np.ndarray  # (R, B) total wait it caused
+    steps: int  # steps with every rank's launch of at least one bucket
+    unsure: int  # bucket-steps within the clock uncertainty (attributed to nobody)
+    max_error_ns: int  # the largest clock uncertainty of a rank
+
+
+class Straggler(NamedTuple):
+    rank: int
+    steps: int  # recorded steps looked at
+    last_in: int  # steps in which it was last by more than the clock uncertainty
+    median_ns: float  # wait it caused (0 on steps it was not last), median over steps
+    p90_ns: float
+    threshold_ns: float
+    error_ns: float  # clock uncertainty against the others
+    phase: str  # "data" | "forward" | "backward" | "compute"
+    bucket: int  # with phase "backward": the bucket before whose launch it lost most; else -1
+    breakdown: tuple[tuple[str, float], ...]  # (phase, median lateness added there, ns)
+    last_step: int
+    evidence: str  # "buckets" | "forward"
+
+
+def _aligned(table: Table, clock: Mapping[int, tuple[int, int]], code: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.flatnonzero(table.kind == code)
+    return table.step[rows], table.t[rows] + clock.get(table.rank, (0, 0))[0]
+
+
+def _fill(out: np.ndarray, i: int, axis: np.ndarray, steps: np.ndarray, times: np.ndarray,
+          t0: int, *, last: bool = False) -> None:
+    """out[i, pos(step)] = time, the first (or last) one of each step, for steps on `axis`."""
+    if not len(steps):
+        return
+    if last:
+        steps, times = steps[::-1], times[::-1]
+    u, first = np.unique(steps, return_index=True)
+    pos = np.searchsorted(axis, u)
+    ok = pos < len(axis)
+    ok[ok] = axis[pos[ok]] == u[ok]
+    out[i, pos[ok]] = (times[first[ok]] - t0).astype(np.float64)
+
+
+def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]] | None = None
+             ) -> Timeline:
+    """The aligned per-step times of every rank (see Timeline); bounded in memory by
+    MAX_STEPS and MAX_CELLS (the latest steps are kept)."""
+    clock = clock or {}
+    ranks = np.array(sorted(r for r, t in per_rank.items() if len(t)), dtype=np.int64)
+    tables = [per_rank[int(r)] for r in ranks]
+    fwd = [_aligned(t, clock, col.FORWARD) for t in tables]
+    bwd = [_aligned(t, clock, col.BACKWARD) for t in tables]
+    end = [_aligned(t, clock, col.BACKWARD_END) for t in tables]
+    launches = []
+    for t in tables:
+        rows = np.flatnonzero(t.kind == col.LAUNCHED)
+        if not len(rows):
+            rows = np.flatnonzero(t.kind == col.BUCKET_READY)
+        off = clock.get(t.rank, (0, 0))[0]
+        launches.append((t.step[rows], t.a[rows], t.t[rows] + off))
+    mins = [int(tt.min()) for _, tt in fwd + bwd + end if len(tt)]
+    mins += [int(tt.min()) for _, _, tt in launches if len(tt)]
+    t0 = min(mins, default=0)
+
+    all_steps = np.unique(np.concatenate([s for s, _ in fwd] or [np.zeros(0, np.int64)]))
+    steps = all_steps[all_steps >= 0][-MAX_STEPS:]
+    n_r = len(ranks)
+    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(3)]
+    for i in range(n_r):
+        _fill(grids[0], i, steps, *fwd[i], t0)
+        _fill(grids[1], i, steps, *bwd[i], t0)
+        _fill(grids[2], i, steps, *end[i], t0, last=True)
+
+    b_steps = np.unique(np.concatenate([s for s, _, _ in launches] or [np.zeros(0, np.int64)]))
+    b_steps = b_steps[b_steps >= 0]
+    bucket_ids = np.unique(np.concatenate(
+        [b[(s >= 0)] for s, b, _ in launches] or [np.zeros(0, np.int64)]))
+    per_step = max(1, n_r * max(1, len(bucket_ids)))
+    b_steps = b_steps[len(b_steps) - min(len(b_steps), MAX_STEPS, MAX_CELLS // per_step):]
+    if n_r * len(bucket_ids) > MAX_CELLS:
+        b_steps = b_steps[:0]
+    cube = np.full((n_r, len(b_steps), len(bucket_ids)), np.nan)
+    for i, (s, b, tt) in enumerate(launches):
+        if not len(b_steps) or not len(s):
+            continue
+        ps = np.searchsorted(b_steps, s)
+        ok = ps < len(b_steps)
+        ok[ok] = b_steps[ps[ok]] == s[ok]
+        pb = np.searchsorted(bucket_ids, b[ok])
+        cube[i, ps[ok], pb] = (tt[ok] - t0).astype(np.float64)
+
+    stated = np.array([_stated_error(clock.get(int(r), (0, 0))[1]) for r in ranks],
+                      dtype=np.float64)
+    return Timeline(ranks, steps, grids[0], grids[1], grids[2], b_steps, bucket_ids, cube,
+                    stated, np.maximum(stated, _end_skew(grids[2])), t0)
+
+
+def _stated_error(error: int) -> float:
+    return float(UNKNOWN_CLOCK_ERROR_NS if error < 0 else error)
+
+
+def _end_skew(end: np.ndarray) -> np.ndarray:
+    """Per rank: |median over steps of (its end of backward - the ranks' median)|."""
+    full = end[:, ~np.isnan(end).any(axis=0)] if end.size else end
+    if full.shape[0] < 2 or full.shape[1] == 0:
+        return np.zeros(end.shape[0])
+    return np.abs(np.median(full - np.median(full, axis=0), axis=1))
+
+
+def bucket_waits(tl: Timeline) -> Waits:
+    """For each recorded step and bucket that every rank launched: the rank launched last
+    and how long after the one before it (attributed to nobody within the clock
+    uncertainty of the two)."""
+    cube = tl.launch
+    n_r, n_s, n_b = cube.shape
+    if n_r < 2 or not n_s or not n_b:
+        empty = np.zeros((n_s, n_b))
+        return Waits(tl, np.full((n_s, n_b), -1, np.int64), empty, empty.astype(bool))
+    valid = ~np.isnan(cube).any(axis=0)
+    filled = np.where(np.isnan(cube), -np.inf, cube)
+    order = np.argsort(filled, axis=0, kind="stable")
+    last, second = order[-1], order[-2]
+    t_last = np.take_along_axis(filled, last[None], 0)[0]
+    t_second = np.take_along_axis(filled, second[None], 0)[0]
+    with np.errstate(invalid="ignore"):  # -inf - -inf where a rank launched nothing
+        wait = np.where(valid, t_last - t_second, 0.0)
+    sure = valid & (wait > tl.error_ns[last] + tl.error_ns[second])
+    return Waits(tl, np.where(sure, last, -1), np.where(sure, wait, 0.0), valid & ~sure)
+
+
+def fold(waits: Waits) -> WaitFold:
+    """The rank x bucket table of `waits`: how often and how long each rank made each
+    bucket's all-reduce wait."""
+    tl = waits.timeline
+    n_r, n_b = len(tl.ranks), len(tl.buckets)
+    who = waits.last.ravel()
+    bucket = np.broadcast_to(np.arange(n_b), waits.last.shape).ravel()
+    hit = who >= 0
+    flat = who[hit] * n_b + bucket[hit]
+    count = np.bincount(flat, minlength=n_r * n_b).reshape(n_r, n_b)
+    total = np.bincount(flat, weights=waits.wait_ns.ravel()[hit],
+                        minlength=n_r * n_b).reshape(n_r, n_b)
+    any_valid = (waits.last >= 0) | waits.unsure
+    return WaitFold(tuple(int(r) for r in tl.ranks), tuple(int(b) for b in tl.buckets),
+                    count, total, int(any_valid.any(axis=1).sum()) if any_valid.size else 0,
+                    int(waits.unsure.sum()),
+                    int(tl.error_ns.max()) if len(tl.error_ns) else 0)
+
+
+def who_waited(per_rank: Mapping[int, Table],
+               clock: Mapping[int, tuple[int, int]] | None = None) -> WaitFold:
+    """`fold(bucket_waits(timeline(...)))`: the rank x bucket "who made the all-reduce wait"."""
+    return fold(bucket_waits(timeline(per_rank, clock)))
+
+
+# --- the verdict ------------------------------------------------------------------------------
+
+
+def _binom_sf(m: int, n: int, p: float) -> float:
+    """P(X >= m) for X ~ Binomial(n, p), in log space (n up to thousands)."""
+    if m <= 0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0
+    total = 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    for k in range(m, n + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                          + k * lp + (n - k) * lq)
+    return min(1.0, total)
+
+
+def _lateness(t: np.ndarray) -> np.ndarray:
+    """(R, S) times -> each rank's time minus the latest other rank's (columns complete)."""
+    order = np.argsort(t, axis=0)
+    top = np.take_along_axis(t, order[-1][None], 0)[0]
+    second = np.take_along_axis(t, order[-2][None], 0)[0]
+    others = np.where(np.arange(t.shape[0])[:, None] == order[-1][None], second, top)
+    return t - others
+
+
+def _step_time(tl: Timeline) -> float:
+    """Median time between consecutive forwards (median over ranks), NaN when unknown."""
+    f = tl.forward
+    if f.shape[1] < 2:
+        return math.nan
+    consecutive = np.diff(tl.steps) == 1
+    d = np.diff(f, axis=1)[:, consecutive]
+    d = d[:, ~np.isnan(d).any(axis=0)] if d.size else d
+    return float(np.median(np.median(d, axis=0))) if d.size else math.nan
+
+
+def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float
+             ) -> tuple[int, int, int, np.ndarray, float, float] | None:
+    """(rank index, steps, last in, x_k, threshold, error) when [Note: straggler verdict]
+    names a rank in the complete columns of `t`; else None."""
+    keep = ~np.isnan(t).any(axis=0)
+    t, steps = t[:, keep], steps[keep]
+    n_r, n = t.shape
+    if n_r < 2 or n < MIN_STEPS:
+        return None
+    x = _lateness(t)
+    k = int(np.bincount(np.argmax(t, axis=0), minlength=n_r).argmax())
+    error = float(tl.error_ns[k] + np.max(np.delete(tl.error_ns, k)))
+    threshold = max(error, MIN_SHARE * step_time if step_time == step_time else 0.0)
+    xk = x[k]
+    m = int((xk > error).sum())
+    typical = t[k] - np.median(np.delete(t, k, axis=0), axis=0)
+    if (4 * m < n or float(np.median(typical)) <= threshold
+            or _binom_sf(int((typical > error).sum()), n, 0.5) > P_STEADY
+            or _binom_sf(m, n, 1.0 / n_r) > P_MAX):
+        return None
+    return k, n, m, xk, threshold, error
+
+
+def _median_others(a: np.ndarray, k: int) -> np.ndarray:
+    others = np.delete(a, k, axis=0)
+    with np.errstate(all="ignore"):
+        return np.median(others, axis=0)  # NaN where a rank did not record it
+
+
+def _nanmedian(a: np.ndarray) -> float:
+    a = a[~np.isnan(a)]
+    return float(np.median(a)) if len(a) else math.nan
+
+
+def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray) -> tuple[
+        str, int, tuple[tuple[str, float], ...]]:
+    """Where rank k (index) adds its lateness on the bucket steps `b_cols` (bool over
+    tl.bucket_steps): the phase with the largest median increase, the bucket of the largest
+    increase inside the backward."""
+    pos = np.searchsorted(tl.steps, tl.bucket_steps[b_cols])
+    ok = (pos < len(tl.steps))
+    ok[ok] = tl.steps[pos[ok]] == tl.bucket_steps[b_cols][ok]
+    cube = tl.launch[:, b_cols][:, ok]
+    pos = pos[ok]
+
+    def late(a: np.ndarray) -> np.ndarray:
+        return a[k] - _median_others(a, k)
+
+    d_f = late(tl.forward[:, pos])
+    d_b = late(tl.backward[:, pos])
+    d_l = np.stack([late(cube[:, :, j]) for j in range(cube.shape[2])], axis=1) \
+        if cube.shape[2] else np.zeros((len(pos), 0))
+    # k's lateness at the last bucket it launched in each step (buckets launch in order)
+    d_end = d_f
+    if cube.shape[2]:
+        launched = ~np.isnan(cube[k])  # (steps, buckets)
+        last_b = cube.shape[2] - 1 - np.argmax(launched[:, ::-1], axis=1)
+        d_end = np.where(launched.any(axis=1), d_l[np.arange(len(last_b)), last_b], np.nan)
+    data = _nanmedian(d_f)
+    if np.isnan(d_b).all():
+        compute = _nanmedian(d_end - d_f)
+        parts: list[tuple[str, float]] = [("data", data), ("compute", compute)]
+        bucket = -1
+    else:
+        parts = [("data", data), ("forward", _nanmedian(d_b - d_f)),
+                 ("backward", _nanmedian(d_end - d_b))]
+        prev = d_b
+        incs = []
+        for j in range(d_l.shape[1]):
+            cur = d_l[:, j]
+            inc = cur - prev
+            incs.append(_nanmedian(inc))
+            prev = np.where(np.isnan(cur), prev, cur)
+        bucket = -1
+        total = parts[-1][1]
+        if incs and not all(math.isnan(i) for i in incs):
+            j = int(np.nanargmax(incs))
+            # one bucket only when most of the backward's lateness is added before it
+            if total == total and incs[j] >= 0.5 * total:
+                bucket = int(tl.buckets[j])
+    parts = [(p, v if v == v else 0.0) for p, v in parts]
+    phase = max(parts, key=lambda pv: pv[1])[0]
+    return phase, (bucket if phase == "backward" else -1), tuple(parts)
+
+
+def find_straggler(tl: Timeline) -> Straggler | None:
+    """The rank that is persistently last, per [Note: straggler verdict], or None."""
+    if len(tl.ranks) < 2:
+        return None
+    step_time = _step_time(tl)
+    waits = bucket_waits(tl)
+    complete = (waits.last >= 0) | waits.unsure  # (Sb, B) every rank launched
+    if complete.size:
+        ends = np.where(complete[None], tl.launch, -np.inf).max(axis=2)
+        ends = np.where(np.isinf(ends), np.nan, ends)
+        got = _verdict(ends, tl.bucket_steps, tl, step_time)
+        if got is not None:
+            k, n, m, xk, threshold, error = got
+            cols = np.asarray(~np.isnan(ends).any(axis=0))
+            phase, bucket, parts = _breakdown(tl, k, cols)
+            cost = np.clip(xk, 0, None)
+            return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
+                             float(np.percentile(cost, 90)), threshold, error, phase, bucket,
+                             parts, int(tl.bucket_steps[cols][-1]), "buckets")
+    got = _verdict(tl.forward, tl.steps, tl, step_time)
+    if got is None:
+        return None
+    k, n, m, xk, threshold, error = got
+    cost = np.clip(xk, 0, None)
+    cols = np.asarray(~np.isnan(tl.forward).any(axis=0))
+    return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
+                     float(np.percentile(cost, 90)), threshold, error, "data", -1,
+                     (("data", float(np.median(xk))),), int(tl.steps[cols][-1]), "forward")
+
+
+_PHASE_TEXT = {
+    "data": "before the forward (data loading, or the optimizer step after the previous "
+            "backward)",
+    "forward": "in the forward",
+    "backward": "in the backward",
+    "compute": "in the forward or backward",
+}
+
+
+def _clock_text(tl: Timeline, k: int, error_ns: float) -> str:
+    """The alignment's uncertainty in words: the clock offsets' own error and the skew at the
+    end of backward (which every rank leaves together) that widened it."""
+    stated = tl.stated_error_ns
+    if not stated.any():
+        how = "clock offsets exact (one host: a shared monotonic clock)"
+    elif (stated >= UNKNOWN_CLOCK_ERROR_NS).any():
+        how = f"clock offsets from wall clocks only (NTP's error assumed: +-{ms(stated.max())})"
+    else:
+        how = f"clock offsets measured to +-{ms(stated.max())}"
+    return (f"{how}; uncertainty of rank {int(tl.ranks[k])} against the others "
+            f"+-{ms(error_ns)} (clock error, or how far the ranks' ends of backward, which the "
+            "last all-reduce makes simultaneous, sit apart: whichever is larger)")
+
+
+def straggler_findings(per_rank: Mapping[int, Table],
+                       clock: Mapping[int, tuple[int, int]] | None = None,
+                       world_size: int = 0,
+                       names: Mapping[int, Mapping[int, str]] | None = None,
+                       bucket_params: Mapping[int, Sequence[int]] | None = None,
+                       timeline_: Timeline | None = None) -> list[Finding]:
+    """The `straggler` finding, when one rank is persistently last (else nothing);
+    `names` ({rank: {param: dotted name}}) and `bucket_params` (bucket -> params) name the
+    bucket's parameters (read from the tables when not given); `timeline_`: the timeline of
+    these tables when the caller has it already."""
+    tl = timeline(per_rank, clock) if timeline_ is None else timeline_
+    s = find_straggler(tl)
+    if s is None:
+        return []
+    where = _PHASE_TEXT[s.phase]
+    if s.phase == "backward" and s.bucket < 0:
+        where += ", spread over its buckets"
+    if s.bucket >= 0:
+        where += f", most of it before bucket {s.bucket} launched"
+        members = (bucket_members(per_rank) if bucket_params is None
+                   else bucket_params).get(s.bucket, ())
+        own = (names or {}).get(s.rank) or _param_names(per_rank.get(s.rank))
+        shown = [own.get(i, f"#{i}") for i in members[:3]]
+        if shown:
+            where += f" ({', '.join(shown)}{', ...' if len(members) > 3 else ''})"
+    what = ("the step's last all-reduce" if s.evidence == "buckets"
+            else "the other ranks (at the forward)")
+    title = (f"rank {s.rank} is the straggler: {what} waited for it in {s.last_in} of "
+             f"{s.steps} recorded steps, {ms(s.median_ns)} median, {ms(s.p90_ns)} p90 a step")
+    parts = ", ".join(f"{_PHASE_TEXT[p].split(' (')[0]} {'+' if v >= 0 else ''}{ms(v)}"
+                      for p, v in s.breakdown)
+    detail = (f"it loses the time {where}",
+              f"median lateness against the other ranks: {parts}",
+              f"{_clock_text(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]), s.error_ns)}",
+              f"named when slower than the other ranks' median by more than "
+              f"{ms(s.threshold_ns)} (the uncertainty or {MIN_SHARE:.0%} of the step, "
+              "whichever is larger) and last far more often than chance",
+              f"from the {'per-bucket' if s.evidence == 'buckets' else 'forward'} events of "
+              f"steps up to {s.last_step}")
+    return [Finding(kind="straggler", severity="warning", title=title, ranks=(s.rank,),
+                    field=s.phase, bucket=s.bucket, step=s.last_step,
+                    values=((f"last in {s.last_in}/{s.steps} steps, waited for "
+                             f"{ms(s.median_ns)} median", (s.rank,)),),
+                    detail=detail, fix=fix_for("straggler", s.phase), world_size=world_size)]
+
+
+def _param_names(table: Table | None) -> dict[int, str]:
+    """param index -> dotted name, from a rank's latest ParamsBuilt."""
+    built = table.rare(ev.ParamsBuilt) if table is not None else []
+    return {p.index: p.name for p in built[-1].params} if built else {}
+
+
+def bucket_members(per_rank: Mapping[int, Table]) -> dict[int, tuple[int, ...]]:
+    """bucket -> its parameter indices in the latest BucketAssigned of the lowest rank."""
+    for _, t in sorted(per_rank.items()):
+        maps = t.rare(ev.BucketAssigned)
+        if maps:
+            return {b: tuple(p) for b, p in enumerate(maps[-1].buckets)}
+    return {}
+
+
+MANY_RANKS = 16  # above this, the rank x bucket view shows the top ranks and one "others" row
+TOP_RANKS = 8
+
+
+class WaitRow(NamedTuple):
+    label: str  # "rank 3" or "other ranks 0-2, 4-63"
+    ranks: tuple[int, ...]
+    n_last: tuple[int, ...]  # per bucket: steps in which these ranks made it wait
+    wait_ns: tuple[float, ...]  # per bucket: total wait they caused
+
+
+def wait_rows(table: WaitFold, many: int = MANY_RANKS, top: int = TOP_RANKS) -> list[WaitRow]:
+    """The rows of the rank x bucket view: one per rank up to `many` ranks; above, the `top`
+    ranks that caused the most wait, then every other rank folded into one row (what the
+    dashboard and the viewer draw)."""
+    label = format_ranks
+    n_r = len(table.ranks)
+    totals = table.wait_ns.sum(axis=1) if n_r else np.zeros(0)
+    if n_r <= many:
+        keep = list(range(n_r))
+        rest: list[int] = []
+    else:
+        order = np.argsort(-totals, kind="stable")
+        keep = sorted(int(i) for i in order[:top] if totals[i] > 0)
+        rest = sorted(set(range(n_r)) - set(keep))
+    rows = [WaitRow(label((table.ranks[i],)), (table.ranks[i],),
+                    tuple(int(c) for c in table.n_last[i]),
+                    tuple(float(x) for x in table.wait_ns[i])) for i in keep]
+    if rest:
+        ranks = tuple(table.ranks[i] for i in rest)
+        rows.append(WaitRow("other " + label(ranks), ranks,
+                            tuple(int(c) for c in table.n_last[rest].sum(axis=0)),
+                            tuple(float(x) for x in table.wait_ns[rest].sum(axis=0))))
+    return rows
