@@ -1,0 +1,161 @@
+"""Where a NaN starts (engine/nonfinite.py): real gloo ranks, torch's DDP watched at the
+default (hook-less) and guarded levels and ddpviz's DDP, each with a NaN planted on one rank:
+in one layer's gradient (a tensor hook) or in the rank's input batch, at a sampled step and at
+an unsampled one. Every case runs in the same rank processes (one launch per world size), each
+on a fresh DDP, and must name the kind, step, rank(s) and parameter; healthy runs (fp32, bf16)
+must post nothing."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+from torch import nn
+
+from tests.dist.harness import run_ranks
+from tests.polling import eventually
+
+STEPS = 8
+
+
+def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(dtype)
+
+
+def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
+              dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Train STEPS steps with `plant` ("grad": rank 1's gradient of '2.weight' made NaN;
+    "input": rank 1's batch made NaN; "lr": every rank's learning rate made inf; "": none) at
+    step `at`; return the nonfinite findings and what this rank posted."""
+    import ddpviz
+    from ddpviz import events as ev
+
+    events: list[Any] = []
+    model = _model(dtype)
+    if engine == "ddpviz":
+        ddp: Any = ddpviz.DistributedDataParallel(model, emitter=events.append)
+        check = ddp._nf
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        w = ddpviz.watch(ddp, emitter=events.append,
+                         recording=ddpviz.Recording(guard=engine == "guarded"))
+        check = w._nf
+    step = {"n": 0}
+    if plant == "grad" and rank == 1:
+        target = dict(model.named_parameters())["2.weight"]
+        target.register_hook(lambda g: g * float("nan") if step["n"] == at else g)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(rank)
+    for i in range(STEPS):
+        step["n"] = i
+        x = torch.randn(4, 6, generator=gen).to(dtype)
+        if plant == "input" and rank == 1 and i == at:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        ddp(x).float().pow(2).mean().backward()
+        if plant == "lr" and i == at:
+            opt.param_groups[0]["lr"] = float("inf")
+        opt.step()
+        if plant == "lr" and i == at:
+            opt.param_groups[0]["lr"] = 0.01
+    if engine != "ddpviz":
+        w.close()
+    else:
+        check.close()
+    if plant:
+        eventually(lambda: bool(check.findings), limit=90)
+    found = [msgspec.to_builtins(e.finding) for e in events
+             if isinstance(e, ev.FindingReported) and e.finding.kind.startswith("nonfinite")]
+    return {"findings": found, "posted": len(check._post.bad)}
+
+
+CASES = [  # (engine, plant, step)
+    ("default", "grad", 2),  # a sampled step: the hooks see rank 1's gradient
+    ("default", "grad", 5),  # unsampled: seen from step 6's forward, origin not seen
+    ("default", "input", 5),  # unsampled, but the output check arms the hooks at once
+    ("guarded", "grad", 5),
+    ("guarded", "input", 5),
+    ("guarded", "lr", 4),  # finite gradients, the update made the parameters non-finite
+    ("ddpviz", "grad", 5),
+    ("ddpviz", "input", 5),
+    ("default", "", 0),
+    ("guarded", "", 0),
+    ("ddpviz", "", 0),
+]
+
+
+def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    warnings.simplefilter("ignore")  # (the one warning per DDP goes to stderr)
+    out = [_one_case(rank, world, *case) for case in CASES]
+    out += [_one_case(rank, world, engine, "", 0, torch.bfloat16)
+            for engine in ("default", "guarded", "ddpviz")]
+    return out
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[int, list[dict[str, Any]]]:
+    return run_ranks(_all_cases, 3, timeout=600)
+
+
+def _finding(results: dict[int, list[dict[str, Any]]], case: int) -> dict[str, Any]:
+    per_rank = [results[r][case]["findings"] for r in sorted(results)]
+    assert all(len(f) == 1 for f in per_rank), per_rank
+    assert all(f == per_rank[0] for f in per_rank), "every rank composes the same finding"
+    return per_rank[0][0]
+
+
+def _case(engine: str, plant: str, at: int) -> int:
+    return CASES.index((engine, plant, at))
+
+
+@pytest.mark.parametrize("engine", ["default", "guarded", "ddpviz"])
+def test_a_nan_in_one_ranks_gradient_is_named_with_rank_step_and_parameter(
+        results: dict[int, list[dict[str, Any]]], engine: str) -> None:
+    at = 2 if engine == "default" else 5
+    f = _finding(results, _case(engine, "grad", at))
+    assert (f["kind"], f["step"], f["ranks"], f["name"]) == (
+        "nonfinite_gradient", at, (1,), "2.weight")
+    assert f["field"] == "gradient"  # the loss was finite there
+    states = dict((r, v) for v, rs in f["values"] for r in rs)
+    assert states[1].startswith("loss finite, local gradient non-finite: '2.weight'")
+    assert states[0] == states[2] == "loss finite, local gradients finite"
+
+
+@pytest.mark.parametrize("engine", ["default", "guarded", "ddpviz"])
+def test_a_nan_in_one_ranks_input_is_named_and_the_loss_flagged(
+        results: dict[int, list[dict[str, Any]]], engine: str) -> None:
+    f = _finding(results, _case(engine, "input", 5))
+    assert (f["kind"], f["step"], f["ranks"], f["field"]) == (
+        "nonfinite_gradient", 5, (1,), "loss")
+    assert f["name"] == "2.bias"  # the first gradient ready (last layer, bias first)
+    states = dict((r, v) for v, rs in f["values"] for r in rs)
+    assert states[1].startswith("loss non-finite, local gradient non-finite: '2.bias'")
+    assert states[0].startswith("loss finite")
+
+
+def test_an_unsampled_gradient_nan_at_the_default_says_what_was_not_seen(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    f = _finding(results, _case("default", "grad", 5))
+    assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 5, (0, 1, 2))
+    text = " ".join(f["detail"])
+    assert "not checked" in text and "from step 6 on" in text
+    assert "Recording(guard=True)" in f["fix"]
+
+
+def test_an_update_that_makes_finite_gradients_non_finite_blames_the_update(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    f = _finding(results, _case("guarded", "lr", 4))
+    assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 4, (0, 1, 2))
+    assert "gradients were finite on every rank" in " ".join(f["detail"])
+
+
+def test_healthy_runs_post_nothing(results: dict[int, list[dict[str, Any]]]) -> None:
+    healthy = [i for i, c in enumerate(CASES) if not c[1]]
+    healthy += list(range(len(CASES), len(CASES) + 3))  # bf16
+    for r, per_case in results.items():
+        for i in healthy:
+            assert per_case[i] == {"findings": [], "posted": 0}, (r, i)
