@@ -206,48 +206,58 @@ class NonfiniteCheck:
 
     def forward(self, step: int, output: Any) -> bool:
         """After the forward of `step`: check its output. True when this step's local gradients
-        must be checked (the output is non-finite, known now)."""
-        self._settle(step)
+        must be checked (the output is non-finite, known now, or the checks are precise).
+        The usual path (a finite output, nothing open) is one reduction and a few attribute
+        writes: no record is made for a step until something is checked in it."""
+        if self._open:
+            self._settle(step)
         if self.local:
             self.compose_local()
-        rec = _Open(step)
-        self._open[step] = rec
-        self._post.fwd = step
+        post = self._post
+        post.fwd = step
+        if not self._open:
+            post.done = step - 1
         self._version += 1
-        out = first_tensor(output)
-        if out is None:
+        out = output if type(output) is torch.Tensor else first_tensor(output)
+        if out is None or not out.is_floating_point():
             return self.precise(step)
-        flag = _Flag(_nonfinite(out))
-        if flag.value():
+        bad = _nonfinite(out)
+        if bad is False:
+            return self.precise(step)
+        rec = self._record(step)
+        if bad is True:
             rec.loss = True
             self._check_params(rec)
             self._precise_until = max(self._precise_until, step + 1 + PRECISE_FOR)
             return True
-        if flag.value() is None:
-            rec.pending.append(("loss", -1, flag))
+        rec.pending.append(("loss", -1, _Flag(bad)))
         return self.precise(step)
+
+    def _record(self, step: int) -> _Open:
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._open[step] = _Open(step)
+        return rec
 
     def precise(self, step: int) -> bool:
         """Every local gradient of `step` is to be checked."""
-        return step < max(self._precise_until, self._remote_precise)
+        return step < self._precise_until or step < self._remote_precise
 
     def checking(self, step: int) -> None:
         """This step's local gradients are checked (all of them: the levels call it when
         their hooks or comm hook see every gradient of the backward)."""
-        rec = self._open.get(step)
-        if rec is not None:
-            rec.checked = True
+        self._record(step).checked = True
 
     def grad(self, step: int, index: int, grad: torch.Tensor) -> None:
         """A parameter's local gradient (before the reducer sees it)."""
         rec = self._open.get(step)
         if rec is None or grad is None:
             return
-        flag = _Flag(_nonfinite(grad))
-        if flag.value():
+        bad = _nonfinite(grad)
+        if bad is True:
             rec.grads.append(index)
-        elif flag.value() is None:
-            rec.pending.append(("grad", index, flag))
+        elif bad is not False:
+            rec.pending.append(("grad", index, _Flag(bad)))
 
     def bucket(self, step: int, indices: Callable[[], list[int]], buffer: torch.Tensor,
                views: Callable[[], Sequence[torch.Tensor]]) -> None:
@@ -295,6 +305,8 @@ class NonfiniteCheck:
             changed = True
         if changed:
             self._version += 1
+            if not self._open:
+                self._post.done = max(self._post.done, min(before - 1, self._post.fwd))
 
     def _close(self, rec: _Open) -> None:
         post = self._post
@@ -318,6 +330,8 @@ class NonfiniteCheck:
     def close(self) -> None:
         """The DDP is done: every step seen is final."""
         self._settle(1 << 62)
+        self._post.done = max(self._post.done, self._post.fwd)
+        self._version += 1
 
     # --- the pulse thread (engine/pulse.py) ---------------------------------------------------
 
