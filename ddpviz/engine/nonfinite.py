@@ -49,6 +49,11 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, gr
 # non-finite steps with a GradScaler gets one finding per new origin, at most MAX_FINDINGS).
 
 PRECISE_FOR = 100  # steps with every local gradient checked after something went non-finite
+# the hook-less default checks the forward output on steps 0-2 and every OUTPUT_EVERY-th step
+# (and every step while precise): on every step the check alone cost 5-8% of the training
+# thread's CPU time with bench_watch's small models (benchmarks/bench_nonfinite.py)
+OUTPUT_EVERY = 10
+_FIRST = 3
 MAX_FINDINGS = 8  # findings per DDP; later episodes are counted
 _MAX_RECORDS = 32  # non-finite records a rank posts (later ones counted)
 _MAX_RANGES = 32  # ranges of gradient-checked steps a rank posts
@@ -74,6 +79,7 @@ class _Post(msgspec.Struct, omit_defaults=True):
     done: int = -1  # every step up to this one is final on this rank
     fwd: int = -1  # the latest forward seen
     gchk: list[list[int]] = []  # [first, last] step ranges whose local gradients were checked
+    ochk: list[list[int]] = []  # [first, last] step ranges whose forward output was checked
     bad: list[_Record] = []
     more: int = 0  # records not posted (beyond _MAX_RECORDS)
 
@@ -172,7 +178,8 @@ class NonfiniteCheck:
         rank, world_size: this rank in the DDP's group.
         tap: where findings go (a FindingReported each).
         level: how local gradients are seen ("guarded": every bucket; "hook-less": sampled
-            steps), for the texts.
+            steps), for the texts; "hook-less" also checks the forward output only on steps
+            0-2 and every OUTPUT_EVERY-th step (every step while precise).
     """
 
     def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], rank: int,
@@ -183,6 +190,7 @@ class NonfiniteCheck:
         self.world_size = world_size
         self.tap = tap
         self.level = level
+        self.output_every = OUTPUT_EVERY if level == "hook-less" else 1
         self.findings: list[Finding] = []  # what this DDP reported (every rank: the same)
         self.repeats = 0  # non-finite steps counted, not reported again
         self._lock = threading.Lock()
@@ -218,12 +226,17 @@ class NonfiniteCheck:
         if not self._open:
             post.done = step - 1
         self._version += 1
+        precise = step < self._precise_until or step < self._remote_precise
+        if step >= _FIRST and step % self.output_every and not precise:
+            return False
         out = output if type(output) is torch.Tensor else first_tensor(output)
         if out is None or not out.is_floating_point():
-            return self.precise(step)
+            return precise
         bad = _nonfinite(out)
+        with self._lock:
+            _add(post.ochk, step)
         if bad is False:
-            return self.precise(step)
+            return precise
         rec = self._record(step)
         if bad is True:
             rec.loss = True
@@ -231,7 +244,7 @@ class NonfiniteCheck:
             self._precise_until = max(self._precise_until, step + 1 + PRECISE_FOR)
             return True
         rec.pending.append(("loss", -1, _Flag(bad)))
-        return self.precise(step)
+        return precise
 
     def _record(self, step: int) -> _Open:
         rec = self._open.get(step)
@@ -313,11 +326,7 @@ class NonfiniteCheck:
         with self._lock:
             post.done = rec.step
             if rec.checked:
-                if post.gchk and post.gchk[-1][1] == rec.step - 1:
-                    post.gchk[-1][1] = rec.step
-                else:
-                    post.gchk.append([rec.step, rec.step])
-                    del post.gchk[:-_MAX_RANGES]
+                _add(post.gchk, rec.step)
             if rec.loss or rec.grads or rec.params:
                 self._precise_until = max(self._precise_until, rec.step + 1 + PRECISE_FOR)
                 if len(post.bad) < _MAX_RECORDS:
@@ -468,39 +477,48 @@ class NonfiniteCheck:
                            p_ranks: tuple[int, ...], posts: dict[int, _Post]) -> Finding:
         first = recs[p_ranks[0]]
         assert first is not None
-        prev = step - 1
         states = {}
         for r in sorted(posts):
             b = recs[r]
             states[r] = (f"non-finite: {self._names(b.params, b.n_params)}"
                          if b is not None and b.params else "finite")
+        last = _last_finite(step, posts)  # the last forward seen finite on every rank
+        prev = step - 1
         checked = [r for r, p in posts.items() if _in(prev, p.gchk)]
-        prev_bad = [r for r, p in posts.items()
-                    for b in p.bad if b.step == prev and (b.grads or b.loss)]
-        if len(checked) == len(posts) and not prev_bad:
+        if last == prev and len(checked) == len(posts):
             variant = ""
-            detail = [f"step {prev}'s local gradients were finite on every rank, so its "
-                      "optimizer step (or code between its backward and this forward) made "
-                      "the parameters non-finite"]
+            when = f"in step {prev}'s update"
+            detail = [f"step {prev}'s forward output and local gradients were finite on every "
+                      "rank, so its optimizer step (or code between its backward and this "
+                      "forward) made the parameters non-finite"]
         else:
             variant = "unseen"
             unchecked = [r for r in sorted(posts) if r not in checked]
-            detail = [f"step {prev}'s forward output was finite on every rank; its local "
-                      f"gradients were not checked on {format_ranks(unchecked)} ("
-                      f"{_why_unchecked(self.level)}), so whether a gradient or the optimizer "
-                      "step made them non-finite, and on which rank, was not seen",
-                      f"the local gradients are checked on every step from step {step} on"]
+            if last == prev:
+                when = f"in step {prev}'s update"
+                detail = [f"step {prev}'s forward output was finite on every rank; its local "
+                          f"gradients were not checked on {format_ranks(unchecked)} ("
+                          f"{_why_unchecked(self.level)})"]
+            else:
+                since = "the start" if last < 0 else f"step {last}'s forward"
+                when = f"between {since} and step {step}'s forward"
+                detail = [f"the forward output was last seen finite on every rank at "
+                          f"{since}; the steps after it were not checked ("
+                          f"{_why_unchecked(self.level)})"]
+            detail += ["so whether a gradient (on which rank) or the optimizer step made them "
+                       "non-finite was not seen",
+                       f"the local gradients are checked on every step from step {step} on"]
         if self.repeats:
             detail.append(f"{self.repeats} earlier non-finite step(s) not reported again")
         param = first.params[0]
         return Finding(
             kind="nonfinite_parameter", severity="error",
-            title=f"parameters became non-finite in step {prev}'s update on "
-                  f"{format_ranks(p_ranks)} (seen at step {step}'s forward): "
-                  f"{self._names(first.params, first.n_params)}",
+            title=f"parameters became non-finite {when} on {format_ranks(p_ranks)} (seen at "
+                  f"step {step}'s forward): {self._names(first.params, first.n_params)}",
             ranks=p_ranks, param=param, name=self.names[param], field="parameter",
-            step=prev, values=group_ranks(states), detail=tuple(detail),
-            fix=fix_for("nonfinite_parameter", variant), world_size=self.world_size)
+            step=prev if last == prev else last + 1, values=group_ranks(states),
+            detail=tuple(detail), fix=fix_for("nonfinite_parameter", variant),
+            world_size=self.world_size)
 
     def _report(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -517,12 +535,39 @@ class NonfiniteCheck:
             self._report(finding)
 
 
+def _add(ranges: list[list[int]], step: int) -> None:
+    """Add `step` to sorted [first, last] ranges (steps come in order), keeping the last
+    _MAX_RANGES."""
+    if ranges and ranges[-1][1] >= step - 1:
+        ranges[-1][1] = max(ranges[-1][1], step)
+    else:
+        ranges.append([step, step])
+        del ranges[:-_MAX_RANGES]
+
+
 def _in(step: int, ranges: Sequence[Sequence[int]]) -> bool:
     return any(a <= step <= b for a, b in ranges)
 
 
+def _last_finite(step: int, posts: dict[int, _Post]) -> int:
+    """The last step before `step` whose forward output every rank checked and saw finite
+    (-1: none in what the ranks posted)."""
+    last = step - 1
+    while last >= 0:
+        if all(_in(last, p.ochk) and not any(b.step == last and b.loss for b in p.bad)
+               for p in posts.values()):
+            return last
+        # jump to the latest step before `last` that some rank's ranges could hold
+        below = [min(last - 1, b) for p in posts.values() for a, b in p.ochk if a < last]
+        if not below:
+            return -1
+        last = max(below)
+    return -1
+
+
 def _why_unchecked(level: str) -> str:
     if level == "hook-less":
-        return ("the hook-less recording checks them on its sampled steps only, and no "
-                "forward output was non-finite before")
+        return (f"the hook-less default checks local gradients on its sampled steps and "
+                f"forward outputs on steps 0-2 and every {OUTPUT_EVERY}th step, until "
+                "something is non-finite")
     return "no check ran on that step"

@@ -18,7 +18,7 @@ from torch import nn
 from tests.dist.harness import run_ranks
 from tests.polling import eventually
 
-STEPS = 8
+STEPS = 14
 
 
 def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -45,9 +45,10 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
                          recording=ddpviz.Recording(guard=engine == "guarded"))
         check = w._nf
     step = {"n": 0}
-    if plant == "grad" and rank == 1:
+    bad_steps = {at, at + 1, at + 5, at + 8} if plant == "skip" else {at}
+    if plant in ("grad", "skip") and rank == 1:
         target = dict(model.named_parameters())["2.weight"]
-        target.register_hook(lambda g: g * float("nan") if step["n"] == at else g)
+        target.register_hook(lambda g: g * float("nan") if step["n"] in bad_steps else g)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
     for i in range(STEPS):
@@ -59,6 +60,8 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         ddp(x).float().pow(2).mean().backward()
         if plant == "lr" and i == at:
             opt.param_groups[0]["lr"] = float("inf")
+        if plant == "skip" and not all(bool(p.grad.isfinite().all()) for p in ddp.parameters()):
+            continue  # what GradScaler does with a non-finite step: skip the update
         opt.step()
         if plant == "lr" and i == at:
             opt.param_groups[0]["lr"] = 0.01
@@ -67,20 +70,22 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
     else:
         check.close()
     if plant:
-        eventually(lambda: bool(check.findings), limit=90)
+        # every rank's last step composed (so later occurrences are counted too)
+        eventually(lambda: check._composed >= STEPS - 1, limit=90)
     found = [msgspec.to_builtins(e.finding) for e in events
              if isinstance(e, ev.FindingReported) and e.finding.kind.startswith("nonfinite")]
-    return {"findings": found, "posted": len(check._post.bad)}
+    return {"findings": found, "posted": len(check._post.bad), "repeats": check.repeats}
 
 
 CASES = [  # (engine, plant, step)
     ("default", "grad", 2),  # a sampled step: the hooks see rank 1's gradient
     ("default", "grad", 5),  # unsampled: seen from step 6's forward, origin not seen
-    ("default", "input", 5),  # unsampled, but the output check arms the hooks at once
+    ("default", "input", 10),  # unsampled, an output-checked step: arms the hooks at once
     ("guarded", "grad", 5),
     ("guarded", "input", 5),
     ("guarded", "lr", 4),  # finite gradients, the update made the parameters non-finite
     ("ddpviz", "grad", 5),
+    ("guarded", "skip", 3),  # NaN at steps 3, 4, 8, 11; the job skips those updates
     ("ddpviz", "input", 5),
     ("default", "", 0),
     ("guarded", "", 0),
@@ -128,9 +133,10 @@ def test_a_nan_in_one_ranks_gradient_is_named_with_rank_step_and_parameter(
 @pytest.mark.parametrize("engine", ["default", "guarded", "ddpviz"])
 def test_a_nan_in_one_ranks_input_is_named_and_the_loss_flagged(
         results: dict[int, list[dict[str, Any]]], engine: str) -> None:
-    f = _finding(results, _case(engine, "input", 5))
+    at = 10 if engine == "default" else 5
+    f = _finding(results, _case(engine, "input", at))
     assert (f["kind"], f["step"], f["ranks"], f["field"]) == (
-        "nonfinite_gradient", 5, (1,), "loss")
+        "nonfinite_gradient", at, (1,), "loss")
     assert f["name"] == "2.bias"  # the first gradient ready (last layer, bias first)
     states = dict((r, v) for v, rs in f["values"] for r in rs)
     assert states[1].startswith("loss non-finite, local gradient non-finite: '2.bias'")
@@ -139,10 +145,13 @@ def test_a_nan_in_one_ranks_input_is_named_and_the_loss_flagged(
 
 def test_an_unsampled_gradient_nan_at_the_default_says_what_was_not_seen(
         results: dict[int, list[dict[str, Any]]]) -> None:
+    # steps 0-2 are sampled; outputs are checked again at step 10, where every rank's
+    # parameters are non-finite: somewhere in steps 3-9, origin not seen
     f = _finding(results, _case("default", "grad", 5))
-    assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 5, (0, 1, 2))
+    assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 3, (0, 1, 2))
+    assert "between step 2's forward and step 10's forward" in f["title"]
     text = " ".join(f["detail"])
-    assert "not checked" in text and "from step 6 on" in text
+    assert "not checked" in text and "from step 10 on" in text
     assert "Recording(guard=True)" in f["fix"]
 
 
@@ -158,4 +167,14 @@ def test_healthy_runs_post_nothing(results: dict[int, list[dict[str, Any]]]) -> 
     healthy += list(range(len(CASES), len(CASES) + 3))  # bf16
     for r, per_case in results.items():
         for i in healthy:
-            assert per_case[i] == {"findings": [], "posted": 0}, (r, i)
+            assert per_case[i] == {"findings": [], "posted": 0, "repeats": 0}, (r, i)
+
+
+def test_a_job_that_skips_non_finite_steps_gets_one_finding_and_a_count(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    f = _finding(results, _case("guarded", "skip", 3))
+    assert (f["kind"], f["step"], f["ranks"], f["name"]) == (
+        "nonfinite_gradient", 3, (1,), "2.weight")
+    # step 4 continues step 3's episode; steps 8 and 11 repeat its origin
+    assert {r: results[r][_case("guarded", "skip", 3)]["repeats"] for r in results} == {
+        0: 3, 1: 3, 2: 3}
