@@ -48,6 +48,7 @@ def _no_check(w: Any) -> None:
 def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     import ddpviz
 
+    VARIANTS[:] = args.variants_list
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
@@ -99,7 +100,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--worlds", default="2,3")
+    parser.add_argument("--variants", default=";".join(VARIANTS),
+                        help="';'-separated subset of the rows (torch DDP always)")
     args = parser.parse_args()
+    chosen = [v for v in args.variants.split(";") if v in VARIANTS]
+    VARIANTS[:] = ["torch DDP"] + [v for v in chosen if v != "torch DDP"]
+    args.variants_list = list(VARIANTS)  # (the spawned ranks import this module afresh)
     print(f"non-finite checks on torch DDP, gloo on CPU, 1 thread/rank, batch 16, SGD, blocks "
           f"of {args.block} steps, {args.reps} rotated repetitions, rank 0; ratio = median of "
           "block time / torch DDP's (bootstrap 95% interval); thread = the training thread's "

@@ -814,7 +814,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         state = dict(self.__dict__)
         # Everything that holds the process group, a store or a thread is rebuilt on loading.
         for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
-                    "_buffer_identity"):
+                    "_buffer_identity", "_nf"):
             state.pop(key, None)
         return state
 

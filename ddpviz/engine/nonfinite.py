@@ -50,9 +50,11 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, gr
 
 PRECISE_FOR = 100  # steps with every local gradient checked after something went non-finite
 # the hook-less default checks the forward output on steps 0-2 and every OUTPUT_EVERY-th step
-# (and every step while precise): on every step the check alone cost 5-8% of the training
-# thread's CPU time with bench_watch's small models (benchmarks/bench_nonfinite.py)
-OUTPUT_EVERY = 10
+# (and every step while precise): with bench_watch's small models (steps of ~0.1-0.2 ms of
+# training-thread CPU) the check (~2-9 us) cost 5-8% of that on every step and ~2% on every
+# 10th (benchmarks/bench_nonfinite.py); every 25th step keeps it near 1%, and every
+# sampled step (every 100th) is one of them
+OUTPUT_EVERY = 25
 _FIRST = 3
 MAX_FINDINGS = 8  # findings per DDP; later episodes are counted
 _MAX_RECORDS = 32  # non-finite records a rank posts (later ones counted)
@@ -217,11 +219,18 @@ class NonfiniteCheck:
         must be checked (the output is non-finite, known now, or the checks are precise).
         The usual path (a finite output, nothing open) is one reduction and a few attribute
         writes: no record is made for a step until something is checked in it."""
+        post = self._post
+        if (step % self.output_every and not self._open and step >= _FIRST
+                and step >= self._precise_until and step >= self._remote_precise
+                and not self.local):  # the usual unchecked step: bookkeeping only
+            post.fwd = step
+            post.done = step - 1
+            self._version += 1
+            return False
         if self._open:
             self._settle(step)
         if self.local:
             self.compose_local()
-        post = self._post
         post.fwd = step
         if not self._open:
             post.done = step - 1

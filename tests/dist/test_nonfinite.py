@@ -19,6 +19,7 @@ from tests.dist.harness import run_ranks
 from tests.polling import eventually
 
 STEPS = 14
+DEFAULT_STEPS = 28  # the default checks forward outputs on steps 0-2 and every 25th step
 
 
 def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -51,7 +52,8 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         target.register_hook(lambda g: g * float("nan") if step["n"] in bad_steps else g)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
-    for i in range(STEPS):
+    steps = DEFAULT_STEPS if engine == "default" else STEPS
+    for i in range(steps):
         step["n"] = i
         x = torch.randn(4, 6, generator=gen).to(dtype)
         if plant == "input" and rank == 1 and i == at:
@@ -71,16 +73,19 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         check.close()
     if plant:
         # every rank's last step composed (so later occurrences are counted too)
-        eventually(lambda: check._composed >= STEPS - 1, limit=90)
+        eventually(lambda: check._composed >= steps - 1, limit=90)
     found = [msgspec.to_builtins(e.finding) for e in events
              if isinstance(e, ev.FindingReported) and e.finding.kind.startswith("nonfinite")]
-    return {"findings": found, "posted": len(check._post.bad), "repeats": check.repeats}
+    out = {"findings": found, "posted": len(check._post.bad), "repeats": check.repeats}
+    if (engine, plant) == ("guarded", "grad"):  # what a trace of this rank holds
+        out["events"] = events
+    return out
 
 
 CASES = [  # (engine, plant, step)
     ("default", "grad", 2),  # a sampled step: the hooks see rank 1's gradient
     ("default", "grad", 5),  # unsampled: seen from step 6's forward, origin not seen
-    ("default", "input", 10),  # unsampled, an output-checked step: arms the hooks at once
+    ("default", "input", 25),  # unsampled, an output-checked step: arms the hooks at once
     ("guarded", "grad", 5),
     ("guarded", "input", 5),
     ("guarded", "lr", 4),  # finite gradients, the update made the parameters non-finite
@@ -133,7 +138,7 @@ def test_a_nan_in_one_ranks_gradient_is_named_with_rank_step_and_parameter(
 @pytest.mark.parametrize("engine", ["default", "guarded", "ddpviz"])
 def test_a_nan_in_one_ranks_input_is_named_and_the_loss_flagged(
         results: dict[int, list[dict[str, Any]]], engine: str) -> None:
-    at = 10 if engine == "default" else 5
+    at = 25 if engine == "default" else 5
     f = _finding(results, _case(engine, "input", at))
     assert (f["kind"], f["step"], f["ranks"], f["field"]) == (
         "nonfinite_gradient", at, (1,), "loss")
@@ -145,13 +150,13 @@ def test_a_nan_in_one_ranks_input_is_named_and_the_loss_flagged(
 
 def test_an_unsampled_gradient_nan_at_the_default_says_what_was_not_seen(
         results: dict[int, list[dict[str, Any]]]) -> None:
-    # steps 0-2 are sampled; outputs are checked again at step 10, where every rank's
-    # parameters are non-finite: somewhere in steps 3-9, origin not seen
+    # steps 0-2 are sampled; outputs are checked again at step 25, where every rank's
+    # parameters are non-finite: somewhere in steps 3-24, origin not seen
     f = _finding(results, _case("default", "grad", 5))
     assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 3, (0, 1, 2))
-    assert "between step 2's forward and step 10's forward" in f["title"]
+    assert "between step 2's forward and step 25's forward" in f["title"]
     text = " ".join(f["detail"])
-    assert "not checked" in text and "from step 10 on" in text
+    assert "not checked" in text and "from step 25 on" in text
     assert "Recording(guard=True)" in f["fix"]
 
 
@@ -178,3 +183,15 @@ def test_a_job_that_skips_non_finite_steps_gets_one_finding_and_a_count(
     # step 4 continues step 3's episode; steps 8 and 11 repeat its origin
     assert {r: results[r][_case("guarded", "skip", 3)]["repeats"] for r in results} == {
         0: 3, 1: 3, 2: 3}
+
+
+def test_ddpviz_diagnose_of_the_ranks_events_reports_the_origin_once(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    from ddpviz._diagnose import diagnose_events
+
+    case = _case("guarded", "grad", 5)
+    events = [e for r in sorted(results) for e in results[r][case]["events"]]
+    found = [f for f in diagnose_events(events) if f.kind.startswith("nonfinite")]
+    assert [(f.kind, f.step, f.ranks, f.name) for f in found] == [
+        ("nonfinite_gradient", 5, (1,), "2.weight")]
+    assert "non-finite local gradient '2.weight' on rank 1 at step 5" in str(found[0])
