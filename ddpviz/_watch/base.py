@@ -131,6 +131,8 @@ class Watch:
     # --- what the strategies fill in ---------------------------------------------------------
 
     recording: Recording  # set by __new__
+    _nf_each_step = False  # the strategy checks local gradients on every step (guarded)
+    _armed: Any = ()  # (hookless.py) this step's per-parameter hooks
     _track_views = False  # the guarded strategy's gradient_as_bucket_view bookkeeping
     _grads_before: list[torch.Tensor | None] | None  # (guarded.py) .grad after the forward
 
@@ -254,8 +256,12 @@ class Watch:
             if self._post_needed:
                 self._post_forward(ddp, args, output)
             if torch.is_grad_enabled():  # (the step _pre_forward counted)
-                step = self.tap.step
-                self._nf_arm(step, self._nf.forward(step, None if self._driven else output))
+                step, nf = self.tap.step, self._nf
+                if step >= nf.quiet_from and step % nf.output_every and not nf._open \
+                        and not self._nf_each_step and not self._armed:
+                    nf.last = step  # the usual step: See NonfiniteCheck.quiet_from
+                else:
+                    self._nf_arm(step, nf.forward(step, None if self._driven else output))
             return output
 
         self._own_forward = forward

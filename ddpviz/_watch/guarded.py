@@ -51,6 +51,8 @@ from ddpviz._watch.base import Watch, _graph_task, _logger, _plain_wait_first
 class GuardedWatch(Watch):
     """watch's comm hook around each bucket all-reduce; See the Notes above."""
 
+    _nf_each_step = True
+
     def _init_strategy(self) -> None:
         ddp = self.ddp
         self._hooks_called = 0

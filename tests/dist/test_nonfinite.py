@@ -56,13 +56,17 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
     for i in range(steps):
         step["n"] = i
         x = torch.randn(4, 6, generator=gen).to(dtype)
-        if plant == "input" and rank == 1 and i == at:
+        if (plant == "input" and rank == 1 and i == at) or (
+                plant == "skip-input" and (rank, i) in ((1, at), (2, at + 2))):
             x[0, 0] = float("nan")
         opt.zero_grad()
         ddp(x).float().pow(2).mean().backward()
         if plant == "lr" and i == at:
             opt.param_groups[0]["lr"] = float("inf")
-        if plant == "skip" and not all(bool(p.grad.isfinite().all()) for p in ddp.parameters()):
+        if plant == "skip-input" and i == at:  # (time passes: the others learn of it)
+            eventually(lambda: check.precise(at + 1), limit=90)
+        if plant in ("skip", "skip-input") and not all(
+                bool(p.grad.isfinite().all()) for p in ddp.parameters()):
             continue  # what GradScaler does with a non-finite step: skip the update
         opt.step()
         if plant == "lr" and i == at:
@@ -91,6 +95,7 @@ CASES = [  # (engine, plant, step)
     ("guarded", "lr", 4),  # finite gradients, the update made the parameters non-finite
     ("ddpviz", "grad", 5),
     ("guarded", "skip", 3),  # NaN at steps 3, 4, 8, 11; the job skips those updates
+    ("default", "skip-input", 25),  # rank 1's input at 25, rank 2's at 27; updates skipped
     ("ddpviz", "input", 5),
     ("default", "", 0),
     ("guarded", "", 0),
@@ -195,3 +200,15 @@ def test_ddpviz_diagnose_of_the_ranks_events_reports_the_origin_once(
     assert [(f.kind, f.step, f.ranks, f.name) for f in found] == [
         ("nonfinite_gradient", 5, (1,), "2.weight")]
     assert "non-finite local gradient '2.weight' on rank 1 at step 5" in str(found[0])
+
+
+def test_after_a_non_finite_step_the_default_checks_every_step_and_names_the_next_origin(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    per_rank = [results[r][_case("default", "skip-input", 25)]["findings"] for r in results]
+    assert all(f == per_rank[0] for f in per_rank)
+    assert [(f["kind"], f["step"], f["ranks"], f["field"], f["name"]) for f in per_rank[0]] == [
+        ("nonfinite_gradient", 25, (1,), "loss", "2.bias"),
+        ("nonfinite_gradient", 27, (2,), "loss", "2.bias")]  # step 27: not sampled, precise
+    first, second = ({r: v for v, rs in f["values"] for r in rs} for f in per_rank[0])
+    assert first[0] == "loss finite, local gradients not checked at this step"
+    assert second[0] == "loss finite, local gradients finite"
