@@ -27,8 +27,10 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, gr
 # [Note: finding where a NaN starts]
 # One rank's non-finite gradient becomes every rank's after the all-reduce, so the origin can
 # only be seen before the reduction, on the rank itself. What each level sees:
-#   every forward (all levels): the forward output's sum (one reduction, ~2 us on CPU; a
-#     non-finite sum is confirmed with isfinite, as a finite sum can overflow). Non-finite
+#   the forward output: its sum (one reduction, ~2-9 us on CPU; a non-finite sum is confirmed
+#     with isfinite, as a finite sum can overflow), on every step at the guarded level and in
+#     ddpviz's DDP, on steps 0-2 and every OUTPUT_EVERY-th step at the hook-less default (every
+#     step while precise; the others cost one attribute write, see quiet_from). Non-finite
 #     there = the loss was already non-finite on this rank: its parameters are checked once
 #     (are they non-finite already?) and, on CPU, this step's local gradients are checked too
 #     (the hook-less level arms its per-parameter hooks right after the forward).
