@@ -20,6 +20,7 @@ from tests.polling import eventually
 
 STEPS = 14
 DEFAULT_STEPS = 28  # the default checks forward outputs on steps 0-2 and every 25th step
+HEALTHY_STEPS = 300  # healthy runs: sampled steps 0-2, 100, 200 and 12 output checks each
 
 
 def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -52,7 +53,7 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         target.register_hook(lambda g: g * float("nan") if step["n"] in bad_steps else g)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
-    steps = DEFAULT_STEPS if engine == "default" else STEPS
+    steps = HEALTHY_STEPS if not plant else DEFAULT_STEPS if engine == "default" else STEPS
     for i in range(steps):
         step["n"] = i
         x = torch.randn(4, 6, generator=gen).to(dtype)
