@@ -32,7 +32,8 @@ Kind = Literal[
     "param_mismatch", "buffer_mismatch", "gpu_shared", "initial_values", "unused_parameter",
     "hook_fired_twice", "graph_changed", "grad_order", "missing_rank", "rank_waiting",
     "rank_hang", "rank_exited", "peer_failed", "uneven_iterations", "collective_mismatch",
-    "buffer_reassigned", "events_dropped", "plan_mismatch", "straggler",
+    "buffer_reassigned", "events_dropped", "plan_mismatch", "straggler", "nonfinite_gradient",
+    "nonfinite_parameter",
 ]
 
 # Every kind of finding, with what its fields mean.
@@ -62,6 +63,12 @@ KINDS: dict[Kind, str] = {
     "straggler": "one rank is persistently the last to launch the all-reduces, so every step "
                  "waits for it (field: where it loses the time: data, forward, backward, "
                  "compute; bucket: the bucket before whose launch it loses most)",
+    "nonfinite_gradient": "a rank's local gradient (before the all-reduce spread it) or its "
+                          "loss was NaN/Inf: ranks = where it began, name = the first such "
+                          "parameter in gradient-ready order, field 'loss' when the loss was "
+                          "already non-finite there (docs/nonfinite.md)",
+    "nonfinite_parameter": "parameters became NaN/Inf in a step's update; step = that step; "
+                           "detail says whether its local gradients were seen finite",
 }
 
 # The model differs across ranks: one fix per differing field ("" for any other field).
@@ -204,6 +211,32 @@ FIXES: dict[Kind, dict[str, str]] = {
         "": "Look at what makes this rank's compute slower: another process on its cores or "
             "GPU (nvidia-smi, top), thermal throttling, a different device, or rank-dependent "
             "work in forward/backward (a hook, a larger batch, extra layers).",
+    },
+    "nonfinite_gradient": {
+        # the loss was finite on that rank
+        "": "The loss was finite but {ranks}'s own gradient was not: an overflow in that "
+            "layer's backward (under fp16 use torch.amp.GradScaler, which skips such steps, "
+            "or bf16), a custom autograd function or gradient hook returning NaN/Inf, or a "
+            "learning rate so high that activations blow up. Check finiteness on every rank, "
+            "not on rank 0 only: the all-reduce gives every rank the NaN.",
+        # the loss (forward output) was already non-finite on that rank
+        "loss": "{ranks}'s forward output was already non-finite at step {step}: look at the "
+                "batch that rank read (NaN/Inf in the data, a bad sample or augmentation, "
+                "log/sqrt/division of 0) or an overflow in forward (fp16: autocast with "
+                "torch.amp.GradScaler, a lower learning rate). A finite-check on rank 0 alone "
+                "misses it: every rank gets the NaN from the all-reduce.",
+    },
+    "nonfinite_parameter": {
+        # the gradients were seen finite on every rank
+        "": "The gradients were finite, so the update made the parameters non-finite: a "
+            "learning rate too high, Adam's eps too small for fp16 parameters, weight decay "
+            "or momentum on fp16 parameters (keep fp32 master weights), or code that edits "
+            "parameters between backward and forward.",
+        # the step's local gradients were not checked
+        "unseen": "To name the rank and parameter where it began, check every step's local "
+                  "gradients: recording=ddpviz.Recording(guard=True) (one check per bucket) or "
+                  "Recording(every=1); the default checks them on its sampled steps, and on "
+                  "every step for 100 steps after something went non-finite.",
     },
 }
 

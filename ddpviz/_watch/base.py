@@ -28,6 +28,7 @@ from ddpviz.engine.detail import (
     Recording,
     resolve_recording,
 )
+from ddpviz.engine.nonfinite import NonfiniteCheck
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
@@ -117,6 +118,10 @@ class Watch:
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start(where)
+        # See [Note: finding where a NaN starts] (engine/nonfinite.py)
+        self._nf = NonfiniteCheck(self.params, self.names, self.group.rank(), self.world_size,
+                                  self.tap, "guarded" if self.recording.guard else "hook-less")
+        self._nf.local = not self.watchdog.add_pulse_task(self._nf.pulse)
         try:
             self._install(hook, state, existing)
         except BaseException:
@@ -126,6 +131,8 @@ class Watch:
     # --- what the strategies fill in ---------------------------------------------------------
 
     recording: Recording  # set by __new__
+    _nf_each_step = False  # the strategy checks local gradients on every step (guarded)
+    _armed: Any = ()  # (hookless.py) this step's per-parameter hooks
     _track_views = False  # the guarded strategy's gradient_as_bucket_view bookkeeping
     _grads_before: list[torch.Tensor | None] | None  # (guarded.py) .grad after the forward
 
@@ -163,6 +170,10 @@ class Watch:
 
     def _disarm(self) -> None:
         """Remove per-step hooks (close())."""
+
+    def _nf_arm(self, step: int, now: bool) -> None:
+        """After the forward of `step`: `now`, its local gradients must be checked (the
+        output was non-finite here); tell the check whether they will be."""
 
     # --- attach -------------------------------------------------------------------------------
 
@@ -244,6 +255,13 @@ class Watch:
             output = inner(*args, **kwargs)
             if self._post_needed:
                 self._post_forward(ddp, args, output)
+            if torch.is_grad_enabled():  # (the step _pre_forward counted)
+                step, nf = self.tap.step, self._nf
+                if step >= nf.quiet_from and step % nf.output_every and not nf._open \
+                        and not self._nf_each_step and not self._armed:
+                    nf.last = step  # the usual step: See NonfiniteCheck.quiet_from
+                else:
+                    self._nf_arm(step, nf.forward(step, None if self._driven else output))
             return output
 
         self._own_forward = forward
@@ -388,6 +406,9 @@ class Watch:
         """Remove the hooks (the comm hook stays registered, passing through: torch cannot
         remove one) and stop the watchdog thread."""
         self._closed = True
+        nf = self.__dict__.get("_nf")
+        if nf is not None:
+            nf.close()
         _WATCHED.discard(self.ddp)
         for h in self._handles:
             h.remove()

@@ -51,6 +51,8 @@ from ddpviz._watch.base import Watch, _graph_task, _logger, _plain_wait_first
 class GuardedWatch(Watch):
     """watch's comm hook around each bucket all-reduce; See the Notes above."""
 
+    _nf_each_step = True
+
     def _init_strategy(self) -> None:
         ddp = self.ddp
         self._hooks_called = 0
@@ -135,7 +137,12 @@ class GuardedWatch(Watch):
             pending, self._pending = self._pending, []
             self._settle(pending)
 
+    def _nf_arm(self, step: int, now: bool) -> None:
+        if self.ddp.require_backward_grad_sync:  # the comm hook sees every bucket
+            self._nf.checking(step)
+
     def _backward_done(self) -> None:
+        self._nf.backward_done(self.tap.step)
         if self._learning and self.buckets:
             self._learning = False
             if self.tap.enabled:
@@ -246,6 +253,9 @@ class GuardedWatch(Watch):
                 self._bucket_of.update((p, b) for p in members)
         if self._closed:
             return self._unwrapped(self._reduce(bucket, buffer)[0])
+        # the local buffer, before the all-reduce: See [Note: finding where a NaN starts]
+        self._nf.bucket(self.tap.step, lambda: [self._index[id(p)] for p in bucket.parameters()],
+                        buffer, bucket.gradients)
         if self.tap.enabled:
             if not self._summary.per_param:
                 self._summary.emit(b)

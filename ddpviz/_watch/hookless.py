@@ -35,7 +35,13 @@ class HooklessWatch(Watch):
         self.watchdog.guard_quiet()  # See [Note: the quiet guard] (engine/quiet.py)
 
     def _arm_step(self, step: int) -> None:
-        self._arm(self._summary.policy.full(step))
+        self._arm(self._summary.policy.full(step) or self._nf.precise(step))
+
+    def _nf_arm(self, step: int, now: bool) -> None:
+        if now and not self._armed:
+            self._arm(True)
+        if self._armed:
+            self._nf.checking(step)
 
     def _on_rebuild(self) -> None:
         self._arm(True)
@@ -46,6 +52,7 @@ class HooklessWatch(Watch):
         self._next_launch = 0
 
     def _backward_done(self) -> None:
+        self._nf.backward_done(self.tap.step)
         if self._learning:  # a sparse bucket: readable once a backward has run
             self._read_buckets(rebuilt=False)
         elif self.tap.enabled:
@@ -86,6 +93,7 @@ class HooklessWatch(Watch):
         if task != self._task and task != -1:
             self._begin_backward(task)
         self._fired.add(index)
+        self._nf.grad(self.tap.step, index, _grad)
         if not self.tap.enabled:
             return
         b = self._bucket_of.get(index, -1)
@@ -126,6 +134,9 @@ class ForwardsOnlyWatch(HooklessWatch):
 
     def _on_rebuild(self) -> None:
         return
+
+    def _nf_arm(self, step: int, now: bool) -> None:
+        return  # (no hook ever: the forward output is checked, the gradients never)
 
     def _check_unused(self) -> None:
         return  # (nothing observed what fired)

@@ -29,6 +29,7 @@ from ddpviz.engine.detail import DetailPolicy, FindingObserver, Recording, resol
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
+from ddpviz.engine.nonfinite import NonfiniteCheck
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
 from ddpviz.engine.verify import verify_module_across_ranks
@@ -346,6 +347,12 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_all_reduce_unused_params=self.skip_all_reduce_unused_params,
             batched_grad_copy=self.batched_grad_copy, tap=self._tap, watchdog=self._watchdog,
             logger=DDPLogger, detail=self._detail)
+        # See [Note: finding where a NaN starts] (nonfinite.py): the reducer checks each
+        # bucket's local buffer before its all-reduce, _post_forward the output
+        self._nf = NonfiniteCheck(tensors, [e.name for e in entries], self.process_group.rank(),
+                                  self.process_group.size(), self._tap, "guarded")
+        self._nf.local = not self._watchdog.add_pulse_task(self._nf.pulse)
+        self.reducer.nonfinite = self._nf
         self._buffer_identity = BufferIdentity(self.process_group.rank(),
                                                self.process_group.size())
         self._buffer_identity.check(self.named_module_buffers, -1)
@@ -583,6 +590,10 @@ class DistributedDataParallel(nn.Module, Joinable):
             return output
         if self._check_sync_bufs_post_fwd():
             self._sync_buffers()
+        if torch.is_grad_enabled():
+            self._nf.forward(self._tap.step, output)
+            if self.require_backward_grad_sync:
+                self._nf.checking(self._tap.step)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
             if self.find_unused_parameters and not self.static_graph:
@@ -803,7 +814,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         state = dict(self.__dict__)
         # Everything that holds the process group, a store or a thread is rebuilt on loading.
         for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
-                    "_buffer_identity"):
+                    "_buffer_identity", "_nf"):
             state.pop(key, None)
         return state
 

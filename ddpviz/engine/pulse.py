@@ -59,6 +59,9 @@ class Pulse:
         self.last: Beat | None = None  # the latest beat, posted or not
         self.on_quiet: Callable[[Board, Beat], None] | None = None
         self.quiet_error: Exception | None = None  # what stopped on_quiet, if anything
+        # called on this thread after each post, with the board (engine/nonfinite.py's
+        # exchange); one that raises is dropped, the heartbeat goes on
+        self.tasks: list[Callable[[Board], None]] = []
         self._held = False
         self._closed = False
         self._lock = threading.Lock()
@@ -104,6 +107,11 @@ class Pulse:
                     # a later step posted: keep looking without being woken; none: wait for one
                     # (a beat that raced this write waits at most CHECK_S)
                     self._polling = latest is not None and latest[0] >= EVERY_UNTIL
+                for task in list(self.tasks):
+                    try:
+                        task(self.board)
+                    except Exception:  # (a store error is seen by the next has_alerts)
+                        self.tasks.remove(task)
                 if self._closed:
                     return
                 now = time.monotonic()

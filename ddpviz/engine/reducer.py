@@ -31,6 +31,7 @@ from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.detail import DetailPolicy, GradSummary
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
+from ddpviz.engine.nonfinite import NonfiniteCheck
 from ddpviz.engine.params import ParamEntry
 from ddpviz.engine.watchdog import Watchdog
 from ddpviz.errors import (
@@ -211,6 +212,7 @@ class Reducer:
         self._drain_sparse: dict[int, torch.Tensor] = {}  # see _fail_missing_gradients
         self.logger: DDPLogger = logger(self)  # reads this reducer's buckets and counters
         self.watchdog = watchdog
+        self.nonfinite: NonfiniteCheck | None = None  # set by the DDP (engine/nonfinite.py)
         if find_unused_parameters:
             self._initialize_local_used_map()
 
@@ -472,6 +474,11 @@ class Reducer:
         if self.tap.enabled:
             self.tap.emit(AllReduceLaunched, b, bucket.nbytes,
                           str(bucket.gradients.dtype).removeprefix("torch."))
+        if self.nonfinite is not None and not bucket.sparse:  # the local buffer, unreduced
+            self.nonfinite.bucket(self.tap.step, lambda: list(bucket.variables),
+                                  bucket.gradients, lambda: [
+                                      bucket.gradients[o:o + n] for o, n in
+                                      zip(bucket.offsets, bucket.lengths, strict=True)])
         try:
             bucket.future = self.run_comm_hook(grad_bucket)
         except RuntimeError as exc:  # a peer is gone already
@@ -712,6 +719,8 @@ class Reducer:
             self.local_used_reduced = False
         if self.logger is not None:
             self.logger.backward_comm_end = self.logger.now()
+        if self.nonfinite is not None:
+            self.nonfinite.backward_done(self.tap.step)
         if self.tap.enabled:
             self.tap.emit(BackwardFinished)
 

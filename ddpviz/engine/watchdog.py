@@ -236,6 +236,14 @@ class Watchdog:
         finally:
             self.guarding = False
 
+    def add_pulse_task(self, task: Callable[[Board], None]) -> bool:
+        """Run `task(board)` on the pulse thread after each post (False: no pulse thread,
+        i.e. one rank or the watchdog off)."""
+        if self._pulse is None:
+            return False
+        self._pulse.tasks.append(task)
+        return True
+
     def guard_quiet(self) -> None:
         """Name the ranks a step waits for from the pulse thread, for waits this watchdog does
         not see (watch() without a comm hook). See [Note: the quiet guard] in quiet.py."""

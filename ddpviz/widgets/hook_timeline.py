@@ -20,7 +20,7 @@ import ipywidgets as w
 
 from ddpviz import events as ev
 from ddpviz import markup
-from ddpviz.findings import format_ranks
+from ddpviz.findings import Finding, format_ranks
 from ddpviz.units import human_bytes
 from ddpviz.widgets import timeline_svg
 from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
@@ -34,7 +34,9 @@ MAX_ORDER_GROUPS = 24  # rows of the firing-order table when ranks are grouped b
 MAX_BUCKET_ROWS = 1_000  # rows of the per-bucket table; past it a line says how many are left
 _CELL = markup.Markup("<style>.ddpviz-ho{border-collapse:collapse;font:11px monospace}"
          ".ddpviz-ho td,.ddpviz-ho th{padding:0 3px;border:1px solid #eee;text-align:center}"
-         ".ddpviz-ho .d{background:#f6c5c5;font-weight:bold}.ddpviz-ho .g{color:#aaa}</style>")
+         ".ddpviz-ho .d{background:#f6c5c5;font-weight:bold}.ddpviz-ho .g{color:#aaa}"
+         ".ddpviz-ho .n{background:#7a1fa2;color:#fff;font-weight:bold}</style>")
+NONFINITE = ("nonfinite_gradient", "nonfinite_parameter")  # findings marked on the timeline
 
 
 def step_list(steps: list[int], most: int = 8) -> str:
@@ -108,12 +110,15 @@ class HookTimeline(EventView):
         self.order_html = w.HTML(layout=w.Layout(overflow="auto"))
         self.buckets_html = w.HTML(layout=w.Layout(overflow="auto"))
         self.unused_html = w.HTML()
+        self.nan_html = w.HTML()  # where a NaN/Inf began at this iteration (its finding)
+        self._nan_marks: set[tuple[int, int]] = set()  # (rank, parameter) cells to mark
         self.rank_select = w.Dropdown(options=[("(slowest rank)", -1)], value=-1,
                                       description="rank drawn",
                                       layout=w.Layout(width="320px", display="none"),
                                       style={"description_width": "initial"})
         self.rank_select.observe(self._on_rank, names="value")
-        return [self.header_html, self.rank_select, self.svg_html, self.unused_html,
+        return [self.header_html, self.nan_html, self.rank_select, self.svg_html,
+                self.unused_html,
                 self.order_html, self.buckets_html]
 
     # --- data -----------------------------------------------------------------------------
@@ -188,8 +193,10 @@ class HookTimeline(EventView):
     def render(self, cursor: Cursor) -> bool:
         self._cursor = cursor
         step = self._shown_step(cursor)
+        nan = [f for f in self.model.findings(cursor.as_of)
+               if isinstance(f, Finding) and f.kind in NONFINITE and f.step == step]
         key = (step, self.model.step_version(step) if step is not None else 0, cursor.as_of,
-               self.model.versions["construction"], self.chosen)
+               self.model.versions["construction"], self.chosen, len(nan))
         if key == self._key:
             return False
         following = cursor.step is None
@@ -208,8 +215,10 @@ class HookTimeline(EventView):
                     "no iteration yet: the hooks fire in backward"
                     if step is None else "the constructor registers one hook per parameter; "
                     "pick iteration 0 or later to see them fire")),
-                svg="", order="", buckets="", unused="")
+                svg="", order="", buckets="", unused="", nan="")
             return False
+        self._nan_marks = {(f.ranks[0], f.param) for f in nan if f.ranks and f.param >= 0
+                           and f.kind == "nonfinite_gradient"}
         self.view = analyse(step, self.model.step_records(step, cursor.as_of), n_params)
         many = len(self.view.lanes) > self.lanes_up_to
         self.spread = iteration_spread(self.view) if many else None
@@ -224,7 +233,7 @@ class HookTimeline(EventView):
         self.bytes_drawn = self._set(
             header=self._header(self.view), svg=svg,
             order=self._order_or_note(self.view, names), buckets=buckets,
-            unused=self._unused(self.view, names))
+            unused=self._unused(self.view, names), nan=_nan_origin(nan))
         if following:
             self._next_live = now + self.bytes_drawn / self.live_bytes_per_s
         return False
@@ -346,7 +355,8 @@ class HookTimeline(EventView):
                     cells.append(markup.Markup("<td class=g>·</td>"))
                     continue
                 p = lane.order[c]
-                cls = markup.Markup(" class=d" if c in bad else "")
+                cls = markup.Markup(" class=n" if (r, p) in self._nan_marks else
+                                    " class=d" if c in bad else "")
                 cells.append(markup.fmt("<td{} title='{}'>{}</td>", cls, names.get(p, ""), p))
             rows.append(markup.fmt("<tr><th>{}</th>{}</tr>", label, markup.join(cells)))
         if order.differs:
@@ -447,6 +457,21 @@ class HookTimeline(EventView):
 
 
 MAX_UNUSED_GROUPS = 32  # groups of ranks (by their unused parameters) listed
+
+
+def _nan_origin(findings: Sequence[Finding]) -> str:
+    """Where a NaN/Inf began at this iteration: each nonfinite finding's title and per-rank
+    values (the parameter's cell in the firing order is marked too)."""
+    if not findings:
+        return ""
+    blocks = []
+    for f in findings[:4]:
+        values = markup.join([markup.fmt("<br>&nbsp;&nbsp;{}: {}", _short_ranks(ranks), value)
+                              for value, ranks in f.values[:16]], "")
+        blocks.append(markup.fmt("<div class='ddpviz-nan-origin' style='font-size:12px;"
+                                 "color:#7a1fa2'><b>⚠ NaN/Inf: {}</b>{}</div>", f.title,
+                                 values))
+    return markup.join(blocks, "")
 
 
 def _short_ranks(ranks: Sequence[int]) -> str:

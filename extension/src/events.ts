@@ -60,6 +60,8 @@ export type FindingKind =
   | 'hook_fired_twice'
   | 'initial_values'
   | 'missing_rank'
+  | 'nonfinite_gradient'
+  | 'nonfinite_parameter'
   | 'param_mismatch'
   | 'peer_failed'
   | 'plan_mismatch'

@@ -6,6 +6,7 @@
 
 import { bucketColor } from './colors';
 import { appendAll, h, humanBytes, note, s, section, ViewOptions } from './dom';
+import { Finding } from './events';
 import { Timeline, TraceModel } from './model';
 import { MANY_RANKS } from './rankGroups';
 import { TimelineSpread, timelineSpread } from './timelineSpread';
@@ -19,7 +20,10 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
     { class: 'ddpviz-step-select', 'aria-label': 'iteration' },
     model.steps.map(step => h('option', { value: step }, `iteration ${step}`))
   ) as HTMLSelectElement;
-  select.value = String(model.steps[model.steps.length - 1]);
+  // open where a NaN/Inf began, if the trace has such a finding; else the last iteration
+  const nan = model.findings.filter(isNonfinite);
+  const first = nan.length > 0 ? Math.min(...nan.map(f => f.step ?? -1)) : -1;
+  select.value = String(model.steps.includes(first) ? first : model.steps[model.steps.length - 1]);
   const holder = h('div', { class: 'ddpviz-timeline-holder' });
   const many = model.ranks.length > MANY_RANKS;
   const rankSelect = h('select', {
@@ -28,8 +32,12 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
   }) as HTMLSelectElement;
   const draw = () => {
     const step = Number(select.value);
+    const origin = nanOrigin(nan, step);
     if (!many) {
-      holder.replaceChildren(renderTimeline(model.timeline(step, options.maxEvents), options));
+      holder.replaceChildren(
+        ...(origin ? [origin] : []),
+        renderTimeline(model.timeline(step, options.maxEvents), options)
+      );
       return;
     }
     const all = model.timelineRows(step);
@@ -60,6 +68,7 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
         : Number(rankSelect.value);
     const lanes = chosen === undefined ? [] : [chosen];
     holder.replaceChildren(
+      ...(origin ? [origin] : []),
       renderTimeline(model.timeline(step, options.maxEvents, lanes), options, sp)
     );
   };
@@ -76,6 +85,39 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
       many ? h('label', {}, ' lane of ', rankSelect) : null
     ),
     holder
+  );
+}
+
+/** A finding about where a NaN/Inf began (findings.py's nonfinite kinds). */
+function isNonfinite(f: Finding): boolean {
+  return f.kind === 'nonfinite_gradient' || f.kind === 'nonfinite_parameter';
+}
+
+/** Where a NaN/Inf began at this iteration: each such finding's title and per-rank values. */
+function nanOrigin(findings: Finding[], step: number): HTMLElement | null {
+  const here = findings.filter(f => f.step === step);
+  if (here.length === 0) {
+    return null;
+  }
+  return h(
+    'div',
+    { class: 'ddpviz-nan-origin' },
+    here.map(f =>
+      h(
+        'div',
+        {},
+        h('strong', {}, `⚠ NaN/Inf: ${f.title}`),
+        f.values && f.values.length > 0
+          ? h(
+              'pre',
+              {},
+              f.values
+                .map(([v, rs]) => `rank${rs.length > 1 ? 's' : ''} ${rs.join(',')}: ${v}`)
+                .join('\n')
+            )
+          : null
+      )
+    )
   );
 }
 

@@ -166,3 +166,30 @@ def test_up_to_16_ranks_keep_one_lane_per_rank() -> None:
     assert t.spread is None and t.view is not None
     assert t.svg_html.value.count("font-weight='bold'>rank ") == 16
     assert t.rank_select.layout.display == "none"
+
+
+def test_a_nan_origin_is_shown_and_its_rank_and_parameter_marked_in_the_firing_order() -> None:
+    from ddpviz.findings import Finding
+
+    events = synthetic_run(3, 6, 3)
+    mine = [e for e in events if e.rank == 1 and e.step == 1]
+    param = next(e.param for e in mine if isinstance(e, ev.GradReady))
+    finding = Finding(kind="nonfinite_gradient", severity="warning",
+                      title=f"non-finite local gradient 'p{param}' on rank 1 at step 1",
+                      ranks=(1,), param=param, step=1, world_size=3,
+                      values=(("loss finite, local gradients finite", (0, 2)),
+                              (f"loss finite, local gradient non-finite: 'p{param}'", (1,))))
+    last = max(e.t_ns for e in mine)
+    events.append(ev.FindingReported(1, 1, last + 1, 10**6, finding))
+    t = HookTimeline(events)
+    assert t.controls is not None
+    t.controls.show_step(1)
+    assert "⚠ NaN/Inf: non-finite local gradient" in t.nan_html.value
+    assert "rank 1: loss finite, local gradient non-finite" in t.nan_html.value
+    position = t.view.lanes[1].order.index(param) if t.view else -1
+    cells = re.findall(r"<tr><th>r1</th>(.*?)</tr>", t.order_html.value)[0]
+    marked = re.findall(r"<td class=n title='[^']*'>(\d+)</td>", cells)
+    assert marked == [str(param)] and position >= 0
+    assert "class=n" not in re.findall(r"<tr><th>r0</th>(.*?)</tr>", t.order_html.value)[0]
+    t.controls.show_step(2)  # only the iteration where it began
+    assert t.nan_html.value == "" and "class=n" not in t.order_html.value

@@ -1,0 +1,54 @@
+"""How every rank composes the non-finite findings from the ranks' posts (engine/nonfinite.py),
+without processes: which step, which ranks, what was and was not seen, episodes counted."""
+
+from __future__ import annotations
+
+import torch
+
+from ddpviz.engine.nonfinite import NonfiniteCheck, _Post, _Record
+from ddpviz.events import Tap
+
+
+def _check(world: int = 2) -> NonfiniteCheck:
+    params = [torch.zeros(2), torch.zeros(3)]
+    return NonfiniteCheck(params, ["a.weight", "a.bias"], 0, world, Tap(), "hook-less")
+
+
+def test_parameters_seen_non_finite_after_unchecked_steps_say_between_which_forwards() -> None:
+    check = _check()
+    bad = _Record(step=25, loss=True, params=[1], n_params=1, grads=[1, 0], n_grads=2,
+                  checked=True)
+    check._posts = {0: _Post(done=30, fwd=30, ochk=[[0, 2], [25, 30]], gchk=[[0, 2]],
+                             bad=[bad]),
+                    1: _Post(done=30, fwd=30, ochk=[[0, 2], [25, 30]], gchk=[[0, 2]],
+                             bad=[bad, _Record(step=26, loss=True, checked=True)])}
+    [f] = check.compose()
+    assert (f.kind, f.step, f.ranks, f.name) == ("nonfinite_parameter", 3, (0, 1), "a.bias")
+    assert "between step 2's forward and step 25's forward" in f.title
+    assert check.repeats == 1  # step 26 continues the episode
+    assert check.compose() == []  # composed once
+
+
+def test_finite_gradients_before_non_finite_parameters_blame_the_update() -> None:
+    check = _check()
+    check._posts = {r: _Post(done=9, fwd=9, ochk=[[0, 9]], gchk=[[0, 9]],
+                             bad=[_Record(step=6, loss=True, params=[0], n_params=1)])
+                    for r in (0, 1)}
+    [f] = check.compose()
+    assert (f.kind, f.step, f.ranks) == ("nonfinite_parameter", 5, (0, 1))
+    assert "in step 5's update" in f.title and "finite on every rank" in f.detail[0]
+
+
+def test_nothing_is_composed_until_every_rank_is_done_with_the_step() -> None:
+    check = _check(3)
+    rec = _Record(step=4, grads=[0], n_grads=1, checked=True)
+    posts = {0: _Post(done=9, ochk=[[0, 9]], gchk=[[0, 9]], bad=[rec]),
+             1: _Post(done=3, ochk=[[0, 3]], gchk=[[0, 3]])}
+    check._posts = posts
+    assert check.compose() == []  # rank 2 has not posted
+    posts[2] = _Post(done=9, ochk=[[0, 9]], gchk=[[0, 9]])
+    assert check.compose() == []  # rank 1 is not done with step 4
+    posts[1] = _Post(done=9, ochk=[[0, 9]], gchk=[[0, 9]])
+    [f] = check.compose()
+    assert (f.kind, f.step, f.ranks, f.name, f.field) == (
+        "nonfinite_gradient", 4, (0,), "a.weight", "gradient")
