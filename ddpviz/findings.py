@@ -32,7 +32,7 @@ Kind = Literal[
     "param_mismatch", "buffer_mismatch", "gpu_shared", "initial_values", "unused_parameter",
     "hook_fired_twice", "graph_changed", "grad_order", "missing_rank", "rank_waiting",
     "rank_hang", "rank_exited", "peer_failed", "uneven_iterations", "collective_mismatch",
-    "buffer_reassigned", "events_dropped", "plan_mismatch",
+    "buffer_reassigned", "events_dropped", "plan_mismatch", "replicas_diverged",
 ]
 
 # Every kind of finding, with what its fields mean.
@@ -59,6 +59,9 @@ KINDS: dict[Kind, str] = {
     "events_dropped": "events were lost on the way, so the diagnosis may be incomplete",
     "plan_mismatch": "a rank's collectives differ from DDP's plan for the given model and "
                      "settings (bucket sizes or order; post-mortem)",
+    "replicas_diverged": "after an optimizer step, ranks hold different bytes for some "
+                         "parameters or buffers (field: parameter or buffer; step: the "
+                         "checked step; values: which ranks agree with which)",
 }
 
 # The model differs across ranks: one fix per differing field ("" for any other field).
@@ -192,6 +195,31 @@ FIXES: dict[Kind, dict[str, str]] = {
         "": "Build DDP with the same bucket_cap_mb, bucket_cap_mb_list, find_unused_parameters "
             "and static_graph on every rank, or pass the settings this rank used to "
             "postmortem(settings=...) if the dumps are of a different configuration.",
+    },
+    "replicas_diverged": {
+        "": "Every rank must apply the same update: look for code that changes parameters or "
+            "the optimizer under a rank condition (if rank == 0: ...), per-rank learning "
+            "rates or schedulers, and gradient clipping or loss scaling computed from local "
+            "values.",
+        "optimizer": "Build the optimizer (learning rate, schedule, state) identically on every "
+                     "rank, and edit "
+                     "parameters (clamping, re-initialization, loading) on every rank or on "
+                     "none: look for rank-conditional code between backward() and the next "
+                     "forward.",
+        "grads": "Make every rank reduce every bucket in every step: no no_sync() or extra "
+                 "backward on some ranks only, the same parameters used on every rank (or "
+                 "find_unused_parameters=True), and a comm hook that returns the same result "
+                 "everywhere.",
+        "no_sync": "Enter no_sync() on every rank or on none (its condition must not depend on "
+                   "the rank or on local data), and step the optimizer only after a backward "
+                   "that all-reduced.",
+        "buffers_local": "Nothing to fix if per-rank buffers are intended (broadcast_buffers="
+                         "False); otherwise pass broadcast_buffers=True, or use "
+                         "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) so BatchNorm "
+                         "statistics are shared.",
+        "buffers": "Update buffers inside forward (or on every rank alike): DDP broadcasts "
+                   "rank 0's buffers before each forward, and a rank-local change after that "
+                   "is not undone until the next one.",
     },
 }
 

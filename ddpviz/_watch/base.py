@@ -29,6 +29,7 @@ from ddpviz.engine.detail import (
     resolve_recording,
 )
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
@@ -117,6 +118,10 @@ class Watch:
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start(where)
+        self._replicas: ReplicaCheck | None = replica_check(
+            self.recording.replicas, self.watchdog.board, self.params, self.names,
+            ddp.module, set(ddp.parameters_to_ignore),
+            lambda: bool(ddp.broadcast_buffers), self.tap)
         try:
             self._install(hook, state, existing)
         except BaseException:
@@ -267,6 +272,8 @@ class Watch:
         self.tap.step = self._forwards
         self._forwards += 1
         self._fired = set()
+        if self._replicas is not None:  # See [Note: replica digests] (engine/replicas.py)
+            self._replicas.before_forward(self.tap.step, bool(self.ddp.will_sync_module_buffers()))
         if self.tap.enabled:
             self.tap.emit(ev.ForwardStarted)
         self.watchdog.heartbeat(self.tap.step, "forward")
@@ -331,6 +338,8 @@ class Watch:
     def _after_reducer(self) -> None:
         self._task = -1
         self._backward_done()
+        if self._replicas is not None:
+            self._replicas.after_backward(self.tap.step, bool(self.ddp.require_backward_grad_sync))
         if self.tap.enabled:
             self.tap.emit(ev.BackwardFinished)
 
@@ -376,8 +385,16 @@ class Watch:
         if self.tap.enabled:
             self.tap.emit(ev.BuffersSynced, len(tensors),
                           sum(t.numel() * t.element_size() for t in tensors))
+        if self._replicas is not None:
+            self._replicas.after_buffer_sync()
 
     # --- public -------------------------------------------------------------------------------
+
+    @property
+    def replicas(self) -> ReplicaCheck | None:
+        """The replica check (See [Note: replica digests] in engine/replicas.py), None when
+        off; rank 0's `.findings` lists what it reported."""
+        return self._replicas
 
     @property
     def error(self) -> Exception | None:
@@ -389,6 +406,9 @@ class Watch:
         remove one) and stop the watchdog thread."""
         self._closed = True
         _WATCHED.discard(self.ddp)
+        replicas = self.__dict__.get("_replicas")
+        if replicas is not None:
+            replicas.close()
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -66,6 +66,7 @@ export type FindingKind =
   | 'rank_exited'
   | 'rank_hang'
   | 'rank_waiting'
+  | 'replicas_diverged'
   | 'uneven_iterations'
   | 'unused_parameter';
 
