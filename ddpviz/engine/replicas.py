@@ -26,6 +26,7 @@ each step, are then named at their exact step.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import queue
@@ -52,6 +53,7 @@ IDLE_S = 0.25  # ... and this often when it has none
 GIVE_UP_S = 120.0  # rank 0 stops waiting for a step's summaries or details after this
 PRECISE_LEAD = 4  # the every-step window starts this many steps after rank 0 saw a divergence
 MAX_FINDINGS = 8  # replicas_diverged findings per DDP (the first is also printed)
+EXIT_S = 5.0  # at interpreter exit, how long the ranks wait for rank 0 to judge what is left
 
 
 class _Capture:
@@ -130,11 +132,13 @@ class ReplicaCheck:
         self.precise: tuple[int, int] = (0, 0)  # every step in [from, to) is checked
         self.latest = -1  # the latest forward step seen (rank 0: where the window starts)
         self.findings: list[Finding] = []  # rank 0: what the check reported
+        self.compared = 0  # rank 0: checked steps whose digests it compared
         self.error: Exception | None = None  # what stopped the thread, if anything
         self._queue: queue.SimpleQueue[_Capture | None] = queue.SimpleQueue()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._judging: list[int] = []  # rank 0: steps to compare, in order
+        self._judged_all = False  # (ranks > 0) rank 0 said it judged everything at exit
         self._idle = False  # the thread found nothing queued in its last look
 
     # --- the training thread ------------------------------------------------------------------
@@ -199,11 +203,30 @@ class ReplicaCheck:
             self._thread = threading.Thread(target=self._run, name="ddpviz-replicas",
                                             daemon=True)
             self._thread.start()
+            # the last checks of a job that ends now are still judged (before atexit handlers
+            # registered earlier, such as the trace's flush, run)
+            atexit.register(self._at_exit)
         self._queue.put(cap)
 
     def close(self) -> None:
         self._closed = True
         self._queue.put(None)
+        atexit.unregister(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            if self.drain(EXIT_S) and self.rank == 0:
+                self._exit_note = True  # the thread tells the others (its store connection)
+                end = time.monotonic() + EXIT_S
+                while getattr(self, "_exit_note", False) and time.monotonic() < end:
+                    time.sleep(POLL_S)
+            elif self.rank != 0:  # answer rank 0's questions until it is done
+                end = time.monotonic() + EXIT_S
+                while not self._judged_all and time.monotonic() < end and self.error is None:
+                    time.sleep(POLL_S)
+        self.close()
 
     # --- the check's thread -------------------------------------------------------------------
 
@@ -230,6 +253,9 @@ class ReplicaCheck:
                 self._serve()
                 if self.rank == 0:
                     self._judge_ready()
+                    if getattr(self, "_exit_note", False) and not self._judging:
+                        self._board.scope.store.set(f"{self._base}/judged", "1")
+                        self._exit_note = False
         except Exception as exc:  # the store is gone, or a bug: the check stops, the job not
             self.error = exc
 
@@ -293,6 +319,8 @@ class ReplicaCheck:
                         self._posted_details.add(step)
                         store.set(f"{self._base}/d/{step}/{self.rank}",
                                   msgspec.msgpack.encode(detail))
+        if self.rank != 0 and store.check([f"{self._base}/judged"]):
+            self._judged_all = True
         key = f"{self._base}/precise"
         if store.check([key]):
             with contextlib.suppress(ValueError):
@@ -339,6 +367,7 @@ class ReplicaCheck:
 
     def _agreed(self, step: int) -> None:
         self._last_compared = max(self._last_compared, step)
+        self.compared += 1
 
     def _conclude(self, step: int, have: list[int], timed_out: bool) -> bool:
         """Rank 0 has asked for `step`'s details: once every rank posted them, judge."""

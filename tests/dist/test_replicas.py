@@ -25,6 +25,7 @@ pytestmark = pytest.mark.dist
 EDIT_STEP = 5
 NOSYNC_STEP = 10
 STEPS = 14
+NARROW_FIRST, NARROW_SECOND = 7, 17  # the narrowing run's edits (period 5; steps 12-16 wait)
 
 
 class _Net(nn.Module):
@@ -57,7 +58,7 @@ def _ddp(engine: str, model: nn.Module, replicas: int | None, guard: bool = Fals
     return ddp, w.replicas
 
 
-def _finish(rank: int, check: Any) -> list[dict[str, Any]]:
+def _finish(rank: int, check: Any) -> dict[str, Any]:
     """Rank 0 waits for its check to judge everything; then every rank stops its check."""
     if rank == 0:
         assert check.drain(60.0), f"the replica check did not finish: {check.error!r}"
@@ -66,13 +67,14 @@ def _finish(rank: int, check: Any) -> list[dict[str, Any]]:
         {"kind": f.kind, "severity": f.severity, "step": f.step, "ranks": f.ranks,
          "name": f.name, "field": f.field, "text": f.text(), "fix": f.fix,
          "values": f.values} for f in check.findings]
+    compared = check.compared
     check.close()
-    return found
+    return {"found": found, "compared": compared}
 
 
 def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: bool = False,
            steps: int = STEPS, dtype: torch.dtype = torch.float32, hook: str = "",
-           **kwargs: Any) -> list[dict[str, Any]]:
+           **kwargs: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     model = _Net(bn=defect in ("bn_local", "buffer_edit"), unused="unused" in kwargs.pop(
         "net", "")).to(dtype)
@@ -93,11 +95,24 @@ def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: boo
         if defect == "edit" and rank == 1 and step == EDIT_STEP:
             with torch.no_grad():
                 model.fc2.weight[0, 0] += 1e-3
+        if defect == "narrow" and step == NOSYNC_STEP + 2:
+            _wait_for_window(check)
+        if defect == "narrow" and rank == 1 and step in (NARROW_FIRST, NARROW_SECOND):
+            with torch.no_grad():
+                (model.fc2.weight if step == NARROW_FIRST else model.fc1.bias)[0] += 1e-3
         if defect == "buffer_edit" and rank == 1 and step == EDIT_STEP:
             model.bn.running_var.fill_(2.0)  # type: ignore[union-attr]
     if defect == "nosync" and rank == 1:  # the all-reduce rank 0 still waits for
         ddp(torch.randn(6, 8, generator=gen)).square().mean().backward()
     return _finish(rank, check)
+
+
+def _wait_for_window(check: Any) -> None:
+    """Every rank waits here until it follows rank 0's every-step window (opened when rank 0
+    saw the first divergence), so the second edit lands inside it whatever the timing."""
+    from tests.polling import eventually
+
+    assert eventually(lambda: check.precise[1] > 0, 120), "no every-step window opened"
 
 
 def _register_hook(ddp: Any, hook: str) -> None:
@@ -106,8 +121,11 @@ def _register_hook(ddp: Any, hook: str) -> None:
 
     if hook == "fp16":
         ddp.register_comm_hook(None, dh.fp16_compress_hook)
-    elif hook == "bf16":
-        ddp.register_comm_hook(None, dh.bf16_compress_hook)
+    elif hook == "bf16":  # (torch refuses the hook by name without NCCL; gloo reduces bf16)
+        def bf16_hook(state, bucket):  # type: ignore[no-untyped-def]  # (torch reads these)
+            return dh.bf16_compress_hook(state, bucket)
+
+        ddp.register_comm_hook(None, bf16_hook)
     elif hook == "powersgd":
         state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                  start_powerSGD_iter=2, min_compression_rate=0.5)
@@ -123,6 +141,7 @@ DEFECTS = [
     ("torch", "nosync", 5, False),
     ("torch", "bn_local", None, True),
     ("torch", "buffer_edit", 1, False),
+    ("torch", "narrow", 5, False),
     ("ddpviz", "edit", 1, False),
     ("ddpviz", "lr", None, False),
     ("ddpviz", "nosync", 5, False),
@@ -142,7 +161,7 @@ def planted(rank: int, world_size: int) -> dict[str, Any]:
                 kwargs["broadcast_buffers"] = False
             out[f"{engine}/{defect}"] = _train(
                 rank, engine, defect, replicas if replicas is not None else REPLICAS_EVERY,
-                guard, **kwargs)
+                guard, steps=22 if defect == "narrow" else STEPS, **kwargs)["found"]
     return out
 
 
@@ -187,6 +206,18 @@ def test_per_rank_batchnorm_statistics_are_info_not_error(found: Any, engine: st
     assert f["step"] == 0 and "broadcast_buffers=False" in f["text"]
 
 
+def test_after_a_divergence_every_step_is_checked_and_named_exactly(found: Any) -> None:
+    first, second = found["torch/narrow"]
+    # seen at the sampled step 10, somewhere after 5: a range, and the advice to narrow it
+    assert first["step"] == 10 and first["name"] == "fc2.weight"
+    assert "the first differing step is between 6 and 10" in first["text"]
+    assert "replicas=1" in first["text"]
+    # the next one, at a step the period would skip, falls in the every-step window: exact
+    assert second["step"] == NARROW_SECOND and second["name"] == "fc1.bias"
+    assert f"first differing after step {NARROW_SECOND}" in second["text"]
+    assert "'fc2.weight'" not in second["text"].splitlines()[0]  # reported once
+
+
 def test_a_buffer_edited_on_one_rank_is_undone_by_the_broadcast(found: Any) -> None:
     # DDP's broadcast_buffers=True overwrites it from rank 0 before the next forward: the
     # replicas agree again where DDP promises they do, so nothing is reported.
@@ -224,4 +255,6 @@ def healthy(rank: int, world_size: int) -> list[list[dict[str, Any]]]:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_healthy_runs_report_nothing(world_size: int) -> None:
     results = run_ranks(healthy, world_size, timeout=900)[0]
-    assert results == [[] for _ in HEALTHY]
+    assert [r["found"] for r in results] == [[] for _ in HEALTHY]
+    # every step was compared (the last one's parameters come with a forward that never ran)
+    assert [r["compared"] for r in results] == [HEALTHY_STEPS - 1 for _ in HEALTHY]
