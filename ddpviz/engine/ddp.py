@@ -26,12 +26,12 @@ from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.comm import check_comm_hook
 from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.detail import DetailPolicy, FindingObserver, Recording, resolve_recording
-from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
+from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.verify import verify_module_across_ranks
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import (

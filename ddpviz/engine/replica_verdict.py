@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks, odd_ranks
 
@@ -34,14 +34,28 @@ def _differing(per_rank: Mapping[int, Sequence[tuple[int, int]]], n: int) -> lis
             if len({tuple(per_rank[r][i]) if i < len(per_rank[r]) else None for r in ranks}) > 1]
 
 
-def _groups(per_rank: Mapping[int, Sequence[tuple[int, int]]], which: Sequence[int]
+def _groups(per_rank: Mapping[int, Sequence[tuple[int, int]]], which: Sequence[int],
+            label: Callable[[int], str] | None = None
             ) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """Ranks that hold the same bytes for every tensor in `which`, as ("group A", ranks)."""
+    """Ranks that hold the same bytes for every tensor in `which`, as ("group A: ...", ranks);
+    `label(rank)` says what the group holds."""
     keys = {r: repr([tuple(per_rank[r][i]) if i < len(per_rank[r]) else None for i in which])
             for r in per_rank}
     grouped = group_ranks(keys)
-    return tuple((f"group {chr(ord('A') + k) if k < 26 else k}", rs)
+    return tuple((f"group {chr(ord('A') + k) if k < 26 else k}"
+                  + (f" ({label(rs[0])})" if label is not None else ""), rs)
                  for k, (_, rs) in enumerate(grouped))
+
+
+def _norm_of(stats: Mapping[int, Sequence[tuple[float, float, float]]], i: int, name: str
+             ) -> Callable[[int], str]:
+    def label(rank: int) -> str:
+        row = stats[rank]
+        if i >= len(row):
+            return f"{name}: absent"
+        squares = row[i][1]
+        return f"{name} norm {math.sqrt(squares) if squares >= 0 else float('nan'):.6g}"
+    return label
 
 
 def _size(stats: Mapping[int, Sequence[tuple[float, float, float]]], i: int,
@@ -101,12 +115,14 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
 
     names = [param_names[i] for i in bad_params] + [buffer_names[i] for i in bad_buffers]
     if bad_params:
-        groups = _groups(params, bad_params)
         first = bad_params[0]
+        groups = _groups(params, bad_params, _norm_of(_stats(states, "param_stats"), first,
+                                                      param_names[first]))
         field = "parameter"
     else:
-        groups = _groups(buffers, bad_buffers)
         first = bad_buffers[0]
+        groups = _groups(buffers, bad_buffers, _norm_of(_stats(states, "buffer_stats"), first,
+                                                        buffer_names[first]))
         field = "buffer"
     odd = odd_ranks(groups)
     exact = precise or last_agreed == step - 1
@@ -166,7 +182,8 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
             if not bad_params:
                 variant = "buffers"
     for i in bad_params[:SHOWN]:
-        detail.append(f"{param_names[i]}: {_size(_stats(states, 'param_stats'), i, _groups(params, [i]))}")
+        sizes = _size(_stats(states, "param_stats"), i, _groups(params, [i]))
+        detail.append(f"{param_names[i]}: {sizes}")
     for i in bad_buffers[:SHOWN]:
         detail.append(f"{buffer_names[i]}: "
                       f"{_size(_stats(states, 'buffer_stats'), i, _groups(buffers, [i]))}")

@@ -300,7 +300,7 @@ class ReplicaCheck:
         summary = _Summary(_hash(p), _hash(g) + ("" if cap.synced else "/nosync"),
                            _hash(b) + names)
         store = self._board.scope.store
-        store.set(f"{self._base}/s/{cap.step}/{self.rank}", msgspec.json.encode(summary))
+        store.set(f"{self._base}/s/{cap.step}/{self.rank}", msgspec.json.encode(summary).decode())
         store.set(f"{self._base}/last/{self.rank}", str(cap.step))
         if self.rank == 0:
             self._judging.append(cap.step)
@@ -317,8 +317,8 @@ class ReplicaCheck:
                     detail = self._history.get(step)
                     if detail is not None and step not in self._posted_details:
                         self._posted_details.add(step)
-                        store.set(f"{self._base}/d/{step}/{self.rank}",
-                                  msgspec.msgpack.encode(detail))
+                        store.set(f"{self._base}/d/{step}/{self.rank}",  # (bytes: fine)
+                                  msgspec.msgpack.encode(detail))  # type: ignore[arg-type]
         if self.rank != 0 and store.check([f"{self._base}/judged"]):
             self._judged_all = True
         key = f"{self._base}/precise"
@@ -429,7 +429,7 @@ def _state(raw: bytes, n_params: int) -> RankState | None:
 
     def triples(data: bytes, n: int) -> list[tuple[float, float, float]]:
         if len(data) != n * 24:
-            return [(float("nan"),) * 3] * n  # type: ignore[list-item]
+            return [(float("nan"),) * 3] * n
         return [(float(a), float(b), float(c))
                 for a, b, c in np.frombuffer(data, np.float64).reshape(n, 3)]
 
