@@ -16,14 +16,15 @@ SHOWN = 8  # differing tensors named in the title and detail lines
 @dataclasses.dataclass
 class RankState:
     """One rank's digests of one checked step: per tensor (digest pair), per tensor (sum, sum
-    of squares, max |x|) for parameters, reduced gradients (None: not digested) and buffers."""
+    of squares of its finite values) for parameters, reduced gradients (None: not digested)
+    and buffers."""
 
     params: list[tuple[int, int]]
-    param_stats: list[tuple[float, float, float]]
+    param_stats: list[tuple[float, float]]
     grads: list[tuple[int, int]] | None
-    grad_stats: list[tuple[float, float, float]] | None
+    grad_stats: list[tuple[float, float]] | None
     buffers: list[tuple[int, int]]
-    buffer_stats: list[tuple[float, float, float]]
+    buffer_stats: list[tuple[float, float]]
     buffer_names: list[str]
     synced: bool  # the checked step's backward all-reduced (not under no_sync)
 
@@ -47,7 +48,7 @@ def _groups(per_rank: Mapping[int, Sequence[tuple[int, int]]], which: Sequence[i
                  for k, (_, rs) in enumerate(grouped))
 
 
-def _norm_of(stats: Mapping[int, Sequence[tuple[float, float, float]]], i: int, name: str
+def _norm_of(stats: Mapping[int, Sequence[tuple[float, float]]], i: int, name: str
              ) -> Callable[[int], str]:
     def label(rank: int) -> str:
         row = stats[rank]
@@ -58,7 +59,7 @@ def _norm_of(stats: Mapping[int, Sequence[tuple[float, float, float]]], i: int, 
     return label
 
 
-def _size(stats: Mapping[int, Sequence[tuple[float, float, float]]], i: int,
+def _size(stats: Mapping[int, Sequence[tuple[float, float]]], i: int,
           groups: Sequence[tuple[str, tuple[int, ...]]]) -> str:
     """How large the difference of tensor i is: norm and mean per group of ranks."""
     parts = []
@@ -67,10 +68,10 @@ def _size(stats: Mapping[int, Sequence[tuple[float, float, float]]], i: int,
         r = rs[0]
         if i >= len(stats[r]):
             continue
-        total, squares, top = stats[r][i]
+        total, squares = stats[r][i]
         norm = math.sqrt(squares) if squares >= 0 else float("nan")
         norms.append(norm)
-        parts.append(f"{format_ranks(rs)}: norm {norm:.6g}, sum {total:.6g}, max|x| {top:.6g}")
+        parts.append(f"{format_ranks(rs)}: norm {norm:.6g}, sum {total:.6g}")
     gap = ""
     finite = [x for x in norms if math.isfinite(x)]
     if len(finite) >= 2:
@@ -199,5 +200,5 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
 
 
 def _stats(states: Mapping[int, RankState], attr: str
-           ) -> dict[int, list[tuple[float, float, float]]]:
+           ) -> dict[int, list[tuple[float, float]]]:
     return {r: getattr(s, attr) for r, s in states.items()}

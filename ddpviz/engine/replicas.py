@@ -427,20 +427,19 @@ def _state(raw: bytes, n_params: int) -> RankState | None:
             return None
         return [(int(a), int(b)) for a, b in np.frombuffer(data, np.int64).reshape(n, 2)]
 
-    def triples(data: bytes, n: int) -> list[tuple[float, float, float]]:
-        if len(data) != n * 24:
-            return [(float("nan"),) * 3] * n
-        return [(float(a), float(b), float(c))
-                for a, b, c in np.frombuffer(data, np.float64).reshape(n, 3)]
+    def sizes(data: bytes, n: int) -> list[tuple[float, float]]:
+        if len(data) != n * 16:
+            return [(float("nan"), float("nan"))] * n
+        return [(float(a), float(b)) for a, b in np.frombuffer(data, np.float64).reshape(n, 2)]
 
     params = pairs(d.params, n_params)
     buffers = pairs(d.buffers, n_buffers)
     grads = pairs(d.grads, n_params) if d.grads else None
     if params is None or buffers is None:
         return None
-    return RankState(params=params, param_stats=triples(d.param_stats, n_params),
-                     grads=grads, grad_stats=triples(d.grad_stats, n_params) if grads else None,
-                     buffers=buffers, buffer_stats=triples(d.buffer_stats, n_buffers),
+    return RankState(params=params, param_stats=sizes(d.param_stats, n_params),
+                     grads=grads, grad_stats=sizes(d.grad_stats, n_params) if grads else None,
+                     buffers=buffers, buffer_stats=sizes(d.buffer_stats, n_buffers),
                      buffer_names=list(d.buffer_names), synced=d.synced)
 
 
