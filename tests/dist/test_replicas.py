@@ -43,18 +43,21 @@ class _Net(nn.Module):
         return self.fc2(torch.relu(h))
 
 
+_KEEP: list[Any] = []  # the watches, alive until the rank exits
+
+
 def _ddp(engine: str, model: nn.Module, replicas: int | None, guard: bool = False,
-         **kwargs: Any) -> tuple[nn.Module, Any]:
+         **kwargs: Any) -> tuple[Any, Any]:
     """(ddp, replica check): torch's DDP watched, or ddpviz's DDP."""
     import ddpviz
 
     rec = ddpviz.Recording(guard=guard, replicas=replicas)
     if engine == "ddpviz":
-        ddp = ddpviz.DistributedDataParallel(model, recording=rec, **kwargs)
-        return ddp, ddp.replicas
+        own = ddpviz.DistributedDataParallel(model, recording=rec, **kwargs)
+        return own, own.replicas
     ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
     w = ddpviz.watch(ddp, recording=rec)
-    ddp._test_watch = w  # type: ignore[assignment]  # kept alive with the DDP
+    _KEEP.append(w)
     return ddp, w.replicas
 
 
@@ -86,7 +89,7 @@ def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: boo
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(steps):
         x = torch.randn(6, 8, generator=gen).to(dtype)
-        ctx = ddp.no_sync() if defect == "nosync" and rank == 1 and step == NOSYNC_STEP \
+        ctx: Any = ddp.no_sync() if defect == "nosync" and rank == 1 and step == NOSYNC_STEP \
             else contextlib.nullcontext()
         with ctx:
             ddp(x).float().square().mean().backward()
@@ -122,7 +125,7 @@ def _register_hook(ddp: Any, hook: str) -> None:
     if hook == "fp16":
         ddp.register_comm_hook(None, dh.fp16_compress_hook)
     elif hook == "bf16":  # (torch refuses the hook by name without NCCL; gloo reduces bf16)
-        def bf16_hook(state, bucket):  # type: ignore[no-untyped-def]  # (torch reads these)
+        def bf16_hook(state, bucket):  # (unannotated: torch checks the annotations)
             return dh.bf16_compress_hook(state, bucket)
 
         ddp.register_comm_hook(None, bf16_hook)
@@ -226,7 +229,7 @@ def test_a_buffer_edited_on_one_rank_is_undone_by_the_broadcast(found: Any) -> N
 
 # --- healthy runs report nothing -------------------------------------------------------------
 
-HEALTHY = [
+HEALTHY: list[tuple[str, int, bool, torch.dtype, str, dict[str, Any]]] = [
     # (engine, replicas, guard, dtype, hook, kwargs)
     ("torch", 1, False, torch.float32, "", {}),
     ("torch", 1, False, torch.bfloat16, "", {"gradient_as_bucket_view": True}),
@@ -242,13 +245,13 @@ HEALTHY = [
 HEALTHY_STEPS = 200
 
 
-def healthy(rank: int, world_size: int) -> list[list[dict[str, Any]]]:
+def healthy(rank: int, world_size: int) -> list[dict[str, Any]]:
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for engine, replicas, guard, dtype, hook, kwargs in HEALTHY:
             out.append(_train(rank, engine, "", replicas, guard, steps=HEALTHY_STEPS,
-                              dtype=dtype, hook=hook, **dict(kwargs)))
+                              dtype=dtype, hook=hook, **kwargs))
     return out
 
 
