@@ -41,10 +41,12 @@ def test_a_tensors_digest_does_not_depend_on_the_others_digested_with_it() -> No
     assert _rows(t.double(), t)[1] == alone  # (another dtype: another group)
 
 
-def test_sizes_leave_non_finite_values_out() -> None:
-    _, stats = digest_tensors([torch.tensor([3.0, float("nan")]), torch.tensor([1.0, 2.0])])
+def test_sizes_are_norms_per_tensor_and_a_nan_stays_in_its_tensor() -> None:
+    _, stats = digest_tensors([torch.tensor([3.0, float("nan")]), torch.tensor([3.0, -4.0]),
+                               torch.tensor([7], dtype=torch.int64)])
     assert stats is not None
-    assert stats.tolist() == [[3.0, 9.0], [3.0, 5.0]]
+    assert torch.isnan(stats[0]).all()
+    assert stats[1:].tolist() == [[5.0, 7.0], [0.0, 0.0]]
 
 
 def _state(params: list[int], grads: list[int] | None = None, buffers: tuple[int, ...] = (),
@@ -52,7 +54,7 @@ def _state(params: list[int], grads: list[int] | None = None, buffers: tuple[int
     def pairs(xs: list[int]) -> list[tuple[int, int]]:
         return [(x, x) for x in xs]
 
-    return RankState(params=pairs(params), param_stats=[(float(x), float(x * x)) for x in params],
+    return RankState(params=pairs(params), param_stats=[(float(x), float(x)) for x in params],
                      grads=None if grads is None else pairs(grads),
                      grad_stats=None if grads is None else [(0.0, 0.0)] * len(grads),
                      buffers=pairs(list(buffers)), buffer_stats=[(0.0, 0.0)] * len(buffers),

@@ -4,7 +4,8 @@ A tensor's digest is two int64 numbers over its raw bytes, read as integers of i
 size: the sum of the words and the sum of word x position (wrapping). Equal bytes give equal
 digests on every rank; -0.0 vs 0.0 and two NaN payloads differ, and so does any single changed
 word (the plain sum) or two swapped words (the weighted one). Beside it, three float64 numbers
-per tensor (sum, sum of squares; non-finite values left out) say how large a difference is.
+per tensor (norm, sum |x|: the 2- and 1-norms, which the inf-norm would cost 4x more than) say
+how large a difference is.
 
 The work is a handful of torch ops per dtype, whatever the number of tensors: the tensors are
 concatenated (one C++ call), then segment sums via a cumulative sum. A tensor of 0 elements,
@@ -24,17 +25,18 @@ _LAYOUTS: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}  # see _layout
 _MAX_LAYOUTS = 16
 
 
-def _layout(lengths: tuple[int, ...], members: tuple[int, ...], device: torch.device
-            ) -> tuple[torch.Tensor, ...]:
-    """(starts, ends, positions 0..n-1, rows) of one group of tensors, kept: the same tensors
-    are digested again at every check, and building these is most of a small model's cost."""
-    key = (lengths, members, device)
+def _layout(lengths: tuple[int, ...], members: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(a zero of `dtype`, bounds: starts then ends, lengths, rows) of one group of tensors,
+    kept: the same tensors are digested again at every check, and building these is most of a
+    small model's cost."""
+    key = (lengths, members, dtype, device)
     got = _LAYOUTS.get(key)
     if got is None:
-        ends = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-        starts = ends - torch.tensor(lengths, dtype=torch.int64)
-        got = (starts.to(device), ends.to(device),
-               torch.arange(int(ends[-1]), dtype=torch.int64, device=device),
+        sizes = torch.tensor(lengths, dtype=torch.int64)
+        ends = sizes.cumsum(0)
+        got = (torch.zeros(1, dtype=dtype, device=device),
+               torch.cat([ends - sizes, ends]).to(device), sizes.to(device),
                torch.tensor(members, dtype=torch.int64, device=device))
         if len(_LAYOUTS) >= _MAX_LAYOUTS:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))
@@ -44,9 +46,10 @@ def _layout(lengths: tuple[int, ...], members: tuple[int, ...], device: torch.de
 
 def digest_tensors(tensors: Sequence[torch.Tensor | None], *, stats: bool = True
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(int64 [n, 2] digests, float64 [n, 2] sum and sum of squares, or None), on the device
-    of the tensors (CPU when there are none). Reads the tensors' current values; launch only
-    (no host sync): copy the results to the host off the training thread."""
+    """(int64 [n, 2] digests, float64 [n, 2] norm and sum |x| (0 for integer tensors), or
+    None), on the device of the tensors (CPU when there are none). Reads the tensors' current
+    values; launch only (no host sync): copy the results to the host off the training
+    thread."""
     n = len(tensors)
     groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     device = torch.device("cpu")
@@ -55,27 +58,44 @@ def digest_tensors(tensors: Sequence[torch.Tensor | None], *, stats: bool = True
             continue
         groups.setdefault((t.dtype, t.device), []).append(i)
         device = t.device
-    digests = torch.tensor(NO_TENSOR, dtype=torch.int64, device=device).repeat(n, 1)
-    out_stats = torch.zeros((n, 2), dtype=torch.float64, device=device) if stats else None
+    whole = len(groups) == 1 and len(next(iter(groups.values()))) == n  # the usual case
+    digests = None if whole else torch.tensor(NO_TENSOR, dtype=torch.int64,
+                                              device=device).repeat(n, 1)
+    out_stats = None if whole or not stats else torch.zeros((n, 2), dtype=torch.float64,
+                                                            device=device)
     with torch.no_grad():
         for (dtype, dev), members in groups.items():
             parts = [tensors[i].detach() for i in members]  # type: ignore[union-attr]
-            starts, ends, position, rows = _layout(tuple(p.numel() for p in parts),
-                                                   tuple(members), dev)
-            flat = torch._utils._flatten_dense_tensors(parts)
+            zero, bounds, sizes, rows = _layout(tuple(p.numel() for p in parts),
+                                                tuple(members), dtype, dev)
+            # the words after a leading 0 word; tensor k is words (start_k, end_k]
+            flat = torch._utils._flatten_dense_tensors([zero, *parts])
             words = flat.view(_INT_OF_SIZE[flat.element_size()]).to(torch.int64)
-            # prefix sums of the words and of word x position, with a leading 0 (wrapping)
-            prefix = torch.zeros((2, words.numel() + 1), dtype=torch.int64, device=dev)
-            torch.cumsum(torch.stack([words, words * position]), 1, out=prefix[:, 1:])
-            seg = prefix[:, ends] - prefix[:, starts]
-            # positions from 0 within each tensor: a tensor's digest does not depend on which
-            # other tensors were digested with it
-            seg[1] -= starts * seg[0]
-            digests[rows] = seg.T
-            if out_stats is not None and not dtype.is_complex:
-                values = torch.nan_to_num(flat.to(torch.float64), nan=0.0, posinf=0.0,
-                                          neginf=0.0)  # (a NaN would spoil later tensors' sums)
-                fprefix = torch.zeros((2, words.numel() + 1), dtype=torch.float64, device=dev)
-                torch.cumsum(torch.stack([values, values * values]), 1, out=fprefix[:, 1:])
-                out_stats[rows] = (fprefix[:, ends] - fprefix[:, starts]).T
+            # sum_k = c1[end] - c1[start]; the sum of the running sums within tensor k,
+            # (c2[end] - c2[start]) - len_k * c1[start], weighs each word by its distance from
+            # the tensor's end: positions within the tensor, whatever else is digested with it
+            c1 = torch.cumsum(words, 0)  # (int64 wraps: a hash, the same on every rank)
+            c2 = torch.cumsum(c1, 0)
+            k = len(members)
+            at1 = c1.index_select(0, bounds)
+            at2 = c2.index_select(0, bounds)
+            seg = torch.stack([at1[k:] - at1[:k],
+                               at2[k:] - at2[:k] - sizes * at1[:k]], 1)
+            if digests is None:
+                digests = seg
+            else:
+                digests[rows] = seg
+            if stats:
+                sizes = torch.zeros((k, 2), dtype=torch.float64, device=dev) \
+                    if not dtype.is_floating_point else torch.stack(
+                        [torch.stack(torch._foreach_norm(parts)),
+                         torch.stack(torch._foreach_norm(parts, 1))], 1).double()
+                if out_stats is None:
+                    out_stats = sizes
+                else:
+                    out_stats[rows] = sizes
+    if digests is None:  # (no tensor at all)
+        digests = torch.empty((0, 2), dtype=torch.int64)
+    if stats and out_stats is None:
+        out_stats = torch.empty((0, 2), dtype=torch.float64)
     return digests, out_stats

@@ -15,8 +15,8 @@ SHOWN = 8  # differing tensors named in the title and detail lines
 
 @dataclasses.dataclass
 class RankState:
-    """One rank's digests of one checked step: per tensor (digest pair), per tensor (sum, sum
-    of squares of its finite values) for parameters, reduced gradients (None: not digested)
+    """One rank's digests of one checked step: per tensor (digest pair), per tensor (norm,
+    sum |x|) for parameters, reduced gradients (None: not digested)
     and buffers."""
 
     params: list[tuple[int, int]]
@@ -54,8 +54,7 @@ def _norm_of(stats: Mapping[int, Sequence[tuple[float, float]]], i: int, name: s
         row = stats[rank]
         if i >= len(row):
             return f"{name}: absent"
-        squares = row[i][1]
-        return f"{name} norm {math.sqrt(squares) if squares >= 0 else float('nan'):.6g}"
+        return f"{name} norm {row[i][0]:.6g}"
     return label
 
 
@@ -68,10 +67,9 @@ def _size(stats: Mapping[int, Sequence[tuple[float, float]]], i: int,
         r = rs[0]
         if i >= len(stats[r]):
             continue
-        total, squares = stats[r][i]
-        norm = math.sqrt(squares) if squares >= 0 else float("nan")
+        norm, total = stats[r][i]
         norms.append(norm)
-        parts.append(f"{format_ranks(rs)}: norm {norm:.6g}, sum {total:.6g}")
+        parts.append(f"{format_ranks(rs)}: norm {norm:.6g}, sum |x| {total:.6g}")
     gap = ""
     finite = [x for x in norms if math.isfinite(x)]
     if len(finite) >= 2:

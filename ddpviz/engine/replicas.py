@@ -342,10 +342,14 @@ class ReplicaCheck:
         while self._judging:
             step = self._judging[0]
             keys = [f"{self._base}/s/{step}/{r}" for r in range(self.world_size)]
-            have = [r for r, k in enumerate(keys) if store.check([k])]
+            # each rank's latest step before its summary: a rank posts the summary, then the
+            # step, so a rank past `step` without a summary of it skipped it (not: is late)
+            lasts = {r: self._last(r) for r in range(self.world_size)
+                     if not store.check([keys[r]])}
+            have = [r for r, k in enumerate(keys) if r not in lasts or store.check([k])]
             missing = [r for r in range(self.world_size) if r not in have]
             timed_out = time.monotonic() - self._started.get(step, 0) > GIVE_UP_S
-            if missing and not timed_out and any(self._last(r) < step for r in missing):
+            if missing and not timed_out and any(lasts[r] < step for r in missing):
                 return  # a rank has not got there yet
             if step in self._asked:
                 if not self._conclude(step, have, timed_out):
