@@ -355,3 +355,27 @@ def format_findings(findings: Sequence[Finding], world_size: int | None = None) 
             fixes.append(f.fix)
     lines += fixes
     return "\n".join(lines)
+
+
+def tensor_groups(detail_line: str) -> tuple[str, list[tuple[tuple[int, ...], str]]] | None:
+    """A per-tensor detail line of a replicas_diverged finding (as engine/replica_verdict.py's
+    `judge` writes it: "name:
+    ranks 0,2: norm ..., ...; rank 1: norm ...") read back as (name, [(ranks, what they hold)]);
+    None for the other lines. The dashboard's replica view reads findings with it."""
+    name, sep, rest = detail_line.partition(": ")
+    if not sep or " " in name or not rest.startswith("rank"):
+        return None
+    groups: list[tuple[tuple[int, ...], str]] = []
+    for part in rest.split("; "):
+        label, sep, value = part.partition(": ")
+        if not sep or not label.startswith("rank"):
+            continue
+        ranks: list[int] = []
+        for item in label.split(" ", 1)[-1].split(","):
+            lo, dash, hi = item.partition("-")
+            try:
+                ranks += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
+            except ValueError:
+                return None
+        groups.append((tuple(ranks), value))
+    return (name, groups) if groups else None

@@ -2,9 +2,9 @@
 one cell per rank (the letter of the group of ranks holding the same bytes: A, the most common,
 agrees with the majority), columns grouped when there are more than MANY_RANKS ranks.
 
-Read from the findings only (ddpviz/engine/replica_verdict.py writes them, `tensor_groups`
-reads their per-tensor lines back), so a live run and a trace show the same. Pure functions:
-no widgets here.
+Read from the findings only (ddpviz/engine/replica_verdict.py writes them, findings.py's
+`tensor_groups` reads their per-tensor lines back), so a live run and a trace show the same.
+Pure functions: no widgets here.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ddpviz.engine.replica_verdict import tensor_groups
-from ddpviz.findings import Finding
+from ddpviz.findings import Finding, tensor_groups
 from ddpviz.widgets.rank_groups import MANY_RANKS, rank_label, value_groups
 
 
