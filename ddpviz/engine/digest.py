@@ -44,58 +44,82 @@ def _layout(lengths: tuple[int, ...], members: tuple[int, ...], dtype: torch.dty
     return got
 
 
+class Snapshot:
+    """The bytes of some tensors as of now: one flat copy per dtype and device (a leading 0
+    word, then the tensors), taken on the training thread; `digest` reads only the copies, so
+    on the CPU it runs on another thread while training goes on."""
+
+    __slots__ = ("device", "groups", "n")
+
+    def __init__(self, tensors: Sequence[torch.Tensor | None]) -> None:
+        self.n = len(tensors)
+        by: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        self.device = torch.device("cpu")
+        for i, t in enumerate(tensors):
+            if t is None or t.is_sparse or t.numel() == 0 or \
+                    t.element_size() not in _INT_OF_SIZE:
+                continue
+            by.setdefault((t.dtype, t.device), []).append(i)
+            self.device = t.device
+        self.groups: list[tuple[list[int], torch.Tensor, tuple[torch.Tensor, ...],
+                                list[int]]] = []
+        with torch.no_grad():
+            for (dtype, dev), members in by.items():
+                parts = [tensors[i].detach() for i in members]  # type: ignore[union-attr]
+                lengths = [p.numel() for p in parts]
+                layout = _layout(tuple(lengths), tuple(members), dtype, dev)
+                self.groups.append((members, torch._utils._flatten_dense_tensors(
+                    [layout[0], *parts]), layout, lengths))
+
+    def digest(self, *, stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(int64 [n, 2] digests, float64 [n, 2] norm and sum |x| (0 for integer tensors), or
+        None), on the snapshot's device (launched there: no host sync)."""
+        n, device = self.n, self.device
+        whole = len(self.groups) == 1 and len(self.groups[0][0]) == n  # the usual case
+        digests = None if whole else torch.tensor(NO_TENSOR, dtype=torch.int64,
+                                                  device=device).repeat(n, 1)
+        out_stats = None if whole or not stats else torch.zeros((n, 2), dtype=torch.float64,
+                                                                device=device)
+        with torch.no_grad():
+            for members, flat, (_, bounds, sizes, rows), lengths in self.groups:
+                # the words after a leading 0 word; tensor k is words (start_k, end_k]
+                words = flat.view(_INT_OF_SIZE[flat.element_size()]).to(torch.int64)
+                # sum_k = c1[end] - c1[start]; the sum of the running sums within tensor k,
+                # (c2[end] - c2[start]) - len_k * c1[start], weighs each word by its distance
+                # from the tensor's end: positions within the tensor, whatever else is
+                # digested with it
+                c1 = torch.cumsum(words, 0)  # (int64 wraps: a hash, the same on every rank)
+                c2 = torch.cumsum(c1, 0)
+                k = len(members)
+                at1 = c1.index_select(0, bounds)
+                at2 = c2.index_select(0, bounds)
+                seg = torch.stack([at1[k:] - at1[:k],
+                                   at2[k:] - at2[:k] - sizes * at1[:k]], 1)
+                if digests is None:
+                    digests = seg
+                else:
+                    digests[rows] = seg
+                if stats:
+                    if flat.dtype.is_floating_point:
+                        parts = list(torch.split(flat[1:], lengths))
+                        norms = torch.stack(
+                            [torch.stack(torch._foreach_norm(parts)),
+                             torch.stack(torch._foreach_norm(parts, 1))], 1).double()
+                    else:
+                        norms = torch.zeros((k, 2), dtype=torch.float64, device=flat.device)
+                    if out_stats is None:
+                        out_stats = norms
+                    else:
+                        out_stats[rows] = norms
+        if digests is None:  # (no tensor at all)
+            digests = torch.empty((0, 2), dtype=torch.int64)
+        if stats and out_stats is None:
+            out_stats = torch.empty((0, 2), dtype=torch.float64)
+        return digests, out_stats
+
+
 def digest_tensors(tensors: Sequence[torch.Tensor | None], *, stats: bool = True
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(int64 [n, 2] digests, float64 [n, 2] norm and sum |x| (0 for integer tensors), or
-    None), on the device of the tensors (CPU when there are none). Reads the tensors' current
-    values; launch only (no host sync): copy the results to the host off the training
-    thread."""
-    n = len(tensors)
-    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    device = torch.device("cpu")
-    for i, t in enumerate(tensors):
-        if t is None or t.is_sparse or t.numel() == 0 or t.element_size() not in _INT_OF_SIZE:
-            continue
-        groups.setdefault((t.dtype, t.device), []).append(i)
-        device = t.device
-    whole = len(groups) == 1 and len(next(iter(groups.values()))) == n  # the usual case
-    digests = None if whole else torch.tensor(NO_TENSOR, dtype=torch.int64,
-                                              device=device).repeat(n, 1)
-    out_stats = None if whole or not stats else torch.zeros((n, 2), dtype=torch.float64,
-                                                            device=device)
-    with torch.no_grad():
-        for (dtype, dev), members in groups.items():
-            parts = [tensors[i].detach() for i in members]  # type: ignore[union-attr]
-            zero, bounds, sizes, rows = _layout(tuple(p.numel() for p in parts),
-                                                tuple(members), dtype, dev)
-            # the words after a leading 0 word; tensor k is words (start_k, end_k]
-            flat = torch._utils._flatten_dense_tensors([zero, *parts])
-            words = flat.view(_INT_OF_SIZE[flat.element_size()]).to(torch.int64)
-            # sum_k = c1[end] - c1[start]; the sum of the running sums within tensor k,
-            # (c2[end] - c2[start]) - len_k * c1[start], weighs each word by its distance from
-            # the tensor's end: positions within the tensor, whatever else is digested with it
-            c1 = torch.cumsum(words, 0)  # (int64 wraps: a hash, the same on every rank)
-            c2 = torch.cumsum(c1, 0)
-            k = len(members)
-            at1 = c1.index_select(0, bounds)
-            at2 = c2.index_select(0, bounds)
-            seg = torch.stack([at1[k:] - at1[:k],
-                               at2[k:] - at2[:k] - sizes * at1[:k]], 1)
-            if digests is None:
-                digests = seg
-            else:
-                digests[rows] = seg
-            if stats:
-                sizes = torch.zeros((k, 2), dtype=torch.float64, device=dev) \
-                    if not dtype.is_floating_point else torch.stack(
-                        [torch.stack(torch._foreach_norm(parts)),
-                         torch.stack(torch._foreach_norm(parts, 1))], 1).double()
-                if out_stats is None:
-                    out_stats = sizes
-                else:
-                    out_stats[rows] = sizes
-    if digests is None:  # (no tensor at all)
-        digests = torch.empty((0, 2), dtype=torch.int64)
-    if stats and out_stats is None:
-        out_stats = torch.empty((0, 2), dtype=torch.float64)
-    return digests, out_stats
+    None) of the tensors' current values, on their device (CPU when there are none)."""
+    return Snapshot(tensors).digest(stats=stats)

@@ -40,7 +40,7 @@ import msgspec
 import numpy as np
 import torch
 
-from ddpviz.engine.digest import digest_tensors
+from ddpviz.engine.digest import Snapshot
 from ddpviz.engine.rendezvous import Board, Scope, as_text
 from ddpviz.engine.replica_verdict import RankState, differing_names, judge
 from ddpviz.events import FindingReported, Tap
@@ -61,23 +61,35 @@ class _Capture:
 
     __slots__ = ("buffer_names", "buffers", "event", "grads", "params", "step", "synced")
 
-    def __init__(self, step: int, synced: bool,
-                 grads: tuple[torch.Tensor, torch.Tensor | None] | None) -> None:
+    def __init__(self, step: int, synced: bool, grads: Snapshot | Digests | None) -> None:
         self.step = step
         self.synced = synced
         self.grads = grads
-        self.params: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self.buffers: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.params: Snapshot | Digests | None = None
+        self.buffers: Snapshot | Digests | None = None
         self.buffer_names: list[str] = []
         self.event: Any = None
 
 
-def _to_host(pair: tuple[torch.Tensor, torch.Tensor | None]
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if pair[0].device.type == "cpu":
-        return pair
-    return (pair[0].to("cpu", non_blocking=True),
-            None if pair[1] is None else pair[1].to("cpu", non_blocking=True))
+Digests = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _take(tensors: Sequence[torch.Tensor | None], stats: bool) -> Snapshot | Digests:
+    """On the CPU, a snapshot (one copy; the check's thread digests it, so the training
+    thread only copies); on a GPU, the digests themselves, launched there and copied to the
+    host without waiting (the check's thread waits for the event)."""
+    snap = Snapshot(tensors)
+    if snap.device.type == "cpu":
+        return snap
+    digests, sizes = snap.digest(stats=stats)
+    return (digests.to("cpu", non_blocking=True),
+            None if sizes is None else sizes.to("cpu", non_blocking=True))
+
+
+def _digests(taken: Snapshot | Digests | None, stats: bool) -> Digests | None:
+    if taken is None or not isinstance(taken, Snapshot):
+        return taken
+    return taken.digest(stats=stats)
 
 
 class _Summary(msgspec.Struct, frozen=True):
@@ -154,7 +166,7 @@ class ReplicaCheck:
         if self._closed or not self.due(step):
             return
         grads = [p.grad for p in self.params]  # (their sizes are never shown: no stats)
-        self._pending = _Capture(step, synced, digest_tensors(grads, stats=False))
+        self._pending = _Capture(step, synced, _take(grads, stats=False))
 
     def unsynced(self, step: int) -> None:
         """Forward `step` runs under no_sync(): its backward will not all-reduce (ddpviz's
@@ -174,7 +186,7 @@ class ReplicaCheck:
         cap = self._pending if self._pending is not None and self._pending.step == previous \
             else _Capture(previous, True, None)
         self._pending = None
-        cap.params = digest_tensors(self.params)
+        cap.params = _take(self.params, stats=True)
         self._waiting = cap
         if not broadcasts:
             self.after_buffer_sync()
@@ -186,7 +198,7 @@ class ReplicaCheck:
             return
         named = self._buffers()
         cap.buffer_names = [n for n, _ in named]
-        cap.buffers = digest_tensors([b for _, b in named])
+        cap.buffers = _take([b for _, b in named], stats=True) if named else None
         self._submit(cap)
 
     def _flush_waiting(self) -> None:
@@ -194,12 +206,9 @@ class ReplicaCheck:
             self.after_buffer_sync()
 
     def _submit(self, cap: _Capture) -> None:
-        parts = [x for x in (cap.grads, cap.params, cap.buffers) if x is not None]
-        if any(p[0].device.type == "cuda" for p in parts):
-            cap.grads = None if cap.grads is None else _to_host(cap.grads)
-            cap.params = None if cap.params is None else _to_host(cap.params)
-            cap.buffers = None if cap.buffers is None else _to_host(cap.buffers)
-            cap.event = torch.cuda.Event()
+        if any(x is not None and not isinstance(x, Snapshot)
+               for x in (cap.grads, cap.params, cap.buffers)):
+            cap.event = torch.cuda.Event()  # (digests launched on a GPU: wait for them there)
             cap.event.record()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ddpviz-replicas",
@@ -278,17 +287,20 @@ class ReplicaCheck:
     def _post(self, cap: _Capture) -> None:
         if cap.event is not None:
             cap.event.synchronize()
-        g = None if cap.grads is None else cap.grads[0].numpy()
-        p = cap.params[0].numpy() if cap.params is not None else np.zeros((0, 2), np.int64)
-        b = cap.buffers[0].numpy() if cap.buffers is not None else np.zeros((0, 2), np.int64)
+        grads = _digests(cap.grads, stats=False)
+        params = _digests(cap.params, stats=True)
+        buffers = _digests(cap.buffers, stats=True)
+        g = None if grads is None else grads[0].numpy()
+        p = params[0].numpy() if params is not None else np.zeros((0, 2), np.int64)
+        b = buffers[0].numpy() if buffers is not None else np.zeros((0, 2), np.int64)
 
-        def stats(pair: tuple[torch.Tensor, torch.Tensor | None] | None) -> bytes:
+        def stats(pair: Digests | None) -> bytes:
             return b"" if pair is None or pair[1] is None else pair[1].numpy().tobytes()
 
         self._history[cap.step] = _Detail(
-            params=p.tobytes(), param_stats=stats(cap.params),
-            grads=b"" if g is None else g.tobytes(), grad_stats=stats(cap.grads),
-            buffers=b.tobytes(), buffer_stats=stats(cap.buffers),
+            params=p.tobytes(), param_stats=stats(params),
+            grads=b"" if g is None else g.tobytes(), grad_stats=stats(grads),
+            buffers=b.tobytes(), buffer_stats=stats(buffers),
             buffer_names=cap.buffer_names, synced=cap.synced)
         for old in sorted(self._history)[:-HISTORY]:
             del self._history[old]
