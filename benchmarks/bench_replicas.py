@@ -7,8 +7,8 @@ Copies: torch DDP alone, a second unwatched copy (A/A: the noise floor), watch()
 recording without the replica check (`replicas=never`), with it (the default, every 100th
 step), with it every step (`replicas=1`, the precise mode, also what the check does for one
 period after it saw a divergence), and the same three for the guarded recording. Then, per
-model, the training thread's time to launch one step's digests (parameters and gradients) on
-the CPU, where launching is computing.
+model, the whole digest work of one checked step (parameters and gradients: the snapshot the
+training thread takes and the digest the check's thread computes), alone in one process.
 
     PYTHONPATH=. python benchmarks/bench_replicas.py [--reps 300] [--block 5] [--worlds 2,3]
 """
