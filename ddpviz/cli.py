@@ -304,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what is recorded, as $DDPVIZ_RECORDING spells it: 'every=100' (the "
                         "default: no comm hook, per-parameter events every 100th step), "
                         "'guard,every=100' (watch's comm hook: a hang raised from backward), "
-                        "'every=1', 'every=never'")
+                        "'every=1', 'every=never'; 'replicas=N' checks that the ranks hold "
+                        "the same parameters every N-th step (default 100; 1: every step, "
+                        "never: off; docs/replicas.md)")
     w.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command, e.g. torchrun --nproc-per-node 2 train.py")
     w.set_defaults(func=_record)

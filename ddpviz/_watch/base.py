@@ -30,6 +30,7 @@ from ddpviz.engine.detail import (
 )
 from ddpviz.engine.nonfinite import NonfiniteCheck
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
@@ -122,6 +123,10 @@ class Watch:
         self._nf = NonfiniteCheck(self.params, self.names, self.group.rank(), self.world_size,
                                   self.tap, "guarded" if self.recording.guard else "hook-less")
         self._nf.local = not self.watchdog.add_pulse_task(self._nf.pulse)
+        self._replicas: ReplicaCheck | None = replica_check(
+            self.recording.replicas, self.watchdog.board, self.params, self.names,
+            ddp.module, set(ddp.parameters_to_ignore),
+            lambda: bool(ddp.broadcast_buffers), self.tap)
         try:
             self._install(hook, state, existing)
         except BaseException:
@@ -285,6 +290,8 @@ class Watch:
         self.tap.step = self._forwards
         self._forwards += 1
         self._fired = set()
+        if self._replicas is not None:  # See [Note: replica digests] (engine/replicas.py)
+            self._replicas.before_forward(self.tap.step, bool(self.ddp.will_sync_module_buffers()))
         if self.tap.enabled:
             self.tap.emit(ev.ForwardStarted)
         self.watchdog.heartbeat(self.tap.step, "forward")
@@ -349,6 +356,8 @@ class Watch:
     def _after_reducer(self) -> None:
         self._task = -1
         self._backward_done()
+        if self._replicas is not None:
+            self._replicas.after_backward(self.tap.step, bool(self.ddp.require_backward_grad_sync))
         if self.tap.enabled:
             self.tap.emit(ev.BackwardFinished)
 
@@ -394,8 +403,16 @@ class Watch:
         if self.tap.enabled:
             self.tap.emit(ev.BuffersSynced, len(tensors),
                           sum(t.numel() * t.element_size() for t in tensors))
+        if self._replicas is not None:
+            self._replicas.after_buffer_sync()
 
     # --- public -------------------------------------------------------------------------------
+
+    @property
+    def replicas(self) -> ReplicaCheck | None:
+        """The replica check (See [Note: replica digests] in engine/replicas.py), None when
+        off; rank 0's `.findings` lists what it reported."""
+        return self._replicas
 
     @property
     def error(self) -> Exception | None:
@@ -410,6 +427,9 @@ class Watch:
         if nf is not None:
             nf.close()
         _WATCHED.discard(self.ddp)
+        replicas = self.__dict__.get("_replicas")
+        if replicas is not None:
+            replicas.close()
         for h in self._handles:
             h.remove()
         self._handles.clear()

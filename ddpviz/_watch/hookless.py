@@ -35,7 +35,9 @@ class HooklessWatch(Watch):
         self.watchdog.guard_quiet()  # See [Note: the quiet guard] (engine/quiet.py)
 
     def _arm_step(self, step: int) -> None:
-        self._arm(self._summary.policy.full(step) or self._nf.precise(step))
+        # a replica check's step needs the end of its backward (the reduced gradients)
+        self._arm(self._summary.policy.full(step) or self._nf.precise(step) or (
+            self._replicas is not None and self._replicas.due(step)))
 
     def _nf_arm(self, step: int, now: bool) -> None:
         if now and not self._armed:

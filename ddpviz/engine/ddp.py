@@ -32,6 +32,7 @@ from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.nonfinite import NonfiniteCheck
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
+from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.verify import verify_module_across_ranks
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import (
@@ -126,8 +127,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.process_group = self._choose_group(process_group, device_mesh, module)
         if device_mesh is not None:
             self.device_mesh = device_mesh  # torch keeps it public (only when given)
-        self._detail = DetailPolicy.of(resolve_recording(
-            recording, detail, where="DistributedDataParallel()", stacklevel=2))
+        resolved = resolve_recording(recording, detail, where="DistributedDataParallel()",
+                                     stacklevel=2)
+        self._detail = DetailPolicy.of(resolved)
         target = emitter if emitter is not None else default_emitter()
         if target is not None and self._detail.level == "sampled":
             target = FindingObserver(target, _finding_callback(weakref.ref(self)))
@@ -227,6 +229,11 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._broadcast_state(src=0, buffers=init_sync_buffers)
 
         # --- step 4: buckets and the reducer ----------------------------------------------
+        # (the replica check first: the reducer reports each reduced backward to it)
+        self._replicas = replica_check(
+            resolved.replicas, self._watchdog.board, [e.param for e in entries],
+            [e.name for e in entries], module, set(self.parameters_to_ignore),
+            lambda: bool(self.broadcast_buffers), tap)
         self._build_reducer(entries, static_graph)
         if mixed_precision is not None:
             from ddpviz.engine.mixed_precision import MixedPrecisionState
@@ -353,6 +360,9 @@ class DistributedDataParallel(nn.Module, Joinable):
                                   self.process_group.size(), self._tap, "guarded")
         self._nf.local = not self._watchdog.add_pulse_task(self._nf.pulse)
         self.reducer.nonfinite = self._nf
+        replicas = self.__dict__.get("_replicas")
+        if replicas is not None:
+            self.reducer.after_finalize = lambda: replicas.after_backward(self._tap.step, True)
         self._buffer_identity = BufferIdentity(self.process_group.rank(),
                                                self.process_group.size())
         self._buffer_identity.check(self.named_module_buffers, -1)
@@ -556,6 +566,10 @@ class DistributedDataParallel(nn.Module, Joinable):
                 self.reducer.prepare_for_forward()
                 self.reducer.ensure_prior_reduction_finished()
             self._watchdog.heartbeat(self._tap.step, "forward")
+            if self._replicas is not None:  # See [Note: replica digests] (replicas.py)
+                self._replicas.before_forward(self._tap.step, self.will_sync_module_buffers())
+                if not self.require_backward_grad_sync:
+                    self._replicas.unsynced(self._tap.step)
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
         if grad_enabled and self.require_backward_grad_sync:
@@ -618,6 +632,12 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     # --- buffers ------------------------------------------------------------------------------
 
+    @property
+    def replicas(self) -> ReplicaCheck | None:
+        """The replica check (See [Note: replica digests] in engine/replicas.py), None when
+        off; rank 0's `.findings` lists what it reported."""
+        return self.__dict__.get("_replicas")
+
     def will_sync_module_buffers(self) -> bool:
         return (self.require_forward_param_sync and self.forward_sync_buffers
                 and len(self.modules_buffers) > 0)
@@ -642,6 +662,8 @@ class DistributedDataParallel(nn.Module, Joinable):
                 self._warn(finding)
             with torch.autograd._unsafe_preserve_version_counter(tuple(self.modules_buffers)):
                 self._sync_module_buffers(src)
+        if self._replicas is not None:
+            self._replicas.after_buffer_sync()
 
     def _warn(self, finding: Finding) -> None:
         if self._tap.enabled:
@@ -814,7 +836,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         state = dict(self.__dict__)
         # Everything that holds the process group, a store or a thread is rebuilt on loading.
         for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
-                    "_buffer_identity", "_nf"):
+                    "_buffer_identity", "_nf", "_replicas"):
             state.pop(key, None)
         return state
 
@@ -828,6 +850,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._tap = Tap(None, rank=self.process_group.rank())
         # Unpickling happens on one rank at a time (torch.load): no constructor meeting point.
         self._watchdog = Watchdog(self.process_group, timeout=None, tap=self._tap)
+        self._replicas = None
         entries = build_params_for_reducer(self.module, self.parameters_to_ignore)
         static = self.static_graph
         self.static_graph = False

@@ -38,6 +38,7 @@ _now = time.monotonic_ns
 # averages ~120 events per rank and step.
 FIRST_FULL = 3
 EVERY = 100
+REPLICAS_EVERY = 100  # the replica check's default period (See [Note: replica digests])
 
 # [Note: recording policy]
 # Two independent choices, the same words for watch(), ddpviz's DDP, `ddpviz record` and
@@ -70,6 +71,10 @@ class Recording:
         every: which steps record a GradReady per parameter: N (default 100) on steps 0-2,
             the bucket-rebuild step, every N-th step and the step of this rank's finding and
             the next; 1 every step; None no step.
+        replicas: the replica check (docs/replicas.md): every N-th step (default 100) each
+            rank digests its parameters, reduced gradients and buffers bitwise and the ranks
+            compare the digests over the store (no collective); 1 every step (the first
+            differing step exactly); None off.
 
     In the environment (launched and torchrun ranks, `ddpviz record`):
     `DDPVIZ_RECORDING="guard,every=100"`, `"every=1"`, `"guard,every=never"` (see `parse`).
@@ -77,6 +82,7 @@ class Recording:
 
     guard: bool = False
     every: int | None = EVERY
+    replicas: int | None = REPLICAS_EVERY
 
     def __post_init__(self) -> None:
         if not isinstance(self.guard, bool):
@@ -87,15 +93,23 @@ class Recording:
             raise ValueError(f"ddpviz: Recording(every={self.every!r}) is not a step period.\n"
                              "Use every=N (N >= 1; 1: every step) or every=None (no "
                              "per-parameter events).")
+        if self.replicas is not None and (isinstance(self.replicas, bool) or not isinstance(
+                self.replicas, int) or self.replicas < 1):
+            raise ValueError(f"ddpviz: Recording(replicas={self.replicas!r}) is not a step "
+                             "period.\nUse replicas=N (N >= 1; 1: every step) or replicas=None "
+                             "(no replica check).")
 
     def __str__(self) -> str:
         """The $DDPVIZ_RECORDING spelling."""
         every = "never" if self.every is None else str(self.every)
-        return ("guard," if self.guard else "") + f"every={every}"
+        replicas = "" if self.replicas == REPLICAS_EVERY else \
+            f",replicas={'never' if self.replicas is None else self.replicas}"
+        return ("guard," if self.guard else "") + f"every={every}" + replicas
 
     def spelled(self) -> str:
         """The Python spelling, as advice and warnings show it."""
-        return f"ddpviz.Recording(guard={self.guard}, every={self.every})"
+        replicas = "" if self.replicas == REPLICAS_EVERY else f", replicas={self.replicas}"
+        return f"ddpviz.Recording(guard={self.guard}, every={self.every}{replicas})"
 
     @classmethod
     def parse(cls, text: str, *, where: str = f"${ENV_RECORDING}=") -> Recording:
@@ -104,6 +118,7 @@ class Recording:
         default; "" is the default."""
         guard = False
         every: int | None = EVERY
+        replicas: int | None = REPLICAS_EVERY
         seen: set[str] = set()
         for raw in text.split(","):
             item = raw.strip().lower()
@@ -118,15 +133,18 @@ class Recording:
                          "false": False, "0": False, "off": False, "no": False}
                 ok = (value in flags) and (bool(value) or not eq)
                 guard = flags.get(value, False)
-            elif key == "every" and eq and ok:
-                if value in ("never", "none"):
-                    every = None
-                else:
+            elif key in ("every", "replicas") and eq and ok:
+                period: int | None = None
+                if value not in ("never", "none"):
                     try:
-                        every = int(value)
+                        period = int(value)
                     except ValueError:
-                        every = 0
-                    ok = every >= 1
+                        period = 0
+                    ok = period >= 1
+                if key == "every":
+                    every = period
+                else:
+                    replicas = period
             else:
                 ok = False
             if not ok:
@@ -136,9 +154,10 @@ class Recording:
                 raise ValueError(
                     f"ddpviz: {where}{text!r} is not a recording policy ({raw.strip()!r}: "
                     "expected 'guard', 'guard=false', 'every=N' with N >= 1 or 'every=never', "
+                    "'replicas=N' or 'replicas=never', "
                     f"each at most once, comma-separated).{hint}\nUse e.g. "
                     f"'{Recording()}' (the default), 'guard,every=100' or 'every=1'.")
-        return cls(guard, every)
+        return cls(guard, every, replicas)
 
 
 # The old level names: (guard, every); `None` in every = no per-parameter step; ":N" -> every.

@@ -134,6 +134,10 @@ class Reducer:
         logger: builds the logging-data collector from this reducer (torch's c10d Logger).
     """
 
+    # called at the end of each finalize_backward, the reduced gradients in .grad (the DDP's
+    # replica check; See [Note: replica digests] in replicas.py)
+    after_finalize: Callable[[], None] | None = None
+
     def __init__(self, params: Sequence[ParamEntry], bucket_indices: list[list[int]],
                  bucket_limits: list[int], process_group: dist.ProcessGroup, *, limits: Limits,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
@@ -723,6 +727,8 @@ class Reducer:
             self.nonfinite.backward_done(self.tap.step)
         if self.tap.enabled:
             self.tap.emit(BackwardFinished)
+        if self.after_finalize is not None:
+            self.after_finalize()
 
     def _finalize_bucket_dense(self, bucket: Bucket) -> None:
         with torch.no_grad():

@@ -22,6 +22,7 @@ from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_timeline import HookTimeline
 from ddpviz.widgets.live_bucket_map import LiveBucketMap
 from ddpviz.widgets.replay_controls import Cursor
+from ddpviz.widgets.replica_view import ReplicaView
 from ddpviz.widgets.verification_matrix import group_ranks
 from ddpviz.widgets.verification_view import VerificationView
 from ddpviz.widgets.wait_table import WaitTable
@@ -61,7 +62,9 @@ class Dashboard(EventView):
         self.buckets = LiveBucketMap.embedded_in(self.model)
         self.timeline = HookTimeline.embedded_in(self.model,
                                                  live_bytes_per_s=self._timeline_budget)
-        for part in (self.verification, self.broadcast, self.buckets, self.timeline):
+        self.replicas = ReplicaView.embedded_in(self.model)
+        for part in (self.verification, self.broadcast, self.buckets, self.timeline,
+                     self.replicas):
             # one lock for every redraw: the throttle's thread and the sections' own controls
             # (row and rank pickers) never draw at the same time
             part._render_lock = self._render_lock
@@ -76,12 +79,14 @@ class Dashboard(EventView):
             _heading("4 · buckets (the maps DDP really used)"), self.buckets,
             _heading("5-6 · forward and backward: hooks, buckets, all-reduce"), self.timeline,
             _heading("who made each bucket's all-reduce wait (rank x bucket)"), self.waits.widget,
+            _heading("7 · replicas after each optimizer step (docs/replicas.md)"), self.replicas,
             self.advice,
         ]
 
     def render(self, cursor: Cursor) -> bool:
         deferred = False
-        for part in (self.verification, self.broadcast, self.buckets, self.timeline):
+        for part in (self.verification, self.broadcast, self.buckets, self.timeline,
+                     self.replicas):
             deferred |= part.render(cursor)
         self._draw_status(cursor)
         self.waits.update()

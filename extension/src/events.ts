@@ -68,6 +68,7 @@ export type FindingKind =
   | 'rank_exited'
   | 'rank_hang'
   | 'rank_waiting'
+  | 'replicas_diverged'
   | 'straggler'
   | 'uneven_iterations'
   | 'unused_parameter';

@@ -215,3 +215,24 @@ def test_a_job_without_torch_ddp_says_that_ddpviz_observes_torch_ddp_only(
     assert "no torch DistributedDataParallel was constructed in this job" in done.stderr
     assert "ddpviz observes torch's DDP only" in done.stderr
     assert not list(tmp_path.iterdir())  # no empty trace left behind
+
+
+def test_replicas_that_drift_apart_are_named_in_the_trace_diagnose_and_report(
+        python: str, tmp_path: Path) -> None:
+    # rank 1 edits '2.bias' after step 2: the check (every step here) names it, on stderr once
+    # and as a finding in rank 0's trace, which `ddpviz diagnose` and the report print
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
+               job_env(TRAIN_STEPS="6", TRAIN_DIVERGE="2", DDPVIZ_RECORDING="replicas=1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.count("replicas diverged") == 1, done.stderr
+    diagnosed = run([sys.executable, "-m", "ddpviz", "diagnose", str(out)], job_env())
+    assert diagnosed.returncode == 1, diagnosed.stdout + diagnosed.stderr
+    text = diagnosed.stdout
+    assert "replicas diverged: 1 of 4 parameters differ across ranks first differing after " \
+           "step 2: '2.bias'" in text, text
+    html = tmp_path / "report.html"
+    reported = run([sys.executable, "-m", "ddpviz", "report", str(out), "-o", str(html)],
+                   job_env())
+    assert reported.returncode == 0, reported.stderr
+    assert "replicas diverged: 1 of 4 parameters" in html.read_text()

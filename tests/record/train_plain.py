@@ -5,6 +5,7 @@ construction (it counts its calls into TRAIN_HOOK_LOG), TRAIN_ABSENT=R makes ran
 instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in seconds,
 TRAIN_DEVICE=cuda uses NCCL and one GPU per rank. TRAIN_MISMATCH=shape|name builds a different
 model on rank 1 (a layer 17 wide instead of 16 / the same layout under other names).
+TRAIN_DIVERGE=S: rank 1 edits its last layer's bias in place after step S (replicas drift).
 (The forms frameworks build, torch.compile and replicate() included: tests/frameworks.)
 """
 
@@ -62,6 +63,9 @@ def main() -> None:
         opt.zero_grad()
         ddp(x).square().sum().backward()
         opt.step()
+        if rank == 1 and os.environ.get("TRAIN_DIVERGE") == str(step):
+            with torch.no_grad():
+                model[2].bias.add_(1e-4)
     if os.environ.get("TRAIN_HOOK_LOG"):
         with open(f"{os.environ['TRAIN_HOOK_LOG']}.{rank}", "w") as f:
             f.write(" ".join(map(str, calls)))

@@ -1,0 +1,263 @@
+"""The replica check (See [Note: replica digests] in ddpviz/engine/replicas.py): real gloo ranks
+train torch's DDP under watch() (the default hook-less recording and the guarded one) and
+ddpviz's DistributedDataParallel, each with one defect planted on one rank; rank 0's check must
+name it (kind, step, ranks, tensor, cause), and healthy runs must report nothing.
+
+Several scenarios run one after the other inside one launch (each on its own DDP), to keep the
+number of process launches small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.dist.harness import run_ranks
+
+pytestmark = pytest.mark.dist
+
+EDIT_STEP = 5
+NOSYNC_STEP = 10
+STEPS = 14
+NARROW_FIRST, NARROW_SECOND = 7, 17  # the narrowing run's edits (period 5; steps 12-16 wait)
+
+
+class _Net(nn.Module):
+    def __init__(self, bn: bool = False, unused: bool = False) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16) if bn else None
+        self.fc2 = nn.Linear(16, 4)
+        self.spare = nn.Linear(4, 4) if unused else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        if self.bn is not None:
+            h = self.bn(h)
+        return self.fc2(torch.relu(h))
+
+
+_KEEP: list[Any] = []  # the watches, alive until the rank exits
+
+
+def _ddp(engine: str, model: nn.Module, replicas: int | None, guard: bool = False,
+         **kwargs: Any) -> tuple[Any, Any]:
+    """(ddp, replica check): torch's DDP watched, or ddpviz's DDP."""
+    import ddpviz
+
+    rec = ddpviz.Recording(guard=guard, replicas=replicas)
+    if engine == "ddpviz":
+        own = ddpviz.DistributedDataParallel(model, recording=rec, **kwargs)
+        return own, own.replicas
+    ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
+    w = ddpviz.watch(ddp, recording=rec)
+    _KEEP.append(w)
+    return ddp, w.replicas
+
+
+def _finish(rank: int, check: Any) -> dict[str, Any]:
+    """Rank 0 waits for its check to judge everything; then every rank stops its check."""
+    if rank == 0:
+        assert check.drain(60.0), f"the replica check did not finish: {check.error!r}"
+    dist.barrier()
+    found = [] if rank != 0 else [
+        {"kind": f.kind, "severity": f.severity, "step": f.step, "ranks": f.ranks,
+         "name": f.name, "field": f.field, "text": f.text(), "fix": f.fix,
+         "values": f.values} for f in check.findings]
+    compared = check.compared
+    check.close()
+    return {"found": found, "compared": compared}
+
+
+def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: bool = False,
+           steps: int = STEPS, dtype: torch.dtype = torch.float32, hook: str = "",
+           **kwargs: Any) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = _Net(bn=defect in ("bn_local", "buffer_edit"), unused="unused" in kwargs.pop(
+        "net", "")).to(dtype)
+    ddp, check = _ddp(engine, model, replicas, guard, **kwargs)
+    if hook:
+        _register_hook(ddp, hook)
+    lr = 0.05 if defect == "lr" and rank == 1 else 0.1
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(steps):
+        x = torch.randn(6, 8, generator=gen).to(dtype)
+        ctx: Any = ddp.no_sync() if defect == "nosync" and rank == 1 and step == NOSYNC_STEP \
+            else contextlib.nullcontext()
+        with ctx:
+            ddp(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if defect == "edit" and rank == 1 and step == EDIT_STEP:
+            with torch.no_grad():
+                model.fc2.weight[0, 0] += 1e-3
+        if defect == "narrow" and step == NOSYNC_STEP + 2:
+            _wait_for_window(check)
+        if defect == "narrow" and rank == 1 and step in (NARROW_FIRST, NARROW_SECOND):
+            with torch.no_grad():
+                (model.fc2.weight if step == NARROW_FIRST else model.fc1.bias)[0] += 1e-3
+        if defect == "buffer_edit" and rank == 1 and step == EDIT_STEP:
+            model.bn.running_var.fill_(2.0)  # type: ignore[union-attr]
+    if defect == "nosync" and rank == 1:  # the all-reduce rank 0 still waits for
+        ddp(torch.randn(6, 8, generator=gen)).square().mean().backward()
+    return _finish(rank, check)
+
+
+def _wait_for_window(check: Any) -> None:
+    """Every rank waits here until it follows rank 0's every-step window (opened when rank 0
+    saw the first divergence), so the second edit lands inside it whatever the timing."""
+    from tests.polling import eventually
+
+    assert eventually(lambda: check.precise[1] > 0, 120), "no every-step window opened"
+
+
+def _register_hook(ddp: Any, hook: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+    if hook == "fp16":
+        ddp.register_comm_hook(None, dh.fp16_compress_hook)
+    elif hook == "bf16":  # (torch refuses the hook by name without NCCL; gloo reduces bf16)
+        def bf16_hook(state, bucket):  # (unannotated: torch checks the annotations)
+            return dh.bf16_compress_hook(state, bucket)
+
+        ddp.register_comm_hook(None, bf16_hook)
+    elif hook == "powersgd":
+        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                 start_powerSGD_iter=2, min_compression_rate=0.5)
+        ddp.register_comm_hook(state, ps.powerSGD_hook)
+
+
+# --- planted defects -------------------------------------------------------------------------
+
+DEFECTS = [
+    # (engine, defect, replicas, guard)
+    ("torch", "edit", 1, False),
+    ("torch", "lr", None, False),  # None: the default period
+    ("torch", "nosync", 5, False),
+    ("torch", "bn_local", None, True),
+    ("torch", "buffer_edit", 1, False),
+    ("torch", "narrow", 5, False),
+    ("ddpviz", "edit", 1, False),
+    ("ddpviz", "lr", None, False),
+    ("ddpviz", "nosync", 5, False),
+    ("ddpviz", "bn_local", None, False),
+]
+
+
+def planted(rank: int, world_size: int) -> dict[str, Any]:
+    from ddpviz.engine.detail import REPLICAS_EVERY
+
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for engine, defect, replicas, guard in DEFECTS:
+            kwargs: dict[str, Any] = {}
+            if defect == "bn_local":
+                kwargs["broadcast_buffers"] = False
+            out[f"{engine}/{defect}"] = _train(
+                rank, engine, defect, replicas if replicas is not None else REPLICAS_EVERY,
+                guard, steps=22 if defect == "narrow" else STEPS, **kwargs)["found"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def found() -> dict[str, list[dict[str, Any]]]:
+    return run_ranks(planted, 2, timeout=600)[0]
+
+
+@pytest.mark.parametrize("engine", ["torch", "ddpviz"])
+def test_a_parameter_edited_on_one_rank_is_named_at_its_step(found: Any, engine: str) -> None:
+    (f,) = found[f"{engine}/edit"]
+    assert f["kind"] == "replicas_diverged" and f["severity"] == "error"
+    assert f["step"] == EDIT_STEP and f["ranks"] == (1,)
+    assert f["name"] == "fc2.weight" and f["field"] == "parameter"
+    assert "first differing after step 5" in f["text"]
+    assert "1 of 4 parameters" in f["text"]
+    assert "gradients were equal" in f["text"]  # the optimizer or a rank-local edit
+
+
+@pytest.mark.parametrize("engine", ["torch", "ddpviz"])
+def test_a_different_learning_rate_on_one_rank_is_named_at_the_first_check(
+        found: Any, engine: str) -> None:
+    (f,) = found[f"{engine}/lr"]
+    assert f["step"] == 0 and f["ranks"] == (1,) and f["severity"] == "error"
+    assert "4 of 4 parameters" in f["text"] and f["name"] == "fc1.weight"
+    assert "gradients were equal" in f["text"] and "learning rate" in f["fix"]
+
+
+@pytest.mark.parametrize("engine", ["torch", "ddpviz"])
+def test_no_sync_on_one_rank_for_one_step_is_named(found: Any, engine: str) -> None:
+    first = found[f"{engine}/nosync"][0]
+    assert first["step"] == NOSYNC_STEP and first["severity"] == "error"
+    assert "rank 1 ran step 10's backward under no_sync()" in first["text"]
+    assert "no_sync()" in first["fix"]
+
+
+@pytest.mark.parametrize("engine", ["torch", "ddpviz"])
+def test_per_rank_batchnorm_statistics_are_info_not_error(found: Any, engine: str) -> None:
+    (f,) = found[f"{engine}/bn_local"]
+    assert f["severity"] == "info" and f["field"] == "buffer"
+    assert f["name"] in ("bn.running_mean", "bn.running_var")
+    assert f["step"] == 0 and "broadcast_buffers=False" in f["text"]
+
+
+def test_after_a_divergence_every_step_is_checked_and_named_exactly(found: Any) -> None:
+    first, second = found["torch/narrow"]
+    # seen at the sampled step 10, somewhere after 5: a range, and the advice to narrow it
+    assert first["step"] == 10 and first["name"] == "fc2.weight"
+    assert "the first differing step is between 6 and 10" in first["text"]
+    assert "replicas=1" in first["text"]
+    # the next one, at a step the period would skip, falls in the every-step window: exact
+    assert second["step"] == NARROW_SECOND and second["name"] == "fc1.bias"
+    assert f"first differing after step {NARROW_SECOND}" in second["text"]
+    assert "'fc2.weight'" not in second["text"].splitlines()[0]  # reported once
+
+
+def test_a_buffer_edited_on_one_rank_is_undone_by_the_broadcast(found: Any) -> None:
+    # DDP's broadcast_buffers=True overwrites it from rank 0 before the next forward: the
+    # replicas agree again where DDP promises they do, so nothing is reported.
+    assert found["torch/buffer_edit"] == []
+
+
+# --- healthy runs report nothing -------------------------------------------------------------
+
+HEALTHY: list[tuple[str, int, bool, torch.dtype, str, dict[str, Any]]] = [
+    # (engine, replicas, guard, dtype, hook, kwargs)
+    ("torch", 1, False, torch.float32, "", {}),
+    ("torch", 1, False, torch.bfloat16, "", {"gradient_as_bucket_view": True}),
+    ("torch", 1, True, torch.float32, "", {"static_graph": True}),
+    ("torch", 1, False, torch.float32, "", {"find_unused_parameters": True, "net": "unused"}),
+    ("torch", 1, False, torch.float32, "fp16", {}),
+    ("torch", 1, True, torch.float32, "bf16", {}),
+    ("torch", 1, False, torch.float32, "powersgd", {}),
+    ("ddpviz", 1, False, torch.float32, "", {"gradient_as_bucket_view": True}),
+    ("ddpviz", 1, False, torch.bfloat16, "", {"find_unused_parameters": True,
+                                              "net": "unused"}),
+]
+HEALTHY_STEPS = 200
+
+
+def healthy(rank: int, world_size: int) -> list[dict[str, Any]]:
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for engine, replicas, guard, dtype, hook, kwargs in HEALTHY:
+            out.append(_train(rank, engine, "", replicas, guard, steps=HEALTHY_STEPS,
+                              dtype=dtype, hook=hook, **kwargs))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_healthy_runs_report_nothing(world_size: int) -> None:
+    results = run_ranks(healthy, world_size, timeout=900)[0]
+    assert [r["found"] for r in results] == [[] for _ in HEALTHY]
+    # every step was compared (the last one's parameters come with a forward that never ran)
+    assert [r["compared"] for r in results] == [HEALTHY_STEPS - 1 for _ in HEALTHY]
