@@ -30,7 +30,8 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ddpviz.engine.rendezvous import Board, Position
+from ddpviz.engine.rendezvous import Board, News, Position
+from ddpviz.engine.whereabouts import Tracker
 from ddpviz.events import Phase
 
 Beat = tuple[int, Phase, float]  # step, phase, time.time()
@@ -59,6 +60,11 @@ class Pulse:
         self.last: Beat | None = None  # the latest beat, posted or not
         self.on_quiet: Callable[[Board, Beat], None] | None = None
         self.quiet_error: Exception | None = None  # what stopped on_quiet, if anything
+        # where the training thread (the one creating the pulse) is, in code: whereabouts.py
+        self.tracker = Tracker(threading.get_ident())
+        self.on_left: Callable[[Board, Beat], None] | None = None  # a peer left the loop
+        self.exiting = False  # closed at interpreter exit: say so on the board
+        self._left_seen = 0
         self._held = False
         self._closed = False
         self._lock = threading.Lock()
@@ -105,13 +111,17 @@ class Pulse:
                     # (a beat that raced this write waits at most CHECK_S)
                     self._polling = latest is not None and latest[0] >= EVERY_UNTIL
                 if self._closed:
+                    if self.exiting and self.last is not None:
+                        self.tracker.exiting(self.board, self.last[0])
                     return
                 now = time.monotonic()
                 if now - checked >= CHECK_S:
                     checked = now
-                    if self.board.has_alerts():
+                    news = self.board.news()
+                    if news.alerts:
                         self.alerted = True
                         return  # the next heartbeat raises; the slow paths read the board
+                    self._whereabouts(news, latest is None)
                     quiet, last = self.on_quiet, self.last
                     if quiet is not None and last is not None and latest is None:
                         try:
@@ -122,9 +132,26 @@ class Pulse:
         except RuntimeError as exc:  # the store is gone (its host exited or was destroyed)
             self.error = exc
 
+    def _whereabouts(self, news: News, quiet: bool) -> None:
+        """Answer stack requests, say when the training thread left its loop, and look at
+        peers that did (whereabouts.py); an error here stops these, not the heartbeat."""
+        last = self.last
+        try:
+            self.tracker.tick(self.board, news, -1 if last is None else last[0], quiet)
+            on_left = self.on_left
+            if news.left > self._left_seen and on_left is not None and last is not None:
+                self._left_seen = news.left
+                on_left(self.board, last)
+        except RuntimeError:
+            raise  # the store is gone: the loop's handler
+        except Exception as exc:  # (an emitter or warnings filter raising)
+            self.on_left = None
+            self.quiet_error = exc
+
 
 @atexit.register
 def _close_all() -> None:
     """No pulse thread may be inside a store call while the interpreter tears down."""
     for pulse in list(_LIVE):
+        pulse.exiting = True
         pulse.close()
