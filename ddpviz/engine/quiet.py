@@ -80,7 +80,7 @@ class QuietGuard:
             except RuntimeError:
                 return
         finding = self._finding(stage, step, since, behind, positions)
-        pulse = self.dog._pulse  # where each rank is, in code (whereabouts.py)
+        pulse = getattr(self.dog, "_pulse", None)  # where each rank is, in code
         lines = hang_detail(board, behind, pulse.tracker if pulse else None, step)
         self._report(msgspec.structs.replace(finding, detail=finding.detail + lines))
 
