@@ -15,15 +15,17 @@ MAX_LINE characters a line), with the user's frames shown and ddpviz's, torch's 
 standard library's runs folded into one line each ("... 7 frames in torch/distributed").
 
 [Note: has it left the loop?]
-At its first forwards (steps 0-2) a rank notes the chain of user frames that called the DDP
-(code objects and lines, no frame kept alive). The innermost of them whose call line sits in a
-`for`/`while` loop of its function (read with `ast` from the function's source) is the loop
-that runs the steps. Later, a quiet rank's training thread is compared with it: that function
-no longer on the stack (it returned) or executing a line after the loop means the rank has left
-the loop; executing inside the loop (its header is the data loading of `for x in loader`)
-means it has not. A rank inside `Join` (torch's uneven-input context manager) never counts as
-left. Whether it can still come back is told by where it is: blocked in a torch.distributed
-call (a barrier, destroy_process_group) or exited, it cannot without its peers.
+At its first forwards (steps 0-2), and every 64th step after (a new loop is read again), a
+rank notes the chain of user frames that called the DDP (code objects and lines, no frame kept
+alive). The innermost of them whose call line sits in a `for`/`while` loop of its function
+(read with `ast` from the function's source) is the loop that runs the steps. Later, a quiet
+rank's training thread is compared with it: that function no longer on the stack (it
+returned) or executing a line after the loop means the rank has left the loop; executing
+inside the loop (its header is the data loading of `for x in loader`) or inside a later loop
+of the same function (which may call the DDP again) means it has not. A rank inside `Join`
+(torch's uneven-input context manager) never counts as left. Whether it can still come back
+is told by where it is: blocked in a torch.distributed call (a barrier,
+destroy_process_group) or exited, it cannot without its peers.
 """
 
 from __future__ import annotations
@@ -258,4 +260,8 @@ def left_loop(loop: Loop, frame: FrameType | None) -> str:
     if found is None:
         return "returned"
     line = found.f_lineno or 0
-    return "after" if line > loop.end else ""
+    if line <= loop.end:
+        return ""
+    # inside a later loop of the same function: a second loop that may call the DDP again
+    later = [(a, b) for a, b in _loops_of(loop.code) if a > loop.end and a <= line <= b]
+    return "" if later else "after"

@@ -102,7 +102,12 @@ class Tracker:
     def note_caller(self, frame: FrameType | None) -> None:
         """The training thread calls the DDP from `frame`'s callers (steps 0-2; the loop is
         read later, on the pulse thread)."""
-        self._chain = wh.caller_chain(frame)  # type: ignore[assignment]
+        chain = wh.caller_chain(frame)
+        loop = self._loop
+        if loop is not None and chain and any(c is loop.code and loop.start <= n <= loop.end
+                                              for c, n in chain):
+            return  # the same loop (most calls): nothing to read again
+        self._chain = chain  # type: ignore[assignment]
         self._loop = None
 
     @property
@@ -163,8 +168,8 @@ def left_finding(rank: int, step: int, world_size: int, positions: dict[int, Pos
     waits ("in the all-reduce of bucket 0"), when known."""
     left = {}
     for r, w in wheres.items():
-        if r == rank or not w.left or w.step >= step:
-            continue
+        if r == rank or not w.left or w.left == "crashed" or w.step >= step:
+            continue  # (a crash is no exit from the loop: rank_exited says what it is)
         p = positions.get(r)
         if p is not None and p.step > w.step:
             continue  # it ran a later step since: it came back

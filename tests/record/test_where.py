@@ -12,13 +12,18 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from tests.record.hooked import ROOT
-from tests.record.test_record import job_env, python, run  # noqa: F401 (python: a fixture)
+from tests.record.hooked import ROOT, hooked_python
+from tests.record.test_record import job_env, run
 
 pytestmark = pytest.mark.dist
 
 SCRIPT = ROOT / "tests" / "record" / "train_stuck.py"
 HANG_S = "5"  # ddpviz's hang timeout; the group's own is 4x longer
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return hooked_python(tmp_path_factory.mktemp("hooked"))
 
 
 def planted(tag: str) -> str:
@@ -103,3 +108,14 @@ def test_a_rank_that_breaks_out_of_the_loop_is_named_as_left_with_step_counts(
     else:  # named live, before the hang timeout's verdict
         kinds = [g.kind for g in found]
         assert kinds.index("uneven_iterations") < kinds.index("rank_hang"), kinds
+
+
+def test_a_rank_whose_script_returns_after_fewer_steps_is_named_as_left(
+        python: str, tmp_path: Path) -> None:
+    text, found = record(python, tmp_path, "quit", recording="guard")
+    left = [f for f in found if f.kind == "uneven_iterations"]
+    assert [(f.severity, f.ranks, f.step, f.bucket) for f in left] == [
+        ("error", (1,), 3, 0)], text[-3000:]
+    assert left[0].title == ("rank 1 left the training loop after 3 steps while rank 0 went "
+                             "on to step 3: its process exited; this step can never complete")
+    assert "closed its connection" not in text  # not "exited or crashed": what it did

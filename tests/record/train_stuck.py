@@ -3,7 +3,8 @@
 TRAIN_PLANT picks the trouble of rank TRAIN_RANK (default 1) at step TRAIN_AT (default 3):
   sleep    its data loading sleeps TRAIN_SLEEP_S seconds (a stuck loader);
   barrier  it enters a barrier of its own on a side group no other rank joins (stuck in C++);
-  break    it leaves the loop (uneven data) and waits in the script's final barrier.
+  break    it leaves the loop (uneven data) and waits in the script's final barrier;
+  quit     it leaves the loop and its script returns (the process exits normally).
 TRAIN_STEPS (default 6), TRAIN_PG_TIMEOUT (default 20 s). The lines marked PLANTED are what
 the tests expect ddpviz to name.
 """
@@ -47,7 +48,7 @@ def main() -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     steps = 0
     for step in range(int(os.environ.get("TRAIN_STEPS", "6"))):
-        if PLANT == "break" and rank == WHO and step == AT:
+        if PLANT in ("break", "quit") and rank == WHO and step == AT:
             break  # PLANTED break
         if PLANT == "barrier" and rank == WHO and step == AT:
             sync_side(side)
@@ -57,6 +58,8 @@ def main() -> None:
         opt.step()
         steps += 1
     print(f"rank {rank} ran {steps} steps", flush=True)
+    if PLANT == "quit" and rank == WHO:
+        return  # PLANTED quit: the interpreter exits normally
     dist.barrier()  # PLANTED end
     sys.stdout.flush()
     atexit._run_exitfuncs()  # (ddpviz's trace flush among them), as launch()'s ranks
