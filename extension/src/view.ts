@@ -178,6 +178,10 @@ function renderFindings(model: TraceModel): HTMLElement | null {
       f.values && f.values.length > 0
         ? h('pre', {}, f.values.map(([v, rs]) => `${formatRanks(rs)}: ${v}`).join('\n'))
         : null,
+      // further lines: where each rank is in code (its stack), the backend's error, ...
+      f.detail && f.detail.length > 0
+        ? h('pre', { class: 'ddpviz-finding-detail' }, f.detail.join('\n'))
+        : null,
       f.fix ? h('div', { class: 'ddpviz-fix' }, f.fix) : null
     )
   );
