@@ -112,7 +112,7 @@ def summary(stack: list[Frame]) -> str:
     if not stack:
         return "no Python frames (the thread is starting or exiting)"
     user = [f for f in stack if owner(f.file) is None]
-    shown = " <- ".join(_where(f) for f in user[:4]) + (" <- ..." if len(user) > 4 else "")
+    shown = " <- ".join(_where(f) for f in user[:3]) + (" <- ..." if len(user) > 3 else "")
     inner = owner(stack[0].file)
     inside = ""
     if inner is not None:
@@ -123,7 +123,10 @@ def summary(stack: list[Frame]) -> str:
         inside = f"inside {owner(entry.file)}: {entry.func}"
     if not shown:
         return _clip(inside or _where(stack[0]))
-    return _clip(f"{shown}; {inside}" if inside else shown)
+    if not inside:
+        return _clip(shown)
+    inside = _clip(inside, MAX_LINE // 2)  # kept whole: where it waits matters most
+    return f"{_clip(shown, MAX_LINE - len(inside) - 2)}; {inside}"
 
 
 def stack_lines(stack: list[Frame]) -> list[str]:

@@ -119,3 +119,20 @@ def test_a_rank_whose_script_returns_after_fewer_steps_is_named_as_left(
     assert left[0].title == ("rank 1 left the training loop after 3 steps while rank 0 went "
                              "on to step 3: its process exited; this step can never complete")
     assert "closed its connection" not in text  # not "exited or crashed": what it did
+
+
+def test_a_rank_that_breaks_out_inside_join_is_not_named(python: str, tmp_path: Path) -> None:
+    out = tmp_path / "traces"
+    from tests.dist.harness import free_port
+
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--hang-timeout", HANG_S,
+                "--", python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(free_port()), str(SCRIPT)],
+               job_env(TRAIN_PLANT="break", TRAIN_JOIN="1", TRAIN_STEPS="12",
+                       TRAIN_STEP_S="0.4"))  # rank 0 trains on alone for about 4 s
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "rank 0 ran 12 steps" in done.stdout and "rank 1 ran 3 steps" in done.stdout
+    for rank in (0, 1):
+        trace = ddpviz.Trace.load(out / f"ddpviz-trace-rank{rank}.ddpviz")
+        found = [e.finding for e in trace if isinstance(e, ev.FindingReported)]
+        assert found == [], found  # joined: it shadows the all-reduces, nobody waits

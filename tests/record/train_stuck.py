@@ -5,11 +5,13 @@ TRAIN_PLANT picks the trouble of rank TRAIN_RANK (default 1) at step TRAIN_AT (d
   barrier  it enters a barrier of its own on a side group no other rank joins (stuck in C++);
   break    it leaves the loop (uneven data) and waits in the script's final barrier;
   quit     it leaves the loop and its script returns (the process exits normally).
-TRAIN_STEPS (default 6), TRAIN_PG_TIMEOUT (default 20 s). The lines marked PLANTED are what
-the tests expect ddpviz to name.
+TRAIN_STEPS (default 6), TRAIN_PG_TIMEOUT (default 20 s), TRAIN_JOIN=1 runs the loop inside
+`with ddp.join():`, TRAIN_STEP_S sleeps that long in every rank's data loading. The lines
+marked PLANTED are what the tests expect ddpviz to name.
 """
 
 import atexit
+import contextlib
 import datetime
 import os
 import sys
@@ -28,6 +30,7 @@ WHO = int(os.environ.get("TRAIN_RANK", "1"))
 def load_batch(step: int, rank: int) -> torch.Tensor:
     if PLANT == "sleep" and rank == WHO and step == AT:
         time.sleep(float(os.environ.get("TRAIN_SLEEP_S", "60")))  # PLANTED sleep
+    time.sleep(float(os.environ.get("TRAIN_STEP_S", "0")))  # a slow loader, on every rank
     g = torch.Generator().manual_seed(100 * step + rank)
     return torch.randn(4, 8, generator=g)
 
@@ -46,6 +49,20 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    joined = ddp.join() if os.environ.get("TRAIN_JOIN") == "1" else contextlib.nullcontext()
+    with joined:  # TRAIN_JOIN=1: torch's uneven-input support, nothing hangs
+        steps = loop(ddp, opt, side, rank)
+    print(f"rank {rank} ran {steps} steps", flush=True)
+    if PLANT == "quit" and rank == WHO:
+        return  # PLANTED quit: the interpreter exits normally
+    dist.barrier()  # PLANTED end
+    sys.stdout.flush()
+    atexit._run_exitfuncs()  # (ddpviz's trace flush among them), as launch()'s ranks
+    os._exit(0)
+
+
+def loop(ddp: DistributedDataParallel, opt: torch.optim.Optimizer, side: dist.ProcessGroup,
+         rank: int) -> int:
     steps = 0
     for step in range(int(os.environ.get("TRAIN_STEPS", "6"))):
         if PLANT in ("break", "quit") and rank == WHO and step == AT:
@@ -57,13 +74,7 @@ def main() -> None:
         ddp(x).square().sum().backward()
         opt.step()
         steps += 1
-    print(f"rank {rank} ran {steps} steps", flush=True)
-    if PLANT == "quit" and rank == WHO:
-        return  # PLANTED quit: the interpreter exits normally
-    dist.barrier()  # PLANTED end
-    sys.stdout.flush()
-    atexit._run_exitfuncs()  # (ddpviz's trace flush among them), as launch()'s ranks
-    os._exit(0)
+    return steps
 
 
 if __name__ == "__main__":
