@@ -244,6 +244,17 @@ def find_loop(chain: list[tuple[CodeType, int]]) -> Loop | None:
     return None
 
 
+def in_loop(loop: Loop, frame: FrameType | None) -> bool:
+    """Is `frame` (or a caller) running a line of `loop`? A walk, nothing built."""
+    depth = 0
+    while frame is not None and depth < MAX_FRAMES:
+        if frame.f_code is loop.code:
+            return loop.start <= (frame.f_lineno or 0) <= loop.end
+        frame = frame.f_back
+        depth += 1
+    return False
+
+
 def left_loop(loop: Loop, frame: FrameType | None) -> str:
     """Has the thread whose innermost frame is `frame` left `loop`? "returned" (its function
     is no longer running), "after" (it runs a line past the loop), or "" (it has not, or it

@@ -102,12 +102,10 @@ class Tracker:
     def note_caller(self, frame: FrameType | None) -> None:
         """The training thread calls the DDP from `frame`'s callers (steps 0-2; the loop is
         read later, on the pulse thread)."""
-        chain = wh.caller_chain(frame)
         loop = self._loop
-        if loop is not None and chain and any(c is loop.code and loop.start <= n <= loop.end
-                                              for c, n in chain):
+        if loop is not None and wh.in_loop(loop, frame):
             return  # the same loop (most calls): nothing to read again
-        self._chain = chain  # type: ignore[assignment]
+        self._chain = wh.caller_chain(frame)  # type: ignore[assignment]
         self._loop = None
 
     @property
