@@ -18,11 +18,12 @@ standard library's runs folded into one line each ("... 7 frames in torch/distri
 At its first forwards (steps 0-2), and every 64th step after (a new loop is read again), a
 rank notes the chain of user frames that called the DDP (code objects and lines, no frame kept
 alive). The innermost of them whose call line sits in a `for`/`while` loop of its function
-(read with `ast` from the function's source) is the loop that runs the steps. Later, a quiet
-rank's training thread is compared with it: that function no longer on the stack (it
-returned) or executing a line after the loop means the rank has left the loop; executing
-inside the loop (its header is the data loading of `for x in loader`) or inside a later loop
-of the same function (which may call the DDP again) means it has not. A rank inside `Join`
+(read with `ast` from the function's source) is the loop named in findings. Later, a quiet
+rank's training thread is compared with the whole chain: it has left only when no function of
+the chain still runs inside a loop that enclosed its call (a helper looping over micro-batches
+returns every step, but its caller's loop goes on; the header of `for x in loader` is the data
+loading, inside the loop), nor inside a later loop of one of them (which may call the DDP
+again). A rank inside `Join`
 (torch's uneven-input context manager) never counts as left. Whether it can still come back
 is told by where it is: blocked in a torch.distributed call (a barrier,
 destroy_process_group) or exited, it cannot without its peers.
@@ -175,12 +176,14 @@ def in_join(stack: list[Frame]) -> bool:
 
 
 class Loop(NamedTuple):
-    """The `for`/`while` loop that calls the DDP: its function's code, its lines."""
+    """The `for`/`while` loop that calls the DDP: its function's code, its lines, and the
+    chain of user frames (code, line; innermost first) the DDP was called through."""
 
     code: CodeType
     start: int
     end: int
     call_line: int
+    chain: tuple[tuple[CodeType, int], ...] = ()
 
     def describe(self) -> str:
         f = Frame(self.code.co_filename, self.start, self.code.co_name)
@@ -240,7 +243,7 @@ def find_loop(chain: list[tuple[CodeType, int]]) -> Loop | None:
         around = [(a, b) for a, b in _loops_of(code) if a <= line <= b]
         if around:
             start, end = max(around)  # the innermost: it starts last
-            return Loop(code, start, end, line)
+            return Loop(code, start, end, line, tuple(chain))
     return None
 
 
@@ -256,26 +259,32 @@ def in_loop(loop: Loop, frame: FrameType | None) -> bool:
 
 
 def left_loop(loop: Loop, frame: FrameType | None) -> str:
-    """Has the thread whose innermost frame is `frame` left `loop`? "returned" (its function
-    is no longer running), "after" (it runs a line past the loop), or "" (it has not, or it
-    cannot be told: a line before the loop, inside Join)."""
-    found: FrameType | None = None
+    """Has the thread whose innermost frame is `frame` left every loop around the DDP's call?
+    "returned" (the innermost loop's function is no longer running), "after" (it runs a line
+    past that loop), or "" (it has not, or it cannot be told). It has not when any function of
+    the call chain still runs inside one of its loops that enclosed the call (a helper that
+    loops over micro-batches returned, but its caller's loop goes on), or inside a later loop
+    of that function (which may call the DDP again), or inside Join."""
+    running: dict[CodeType, int] = {}  # code -> line of its outermost running frame
     depth = 0
     f = frame
     while f is not None and depth < 4 * MAX_FRAMES:
         if f.f_code.co_filename.endswith(_JOIN):
             return ""
-        if f.f_code is loop.code:
-            found = f  # keep going: the outermost call of that function is the loop's
+        running[f.f_code] = f.f_lineno or 0  # (callers come later: the outermost wins)
         f = f.f_back
         depth += 1
     if frame is None:
         return ""
-    if found is None:
-        return "returned"
-    line = found.f_lineno or 0
-    if line <= loop.end:
-        return ""
-    # inside a later loop of the same function: a second loop that may call the DDP again
-    later = [(a, b) for a, b in _loops_of(loop.code) if a > loop.end and a <= line <= b]
-    return "" if later else "after"
+    for code, call_line in loop.chain or ((loop.code, loop.call_line),):
+        line = running.get(code)
+        if line is None:
+            continue  # returned
+        loops = _loops_of(code)
+        if any(a <= call_line <= b and a <= line <= b for a, b in loops):
+            return ""  # still in a loop around the call
+        if any(call_line < a <= line <= b for a, b in loops):
+            return ""  # in a later loop of this function
+        if line < call_line:
+            return ""  # before the call: on its way to it again
+    return "after" if loop.code in running else "returned"

@@ -87,6 +87,37 @@ def test_a_thread_in_its_loop_after_it_in_a_later_loop_and_returned() -> None:
     other.go.set()
 
 
+def micro_batches(p: Parked) -> None:
+    for _ in range(2):  # the DDP called from a helper's own loop (gradient accumulation)
+        ddp_call(p)
+
+
+def accumulating(p: Parked) -> None:
+    for step in range(3):
+        p.at = f"loading {step}"  # the helper returned: its caller's loop goes on
+        p.go.wait()
+        p.go.clear()
+        micro_batches(p)
+    p.at = "after the loop"
+    p.go.wait()
+
+
+def test_a_helper_that_loops_over_micro_batches_does_not_hide_the_caller_s_loop() -> None:
+    p = Parked(accumulating)
+    p.wait_at("loading 0")
+    p.go.set()
+    p.wait_at("loading 1")
+    loop = wh.find_loop(p.chain)
+    assert loop is not None and loop.code is micro_batches.__code__  # the innermost loop
+    assert wh.left_loop(loop, p.frame()) == ""  # not left: loading data in the caller's loop
+    p.go.set()
+    p.wait_at("loading 2")
+    p.go.set()
+    p.wait_at("after the loop")
+    assert wh.left_loop(loop, p.frame()) == "returned"
+    p.go.set()
+
+
 def sleeper(p: Parked) -> None:
     def load_batch() -> None:
         p.at = "asleep"
