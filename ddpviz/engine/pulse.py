@@ -17,6 +17,11 @@ was at most POST_S before (a rank that exits through Python posts its last beat)
 training thread posts a "waiting" or "failed" position itself it calls `hold()`, which waits
 out a post in flight, so a stale "running" position can never overwrite it.
 
+At each look the thread also answers a waiting rank's request for this rank's stack and says
+when the training thread has left the loop that calls the DDP (`tracker`, whereabouts.py:
+nothing per step, a frame walk only while the training thread is quiet); `on_left`, when set,
+is called when another rank said it left.
+
 `on_quiet`, when set, is called on this thread every CHECK_S with the board and the latest beat
 (step, phase, time.time()) while the training thread is away: the watchdog's guard for waits it
 cannot see (watch()'s levels without a comm hook; See [Note: the quiet guard] in quiet.py).
