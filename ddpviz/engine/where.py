@@ -45,7 +45,7 @@ import torch
 MAX_FRAMES = 64  # innermost frames read from a stack
 MAX_SHOWN = 16  # lines of a formatted stack
 MAX_LINE = 200  # characters of one line
-_CHAIN = 16  # user frames noted at a forward
+_CHAIN = 48  # user frames noted at a forward (a framework puts ~20 between loop and DDP)
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _DDPVIZ = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
