@@ -557,6 +557,9 @@ def test_engine_names_a_lagging_or_crashed_rank(situation: str) -> None:
     assert [f[:3] for f in results[0]["findings"]] == [(kind, "", (1,))]
     assert results[0]["seconds"] < HANG + GRACE
     assert "rank 1: " in results[0]["error"] and "step 1 (forward" in results[0]["error"]
+    if situation == "uneven":  # where it is in code: asleep after its loop
+        assert "rank 1 is at tests/diagnose/test_scenarios.py:" in results[0]["error"]
+        assert "time.sleep(max(HANG, PG_TIMEOUT) + 2)" in results[0]["error"]
     baseline = run_engine(situation, False)
     assert "rank 1" not in baseline[0]["error"]
 
