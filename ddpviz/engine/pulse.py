@@ -67,7 +67,10 @@ class Pulse:
         self.quiet_error: Exception | None = None  # what stopped on_quiet, if anything
         # where the training thread (the one creating the pulse) is, in code: whereabouts.py
         self.tracker = Tracker(threading.get_ident())
-        self.on_left: Callable[[Board, Beat], None] | None = None  # a peer left the loop
+        # a peer left the loop; returns whether to look again at this rank's next step
+        self.on_left: Callable[[Board, Beat], bool] | None = None
+        self._left_pending = False
+        self._left_at = -1
         self.exiting = False  # closed at interpreter exit: say so on the board
         self._left_seen = 0
         self._held = False
@@ -144,9 +147,12 @@ class Pulse:
         try:
             self.tracker.tick(self.board, news, -1 if last is None else last[0], quiet)
             on_left = self.on_left
-            if news.left > self._left_seen and on_left is not None and last is not None:
-                self._left_seen = news.left
-                on_left(self.board, last)
+            if on_left is None or last is None:
+                return
+            # new news, or news this rank was not far enough to judge and it has moved on
+            if news.left > self._left_seen or (self._left_pending and last[0] > self._left_at):
+                self._left_seen, self._left_at = news.left, last[0]
+                self._left_pending = on_left(self.board, last)
         except RuntimeError:
             raise  # the store is gone: the loop's handler
         except Exception as exc:  # (an emitter or warnings filter raising)

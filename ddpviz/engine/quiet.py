@@ -84,22 +84,25 @@ class QuietGuard:
         lines = hang_detail(board, behind, pulse.tracker if pulse else None, step)
         self._report(msgspec.structs.replace(finding, detail=finding.detail + lines))
 
-    def left(self, board: Board, beat: Beat) -> None:
+    def left(self, board: Board, beat: Beat) -> bool:
         """A rank posted that it left the loop (pulse thread): name it if this rank ran a
-        later step (whereabouts.left_finding), once per rank and step."""
+        later step (whereabouts.left_finding), once per rank and step. Returns whether some
+        rank left at this rank's step or later (to look again when this rank moves on)."""
         step = beat[0]
         try:
             positions = board.positions()
             wheres = read(board, [r for r in range(self.dog.world_size) if r != self.dog.rank])
         except RuntimeError:
-            return
+            return False
         finding = left_finding(self.dog.rank, step, self.dog.world_size, positions, wheres)
-        if finding is None:
-            return
-        key = (finding.ranks, finding.step, finding.severity)
-        if key not in self._left_named:
-            self._left_named.add(key)
-            self._report(finding)
+        if finding is not None:
+            key = (finding.ranks, finding.step, finding.severity)
+            if key not in self._left_named:
+                self._left_named.add(key)
+                self._report(finding)
+        return any(w.left and w.left != "crashed" and w.step >= step
+                   and (r not in positions or positions[r].step <= w.step)
+                   for r, w in wheres.items())
 
     def _finding(self, stage: int, step: int, since: float, behind: tuple[int, ...],
                  positions: dict[int, Position]) -> Finding:

@@ -214,3 +214,44 @@ def test_stacks_are_asked_for_and_answered_through_the_board() -> None:
     assert wa.stack_detail(wa.collect(boards[1], [0], grace=0.2), (0,), 1, None, 2) == (
         f"rank 0 did not post its stack within {wa.ANSWER_S:g}s (busy in C code holding the "
         "GIL, or gone)",)
+
+
+def test_a_left_rank_is_named_once_this_rank_runs_a_later_step() -> None:
+    """The news that rank 1 left comes while rank 0 is at the same step: nothing to say yet;
+    rank 0's pulse looks again when rank 0 moves on, and names it then."""
+    import types
+    import warnings
+
+    from ddpviz.engine.pulse import Pulse
+    from ddpviz.engine.quiet import QuietGuard
+    from ddpviz.engine.rendezvous import LEFT_NEWS
+    from ddpviz.engine.watchdog import Watchdog
+    from ddpviz.events import Tap
+    from ddpviz.findings import DiagnosisWarning
+
+    store = dist.HashStore()
+    boards = [Board(Scope(FakeGroup(r, 2), store=store), 0)  # type: ignore[arg-type]
+              for r in range(2)]
+    events: list[Any] = []
+    dog: Any = types.SimpleNamespace(timeout=30.0, rank=0, world_size=2, guarding=False,
+                                     tap=Tap(events.append, rank=0))
+    dog.waiting_finding = types.MethodType(Watchdog.waiting_finding, dog)
+    guard = QuietGuard(dog, pg_timeout=60.0)
+    pulse = Pulse(Board(Scope(FakeGroup(0, 2), store=store), 0))  # type: ignore[arg-type]
+    pulse.on_left = guard.left
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosisWarning)
+        try:
+            pulse.beat(2, "forward")
+            boards[1].post_position(running(2))
+            wa.post(boards[1], where(2, "after", "barrier"))
+            boards[1].news(LEFT_NEWS)
+            assert eventually(lambda: pulse._left_seen == 1)
+            assert guard.findings == [] and pulse._left_pending  # the same step: not yet
+            pulse.beat(3, "forward")
+            assert eventually(lambda: bool(guard.findings))
+            assert [(f.kind, f.severity, f.ranks, f.step) for f in guard.findings] == [
+                ("uneven_iterations", "error", (1,), 3)]
+        finally:
+            pulse.close()
+    assert pulse.quiet_error is None
