@@ -659,7 +659,8 @@ def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, st
     last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     top = max(last_step.values())
     behind = tuple(sorted(r for r, s in last_step.items() if s < top))
-    if behind:
+    if behind and not any(f.kind == "uneven_iterations" for f in reported):
+        # (a rank named live as having left the loop says more: whereabouts.py)
         states = {r: f"last step {s}" for r, s in last_step.items()}
         out.append(Finding(
             kind="uneven_iterations", severity="warning",

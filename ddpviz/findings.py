@@ -183,6 +183,12 @@ FIXES: dict[Kind, dict[str, str]] = {
         "": "Give every rank the same number of batches (DistributedSampler with "
             "drop_last=True) or wrap the loop in `with ddp.join():`; harmless if the run used "
             "join().",
+        # live: a rank left the loop while its peers went on (whereabouts.py)
+        "left_loop": "Give every rank the same number of steps: DistributedSampler(..., "
+                     "drop_last=True) for a map-style dataset, the same number of batches per "
+                     "rank from an IterableDataset, no `break` that only some ranks take; or "
+                     "wrap the loop in `with model.join():` (torch.distributed.algorithms.Join)"
+                     ", which lets ranks that run out of data shadow the others' all-reduces.",
     },
     "collective_mismatch": {
         "": _SAME_COLLECTIVES,

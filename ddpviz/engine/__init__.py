@@ -11,7 +11,9 @@ text in failure_texts.py; detail.py holds the recording policy (`ddpviz.Recordin
 `recording=`) and decides which steps record a GradReady per parameter and which a
 GradsSummarized per bucket; forward.py is the forward-side work (outputs,
 the unused-parameter search). Alongside: watchdog.py names lagging or missing ranks before the
-process group times out (pulse.py posts its heartbeats from a daemon thread); logger.py keeps
+process group times out (pulse.py posts its heartbeats from a daemon thread, and where the
+training thread is in code when asked: where.py reads and folds the stack, whereabouts.py
+posts it and names a rank that left the loop); logger.py keeps
 torch's logging data; mixed_precision.py, buffer_identity.py and initial_values.py are the
 smaller checks and options.
 

@@ -17,6 +17,11 @@ was at most POST_S before (a rank that exits through Python posts its last beat)
 training thread posts a "waiting" or "failed" position itself it calls `hold()`, which waits
 out a post in flight, so a stale "running" position can never overwrite it.
 
+At each look the thread also answers a waiting rank's request for this rank's stack and says
+when the training thread has left the loop that calls the DDP (`tracker`, whereabouts.py:
+nothing per step, a frame walk only while the training thread is quiet); `on_left`, when set,
+is called when another rank said it left.
+
 `on_quiet`, when set, is called on this thread every CHECK_S with the board and the latest beat
 (step, phase, time.time()) while the training thread is away: the watchdog's guard for waits it
 cannot see (watch()'s levels without a comm hook; See [Note: the quiet guard] in quiet.py).
@@ -30,7 +35,8 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ddpviz.engine.rendezvous import Board, Position
+from ddpviz.engine.rendezvous import Board, News, Position
+from ddpviz.engine.whereabouts import Tracker
 from ddpviz.events import Phase
 
 Beat = tuple[int, Phase, float]  # step, phase, time.time()
@@ -62,6 +68,14 @@ class Pulse:
         # called on this thread after each post, with the board (engine/nonfinite.py's
         # exchange); one that raises is dropped, the heartbeat goes on
         self.tasks: list[Callable[[Board], None]] = []
+        # where the training thread (the one creating the pulse) is, in code: whereabouts.py
+        self.tracker = Tracker(threading.get_ident())
+        # a peer left the loop; returns whether to look again at this rank's next step
+        self.on_left: Callable[[Board, Beat], bool] | None = None
+        self._left_pending = False
+        self._left_at = -1
+        self.exiting = False  # closed at interpreter exit: say so on the board
+        self._left_seen = 0
         self._held = False
         self._closed = False
         self._lock = threading.Lock()
@@ -113,13 +127,17 @@ class Pulse:
                     except Exception:  # (a store error is seen by the next has_alerts)
                         self.tasks.remove(task)
                 if self._closed:
+                    if self.exiting and self.last is not None:
+                        self.tracker.exiting(self.board, self.last[0])
                     return
                 now = time.monotonic()
                 if now - checked >= CHECK_S:
                     checked = now
-                    if self.board.has_alerts():
+                    news = self.board.news()
+                    if news.alerts:
                         self.alerted = True
                         return  # the next heartbeat raises; the slow paths read the board
+                    self._whereabouts(news, latest is None)
                     quiet, last = self.on_quiet, self.last
                     if quiet is not None and last is not None and latest is None:
                         try:
@@ -130,9 +148,29 @@ class Pulse:
         except RuntimeError as exc:  # the store is gone (its host exited or was destroyed)
             self.error = exc
 
+    def _whereabouts(self, news: News, quiet: bool) -> None:
+        """Answer stack requests, say when the training thread left its loop, and look at
+        peers that did (whereabouts.py); an error here stops these, not the heartbeat."""
+        last = self.last
+        try:
+            self.tracker.tick(self.board, news, -1 if last is None else last[0], quiet)
+            on_left = self.on_left
+            if on_left is None or last is None:
+                return
+            # new news, or news this rank was not far enough to judge and it has moved on
+            if news.left > self._left_seen or (self._left_pending and last[0] > self._left_at):
+                self._left_seen, self._left_at = news.left, last[0]
+                self._left_pending = on_left(self.board, last)
+        except RuntimeError:
+            raise  # the store is gone: the loop's handler
+        except Exception as exc:  # (an emitter or warnings filter raising)
+            self.on_left = None
+            self.quiet_error = exc
+
 
 @atexit.register
 def _close_all() -> None:
     """No pulse thread may be inside a store call while the interpreter tears down."""
     for pulse in list(_LIVE):
+        pulse.exiting = True
         pulse.close()

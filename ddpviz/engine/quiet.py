@@ -28,8 +28,11 @@ import time
 import warnings
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ddpviz.engine.pulse import Beat
 from ddpviz.engine.rendezvous import Board, Position, notice_after
+from ddpviz.engine.whereabouts import hang_detail, left_finding, read
 from ddpviz.events import FindingReported
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
 
@@ -50,6 +53,7 @@ class QuietGuard:
         self.findings: list[Finding] = []
         self._done: tuple[int, int] = (-1, 0)  # (step, stage) last looked at
         self._posted = -1  # the step this rank was last posted waiting in
+        self._left_named: set[tuple[tuple[int, ...], int, str]] = set()
 
     def __call__(self, board: Board, beat: Beat) -> None:
         step, _phase, since = beat
@@ -75,7 +79,30 @@ class QuietGuard:
                                              "all-reduce", since=since))
             except RuntimeError:
                 return
-        self._report(self._finding(stage, step, since, behind, positions))
+        finding = self._finding(stage, step, since, behind, positions)
+        pulse = getattr(self.dog, "_pulse", None)  # where each rank is, in code
+        lines = hang_detail(board, behind, pulse.tracker if pulse else None, step)
+        self._report(msgspec.structs.replace(finding, detail=finding.detail + lines))
+
+    def left(self, board: Board, beat: Beat) -> bool:
+        """A rank posted that it left the loop (pulse thread): name it if this rank ran a
+        later step (whereabouts.left_finding), once per rank and step. Returns whether some
+        rank left at this rank's step or later (to look again when this rank moves on)."""
+        step = beat[0]
+        try:
+            positions = board.positions()
+            wheres = read(board, [r for r in range(self.dog.world_size) if r != self.dog.rank])
+        except RuntimeError:
+            return False
+        finding = left_finding(self.dog.rank, step, self.dog.world_size, positions, wheres)
+        if finding is not None:
+            key = (finding.ranks, finding.step, finding.severity)
+            if key not in self._left_named:
+                self._left_named.add(key)
+                self._report(finding)
+        return any(w.left and w.left != "crashed" and w.step >= step
+                   and (r not in positions or positions[r].step <= w.step)
+                   for r, w in wheres.items())
 
     def _finding(self, stage: int, step: int, since: float, behind: tuple[int, ...],
                  positions: dict[int, Position]) -> Finding:

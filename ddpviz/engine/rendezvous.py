@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 import torch.distributed as dist
@@ -234,6 +234,28 @@ class Position(msgspec.Struct, frozen=True, omit_defaults=True):
 _decode_position = msgspec.json.Decoder(Position).decode
 
 
+# [Note: one counter]
+# The pulse thread looks at the board twice a second, one store round trip per look: the
+# `alerts` counter. Two rarer kinds of news share it, each counted in its own 20-bit field, so
+# that the look stays one round trip: a rank that left the DDP's loop (whereabouts.py) and a
+# rank asking for every rank's stack. Alerts are the low field, as before.
+_FIELD = 1 << 20
+
+
+class News(NamedTuple):
+    alerts: int  # ranks' alerts posted (errors raised)
+    left: int  # reports of a rank that left the loop or exited
+    requests: int  # requests for every rank's stack
+
+    @staticmethod
+    def of(count: int) -> News:
+        return News(count % _FIELD, count // _FIELD % _FIELD, count // (_FIELD * _FIELD))
+
+
+LEFT_NEWS = _FIELD  # add to the counter: a rank left the loop
+STACK_REQUEST = _FIELD * _FIELD  # add to the counter: ranks, post your stacks
+
+
 class Board:
     """Where the ranks of one DDP post where they are and what went wrong (store keys under
     `ddpviz/board/<epoch>/`). Every method is a few store round trips; none blocks long.
@@ -285,7 +307,12 @@ class Board:
 
     def has_alerts(self) -> bool:
         """True when some rank posted an alert (one store round trip)."""
-        return int(self.scope.store.add(f"{self.base}/alerts", 0)) > 0
+        return self.news().alerts > 0
+
+    def news(self, add: int = 0) -> News:
+        """What was posted so far, in one store round trip (the pulse thread's look twice a
+        second): alerts, ranks that left the loop, stack requests. See [Note: one counter]."""
+        return News.of(int(self.scope.store.add(f"{self.base}/alerts", add)))
 
     def alerts(self) -> dict[int, dict[str, Any]]:
         """{rank: {"message", "findings"}} of every rank that posted one (findings decoded)."""

@@ -24,6 +24,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ddpviz.engine import whereabouts
 from ddpviz.engine.pulse import Pulse
 from ddpviz.engine.quiet import QuietGuard
 from ddpviz.engine.rendezvous import (
@@ -193,6 +194,8 @@ class Watchdog:
         self._pulse: Pulse | None = None
         self._own_alert: tuple[str, tuple[Finding, ...]] | None = None
         self.guarding = False  # the training thread is in a wait this watchdog guards
+        self._left_seen = 0  # the board's news of ranks that left the loop, looked at
+        self._left_warned: set[tuple[int, ...]] = set()
         self.quiet: QuietGuard | None = None
 
     @property
@@ -251,6 +254,7 @@ class Watchdog:
             return
         self.quiet = QuietGuard(self, process_group_timeout(self.group))
         self._pulse.on_quiet = self.quiet
+        self._pulse.on_left = self.quiet.left
 
     def agree_on_unused(self, step: int, missing: Sequence[int], unreachable: Sequence[int],
                         names: Sequence[str], shapes: Sequence[tuple[int, ...]]
@@ -315,6 +319,8 @@ class Watchdog:
             except RuntimeError as exc:
                 raise self._report(store_lost(board.scope, f"step {step}", exc)) from exc
         pulse.beat(step, phase)
+        if step < 3 or not step & 63:  # where the loop that runs the steps is (where.py):
+            pulse.tracker.note_caller(sys._getframe(1))  # ~5 us, so every 64th step only
 
     def _hold_pulse(self) -> None:
         """About to post a position from this thread: no heartbeat may overwrite it."""
@@ -366,8 +372,12 @@ class Watchdog:
         notice: float | None = start + notice_after(self.timeout)
         while not done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
             try:
-                if board.has_alerts():
+                news = board.news()
+                if news.alerts:
                     raise self._from_alerts(position)
+                if news.left > self._left_seen:
+                    self._left_seen = news.left
+                    self._check_left(board, position)
             except RankHangError:
                 raise
             except RuntimeError as exc:
@@ -551,6 +561,40 @@ class Watchdog:
         return self._report(RankHangError(finding.text(), (finding, *alert["findings"]),
                                           _as_dicts(positions)))
 
+    def _check_left(self, board: Board, position: Position) -> None:
+        """A rank posted that it left the loop: raise the verdict now when it cannot come
+        back (blocked in a torch.distributed call, or exited), else say it once, live."""
+        positions = board.positions()
+        wheres = whereabouts.read(board, [r for r in range(self.world_size) if r != self.rank])
+        finding = whereabouts.left_finding(
+            self.rank, position.step, self.world_size, positions, wheres,
+            waiting=f"in {collective_name(position)}", bucket=position.bucket)
+        if finding is None:
+            return
+        if finding.severity == "error":
+            self._hold_pulse()
+            board.post_position(position)
+            raise self._conclude(board, (finding.text(), (finding,)), positions)
+        if finding.ranks not in self._left_warned:
+            self._left_warned.add(finding.ranks)
+            if self.tap.enabled:
+                self.tap.emit(FindingReported, finding)
+
+    def _left_exit(self, me: Position, positions: dict[int, Position]) -> Finding | None:
+        """The uneven_iterations verdict when the ranks that closed their connection had
+        posted, at exit, that they ran fewer steps (whereabouts.py); None otherwise."""
+        board = self.board
+        assert board is not None
+        gone = [r for r in range(self.world_size)
+                if r != self.rank and (r not in positions or positions[r].state == "running")]
+        wheres = whereabouts.read(board, gone)
+        if not gone or any(r not in wheres or wheres[r].left != "exited" for r in gone):
+            return None
+        finding = whereabouts.left_finding(
+            self.rank, me.step, self.world_size, positions, wheres,
+            waiting=f"in {collective_name(me)}", bucket=me.bucket)
+        return finding if finding is not None and finding.severity == "error" else None
+
     def _hang(self, position: Position) -> RankHangError:
         board = self.board
         assert board is not None and self.timeout is not None
@@ -561,7 +605,18 @@ class Watchdog:
             if board.has_alerts() and not board.scope.store.check(
                     [f"{board.base}/verdict/hang"]):
                 return self._from_alerts(position)
-            return self._conclude(board, self._compose_hang(position, positions), positions)
+            message, findings = self._compose_hang(position, positions)
+            behind = tuple(r for r in range(self.world_size)
+                           if r not in positions or positions[r].state == "running")
+            if findings and behind:  # where each rank is, in code (whereabouts.py)
+                tracker = self._pulse.tracker if self._pulse is not None else None
+                lines = whereabouts.hang_detail(  # (within the verdict's time budget)
+                    board, behind, tracker, position.step,
+                    grace=min(whereabouts.ANSWER_S, max(1.0, self.timeout / 8)))
+                finding = msgspec.structs.replace(findings[0],
+                                                  detail=findings[0].detail + lines)
+                message, findings = finding.text(), (finding, *findings[1:])
+            return self._conclude(board, (message, findings), positions)
         except RankHangError:
             raise
         except RuntimeError as exc:
@@ -585,7 +640,8 @@ class Watchdog:
             posted = msgspec.structs.replace(position, state="failed", error=cause)
 
             def compose(positions: dict[int, Position]) -> tuple[str, tuple[Finding, ...]]:
-                return self._compose_exit(posted, positions)
+                left = self._left_exit(posted, positions)  # it exited after its loop
+                return (left.text(), (left,)) if left else self._compose_exit(posted, positions)
         self._hold_pulse()
         try:
             board.post_position(posted)

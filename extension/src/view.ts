@@ -180,9 +180,10 @@ function renderFindings(model: TraceModel): HTMLElement | null {
       f.values && f.values.length > 0
         ? h('pre', {}, f.values.map(([v, rs]) => `${formatRanks(rs)}: ${v}`).join('\n'))
         : null,
-      // the likely cause and sizes (replicas_diverged) or further facts, as findings.py prints
+      // further lines: where each rank is in code (its stack), the likely cause and sizes
+      // (replicas_diverged), the backend's error, as findings.py prints them
       f.detail && f.detail.length > 0
-        ? h('pre', { class: 'ddpviz-detail' }, f.detail.join('\n'))
+        ? h('pre', { class: 'ddpviz-finding-detail' }, f.detail.join('\n'))
         : null,
       f.fix ? h('div', { class: 'ddpviz-fix' }, f.fix) : null
     )

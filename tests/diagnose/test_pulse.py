@@ -9,7 +9,7 @@ import time
 import torch.distributed as dist
 
 from ddpviz.engine.pulse import CHECK_S, EVERY_UNTIL, POST_S, Pulse
-from ddpviz.engine.rendezvous import Board, Position, Scope
+from ddpviz.engine.rendezvous import Board, News, Position, Scope
 from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
 
@@ -84,6 +84,9 @@ class CountingBoard:
 
     def has_alerts(self) -> bool:
         return False
+
+    def news(self, add: int = 0) -> News:
+        return News(0, 0, 0)
 
 
 def test_steps_after_the_first_three_are_posted_at_most_every_post_s_the_latest_last() -> None:

@@ -10,6 +10,7 @@ same error), so they share one 3-rank run. Torch baselines that crash or hang ge
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import time
@@ -325,9 +326,13 @@ def test_watch_light_uneven_inputs_name_the_lagging_rank_before_torchs_timeout()
     assert results[0]["seconds"] < HANG + GRACE
     named = [e.finding for e in results[1]["events"] if type(e).__name__ == "FindingReported"]
     # its post (which rank 0's verdict shows) came with the live finding; the rank_hang one
-    # follows at 2s unless rank 0, the store's host, has exited by then
-    assert (named[0].kind, named[0].ranks, named[0].step) == ("rank_waiting", (2,), 2)
+    # follows at 2s unless rank 0, the store's host, has exited by then. Rank 2 left its loop
+    # to sleep, so it may be named as having left it first: a warning, as it could come back.
+    waiting = [f for f in named if f.kind != "uneven_iterations"]
+    assert (waiting[0].kind, waiting[0].ranks, waiting[0].step) == ("rank_waiting", (2,), 2)
     assert {(f.ranks, f.step) for f in named} == {((2,), 2)}
+    assert all((f.severity, f.field) == ("warning", "left_loop") for f in named
+               if f.kind == "uneven_iterations")
     assert "ddpviz" not in results[1]["error"]  # torch's, once rank 0 stopped
     assert results[2]["error"] == "no error"
     assert no_orphans([results[r]["pid"] for r in range(3)])
@@ -400,7 +405,7 @@ def engine_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool
         model: nn.Module = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
     else:
         model = Branchy(defect if situation not in ("never", "uneven", "crash", "nosync",
-                                                    "unused_found") else "none")
+                                                    "unused_found", "left") else "none")
     if situation == "unused_found" and odd:
         model.defect = "unused"  # type: ignore[assignment]
     events: list[Any] = []
@@ -410,7 +415,11 @@ def engine_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool
                               "find_unused_parameters": situation == "unused_found"}
     if situation in ("order", "unused_found"):
         kwargs["bucket_cap_mb"] = 0.0003
-    steps = 2 if situation == "uneven" and odd else 3
+    steps = 2 if situation in ("uneven", "left") and odd else 3
+    # "left": the odd rank leaves after 2 steps for a barrier no other rank joins (on a side
+    # group: a barrier on the DDP's group would pair up with its collectives)
+    side = dist.new_group(timeout=datetime.timedelta(seconds=LEFT_HANG + 10)) \
+        if situation == "left" else None
     start = time.monotonic()
     try:
         with warnings.catch_warnings(record=True):
@@ -420,7 +429,8 @@ def engine_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool
                 time.sleep((HANG if use_ddpviz else PG_TIMEOUT) + 2)
             if use_ddpviz:
                 ddp: nn.Module = ddpviz.DistributedDataParallel(
-                    model, emitter=events.append, hang_timeout=HANG, **kwargs)
+                    model, emitter=events.append,
+                    hang_timeout=LEFT_HANG if situation == "left" else HANG, **kwargs)
             else:
                 ddp = nn.parallel.DistributedDataParallel(model, **kwargs)
             for step in range(steps):
@@ -432,11 +442,17 @@ def engine_ranks(rank: int, world_size: int, situation: str, use_ddpviz: bool
                         ddp(x).sum().backward()
                     continue
                 ddp(x).sum().backward()
+            if side is not None and odd:
+                with contextlib.suppress(RuntimeError):  # (the others exit: it fails then)
+                    dist.barrier(group=side)
     except RuntimeError as exc:
         out["error"] = str(exc)
         out["type"] = type(exc).__name__
         out["findings"] = summary(getattr(exc, "findings", ()))
     out["seconds"] = time.monotonic() - start
+    if side is not None and not odd:  # join the left rank's barrier, so that all can end
+        with contextlib.suppress(RuntimeError):
+            dist.barrier(group=side)
     if situation in ("uneven", "nosync") and odd:
         time.sleep(max(HANG, PG_TIMEOUT) + 2)  # alive, but done: the others wait for it
     if situation == "never" and not odd:
@@ -517,6 +533,23 @@ def test_skipped_all_reduce_is_a_hang_at_the_end_and_a_collective_mismatch() -> 
     assert "Timed out waiting 4000ms" in baseline[0]["error"]
 
 
+LEFT_HANG = 30.0  # the hang timeout when a rank leaves: its verdict must come well before
+
+
+def test_engine_names_a_rank_that_left_the_loop_before_the_hang_timeout() -> None:
+    results = run_engine("left", world_size=3)
+    for r in (0, 1):
+        assert results[r]["type"] == "RankHangError"
+        assert results[r]["findings"] == [("uneven_iterations", "", (2,), "left_loop")]
+        assert results[r]["error"] == results[0]["error"]  # one verdict, every waiting rank
+        assert results[r]["seconds"] < LEFT_HANG  # (not the hang timeout's verdict)
+    first = results[0]["error"].splitlines()[0]
+    assert first.startswith("ddpviz: rank 2 left the training loop after 2 steps while rank ")
+    assert "blocked in torch.distributed's barrier" in first
+    assert "  rank 2: ran 2 steps (0-1), then left the loop at tests/diagnose/test_scenarios.py:" \
+        in results[0]["error"]
+
+
 @pytest.mark.parametrize("situation", ["uneven", "crash"])
 def test_engine_names_a_lagging_or_crashed_rank(situation: str) -> None:
     results = run_engine(situation)
@@ -524,6 +557,9 @@ def test_engine_names_a_lagging_or_crashed_rank(situation: str) -> None:
     assert [f[:3] for f in results[0]["findings"]] == [(kind, "", (1,))]
     assert results[0]["seconds"] < HANG + GRACE
     assert "rank 1: " in results[0]["error"] and "step 1 (forward" in results[0]["error"]
+    if situation == "uneven":  # where it is in code: asleep after its loop
+        assert "rank 1 is at tests/diagnose/test_scenarios.py:" in results[0]["error"]
+        assert "time.sleep(max(HANG, PG_TIMEOUT) + 2)" in results[0]["error"]
     baseline = run_engine(situation, False)
     assert "rank 1" not in baseline[0]["error"]
 
