@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.multiprocessing as mp
 
@@ -46,3 +46,43 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any,
                 p.kill()
                 p.join(5)
     return results
+
+
+class Timings(NamedTuple):
+    wall: dict[str, list[float]]  # seconds per block, per variant
+    cpu: dict[str, list[float]]  # the process's CPU time per block (every thread)
+    thread: dict[str, list[float]]  # the training thread's CPU time per block
+
+
+def interleaved_blocks(variants: dict[str, Any], rank: int, dims: tuple[int, ...], *, reps: int,
+                       block: int, warmup: int) -> Timings:
+    """Train each of `variants` (DDP-wrapped models of the same shape: dims[0] in, dims[-1]
+    out) for `block` steps in turn, the order rotating every repetition so that drift in the
+    machine's load weighs on every variant alike; the first `warmup` repetitions are not kept.
+    Every block starts at a barrier, so the ranks time the same steps."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    names = list(variants)
+    opts = {n: torch.optim.SGD(m.parameters(), lr=0.01) for n, m in variants.items()}
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(16, dims[0], generator=g), torch.randn(16, dims[-1], generator=g)
+    out = Timings({n: [] for n in names}, {n: [] for n in names}, {n: [] for n in names})
+    for rep in range(warmup + reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            model, opt = variants[name], opts[name]
+            dist.barrier()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            start_thread = time.thread_time()
+            for _ in range(block):
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            if rep >= warmup:
+                out.wall[name].append(time.perf_counter() - start)
+                out.cpu[name].append(time.process_time() - start_cpu)
+                out.thread[name].append(time.thread_time() - start_thread)
+    return out

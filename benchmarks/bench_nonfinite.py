@@ -19,7 +19,6 @@ import datetime
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 
-from _ranks import run_ranks
+from _ranks import interleaved_blocks, run_ranks
 from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 
 VARIANTS = ["torch DDP", "torch DDP (A/A)", "default", "default, no check",
@@ -70,24 +69,9 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                     w._nf._precise_until = 1 << 62
                 watches.append(w)
             variants[name] = ddp
-        opts = {n: torch.optim.SGD(m.parameters(), lr=0.01) for n, m in variants.items()}
-        g = torch.Generator().manual_seed(rank)
-        x, y = torch.randn(16, dims[0], generator=g), torch.randn(16, dims[2], generator=g)
-        blocks: dict[str, list[float]] = {n: [] for n in VARIANTS}
-        thread: dict[str, list[float]] = {n: [] for n in VARIANTS}
-        for rep in range(WARMUP_BLOCKS + args.reps):
-            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
-            for name in order:
-                model, opt = variants[name], opts[name]
-                dist.barrier()
-                start, start_thread = time.perf_counter(), time.thread_time()
-                for _ in range(args.block):
-                    nn.functional.mse_loss(model(x), y).backward()
-                    opt.step()
-                    opt.zero_grad()
-                if rep >= WARMUP_BLOCKS:
-                    blocks[name].append(time.perf_counter() - start)
-                    thread[name].append(time.thread_time() - start_thread)
+        blocks, _, thread = interleaved_blocks(
+            {n: variants[n] for n in VARIANTS}, rank, dims, reps=args.reps, block=args.block,
+            warmup=WARMUP_BLOCKS)
         for w in watches:
             w.close()
         rows.append({"model": model_name, "blocks": blocks, "thread": thread})

@@ -32,7 +32,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ranks import run_ranks
+from _ranks import interleaved_blocks, run_ranks
 from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 
 VARIANTS = {
@@ -64,24 +64,9 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
             if spelled is not None:
                 watches.append(ddpviz.watch(ddp, recording=ddpviz.Recording.parse(spelled)))
             variants[name] = ddp
-        opts = {n: torch.optim.SGD(m.parameters(), lr=0.01) for n, m in variants.items()}
-        g = torch.Generator().manual_seed(rank)
-        x, y = torch.randn(16, dims[0], generator=g), torch.randn(16, dims[2], generator=g)
-        blocks: dict[str, list[float]] = {n: [] for n in names}
-        thread: dict[str, list[float]] = {n: [] for n in names}
-        for rep in range(WARMUP_BLOCKS + args.reps):
-            order = names[rep % len(names):] + names[:rep % len(names)]
-            for name in order:
-                model, opt = variants[name], opts[name]
-                dist.barrier()
-                start, start_thread = time.perf_counter(), time.thread_time()
-                for _ in range(args.block):
-                    nn.functional.mse_loss(model(x), y).backward()
-                    opt.step()
-                    opt.zero_grad()
-                if rep >= WARMUP_BLOCKS:
-                    blocks[name].append(time.perf_counter() - start)
-                    thread[name].append(time.thread_time() - start_thread)
+        blocks, _, thread = interleaved_blocks(
+            {n: variants[n] for n in names}, rank, dims, reps=args.reps, block=args.block,
+            warmup=WARMUP_BLOCKS)
         for w in watches:
             found = w.replicas.findings if w.replicas is not None else []
             assert not found, found  # a healthy run: nothing to report

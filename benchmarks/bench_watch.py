@@ -38,7 +38,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 
-from _ranks import run_ranks
+from _ranks import interleaved_blocks, run_ranks
 
 # the old level names the tables keep (docs/guide/recording.md), as $DDPVIZ_RECORDING spells them
 RECORDING = {"light": "every=100", "steps": "every=never", "sampled": "guard,every=100",
@@ -151,27 +150,9 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                 elif name == "minimal hook, .then":
                     _minimal_hook(ddp, on_gloo_thread=True)
                 variants[name] = ddp
-            opts = {n: torch.optim.SGD(m.parameters(), lr=0.01) for n, m in variants.items()}
-            g = torch.Generator().manual_seed(rank)
-            x, y = torch.randn(16, dims[0], generator=g), torch.randn(16, dims[2], generator=g)
-            blocks: dict[str, list[float]] = {n: [] for n in names}
-            cpu: dict[str, list[float]] = {n: [] for n in names}
-            thread: dict[str, list[float]] = {n: [] for n in names}
-            for rep in range(WARMUP_BLOCKS + args.reps):
-                order = names[rep % len(names):] + names[:rep % len(names)]
-                for name in order:
-                    model, opt = variants[name], opts[name]
-                    dist.barrier()
-                    start, start_cpu = time.perf_counter(), time.process_time()
-                    start_thread = time.thread_time()
-                    for _ in range(args.block):
-                        nn.functional.mse_loss(model(x), y).backward()
-                        opt.step()
-                        opt.zero_grad()
-                    if rep >= WARMUP_BLOCKS:
-                        blocks[name].append(time.perf_counter() - start)
-                        cpu[name].append(time.process_time() - start_cpu)
-                        thread[name].append(time.thread_time() - start_thread)
+            blocks, cpu, thread = interleaved_blocks(
+                {n: variants[n] for n in names}, rank, dims, reps=args.reps, block=args.block,
+                warmup=WARMUP_BLOCKS)
             for w in watches:
                 w.close()
             for sender in senders:
