@@ -79,8 +79,8 @@ def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: boo
            steps: int = STEPS, dtype: torch.dtype = torch.float32, hook: str = "",
            **kwargs: Any) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = _Net(bn=defect in ("bn_local", "buffer_edit"), unused="unused" in kwargs.pop(
-        "net", "")).to(dtype)
+    model = _Net(bn=defect in ("bn_local", "buffer_edit", "buffer_new"),
+                 unused="unused" in kwargs.pop("net", "")).to(dtype)
     ddp, check = _ddp(engine, model, replicas, guard, **kwargs)
     if hook:
         _register_hook(ddp, hook)
@@ -105,6 +105,10 @@ def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: boo
                 (model.fc2.weight if step == NARROW_FIRST else model.fc1.bias)[0] += 1e-3
         if defect == "buffer_edit" and rank == 1 and step == EDIT_STEP:
             model.bn.running_var.fill_(2.0)  # type: ignore[union-attr]
+        if defect == "buffer_new" and rank == 1 and step == EDIT_STEP:
+            # a new tensor: DDP's next broadcast (from rank 0) reaches it all the same
+            model.bn.running_var = torch.full_like(  # type: ignore[union-attr]
+                model.bn.running_var, 2.0)  # type: ignore[union-attr]
     if defect == "nosync" and rank == 1:  # the all-reduce rank 0 still waits for
         ddp(torch.randn(6, 8, generator=gen)).square().mean().backward()
     return _finish(rank, check)
@@ -144,6 +148,7 @@ DEFECTS = [
     ("torch", "nosync", 5, False),
     ("torch", "bn_local", None, True),
     ("torch", "buffer_edit", 1, False),
+    ("torch", "buffer_new", 1, False),
     ("torch", "narrow", 5, False),
     ("ddpviz", "edit", 1, False),
     ("ddpviz", "lr", None, False),
@@ -225,6 +230,15 @@ def test_a_buffer_edited_on_one_rank_is_undone_by_the_broadcast(found: Any) -> N
     # DDP's broadcast_buffers=True overwrites it from rank 0 before the next forward: the
     # replicas agree again where DDP promises they do, so nothing is reported.
     assert found["torch/buffer_edit"] == []
+
+
+def test_a_buffer_reassigned_on_one_rank_is_synced_again_and_not_reported(found: Any) -> None:
+    # torch 2.13 re-reads the module's buffers before each broadcast (_assign_modules_buffers),
+    # so rank 1's new running_var tensor receives rank 0's values at the next forward: the
+    # replicas agree where DDP promises they do (watch's broadcast takes the same list), and
+    # a divergence verdict would be wrong. (BufferIdentity's buffer_reassigned says what
+    # happened.)
+    assert found["torch/buffer_new"] == []
 
 
 # --- healthy runs report nothing -------------------------------------------------------------
