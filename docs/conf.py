@@ -78,7 +78,8 @@ nitpick_ignore_regex = [
               r"AdviceView)"),
     ("py:.*", r"ddpviz\.(events\.(Event|E)|columns\.Table|trace\.Span)"),
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"
-              r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta))"),
+              r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta)|"
+              r"engine\.replicas\.ReplicaCheck)"),
 ]
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"

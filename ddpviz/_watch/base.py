@@ -410,8 +410,8 @@ class Watch:
 
     @property
     def replicas(self) -> ReplicaCheck | None:
-        """The replica check (See [Note: replica digests] in engine/replicas.py), None when
-        off; rank 0's `.findings` lists what it reported."""
+        """This DDP's replica check, or None when it is off (docs/replicas.md); rank 0's
+        `.findings` lists what it reported."""
         return self._replicas
 
     @property
