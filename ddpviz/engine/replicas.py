@@ -237,6 +237,13 @@ class ReplicaCheck:
                 while not self._judged_all and time.monotonic() < end and self.error is None:
                     time.sleep(POLL_S)
         self.close()
+        # The thread must be out of torch and the store before the interpreter finalizes: a
+        # daemon thread that returns from C++ then is ended by pthread_exit, whose unwinding
+        # through C++ frames aborts the process (SIGABRT, "terminate called without an active
+        # exception"), changing the job's exit code.
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(EXIT_S)
 
     # --- the check's thread -------------------------------------------------------------------
 

@@ -222,7 +222,11 @@ class Watchdog:
             raise self._report(store_lost(scope, what, exc)) from exc
         self.board = Board(scope, epoch)
         self._pulse = Pulse(Board(Scope(self.group, store=self._store, clone=True), epoch))
-        weakref.finalize(self, self._pulse.close, False)
+        # At interpreter exit pulse.py's own handler closes every pulse and waits for its
+        # thread: a finalizer run then would close it without waiting, and the thread, woken
+        # into a last store call, would still be inside C++ when the interpreter finalizes
+        # (pthread_exit through C++ frames: SIGABRT, a changed exit code).
+        weakref.finalize(self, self._pulse.close, False).atexit = False
 
     def exchange(self, name: str, payload: str, what: str) -> list[str]:
         """Every rank's payload via the store (not a collective), with the hang timeout."""

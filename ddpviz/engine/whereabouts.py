@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from types import FrameType
 
@@ -134,6 +135,10 @@ class Tracker:
             return
         frame = wh.thread_frame(self.thread_id)
         left = wh.left_loop(loop, frame)
+        if left and getattr(threading, "_SHUTTING_DOWN", False):
+            # the interpreter is exiting (atexit handlers run, ddpviz's own among them): it
+            # cannot come back, whatever frame its handlers show
+            left = "exited"
         blocked = wh.blocked_in(wh.frames(frame)) if left else ""
         if (left, blocked) != self._left and (left or self._left[0]):
             self._left = (left, blocked)

@@ -582,23 +582,24 @@ class _ZmqSink:
         self._pump(lambda: not self._unconfirmed)
         lost = sum(item[2] - item[3] for item in self._unconfirmed)  # markers are not events
         lost_markers = sum(item[3] for item in self._unconfirmed)
-        bye = make_header("bye", self.rank, self._id, self._next_seq(),
-                          count=sent - lost - lost_markers, dropped=dropped + lost,
-                          batch=self._next_batch)
+
+        def bye() -> list[bytes]:
+            # Numbered when sent: a ping or clock message that _ready sent in between must not
+            # carry a later number (the collector refuses a lower one as a replay).
+            return self._codec.encode(make_header(
+                "bye", self.rank, self._id, self._next_seq(), count=sent - lost - lost_markers,
+                dropped=dropped + lost, batch=self._next_batch))
+
         if time.monotonic() > deadline:
-            self._send(self._codec.encode(bye), 0.0)  # one try: the counts say what was lost
+            self._send(bye(), 0.0)  # one try: the counts say what was lost
         # Greeted again and said again on every new connection, until confirmed.
         while not self._bye_confirmed and self._ready():
-            if not self._send(self._codec.encode(bye), max(0.0, deadline - time.monotonic()),
-                              answered=True):
+            if not self._send(bye(), max(0.0, deadline - time.monotonic()), answered=True):
                 continue
             until = min(deadline, time.monotonic() + _HELLO_RETRY_S)
             while not self._bye_confirmed and self._answered and time.monotonic() < until:
                 self._sock.poll(20, zmq.POLLIN)
                 self.service()
-            bye = make_header("bye", self.rank, self._id, self._next_seq(),
-                              count=sent - lost - lost_markers, dropped=dropped + lost,
-                              batch=self._next_batch)
         linger_ms = max(0, int((deadline - time.monotonic()) * 1000)) if not \
             self._bye_confirmed else 0
         self._sock.close(linger=linger_ms)

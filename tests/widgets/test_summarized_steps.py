@@ -54,8 +54,8 @@ def test_the_timeline_of_a_summarized_step_draws_buckets_and_says_so() -> None:
     assert t.view is not None and t.view.summarized == (0, 1)
     n_summaries = sum(1 for e in events if isinstance(e, ev.GradsSummarized))
     assert t.svg_html.value.count("class='ddpviz-grad-summary'") == n_summaries
-    assert "step 3: per-bucket summaries (detail='sampled'); per-parameter hooks recorded on " \
-        "steps 0-2" in html.unescape(t.header_html.value)
+    assert "step 3: per-bucket summaries; per-parameter hooks recorded on steps 0-2 " \
+        "(Recording(every=1): every step)" in html.unescape(t.header_html.value)
     assert "not recorded" in t.order_html.value
     t.controls.show_step(2)
     assert "ddpviz-grad-summary" not in t.svg_html.value
