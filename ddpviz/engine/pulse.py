@@ -47,6 +47,8 @@ EVERY_UNTIL = 3  # steps before this one are posted at once
 _JOIN_S = 2.0  # how long close() waits for a store call in flight
 
 _LIVE: weakref.WeakSet[Pulse] = weakref.WeakSet()
+_RETIRED: list[Board] = []  # boards of ended pulse threads, dropped on a training thread
+_RETIRED_LOCK = threading.Lock()
 
 
 class Pulse:
@@ -81,6 +83,8 @@ class Pulse:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._polling = False  # beats are coming: the thread looks every POST_S, unwoken
+        with _RETIRED_LOCK:  # (dropped here, on the training thread: See _run)
+            _RETIRED.clear()
         self._thread = threading.Thread(target=self._run, name="ddpviz-pulse", daemon=True)
         _LIVE.add(self)
         self._thread.start()
@@ -147,6 +151,13 @@ class Pulse:
                             self.quiet_error = exc
         except RuntimeError as exc:  # the store is gone (its host exited or was destroyed)
             self.error = exc
+        finally:
+            # This thread may hold the last reference to the pulse: its store connection (C++)
+            # would then be destroyed here, and a daemon thread inside C++ when the interpreter
+            # finalizes is ended by pthread_exit, which aborts the process (SIGABRT). Hand the
+            # board to the training thread, which drops it at its next pulse or at exit.
+            with _RETIRED_LOCK:
+                _RETIRED.append(self.board)
 
     def _whereabouts(self, news: News, quiet: bool) -> None:
         """Answer stack requests, say when the training thread left its loop, and look at

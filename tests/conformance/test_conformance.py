@@ -20,16 +20,6 @@ SUBSET = (
     "test_invalid_static_graph",
     "test_ddp_unused_params_rebuild_buckets_exception",
 )
-# Open bug (stop 21): ranks running ddpviz's DDP under torch's harness often end in SIGABRT at
-# interpreter exit ("terminate called without an active exception": a ddpviz pulse thread
-# returning from a store call while the interpreter finalizes). The tests' own assertions pass
-# (their ranks print OK), but torch's harness fails a test whose two ranks' exit codes differ.
-# Already 7 of 8 runs aborted at the start of stop 21 (mostly on both ranks, so it passed);
-# after stop 21's merges the exit codes differ often. Not yet found: why pulse.py's exit
-# handler sees no live pulse while one still runs.
-EXIT_ABORT = pytest.mark.xfail(
-    reason="open bug: SIGABRT at interpreter exit in ddpviz's DDP ranks (see above)",
-    strict=False)
 
 
 def test_selection_finds_the_ddp_tests_of_torchs_suite() -> None:
@@ -42,7 +32,6 @@ def test_selection_finds_the_ddp_tests_of_torchs_suite() -> None:
     assert not runner.needs_shim("test_DistributedDataParallelCPU")
 
 
-@EXIT_ABORT
 @pytest.mark.timeout(900)
 def test_subset_passes_with_both_engines_and_the_swap_reaches_the_ranks() -> None:
     outcomes = runner.run(SUBSET, world_sizes=(2,), timeout=240, jobs=2, log=False)
