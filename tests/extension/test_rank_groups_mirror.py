@@ -4,40 +4,22 @@ run in node (the TypeScript transpiled with the extension's own compiler)."""
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddpviz.widgets.rank_groups import rank_label, slowest, spread, value_groups
+from tests.extension.mirror import run_typescript
 
-EXT = Path(__file__).resolve().parents[2] / "extension"
-TYPESCRIPT = EXT / "node_modules" / "typescript"
-
-# Transpile rankGroups.ts to CommonJS in memory, run it on the cases from stdin, print JSON.
-RUNNER = """
-const ts = require(process.argv[1]);
-const fs = require('fs');
-const src = fs.readFileSync(process.argv[2], 'utf8');
-const js = ts.transpileModule(src, { compilerOptions: { module: ts.ModuleKind.CommonJS,
-  target: ts.ScriptTarget.ES2022 } }).outputText;
-const mod = { exports: {} };
-new Function('module', 'exports', js)(mod, mod.exports);
-const g = mod.exports;
-const cases = JSON.parse(fs.readFileSync(0, 'utf8'));
-const out = cases.map(c => ({
+# per case: the label, groups, percentiles and slowest ranks rankGroups.ts computes
+OUT = """cases.map(c => ({
   label: g.rankLabel(c.ranks),
   groups: g.valueGroups(Object.entries(c.values).map(([r, v]) => [Number(r), v]))
     .map(x => [x.value, x.ranks, x.label]),
   spread: g.spread(c.numbers),
   slowest: g.slowest(Object.entries(c.times).map(([r, v]) => [Number(r), v]), 5),
-}));
-process.stdout.write(JSON.stringify(out));
-"""
+}))"""
 
 
 def cases() -> list[dict[str, Any]]:
@@ -54,14 +36,8 @@ def cases() -> list[dict[str, Any]]:
 
 
 def test_typescript_rank_groups_equal_pythons() -> None:
-    node = shutil.which("node")
-    if node is None or not TYPESCRIPT.is_dir():
-        pytest.skip("needs node and the extension's node_modules (cd extension && jlpm install)")
     data = cases()
-    result = subprocess.run([node, "-e", RUNNER, str(TYPESCRIPT), str(EXT / "src" /
-                             "rankGroups.ts")], input=json.dumps(data), capture_output=True,
-                            text=True, timeout=120, check=True)
-    got = json.loads(result.stdout)
+    got = run_typescript("rankGroups.ts", OUT, data)
     for case, ts in zip(data, got, strict=True):
         assert ts["label"] == rank_label(case["ranks"])
         assert ts["groups"] == [[g.value, list(g.ranks), g.label]

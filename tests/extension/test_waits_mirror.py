@@ -5,10 +5,6 @@ simulated traces, clock offsets with known, unknown and skewed errors included; 
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,26 +14,10 @@ from benchmarks.bench_straggler import MS, simulate
 from ddpviz import columns as col
 from ddpviz.columns import Table
 from ddpviz.straggler import wait_rows, who_waited
+from tests.extension.mirror import run_typescript
 
-EXT = Path(__file__).resolve().parents[2] / "extension"
-TYPESCRIPT = EXT / "node_modules" / "typescript"
-
-RUNNER = """
-const ts = require(process.argv[1]);
-const fs = require('fs');
-const src = fs.readFileSync(process.argv[2], 'utf8');
-const js = ts.transpileModule(src, { compilerOptions: { module: ts.ModuleKind.CommonJS,
-  target: ts.ScriptTarget.ES2022 } }).outputText;
-const mod = { exports: {} };
-new Function('module', 'exports', js)(mod, mod.exports);
-const g = mod.exports;
-const cases = JSON.parse(fs.readFileSync(0, 'utf8'));
-const out = cases.map(c => {
-  const fold = g.whoWaited(c);
-  return { fold, rows: g.waitRows(fold) };
-});
-process.stdout.write(JSON.stringify(out));
-"""
+# per case: the fold and its rows, as waits.ts computes them
+OUT = "cases.map(c => { const fold = g.whoWaited(c); return { fold, rows: g.waitRows(fold) }; })"
 
 
 def rank_times(tables: dict[int, Table], clock: dict[int, tuple[int, int]]
@@ -79,14 +59,8 @@ def cases() -> list[tuple[dict[int, Table], dict[int, tuple[int, int]]]]:
 
 
 def test_typescript_who_waited_equals_pythons() -> None:
-    node = shutil.which("node")
-    if node is None or not TYPESCRIPT.is_dir():
-        pytest.skip("needs node and the extension's node_modules (cd extension && jlpm install)")
     data = cases()
-    result = subprocess.run([node, "-e", RUNNER, str(TYPESCRIPT), str(EXT / "src" / "waits.ts")],
-                            input=json.dumps([rank_times(t, c) for t, c in data]),
-                            capture_output=True, text=True, timeout=120, check=True)
-    got = json.loads(result.stdout)
+    got = run_typescript("waits.ts", OUT, [rank_times(t, c) for t, c in data])
     for (tables, clock), ts in zip(data, got, strict=True):
         py = who_waited(tables, clock)
         fold = ts["fold"]
