@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,23 +51,31 @@ FRAMEWORKS = {
 }
 
 
-def step_time(python: str, script: str, command: object, extra: dict[str, str],
-              steps: int, recorded: bool, tmp: Path) -> tuple[float, float]:
-    """Median wall time and median training-thread CPU time of rank 0's steps."""
+def run_job(python: str, script: str, command: object, extra: dict[str, str], steps: int,
+            tmp: Path, *, recorded: bool = False, timeout: float = 600,
+            **env: str) -> dict[str, Any]:
+    """Run the job once (under `ddpviz record` if `recorded`); rank 0's report."""
     from tests.dist.harness import free_port
 
     out = Path(tempfile.mkdtemp(dir=tmp))
-    env = job_env(out, FW_OUT=str(out / "reports"), FW_STEPS=str(steps),
-                  MASTER_PORT=str(free_port()), **extra)
+    job = job_env(out, FW_OUT=str(out / "reports"), FW_STEPS=str(steps),
+                  MASTER_PORT=str(free_port()), **extra, **env)
     args = command(python, script)  # type: ignore[operator]
     if recorded:
         args = [python, "-m", "ddpviz", "record", "--out", str(out / "traces"), "--", *args]
-    done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(args, env=job, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"ddpviz: benchmark job failed ({' '.join(args)}):\n"
                          f"{(done.stdout + done.stderr)[-3000:]}")
-    report = json.loads((out / "reports" / "rank0.json").read_text())
+    report: dict[str, Any] = json.loads((out / "reports" / "rank0.json").read_text())
+    return report
+
+
+def step_time(python: str, script: str, command: object, extra: dict[str, str],
+              steps: int, recorded: bool, tmp: Path) -> tuple[float, float]:
+    """Median wall time and median training-thread CPU time of rank 0's steps."""
+    report = run_job(python, script, command, extra, steps, tmp, recorded=recorded)
     times, cpu = report["step_s"][WARMUP:], report["step_cpu_s"][WARMUP:]
     if not times:
         raise SystemExit(f"ddpviz: {script} reported no step times past the warm-up")
@@ -76,28 +85,19 @@ def step_time(python: str, script: str, command: object, extra: dict[str, str],
 def in_process(python: str, script: str, command: object, extra: dict[str, str], blocks: int,
                block: int, tmp: Path) -> dict[str, float]:
     """One job that watches its DDP in every other block of steps: rank 0's step times."""
-    from tests.dist.harness import free_port
-
-    out = Path(tempfile.mkdtemp(dir=tmp))
     steps = WARMUP + blocks * block
-    env = job_env(out, FW_OUT=str(out / "reports"), FW_STEPS=str(steps),
-                  MASTER_PORT=str(free_port()), FW_TOGGLE=str(block),
-                  FW_TOGGLE_FROM=str(WARMUP), **extra)
-    args = command(python, script)  # type: ignore[operator]
-    done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"ddpviz: benchmark job failed ({' '.join(args)}):\n"
-                         f"{(done.stdout + done.stderr)[-3000:]}")
-    report = json.loads((out / "reports" / "rank0.json").read_text())
+    report = run_job(python, script, command, extra, steps, tmp, timeout=900,
+                     FW_TOGGLE=str(block), FW_TOGGLE_FROM=str(WARMUP))
     times, cpu, watched = report["step_s"], report["step_cpu_s"], report["watched"]
     if len(watched) != len(times) or len(times) < steps:
         raise SystemExit(f"ddpviz: {script} reported {len(times)} steps, wanted {steps}")
     steady: dict[bool, list[int]] = {False: [], True: []}
-    sampled: list[int] = []
+    sampled: list[int] = []  # a fresh watch's first SETTLE steps
     for i in range(WARMUP, len(times)):
-        (steady[watched[i]] if (i - WARMUP) % block >= SETTLE else
-         sampled if watched[i] else []).append(i)
+        if (i - WARMUP) % block >= SETTLE:
+            steady[watched[i]].append(i)
+        elif watched[i]:
+            sampled.append(i)
     row: dict[str, float] = {}
     for key, series in (("wall", times), ("cpu", cpu)):
         off = statistics.median(series[i] for i in steady[False])
