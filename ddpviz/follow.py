@@ -33,7 +33,7 @@ from ddpviz.events import ANY_EVENT, Event, EventsDropped
 from ddpviz.trace import gc_paused, read_header, wall_offset
 from ddpviz.tracefile import CLOCK, EVENTS, FRAME, MAGIC, SUFFIX, Clock, TraceError
 from ddpviz.transport.codec import boot_id
-from ddpviz.transport.collector import CollectorStats
+from ddpviz.transport.collector import CollectorStats, deliver, warn_callback_error
 
 if TYPE_CHECKING:
     from ddpviz.session import Session
@@ -328,11 +328,7 @@ class FolderFeed:
             self._callback_errors += 1
             first = self._callback_errors == 1
         if first:
-            with contextlib.suppress(Warning):
-                warnings.warn(f"ddpviz: a subscriber ({callback!r}) raised "
-                              f"{type(exc).__name__}: {exc}; later errors are only counted in "
-                              "stats.callback_errors.\nFix the callback; following goes on.",
-                              UserWarning, stacklevel=2)
+            warn_callback_error(callback, exc, "following goes on")
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -454,15 +450,7 @@ class FolderFeed:
     def _deliver(self, chunk: list[Event]) -> None:
         with self._lock:
             subscribers = list(self._subscribers)
-        for callback, batch in subscribers:
-            try:
-                if batch:
-                    callback(chunk)
-                else:
-                    for e in chunk:
-                        callback(e)
-            except Exception as exc:
-                self.report_callback_error(callback, exc)
+        deliver(subscribers, chunk, self.report_callback_error)
 
     def _problem(self, message: str) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ from ddpviz.transport.collector import (
     END_OF_STREAM,
     Collector,
     CollectorStats,
+    deliver,
     iterate_queue,
 )
 from ddpviz.transport.sender import Sender
@@ -212,18 +213,7 @@ class Session:
                     self._record_failed(exc)
             for q in self._queues:
                 q.put(batch)
-            for callback, is_batch in list(self._subscribers):
-                if is_batch:
-                    try:
-                        callback(batch)
-                    except Exception as exc:
-                        self.collector.report_callback_error(callback, exc)
-                    continue
-                for e in batch:
-                    try:
-                        callback(e)
-                    except Exception as exc:
-                        self.collector.report_callback_error(callback, exc)
+            deliver(list(self._subscribers), batch, self.collector.report_callback_error)
             self._cv.notify_all()
 
     # --- the end ------------------------------------------------------------------------------

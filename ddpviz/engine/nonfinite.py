@@ -10,7 +10,6 @@ engine/reducer.py).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -385,7 +384,7 @@ class NonfiniteCheck:
             new_bad = len(self._post.bad) + self._post.more
         if data is not None:
             self._posted = version
-            store.set(f"{base}/{self.rank}", data)
+            board.post("nf", data.decode())
             if new_bad > self._bad_posted:
                 self._bad_posted = new_bad
                 store.add(f"{base}/count", 1)
@@ -397,13 +396,7 @@ class NonfiniteCheck:
         if count == 0:
             return
         self._seen_count = count
-        posts: dict[int, _Post] = {}
-        for r in range(self.world_size):
-            key = f"{base}/{r}"
-            if store.check([key]):
-                with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
-                    posts[r] = _decode(store.get(key))
-        self._posts = posts
+        self._posts = posts = board.posts("nf", _decode)
         first_bad = min((b.step for p in posts.values() for b in p.bad
                          if b.step > self._composed), default=None)
         if first_bad is not None:  # something went non-finite: check every step from now on

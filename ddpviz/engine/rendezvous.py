@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 import torch.distributed as dist
@@ -232,6 +232,7 @@ class Position(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 _decode_position = msgspec.json.Decoder(Position).decode
+_T = TypeVar("_T")
 
 
 # [Note: one counter]
@@ -280,22 +281,33 @@ class Board:
     def world_size(self) -> int:
         return self.scope.world_size
 
+    def post(self, name: str, data: str) -> None:
+        """Publish this rank's latest `name` (it replaces the one before)."""
+        self.scope.store.set(f"{self.base}/{name}/{self.rank}", data)
+
+    def posts(self, name: str, decode: Callable[[bytes], _T], ranks: Iterable[int] | None = None,
+              *, max_bytes: int | None = None) -> dict[int, _T]:
+        """The latest `name` of every rank in `ranks` (default: all), decoded; ranks that never
+        posted are absent, and so are posts that do not validate (written by something else
+        than this protocol) or are longer than `max_bytes`."""
+        s = self.scope.store
+        out: dict[int, _T] = {}
+        for r in range(self.world_size) if ranks is None else ranks:
+            key = f"{self.base}/{name}/{r}"
+            if s.check([key]):
+                raw = s.get(key)
+                if max_bytes is None or len(raw) <= max_bytes:
+                    with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+                        out[r] = decode(raw)
+        return out
+
     def post_position(self, position: Position) -> None:
         """Publish where this rank is."""
-        self.scope.store.set(f"{self.base}/pos/{self.rank}",
-                             msgspec.json.encode(position).decode())
+        self.post("pos", msgspec.json.encode(position).decode())
 
     def positions(self) -> dict[int, Position]:
-        """Every rank's latest position; ranks that never posted are absent, and so are
-        positions that do not validate (written by something else than this protocol)."""
-        s = self.scope.store
-        out: dict[int, Position] = {}
-        for r in range(self.world_size):
-            key = f"{self.base}/pos/{r}"
-            if s.check([key]):
-                with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
-                    out[r] = _decode_position(s.get(key))
-        return out
+        """Every rank's latest position (See `posts`)."""
+        return self.posts("pos", _decode_position)
 
     def post_alert(self, message: str, findings: Sequence[Finding]) -> None:
         """Tell the other ranks this rank raised `message` (they stop waiting for it)."""

@@ -12,7 +12,6 @@ loop?] in where.py.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import time
@@ -50,22 +49,12 @@ _decode = msgspec.json.Decoder(Where).decode
 
 
 def post(board: Board, where: Where) -> None:
-    board.scope.store.set(f"{board.base}/where/{board.rank}",
-                          msgspec.json.encode(where).decode())
+    board.post("where", msgspec.json.encode(where).decode())
 
 
 def read(board: Board, ranks: list[int] | tuple[int, ...]) -> dict[int, Where]:
     """The whereabouts `ranks` posted (absent: never posted, or not a valid post)."""
-    s = board.scope.store
-    out: dict[int, Where] = {}
-    for r in ranks:
-        key = f"{board.base}/where/{r}"
-        if s.check([key]):
-            raw = s.get(key)
-            if len(raw) <= MAX_POSTED:
-                with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
-                    out[r] = _decode(raw)
-    return out
+    return board.posts("where", _decode, ranks, max_bytes=MAX_POSTED)
 
 
 def request(board: Board) -> int:

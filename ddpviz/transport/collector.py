@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -396,18 +396,8 @@ class Collector:
             st.received += len(events)
             st.frames += 1
             subscribers = self._subscribers
-        for sub in subscribers:
-            if sub.batch:
-                try:
-                    sub.callback(events)
-                except Exception as exc:
-                    self.report_callback_error(sub.callback, exc)
-                continue
-            for e in events:
-                try:
-                    sub.callback(e)
-                except Exception as exc:  # costs nothing until raised (3.11 zero-cost try)
-                    self.report_callback_error(sub.callback, exc)
+        deliver(((sub.callback, sub.batch) for sub in subscribers), events,
+                self.report_callback_error)
 
     def _internal_error(self, exc: Exception) -> None:
         with self._lock:
@@ -425,11 +415,34 @@ class Collector:
             self._callback_errors += 1
             first = self._callback_errors == 1
         if first:
-            with contextlib.suppress(Warning):  # warnings-as-errors must not kill the thread
-                warnings.warn(f"ddpviz: a subscriber ({callback!r}) raised "
-                              f"{type(exc).__name__}: {exc}; later errors are only counted in "
-                              "stats.callback_errors.\nFix the callback; the collector keeps "
-                              "running.", UserWarning, stacklevel=2)
+            warn_callback_error(callback, exc, "the collector keeps running")
+
+
+def deliver(subscribers: Iterable[tuple[Callable[[Any], None], bool]], events: list[Event],
+            on_error: Callable[[object, Exception], None]) -> None:
+    """Hand `events` to each (callback, batch) subscriber: the list at once (batch) or event
+    by event; a callback's exception goes to `on_error`, and the stream goes on (the rest of
+    the list included). Shared by the Collector, FolderFeed (follow.py) and Session."""
+    for callback, batch in subscribers:
+        if batch:
+            try:
+                callback(events)
+            except Exception as exc:
+                on_error(callback, exc)
+            continue
+        for e in events:
+            try:
+                callback(e)
+            except Exception as exc:  # costs nothing until raised (3.11 zero-cost try)
+                on_error(callback, exc)
+
+
+def warn_callback_error(callback: object, exc: Exception, goes_on: str) -> None:
+    """Say that a subscriber raised (the first time; later ones are only counted)."""
+    with contextlib.suppress(Warning):  # warnings-as-errors must not kill the thread
+        warnings.warn(f"ddpviz: a subscriber ({callback!r}) raised {type(exc).__name__}: "
+                      f"{exc}; later errors are only counted in stats.callback_errors.\nFix "
+                      f"the callback; {goes_on}.", UserWarning, stacklevel=3)
 
 
 def iterate_queue(q: queue.SimpleQueue[Any], unsubscribe: Callable[[], None],
