@@ -43,7 +43,7 @@ from ddpviz.chrome_trace import write_chrome_trace
 from ddpviz.report import render
 from ddpviz.trace import Trace, gc_paused
 from ddpviz.tracefile import TraceWriter
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.source import attach
 
 PARAMS_PER_BUCKET = 100

@@ -36,7 +36,7 @@ from ipywidgets.embed import dependency_state
 from ddpviz.events import Event
 from ddpviz.trace import Trace
 from ddpviz.widgets import BroadcastProgress, Dashboard, HookTimeline, VerificationView
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 from tests.widgets.streams import Plant, synthetic_run
 from tests.widgets.wire import WireCounter
 

@@ -26,7 +26,8 @@ from ddpviz import columns as col
 from ddpviz import json_numbers
 from ddpviz.atomic import streaming
 from ddpviz.columns import Table
-from ddpviz.trace import SPAN_TYPES, Span, Trace, event_args, gc_paused, table_spans
+from ddpviz.model.spans import SPAN_TYPES, Span, event_args, table_spans
+from ddpviz.trace import Trace, gc_paused
 
 _SPAN_CODES = col.codes(*SPAN_TYPES)
 _BUCKET_READY = (b'{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ddpviz.widgets.bucket_map import BucketMap
-    from ddpviz.widgets.event_model import Timed
+    from ddpviz.model.event_model import Timed
 
 __all__ = ["BucketPlan", "BucketSlot", "PlanSettings", "PlannedBucket", "PlannedParam",
            "TensorSpec", "bucket_plan", "compute_bucket_assignment_by_size",

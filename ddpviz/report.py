@@ -27,7 +27,8 @@ from ddpviz._diagnose import diagnose
 from ddpviz.atomic import write_text
 from ddpviz.columns import Table
 from ddpviz.findings import Finding, sort_findings, value_lines
-from ddpviz.trace import Span, Trace, gc_paused, table_spans
+from ddpviz.model.spans import Span, table_spans
+from ddpviz.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
 from ddpviz.verdict import SEVERITIES, trace_facts, verdict_line, where
 

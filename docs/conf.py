@@ -76,7 +76,7 @@ nitpick_ignore_regex = [
     # train(), Join's hooks), and views and records one level further down (not documented yet)
     ("py:.*", r"(Dropout|BatchNorm|Module|JoinHook|Joinable|LaunchTimeout|Dashboard|BucketMap|"
               r"AdviceView)"),
-    ("py:.*", r"ddpviz\.(events\.(Event|E)|columns\.Table|trace\.Span)"),
+    ("py:.*", r"ddpviz\.(events\.(Event|E)|columns\.Table|model\.spans\.Span)"),
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"
               r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta)|"
               r"engine\.replicas\.ReplicaCheck)"),

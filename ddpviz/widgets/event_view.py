@@ -15,7 +15,7 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz.events import Event
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.replay_controls import Cursor, ReplayControls
 from ddpviz.widgets.source import Source, attach
 from ddpviz.widgets.throttle import Throttle

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import ipywidgets as w
 
 from ddpviz import markup
-from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
+from ddpviz.model.event_model import CONSTRUCTION, EventModel
 
 TIME_TICKS = 1000  # positions of the time slider over the whole run
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ddpviz.findings import Finding, tensor_groups
-from ddpviz.widgets.rank_groups import MANY_RANKS, rank_label, value_groups
+from ddpviz.model.rank_groups import MANY_RANKS, rank_label, value_groups
 
 
 class ReplicaRow(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz import markup
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.replica_matrix import ReplicaMatrix, replica_matrix

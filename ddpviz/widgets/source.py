@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpviz.events import Event
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 
 if TYPE_CHECKING:
     from ddpviz.launcher import Run

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ddpviz import markup
-from ddpviz.widgets.event_model import StepRecord
-from ddpviz.widgets.hook_analysis import IterationView, Lane
-from ddpviz.widgets.hook_spread import IterationSpread
+from ddpviz.model.event_model import StepRecord
+from ddpviz.model.hook_analysis import IterationView, Lane
+from ddpviz.model.hook_spread import IterationSpread
 
 WIDTH = 860
 LABEL = 64

@@ -14,11 +14,11 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz import markup
-from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
+from ddpviz.model.event_model import CONSTRUCTION, EventModel
 from ddpviz.widgets.event_view import EventView
-from ddpviz.widgets.rank_groups import rank_label
+from ddpviz.model.rank_groups import rank_label
 from ddpviz.widgets.replay_controls import Cursor
-from ddpviz.widgets.verification_matrix import (
+from ddpviz.model.verification_matrix import (
     FIELD_ORDER,
     Matrix,
     Row,

@@ -1,6 +1,6 @@
 /**
  * Many ranks read as few: value groups, rank-range labels, percentiles, the slowest ranks.
- * The browser twin of ddpviz/widgets/rank_groups.py (tests/extension/test_rank_groups_mirror.py
+ * The browser twin of ddpviz/model/rank_groups.py (tests/extension/test_rank_groups_mirror.py
  * runs both on the same inputs). No imports: pure functions.
  */
 

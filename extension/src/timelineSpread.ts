@@ -1,6 +1,6 @@
 /**
  * One iteration across many ranks as distributions (the viewer's twin of
- * ddpviz/widgets/hook_spread.py): per bucket, when its last gradient hook fired and when its
+ * ddpviz/model/hook_spread.py): per bucket, when its last gradient hook fired and when its
  * all-reduce ran, as spreads over ranks; and the ranks whose backward compute ended last.
  * Times are ns after the window start `t0` (aligned clocks).
  */

@@ -21,7 +21,7 @@ from ddpviz.chrome_trace import chrome_trace_doc
 from ddpviz.report import render
 from ddpviz.trace import Trace
 from ddpviz.widgets import HookTimeline
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.timeline_svg import LABEL, WIDTH
 from tests.dist.harness import run_ranks
 

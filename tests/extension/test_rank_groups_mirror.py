@@ -1,5 +1,5 @@
 """The viewer's rank grouping (extension/src/rankGroups.ts) gives the same labels, groups,
-percentiles and slowest ranks as Python's (ddpviz/widgets/rank_groups.py) on the same inputs,
+percentiles and slowest ranks as Python's (ddpviz/model/rank_groups.py) on the same inputs,
 run in node (the TypeScript transpiled with the extension's own compiler)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ddpviz.widgets.rank_groups import rank_label, slowest, spread, value_groups
+from ddpviz.model.rank_groups import rank_label, slowest, spread, value_groups
 from tests.extension.mirror import run_typescript
 
 # per case: the label, groups, percentiles and slowest ranks rankGroups.ts computes

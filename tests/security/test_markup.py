@@ -19,7 +19,7 @@ from ddpviz.widgets import (
     LiveBucketMap,
     VerificationView,
 )
-from ddpviz.widgets.event_model import CONSTRUCTION
+from ddpviz.model.event_model import CONSTRUCTION
 from ddpviz.widgets.replay_controls import Cursor
 from tests.security.hostile import PAYLOAD, hostile_trace, one_of_each, raw_markup, string_fields
 

@@ -17,8 +17,8 @@ import pytest
 
 from ddpviz.trace import Trace
 from ddpviz.widgets import BroadcastProgress, VerificationView
-from ddpviz.widgets.event_model import EventModel
-from ddpviz.widgets.hook_analysis import (
+from ddpviz.model.event_model import EventModel
+from ddpviz.model.hook_analysis import (
     MAX_DEPARTURES_LISTED,
     MAX_UNUSED_LISTED,
     IterationView,

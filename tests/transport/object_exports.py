@@ -7,7 +7,8 @@ from typing import Any
 
 from ddpviz import events as ev
 from ddpviz.events import Event
-from ddpviz.trace import _SPAN_HANDLERS, Span, Trace, _rank_spans, event_args
+from ddpviz.model.spans import _SPAN_HANDLERS, Span, _rank_spans, event_args
+from ddpviz.trace import Trace
 
 
 def object_spans(trace: Trace) -> list[Span]:

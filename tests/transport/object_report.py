@@ -13,7 +13,8 @@ from typing import Any
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
-from ddpviz.trace import Span, Trace, gc_paused
+from ddpviz.model.spans import Span
+from ddpviz.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
 from tests.transport.object_exports import object_spans
 

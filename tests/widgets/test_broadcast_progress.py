@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddpviz import events as ev
 from ddpviz.widgets import BroadcastProgress
 from ddpviz.widgets.broadcast_progress import rank_broadcast
-from ddpviz.widgets.event_model import EventModel
+from ddpviz.model.event_model import EventModel
 from tests.widgets.streams import synthetic_run
 
 
@@ -83,7 +83,7 @@ def test_assigning_buckets_without_a_broadcast_reads_as_skipped() -> None:
 
 def test_at_256_ranks_ranks_in_the_same_state_share_a_bar_and_progress_has_percentiles(
         ) -> None:
-    from ddpviz.widgets.rank_groups import percentile
+    from ddpviz.model.rank_groups import percentile
 
     events = synthetic_run(256, 10, 0, chunk_bytes=1024)
     b = BroadcastProgress(events)

@@ -5,7 +5,7 @@ findings, status; on runs with every kind of defect and clock offsets."""
 from __future__ import annotations
 
 from ddpviz.trace import Trace
-from ddpviz.widgets.event_model import EventModel, GradArray
+from ddpviz.model.event_model import EventModel, GradArray
 from tests.diagnose.random_runs import random_run
 
 

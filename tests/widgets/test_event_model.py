@@ -8,7 +8,7 @@ import sys
 import threading
 
 from ddpviz import events as ev
-from ddpviz.widgets.event_model import CONSTRUCTION, EventModel
+from ddpviz.model.event_model import CONSTRUCTION, EventModel
 from tests.widgets.streams import Plant, synthetic_run
 
 

@@ -8,8 +8,8 @@ import re
 
 from ddpviz import events as ev
 from ddpviz.widgets import HookTimeline
-from ddpviz.widgets.event_model import EventModel
-from ddpviz.widgets.hook_analysis import analyse, order_diff
+from ddpviz.model.event_model import EventModel
+from ddpviz.model.hook_analysis import analyse, order_diff
 from ddpviz.widgets.replay_controls import Cursor
 from tests.widgets.streams import Plant, synthetic_run
 
@@ -117,7 +117,7 @@ def test_ranks_still_in_backward_are_compared_on_what_they_fired() -> None:
 def test_at_256_ranks_the_timeline_draws_distributions_and_names_the_slowest_ranks() -> None:
     """Ranks 37 and 200 take longer per hook; ranks start 7 us apart (the stream's clock
     offsets), so without the planted slowness the highest ranks finish last."""
-    from ddpviz.widgets.rank_groups import percentile
+    from ddpviz.model.rank_groups import percentile
 
     events = synthetic_run(256, 12, 2, plant=Plant(slow={37: 300, 200: 200},
                                                    swap={9: (1, 2, 5), 10: (1, 2, 5)}))

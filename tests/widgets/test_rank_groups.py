@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddpviz.widgets.rank_groups import (
+from ddpviz.model.rank_groups import (
     percentile,
     rank_label,
     slowest,

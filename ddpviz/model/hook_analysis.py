@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from statistics import fmean
 from typing import NamedTuple
 
-from ddpviz.widgets.event_model import StepRecord
-from ddpviz.widgets.verification_matrix import group_ranks
+from ddpviz.model.event_model import StepRecord
+from ddpviz.model.verification_matrix import group_ranks
 
 
 class AllReduceSpan(NamedTuple):

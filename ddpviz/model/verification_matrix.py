@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple
 
 from ddpviz import events as ev
 from ddpviz.findings import format_ranks, group_ranks
-from ddpviz.widgets.event_model import RankState
+from ddpviz.model.event_model import RankState
 
 CellStatus = Literal["same", "differs", "missing", "pending"]
 MatrixState = Literal["waiting", "verifying", "passed", "failed", "unverified"]

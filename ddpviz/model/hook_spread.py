@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ddpviz.widgets.hook_analysis import IterationView
-from ddpviz.widgets.rank_groups import Spread, slowest, spread
+from ddpviz.model.hook_analysis import IterationView
+from ddpviz.model.rank_groups import Spread, slowest, spread
 
 
 class BucketSpread(NamedTuple):
