@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddpviz import events as ev
 from ddpviz._diagnose import diagnose
 from ddpviz.chrome_trace import write_chrome_trace
+from ddpviz.model.event_model import EventModel
 from ddpviz.report import render
 from ddpviz.trace import Trace, gc_paused
 from ddpviz.tracefile import TraceWriter
-from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.source import attach
 
 PARAMS_PER_BUCKET = 100

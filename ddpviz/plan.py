@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ddpviz.widgets.bucket_map import BucketMap
     from ddpviz.model.event_model import Timed
+    from ddpviz.widgets.bucket_map import BucketMap
 
 __all__ = ["BucketPlan", "BucketSlot", "PlanSettings", "PlannedBucket", "PlannedParam",
            "TensorSpec", "bucket_plan", "compute_bucket_assignment_by_size",

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast, overload
 
 import msgspec
 
-from ddpviz import events as ev
 from ddpviz import limits
 from ddpviz.atomic import replacing
 from ddpviz.columns import RankColumns, Shared, Table, by_rank

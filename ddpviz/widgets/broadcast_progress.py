@@ -17,10 +17,10 @@ import ipywidgets as w
 
 from ddpviz import events as ev
 from ddpviz import markup
-from ddpviz.units import human_bytes
 from ddpviz.model.event_model import CONSTRUCTION, EventModel, RankState
-from ddpviz.widgets.event_view import EventView
 from ddpviz.model.rank_groups import MANY_RANKS, ValueGroup, rank_label, spread, value_groups
+from ddpviz.units import human_bytes
+from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.replay_controls import Cursor
 
 

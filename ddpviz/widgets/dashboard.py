@@ -15,15 +15,15 @@ import ipywidgets as w
 
 from ddpviz import markup
 from ddpviz.findings import format_ranks
+from ddpviz.model.event_model import Status
+from ddpviz.model.verification_matrix import group_ranks
 from ddpviz.widgets.advice_view import AdviceTab
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
-from ddpviz.model.event_model import Status
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_timeline import HookTimeline
 from ddpviz.widgets.live_bucket_map import LiveBucketMap
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.replica_view import ReplicaView
-from ddpviz.model.verification_matrix import group_ranks
 from ddpviz.widgets.verification_view import VerificationView
 from ddpviz.widgets.wait_table import WaitTable
 

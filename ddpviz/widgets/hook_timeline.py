@@ -21,13 +21,13 @@ import ipywidgets as w
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.findings import Finding, format_ranks
-from ddpviz.units import human_bytes
-from ddpviz.widgets import timeline_svg
 from ddpviz.model.event_model import CONSTRUCTION, EventModel
-from ddpviz.widgets.event_view import EventView
 from ddpviz.model.hook_analysis import IterationView, OrderDiff, analyse
 from ddpviz.model.hook_spread import IterationSpread, iteration_spread
 from ddpviz.model.rank_groups import MANY_RANKS, Spread, value_groups
+from ddpviz.units import human_bytes
+from ddpviz.widgets import timeline_svg
+from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.replay_controls import Cursor
 
 MAX_ORDER_GROUPS = 24  # rows of the firing-order table when ranks are grouped by their order

@@ -14,12 +14,12 @@ import ipywidgets as w
 
 from ddpviz import events as ev
 from ddpviz import markup
+from ddpviz.model.event_model import CONSTRUCTION, EventModel, Timed
+from ddpviz.model.hook_analysis import bucket_averages
 from ddpviz.plan import ObservedMaps, observed_plan
 from ddpviz.units import human_bytes
 from ddpviz.widgets.bucket_map import BucketMap, Which
-from ddpviz.model.event_model import CONSTRUCTION, EventModel, Timed
 from ddpviz.widgets.event_view import EventView
-from ddpviz.model.hook_analysis import bucket_averages
 from ddpviz.widgets.replay_controls import Cursor
 
 MAX_TIMING_ROWS = 1_000  # rows of the timing table; past it a line says how many are left

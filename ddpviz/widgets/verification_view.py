@@ -15,9 +15,7 @@ import ipywidgets as w
 
 from ddpviz import markup
 from ddpviz.model.event_model import CONSTRUCTION, EventModel
-from ddpviz.widgets.event_view import EventView
 from ddpviz.model.rank_groups import rank_label
-from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.model.verification_matrix import (
     FIELD_ORDER,
     Matrix,
@@ -26,6 +24,8 @@ from ddpviz.model.verification_matrix import (
     format_ranks,
     group_ranks,
 )
+from ddpviz.widgets.event_view import EventView
+from ddpviz.widgets.replay_controls import Cursor
 
 COLOURS = {"same": "#dff3dc", "differs": "#fdd9b5", "missing": "#f6c5c5", "pending": "#eeeeee"}
 GLYPHS = {"same": "✓", "differs": "≠", "missing": "∅", "pending": "…"}

@@ -11,6 +11,7 @@ import ipywidgets as w
 import pytest
 
 from ddpviz import markup, report
+from ddpviz.model.event_model import CONSTRUCTION
 from ddpviz.trace import Trace
 from ddpviz.widgets import (
     BroadcastProgress,
@@ -19,7 +20,6 @@ from ddpviz.widgets import (
     LiveBucketMap,
     VerificationView,
 )
-from ddpviz.model.event_model import CONSTRUCTION
 from ddpviz.widgets.replay_controls import Cursor
 from tests.security.hostile import PAYLOAD, hostile_trace, one_of_each, raw_markup, string_fields
 

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from ddpviz.trace import Trace
-from ddpviz.widgets import BroadcastProgress, VerificationView
 from ddpviz.model.event_model import EventModel
 from ddpviz.model.hook_analysis import (
     MAX_DEPARTURES_LISTED,
@@ -24,6 +22,8 @@ from ddpviz.model.hook_analysis import (
     IterationView,
     analyse,
 )
+from ddpviz.trace import Trace
+from ddpviz.widgets import BroadcastProgress, VerificationView
 from ddpviz.widgets.source import attach
 from ddpviz.widgets.verification_view import MAX_COLUMNS
 from tests.security.bombs import (

@@ -4,9 +4,9 @@ values follow the BroadcastStarted/ChunkSent/ChunkDone/Finished events at every 
 from __future__ import annotations
 
 from ddpviz import events as ev
+from ddpviz.model.event_model import EventModel
 from ddpviz.widgets import BroadcastProgress
 from ddpviz.widgets.broadcast_progress import rank_broadcast
-from ddpviz.model.event_model import EventModel
 from tests.widgets.streams import synthetic_run
 
 

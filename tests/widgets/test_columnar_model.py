@@ -4,8 +4,8 @@ findings, status; on runs with every kind of defect and clock offsets."""
 
 from __future__ import annotations
 
-from ddpviz.trace import Trace
 from ddpviz.model.event_model import EventModel, GradArray
+from ddpviz.trace import Trace
 from tests.diagnose.random_runs import random_run
 
 

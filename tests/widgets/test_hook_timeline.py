@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 
 from ddpviz import events as ev
-from ddpviz.widgets import HookTimeline
 from ddpviz.model.event_model import EventModel
 from ddpviz.model.hook_analysis import analyse, order_diff
+from ddpviz.widgets import HookTimeline
 from ddpviz.widgets.replay_controls import Cursor
 from tests.widgets.streams import Plant, synthetic_run
 

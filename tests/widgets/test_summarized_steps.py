@@ -8,9 +8,9 @@ from __future__ import annotations
 import html
 
 from ddpviz import events as ev
+from ddpviz.model.event_model import EventModel
 from ddpviz.trace import Trace
 from ddpviz.widgets import HookTimeline
-from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.hook_timeline import step_list
 from tests.widgets.streams import Plant, summarize_steps, synthetic_run
 
