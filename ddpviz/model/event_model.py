@@ -104,6 +104,20 @@ class GradArray:
     def append(self, grad: tuple[int, int, int]) -> None:
         self._tail.append(grad)
 
+    def param_column(self) -> np.ndarray:
+        """Every hook's parameter in order (the column, and the hooks fed later as objects)."""
+        if not self._tail:
+            return self.params
+        return np.concatenate([self.params, np.array([p for _, p, _ in self._tail],
+                                                     dtype=np.int64)])
+
+    def bucket_column(self) -> np.ndarray:
+        """Every hook's bucket in order, like `param_column`."""
+        if not self._tail:
+            return self.buckets
+        return np.concatenate([self.buckets, np.array([b for _, _, b in self._tail],
+                                                      dtype=np.int64)])
+
     def copy(self) -> GradArray:
         out = GradArray(self.t, self.params, self.buckets)  # the columns are never written
         out._tail = list(self._tail)
@@ -330,21 +344,7 @@ class EventModel:
             top = int(step.max())
             if top > state.step:
                 state.step = top
-            order = np.argsort(step, kind="stable")
-            cut = np.flatnonzero(step[order][1:] != step[order][:-1]) + 1
-            for rows in np.split(order, cut):
-                s = int(step[rows[0]])
-                tt = t[rows]
-                lo, hi = int(tt.min()), int(tt.max())
-                bounds = self._step_bounds.get(s)
-                if bounds is None:
-                    self._step_bounds[s] = [lo, hi]
-                    self._step_versions[s] = len(rows)
-                else:
-                    bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
-                    self._step_versions[s] += len(rows)
-                if s >= 0:
-                    self._fold_step(state, table, s, rows, tt)
+            self._fold_runs(state, table, t)
             # rare events in arrival order, through the object handlers
             for row in sorted(table.objects):
                 e = table.objects[row]
@@ -368,41 +368,73 @@ class EventModel:
         while self._arrivals and self._arrivals[0][0] < now - 1.0:
             self._arrivals.popleft()
 
-    def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
-                   tt: np.ndarray) -> None:
-        """One rank's hot events of one step (rows in arrival order, tt their aligned t)."""
-        first, last = int(tt[0]), int(tt.max())
-        rec = state.steps.get(step)
-        if rec is None:
-            rec = state.steps[step] = StepRecord(first, last)
-        elif last > rec.last:
-            rec.last = last
-        k = table.kind[rows]
-        for code, attr in _INSTANTS:
-            at = np.flatnonzero(k == code)
-            if len(at):
-                setattr(rec, attr, int(tt[at[-1]]))
-        g = np.flatnonzero(k == col.GRAD_READY)
-        if len(g):
-            self._full_steps.add(step)
-            r = rows[g]
-            grads = GradArray(tt[g], table.a[r], table.b[r])
-            if rec.grads:
-                rec.grads = GradArray.of([*rec.grads, *grads])
+    # [Note: runs of a step]
+    # A rank's rows come step after step, so a step is a run of rows (a table whose steps
+    # interleave is first sorted by step, stably: a step's rows keep their arrival order). Per
+    # step, the numpy calls of a fold cost more than its rows at 1,000 parameters (~45 calls of
+    # ~1 us for ~1,000 rows), so the rank is folded whole: its hooks are gathered once and each
+    # step's GradArray is a slice of them; the few other rows (instants, bucket readiness,
+    # all-reduces: ~3 per bucket) are read from lists, a run at a time. What a step gets is
+    # what `feed` builds from the same events in arrival order (tests/widgets/
+    # test_columnar_model.py holds them equal, with steps in order and interleaved).
+    def _fold_runs(self, state: RankState, table: Table, t: np.ndarray) -> None:
+        """The hot events of one rank (`t`: aligned), a run of rows of one step at a time:
+        each step's bounds and version, and its StepRecord. See [Note: runs of a step]."""
+        kind, step, a, b, strs = table.kind, table.step, table.a, table.b, table.s
+        if not bool(np.all(step[1:] >= step[:-1])):
+            order = np.argsort(step, kind="stable")  # a step's rows stay in arrival order
+            kind, step, t, a, b, strs = (x[order] for x in (kind, step, t, a, b, strs))
+        n = len(kind)
+        starts = np.concatenate([[0], np.flatnonzero(step[1:] != step[:-1]) + 1])
+        cut = [*starts.tolist(), n]
+        hooks = kind == col.GRAD_READY
+        g = np.flatnonzero(hooks)
+        other = np.flatnonzero(~hooks)  # instants, buckets, all-reduces and rare events
+        g_cut = np.searchsorted(g, cut).tolist()
+        o_cut = np.searchsorted(other, cut).tolist()
+        tg, ag, bg = t[g], a[g], b[g]
+        ko, to, ao = kind[other].tolist(), t[other].tolist(), a[other].tolist()
+        bo, so = b[other].tolist(), strs[other].tolist()
+        strings = table.strings
+        lows = np.minimum.reduceat(t, starts).tolist()
+        highs = np.maximum.reduceat(t, starts).tolist()
+        firsts = t[starts].tolist()
+        for i, s in enumerate(step[starts].tolist()):
+            lo, hi, size = lows[i], highs[i], cut[i + 1] - cut[i]
+            bounds = self._step_bounds.get(s)
+            if bounds is None:
+                self._step_bounds[s] = [lo, hi]
+                self._step_versions[s] = size
             else:
-                rec.grads = grads
-        for code, target in ((col.BUCKET_READY, rec.bucket_ready), (col.DONE, rec.done)):
-            at = np.flatnonzero(k == code)
-            if len(at):
-                target.update(zip(table.a[rows[at]].tolist(), tt[at].tolist(), strict=True))
-        at = np.flatnonzero(k == col.LAUNCHED)
-        if len(at):
-            r = rows[at]
-            strings = table.strings
-            rec.launched.update(
-                (b, (t, nb, strings[si])) for b, t, nb, si in zip(
-                    table.a[r].tolist(), tt[at].tolist(), table.b[r].tolist(),
-                    table.s[r].tolist(), strict=True))
+                bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
+                self._step_versions[s] += size
+            if s < 0:
+                continue
+            rec = state.steps.get(s)
+            if rec is None:
+                rec = state.steps[s] = StepRecord(firsts[i], hi)
+            elif hi > rec.last:
+                rec.last = hi
+            gl, gh = g_cut[i], g_cut[i + 1]
+            if gh > gl:
+                self._full_steps.add(s)
+                grads = GradArray(tg[gl:gh], ag[gl:gh], bg[gl:gh])
+                rec.grads = GradArray.of([*rec.grads, *grads]) if rec.grads else grads
+            ready, done, launched = rec.bucket_ready, rec.done, rec.launched
+            for j in range(o_cut[i], o_cut[i + 1]):
+                k = ko[j]
+                if k == _BUCKET_READY:
+                    ready[ao[j]] = to[j]
+                elif k == _LAUNCHED:
+                    launched[ao[j]] = (to[j], bo[j], strings[so[j]])
+                elif k == _DONE:
+                    done[ao[j]] = to[j]
+                elif k == _FORWARD:
+                    rec.forward = to[j]
+                elif k == _BACKWARD:
+                    rec.backward = to[j]
+                elif k == _BACKWARD_END:
+                    rec.backward_end = to[j]
 
     def _rank(self, rank: int) -> RankState:
         state = self._ranks.get(rank)
@@ -722,5 +754,5 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
 # For feed_table: which kinds set the phase shown, which are hot, and the instants per step.
 _PHASED = np.array([cls in _PHASE_OF for cls in col.KINDS], dtype=bool)
 _HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
-_INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
-             (col.BACKWARD_END, "backward_end"))
+_BUCKET_READY, _LAUNCHED, _DONE = col.BUCKET_READY, col.LAUNCHED, col.DONE
+_FORWARD, _BACKWARD, _BACKWARD_END = col.FORWARD, col.BACKWARD, col.BACKWARD_END

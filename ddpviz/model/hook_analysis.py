@@ -15,8 +15,9 @@ from collections.abc import Iterable, Mapping
 from statistics import fmean
 from typing import NamedTuple
 
-from ddpviz.model.event_model import StepRecord
-from ddpviz.model.verification_matrix import group_ranks
+import numpy as np
+
+from ddpviz.model.event_model import GradArray, Grads, StepRecord
 
 
 class AllReduceSpan(NamedTuple):
@@ -97,8 +98,20 @@ def compute_end(rec: StepRecord) -> int | None:
     return rec.backward
 
 
+def hook_columns(grads: Grads) -> tuple[np.ndarray, np.ndarray]:
+    """(parameters, buckets) of a step's hooks in firing order, as int64 columns (a trace's
+    GradArray hands its own; a live feed's list is converted)."""
+    if isinstance(grads, GradArray):
+        return grads.param_column(), grads.bucket_column()
+    if not grads:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return (np.array([p for _, p, _ in grads], dtype=np.int64),
+            np.array([b for _, _, b in grads], dtype=np.int64))
+
+
 def _lane(rank: int, rec: StepRecord, n_params: int | None) -> Lane:
-    order = tuple(p for _, p, _ in rec.grads)
+    fired, _ = hook_columns(rec.grads)
+    order = tuple(fired.tolist())
     end = compute_end(rec)
     spans = []
     for b, (start, nbytes, dtype) in sorted(rec.launched.items()):
@@ -109,7 +122,7 @@ def _lane(rank: int, rec: StepRecord, n_params: int | None) -> Lane:
         spans.append(AllReduceSpan(b, start, done, nbytes, dtype, exposed))
     ends = [s.end for s in spans if s.end is not None]
     exposed_total = max(0, max(ends) - end) if ends and end is not None else 0
-    unused, n_unused = _unused(rec.unused, order, n_params if rec.backward_end is not None
+    unused, n_unused = _unused(rec.unused, fired, n_params if rec.backward_end is not None
                                and rec.grads else None)
     return Lane(rank, rec, order, end, tuple(spans), exposed_total, unused, n_unused)
 
@@ -117,21 +130,28 @@ def _lane(rank: int, rec: StepRecord, n_params: int | None) -> Lane:
 MAX_UNUSED_LISTED = 64
 
 
-def _unused(reported: Iterable[int], fired: Iterable[int], n_params: int | None
+def _unused(reported: Iterable[int], fired: Iterable[int] | np.ndarray, n_params: int | None
             ) -> tuple[tuple[int, ...], int]:
     """The first MAX_UNUSED_LISTED of `reported` | (range(n_params) - `fired`), and how many
     there are: linear in what the rank reported, not in n_params."""
     out = set(reported)
     if n_params is None:
         return tuple(sorted(out)[:MAX_UNUSED_LISTED]), len(out)
-    done = {p for p in fired if 0 <= p < n_params}
-    extra = sum(1 for p in out if not 0 <= p < n_params or p in done)
-    first: list[int] = []
-    i = 0
-    while i < n_params and len(first) < MAX_UNUSED_LISTED:  # at most len(done) + 64 steps
-        if i not in done:
-            first.append(i)
-        i += 1
+    hooks = np.asarray(fired if isinstance(fired, np.ndarray) else list(fired), dtype=np.int64)
+    hooks = hooks[(hooks >= 0) & (hooks < n_params)]
+    if n_params <= 2 * len(hooks) + 1024:  # a mask over the parameters costs no more
+        mask = np.zeros(n_params, dtype=bool)
+        mask[hooks] = True
+        done = np.flatnonzero(mask)
+    else:
+        done = np.unique(hooks)
+    # the first MAX_UNUSED_LISTED indices not fired lie below len(done) + MAX_UNUSED_LISTED
+    low = np.arange(min(n_params, len(done) + MAX_UNUSED_LISTED), dtype=np.int64)
+    first = low[~np.isin(low, done, assume_unique=True)][:MAX_UNUSED_LISTED].tolist()
+    rep = np.array(sorted(out), dtype=np.int64)
+    inside = (rep >= 0) & (rep < n_params)
+    extra = int(np.count_nonzero(~inside)) + int(np.count_nonzero(
+        np.isin(rep[inside], done, assume_unique=True)))
     listed = sorted(out | set(first))[:MAX_UNUSED_LISTED]
     return tuple(listed), n_params - len(done) + extra
 
@@ -140,22 +160,28 @@ def order_diff(orders: Mapping[int, tuple[int, ...]]) -> OrderDiff:
     """The reference order and each rank's departures from it, position by position."""
     if not orders:
         return OrderDiff((), (), {}, {})
-    groups = group_ranks({r: ",".join(map(str, o)) for r, o in orders.items()})
-    ref_ranks = groups[0][1]
+    # ranks with the same order (all but a few, usually) are compared once, in numpy
+    by_order: dict[tuple[int, ...], list[int]] = {}
+    for r in sorted(orders):
+        by_order.setdefault(orders[r], []).append(r)
+    groups = sorted(by_order.items(), key=lambda g: (-len(g[1]), g[1][0]))
+    ref_ranks = tuple(groups[0][1])
     reference = orders[ref_ranks[0]]
-    positions: dict[int, tuple[int, ...]] = {}
-    departures: dict[int, int] = {}
-    for r, o in orders.items():
+    ref = np.array(reference, dtype=np.int64)
+    found: dict[int, tuple[tuple[int, ...], int]] = {}  # rank -> (positions, departures)
+    for o, ranks in groups:
         # the shared prefix compared (linear in this rank's own hooks), the rest counted: a
         # rank that fired 1 hook is not compared position by position with 30,000
         common = min(len(o), len(reference))
-        first = [i for i in range(common) if o[i] != reference[i]]
+        first = np.flatnonzero(np.array(o[:common], dtype=np.int64) != ref[:common])
         count = len(first) + max(len(o), len(reference)) - common
         tail = range(common, common + max(0, MAX_DEPARTURES_LISTED - len(first)))
-        positions[r] = tuple(first[:MAX_DEPARTURES_LISTED]) + tuple(
+        positions = tuple(first[:MAX_DEPARTURES_LISTED].tolist()) + tuple(
             i for i in tail if i < common + count - len(first))
-        departures[r] = count
-    return OrderDiff(reference, ref_ranks, positions, departures)
+        for r in ranks:
+            found[r] = (positions, count)
+    return OrderDiff(reference, ref_ranks, {r: found[r][0] for r in orders},
+                     {r: found[r][1] for r in orders})
 
 
 MAX_DEPARTURES_LISTED = 256  # positions kept per rank where its order departs
@@ -180,9 +206,10 @@ def analyse(step: int, records: Mapping[int, StepRecord],
     for lane in lanes.values():
         rec = lane.record
         per_bucket: dict[int, int] = {}
-        for _, _, b in rec.grads:
-            per_bucket[b] = per_bucket.get(b, 0) + 1
-        if not rec.grads:
+        if rec.grads:
+            ids, n_hooks = np.unique(hook_columns(rec.grads)[1], return_counts=True)
+            per_bucket = dict(zip(ids.tolist(), n_hooks.tolist(), strict=True))
+        else:
             for b, summary in rec.summaries.items():
                 per_bucket[b] = summary.n_grads
         for b, n in per_bucket.items():
