@@ -1,18 +1,25 @@
-"""hook_analysis reads a step's hooks from its columns (numpy): the unused parameters and the
-firing-order departures it finds equal the per-hook Python it replaced (kept here as the
-reference), on random orders, reports and parameter counts."""
+"""hook_analysis reads a step's hooks from its columns (numpy): the unused parameters, the
+firing-order departures and the per-bucket averages it finds equal the per-hook Python it
+replaced (kept here as the reference), on random orders, reports, records and counts."""
 
 from __future__ import annotations
 
 import random
+from statistics import fmean
+
+import numpy as np
 
 from ddpviz.findings import group_ranks
-from ddpviz.model.event_model import GradArray
+from ddpviz.model.event_model import GradArray, StepRecord
 from ddpviz.model.hook_analysis import (
     MAX_DEPARTURES_LISTED,
     MAX_UNUSED_LISTED,
+    BucketAverages,
     OrderDiff,
+    _counts,
     _unused,
+    bucket_averages,
+    compute_end,
     hook_columns,
     order_diff,
 )
@@ -100,3 +107,66 @@ def test_hook_columns_read_a_list_and_a_columns_step_alike() -> None:
         params, buckets = hook_columns(source)
         assert params.tolist() == [3, 1, 2] and buckets.tolist() == [0, 0, 1]
     assert [x.tolist() for x in hook_columns([])] == [[], []]
+
+
+def bucket_averages_reference(history: dict[int, dict[int, StepRecord]], steps: list[int]
+                              ) -> tuple[BucketAverages, ...]:
+    acc: dict[int, dict[str, list[float]]] = {}
+    for step in steps:
+        per: dict[int, dict[str, float]] = {}
+        for rec in history.get(step, {}).values():
+            end_ns = compute_end(rec)
+            for b, (start, _, _) in rec.launched.items():
+                d = per.setdefault(b, {})
+                end = rec.done.get(b)
+                if end is not None:
+                    d["ar"] = max(d.get("ar", 0.0), (end - start) / 1e6)
+                    if end_ns is not None:
+                        exposed = max(0, end - max(start, end_ns)) / 1e6
+                        d["exp"] = max(d.get("exp", 0.0), exposed)
+            if rec.backward is not None:
+                for b, t in rec.bucket_ready.items():
+                    d = per.setdefault(b, {})
+                    d["ready"] = max(d.get("ready", 0.0), (t - rec.backward) / 1e6)
+        for b, d in per.items():
+            a = acc.setdefault(b, {"ready": [], "ar": [], "exp": []})
+            for k, v in d.items():
+                a[k].append(v)
+    return tuple(BucketAverages(b, max(len(d["ar"]), len(d["ready"])),
+                                fmean(d["ready"]) if d["ready"] else None,
+                                fmean(d["ar"]) if d["ar"] else None,
+                                fmean(d["exp"]) if d["exp"] else None)
+                 for b, d in sorted(acc.items()))
+
+
+def _record(rng: random.Random) -> StepRecord:
+    t0 = rng.randrange(10**6)
+    rec = StepRecord(t0, t0 + 10**5)
+    rec.backward = None if rng.random() < 0.2 else t0 + rng.randrange(-50, 3_000)
+    if rng.random() < 0.7:
+        rec.grads = [(t0 + rng.randrange(5_000), p, p % 3) for p in range(rng.randint(1, 6))]
+    for b in rng.sample(range(6), rng.randint(0, 6)):
+        start = t0 + rng.randrange(6_000)
+        rec.launched[b] = (start, 64, "float32")
+        if rng.random() < 0.8:
+            rec.done[b] = start + rng.randrange(-100, 4_000)
+        if rng.random() < 0.8:
+            rec.bucket_ready[b] = t0 + rng.randrange(-200, 6_000)
+    for b in rng.sample(range(8), rng.randint(0, 2)):  # ready, never launched
+        rec.bucket_ready[b] = t0 + rng.randrange(6_000)
+    return rec
+
+
+def test_bucket_averages_equal_the_per_bucket_reference() -> None:
+    rng = random.Random(2)
+    for _ in range(200):
+        history = {s: {r: _record(rng) for r in range(rng.randint(0, 5))}
+                   for s in range(rng.randint(0, 6))}
+        steps = sorted(rng.sample(range(8), rng.randint(0, 8)))
+        assert bucket_averages(history, steps) == bucket_averages_reference(history, steps)
+
+
+def test_hook_counts_per_bucket_read_from_the_column() -> None:
+    assert _counts(np.array([3, 0, 3, 3, 7])) == {0: 1, 3: 3, 7: 1}
+    assert _counts(np.array([5, -1, 5])) == {-1: 1, 5: 2}  # not a bucket index: np.unique
+    assert _counts(np.array([10**9, 2])) == {2: 1, 10**9: 1}
