@@ -373,8 +373,9 @@ class EventModel:
     # interleave is first sorted by step, stably: a step's rows keep their arrival order). Per
     # step, the numpy calls of a fold cost more than its rows at 1,000 parameters (~45 calls of
     # ~1 us for ~1,000 rows), so the rank is folded whole: its hooks are gathered once and each
-    # step's GradArray is a slice of them; the few other rows (instants, bucket readiness,
-    # all-reduces: ~3 per bucket) are read from lists, a run at a time. What a step gets is
+    # step's GradArray is a slice of them; the few other hot rows (instants, bucket readiness,
+    # all-reduces: ~3 per bucket) are gathered per kind into lists, and a run takes its slice
+    # of each (dict.update over zip: no Python loop per row). What a step gets is
     # what `feed` builds from the same events in arrival order (tests/widgets/
     # test_columnar_model.py holds them equal, with steps in order and interleaved).
     def _fold_runs(self, state: RankState, table: Table, t: np.ndarray) -> None:
@@ -389,13 +390,19 @@ class EventModel:
         cut = [*starts.tolist(), n]
         hooks = kind == col.GRAD_READY
         g = np.flatnonzero(hooks)
-        other = np.flatnonzero(~hooks)  # instants, buckets, all-reduces and rare events
         g_cut = np.searchsorted(g, cut).tolist()
-        o_cut = np.searchsorted(other, cut).tolist()
         tg, ag, bg = t[g], a[g], b[g]
-        ko, to, ao = kind[other].tolist(), t[other].tolist(), a[other].tolist()
-        bo, so = b[other].tolist(), strs[other].tolist()
+        # the other hot rows by kind: their columns as lists, and where each run's begin
+        other = np.flatnonzero(~hooks)
+        ko = kind[other]
+        rows = {code: other[ko == code] for code in _FOLDED}
+        at = {code: np.searchsorted(r, cut).tolist() for code, r in rows.items()}
+        ts = {code: t[r].tolist() for code, r in rows.items()}
+        ready_b, done_b = a[rows[_BUCKET_READY]].tolist(), a[rows[_DONE]].tolist()
+        launched_b = a[rows[_LAUNCHED]].tolist()
         strings = table.strings
+        launches = list(zip(ts[_LAUNCHED], b[rows[_LAUNCHED]].tolist(),
+                            [strings[i] for i in strs[rows[_LAUNCHED]].tolist()], strict=True))
         lows = np.minimum.reduceat(t, starts).tolist()
         highs = np.maximum.reduceat(t, starts).tolist()
         firsts = t[starts].tolist()
@@ -420,21 +427,19 @@ class EventModel:
                 self._full_steps.add(s)
                 grads = GradArray(tg[gl:gh], ag[gl:gh], bg[gl:gh])
                 rec.grads = GradArray.of([*rec.grads, *grads]) if rec.grads else grads
-            ready, done, launched = rec.bucket_ready, rec.done, rec.launched
-            for j in range(o_cut[i], o_cut[i + 1]):
-                k = ko[j]
-                if k == _BUCKET_READY:
-                    ready[ao[j]] = to[j]
-                elif k == _LAUNCHED:
-                    launched[ao[j]] = (to[j], bo[j], strings[so[j]])
-                elif k == _DONE:
-                    done[ao[j]] = to[j]
-                elif k == _FORWARD:
-                    rec.forward = to[j]
-                elif k == _BACKWARD:
-                    rec.backward = to[j]
-                elif k == _BACKWARD_END:
-                    rec.backward_end = to[j]
+            for code, attr in _INSTANTS:
+                last = at[code][i + 1]
+                if last > at[code][i]:
+                    setattr(rec, attr, ts[code][last - 1])
+            j, k = at[_BUCKET_READY][i], at[_BUCKET_READY][i + 1]
+            if k > j:
+                rec.bucket_ready.update(zip(ready_b[j:k], ts[_BUCKET_READY][j:k], strict=True))
+            j, k = at[_DONE][i], at[_DONE][i + 1]
+            if k > j:
+                rec.done.update(zip(done_b[j:k], ts[_DONE][j:k], strict=True))
+            j, k = at[_LAUNCHED][i], at[_LAUNCHED][i + 1]
+            if k > j:
+                rec.launched.update(zip(launched_b[j:k], launches[j:k], strict=True))
 
     def _rank(self, rank: int) -> RankState:
         state = self._ranks.get(rank)
@@ -755,4 +760,6 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
 _PHASED = np.array([cls in _PHASE_OF for cls in col.KINDS], dtype=bool)
 _HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
 _BUCKET_READY, _LAUNCHED, _DONE = col.BUCKET_READY, col.LAUNCHED, col.DONE
-_FORWARD, _BACKWARD, _BACKWARD_END = col.FORWARD, col.BACKWARD, col.BACKWARD_END
+_INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
+             (col.BACKWARD_END, "backward_end"))
+_FOLDED = (_BUCKET_READY, _LAUNCHED, _DONE, *(code for code, _ in _INSTANTS))
