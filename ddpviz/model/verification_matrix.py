@@ -10,7 +10,8 @@ Sized by what the file holds, never by rows x ranks: a row keeps the cells of th
 (its ParamsBuilt entries and mismatch values, `Row.known`); every other rank's cell follows from
 the rank alone (`Matrix.base`: missing where the rank's ParamsBuilt lacks the row, same where it
 passed verification, else pending), so a world size of 131,072 costs a count, not 131,072
-cells per row.
+cells per row. Ranks that list the same parameters share their cells and values too (one entry
+per class of such ranks: see [Note: matrix by rank class]).
 """
 
 from __future__ import annotations
