@@ -104,7 +104,7 @@ class Session:
     def publish_connect_file(self) -> Path:
         """Write the connect string into `connect_file` (once) and return its path."""
         if self._connect_dir is None:
-            from ddpviz.launcher.private_dir import PrivateDir
+            from ddpviz.private_dir import PrivateDir
 
             self._connect_dir = PrivateDir()
             self._connect_dir.write_private("connect", self.connect_string + "\n")

@@ -25,7 +25,6 @@ from ddpviz.launcher import channel
 from ddpviz.launcher.cells import code_origins
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
-from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.process import (
     RankProcess,
     choose_backend,
@@ -38,6 +37,7 @@ from ddpviz.launcher.process import (
 )
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
+from ddpviz.private_dir import PrivateDir
 
 if TYPE_CHECKING:
     from ddpviz.session import Session

@@ -43,7 +43,7 @@ def install_in_rank() -> None:
 
 
 class StackFiles:
-    """One stack file per rank, in the run's private directory (private_dir.py)."""
+    """One stack file per rank, in the run's private directory (ddpviz/private_dir.py)."""
 
     def __init__(self, nprocs: int, directory: Path) -> None:
         self.dir = directory
