@@ -272,6 +272,22 @@ class Reducer:
             self.grad_accumulators.append(acc)  # keeps the node (and its hook) alive
             self.hook_handles.append(acc.register_hook(hook))
 
+    def unhooked(self, indices: Sequence[int]) -> list[int]:
+        """Which of these parameters no longer accumulate through the node the hook is on.
+
+        `param.set_(t)` (and `param.data = t` with another dtype or device) after construction
+        gives the parameter a new AccumulateGrad node: its gradient is still computed, but no
+        hook of this reducer fires for it (torch's reducer loses its hook the same way, and says
+        "Expected to have finished reduction"). Read on the error path only."""
+        out = []
+        for i in indices:
+            p = self.params[i]
+            with torch.enable_grad():
+                acc = p.view_as(p).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+            if acc is not self.grad_accumulators[i]:
+                out.append(i)
+        return out
+
     def remove_autograd_hooks(self) -> None:
         """Detach every hook this reducer registered."""
         for h in self.hook_handles:
@@ -605,7 +621,7 @@ class Reducer:
         assert self.watchdog is not None
         message, findings = self.watchdog.agree_on_unused(
             self.tap.step, missing, [i for i in missing if i in set(self.unreachable or ())],
-            self.names, [tuple(p.shape) for p in self.params])
+            self.names, [tuple(p.shape) for p in self.params], self.unhooked(missing))
         if not findings:
             return
         if self.tap.enabled:
@@ -663,15 +679,17 @@ class Reducer:
         rank = self.process_group.rank()
         # Reachability is only known for the first synced iteration's graph.
         unreachable = set(self.unreachable or ()) if not at_forward else set()
+        unhooked = set(self.unhooked(missing))
         lines = []
         for i in missing:
-            why = ("not used in forward" if i in unreachable
+            why = (texts.UNHOOKED if i in unhooked else "not used in forward" if i in unreachable
                    else "no gradient reached it in backward")
             lines.append(f"  parameter {i} '{self.names[i]}' "
                          f"{tuple(self.params[i].shape)}: {why}")
         setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
                    else f"find_unused_parameters={self.find_unused_parameters}")
-        fix = fix_for("graph_changed" if self.static_graph else "unused_parameter")
+        fix = texts.UNHOOKED_FIX if unhooked == set(missing) else fix_for(
+            "graph_changed" if self.static_graph else "unused_parameter")
         error = UnusedParametersError(texts.unused_parameters(
             missing, len(self.params), rank, lines, at_forward=at_forward, setting=setting,
             torch_text=self._torch_text({rank: [(i, self.names[i]) for i in missing]}),

@@ -269,7 +269,7 @@ def healthy(rank: int, world_size: int) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_healthy_runs_report_nothing(world_size: int) -> None:
     results = run_ranks(healthy, world_size, timeout=900)[0]
     assert [r["found"] for r in results] == [[] for _ in HEALTHY]
