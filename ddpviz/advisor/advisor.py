@@ -83,7 +83,7 @@ def advise(source: object, *, candidates: object = None,
             cores (CPU gloo with every core busy).
 
     Returns:
-        `Advice`: print it, `.to_records()`, `.show()`.
+        The `Advice`; print it, or read `.to_records()`, or `.show()` it.
 
     Modeled: buckets from the exact planner (assignment, rebuild in gradient-ready order, the
     1 MiB first bucket, cap lists, DDP_SET_LAST_BUCKET_CAP), in-order bucket launch, one process

@@ -51,6 +51,16 @@ class CostModel:
     separable: bool = True  # latency and bandwidth both determined for every dtype
 
     def line(self, dtype: str) -> Line:
+        """The cost line of one dtype.
+
+        Args:
+            dtype: torch's dtype name without "torch." ("float32", "bfloat16", ...).
+
+        Returns:
+            The dtype's fitted or measured line; for a dtype the run never all-reduced, the
+            known line with the highest per-byte cost (a conservative guess); a zero line
+            when the model has none.
+        """
         if dtype in self.lines:
             return self.lines[dtype]
         if not self.lines:
@@ -59,6 +69,15 @@ class CostModel:
         return max(self.lines.values(), key=lambda x: x.seconds_per_byte)
 
     def seconds(self, nbytes: int, dtype: str) -> float:
+        """The predicted time of one all-reduce (latency + bytes / bandwidth).
+
+        Args:
+            nbytes: the size of the bucket all-reduced, in bytes.
+            dtype: its dtype name, as for `line`.
+
+        Returns:
+            Seconds, from launch to done.
+        """
         return self.line(dtype).seconds(nbytes)
 
     def __str__(self) -> str:
