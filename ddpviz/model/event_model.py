@@ -28,31 +28,9 @@ from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz.columns import Table
 from ddpviz.events import Event
+from ddpviz.model.phases import STATUS_OF
 
 CONSTRUCTION = -1  # the step of every event the constructor emits
-
-_PHASE_OF: dict[type[Event], str] = {
-    ev.ParamsBuilt: "parameters built",
-    ev.VerificationStarted: "verifying",
-    ev.VerificationPassed: "verified",
-    ev.VerificationFailed: "verification failed",
-    ev.BroadcastStarted: "broadcasting",
-    ev.BroadcastChunkSent: "broadcasting",
-    ev.BroadcastChunkDone: "broadcasting",
-    ev.BroadcastFinished: "broadcast done",
-    ev.BucketAssigned: "buckets assigned",
-    ev.ForwardStarted: "forward",
-    ev.BuffersSynced: "forward",
-    ev.BucketsRebuilt: "forward",
-    ev.BackwardStarted: "backward",
-    ev.GradReady: "backward",
-    ev.GradsSummarized: "backward",
-    ev.BucketReady: "backward",
-    ev.AllReduceLaunched: "backward",
-    ev.AllReduceDone: "backward",
-    ev.UnusedParametersFound: "backward",
-    ev.BackwardFinished: "after backward",
-}
 
 
 class GradArray:
@@ -278,7 +256,7 @@ class EventModel:
                     offset = self._offsets.get(e.rank, 0)
                 t = e.t_ns + offset
                 state.count += 1
-                if cls in _PHASE_OF:
+                if cls in STATUS_OF:
                     state.last_type = cls
                 state.last_t = t
                 step = e.step
@@ -645,7 +623,7 @@ class EventModel:
         """Ranks, phases, iteration, counts and rates for the status header."""
         with self._lock:
             ranks = tuple(sorted(self._ranks))
-            phases = {r: _PHASE_OF.get(s.last_type, "started") if s.last_type else "waiting"
+            phases = {r: STATUS_OF.get(s.last_type, "started") if s.last_type else "waiting"
                       for r, s in sorted(self._ranks.items())}
             steps = {r: s.step for r, s in sorted(self._ranks.items())}
             dropped = sum(s.dropped for s in self._ranks.values())
@@ -672,17 +650,17 @@ class EventModel:
             if step >= 0:
                 rec = s.steps[step]
                 if rec.backward_end is not None and rec.backward_end <= as_of:
-                    phases[r] = "after backward"
+                    phases[r] = STATUS_OF[ev.BackwardFinished]
                 elif rec.backward is not None and rec.backward <= as_of:
-                    phases[r] = "backward"
+                    phases[r] = STATUS_OF[ev.BackwardStarted]
                 else:
-                    phases[r] = "forward"
+                    phases[r] = STATUS_OF[ev.ForwardStarted]
                 continue
             seen = [(x.t, type(x.event)) for x in (s.params, s.verify_started, s.verify_result,
                                                    s.broadcast_started, s.broadcast_finished,
                                                    *s.maps) if x is not None and x.t <= as_of]
             seen += [(x.t, type(x.event)) for x in s.chunks_sent.values() if x.t <= as_of]
-            phases[r] = _PHASE_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
+            phases[r] = STATUS_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
                 else "waiting"
         return phases, steps
 
@@ -720,7 +698,7 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
 
 
 # For feed_table: which kinds set the phase shown, which are hot, and the instants per step.
-_PHASED = np.array([cls in _PHASE_OF for cls in col.KINDS], dtype=bool)
+_PHASED = np.array([cls in STATUS_OF for cls in col.KINDS], dtype=bool)
 _HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
 _INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
              (col.BACKWARD_END, "backward_end"))
