@@ -130,6 +130,14 @@ class StepRecord:
     # GradsSummarized per bucket (steps recorded at detail "buckets"/"sampled", where no
     # GradReady was emitted): bucket -> BucketSummary (aligned first and last ready time)
     summaries: dict[int, BucketSummary] = field(default_factory=dict)
+    first_forward: int | None = None  # the step's first ForwardStarted (`forward`: its last)
+    # What the training thread did between the step's hooks (the advisor's launch and finalize
+    # costs, see [Note: hook gaps]): indexes into `grads` of the hooks that did not come right
+    # after another hook of this step; (hook index, ns since the AllReduceLaunched right before
+    # that hook); ns from an AllReduceDone to the BackwardFinished right after it.
+    hook_breaks: list[int] = field(default_factory=list)
+    launch_gaps: list[tuple[int, int]] = field(default_factory=list)
+    finalize_gaps: list[int] = field(default_factory=list)
 
     @property
     def summarized(self) -> bool:
@@ -144,7 +152,8 @@ class StepRecord:
                               self.backward_end, self.grads.copy(), dict(self.bucket_ready),
                               dict(self.launched), dict(self.done), self.unused,
                               self.unused_names, self.rebuilt_order, self.buffers,
-                              dict(self.summaries))
+                              dict(self.summaries), self.first_forward, list(self.hook_breaks),
+                              list(self.launch_gaps), list(self.finalize_gaps))
 
         def upto(t: int | None) -> int | None:
             return t if t is not None and t <= as_of else None
@@ -160,7 +169,10 @@ class StepRecord:
             self.unused if self.unused and self.last <= as_of else (),
             self.unused_names if self.unused and self.last <= as_of else (),
             self.rebuilt_order, self.buffers if self.buffers and self.buffers[0] <= as_of
-            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of})
+            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of},
+            upto(self.first_forward), [i for i in self.hook_breaks if i < n],
+            [g for g in self.launch_gaps if g[0] < n],
+            list(self.finalize_gaps) if upto(self.backward_end) is not None else [])
 
 
 class Timed(NamedTuple):
@@ -189,6 +201,8 @@ class RankState:
     broadcast_finished: Timed | None = None
     maps: list[Timed] = field(default_factory=list)  # BucketAssigned, in order
     steps: dict[int, StepRecord] = field(default_factory=dict)
+    prev_type: type[Event] | None = None  # the latest event's type and step (at `last_t`)
+    prev_step: int = CONSTRUCTION
 
 
 class Status(NamedTuple):
@@ -258,7 +272,6 @@ class EventModel:
                 state.count += 1
                 if cls in STATUS_OF:
                     state.last_type = cls
-                state.last_t = t
                 step = e.step
                 if step >= 0:
                     if step > state.step:
@@ -274,6 +287,7 @@ class EventModel:
                     self._step_event(state, rec, cls, e, t)
                 else:
                     self._construction_event(state, cls, e, t)
+                state.last_t, state.prev_type, state.prev_step = t, cls, step
                 bounds = self._step_bounds.get(step)
                 if bounds is None:
                     self._step_bounds[step] = [t, t]
@@ -298,6 +312,9 @@ class EventModel:
             state = self._rank(table.rank)
             t = table.t + self._offsets.get(table.rank, 0)
             kind, step = table.kind, table.step
+            # the event before the table's first (see [Note: hook gaps])
+            before = _Before(col.CODE.get(state.prev_type, -1) if state.prev_type else -1,
+                             state.prev_step, state.last_t)
             state.count += n
             phased = np.flatnonzero(_PHASED[kind])
             if len(phased):
@@ -322,7 +339,8 @@ class EventModel:
                     bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
                     self._step_versions[s] += len(rows)
                 if s >= 0:
-                    self._fold_step(state, table, s, rows, tt)
+                    self._fold_step(state, table, s, rows, tt, t, before)
+            state.prev_type, state.prev_step = col.KINDS[int(kind[-1])], int(step[-1])
             # rare events in arrival order, through the object handlers
             for row in sorted(table.objects):
                 e = table.objects[row]
@@ -347,8 +365,9 @@ class EventModel:
             self._arrivals.popleft()
 
     def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
-                   tt: np.ndarray) -> None:
-        """One rank's hot events of one step (rows in arrival order, tt their aligned t)."""
+                   tt: np.ndarray, t: np.ndarray, before: _Before) -> None:
+        """One rank's hot events of one step (rows in arrival order, tt their aligned t; t: the
+        whole table's aligned t, before: the event before its first row)."""
         first, last = int(tt[0]), int(tt.max())
         rec = state.steps.get(step)
         if rec is None:
@@ -360,10 +379,25 @@ class EventModel:
             at = np.flatnonzero(k == code)
             if len(at):
                 setattr(rec, attr, int(tt[at[-1]]))
+                if code == col.FORWARD and rec.first_forward is None:
+                    rec.first_forward = int(tt[at[0]])
+                elif code == col.BACKWARD_END:
+                    pk, _, pt = _previous(table, t, rows[at], before)
+                    after_done = pk == col.DONE
+                    rec.finalize_gaps.extend((tt[at][after_done] - pt[after_done]).tolist())
         g = np.flatnonzero(k == col.GRAD_READY)
         if len(g):
             self._full_steps.add(step)
             r = rows[g]
+            base = len(rec.grads)
+            pk, ps, pt = _previous(table, t, r, before)
+            same = ps == step
+            rec.hook_breaks.extend((np.flatnonzero(~(same & (pk == col.GRAD_READY))) + base)
+                                   .tolist())
+            after_launch = np.flatnonzero(same & (pk == col.LAUNCHED))
+            rec.launch_gaps.extend(zip((after_launch + base).tolist(),
+                                       (tt[g][after_launch] - pt[after_launch]).tolist(),
+                                       strict=True))
             grads = GradArray(tt[g], table.a[r], table.b[r])
             if rec.grads:
                 rec.grads = GradArray.of([*rec.grads, *grads])
@@ -401,6 +435,10 @@ class EventModel:
     def _grad_ready(self, state: RankState, rec: StepRecord, e: ev.GradReady, t: int) -> None:
         if not rec.grads:
             self._full_steps.add(e.step)
+        if state.prev_type is not ev.GradReady or state.prev_step != e.step:
+            rec.hook_breaks.append(len(rec.grads))  # See [Note: hook gaps]
+            if state.prev_type is ev.AllReduceLaunched and state.prev_step == e.step:
+                rec.launch_gaps.append((len(rec.grads), t - state.last_t))
         rec.grads.append((t, e.param, e.bucket))
 
     def _grads_summarized(self, state: RankState, rec: StepRecord, e: ev.GradsSummarized,
@@ -428,10 +466,14 @@ class EventModel:
     def _backward_finished(self, state: RankState, rec: StepRecord, e: ev.BackwardFinished,
                            t: int) -> None:
         rec.backward_end = t
+        if state.prev_type is ev.AllReduceDone:
+            rec.finalize_gaps.append(t - state.last_t)
 
     def _forward_started(self, state: RankState, rec: StepRecord, e: ev.ForwardStarted,
                          t: int) -> None:
         rec.forward = t
+        if rec.first_forward is None:
+            rec.first_forward = t
 
     def _unused_found(self, state: RankState, rec: StepRecord, e: ev.UnusedParametersFound,
                       t: int) -> None:
@@ -702,3 +744,33 @@ _PHASED = np.array([cls in STATUS_OF for cls in col.KINDS], dtype=bool)
 _HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
 _INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
              (col.BACKWARD_END, "backward_end"))
+
+
+class _Before(NamedTuple):
+    """The event a rank fed before a table's first row: kind code (-1: none), step, aligned t."""
+
+    kind: int
+    step: int
+    t: int
+
+
+def _previous(table: Table, t: np.ndarray, rows: np.ndarray,
+              before: _Before) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kind code, step and aligned t of the event right before each of `rows` (ascending)."""
+    prev = rows - 1
+    pk = table.kind[prev].astype(np.int16)
+    ps, pt = table.step[prev], t[prev]
+    if len(rows) and rows[0] == 0:  # (index -1 read the table's last row)
+        pk[0], ps[0], pt[0] = before
+    return pk, ps, pt
+
+
+# [Note: hook gaps]
+# The advisor prices a bucket launch and finalize's work per bucket on the training thread from
+# what lies between events: the gap from an AllReduceLaunched to the GradReady right after it
+# (against the gaps between two consecutive hooks), and from the last AllReduceDone to the
+# BackwardFinished right after it. "Right after" is in the rank's arrival order, which the
+# step records do not keep, so the fold notes it: per step the hooks not right after another
+# hook of the step (`hook_breaks`; the others' gaps are the differences of `grads` times), the
+# launch gaps and the finalize gaps. `feed` reads the rank's previous event from its state
+# (`prev_type`, `prev_step`, `last_t`); `feed_table` reads the row before (`_previous`).
