@@ -312,9 +312,10 @@ class EventModel:
             state = self._rank(table.rank)
             t = table.t + self._offsets.get(table.rank, 0)
             kind, step = table.kind, table.step
-            # the event before the table's first (see [Note: hook gaps])
-            before = _Before(col.CODE.get(state.prev_type, -1) if state.prev_type else -1,
-                             state.prev_step, state.last_t)
+            # what came right before hooks and BackwardFinished (see [Note: hook gaps])
+            marks = _hook_marks(table, t, _Before(
+                col.CODE.get(state.prev_type, -1) if state.prev_type else -1, state.prev_step,
+                state.last_t))
             state.count += n
             phased = np.flatnonzero(_PHASED[kind])
             if len(phased):
@@ -339,7 +340,7 @@ class EventModel:
                     bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
                     self._step_versions[s] += len(rows)
                 if s >= 0:
-                    self._fold_step(state, table, s, rows, tt, t, before)
+                    self._fold_step(state, table, s, rows, tt, marks)
             state.prev_type, state.prev_step = col.KINDS[int(kind[-1])], int(step[-1])
             # rare events in arrival order, through the object handlers
             for row in sorted(table.objects):
@@ -365,9 +366,8 @@ class EventModel:
             self._arrivals.popleft()
 
     def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
-                   tt: np.ndarray, t: np.ndarray, before: _Before) -> None:
-        """One rank's hot events of one step (rows in arrival order, tt their aligned t; t: the
-        whole table's aligned t, before: the event before its first row)."""
+                   tt: np.ndarray, marks: _HookMarks) -> None:
+        """One rank's hot events of one step (rows in arrival order, tt their aligned t)."""
         first, last = int(tt[0]), int(tt.max())
         rec = state.steps.get(step)
         if rec is None:
@@ -381,23 +381,20 @@ class EventModel:
                 setattr(rec, attr, int(tt[at[-1]]))
                 if code == col.FORWARD and rec.first_forward is None:
                     rec.first_forward = int(tt[at[0]])
-                elif code == col.BACKWARD_END:
-                    pk, _, pt = _previous(table, t, rows[at], before)
-                    after_done = pk == col.DONE
-                    rec.finalize_gaps.extend((tt[at][after_done] - pt[after_done]).tolist())
+        if step in marks.finalized:
+            rec.finalize_gaps.extend(marks.finalized[step])
         g = np.flatnonzero(k == col.GRAD_READY)
         if len(g):
             self._full_steps.add(step)
             r = rows[g]
-            base = len(rec.grads)
-            pk, ps, pt = _previous(table, t, r, before)
-            same = ps == step
-            rec.hook_breaks.extend((np.flatnonzero(~(same & (pk == col.GRAD_READY))) + base)
-                                   .tolist())
-            after_launch = np.flatnonzero(same & (pk == col.LAUNCHED))
-            rec.launch_gaps.extend(zip((after_launch + base).tolist(),
-                                       (tt[g][after_launch] - pt[after_launch]).tolist(),
-                                       strict=True))
+            base = len(rec.grads)  # hook rows -> indexes into rec.grads
+            if step in marks.breaks:
+                at = np.searchsorted(r, marks.breaks[step]) + base
+                rec.hook_breaks.extend(at.tolist())
+            if step in marks.launched:
+                rows_l, gaps = zip(*marks.launched[step], strict=True)
+                at = np.searchsorted(r, rows_l) + base
+                rec.launch_gaps.extend(zip(at.tolist(), gaps, strict=True))
             grads = GradArray(tt[g], table.a[r], table.b[r])
             if rec.grads:
                 rec.grads = GradArray.of([*rec.grads, *grads])
@@ -754,15 +751,44 @@ class _Before(NamedTuple):
     t: int
 
 
-def _previous(table: Table, t: np.ndarray, rows: np.ndarray,
-              before: _Before) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Kind code, step and aligned t of the event right before each of `rows` (ascending)."""
-    prev = rows - 1
-    pk = table.kind[prev].astype(np.int16)
-    ps, pt = table.step[prev], t[prev]
-    if len(rows) and rows[0] == 0:  # (index -1 read the table's last row)
-        pk[0], ps[0], pt[0] = before
-    return pk, ps, pt
+class _HookMarks(NamedTuple):
+    """One table's rows that follow something the advisor prices, by step (rows ascending):
+    hooks not right after a hook of their step, hooks right after an AllReduceLaunched of
+    their step (row, gap), and the gaps of BackwardFinished right after an AllReduceDone."""
+
+    breaks: dict[int, list[int]]
+    launched: dict[int, list[tuple[int, int]]]
+    finalized: dict[int, list[int]]
+
+
+def _hook_marks(table: Table, t: np.ndarray, before: _Before) -> _HookMarks:
+    """The table's `_HookMarks` (t: its aligned times): a few vector passes over the rows, then
+    a loop over the few rows marked."""
+    kind, step = table.kind, table.step
+    prev_kind = np.empty(len(kind), dtype=np.int16)
+    prev_kind[0], prev_kind[1:] = before.kind, kind[:-1]
+    same = np.empty(len(kind), dtype=bool)  # the row before is of the same step
+    same[0], same[1:] = step[0] == before.step, step[1:] == step[:-1]
+    hook = kind == col.GRAD_READY
+    breaks = np.flatnonzero(hook & ~(same & (prev_kind == col.GRAD_READY)))
+    launched = np.flatnonzero(hook & same & (prev_kind == col.LAUNCHED))
+    finalized = np.flatnonzero((kind == col.BACKWARD_END) & (prev_kind == col.DONE))
+
+    def gaps(rows: np.ndarray) -> list[int]:
+        prev_t = t[rows - 1]
+        if len(rows) and rows[0] == 0:  # (row -1 read the table's last)
+            prev_t[0] = before.t
+        return (t[rows] - prev_t).tolist()
+
+    out = _HookMarks({}, {}, {})
+    for s, row in zip(step[breaks].tolist(), breaks.tolist(), strict=True):
+        out.breaks.setdefault(s, []).append(row)
+    for s, row, gap in zip(step[launched].tolist(), launched.tolist(), gaps(launched),
+                           strict=True):
+        out.launched.setdefault(s, []).append((row, gap))
+    for s, gap in zip(step[finalized].tolist(), gaps(finalized), strict=True):
+        out.finalized.setdefault(s, []).append(gap)
+    return out
 
 
 # [Note: hook gaps]
@@ -773,4 +799,5 @@ def _previous(table: Table, t: np.ndarray, rows: np.ndarray,
 # step records do not keep, so the fold notes it: per step the hooks not right after another
 # hook of the step (`hook_breaks`; the others' gaps are the differences of `grads` times), the
 # launch gaps and the finalize gaps. `feed` reads the rank's previous event from its state
-# (`prev_type`, `prev_step`, `last_t`); `feed_table` reads the row before (`_previous`).
+# (`prev_type`, `prev_step`, `last_t`); `feed_table` compares each row with the one before
+# (`_hook_marks`).
