@@ -41,6 +41,7 @@ from ddpviz.errors import (
     torch_unfinished_reduction,
 )
 from ddpviz.events import (
+    PHASE_OF_COLLECTIVE,
     AllReduceDone,
     AllReduceLaunched,
     BackwardFinished,
@@ -51,7 +52,6 @@ from ddpviz.events import (
     Collective,
     FindingReported,
     GradReady,
-    Phase,
     Tap,
     UnusedParametersFound,
 )
@@ -101,10 +101,6 @@ def unused_error_at() -> str:
     return value
 
 _UNSET = -1  # div factor not yet known for this backward
-# The phase a rank is in while it waits in each collective (the watchdog reports it).
-_PHASE_OF_COLLECTIVE: dict[Collective, Phase] = {
-    "all-reduce": "backward", "used-parameter all-reduce": "backward",
-    "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 
 log = logging.getLogger(__name__)
 
@@ -668,7 +664,7 @@ class Reducer:
         if self.watchdog is None:
             waitable.wait()
             return
-        self.watchdog.phase = _PHASE_OF_COLLECTIVE[collective]
+        self.watchdog.phase = PHASE_OF_COLLECTIVE[collective]
         self.watchdog.wait(waitable, collective=collective, bucket=b,
                            params=self._bucket_names(b) if b >= 0 else ())
 

@@ -28,31 +28,9 @@ from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz.columns import Table
 from ddpviz.events import Event
+from ddpviz.model.phases import STATUS_OF
 
 CONSTRUCTION = -1  # the step of every event the constructor emits
-
-_PHASE_OF: dict[type[Event], str] = {
-    ev.ParamsBuilt: "parameters built",
-    ev.VerificationStarted: "verifying",
-    ev.VerificationPassed: "verified",
-    ev.VerificationFailed: "verification failed",
-    ev.BroadcastStarted: "broadcasting",
-    ev.BroadcastChunkSent: "broadcasting",
-    ev.BroadcastChunkDone: "broadcasting",
-    ev.BroadcastFinished: "broadcast done",
-    ev.BucketAssigned: "buckets assigned",
-    ev.ForwardStarted: "forward",
-    ev.BuffersSynced: "forward",
-    ev.BucketsRebuilt: "forward",
-    ev.BackwardStarted: "backward",
-    ev.GradReady: "backward",
-    ev.GradsSummarized: "backward",
-    ev.BucketReady: "backward",
-    ev.AllReduceLaunched: "backward",
-    ev.AllReduceDone: "backward",
-    ev.UnusedParametersFound: "backward",
-    ev.BackwardFinished: "after backward",
-}
 
 
 class GradArray:
@@ -152,6 +130,14 @@ class StepRecord:
     # GradsSummarized per bucket (steps recorded at detail "buckets"/"sampled", where no
     # GradReady was emitted): bucket -> BucketSummary (aligned first and last ready time)
     summaries: dict[int, BucketSummary] = field(default_factory=dict)
+    first_forward: int | None = None  # the step's first ForwardStarted (`forward`: its last)
+    # What the training thread did between the step's hooks (the advisor's launch and finalize
+    # costs, see [Note: hook gaps]): indexes into `grads` of the hooks that did not come right
+    # after another hook of this step; (hook index, ns since the AllReduceLaunched right before
+    # that hook); ns from an AllReduceDone to the BackwardFinished right after it.
+    hook_breaks: list[int] = field(default_factory=list)
+    launch_gaps: list[tuple[int, int]] = field(default_factory=list)
+    finalize_gaps: list[int] = field(default_factory=list)
 
     @property
     def summarized(self) -> bool:
@@ -166,7 +152,8 @@ class StepRecord:
                               self.backward_end, self.grads.copy(), dict(self.bucket_ready),
                               dict(self.launched), dict(self.done), self.unused,
                               self.unused_names, self.rebuilt_order, self.buffers,
-                              dict(self.summaries))
+                              dict(self.summaries), self.first_forward, list(self.hook_breaks),
+                              list(self.launch_gaps), list(self.finalize_gaps))
 
         def upto(t: int | None) -> int | None:
             return t if t is not None and t <= as_of else None
@@ -182,7 +169,10 @@ class StepRecord:
             self.unused if self.unused and self.last <= as_of else (),
             self.unused_names if self.unused and self.last <= as_of else (),
             self.rebuilt_order, self.buffers if self.buffers and self.buffers[0] <= as_of
-            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of})
+            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of},
+            upto(self.first_forward), [i for i in self.hook_breaks if i < n],
+            [g for g in self.launch_gaps if g[0] < n],
+            list(self.finalize_gaps) if upto(self.backward_end) is not None else [])
 
 
 class Timed(NamedTuple):
@@ -211,6 +201,8 @@ class RankState:
     broadcast_finished: Timed | None = None
     maps: list[Timed] = field(default_factory=list)  # BucketAssigned, in order
     steps: dict[int, StepRecord] = field(default_factory=dict)
+    prev_type: type[Event] | None = None  # the latest event's type and step (at `last_t`)
+    prev_step: int = CONSTRUCTION
 
 
 class Status(NamedTuple):
@@ -278,9 +270,8 @@ class EventModel:
                     offset = self._offsets.get(e.rank, 0)
                 t = e.t_ns + offset
                 state.count += 1
-                if cls in _PHASE_OF:
+                if cls in STATUS_OF:
                     state.last_type = cls
-                state.last_t = t
                 step = e.step
                 if step >= 0:
                     if step > state.step:
@@ -296,6 +287,7 @@ class EventModel:
                     self._step_event(state, rec, cls, e, t)
                 else:
                     self._construction_event(state, cls, e, t)
+                state.last_t, state.prev_type, state.prev_step = t, cls, step
                 bounds = self._step_bounds.get(step)
                 if bounds is None:
                     self._step_bounds[step] = [t, t]
@@ -320,6 +312,10 @@ class EventModel:
             state = self._rank(table.rank)
             t = table.t + self._offsets.get(table.rank, 0)
             kind, step = table.kind, table.step
+            # what came right before hooks and BackwardFinished (see [Note: hook gaps])
+            marks = _hook_marks(table, t, _Before(
+                col.CODE.get(state.prev_type, -1) if state.prev_type else -1, state.prev_step,
+                state.last_t))
             state.count += n
             phased = np.flatnonzero(_PHASED[kind])
             if len(phased):
@@ -344,7 +340,8 @@ class EventModel:
                     bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
                     self._step_versions[s] += len(rows)
                 if s >= 0:
-                    self._fold_step(state, table, s, rows, tt)
+                    self._fold_step(state, table, s, rows, tt, marks)
+            state.prev_type, state.prev_step = col.KINDS[int(kind[-1])], int(step[-1])
             # rare events in arrival order, through the object handlers
             for row in sorted(table.objects):
                 e = table.objects[row]
@@ -369,7 +366,7 @@ class EventModel:
             self._arrivals.popleft()
 
     def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
-                   tt: np.ndarray) -> None:
+                   tt: np.ndarray, marks: _HookMarks) -> None:
         """One rank's hot events of one step (rows in arrival order, tt their aligned t)."""
         first, last = int(tt[0]), int(tt.max())
         rec = state.steps.get(step)
@@ -382,10 +379,22 @@ class EventModel:
             at = np.flatnonzero(k == code)
             if len(at):
                 setattr(rec, attr, int(tt[at[-1]]))
+                if code == col.FORWARD and rec.first_forward is None:
+                    rec.first_forward = int(tt[at[0]])
+        if step in marks.finalized:
+            rec.finalize_gaps.extend(marks.finalized[step])
         g = np.flatnonzero(k == col.GRAD_READY)
         if len(g):
             self._full_steps.add(step)
             r = rows[g]
+            base = len(rec.grads)  # hook rows -> indexes into rec.grads
+            if step in marks.breaks:
+                at = np.searchsorted(r, marks.breaks[step]) + base
+                rec.hook_breaks.extend(at.tolist())
+            if step in marks.launched:
+                rows_l, gaps = zip(*marks.launched[step], strict=True)
+                at = np.searchsorted(r, rows_l) + base
+                rec.launch_gaps.extend(zip(at.tolist(), gaps, strict=True))
             grads = GradArray(tt[g], table.a[r], table.b[r])
             if rec.grads:
                 rec.grads = GradArray.of([*rec.grads, *grads])
@@ -423,6 +432,10 @@ class EventModel:
     def _grad_ready(self, state: RankState, rec: StepRecord, e: ev.GradReady, t: int) -> None:
         if not rec.grads:
             self._full_steps.add(e.step)
+        if state.prev_type is not ev.GradReady or state.prev_step != e.step:
+            rec.hook_breaks.append(len(rec.grads))  # See [Note: hook gaps]
+            if state.prev_type is ev.AllReduceLaunched and state.prev_step == e.step:
+                rec.launch_gaps.append((len(rec.grads), t - state.last_t))
         rec.grads.append((t, e.param, e.bucket))
 
     def _grads_summarized(self, state: RankState, rec: StepRecord, e: ev.GradsSummarized,
@@ -450,10 +463,14 @@ class EventModel:
     def _backward_finished(self, state: RankState, rec: StepRecord, e: ev.BackwardFinished,
                            t: int) -> None:
         rec.backward_end = t
+        if state.prev_type is ev.AllReduceDone:
+            rec.finalize_gaps.append(t - state.last_t)
 
     def _forward_started(self, state: RankState, rec: StepRecord, e: ev.ForwardStarted,
                          t: int) -> None:
         rec.forward = t
+        if rec.first_forward is None:
+            rec.first_forward = t
 
     def _unused_found(self, state: RankState, rec: StepRecord, e: ev.UnusedParametersFound,
                       t: int) -> None:
@@ -645,7 +662,7 @@ class EventModel:
         """Ranks, phases, iteration, counts and rates for the status header."""
         with self._lock:
             ranks = tuple(sorted(self._ranks))
-            phases = {r: _PHASE_OF.get(s.last_type, "started") if s.last_type else "waiting"
+            phases = {r: STATUS_OF.get(s.last_type, "started") if s.last_type else "waiting"
                       for r, s in sorted(self._ranks.items())}
             steps = {r: s.step for r, s in sorted(self._ranks.items())}
             dropped = sum(s.dropped for s in self._ranks.values())
@@ -672,17 +689,17 @@ class EventModel:
             if step >= 0:
                 rec = s.steps[step]
                 if rec.backward_end is not None and rec.backward_end <= as_of:
-                    phases[r] = "after backward"
+                    phases[r] = STATUS_OF[ev.BackwardFinished]
                 elif rec.backward is not None and rec.backward <= as_of:
-                    phases[r] = "backward"
+                    phases[r] = STATUS_OF[ev.BackwardStarted]
                 else:
-                    phases[r] = "forward"
+                    phases[r] = STATUS_OF[ev.ForwardStarted]
                 continue
             seen = [(x.t, type(x.event)) for x in (s.params, s.verify_started, s.verify_result,
                                                    s.broadcast_started, s.broadcast_finished,
                                                    *s.maps) if x is not None and x.t <= as_of]
             seen += [(x.t, type(x.event)) for x in s.chunks_sent.values() if x.t <= as_of]
-            phases[r] = _PHASE_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
+            phases[r] = STATUS_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
                 else "waiting"
         return phases, steps
 
@@ -720,7 +737,67 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
 
 
 # For feed_table: which kinds set the phase shown, which are hot, and the instants per step.
-_PHASED = np.array([cls in _PHASE_OF for cls in col.KINDS], dtype=bool)
+_PHASED = np.array([cls in STATUS_OF for cls in col.KINDS], dtype=bool)
 _HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
 _INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
              (col.BACKWARD_END, "backward_end"))
+
+
+class _Before(NamedTuple):
+    """The event a rank fed before a table's first row: kind code (-1: none), step, aligned t."""
+
+    kind: int
+    step: int
+    t: int
+
+
+class _HookMarks(NamedTuple):
+    """One table's rows that follow something the advisor prices, by step (rows ascending):
+    hooks not right after a hook of their step, hooks right after an AllReduceLaunched of
+    their step (row, gap), and the gaps of BackwardFinished right after an AllReduceDone."""
+
+    breaks: dict[int, list[int]]
+    launched: dict[int, list[tuple[int, int]]]
+    finalized: dict[int, list[int]]
+
+
+def _hook_marks(table: Table, t: np.ndarray, before: _Before) -> _HookMarks:
+    """The table's `_HookMarks` (t: its aligned times): a few vector passes over the rows, then
+    a loop over the few rows marked."""
+    kind, step = table.kind, table.step
+    prev_kind = np.empty(len(kind), dtype=np.int16)
+    prev_kind[0], prev_kind[1:] = before.kind, kind[:-1]
+    same = np.empty(len(kind), dtype=bool)  # the row before is of the same step
+    same[0], same[1:] = step[0] == before.step, step[1:] == step[:-1]
+    hook = kind == col.GRAD_READY
+    breaks = np.flatnonzero(hook & ~(same & (prev_kind == col.GRAD_READY)))
+    launched = np.flatnonzero(hook & same & (prev_kind == col.LAUNCHED))
+    finalized = np.flatnonzero((kind == col.BACKWARD_END) & (prev_kind == col.DONE))
+
+    def gaps(rows: np.ndarray) -> list[int]:
+        prev_t = t[rows - 1]
+        if len(rows) and rows[0] == 0:  # (row -1 read the table's last)
+            prev_t[0] = before.t
+        return (t[rows] - prev_t).tolist()
+
+    out = _HookMarks({}, {}, {})
+    for s, row in zip(step[breaks].tolist(), breaks.tolist(), strict=True):
+        out.breaks.setdefault(s, []).append(row)
+    for s, row, gap in zip(step[launched].tolist(), launched.tolist(), gaps(launched),
+                           strict=True):
+        out.launched.setdefault(s, []).append((row, gap))
+    for s, gap in zip(step[finalized].tolist(), gaps(finalized), strict=True):
+        out.finalized.setdefault(s, []).append(gap)
+    return out
+
+
+# [Note: hook gaps]
+# The advisor prices a bucket launch and finalize's work per bucket on the training thread from
+# what lies between events: the gap from an AllReduceLaunched to the GradReady right after it
+# (against the gaps between two consecutive hooks), and from the last AllReduceDone to the
+# BackwardFinished right after it. "Right after" is in the rank's arrival order, which the
+# step records do not keep, so the fold notes it: per step the hooks not right after another
+# hook of the step (`hook_breaks`; the others' gaps are the differences of `grads` times), the
+# launch gaps and the finalize gaps. `feed` reads the rank's previous event from its state
+# (`prev_type`, `prev_step`, `last_t`); `feed_table` compares each row with the one before
+# (`_hook_marks`).
