@@ -2,7 +2,8 @@
 is, in code) as the engine formats them: a real thread parked in its data loading, read and
 folded by engine/where.py and stack_text.py, put in a rank_hang finding's detail by
 whereabouts.stack_detail, as the pulse thread does. Every line shows, in order, with its
-indentation and as text (a `<module>` frame is not markup)."""
+indentation and as text (a `<module>` frame is not markup). And a rank's file that ends with
+its end record (listen(follow=)'s "finished") opens like any other."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from ddpviz.engine import where as wh
 from ddpviz.engine.whereabouts import Where, stack_detail
 from ddpviz.findings import Finding, fix_for
 from ddpviz.trace import Trace
+from ddpviz.tracefile import End, read_end
+from ddpviz.transport import Sender
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import LabServer
 from tests.browser.ui import double_click_file, open_lab, wait_for_viewer
@@ -91,4 +94,26 @@ def test_the_viewer_shows_a_hang_finding_s_stack_lines(page: Any, lab: LabServer
     assert shown.inner_text().split("\n") == list(detail)  # every line, in order, indented
     assert shown.locator("*").count() == 0  # text only: `<module>` made no element
     screenshot(page, "trace_viewer_hang_stacks", finding)
+    assert console.errors == []
+
+
+def test_the_viewer_opens_a_rank_s_file_that_ends_with_its_end_record(
+        page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog) -> None:
+    # A rank's own file as `ddpviz record` leaves it: its sender closed it with the end
+    # record (tracefile.py), a frame kind the viewer does not know and skips.
+    path = lab_root / "ddpviz-trace-rank0.ddpviz"
+    ranks = Ranks(1)
+    ranks.construct()
+    for step in range(3):
+        ranks.iteration(0, step)
+    with Sender.to_file(path, 0) as sender:
+        for e in ranks.events:
+            sender(e)
+    assert read_end(path) == End(0, len(ranks.events), 0)
+    open_lab(page, lab)
+    double_click_file(page, path.name)
+    viewer = wait_for_viewer(page, path.name)
+    summary = viewer.locator(".ddpviz-summary")
+    assert summary.get_attribute("data-events") == str(len(ranks.events))
+    assert summary.locator(".ddpviz-warning").count() == 0  # not torn, nothing rejected
     assert console.errors == []
