@@ -207,10 +207,9 @@ def read_end(path: str | os.PathLike[str]) -> End | None:
         if at < 0:
             break
         kind, claimed, crc = FRAME.unpack_from(tail, at)
-        payload = tail[at + FRAME.size:]
-        if kind == END and claimed == length and zlib.crc32(payload) == crc:
+        if kind == END and claimed == length and zlib.crc32(tail[at + FRAME.size:]) == crc:
             try:
-                return _decode_end(payload)
+                return _decode_end(tail[at + FRAME.size:])
             except (msgspec.MsgspecError, ValueError):
                 return None
     return None
