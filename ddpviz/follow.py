@@ -34,7 +34,18 @@ import msgspec
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, Event, EventsDropped
 from ddpviz.trace import gc_paused, read_header, wall_offset
-from ddpviz.tracefile import CLOCK, END, EVENTS, FRAME, MAGIC, SUFFIX, Clock, End, TraceError
+from ddpviz.tracefile import (
+    CLOCK,
+    END,
+    EVENTS,
+    FRAME,
+    MAGIC,
+    SUFFIX,
+    Clock,
+    End,
+    TraceError,
+    decode_end,
+)
 from ddpviz.transport.codec import boot_id
 from ddpviz.transport.collector import CollectorStats, deliver, warn_callback_error
 
@@ -65,7 +76,6 @@ _NAME = re.compile(r"ddpviz-trace-rank(\d+)" + re.escape(SUFFIX))
 _PATTERN = f"ddpviz-trace-rank*{SUFFIX}"
 _decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
 _decode_clock = msgspec.msgpack.Decoder(Clock).decode
-_decode_end = msgspec.msgpack.Decoder(End).decode
 
 
 class FileTail:
@@ -209,7 +219,7 @@ class FileTail:
                 c = _decode_clock(payload)
                 self.clock[c.rank] = (c.offset_ns, c.error_ns)
             elif kind == END:
-                end = _decode_end(payload)
+                end = decode_end(payload)
                 if end.rank == self.meta.get("rank"):  # (another rank's: not this file's end)
                     self.end = end
             # other kinds: records of a later minor format; skipped, as Trace.load does

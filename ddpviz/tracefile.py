@@ -109,6 +109,32 @@ class End(msgspec.Struct, array_like=True):
     error: limits.Name = ""  # the uncaught exception's type the process exited with ("" none)
 
 
+_END_MAX = 128  # bytes of an End frame's payload at most (writers clip `error` to END_ERROR)
+END_ERROR = 64
+decode_end = msgspec.msgpack.Decoder(End).decode
+
+
+def read_end(path: str | os.PathLike[str]) -> End | None:
+    """A rank's file's end record, read from its last bytes alone: None when the file does not
+    end with one (its writer still runs, or died; or the file is not a rank's own)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(len(MAGIC), size - FRAME.size - _END_MAX)
+        f.seek(start)
+        tail = f.read(size - start)
+    for length in range(1, _END_MAX + 1):  # the frame ends exactly at the end of the file
+        at = len(tail) - FRAME.size - length
+        if at < 0:
+            break
+        kind, claimed, crc = FRAME.unpack_from(tail, at)
+        if kind == END and claimed == length and zlib.crc32(tail[at + FRAME.size:]) == crc:
+            try:
+                return decode_end(tail[at + FRAME.size:])
+            except (msgspec.MsgspecError, ValueError):
+                return None
+    return None
+
+
 class TraceWriter:
     """Appends events to a `.ddpviz` file as they come; crash-safe at every `flush()`.
     (It writes in place: `Trace.save` and recording sessions point it at a temporary file and
@@ -188,28 +214,3 @@ class TraceWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-_END_MAX = 128  # bytes of an End frame's payload at most (writers clip `error` to END_ERROR)
-END_ERROR = 64
-_decode_end = msgspec.msgpack.Decoder(End).decode
-
-
-def read_end(path: str | os.PathLike[str]) -> End | None:
-    """A rank's file's end record, read from its last bytes alone: None when the file does not
-    end with one (its writer still runs, or died; or the file is not a rank's own)."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        start = max(len(MAGIC), size - FRAME.size - _END_MAX)
-        f.seek(start)
-        tail = f.read(size - start)
-    for length in range(1, _END_MAX + 1):  # the frame ends exactly at the end of the file
-        at = len(tail) - FRAME.size - length
-        if at < 0:
-            break
-        kind, claimed, crc = FRAME.unpack_from(tail, at)
-        if kind == END and claimed == length and zlib.crc32(tail[at + FRAME.size:]) == crc:
-            try:
-                return _decode_end(tail[at + FRAME.size:])
-            except (msgspec.MsgspecError, ValueError):
-                return None
-    return None
