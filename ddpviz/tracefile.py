@@ -213,4 +213,3 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
