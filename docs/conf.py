@@ -81,6 +81,7 @@ nitpick_ignore_regex = [
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"
               r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta)|"
               r"engine\.replicas\.ReplicaCheck)"),
+    ("py:.*", r"ddpviz\.tracefile\.End"),  # a rank's file's end record (diagnose(ended=))
 ]
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
