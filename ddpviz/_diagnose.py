@@ -14,6 +14,7 @@ all-reduce events, phase instants) as numpy columns, never as one object each; t
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -278,20 +279,33 @@ def _map_at(maps: Sequence[tuple[int, tuple[tuple[int, ...], ...]]], step: int
     return current
 
 
-def _launch_positions(order: np.ndarray, buckets: Sequence[Sequence[int]]) -> np.ndarray:
-    """For each bucket, after how many gradients it can start (buckets launch in order): the
-    position of its last gradient (a missing one counts as the end), at least the previous
-    bucket's."""
+def _flat(buckets: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A bucket map as (its params bucket after bucket, each bucket's size)."""
     sizes = np.array([len(b) for b in buckets], dtype=np.int64)
+    members = np.fromiter(itertools.chain.from_iterable(buckets), dtype=np.int64,
+                          count=int(sizes.sum()))
+    return members, sizes
+
+
+def _launch_positions(order: np.ndarray, flat: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """For each bucket of `flat` (see _flat), after how many gradients it can start (buckets
+    launch in order): the position of its last gradient (a missing one counts as the end), at
+    least the previous bucket's."""
+    members, sizes = flat
     if not len(sizes):
         return np.zeros(0, dtype=np.int64)
-    members = np.fromiter((p for b in buckets for p in b), dtype=np.int64, count=int(sizes.sum()))
     n = len(order)
-    top = max(int(members.max()) if len(members) else 0, int(order.max()) if n else 0)
+    lo = min(int(order.min()) if n else 0, int(members.min()) if len(members) else 0)
+    top = max(int(order.max()) if n else 0, int(members.max()) if len(members) else 0)
+    if lo < 0 or top > 4 * (n + len(members)) + 1024:  # indices no array should be sized by
+        ids = np.unique(np.concatenate([order, members]))
+        order, members, top = np.searchsorted(ids, order), np.searchsorted(ids, members), len(ids)
     position = np.full(top + 1, n, dtype=np.int64)
-    if n:  # 1-based; a param listed twice (a hook that fired twice): its last position
+    if _repeats(order):  # 1-based; a param listed twice (a hook that fired twice): its last
         params, from_end = np.unique(order[::-1], return_index=True)
         position[params] = n - from_end
+    elif n:
+        position[order] = np.arange(1, n + 1)
     ready = np.zeros(len(sizes), dtype=np.int64)
     filled = sizes > 0
     if filled.any():
@@ -300,23 +314,42 @@ def _launch_positions(order: np.ndarray, buckets: Sequence[Sequence[int]]) -> np
     return np.maximum.accumulate(ready)
 
 
+def _step_slices(steps: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, slice]]]:
+    """Rows grouped by step, each step's in their order: a stable permutation of the rows
+    (None when their steps already ascend, the usual case) and each step's slice of them."""
+    order = None
+    if len(steps) > 1 and not bool((steps[1:] >= steps[:-1]).all()):
+        order = np.argsort(steps, kind="stable")
+        steps = steps[order]
+    bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), len(steps)]
+    return order, [(int(steps[i]), slice(i, j)) for i, j in itertools.pairwise(bounds)
+                   if j > i]
+
+
 def _grad_orders(t: Table) -> dict[int, np.ndarray]:
     """step -> the params of one rank's GradReady events of that step, in seq order."""
     rows = t.rows(ev.GradReady)
-    if not len(rows):
-        return {}
-    steps = t.step[rows]
-    params = t.a[rows]
-    order = np.argsort(steps, kind="stable")
-    steps, params = steps[order], params[order]
-    cut = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-    starts = [0, *cut.tolist()]
-    return {int(steps[i]): p for i, p in zip(starts, np.split(params, cut), strict=True)}
+    order, slices = _step_slices(t.step[rows])
+    params = t.a[rows if order is None else rows[order]]
+    return {step: params[part] for step, part in slices}
+
+
+def _repeats(order: np.ndarray) -> bool:
+    """Whether a value occurs more than once: counted in one pass when the values span a range
+    not much wider than the array (parameter indices), else sorted."""
+    n = len(order)
+    if n < 2:
+        return False
+    lo, hi = int(order.min()), int(order.max())
+    if hi - lo <= 4 * n + 1024:
+        return bool(np.bincount(order - lo).max() > 1)
+    ordered = np.sort(order)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def _twice(order: np.ndarray) -> list[int]:
     """The params that occur more than once, in the order of their second occurrence."""
-    if len(np.unique(order)) == len(order):
+    if not _repeats(order):
         return []
     seen: set[int] = set()
     again: list[int] = []
@@ -504,7 +537,9 @@ def _bucket_delay(by_rank: Mapping[int, np.ndarray],
     some ranks (buckets launch strictly in order), with a line per group of ranks."""
     if len(bucket_maps) < 2:
         return None
-    launches = {r: (_launch_positions(by_rank[r], m), len(by_rank[r]), m)
+    flat: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by id of the map (alike ranks share it)
+    launches = {r: (_launch_positions(by_rank[r], flat.get(id(m)) or
+                                      flat.setdefault(id(m), _flat(m))), len(by_rank[r]), m)
                 for r, m in bucket_maps.items()}
     n_buckets = min(len(v[2]) for v in launches.values())
     if not n_buckets:
@@ -550,15 +585,12 @@ _SIGNATURE_TEXT = {col.CODE[ev.BuffersSynced]: "buffer broadcast",
 def _signatures(t: Table) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """step -> (kinds, buckets) of the collectives a rank issued in it, in seq order."""
     rows = t.rows(*_SIGNATURE_TYPES)
-    steps = t.step[rows]
-    order = np.argsort(steps, kind="stable")
-    rows, steps = rows[order], steps[order]
-    cut = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-    out = {}
-    for part in np.split(rows, cut) if len(rows) else []:
-        kinds = t.kind[part]
-        out[int(t.step[part[0]])] = (kinds, np.where(kinds == col.LAUNCHED, t.a[part], 0))
-    return out
+    order, slices = _step_slices(t.step[rows])
+    if order is not None:
+        rows = rows[order]
+    kinds = t.kind[rows]
+    buckets = np.where(kinds == col.LAUNCHED, t.a[rows], 0)
+    return {step: (kinds[part], buckets[part]) for step, part in slices}
 
 
 def _signature_text(sig: tuple[np.ndarray, np.ndarray] | None) -> str:
@@ -612,35 +644,38 @@ _LAUNCH, _DONE, _B_START, _B_END, _V_START, _V_PASS, _V_FAIL, _BACK_END = (
 
 
 def _open_collective(t: Table) -> str | None:
-    """What a rank was inside when its events end, if a collective never finished."""
+    """What a rank was inside when its events end, if a collective never finished: an
+    all-reduce launched after its last end of backward (which closes them all) and not done
+    since, else a broadcast started and not finished, else a verification not concluded."""
     rows = t.rows(*_OPEN_TYPES)
-    all_reduce: dict[int, int] = {}  # bucket -> step of its open all-reduce
-    broadcast: int | None = None  # step of the open broadcast
-    verifying = False
-    for kind, bucket, step in zip(t.kind[rows].tolist(), t.a[rows].tolist(),
-                                  t.step[rows].tolist(), strict=True):
-        if kind == _LAUNCH:
-            all_reduce[bucket] = step
-        elif kind == _DONE:
-            all_reduce.pop(bucket, None)
-        elif kind == _B_START:
-            broadcast = step
-        elif kind == _B_END:
-            broadcast = None
-        elif kind == _V_START:
-            verifying = True
-        elif kind in (_V_PASS, _V_FAIL):
-            verifying = False
-        elif kind == _BACK_END:
-            all_reduce.clear()
-    if all_reduce:
-        b = min(all_reduce)
-        return f"inside the all-reduce of bucket {b} at step {all_reduce[b]}"
-    if broadcast is not None:
-        return f"inside a broadcast at step {broadcast}"
-    if verifying:
+    kinds = t.kind[rows]
+    ends = np.flatnonzero(kinds == _BACK_END)
+    tail = rows[ends[-1] + 1:] if len(ends) else rows
+    tail = tail[(t.kind[tail] == _LAUNCH) | (t.kind[tail] == _DONE)]
+    if len(tail):
+        buckets = t.a[tail]
+        ids, from_end = np.unique(buckets[::-1], return_index=True)
+        last = tail[len(tail) - 1 - from_end]  # each bucket's last launch or done
+        still = np.flatnonzero(t.kind[last] == _LAUNCH)
+        if len(still):  # the lowest bucket still open
+            return (f"inside the all-reduce of bucket {int(ids[still[0]])} at step "
+                    f"{int(t.step[last[still[0]]])}")
+    broadcast = _last_of(kinds, _B_START, _B_END)
+    if broadcast >= 0 and kinds[broadcast] == _B_START:
+        return f"inside a broadcast at step {int(t.step[rows[broadcast]])}"
+    verification = _last_of(kinds, _V_START, _V_PASS, _V_FAIL)
+    if verification >= 0 and kinds[verification] == _V_START:
         return "inside model verification"
     return None
+
+
+def _last_of(kinds: np.ndarray, *codes: int) -> int:
+    """The index of the last of `kinds` that is one of `codes`; -1 when none is."""
+    mask = np.zeros(len(kinds), dtype=bool)
+    for code in codes:
+        mask |= kinds == code
+    found = np.flatnonzero(mask)
+    return int(found[-1]) if len(found) else -1
 
 
 def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
