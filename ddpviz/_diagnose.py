@@ -297,7 +297,7 @@ def _launch_positions(order: np.ndarray, flat: tuple[np.ndarray, np.ndarray]) ->
     n = len(order)
     lo = min(int(order.min()) if n else 0, int(members.min()) if len(members) else 0)
     top = max(int(order.max()) if n else 0, int(members.max()) if len(members) else 0)
-    if lo < 0 or top > 4 * (n + len(members)) + 1024:  # indices no array should be sized by
+    if lo < 0 or not _countable(0, top, n + len(members)):  # numbered 0.. in their order
         ids = np.unique(np.concatenate([order, members]))
         order, members, top = np.searchsorted(ids, order), np.searchsorted(ids, members), len(ids)
     position = np.full(top + 1, n, dtype=np.int64)
@@ -334,14 +334,20 @@ def _grad_orders(t: Table) -> dict[int, np.ndarray]:
     return {step: params[part] for step, part in slices}
 
 
+def _countable(lo: int, hi: int, n: int) -> bool:
+    """Whether n values from lo to hi can be counted in an array of hi - lo + 1 entries, not
+    much more than the values themselves: parameter indices can, the arbitrary 64-bit values
+    of an untrusted trace cannot (they are sorted instead)."""
+    return hi - lo <= 4 * n + 1024
+
+
 def _repeats(order: np.ndarray) -> bool:
-    """Whether a value occurs more than once: counted in one pass when the values span a range
-    not much wider than the array (parameter indices), else sorted."""
+    """Whether a value occurs more than once."""
     n = len(order)
     if n < 2:
         return False
     lo, hi = int(order.min()), int(order.max())
-    if hi - lo <= 4 * n + 1024:
+    if _countable(lo, hi, n):
         return bool(np.bincount(order - lo).max() > 1)
     ordered = np.sort(order)
     return bool((ordered[1:] == ordered[:-1]).any())
@@ -512,15 +518,30 @@ def _step_ranges(steps: Sequence[int]) -> str:
 def _common_orders(by_rank: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Each rank's order restricted to the params every rank has, each param once (its first
     time). Without repeats and with one set of params on every rank: the orders themselves."""
-    ref_set = np.sort(next(iter(by_rank.values())))
-    if all(len(o) == len(ref_set) for o in by_rank.values()) and \
-            not (len(ref_set) > 1 and bool(np.any(ref_set[1:] == ref_set[:-1]))) and \
-            all(np.array_equal(np.sort(o), ref_set) for o in by_rank.values()):
+    if _one_set(list(by_rank.values())):
         return dict(by_rank)
     lists = {r: o.tolist() for r, o in by_rank.items()}
     common = set.intersection(*(set(o) for o in lists.values()))
     return {r: np.array(_dedupe(p for p in o if p in common), dtype=np.int64)
             for r, o in lists.items()}
+
+
+def _one_set(orders: Sequence[np.ndarray]) -> bool:
+    """Whether every order holds the same params, each once."""
+    ref = orders[0]
+    n = len(ref)
+    if any(len(o) != n for o in orders) or _repeats(ref):
+        return False
+    if not n:
+        return True
+    lo, hi = int(ref.min()), int(ref.max())
+    if _countable(lo, hi, n):
+        want = np.bincount(ref - lo, minlength=hi - lo + 1)
+        return all(int(o.min()) >= lo and int(o.max()) <= hi and
+                   np.array_equal(np.bincount(o - lo, minlength=hi - lo + 1), want)
+                   for o in orders[1:])
+    ref_set = np.sort(ref)
+    return all(np.array_equal(np.sort(o), ref_set) for o in orders[1:])
 
 
 def _ordered_maps(maps: Mapping[int, list[tuple[int, tuple[tuple[int, ...], ...]]]],
