@@ -106,11 +106,14 @@ def diagnose_tables(per_rank: Mapping[int, Table],
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
+    forwards = {r: set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
+                for r, t in per_rank.items()}  # rank -> the steps it started a forward in
+    last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     computed = [*_verification(per_rank, world_size),
                 *_unused(per_rank, names, world_size),
-                *_grad_ready(per_rank, names, world_size),
-                *_collectives(per_rank, world_size),
-                *_progress(per_rank, names, world_size, reported),
+                *_grad_ready(per_rank, names, forwards, world_size),
+                *_collectives(per_rank, forwards, last_step, world_size),
+                *_progress(per_rank, last_step, world_size, reported),
                 *_dropped(per_rank, world_size),
                 *_straggler(per_rank, clock, names, world_size)]
     seen = {(f.kind, f.name) for f in reported}
@@ -367,15 +370,13 @@ def _twice(order: np.ndarray) -> list[int]:
 
 
 def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
-                world_size: int) -> list[Finding]:
+                forwards: Mapping[int, set[int]], world_size: int) -> list[Finding]:
     arrays: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> param indices (columns)
     twice: dict[tuple[int, int], list[int]] = {}  # (param, step) -> ranks
     summarized: dict[int, set[int]] = {}  # step -> ranks with GradsSummarized (detail levels)
-    forwards: dict[int, set[int]] = {}  # rank -> steps with a ForwardStarted
     for rank, t in per_rank.items():
         for step in np.unique(t.step[t.rows(ev.GradsSummarized)]).tolist():
             summarized.setdefault(int(step), set()).add(rank)
-        forwards[rank] = set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
         for step, order in _grad_orders(t).items():
             arrays.setdefault(step, {})[rank] = order
             for p in _twice(order):
@@ -628,13 +629,11 @@ def _same(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndarr
     return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
-def _collectives(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:
+def _collectives(per_rank: Mapping[int, Table], forwards: Mapping[int, set[int]],
+                 last_step: Mapping[int, int], world_size: int) -> list[Finding]:
     if len(per_rank) < 2:
         return []
-    forwards = {r: set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
-                for r, t in per_rank.items()}
-    last = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
-    complete = min(last.values())  # steps below it are finished on every rank
+    complete = min(last_step.values())  # steps below it are finished on every rank
     sigs_of = {r: _signatures(t) for r, t in per_rank.items()}
     ref = next(iter(sigs_of.values()))
     for step in sorted(s for s in set().union(*forwards.values()) if 0 <= s < complete):
@@ -699,8 +698,8 @@ def _last_of(kinds: np.ndarray, *codes: int) -> int:
     return int(found[-1]) if len(found) else -1
 
 
-def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
-              world_size: int, reported: Sequence[Finding]) -> list[Finding]:
+def _progress(per_rank: Mapping[int, Table], last_step: Mapping[int, int], world_size: int,
+              reported: Sequence[Finding]) -> list[Finding]:
     out: list[Finding] = []
     missing = tuple(r for r in range(world_size) if r not in per_rank)
     if missing and per_rank:
@@ -712,7 +711,6 @@ def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, st
             fix=fix_for("missing_rank", "events"), world_size=world_size))
     if len(per_rank) < 2:
         return out
-    last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     top = max(last_step.values())
     behind = tuple(sorted(r for r, s in last_step.items() if s < top))
     if behind and not any(f.kind == "uneven_iterations" for f in reported):
