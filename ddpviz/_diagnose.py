@@ -300,7 +300,7 @@ def _launch_positions(order: np.ndarray, flat: tuple[np.ndarray, np.ndarray]) ->
     n = len(order)
     lo = min(int(order.min()) if n else 0, int(members.min()) if len(members) else 0)
     top = max(int(order.max()) if n else 0, int(members.max()) if len(members) else 0)
-    if lo < 0 or not _countable(0, top, n + len(members)):  # numbered 0.. in their order
+    if lo < 0 or not _countable(0, top, n + len(members)):  # renumbered 0.., order kept
         ids = np.unique(np.concatenate([order, members]))
         order, members, top = np.searchsorted(ids, order), np.searchsorted(ids, members), len(ids)
     position = np.full(top + 1, n, dtype=np.int64)
