@@ -329,12 +329,28 @@ def _step_slices(steps: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, 
                    if j > i]
 
 
-def _grad_orders(t: Table) -> dict[int, np.ndarray]:
-    """step -> the params of one rank's GradReady events of that step, in seq order."""
+def _grad_orders(t: Table) -> tuple[dict[int, np.ndarray], set[int]]:
+    """step -> the params of one rank's GradReady events of that step, in seq order; and the
+    steps in which a param occurs more than once."""
     rows = t.rows(ev.GradReady)
     order, slices = _step_slices(t.step[rows])
     params = t.a[rows if order is None else rows[order]]
-    return {step: params[part] for step, part in slices}
+    return {step: params[part] for step, part in slices}, _repeated_steps(params, slices)
+
+
+def _repeated_steps(params: np.ndarray, slices: Sequence[tuple[int, slice]]) -> set[int]:
+    """The steps of `slices` whose part of `params` holds a value twice: counted at once for
+    every step when (step, param) pairs can be (see _countable), else step by step."""
+    if len(params) < 2:
+        return set()
+    lo, hi = int(params.min()), int(params.max())
+    span = hi - lo + 1
+    if not _countable(0, span * len(slices) - 1, len(params)):
+        return {step for step, part in slices if _repeats(params[part])}
+    sizes = [part.stop - part.start for _, part in slices]
+    pairs = np.repeat(np.arange(len(slices)) * span, sizes) + (params - lo)
+    twice = np.unique(np.flatnonzero(np.bincount(pairs) > 1) // span)
+    return {slices[i][0] for i in twice.tolist()}
 
 
 def _countable(lo: int, hi: int, n: int) -> bool:
@@ -377,9 +393,10 @@ def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, 
     for rank, t in per_rank.items():
         for step in np.unique(t.step[t.rows(ev.GradsSummarized)]).tolist():
             summarized.setdefault(int(step), set()).add(rank)
-        for step, order in _grad_orders(t).items():
+        orders, repeated = _grad_orders(t)
+        for step, order in orders.items():
             arrays.setdefault(step, {})[rank] = order
-            for p in _twice(order):
+            for p in _twice(order) if step in repeated else ():
                 twice.setdefault((p, step), []).append(rank)
     out = []
     for (param, step), ranks in sorted(twice.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -451,8 +468,9 @@ def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tupl
     only), before that rank's last forward: said, so that a clean diagnosis is not read as
     covering them."""
     missing: dict[int, list[int]] = {}  # rank -> steps
+    hooked = {r for _, r in fired}  # ranks with gradient events at some step
     for rank, seen in forwards.items():
-        if not any(r == rank for _, r in fired) or not seen:
+        if rank not in hooked or not seen:
             continue
         last = max(seen)
         gaps = sorted(s for s in seen if s < last and s >= 0 and (s, rank) not in fired
