@@ -14,6 +14,7 @@ all-reduce events, phase instants) as numpy columns, never as one object each; t
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -118,11 +119,14 @@ def diagnose_tables(per_rank: Mapping[int, Table],
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
+    forwards = {r: set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
+                for r, t in per_rank.items()}  # rank -> the steps it started a forward in
+    last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     computed = [*_verification(per_rank, world_size),
                 *_unused(per_rank, names, world_size),
-                *_grad_ready(per_rank, names, world_size),
-                *_collectives(per_rank, world_size),
-                *_progress(per_rank, names, world_size, reported, ended or {}),
+                *_grad_ready(per_rank, names, forwards, world_size),
+                *_collectives(per_rank, forwards, last_step, world_size),
+                *_progress(per_rank, last_step, world_size, reported, ended or {}),
                 *_dropped(per_rank, world_size),
                 *_straggler(per_rank, clock, names, world_size)]
     seen = {(f.kind, f.name) for f in reported}
@@ -291,20 +295,33 @@ def _map_at(maps: Sequence[tuple[int, tuple[tuple[int, ...], ...]]], step: int
     return current
 
 
-def _launch_positions(order: np.ndarray, buckets: Sequence[Sequence[int]]) -> np.ndarray:
-    """For each bucket, after how many gradients it can start (buckets launch in order): the
-    position of its last gradient (a missing one counts as the end), at least the previous
-    bucket's."""
+def _flat(buckets: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A bucket map as (its params bucket after bucket, each bucket's size)."""
     sizes = np.array([len(b) for b in buckets], dtype=np.int64)
+    members = np.fromiter(itertools.chain.from_iterable(buckets), dtype=np.int64,
+                          count=int(sizes.sum()))
+    return members, sizes
+
+
+def _launch_positions(order: np.ndarray, flat: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """For each bucket of `flat` (see _flat), after how many gradients it can start (buckets
+    launch in order): the position of its last gradient (a missing one counts as the end), at
+    least the previous bucket's."""
+    members, sizes = flat
     if not len(sizes):
         return np.zeros(0, dtype=np.int64)
-    members = np.fromiter((p for b in buckets for p in b), dtype=np.int64, count=int(sizes.sum()))
     n = len(order)
-    top = max(int(members.max()) if len(members) else 0, int(order.max()) if n else 0)
+    lo = min(int(order.min()) if n else 0, int(members.min()) if len(members) else 0)
+    top = max(int(order.max()) if n else 0, int(members.max()) if len(members) else 0)
+    if lo < 0 or not _countable(0, top, n + len(members)):  # renumbered 0.., order kept
+        ids = np.unique(np.concatenate([order, members]))
+        order, members, top = np.searchsorted(ids, order), np.searchsorted(ids, members), len(ids)
     position = np.full(top + 1, n, dtype=np.int64)
-    if n:  # 1-based; a param listed twice (a hook that fired twice): its last position
+    if _repeats(order):  # 1-based; a param listed twice (a hook that fired twice): its last
         params, from_end = np.unique(order[::-1], return_index=True)
         position[params] = n - from_end
+    elif n:
+        position[order] = np.arange(1, n + 1)
     ready = np.zeros(len(sizes), dtype=np.int64)
     filled = sizes > 0
     if filled.any():
@@ -313,23 +330,64 @@ def _launch_positions(order: np.ndarray, buckets: Sequence[Sequence[int]]) -> np
     return np.maximum.accumulate(ready)
 
 
-def _grad_orders(t: Table) -> dict[int, np.ndarray]:
-    """step -> the params of one rank's GradReady events of that step, in seq order."""
+def _step_slices(steps: np.ndarray) -> tuple[np.ndarray | None, list[tuple[int, slice]]]:
+    """Rows grouped by step, each step's in their order: a stable permutation of the rows
+    (None when their steps already ascend, the usual case) and each step's slice of them."""
+    order = None
+    if len(steps) > 1 and not bool((steps[1:] >= steps[:-1]).all()):
+        order = np.argsort(steps, kind="stable")
+        steps = steps[order]
+    bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), len(steps)]
+    return order, [(int(steps[i]), slice(i, j)) for i, j in itertools.pairwise(bounds)
+                   if j > i]
+
+
+def _grad_orders(t: Table) -> tuple[dict[int, np.ndarray], set[int]]:
+    """step -> the params of one rank's GradReady events of that step, in seq order; and the
+    steps in which a param occurs more than once."""
     rows = t.rows(ev.GradReady)
-    if not len(rows):
-        return {}
-    steps = t.step[rows]
-    params = t.a[rows]
-    order = np.argsort(steps, kind="stable")
-    steps, params = steps[order], params[order]
-    cut = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-    starts = [0, *cut.tolist()]
-    return {int(steps[i]): p for i, p in zip(starts, np.split(params, cut), strict=True)}
+    order, slices = _step_slices(t.step[rows])
+    params = t.a[rows if order is None else rows[order]]
+    return {step: params[part] for step, part in slices}, _repeated_steps(params, slices)
+
+
+def _repeated_steps(params: np.ndarray, slices: Sequence[tuple[int, slice]]) -> set[int]:
+    """The steps of `slices` whose part of `params` holds a value twice: counted at once for
+    every step when (step, param) pairs can be (see _countable), else step by step."""
+    if len(params) < 2:
+        return set()
+    lo, hi = int(params.min()), int(params.max())
+    span = hi - lo + 1
+    if not _countable(0, span * len(slices) - 1, len(params)):
+        return {step for step, part in slices if _repeats(params[part])}
+    sizes = [part.stop - part.start for _, part in slices]
+    pairs = np.repeat(np.arange(len(slices)) * span, sizes) + (params - lo)
+    twice = np.unique(np.flatnonzero(np.bincount(pairs) > 1) // span)
+    return {slices[i][0] for i in twice.tolist()}
+
+
+def _countable(lo: int, hi: int, n: int) -> bool:
+    """Whether n values from lo to hi can be counted in an array of hi - lo + 1 entries, not
+    much more than the values themselves: parameter indices can, the arbitrary 64-bit values
+    of an untrusted trace cannot (they are sorted instead)."""
+    return hi - lo <= 4 * n + 1024
+
+
+def _repeats(order: np.ndarray) -> bool:
+    """Whether a value occurs more than once."""
+    n = len(order)
+    if n < 2:
+        return False
+    lo, hi = int(order.min()), int(order.max())
+    if _countable(lo, hi, n):
+        return bool(np.bincount(order - lo).max() > 1)
+    ordered = np.sort(order)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def _twice(order: np.ndarray) -> list[int]:
     """The params that occur more than once, in the order of their second occurrence."""
-    if len(np.unique(order)) == len(order):
+    if not _repeats(order):
         return []
     seen: set[int] = set()
     again: list[int] = []
@@ -341,18 +399,17 @@ def _twice(order: np.ndarray) -> list[int]:
 
 
 def _grad_ready(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
-                world_size: int) -> list[Finding]:
+                forwards: Mapping[int, set[int]], world_size: int) -> list[Finding]:
     arrays: dict[int, dict[int, np.ndarray]] = {}  # step -> rank -> param indices (columns)
     twice: dict[tuple[int, int], list[int]] = {}  # (param, step) -> ranks
     summarized: dict[int, set[int]] = {}  # step -> ranks with GradsSummarized (detail levels)
-    forwards: dict[int, set[int]] = {}  # rank -> steps with a ForwardStarted
     for rank, t in per_rank.items():
         for step in np.unique(t.step[t.rows(ev.GradsSummarized)]).tolist():
             summarized.setdefault(int(step), set()).add(rank)
-        forwards[rank] = set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
-        for step, order in _grad_orders(t).items():
+        orders, repeated = _grad_orders(t)
+        for step, order in orders.items():
             arrays.setdefault(step, {})[rank] = order
-            for p in _twice(order):
+            for p in _twice(order) if step in repeated else ():
                 twice.setdefault((p, step), []).append(rank)
     out = []
     for (param, step), ranks in sorted(twice.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -424,8 +481,9 @@ def _no_backward_events(forwards: Mapping[int, set[int]], fired: Collection[tupl
     only), before that rank's last forward: said, so that a clean diagnosis is not read as
     covering them."""
     missing: dict[int, list[int]] = {}  # rank -> steps
+    hooked = {r for _, r in fired}  # ranks with gradient events at some step
     for rank, seen in forwards.items():
-        if not any(r == rank for _, r in fired) or not seen:
+        if rank not in hooked or not seen:
             continue
         last = max(seen)
         gaps = sorted(s for s in seen if s < last and s >= 0 and (s, rank) not in fired
@@ -492,15 +550,30 @@ def _step_ranges(steps: Sequence[int]) -> str:
 def _common_orders(by_rank: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Each rank's order restricted to the params every rank has, each param once (its first
     time). Without repeats and with one set of params on every rank: the orders themselves."""
-    ref_set = np.sort(next(iter(by_rank.values())))
-    if all(len(o) == len(ref_set) for o in by_rank.values()) and \
-            not (len(ref_set) > 1 and bool(np.any(ref_set[1:] == ref_set[:-1]))) and \
-            all(np.array_equal(np.sort(o), ref_set) for o in by_rank.values()):
+    if _one_set(list(by_rank.values())):
         return dict(by_rank)
     lists = {r: o.tolist() for r, o in by_rank.items()}
     common = set.intersection(*(set(o) for o in lists.values()))
     return {r: np.array(_dedupe(p for p in o if p in common), dtype=np.int64)
             for r, o in lists.items()}
+
+
+def _one_set(orders: Sequence[np.ndarray]) -> bool:
+    """Whether every order holds the same params, each once."""
+    ref = orders[0]
+    n = len(ref)
+    if any(len(o) != n for o in orders) or _repeats(ref):
+        return False
+    if not n:
+        return True
+    lo, hi = int(ref.min()), int(ref.max())
+    if _countable(lo, hi, n):
+        want = np.bincount(ref - lo, minlength=hi - lo + 1)
+        return all(int(o.min()) >= lo and int(o.max()) <= hi and
+                   np.array_equal(np.bincount(o - lo, minlength=hi - lo + 1), want)
+                   for o in orders[1:])
+    ref_set = np.sort(ref)
+    return all(np.array_equal(np.sort(o), ref_set) for o in orders[1:])
 
 
 def _ordered_maps(maps: Mapping[int, list[tuple[int, tuple[tuple[int, ...], ...]]]],
@@ -517,7 +590,9 @@ def _bucket_delay(by_rank: Mapping[int, np.ndarray],
     some ranks (buckets launch strictly in order), with a line per group of ranks."""
     if len(bucket_maps) < 2:
         return None
-    launches = {r: (_launch_positions(by_rank[r], m), len(by_rank[r]), m)
+    flat: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by id of the map (alike ranks share it)
+    launches = {r: (_launch_positions(by_rank[r], flat.get(id(m)) or
+                                      flat.setdefault(id(m), _flat(m))), len(by_rank[r]), m)
                 for r, m in bucket_maps.items()}
     n_buckets = min(len(v[2]) for v in launches.values())
     if not n_buckets:
@@ -563,15 +638,12 @@ _SIGNATURE_TEXT = {col.CODE[ev.BuffersSynced]: "buffer broadcast",
 def _signatures(t: Table) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """step -> (kinds, buckets) of the collectives a rank issued in it, in seq order."""
     rows = t.rows(*_SIGNATURE_TYPES)
-    steps = t.step[rows]
-    order = np.argsort(steps, kind="stable")
-    rows, steps = rows[order], steps[order]
-    cut = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-    out = {}
-    for part in np.split(rows, cut) if len(rows) else []:
-        kinds = t.kind[part]
-        out[int(t.step[part[0]])] = (kinds, np.where(kinds == col.LAUNCHED, t.a[part], 0))
-    return out
+    order, slices = _step_slices(t.step[rows])
+    if order is not None:
+        rows = rows[order]
+    kinds = t.kind[rows]
+    buckets = np.where(kinds == col.LAUNCHED, t.a[rows], 0)
+    return {step: (kinds[part], buckets[part]) for step, part in slices}
 
 
 def _signature_text(sig: tuple[np.ndarray, np.ndarray] | None) -> str:
@@ -588,13 +660,11 @@ def _same(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndarr
     return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
-def _collectives(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:
+def _collectives(per_rank: Mapping[int, Table], forwards: Mapping[int, set[int]],
+                 last_step: Mapping[int, int], world_size: int) -> list[Finding]:
     if len(per_rank) < 2:
         return []
-    forwards = {r: set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
-                for r, t in per_rank.items()}
-    last = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
-    complete = min(last.values())  # steps below it are finished on every rank
+    complete = min(last_step.values())  # steps below it are finished on every rank
     sigs_of = {r: _signatures(t) for r, t in per_rank.items()}
     ref = next(iter(sigs_of.values()))
     for step in sorted(s for s in set().union(*forwards.values()) if 0 <= s < complete):
@@ -625,35 +695,38 @@ _LAUNCH, _DONE, _B_START, _B_END, _V_START, _V_PASS, _V_FAIL, _BACK_END = (
 
 
 def _open_collective(t: Table) -> str | None:
-    """What a rank was inside when its events end, if a collective never finished."""
+    """What a rank was inside when its events end, if a collective never finished: an
+    all-reduce launched after its last end of backward (which closes them all) and not done
+    since, else a broadcast started and not finished, else a verification not concluded."""
     rows = t.rows(*_OPEN_TYPES)
-    all_reduce: dict[int, int] = {}  # bucket -> step of its open all-reduce
-    broadcast: int | None = None  # step of the open broadcast
-    verifying = False
-    for kind, bucket, step in zip(t.kind[rows].tolist(), t.a[rows].tolist(),
-                                  t.step[rows].tolist(), strict=True):
-        if kind == _LAUNCH:
-            all_reduce[bucket] = step
-        elif kind == _DONE:
-            all_reduce.pop(bucket, None)
-        elif kind == _B_START:
-            broadcast = step
-        elif kind == _B_END:
-            broadcast = None
-        elif kind == _V_START:
-            verifying = True
-        elif kind in (_V_PASS, _V_FAIL):
-            verifying = False
-        elif kind == _BACK_END:
-            all_reduce.clear()
-    if all_reduce:
-        b = min(all_reduce)
-        return f"inside the all-reduce of bucket {b} at step {all_reduce[b]}"
-    if broadcast is not None:
-        return f"inside a broadcast at step {broadcast}"
-    if verifying:
+    kinds = t.kind[rows]
+    ends = np.flatnonzero(kinds == _BACK_END)
+    tail = rows[ends[-1] + 1:] if len(ends) else rows
+    tail = tail[(t.kind[tail] == _LAUNCH) | (t.kind[tail] == _DONE)]
+    if len(tail):
+        buckets = t.a[tail]
+        ids, from_end = np.unique(buckets[::-1], return_index=True)
+        last = tail[len(tail) - 1 - from_end]  # each bucket's last launch or done
+        still = np.flatnonzero(t.kind[last] == _LAUNCH)
+        if len(still):  # the lowest bucket still open
+            return (f"inside the all-reduce of bucket {int(ids[still[0]])} at step "
+                    f"{int(t.step[last[still[0]]])}")
+    broadcast = _last_of(kinds, _B_START, _B_END)
+    if broadcast >= 0 and kinds[broadcast] == _B_START:
+        return f"inside a broadcast at step {int(t.step[rows[broadcast]])}"
+    verification = _last_of(kinds, _V_START, _V_PASS, _V_FAIL)
+    if verification >= 0 and kinds[verification] == _V_START:
         return "inside model verification"
     return None
+
+
+def _last_of(kinds: np.ndarray, *codes: int) -> int:
+    """The index of the last of `kinds` that is one of `codes`; -1 when none is."""
+    mask = np.zeros(len(kinds), dtype=bool)
+    for code in codes:
+        mask |= kinds == code
+    found = np.flatnonzero(mask)
+    return int(found[-1]) if len(found) else -1
 
 
 # [Note: ranks that ended cleanly]
@@ -665,9 +738,9 @@ def _open_collective(t: Table) -> str | None:
 # when the files were read (a job still running), and no hang is named for it.
 
 
-def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
-              world_size: int, reported: Sequence[Finding],
-              ended: Mapping[int, End] | None = None) -> list[Finding]:
+def _progress(per_rank: Mapping[int, Table], last_step: Mapping[int, int], world_size: int,
+              reported: Sequence[Finding], ended: Mapping[int, End] | None = None
+              ) -> list[Finding]:
     out: list[Finding] = []
     missing = tuple(r for r in range(world_size) if r not in per_rank)
     if missing and per_rank:
@@ -679,7 +752,6 @@ def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, st
             fix=fix_for("missing_rank", "events"), world_size=world_size))
     if len(per_rank) < 2:
         return out
-    last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}
     top = max(last_step.values())
     behind = tuple(sorted(r for r, s in last_step.items() if s < top))
     if behind and not any(f.kind == "uneven_iterations" for f in reported):

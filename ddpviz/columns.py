@@ -88,9 +88,11 @@ class Table(NamedTuple):
 
     def rows(self, *types: type[Event]) -> np.ndarray:
         """Row numbers of the events of these types, in arrival order."""
-        if len(types) == 1:
-            return np.flatnonzero(self.kind == CODE[types[0]])
-        return np.flatnonzero(np.isin(self.kind, codes(*types)))
+        kind = self.kind
+        mask = np.zeros(len(kind), dtype=bool)
+        for cls in types:  # an equality per type: faster than np.isin over uint8 codes
+            mask |= kind == CODE[cls]
+        return np.flatnonzero(mask)
 
     def rare(self, cls: type[E]) -> list[E]:
         """The kept objects of this (rare) type, in arrival order."""
