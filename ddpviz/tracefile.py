@@ -24,7 +24,7 @@ import msgspec
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
-from ddpviz.framecolumns import EventColumns, decode_frames
+from ddpviz.framecolumns import EventColumns, RareCache, decode_frames
 
 FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
@@ -320,6 +320,7 @@ class _Batch:
         self.buf = memoryview(b"")
         self.frames: list[tuple[int, int, int]] = []  # (where, start in buf, length)
         self.nbytes = 0
+        self.seen = RareCache()  # big rare events decoded so far (the same on every rank)
 
     def add(self, where: int, buf: memoryview, at: int, length: int) -> None:
         self.buf = buf
@@ -331,7 +332,8 @@ class _Batch:
         frames, self.frames, self.nbytes = self.frames, [], 0
         n = 0
         buf = self.buf
-        decoded = (decode_frames(buf, [(at, length) for _, at, length in frames], self.codes)
+        decoded = (decode_frames(buf, [(at, length) for _, at, length in frames], self.codes,
+                                 self.seen)
                    if self.codes is not None and frames else [None] * len(frames))
         for (where, at, length), columns in zip(frames, decoded, strict=True):
             if columns is not None:
