@@ -24,6 +24,7 @@ Anything else sends the frame to msgspec: at worst a hostile file is read at msg
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, cast
 
@@ -100,7 +101,17 @@ class RareCache:
     BIG = 4096  # bytes of own fields below which decoding is cheaper than a lookup
 
     def __init__(self) -> None:
-        self._events: dict[bytes, Event] = {}
+        # (opening, size and CRC of the own fields) -> [(own fields, event)]
+        self._events: dict[tuple[bytes, int, int], list[tuple[bytes, Event]]] = {}
+        self._size = 0
+        self._scratch = np.zeros(0, dtype=np.uint8)
+
+    def scratch(self, n: int) -> np.ndarray:
+        """n bytes to copy frames into, reused from call to call (fresh memory costs a page
+        fault per 4 KiB, which costs more than the decoding)."""
+        if len(self._scratch) < n:
+            self._scratch = np.zeros(max(n, 2 * len(self._scratch)), dtype=np.uint8)
+        return self._scratch[:n]
 
     def decode(self, raw: memoryview, head: int, common: tuple[int, int, int, int]) -> Event:
         """The event encoded in `raw`, whose common fields (rank, step, t_ns, seq, read into
@@ -110,14 +121,17 @@ class RareCache:
             limits.check_events([e])
             return e
         opening = int(raw[6]) & 0x1F
-        key = bytes(raw[:7 + opening]) + bytes(raw[head:])
-        cached = self._events.get(key)
-        if cached is not None:
-            rank, step, t_ns, seq = common
-            return msgspec.structs.replace(cached, rank=rank, step=step, t_ns=t_ns, seq=seq)
+        own = raw[head:]
+        key = (bytes(raw[:7 + opening]), len(own), zlib.crc32(own))
+        entries = self._events.get(key, ())
+        mine = bytes(own) if entries else b""  # (a memoryview compares byte by byte: slow)
+        for fields, cached in entries:
+            if mine == fields:
+                rank, step, t_ns, seq = common
+                return msgspec.structs.replace(cached, rank=rank, step=step, t_ns=t_ns, seq=seq)
         e = _decode_event(raw)
         limits.check_events([e])
-        if len(self._events) < self.KEEP and _common(e) == common:
+        if self._size < self.KEEP and _common(e) == common:
             other = cast("tuple[int, int, int, int]", tuple(int(v == 0) for v in common))
             probe = bytearray(raw[:7 + opening])
             for name, value in zip(("rank", "step", "t_ns", "seq"), other, strict=True):
@@ -125,7 +139,8 @@ class RareCache:
             probe += raw[head:]
             with contextlib.suppress(msgspec.MsgspecError, ValueError, RecursionError):
                 if _common(_decode_event(bytes(probe))) == other:
-                    self._events[key] = e
+                    self._events.setdefault(key, []).append((bytes(own), e))
+                    self._size += 1
         return e
 
 
@@ -158,8 +173,13 @@ def _field(w8: np.ndarray, be8: np.ndarray, p: np.ndarray, name: str, lo: int,
         v = w.view(np.int64)
         ok &= (v >= max(lo, 0)) & (v <= hi)
         return p + 1 + size, v, ok
-    w = be8[p].astype(_U64)  # any mix of encodings (native order from here on)
-    code = _INT[head]
+    w = be8[p].astype(_U64)  # (native order from here on)
+    if top <= 0xCE:  # a mix of unsigned ints of at most 4 bytes: parameter indices
+        length = _SMALL_LEN[head]
+        v = ((w >> _SMALL_SHIFT[head]) & _SMALL_MASK[head]).view(np.int64)
+        ok &= (length > 0) & (v >= lo) & (v <= hi)
+        return p + length, v, ok
+    code = _INT[head]  # any mix of encodings
     length = code & 15
     x = w << ((code >> 4) & 15).astype(_U64)
     shift = (code >> 8) & 127
@@ -203,6 +223,16 @@ def _dtype(region: np.ndarray, w8: np.ndarray, p: np.ndarray,
     return p + 1 + size, index, ok & (index >= 0)
 
 
+# Unsigned ints of at most 4 bytes (fixint, uint8/16/32) by first byte: length (0: another
+# type), and the shift and mask of the value in the big-endian word at the first byte.
+_SMALL_LEN = np.zeros(256, dtype=np.int64)
+_SMALL_SHIFT = np.zeros(256, dtype=_U64)
+_SMALL_MASK = np.zeros(256, dtype=_U64)
+_SMALL_LEN[:0x80], _SMALL_SHIFT[:0x80], _SMALL_MASK[:0x80] = 1, 56, 0x7F
+for _t, _n in ((0xCC, 1), (0xCD, 2), (0xCE, 4)):
+    _SMALL_LEN[_t], _SMALL_SHIFT[_t], _SMALL_MASK[_t] = 1 + _n, 56 - 8 * _n, (1 << 8 * _n) - 1
+
+
 class _Hot(NamedTuple):
     """One hot type's layout: its map's fixed opening (map size, the tag), its fields after the
     common ones (name, column, bounds), and whether its last field is the dtype string."""
@@ -231,6 +261,7 @@ _HOT = tuple(
 _FIRST_WORDS = np.array([_le(h.opening) for h in _HOT], dtype=_U64)
 _TYPE_KEY = _U64(_le(_key("type")))  # bytes 1-5 of an event's map
 _MAX_DTYPE = 15  # dtype strings read in columns (longer ones: the frame goes to msgspec)
+_HOT_TYPES = frozenset(h.cls for h in _HOT)
 _OPENING_SIZE = np.array([len(h.opening) for h in _HOT] + [0], dtype=np.int64)
 # Bytes 8-15 of each hot type's opening (the first 8 are _FIRST_WORDS; GradReady's is 16 long).
 _SECOND_WORD = np.array([_le(h.opening[8:16]) for h in _HOT] + [1], dtype=_U64)
@@ -259,8 +290,9 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
     out: list[EventColumns | None] = [None] * len(frames)
     lo = frames[0][0]
     hi = frames[-1][0] + frames[-1][1]
-    region = np.zeros(hi - lo + _PAD, dtype=np.uint8)
+    region = seen.scratch(hi - lo + _PAD)
     region[:hi - lo] = np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo)
+    region[hi - lo:] = 0
     raw = region.data
     w8 = np.ndarray((len(region) - 7,), dtype="<u8", buffer=raw, offset=0, strides=(1,))
     be8 = np.ndarray((len(region) - 7,), dtype=">u8", buffer=raw, offset=0, strides=(1,))
@@ -373,6 +405,9 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
             e = seen.decode(buf[start:stop], prefix[1] - prefix[0], (
                 int(rank[i]), int(step[i]), int(t[i]), int(seq[i])))
         except (msgspec.MsgspecError, ValueError, RecursionError):
+            bad_frames.add(f)
+            continue
+        if type(e) in _HOT_TYPES:  # a hot type in another layout (an extra key, say)
             bad_frames.add(f)
             continue
         rare.setdefault(f, {})[i - int(bounds[f])] = e

@@ -166,7 +166,8 @@ class TraceWriter:
 # --- reading ----------------------------------------------------------------------------------
 
 WHOLE_BELOW = 64 << 20  # smaller files are read whole; bigger ones a window at a time
-WINDOW = 16 << 20  # bytes of a big file read at once (and of event frames decoded together)
+WINDOW = 16 << 20  # bytes of a big file read at once
+DECODE_BYTES = 1 << 20  # event frames decoded together (numpy's temporaries stay small)
 
 
 class Torn(NamedTuple):
@@ -231,15 +232,26 @@ class _Source:
         self.buf = memoryview(data if data is not None else b"")
         self.base = 0  # file offset of buf[0]
         self.size = len(data) if data is not None else size
+        self._window = bytearray()  # reused: fresh memory costs a page fault per 4 KiB
+
+    def has(self, pos: int, n: int) -> bool:
+        """Whether get(pos, n) returns bytes read before (else it reads over them)."""
+        n = min(n, self.size - pos)
+        return self.base <= pos and pos + n <= self.base + len(self.buf)
 
     def get(self, pos: int, n: int) -> tuple[memoryview, int]:
         """(buffer, offset in it) of the bytes [pos, pos + n) of the file: all n of them, or
-        up to its end when fewer are left (a declared length never sizes more than the file)."""
-        n = min(n, self.size - pos)
-        if self.base <= pos and pos + n <= self.base + len(self.buf):
+        up to its end when fewer are left (a declared length never sizes more than the file).
+        A read overwrites the buffer of the bytes returned before."""
+        if self.has(pos, n):
             return self.buf, pos - self.base
+        n = min(n, self.size - pos)
         want = max(n, min(WINDOW, self.size - pos))
-        got = os.pread(self.fd, want, pos)
+        if len(self._window) < want:
+            self.buf = memoryview(b"")  # (no view may be left on a bytearray that grows)
+            self._window = bytearray(want)
+        got = memoryview(self._window)[:os.preadv(self.fd, [memoryview(self._window)[:want]],
+                                                  pos)]
         if len(got) < n:
             now = os.fstat(self.fd).st_size
             raise TraceError(
@@ -247,7 +259,7 @@ class _Source:
                 f"{self.size:,} bytes, a read at byte {pos:,} found {now:,} (another "
                 "process truncated or rewrote it).\nLoad it again once the writer "
                 "is done, or load a copy.")
-        self.buf, self.base = memoryview(got), pos
+        self.buf, self.base = got, pos
         return self.buf, 0
 
 
@@ -271,14 +283,16 @@ def _walk(src: _Source, partial: Callable[[], Any],
             _torn(path, where, "a frame header is cut short")
             yield Torn(where)
             break
+        if batch.frames and (batch.nbytes >= DECODE_BYTES or not src.has(pos, FRAME.size)):
+            events += yield from batch.flush()  # (before a read overwrites its frames)
         buf, at = src.get(pos, FRAME.size)
         kind, length, crc = FRAME.unpack_from(buf, at)
         pos += FRAME.size
+        if batch.frames and not src.has(pos, length):
+            events += yield from batch.flush()
         buf, at = src.get(pos, length)
         payload = buf[at:at + length]
         pos += length
-        if batch.frames and (buf is not batch.buf or batch.nbytes >= WINDOW):
-            events += yield from batch.flush()
         if len(payload) < length or zlib.crc32(payload) != crc:
             events += yield from batch.flush()
             if pos >= end and header:
