@@ -248,11 +248,10 @@ class RankColumns:
         kind, step, t, seq, a, b, s = cols
         if block.strings:
             # interned in order of first use, as `_convert` does
-            used, at = np.unique(s, return_index=True)
+            used, at = np.unique(s[s >= 0], return_index=True)
             mine = np.full(len(block.strings) + 1, -1, dtype=np.int32)
             for i in used[np.argsort(at)].tolist():
-                if i >= 0:
-                    mine[i] = self._intern(block.strings[i])
+                mine[i] = self._intern(block.strings[i])
             s = mine[s]  # -1 (none) picks the last entry, -1
         start = self._n_sealed
         if block.rare:

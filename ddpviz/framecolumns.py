@@ -260,7 +260,10 @@ _HOT = tuple(
         (ev.BackwardFinished, (), 0)))
 _FIRST_WORDS = np.array([_le(h.opening) for h in _HOT], dtype=_U64)
 _TYPE_KEY = _U64(_le(_key("type")))  # bytes 1-5 of an event's map
-_MAX_DTYPE = 15  # dtype strings read in columns (longer ones: the frame goes to msgspec)
+_MAX_DTYPE = 15
+# No event encodes in fewer bytes (its map byte, the type key and tag, rank, step, t_ns, seq):
+# a frame whose header counts more events than fit is refused before any per-event work.
+_MIN_EVENT = 32  # dtype strings read in columns (longer ones: the frame goes to msgspec)
 _HOT_TYPES = frozenset(h.cls for h in _HOT)
 _OPENING_SIZE = np.array([len(h.opening) for h in _HOT] + [0], dtype=np.int64)
 # Bytes 8-15 of each hot type's opening (the first 8 are _FIRST_WORDS; GradReady's is 16 long).
@@ -312,8 +315,12 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
             count[i], first[i] = int.from_bytes(head[1:5], "big"), s - lo + 5
 
     # Where events start: the `\xa4type` key after a fixmap byte (and false finds, see Note).
-    y = np.flatnonzero(region[3:hi - lo] == 0x79) if hi - lo > 3 else np.zeros(0, np.int64)
+    is_y = region[3:max(hi - lo, 3)] == 0x79
+    if np.count_nonzero(is_y) > (hi - lo) // 8:
+        return out  # not events (a real frame has about one per 30 bytes): not worth indexing
+    y = np.flatnonzero(is_y)
     c = y.astype(np.int64)  # ("y" of "type" is 3 bytes after the map's first byte)
+    c = c[region[c + 2] == 0x74]  # "t" before it (not the "d" of "Ready")
     c = c[((w8[c] >> _U64(8)) & _U64((1 << 40) - 1)) == _TYPE_KEY]
     c = c[(region[c] & 0xF0) == 0x80]
     frame = np.searchsorted(starts, c, side="right") - 1
@@ -321,7 +328,7 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
     c, frame = c[inside], frame[inside]
     found = np.bincount(frame, minlength=len(frames))
     at_first = np.searchsorted(c, starts)
-    good = (first >= 0) & (found == count)
+    good = (first >= 0) & (found == count) & (count * _MIN_EVENT <= ends - first)
     nonempty = count > 0
     if len(c):
         opens = c[np.minimum(at_first, len(c) - 1)] == first  # the first event found is there

@@ -209,3 +209,15 @@ def test_decode_frames_says_none_for_a_frame_it_cannot_read_exactly() -> None:
 
     got = framecolumns.decode_frames(buf, [(0, len(good)), (len(good), len(bad))], CODE)
     assert got[0] is not None and len(got[0]) == 1 and got[1] is None
+
+
+def test_frames_that_would_cost_more_than_their_bytes_go_to_msgspec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpviz.columns import CODE
+
+    many_y = b"\xdc\x00\x01" + b"y" * 4096  # an index per byte to search
+    tight = b"\xdd\x00\x10\x00\x00" + _grad()  # 1M events claimed in 60 bytes
+    for payload in (many_y, tight):
+        assert framecolumns.decode_frames(memoryview(payload), [(0, len(payload))],
+                                          CODE) == [None]
+        assert _same(_file(payload), monkeypatch)[0] == "TraceError"
