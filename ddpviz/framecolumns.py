@@ -163,7 +163,8 @@ def _field(w8: np.ndarray, be8: np.ndarray, p: np.ndarray, name: str, lo: int,
     top, bottom = int(head.max()), int(head.min())
     if top < 0x80:  # all positive fixints: the usual ranks, steps, buckets
         v = head.astype(np.int64)
-        ok &= (v >= lo) & (v <= hi)
+        if lo > bottom or hi < top:  # (bounds checked only where they may fail)
+            ok &= (v >= lo) & (v <= hi)
         return p + 1, v, ok
     if top == bottom and 0xCC <= top <= 0xCF:  # unsigned ints of one width: times, seqs
         size = 1 << (top - 0xCC)
@@ -171,7 +172,8 @@ def _field(w8: np.ndarray, be8: np.ndarray, p: np.ndarray, name: str, lo: int,
         if size < 8:
             w >>= _U64(64 - 8 * size)
         v = w.view(np.int64)
-        ok &= (v >= max(lo, 0)) & (v <= hi)
+        if lo > 0 or size == 8 or hi < (1 << (8 * size)) - 1:
+            ok &= (v >= max(lo, 0)) & (v <= hi)
         return p + 1 + size, v, ok
     w = be8[p].astype(_U64)  # (native order from here on)
     if top <= 0xCE:  # a mix of unsigned ints of at most 4 bytes: parameter indices
