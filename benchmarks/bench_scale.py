@@ -15,11 +15,20 @@ once for all stages), the bytes held per event (growth of resident anonymous mem
 loaded Trace, then the EventModel on top of it) and the process's peak RSS. Sizes as
 `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 
+The "dashboard first paint" stage builds `ddpviz.widgets.Dashboard(trace)`: one fold of the
+trace and the first render of every section (issue #21's first paint). The widget modules and
+plotly's FigureWidget are imported once before, on a tiny trace: that first import (several
+seconds of plotly -> nbformat -> jsonschema here) is printed on its own line, not in the stage.
+`--file PATH` runs the stages on an existing trace instead of generating one; `--stages`
+picks stages (`--stages dashboard` measures load + first paint alone, so the peak RSS printed
+is theirs).
 `--load FILE,...` times only `Trace.load` of existing traces, each load in a fresh child
 process (CPU s, wall s and the child's peak RSS); with `--against ROOT` (another checkout, e.g.
 main's worktree) its loader runs too, interleaved with this one's, for a before/after table.
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64x1000x20,256x10000x5] [--keep DIR]
+    PYTHONPATH=. python benchmarks/bench_scale.py --file /work/scale/scale-64x1000x20.ddpviz \
+        --stages dashboard
     PYTHONPATH=. python benchmarks/bench_scale.py --load A.ddpviz,B.ddpviz [--against ROOT]
 """
 
@@ -177,25 +186,47 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
+STAGES = ("diagnose", "model", "dashboard", "report", "chrome")
+
+
+def run_size(ranks: int, params: int, steps: int, folder: Path,
+             chosen: tuple[str, ...] = STAGES) -> None:
     path = folder / f"scale-{ranks}x{params}x{steps}.ddpviz"
-    label = f"{ranks} ranks x {params:,} params x {steps} steps"
     (seconds, _), n = timed(lambda: generate(path, ranks, params, steps))
-    print(f"\n## {label}: {n:,} events, file {path.stat().st_size / 2**20:,.0f} MiB "
-          f"(generated in {seconds:.1f} s); load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} CPUs\n")
+    run_file(path, chosen, folder, f"generated in {seconds:.1f} s", expected=n)
+    path.unlink()
+
+
+def run_file(path: Path, chosen: tuple[str, ...], folder: Path, how: str = "",
+             expected: int | None = None) -> None:
+    """The stages on the trace at `path`, then the memory it and its model hold."""
+    if "dashboard" in chosen:
+        warm_s = warm_widgets()
+        print(f"\n(first import of the widgets and plotly's FigureWidget: {warm_s[0]:.2f} s "
+              f"wall, {warm_s[1]:.2f} s CPU; outside the stages)")
     load_s, trace = timed(lambda: Trace.load(path))
-    assert len(trace) == n
+    n = len(trace)
+    assert expected is None or n == expected
+    meta = trace.meta if isinstance(getattr(trace, "meta", None), dict) else {}
+    label = (f"{meta['ranks']} ranks x {meta['params']:,} params x {meta['steps']} steps"
+             if {"ranks", "params", "steps"} <= meta.keys() else f"{len(trace.ranks)} ranks")
+    print(f"\n## {label}: {n:,} events, file {path.stat().st_size / 2**20:,.0f} MiB "
+          f"({how or path}); load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs\n")
     cpu, wall, peak, _ = load_in_child(ROOT, path)
     rows = [("Trace.load", load_s, ""),
             ("Trace.load (fresh process)", (wall, cpu), f"peak RSS {peak:,.0f} MiB"),
-            *stages(trace, folder)]
+            *stages(trace, folder, chosen)]
     print("| stage | wall s | events/s | CPU s | events/CPU-s | note |")
     print("|---|---|---|---|---|---|")
     for name, (wall, cpu), note in rows:
         print(f"| {name} | {wall:.2f} | {n / wall / 1e6:.2f}M | {cpu:.2f} | "
               f"{n / cpu / 1e6:.2f}M | {note} |")
     del trace
+    if "model" not in chosen:
+        print(f"\nload average now {os.getloadavg()[0]:.1f}; peak RSS of this process "
+              f"{peak_rss_mb():,.0f} MiB")
+        return
     trace_bytes, held_trace = held(lambda: Trace.load(path))
     model_bytes, model = held(functools.partial(model_of, held_trace))
     print(f"\nload average now {os.getloadavg()[0]:.1f}. "
@@ -204,27 +235,58 @@ def run_size(ranks: int, params: int, steps: int, folder: Path) -> None:
           f"{peak_rss_mb():,.0f} MiB")
     del held_trace, model
     gc.collect()
-    path.unlink()
+
+
+def warm_widgets() -> tuple[float, float]:
+    """Import the dashboard's modules (plotly's FigureWidget among them) by opening one on a
+    tiny trace, so that the stage times the first paint and not the first import."""
+    def tiny() -> None:
+        import plotly.graph_objects as go
+
+        from ddpviz.widgets.dashboard import Dashboard
+
+        go.FigureWidget().close()  # what the bucket map's first figure imports
+        events: list[ev.Event] = [ev.ForwardStarted(0, 0, 1, 0), ev.BackwardStarted(0, 0, 2, 1)]
+        Dashboard(Trace(events)).close()
+    return timed(tiny)[0]
+
+
+def dashboard_of(trace: Trace) -> Any:
+    from ddpviz.widgets.dashboard import Dashboard
+
+    return Dashboard(trace)
 
 
 Row = tuple[str, tuple[float, float], str]
 
 
-def stages(trace: Trace, folder: Path) -> list[Row]:
+def stages(trace: Trace, folder: Path, chosen: tuple[str, ...] = STAGES) -> list[Row]:
     rows: list[Row] = []
-    diag_s, findings = timed(lambda: diagnose(trace))
-    kinds = ", ".join(sorted({f.kind for f in findings}))
-    rows.append(("diagnose()", diag_s, f"{len(findings)} findings ({kinds})"))
-    model_s, model = timed(lambda: model_of(trace))
-    rows.append(("EventModel (dashboard's model)", model_s, f"{len(model.steps)} steps"))
-    del model
-    report_s, html = timed(lambda: render(trace))
-    rows.append(("report (HTML)", report_s, f"{len(html) / 2**20:.1f} MiB"))
-    del html
-    chrome = folder / "chrome.json"
-    chrome_s, _ = timed(lambda: write_chrome_trace(trace, chrome))
-    rows.append(("Chrome export (file)", chrome_s, f"{chrome.stat().st_size / 2**20:,.0f} MiB"))
-    chrome.unlink()
+    if "diagnose" in chosen:
+        diag_s, findings = timed(lambda: diagnose(trace))
+        kinds = ", ".join(sorted({f.kind for f in findings}))
+        rows.append(("diagnose()", diag_s, f"{len(findings)} findings ({kinds})"))
+    if "model" in chosen:
+        model_s, model = timed(lambda: model_of(trace))
+        rows.append(("EventModel (dashboard's model)", model_s, f"{len(model.steps)} steps"))
+        del model
+    if "dashboard" in chosen:
+        before = peak_rss_mb()
+        paint_s, board = timed(lambda: dashboard_of(trace))
+        rows.append(("dashboard first paint", paint_s,
+                     f"peak RSS {before:,.0f} -> {peak_rss_mb():,.0f} MiB"))
+        board.close()
+        del board
+    if "report" in chosen:
+        report_s, html = timed(lambda: render(trace))
+        rows.append(("report (HTML)", report_s, f"{len(html) / 2**20:.1f} MiB"))
+        del html
+    if "chrome" in chosen:
+        chrome = folder / "chrome.json"
+        chrome_s, _ = timed(lambda: write_chrome_trace(trace, chrome))
+        rows.append(("Chrome export (file)", chrome_s,
+                     f"{chrome.stat().st_size / 2**20:,.0f} MiB"))
+        chrome.unlink()
     return rows
 
 
@@ -284,16 +346,29 @@ def main() -> None:
     parser.add_argument("--against", type=Path, default=None,
                         help="with --load: also another checkout's loader (e.g. main's)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--file", type=Path, action="append", default=[],
+                        help="run the stages on this existing trace (repeatable; no --sizes "
+                             "then)")
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help=f"comma-separated, of {','.join(STAGES)} (Trace.load always runs)")
     args = parser.parse_args()
     if args.load:
         compare_loads([Path(p) for p in args.load.split(",")], args.against, args.repeat)
         return
+    chosen = tuple(x.strip() for x in args.stages.split(",") if x.strip())
+    unknown = sorted(set(chosen) - set(STAGES))
+    if unknown:
+        parser.error(f"unknown stage(s) {', '.join(unknown)}; pick from {', '.join(STAGES)}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
+        if args.file:
+            for path in args.file:
+                run_file(path, chosen, folder)
+            return
         for size in args.sizes.split(","):
             ranks, params, steps = (int(x) for x in size.lower().split("x"))
-            run_size(ranks, params, steps, folder)
+            run_size(ranks, params, steps, folder, chosen)
 
 
 if __name__ == "__main__":

@@ -35,16 +35,21 @@ from ddpviz.findings import (
     sort_findings,
 )
 from ddpviz.model_mismatch import mismatch_findings
+from ddpviz.tracefile import End, read_end
 
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
-def diagnose(source: Any) -> Findings:
+def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings:
     """Findings from a run: a `Run` (from ddpviz.launch), a `Session`, a `Trace`, a path to a
     `.ddpviz` file, or any iterable of events (e.g. a list an emitter appended to).
 
     Args:
         source: a `Run`, `Session`, `Trace`, a `.ddpviz` path, or an iterable of events.
+        ended: the ranks whose trace file ends with its end record (`tracefile.read_end`), by
+            rank: they finished, so none is named as hung. None: what the source tells (a
+            `.ddpviz` path, a session attached with `listen(follow=)`); `ddpviz diagnose DIR`
+            reads every file's.
 
     Returns:
         The findings, errors first, each identical no matter which rank's events reported it;
@@ -58,8 +63,14 @@ def diagnose(source: Any) -> Findings:
     if isinstance(source, (str, os.PathLike)):
         from ddpviz.trace import Trace
 
-        source = Trace.load(source)
-    return diagnose_tables(_tables(source), clock=_clock(source))
+        path, source = source, Trace.load(source)
+        if ended is None:
+            end = read_end(path)
+            ended = {end.rank: end} if end is not None else {}
+    if ended is None:
+        ended = getattr(getattr(source, "collector", None), "ended", None)  # a followed folder
+    return diagnose_tables(_tables(source), clock=_clock(source),
+                           ended=ended if isinstance(ended, Mapping) else None)
 
 
 def _clock(source: Any) -> dict[int, tuple[int, int]] | None:
@@ -99,9 +110,11 @@ def diagnose_events(events: Iterable[Event]) -> Findings:
 
 
 def diagnose_tables(per_rank: Mapping[int, Table],
-                    clock: Mapping[int, tuple[int, int]] | None = None) -> Findings:
+                    clock: Mapping[int, tuple[int, int]] | None = None,
+                    ended: Mapping[int, End] | None = None) -> Findings:
     """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/columns.py);
-    `clock`: the ranks' offsets onto one clock (Trace.clock), for who is slow."""
+    `clock`: the ranks' offsets onto one clock (Trace.clock), for who is slow; `ended`: the
+    ranks whose file ends with its end record (see `diagnose`)."""
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
@@ -109,7 +122,7 @@ def diagnose_tables(per_rank: Mapping[int, Table],
                 *_unused(per_rank, names, world_size),
                 *_grad_ready(per_rank, names, world_size),
                 *_collectives(per_rank, world_size),
-                *_progress(per_rank, names, world_size, reported),
+                *_progress(per_rank, names, world_size, reported, ended or {}),
                 *_dropped(per_rank, world_size),
                 *_straggler(per_rank, clock, names, world_size)]
     seen = {(f.kind, f.name) for f in reported}
@@ -643,8 +656,18 @@ def _open_collective(t: Table) -> str | None:
     return None
 
 
+# [Note: ranks that ended cleanly]
+# A rank whose file ends with its end record (tracefile.py) closed its trace at exit: it waits
+# in nothing, so it is never "still waiting in a collective", whatever its last events say. Nor
+# is it hung: if it ended at an earlier step than the ranks left waiting, it left them (named,
+# as having ended, with the fix for uneven steps); if it ended at their step or later, it
+# reached the collective they are in, so they are not waiting for it: they were finishing it
+# when the files were read (a job still running), and no hang is named for it.
+
+
 def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, str]],
-              world_size: int, reported: Sequence[Finding]) -> list[Finding]:
+              world_size: int, reported: Sequence[Finding],
+              ended: Mapping[int, End] | None = None) -> list[Finding]:
     out: list[Finding] = []
     missing = tuple(r for r in range(world_size) if r not in per_rank)
     if missing and per_rank:
@@ -670,22 +693,34 @@ def _progress(per_rank: Mapping[int, Table], names: Mapping[int, Mapping[int, st
             fix=fix_for("uneven_iterations"), world_size=world_size))
     if any(f.kind in _STUCK_KINDS for f in reported):
         return out  # the ranks already said where they were, more precisely than events can
-    stuck = {r: _open_collective(t) for r, t in per_rank.items()}
+    # See [Note: ranks that ended cleanly]
+    done = {r: last_step[r] for r, e in (ended or {}).items() if r in per_rank and not e.error}
+    stuck = {r: _open_collective(t) for r, t in per_rank.items() if r not in done}
     inside = {r: s for r, s in stuck.items() if s is not None}
     if inside:
-        outside = tuple(sorted(r for r in per_rank if r not in inside))
-        states = {r: inside.get(r) or f"not in a collective (last event: "
-                  f"{col.KINDS[int(t.kind[-1])].__name__} at step {int(t.step[-1])})"
+        at = min(last_step[r] for r in inside)
+        left = tuple(sorted(r for r, s in done.items() if s < at))
+        outside = tuple(sorted(r for r in per_rank if r not in inside and r not in done))
+        if done and not outside and not left:
+            return out  # every other rank ended after reaching this step: no one is waited for
+        states = {r: inside.get(r) or (f"ended cleanly after step {done[r]}" if r in done else
+                  f"not in a collective (last event: "
+                  f"{col.KINDS[int(t.kind[-1])].__name__} at step {int(t.step[-1])})")
                   for r, t in per_rank.items()}
         waiting = format_ranks(tuple(inside))
+        title = (f"{waiting} {'was' if len(inside) == 1 else 'were'} still waiting in a "
+                 "collective when the events end")
+        if outside:
+            title += f"; {format_ranks(outside)} {'was' if len(outside) == 1 else 'were'} not in it"
+        if left:
+            title += (f"; {format_ranks(left)} had already ended cleanly, at an earlier step")
         out.append(Finding(
             kind="rank_hang", severity="error",
-            title=(f"{waiting} {'was' if len(inside) == 1 else 'were'} still waiting in a "
-                   f"collective when the events end; {format_ranks(outside)} "
-                   f"{'was' if len(outside) == 1 else 'were'} not in it")
-            if outside else f"{waiting} were all inside collectives when the events end",
-            ranks=outside, field="collective", values=group_ranks(states),
-            fix=fix_for("collective_mismatch"), world_size=world_size))
+            title=title if outside or left
+            else f"{waiting} were all inside collectives when the events end",
+            ranks=tuple(sorted(outside + left)), field="collective", values=group_ranks(states),
+            fix=fix_for("uneven_iterations", "left_loop") if left and not outside
+            else fix_for("collective_mismatch"), world_size=world_size))
     return out
 
 

@@ -42,14 +42,20 @@ class VerificationReport:
 
     @property
     def ok(self) -> bool:
+        """Whether every rank has the same model (no finding is an error; differing initial
+        values are only warnings and leave it True)."""
         return not any(f.severity == "error" for f in self.findings)
 
     @property
     def mismatches(self) -> tuple[Finding, ...]:
+        """The error findings, where the model differs across ranks (what `check=True`
+        raises)."""
         return tuple(f for f in self.findings if f.severity == "error")
 
     @property
     def warnings(self) -> tuple[Finding, ...]:
+        """The findings that are not errors, e.g. parameters whose initial values differ (DDP's
+        broadcast from rank 0 overwrites them)."""
         return tuple(f for f in self.findings if f.severity != "error")
 
     def __str__(self) -> str:

@@ -9,6 +9,7 @@ holds this)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ddpviz.trace import Trace
+    from ddpviz.tracefile import End
 
 
 class TargetError(ValueError):
@@ -159,6 +161,20 @@ def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
     return (traces[0] if len(traces) == 1 else Trace.merge(traces)), files
 
 
+def ended_files(files: list[Path]) -> dict[int, End]:
+    """The end records of the files that have one, by rank (See [Note: a rank's end in its
+    file], tracefile.py)."""
+    from ddpviz.tracefile import read_end
+
+    out: dict[int, End] = {}
+    for f in files:
+        with contextlib.suppress(OSError):
+            end = read_end(f)
+            if end is not None:
+                out[end.rank] = end
+    return out
+
+
 def _diagnose(args: argparse.Namespace) -> int:
     from ddpviz._diagnose import diagnose
     from ddpviz.verdict import diagnosis_json, diagnosis_text
@@ -168,9 +184,10 @@ def _diagnose(args: argparse.Namespace) -> int:
     except TraceArgsError as e:
         print(e, file=sys.stderr)
         return 2
-    findings = diagnose(trace)
-    print(diagnosis_json(trace, findings, files) if args.json
-          else diagnosis_text(trace, findings, files))
+    ended = ended_files(files)
+    findings = diagnose(trace, ended=ended)
+    print(diagnosis_json(trace, findings, files, ended) if args.json
+          else diagnosis_text(trace, findings, files, ended))
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 

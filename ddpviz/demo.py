@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddpviz import events as ev
+from ddpviz.events import Event
+from ddpviz.model.phases import DEMO_LINE
 from ddpviz.plan import bucket_plan
 from ddpviz.units import human_bytes
 from ddpviz.zoo import tiny_transformer
@@ -41,30 +44,19 @@ def _train(steps: int) -> dict[str, Any]:
     return {"losses": losses, "checksum": flat.double().sum().item()}
 
 
-_PHASES = {
-    "ParamsBuilt": "parameters built",
-    "VerificationPassed": "verified across ranks",
-    "VerificationFailed": "VERIFICATION FAILED",
-    "BroadcastFinished": "state broadcast from rank 0",
-    "BucketsRebuilt": "buckets rebuilt in gradient-ready order",
-    "BackwardFinished": "backward done",
-    "UnusedParametersFound": "unused parameters found",
-}
-
-
 class _Progress:
     """Prints one line per DDP phase as events arrive from the ranks (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counts: dict[str, int] = {}
+        self.counts: dict[type[Event], int] = {}
 
-    def __call__(self, event: Any) -> None:
-        kind = type(event).__name__
+    def __call__(self, event: Event) -> None:
+        kind = type(event)
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
-            label = _PHASES.get(kind)
-            if label and (kind != "BackwardFinished" or event.rank == 0):
+            label = DEMO_LINE.get(kind)
+            if label and (kind is not ev.BackwardFinished or event.rank == 0):
                 step = f"iteration {event.step}" if event.step >= 0 else "constructor"
                 print(f"  [rank {event.rank}] {step:<12} {label}", flush=True)
 
@@ -102,7 +94,7 @@ def _job_section(out_dir: Path, steps: int) -> int:
     report_path = write_report(trace, out_dir / "ddpviz-demo.html", title="ddpviz demo")
     same = len({r["checksum"] for r in results}) == 1
     print(f"\n  {len(trace)} events from 2 ranks in {time.monotonic() - t0:.1f} s; "
-          f"bucket all-reduces: {progress.counts.get('AllReduceDone', 0) // 2} per rank")
+          f"bucket all-reduces: {progress.counts.get(ev.AllReduceDone, 0) // 2} per rank")
     for rank, r in enumerate(results):
         print(f"  rank {rank}: losses {r['losses']}  parameter checksum {r['checksum']:.6f}")
     print(f"  replicas identical after {steps} steps: {'yes' if same else 'NO'}")

@@ -51,6 +51,12 @@ Collective = Literal["all-reduce", "used-parameter all-reduce", "bucket rebuild 
 # Where in an iteration a rank is (the watchdog's positions): before the first forward, or in a
 # forward or backward pass.
 Phase = Literal["constructor", "forward", "backward"]
+# The phase a rank is in while it waits in each collective (the watchdog reports it). Beside
+# the two Literals rather than in the model's phase table (ddpviz/model/phases.py), which names
+# event types for readers: the engine reads this one and imports only the vocabulary.
+PHASE_OF_COLLECTIVE: dict[Collective, Phase] = {
+    "all-reduce": "backward", "used-parameter all-reduce": "backward",
+    "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 
 
 class Event(msgspec.Struct, frozen=True, tag=True):

@@ -305,7 +305,17 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
 
     def text(self, *, header: bool = True) -> str:
         """The house-style message: title line, one line per value with its ranks, detail,
-        fix. header=False drops the "ddpviz: " prefix and world size (for grouped output)."""
+        fix (what `str()` gives).
+
+        Args:
+            header: True (default): the full message, starting with `headline()` and ending
+                with `fix`. False, for findings grouped under one header: the first line is
+                "SEVERITY: TITLE:" (no "ddpviz: " prefix, no world size) and `fix` is left
+                out.
+
+        Returns:
+            The message, lines joined by newlines (no trailing newline).
+        """
         lines = [self.headline() if header else f"{self.severity}: {self.title}:"]
         lines += value_lines(self.values)
         lines += [f"  {d}" for d in self.detail]
@@ -314,6 +324,12 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
         return "\n".join(lines)
 
     def headline(self) -> str:
+        """The message's first line: "ddpviz: TITLE (world_size=N):", without the world size
+        when unknown, and ending in "." instead of ":" when no lines follow it.
+
+        Returns:
+            The line, without a newline.
+        """
         size = f" (world_size={self.world_size})" if self.world_size else ""
         colon = ":" if self.values or self.detail else "."
         return f"ddpviz: {self.title}{size}{colon}"
@@ -322,7 +338,15 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
         return self.text()
 
     def matches(self, **fields: object) -> bool:
-        """True when every given field has the given value (tests and filters)."""
+        """Whether every given field has the given value (tests and filters).
+
+        Args:
+            fields: field names and the values they must equal, e.g.
+                `kind="shape_mismatch", ranks=(3,)`.
+
+        Returns:
+            True when all of them are equal (also when no field is given).
+        """
         return all(getattr(self, k) == v for k, v in fields.items())
 
 

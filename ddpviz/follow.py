@@ -6,7 +6,10 @@ see transport/sender.py). A `FolderFeed` reads those files from byte 0 (the hist
 tails them: it polls each file's size, reads the frames that are complete with `pread`, and
 delivers them like a collector does, so a `Session` over it is what `listen()` gives: the same
 trace, subscribers, iterators and `session.dashboard()`. The job never knows: nothing is
-written, nothing signalled, and closing the session only stops the polling thread.
+written, nothing signalled, and closing the session only stops the polling thread. A rank
+counts as finished (`session.stats.closed`, the dashboard's status) once its file's end record
+is read, on any node (See [Note: a rank's end in its file] in tracefile.py), or, for a file
+without one, once its writing process is seen gone on this machine.
 
 See [Note: following a growing file].
 """
@@ -32,12 +35,15 @@ from ddpviz.events import Event, EventsDropped
 from ddpviz.trace import gc_paused
 from ddpviz.tracefile import (
     CLOCK,
+    END,
     EVENTS,
     FRAME,
     MAGIC,
     SUFFIX,
+    End,
     TraceError,
     decode_clock,
+    decode_end,
     decode_events,
     read_header,
     wall_offset,
@@ -89,6 +95,7 @@ class FileTail:
         self.pos = 0  # bytes consumed: every complete frame before it
         self.meta: dict[str, Any] | None = None  # the header's, once read
         self.clock: dict[int, tuple[int, int]] = {}  # from clock frames in the file
+        self.end: End | None = None  # the writer's end record, once read: the rank is done
         self.stopped: str | None = None
         self.reason = ""  # "truncated" | "replaced" | "damaged" | "unreadable", once stopped
         self._replaced = False
@@ -210,6 +217,10 @@ class FileTail:
             elif kind == CLOCK:
                 c = decode_clock(payload)
                 self.clock[c.rank] = (c.offset_ns, c.error_ns)
+            elif kind == END:
+                end = decode_end(payload)
+                if end.rank == self.meta.get("rank"):  # (another rank's: not this file's end)
+                    self.end = end
             # other kinds: records of a later minor format; skipped, as Trace.load does
         except (msgspec.MsgspecError, ValueError, RecursionError) as e:
             if isinstance(e, TraceError):
@@ -264,7 +275,9 @@ class FolderFeed:
         self._next_seq: dict[int, int] = {}
         self._clock: dict[int, tuple[int, int]] = {}
         self._peers: dict[int, str] = {}
-        self._finished: dict[int, FileTail] = {}  # ranks whose writing process has exited
+        # ranks done: their file's end record was read, or (a file without one) its writing
+        # process is known to have exited (on this machine only)
+        self._finished: dict[int, FileTail] = {}
         self._ref: dict[str, Any] | None = None  # the first header: the reference clock
         self._problems: list[str] = []
         self._callback_errors = 0
@@ -285,6 +298,13 @@ class FolderFeed:
     @property
     def closed(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def ended(self) -> dict[int, End]:
+        """The ranks whose file ends with its end record (their writer closed it: the rank is
+        done, on any node), with what the record says; See [Note: a rank's end in its file]."""
+        with self._lock:
+            return {r: t.end for r, t in self._finished.items() if t.end is not None}
 
     def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False
                   ) -> Callable[[], None]:
@@ -372,7 +392,11 @@ class FolderFeed:
                 if tail.meta is not None:
                     self._describe(tail)
                 rank = tail.meta.get("rank") if tail.meta is not None else None
-                if (not chunks and type(rank) is int and rank not in self._finished
+                if tail.end is not None and type(rank) is int:
+                    if self._finished.get(rank) is not tail:
+                        with self._lock:  # the file says the rank is done: on any node
+                            self._finished[rank] = tail
+                elif (not chunks and type(rank) is int and rank not in self._finished
                         and tail.meta is not None and _writer_gone(tail.meta)):
                     # Its writer has exited, so the file is whole: read what came after the
                     # last look, then count the rank finished (`stats.closed`, `wait(ranks=)`).
@@ -503,6 +527,7 @@ def _writer_gone(meta: dict[str, Any]) -> bool:
 def _dead(path: Path, exc: OSError) -> FileTail:
     tail = FileTail.__new__(FileTail)
     tail.path, tail._fd, tail.meta, tail.clock, tail.events = path, None, None, {}, 0
+    tail.end = None
     tail.pos, tail._replaced, tail._more, tail._ino = 0, False, False, (0, 0)
     tail.keep_open, tail.reason = False, "unreadable"
     tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc}. Only "

@@ -64,6 +64,11 @@ class PlannedParam:
     sparse_grad: bool
 
     def spec(self) -> TensorSpec:
+        """What bucket assignment reads of this parameter (size, element size, dtype, device).
+
+        Returns:
+            The `TensorSpec` to pass to `compute_bucket_assignment_by_size`.
+        """
         return TensorSpec(self.numel, self.element_size, self.dtype, self.device)
 
 
@@ -91,10 +96,13 @@ class PlannedBucket:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The dotted names of the bucket's parameters, in their order in its flat buffer."""
         return tuple(s.param.name for s in self.slots)
 
     @property
     def param_indices(self) -> tuple[int, ...]:
+        """The indices (in DDP's parameter list) of the bucket's parameters, in their order in
+        its flat buffer."""
         return tuple(s.param.index for s in self.slots)
 
 
@@ -132,10 +140,24 @@ class BucketPlan:
 
     @property
     def rebuilds(self) -> bool:
+        """Whether DDP rebuilds the buckets after iteration 0 (`rebuilt` is then a map); torch
+        does not with find_unused_parameters=True and static_graph=False."""
         return self.rebuilt is not None
 
     def buckets(self, which: Literal["initial", "rebuilt"] = "initial"
                 ) -> tuple[PlannedBucket, ...]:
+        """One of the two maps.
+
+        Args:
+            which: "initial" (default): the map of iteration 0; "rebuilt": the map from
+                iteration 1 on.
+
+        Returns:
+            Its buckets, in reduction order.
+
+        Raises:
+            ValueError: "rebuilt" asked of a plan where torch does not rebuild (`rebuilds`).
+        """
         if which == "rebuilt":
             if self.rebuilt is None:
                 raise ValueError("ddpviz: this plan has no rebuilt map (torch does not rebuild "
@@ -144,18 +166,53 @@ class BucketPlan:
         return self.initial
 
     def bucket_indices(self, which: Literal["initial", "rebuilt"] = "initial") -> list[list[int]]:
-        """Parameter indices per bucket, in reduction order: what a comm hook sees."""
+        """Parameter indices per bucket, in reduction order: what a comm hook sees (and what
+        `DistributedDataParallel.bucket_indices()` returns on a live run).
+
+        Args:
+            which: "initial" (default) or "rebuilt", as for `buckets`.
+
+        Returns:
+            For each bucket, bucket 0 first, the indices of its parameters in DDP's
+            parameter list, in their order in the bucket.
+
+        Raises:
+            ValueError: "rebuilt" asked of a plan where torch does not rebuild.
+        """
         return [list(b.param_indices) for b in self.buckets(which)]
 
     def replay(self, which: Literal["initial", "rebuilt"] = "initial") -> BucketAssignment:
-        """Every decision of the assignment, tensor by tensor (see `replay_bucket_assignment`)."""
+        """Every decision of the assignment, tensor by tensor (see `replay_bucket_assignment`).
+
+        Args:
+            which: "initial" (default) or "rebuilt", as for `buckets`.
+
+        Returns:
+            The assignment with its steps (for each tensor, the bucket it joined and why a
+            bucket was closed).
+
+        Raises:
+            ValueError: the plan has no such map to replay.
+        """
         r = self._initial_replay if which == "initial" else self._rebuilt_replay
         if r is None:
             raise ValueError(f"ddpviz: this plan has no {which} map to replay.")
         return r
 
     def with_settings(self, **changes: Any) -> BucketPlan:
-        """The same model planned with other settings (PlanSettings field names)."""
+        """The same model planned with other settings; the gradient-ready order is kept
+        (no forward or backward runs again).
+
+        Args:
+            changes: `PlanSettings` fields to change (`bucket_cap_mb=5`,
+                `find_unused_parameters=True`, ...); the others keep this plan's values.
+
+        Returns:
+            A new `BucketPlan`.
+
+        Raises:
+            TypeError: a name that is not a `PlanSettings` field.
+        """
         if "bucket_cap_mb_list" in changes and changes["bucket_cap_mb_list"] is not None:
             changes["bucket_cap_mb_list"] = tuple(changes["bucket_cap_mb_list"])
         settings = replace(self.settings, **changes)
@@ -166,7 +223,15 @@ class BucketPlan:
     # --- output ----------------------------------------------------------------------------
 
     def to_records(self) -> list[dict[str, Any]]:
-        """One plain dict per (map, bucket, parameter): JSON-ready."""
+        """The plan as plain rows, e.g. for a DataFrame.
+
+        Returns:
+            One JSON-ready dict per (map, bucket, parameter), initial map first, with "map"
+            ("initial" or "rebuilt"), "bucket", "bucket_limit" and "bucket_bytes", the
+            parameter's "param_index", "name", "shape", "dtype", "device", "numel", "nbytes",
+            "sparse_grad", and its place in the flat buffer, "offset" (elements) and
+            "byte_offset".
+        """
         rows: list[dict[str, Any]] = []
         maps = [("initial", self.initial)] + ([("rebuilt", self.rebuilt)] if self.rebuilt else [])
         for which, buckets in maps:
@@ -183,6 +248,13 @@ class BucketPlan:
         return rows
 
     def to_json(self) -> str:
+        """The plan as one JSON document.
+
+        Returns:
+            JSON text of an object with "model", "settings", "limits" (initial and rebuild
+            byte limits), "grad_ready_order", "order_source", "notes" and "buckets" (the rows
+            of `to_records()`).
+        """
         return json.dumps({
             "model": self.model,
             "settings": {k: v if not isinstance(v, tuple) else list(v)
@@ -200,7 +272,11 @@ class BucketPlan:
         return format_plan(self)
 
     def show(self) -> BucketMap:
-        """The BucketMap widget for this plan (needs ipywidgets and plotly)."""
+        """The BucketMap widget for this plan (needs ipywidgets and plotly).
+
+        Returns:
+            The widget (display it as a notebook cell's last value).
+        """
         from ddpviz.widgets.bucket_map import BucketMap
 
         return BucketMap(self)

@@ -103,9 +103,13 @@ class Session:
         return None if self._connect_dir is None else self._connect_dir.file("connect")
 
     def publish_connect_file(self) -> Path:
-        """Write the connect string into `connect_file` (once) and return its path."""
+        """Write the connect string into `connect_file` (once: later calls reuse the file).
+
+        Returns:
+            The file's path, in a fresh private directory (0700) removed by `close()`.
+        """
         if self._connect_dir is None:
-            from ddpviz.launcher.private_dir import PrivateDir
+            from ddpviz.private_dir import PrivateDir
 
             self._connect_dir = PrivateDir()
             self._connect_dir.write_private("connect", self.connect_string + "\n")
@@ -121,6 +125,8 @@ class Session:
 
     @property
     def stats(self) -> CollectorStats:
+        """A snapshot of what the collector has seen, per rank (events received, dropped and
+        missing, messages rejected per reason, clock offsets, ranks finished)."""
         return self.collector.stats
 
     @property
@@ -138,11 +144,25 @@ class Session:
     def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False,
                   replay: bool = False, history: Callable[[Trace], None] | None = None
                   ) -> Callable[[], None]:
-        """Call `callback(event)` for each new event (`callback(events)` per message with
-        batch=True) on the collector's thread; with replay=True first for every event already
-        received (in this thread, none missed or doubled). `history=f` calls `f(trace)` with
-        the trace so far instead of a replay, with the same guarantee (a dashboard reads its
-        columns at once: no object per past event). Returns an unsubscribe function."""
+        """Call `callback` for each new event, on the collector's thread.
+
+        What came before the call is delivered in this thread, none missed or doubled: as a
+        replay of events, or as the trace so far (`history`, which a dashboard uses to read its
+        columns at once: no object per past event).
+
+        Args:
+            callback: called with each event, or with each received message's list of events
+                when `batch` is true. An exception it raises is counted in `stats` and warned
+                about once; delivery goes on.
+            batch: pass lists of events (one per message) instead of single events.
+            replay: first call `callback` with every event already received (in `events()`
+                order; one list when `batch` is true). Ignored when `history` is given.
+            history: instead of a replay, call `history(trace)` once with the session's live
+                `trace` before any new event reaches `callback`.
+
+        Returns:
+            A function that unsubscribes `callback` (calling it again does nothing).
+        """
         entry = (callback, batch)
         with self._lock:
             if history is not None:
@@ -164,8 +184,19 @@ class Session:
         return unsubscribe
 
     def events(self, *, replay: bool = True, timeout: float | None = None) -> Iterator[Event]:
-        """Iterate over events from any thread: those already received (replay=True), then new
-        ones as they arrive. Ends when the session closes or after `timeout` quiet seconds."""
+        """Iterate over events from any thread: those already received, then new ones as they
+        arrive.
+
+        Args:
+            replay: start with every event already received (default); False: only events
+                that arrive after this call.
+            timeout: end the iteration after this many seconds without a new event; None
+                (default): wait until the session closes.
+
+        Returns:
+            An iterator of events, ending when the session closes or on `timeout`; it stops
+            receiving once exhausted, closed, or garbage collected.
+        """
         q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with self._lock:
             if replay:
@@ -188,8 +219,18 @@ class Session:
 
     def wait(self, *, events: int | None = None, ranks: int | None = None,
              timeout: float = 60.0) -> bool:
-        """Block until at least `events` events arrived and/or `ranks` ranks finished (their
-        sender closed and everything it sent is in). Returns False on timeout."""
+        """Block until enough has arrived: both conditions given must hold.
+
+        Args:
+            events: at least this many events received in all (None: no condition).
+            ranks: at least this many ranks finished: their sender closed and everything it
+                sent is in (None: no condition).
+            timeout: the most seconds to wait.
+
+        Returns:
+            True when the conditions hold; False when `timeout` ran out, or the session was
+            closed, before they did.
+        """
         def done() -> bool:
             return ((events is None or len(self._trace) >= events)
                     and (ranks is None or len(self.collector.stats.closed) >= ranks))
@@ -220,7 +261,18 @@ class Session:
     # --- the end ------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Save everything received so far as a `.ddpviz` trace. Returns the path."""
+        """Save everything received so far, with the ranks' clock offsets, as a `.ddpviz` trace
+        (atomically, like `Trace.save`); the session keeps receiving.
+
+        Args:
+            path: the file to write; an existing file is replaced.
+
+        Returns:
+            `path` as a `Path`.
+
+        Raises:
+            SaveError: the write failed; the previous file at `path` is unchanged.
+        """
         return self.trace.save(path)
 
     def _record_failed(self, exc: OSError) -> None:
@@ -281,14 +333,28 @@ class Session:
         self.close()
 
     def dashboard(self, **kwargs: Any) -> Dashboard:
-        """The live Dashboard of this session's events (see ddpviz.widgets.dashboard)."""
+        """The live Dashboard of this session's events (see ddpviz.widgets.dashboard): it
+        shows what arrived so far at once, then follows new events.
+
+        Args:
+            kwargs: passed to the Dashboard (`max_hz`, `timeline_bytes_per_s`, ...).
+
+        Returns:
+            The Dashboard widget (display it as a notebook cell's last value).
+        """
         from ddpviz.widgets.dashboard import Dashboard
 
         return Dashboard(self, **kwargs)
 
     def describe(self) -> str:
         """How to point ranks at this session (shown by `listen()`). Never shows the secret:
-        cell output is saved with the notebook. Points at `connect_file` instead."""
+        cell output is saved with the notebook. Points at `connect_file` instead (writing it
+        on first use, see `publish_connect_file`).
+
+        Returns:
+            A few lines of text, saying the address and who can reach it, where the connect
+            string is, and the torchrun and subprocess commands that use it.
+        """
         c = self.collector
         scope = ("this machine only; listen(host='0.0.0.0') for other nodes"
                  if c.host.startswith("127.") or c.host in ("::1", "localhost")

@@ -78,10 +78,22 @@ class Trace:
         return cols
 
     def append(self, event: Event) -> None:
+        """Add one event at the end of its rank's events (the rank is `event.rank`).
+
+        Args:
+            event: any ddpviz event; it is stored as columns, so `events()` later rebuilds
+                an equal object, not this one.
+        """
         with self._lock:
             self._rank_columns(event.rank).add((event,))
 
     def extend(self, events: Iterable[Event]) -> None:
+        """Add events in order, each at the end of its own rank's events.
+
+        Args:
+            events: events of any ranks, e.g. a chunk a collector received; a batch of one
+                rank's events (the usual case) is added under one lock.
+        """
         batch = events if isinstance(events, list) else list(events)
         if not batch:
             return
@@ -96,6 +108,14 @@ class Trace:
                 self._rank_columns(r).add(lst)
 
     def set_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
+        """Record how `rank`'s clock maps onto the reference clock (see `aligned_ns`).
+
+        Args:
+            rank: the rank whose clock this is; a later call for the same rank replaces it.
+            offset_ns: nanoseconds to add to the rank's `t_ns` to get reference time.
+            error_ns: a bound on the offset's error in nanoseconds (half the round trip of
+                the ping that measured it); -1 when unknown (hosts aligned by wall clock).
+        """
         with self._lock:
             self.clock[rank] = (offset_ns, error_ns)
 
@@ -103,20 +123,36 @@ class Trace:
 
     @property
     def ranks(self) -> list[int]:
+        """The ranks that have at least one event, ascending."""
         with self._lock:
             return sorted(self._by_rank)
 
     def columns(self, rank: int | None = None) -> dict[int, Table]:
-        """Snapshots of the ranks' columns (all ranks, or just `rank`), by rank: what the
-        analyses read instead of event objects (see ddpviz/columns.py)."""
+        """Snapshots of the ranks' columns: what the analyses read instead of event objects.
+
+        Args:
+            rank: just this rank's; None (default): every rank's.
+
+        Returns:
+            A dict of rank to Table (ddpviz/columns.py's read-only NamedTuple of numpy
+            columns), in rank order; empty when `rank` has no events. Later additions do not
+            change it.
+        """
         with self._lock:
             chosen = sorted(self._by_rank) if rank is None else (
                 [rank] if rank in self._by_rank else [])
             return {r: self._by_rank[r].table() for r in chosen}
 
     def events(self, rank: int | None = None) -> list[Event]:
-        """A snapshot: one rank's events in emission order, or all ranks merged by aligned
-        time (ties by rank, then seq). Built from the columns on each call."""
+        """The events, rebuilt from the columns on each call (a snapshot).
+
+        Args:
+            rank: just this rank's events, in the order it emitted them; None (default):
+                every rank's, merged by aligned time (`aligned_ns`), ties by rank, then seq.
+
+        Returns:
+            A new list of events equal to those added; empty when `rank` has none.
+        """
         if rank is not None:
             table = self.columns(rank).get(rank)
             return table.events() if table is not None else []
@@ -136,7 +172,16 @@ class Trace:
     def of_type(self, *types: type[Event], rank: int | None = None) -> list[Event]: ...
 
     def of_type(self, *types: type[Event], rank: int | None = None) -> list[Any]:
-        """The events of these types (one type: typed as it), in `events(rank)` order."""
+        """The events of the given types, in `events(rank)` order.
+
+        Args:
+            types: event classes (`ddpviz.events.GradReady`, ...); an event of any of them
+                is picked. With one class the result is typed as a list of it.
+            rank: just this rank's events; None (default): every rank's.
+
+        Returns:
+            A new list of the matching events; empty when none match.
+        """
         if rank is not None:
             table = self.columns(rank).get(rank)
             return table.events(table.rows(*types)) if table is not None else []
@@ -149,7 +194,16 @@ class Trace:
 
     def aligned_ns(self, event: Event) -> int:
         """`event.t_ns` on the reference clock (the collector's): t_ns + the rank's offset.
-        Offsets are 0 on one host (a shared monotonic clock); see [Note: clock alignment]."""
+
+        Offsets are 0 on one host (a shared monotonic clock); see [Note: clock alignment].
+
+        Args:
+            event: an event of this trace (any event: only its `rank` and `t_ns` are read).
+
+        Returns:
+            Nanoseconds on the reference clock; `t_ns` unchanged for a rank without a clock
+            record.
+        """
         return event.t_ns + self.clock.get(event.rank, (0, 0))[0]
 
     def __len__(self) -> int:
@@ -175,10 +229,20 @@ class Trace:
     # --- files --------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the whole trace to `path` (conventionally `*.ddpviz`). Returns the path.
+        """Write the whole trace to `path`: metadata, clock records, each rank's events.
 
-        Atomic: written next to it, synced, then renamed into place; on failure (a full disk)
-        raises `SaveError` and the previous file is unchanged (see ddpviz/atomic.py)."""
+        Atomic: written next to it, synced, then renamed into place (see ddpviz/atomic.py).
+
+        Args:
+            path: the file to write (conventionally `*.ddpviz`); an existing file is replaced.
+
+        Returns:
+            `path` as a `Path`.
+
+        Raises:
+            SaveError: the write failed (a full disk, no permission); the previous file at
+                `path`, if any, is unchanged.
+        """
         with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=_CHUNK) as w:
             for rank, (offset, error) in sorted(self.clock.items()):
                 w.write_clock(rank, offset, error)
@@ -189,14 +253,38 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read a `.ddpviz` file. A torn last frame (the writer died mid-write) is skipped with
-        a warning; every complete frame before it is kept. Raises TraceError otherwise, also
-        when the file shrinks while it is being read."""
+        """Read a `.ddpviz` file (written by `save`, `TraceWriter`, `ddpviz record`).
+
+        A torn last frame (the writer died mid-write, or is still writing) is skipped with a
+        warning and `truncated` is set; every complete frame before it is kept. Files under
+        64 MiB are read whole, bigger ones 16 MiB at a time (see tracefile.read_trace).
+
+        Args:
+            path: the `.ddpviz` file.
+
+        Returns:
+            A new `Trace` with the file's events, metadata (`meta`) and clock records.
+
+        Raises:
+            TraceError: not a trace, a corrupt or hostile frame (checksum, limits), another
+                format or schema version, or the file shrank while it was being read.
+        """
         return cls._read(Path(path), None)
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Trace:
-        """Like `load`, from the bytes of a `.ddpviz` file; `path` only names it in messages."""
+        """Like `load`, from the bytes of a `.ddpviz` file already in memory.
+
+        Args:
+            data: the whole file's bytes, magic included.
+            path: only names the data in warnings and error messages.
+
+        Returns:
+            A new `Trace`, as `load` returns it.
+
+        Raises:
+            TraceError: as for `load`.
+        """
         return cls._read(Path(path), data)
 
     @classmethod
@@ -237,7 +325,15 @@ class Trace:
     def merge(cls, traces: Iterable[Trace]) -> Trace:
         """One trace from several (e.g. the per-rank files of `ddpviz.connect()` without
         DDPVIZ_CONNECT). Ranks on other hosts are aligned by wall clock when the files carry
-        it (error: the hosts' NTP error); on the first file's host offsets stay 0."""
+        it (error: the hosts' NTP error); on the first file's host offsets stay 0.
+
+        Args:
+            traces: the traces to merge, the first one the reference (its metadata, less
+                "rank", and its host's clock); traces should hold distinct ranks.
+
+        Returns:
+            A new `Trace` with every trace's events; empty when `traces` is.
+        """
         traces = list(traces)
         merged = cls(meta=dict(traces[0].meta) if traces else None)
         ref = traces[0].meta if traces else {}
@@ -249,7 +345,14 @@ class Trace:
         return merged
 
     def dashboard(self, **kwargs: Any) -> Dashboard:
-        """A replay Dashboard of this trace, with iteration and time sliders."""
+        """A replay Dashboard of this trace, with iteration and time sliders.
+
+        Args:
+            kwargs: passed to the Dashboard (`max_hz`, `timeline_bytes_per_s`, ...).
+
+        Returns:
+            The Dashboard widget (display it as a notebook cell's last value).
+        """
         from ddpviz.widgets.dashboard import Dashboard
 
         return Dashboard(self, **kwargs)
@@ -259,7 +362,12 @@ class Trace:
     def spans(self) -> list[Span]:
         """Phases, all-reduces and broadcast chunks as intervals (see Span); on steps recorded
         at an aggregated detail level, one "gradients ready bN (summary of K)" span per bucket
-        (cat "gradients": first to last gradient ready; per-parameter hooks not recorded)."""
+        (cat "gradients": first to last gradient ready; per-parameter hooks not recorded).
+
+        Returns:
+            The spans of every rank, rank by rank, on the aligned clock; a span whose end
+            event never came (a crash, a hang) has `finished=False`.
+        """
         out: list[Span] = []
         for rank, table in self.columns().items():
             out.extend(table_spans(table, self.clock.get(rank, (0, 0))[0]))
@@ -267,9 +375,16 @@ class Trace:
 
     def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Chrome/Perfetto trace JSON: ranks as processes, phases, all-reduces and broadcast
-        chunks as spans ("X"), gradient hooks and other events as instants. Writes it to `path`
-        if given (open in ui.perfetto.dev or chrome://tracing) and returns it (as objects: for
-        big traces `write_chrome_trace`, which streams the file, is much leaner)."""
+        chunks as spans ("X"), gradient hooks and other events as instants. For big traces
+        `write_chrome_trace`, which streams the file, is much leaner.
+
+        Args:
+            path: if given, the JSON is also written there (atomically), to open in
+                ui.perfetto.dev or chrome://tracing; None (default): nothing is written.
+
+        Returns:
+            The JSON document as Python objects (a dict with "traceEvents").
+        """
         from ddpviz.chrome_trace import chrome_trace_doc, write_chrome_trace
 
         if path is not None:
@@ -278,7 +393,17 @@ class Trace:
 
     def write_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
         """Write the Chrome/Perfetto trace JSON of `to_chrome_trace` to `path`, streamed from
-        the columns (no object per event). Atomic. Returns the path."""
+        the columns (no object per event). Atomic, like `save`.
+
+        Args:
+            path: the `.json` file to write; an existing file is replaced.
+
+        Returns:
+            `path` as a `Path`.
+
+        Raises:
+            SaveError: the write failed; the previous file at `path` is unchanged.
+        """
         from ddpviz.chrome_trace import write_chrome_trace
 
         return write_chrome_trace(self, path)

@@ -30,7 +30,20 @@ FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
 MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
 FRAME = struct.Struct("<BII")
-HEADER, EVENTS, CLOCK = 1, 2, 3
+HEADER, EVENTS, CLOCK, END = 1, 2, 3, 4
+
+# [Note: a rank's end in its file]
+# A rank's sender (transport/sender.py, `Sender.to_file`) closing its file at the end of the run
+# appends one END frame after the last events: the file is whole and the rank is done. A reader
+# on another node cannot ask whether the writing process still runs (follow.py does that only
+# on its own machine), so the file has to say it. It is a frame kind, not an event, because
+# every reader since format 1 skips frame kinds it does not know (trace.py, follow.py): files
+# with it still load in older ddpviz versions, while a new event type would be an unknown tag
+# inside an EVENTS frame, failing the whole frame for them (a SCHEMA_VERSION change). It is
+# also a fact about the file (its writer closed it), not about DDP. A rank killed, crashed
+# hard or hung never writes it; one whose script died of an uncaught exception does (the
+# interpreter still runs its exit hooks) and says so in `error`. It is always the last frame,
+# so `read_end` finds it from the file's tail without reading the rest.
 
 
 class TraceError(ValueError):
@@ -92,6 +105,42 @@ class Clock(msgspec.Struct, array_like=True):
     error_ns: limits.TimeNs  # bound on the offset's error; -1 when unknown
 
 
+class End(msgspec.Struct, array_like=True):
+    """The last frame of a rank's file whose writer closed cleanly (See [Note: a rank's end in
+    its file])."""
+
+    rank: limits.Rank
+    events: limits.Count  # events the writer put in the file (EventsDropped markers included)
+    dropped: limits.Count  # events the rank dropped (its sender's buffer was full)
+    error: limits.Name = ""  # the uncaught exception's type the process exited with ("" none)
+
+
+_END_MAX = 128  # bytes of an End frame's payload at most (writers clip `error` to END_ERROR)
+END_ERROR = 64
+decode_end = msgspec.msgpack.Decoder(End).decode
+
+
+def read_end(path: str | os.PathLike[str]) -> End | None:
+    """A rank's file's end record, read from its last bytes alone: None when the file does not
+    end with one (its writer still runs, or died; or the file is not a rank's own)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(len(MAGIC), size - FRAME.size - _END_MAX)
+        f.seek(start)
+        tail = f.read(size - start)
+    for length in range(1, _END_MAX + 1):  # the frame ends exactly at the end of the file
+        at = len(tail) - FRAME.size - length
+        if at < 0:
+            break
+        kind, claimed, crc = FRAME.unpack_from(tail, at)
+        if kind == END and claimed == length and zlib.crc32(tail[at + FRAME.size:]) == crc:
+            try:
+                return decode_end(tail[at + FRAME.size:])
+            except (msgspec.MsgspecError, ValueError):
+                return None
+    return None
+
+
 class TraceWriter:
     """Appends events to a `.ddpviz` file as they come; crash-safe at every `flush()`.
     (It writes in place: `Trace.save` and recording sessions point it at a temporary file and
@@ -137,6 +186,15 @@ class TraceWriter:
     def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
         """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
         self._frame(CLOCK, Clock(rank, offset_ns, error_ns))
+
+    def write_end(self, end: End) -> None:
+        """Write the pending events, then the end record: the file is complete (call `close`
+        next; See [Note: a rank's end in its file])."""
+        self.flush()
+        if len(end.error) > END_ERROR:  # bounded: read_end reads the tail only
+            end = msgspec.structs.replace(end, error=end.error[:END_ERROR])
+        self._frame(END, end)
+        self._file.flush()
 
     def flush(self, fsync: bool = False) -> None:
         """Write pending events as one frame and hand the file's buffer to the OS (which keeps

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,6 +19,7 @@ import msgspec
 from ddpviz import events as ev
 from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
 from ddpviz.trace import Trace
+from ddpviz.tracefile import End
 from ddpviz.units import human_duration
 
 # C0/C1 control characters but newline: a name in an untrusted trace must not drive the terminal
@@ -91,6 +92,21 @@ def where(f: Finding) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def ended_sentence(ranks: Sequence[int], ended: Mapping[int, End]) -> str:
+    """'ranks 0,1 ended cleanly; rank 2 has no end record (still running, or killed).': what
+    the ranks' files say of their end (See [Note: a rank's end in its file])."""
+    clean = tuple(r for r in ranks if r in ended and not ended[r].error)
+    parts = [f"{format_ranks(clean)} ended cleanly"] if clean else []
+    for r in ranks:
+        if r in ended and ended[r].error:
+            parts.append(f"{format_ranks((r,))} exited on an uncaught {ended[r].error}")
+    running = tuple(r for r in ranks if r not in ended)
+    if running:
+        parts.append(f"{format_ranks(running)} {'has' if len(running) == 1 else 'have'} no end "
+                     "record (still running, or killed)")
+    return "; ".join(parts) + "."
+
+
 def verdict_line(findings: Sequence[Finding]) -> str:
     """'healthy: no problems found.' or '3 findings: 1 error, 2 warnings.'"""
     if not findings:
@@ -114,13 +130,16 @@ def finding_lines(f: Finding) -> list[str]:
 
 
 def diagnosis_text(trace: Trace, findings: Sequence[Finding],
-                   files: Sequence[Path] = ()) -> str:
-    """`ddpviz diagnose`'s output: the trace in one line, the verdict, then the findings
-    grouped by severity (errors first), each with where it is, its values, detail and fix."""
+                   files: Sequence[Path] = (), ended: Mapping[int, End] | None = None) -> str:
+    """`ddpviz diagnose`'s output: the trace in one line, which ranks' files say they ended
+    (`ended`, when any does), the verdict, then the findings grouped by severity (errors
+    first), each with where it is, its values, detail and fix."""
     facts = trace_facts(trace)
     name = (", ".join(str(f) for f in files) if len(files) <= 2
              else f"{len(files)} files in {files[0].parent}") if files else "trace"
     lines = [f"ddpviz: {name}: {facts.sentence()}"]
+    if ended:
+        lines.append(f"ddpviz: {ended_sentence(facts.ranks, ended)}")
     if facts.truncated:
         lines.append("ddpviz: a file ended in a torn frame: events after the writer's last "
                      "flush are missing, so the diagnosis may be incomplete.")
@@ -145,11 +164,13 @@ def finding_record(f: Finding) -> dict[str, Any]:
 
 
 def diagnosis_json(trace: Trace, findings: Sequence[Finding],
-                   files: Sequence[Path] = ()) -> str:
+                   files: Sequence[Path] = (), ended: Mapping[int, End] | None = None) -> str:
     """`ddpviz diagnose --json`: one object,
     {"schema": 1, "verdict": "healthy" | "warnings" | "errors",
      "trace": {"files", "ranks", "events", "steps", "world_size", "started" (ISO 8601 UTC or
-               null), "started_wall_ns", "duration_s", "truncated", "source"},
+               null), "started_wall_ns", "duration_s", "truncated", "source",
+               "ended": {"RANK": {"events", "dropped", "error"}} (the ranks whose file ends
+               with its end record: see tracefile.py)},
      "counts": {"error": n, "warning": n, "info": n},
      "findings": [{"kind", "severity", "title", "ranks", "param", "name", "field", "bucket",
                    "step", "values", "detail", "fix", "world_size", "text"}, ...]}
@@ -166,6 +187,9 @@ def diagnosis_json(trace: Trace, findings: Sequence[Finding],
                      "world_size": facts.world_size, "started": started,
                      "started_wall_ns": facts.started_wall_ns,
                      "duration_s": facts.duration_ns / 1e9, "truncated": facts.truncated,
-                     "source": facts.source},
+                     "source": facts.source,
+                     "ended": {str(r): {"events": e.events, "dropped": e.dropped,
+                                        "error": e.error}
+                               for r, e in sorted((ended or {}).items())}},
            "counts": counts, "findings": [finding_record(f) for f in ordered]}
     return json.dumps(doc, indent=1)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # document this checkout's ddpviz, not an installed copy
-sys.path.insert(0, str(HERE / "_ext"))  # cli_parser: the CLI parser sphinx-argparse documents
+sys.path.insert(0, str(HERE / "_ext"))  # cli_parser (the CLI parser documented), docstyle
 
 import ddpviz  # noqa: E402
 
@@ -31,6 +30,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "sphinxarg.ext",
+    "docstyle",  # _ext/docstyle.py: the docstrings of the API reference follow the house style
 ]
 
 # The notebooks live in ../notebooks (tests/test_notebooks.py runs them from there); a copy goes
@@ -69,6 +69,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     ("py:.*", r"(torch|nn|dist|msgspec|os|collections|typing|numpy|np|pathlib)\..*"),
     ("py:.*", r"\w+=-?\d+"),
+    ("py:class", r"Path"),  # pathlib's, as `from __future__ import annotations` spells it
     ("py:.*", r"ddpviz\._\w+\..*"),
     ("py:.*", r"(RankFailure|Event|Emitter|Collector|FolderFeed|BucketAssignment|AdviceError|"
               r"CostModel)"),
@@ -80,6 +81,7 @@ nitpick_ignore_regex = [
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"
               r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta)|"
               r"engine\.replicas\.ReplicaCheck)"),
+    ("py:.*", r"ddpviz\.tracefile\.End"),  # a rank's file's end record (diagnose(ended=))
 ]
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
@@ -118,44 +120,6 @@ def _findings_table() -> str:
 
 
 (GENERATED / "findings.md").write_text(_findings_table(), encoding="utf-8")
-
-
-# Docstrings of public functions follow one style (Google: Args/Returns/Raises). The build checks
-# it: a documented function whose Args section leaves out a parameter, or that returns something
-# without a Returns section, is a warning, and `make docs` turns warnings into errors.
-def _check_docstring(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]
-                     ) -> None:
-    import inspect
-    import re
-
-    from sphinx.util import logging
-
-    if what != "function":
-        return
-    doc = inspect.getdoc(obj) or ""
-    log = logging.getLogger("ddpviz.docstyle")
-    try:
-        sig = inspect.signature(obj)
-    except (TypeError, ValueError):
-        return
-    args = re.search(r"^Args:\n((?:[ ]{4}.*\n?|\n)*)", doc, re.M)
-    documented: set[str] = set()
-    for entry in re.findall(r"^    ([\w*, ]+?)(?: \([^)]*\))?:", args.group(1) if args else "",
-                            re.M):
-        documented.update(n.strip().lstrip("*") for n in entry.split(","))
-    wanted = [p.name for p in sig.parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    missing = [p for p in wanted if p not in documented]
-    if missing:
-        log.warning("%s: the docstring's Args section does not describe %s (Google style: "
-                    "'Args:' then '    name: what it is')", name, ", ".join(missing))
-    if sig.return_annotation not in (inspect.Signature.empty, None, "None") and \
-            "Returns:" not in doc:
-        log.warning("%s: the docstring has no Returns section", name)
-
-
-def setup(app: Any) -> None:
-    app.connect("autodoc-process-docstring", _check_docstring)
 
 
 # Pages that helpers working beside this site write at docs/NAME.md (issues 24 and 25). Each one

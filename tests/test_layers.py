@@ -6,10 +6,14 @@ imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up
   utilities (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
 - tracefile (the .ddpviz frame format, reader and writer) and framecolumns (its decoder of hot
   events into columns) import only the vocabulary and each other;
+- model/ (the run model: the one fold of the event stream) imports only the vocabulary, the
+  columns and itself;
 - engine/ (DDP itself) imports only the vocabulary and engine/;
 - transport/ never imports what consumes its events (sessions, the launcher, widgets, diagnosis,
   plans, reports, the Trace container, ...);
 - widgets/ never import engine/ (they draw plans and events);
+- the readers of runs (sessions, traces, widgets, the model) never import the launcher: a
+  launch is one source of events among others;
 - nothing outside widgets/ imports widgets/, except the convenience methods listed in
   UI_METHODS that open a widget for the object they belong to.
 """
@@ -26,7 +30,8 @@ import ddpviz
 PACKAGE = Path(ddpviz.__file__).parent
 VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits",
               "ddpviz.model_mismatch"}
-UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps"}
+UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps", "ddpviz.private_dir",
+             "ddpviz.units"}
 FORMAT = {"ddpviz.tracefile", "ddpviz.framecolumns"}  # the file format, both ways
 # What transport/ feeds (it must work without any of them: the light rank-side install).
 ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz._diagnose",
@@ -140,6 +145,42 @@ def test_utilities_import_nothing_from_ddpviz() -> None:
 def test_the_file_format_imports_only_the_vocabulary() -> None:
     bad = [e for e in EDGES if e[0] in FORMAT and e[1] not in VOCABULARY | FORMAT]
     assert not bad, "tracefile reaches up:\n" + _show(bad)
+
+
+def test_the_model_imports_only_the_vocabulary_the_columns_and_itself() -> None:
+    bad = [e for e in EDGES if _under(e[0], "ddpviz.model")
+           and not (e[1] in VOCABULARY or e[1] == "ddpviz.columns" or _under(e[1], "ddpviz.model"))]
+    assert not bad, "model/ reaches up:\n" + _show(bad)
+    assert any(_under(m, "ddpviz.widgets") and _under(t, "ddpviz.model") for m, t, _, _f in EDGES)
+
+
+def test_the_readers_of_runs_never_import_the_launcher() -> None:
+    readers = ("ddpviz.session", "ddpviz.trace", "ddpviz.widgets", "ddpviz.model",
+               "ddpviz.follow", "ddpviz.report", "ddpviz.chrome_trace")
+    bad = [e for e in EDGES if _under(e[0], *readers) and _under(e[1], "ddpviz.launcher")]
+    assert not bad, "a reader of runs imports the launcher:\n" + _show(bad)
+
+
+def test_nothing_imports_a_private_name_of_another_module() -> None:
+    # `from ddpviz.x import _name` from another package: a private helper that grew a user
+    # elsewhere belongs in a module of its own (the spans left trace.py this way); siblings in
+    # one subpackage (_watch/, launcher/) may share their private helpers
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "labextension" in path.parts:
+            continue
+        package = _module_name(path.parent / "__init__.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("ddpviz"):
+                continue
+            if package != "ddpviz" and node.module.rpartition(".")[0] == package:
+                continue
+            private = [a.name for a in node.names
+                       if a.name.startswith("_") and not a.name.startswith("__")]
+            if private:
+                bad.append(f"{_module_name(path)}:{node.lineno} imports {private} from "
+                           f"{node.module}")
+    assert not bad, "\n".join(bad)
 
 
 def test_engine_imports_only_the_vocabulary_and_itself() -> None:

@@ -43,13 +43,34 @@ class PostMortem:
     world_size: int = 0
 
     def label(self, rank: int, seq: int) -> str:
+        """What a recorded collective was in DDP's terms.
+
+        Args:
+            rank: the rank whose dump holds the collective.
+            seq: its sequence id in its process group (the "#" of the report).
+
+        Returns:
+            "bucket 5 of step 812 (layers.10.weight … layers.11.bias, 23.1 MiB)", "the
+            buffer broadcast of step 3 (broadcast of 1,024 float32)", or "OP [SIZES] DTYPE,
+            not DDP's" for a collective of another process group or of the user's own; ""
+            when the post-mortem has no model (no labels) or no such collective.
+        """
         for lab in self.labels.get(rank, ()):
             if lab.entry.seq == seq:
                 return _describe(lab)
         return ""
 
     def to_records(self) -> list[dict[str, Any]]:
-        """One row per (rank, entry) of every group: JSON-ready."""
+        """Every collective of every dump, as plain data.
+
+        Returns:
+            One JSON-ready dict per (process group, rank, entry), by group then rank then
+            sequence id: "rank", "pg", "seq", "record_id", "op", "numel", "dtype",
+            "input_sizes", "completed", "state" as the recorder logged them, and DDP's view:
+            "ddp_phase" ("bucket", "buffer_broadcast", ...; "not DDP's"; "" without a model),
+            "step" and "bucket" (-1 when none), "params" (a bucket's parameter names) and
+            "label" (see `label`).
+        """
         by_rank = {r: {lab.entry.record_id: lab for lab in labs}
                    for r, labs in self.labels.items()}
         rows = []
@@ -70,6 +91,13 @@ class PostMortem:
         return rows
 
     def to_json(self) -> str:
+        """The whole post-mortem as one JSON document (for a ticket or another tool).
+
+        Returns:
+            JSON text of an object with "world_size", "dumps" (rank, source, version and
+            entry count of each), "findings" (each finding's fields and its "text"), "ranks"
+            (`rank_rows()`) and "collectives" (`to_records()`).
+        """
         return json.dumps({
             "world_size": self.world_size,
             "dumps": [{"rank": d.rank, "source": d.source, "version": d.version,
@@ -79,7 +107,13 @@ class PostMortem:
             "collectives": self.to_records()}, indent=1)
 
     def rank_rows(self) -> list[dict[str, Any]]:
-        """Per group and rank: last completed and first pending collective."""
+        """Where each rank stood in each process group when it dumped.
+
+        Returns:
+            One dict per (process group, rank), by group then rank, with "pg", "rank", and
+            "last_completed", "first_pending", "last_launched", each "#SEQ LABEL" (see
+            `label`) or "-" when there is none.
+        """
         rows = []
         for g in self.groups:
             for r, st in sorted(g.states.items()):
@@ -108,14 +142,24 @@ class PostMortem:
 
     def to_trace(self) -> Trace:
         """A ddpviz Trace of what the dumps say (bucket maps, DDP's all-reduces, findings):
-        `.dashboard()` it, or `.save("x.ddpviz")` for the JupyterLab viewer."""
+        `.dashboard()` it, or `.save("x.ddpviz")` for the JupyterLab viewer.
+
+        Returns:
+            A new `Trace`, one rank per dump, on the recorder's clock. It holds the planned
+            bucket maps (with a model), DDP's all-reduces, buffer broadcasts and rebuild as
+            events, and one FindingReported per finding (on the lowest rank it names).
+        """
         from ddpviz._postmortem.trace_export import to_trace
 
         return to_trace(self)
 
     def show(self) -> Any:
         """A PostMortemView widget: findings, per-rank positions, each rank's last collectives
-        (needs ipywidgets)."""
+        (needs ipywidgets).
+
+        Returns:
+            The widget (display it as a notebook cell's last value).
+        """
         from ddpviz.widgets.postmortem_view import PostMortemView
 
         return PostMortemView(self)

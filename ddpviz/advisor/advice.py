@@ -62,13 +62,32 @@ class Advice:
 
     @property
     def current(self) -> Row:
+        """The prediction for the recorded run's own setting (the first row), what the other
+        rows are compared with."""
         return self.rows[0]
 
     def delta_s(self, row: Row) -> float:
+        """How much a candidate would change the step time against the current setting.
+
+        Args:
+            row: one of `rows`.
+
+        Returns:
+            Its predicted step time minus the current setting's, in seconds (negative when
+            it would be faster).
+        """
         return row.prediction.step_s - self.current.prediction.step_s
 
     def to_records(self) -> list[dict[str, Any]]:
-        """One plain dict per candidate: JSON-ready."""
+        """The table as plain rows, e.g. for a DataFrame.
+
+        Returns:
+            One JSON-ready dict per candidate, the current setting first, with "candidate" (its
+            label), "family", "bucket_cap_mb", "bucket_cap_mb_list", "set_last_bucket_cap",
+            "setting" (how to write it in code), "buckets" and "bucket_bytes" (the map after
+            the rebuild), "predicted_exposed_comm_ms", "predicted_step_ms",
+            "delta_vs_current_ms", "current" and "recommended" (booleans).
+        """
         out = []
         for r in self.rows:
             c = r.candidate
@@ -88,6 +107,14 @@ class Advice:
         return out
 
     def to_json(self) -> str:
+        """The advice as one JSON document.
+
+        Returns:
+            JSON text of an object with "world_size", "steps", "measured_step_ms",
+            "contention", "recommendation" (the sentence), "recommended" (its label),
+            "cost_model" (latency and bandwidth per dtype), "cost_model_source", "notes" and
+            "candidates" (the rows of `to_records()`).
+        """
         return json.dumps({
             "world_size": self.world_size, "steps": list(self.steps),
             "measured_step_ms": self.measured_step_s * 1e3, "contention": self.contention,
@@ -122,7 +149,11 @@ class Advice:
 
     def show(self) -> AdviceView:
         """The predicted step time against the cap (current marked) and the recommended
-        bucket map below (needs ipywidgets and plotly)."""
+        bucket map below (needs ipywidgets and plotly).
+
+        Returns:
+            The widget (display it as a notebook cell's last value).
+        """
         from ddpviz.widgets.advice_view import AdviceView
 
         return AdviceView(self)

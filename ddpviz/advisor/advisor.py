@@ -22,6 +22,7 @@ from ddpviz.advisor.costmodel import CostModel, fit_cost_model
 from ddpviz.advisor.replay import observed_step_s, predict
 from ddpviz.advisor.source import AdviceError, as_trace
 from ddpviz.advisor.timeline import Timeline, build_timeline
+from ddpviz.model.event_model import EventModel
 from ddpviz.plan import MB, BucketPlan, PlannedBucket
 
 
@@ -70,7 +71,8 @@ def advise(source: object, *, candidates: object = None,
         source: a ddpviz.Run, Session, Trace or .ddpviz path of one run of ddpviz's
             DistributedDataParallel or of a torch DDP under ddpviz.watch,
             recorded with `recording=ddpviz.Recording(every=1)`,
-            with at least 3 steps.
+            with at least 3 steps; or the run model already folded from one (the
+            dashboard's `EventModel`, which spares folding the trace again).
         candidates: None for the default sweep (caps 0.25..256 MiB with and without the 1 MiB
             first bucket, torch's default with the small bucket last, bucket lists cut at layer
             boundaries), or a list of caps in MiB, cap lists, dicts or advise.Candidate.
@@ -83,7 +85,7 @@ def advise(source: object, *, candidates: object = None,
             cores (CPU gloo with every core busy).
 
     Returns:
-        `Advice`: print it, `.to_records()`, `.show()`.
+        The `Advice`; print it, or read `.to_records()`, or `.show()` it.
 
     Modeled: buckets from the exact planner (assignment, rebuild in gradient-ready order, the
     1 MiB first bucket, cap lists, DDP_SET_LAST_BUCKET_CAP), in-order bucket launch, one process
@@ -100,7 +102,7 @@ def advise(source: object, *, candidates: object = None,
         raise AdviceError(f"ddpviz: contention is {contention!r}; expected a number in [0, 1] "
                           "(0: communication overlaps compute for free, 1: they take turns).")
     user = validate_candidates(candidates) if candidates is not None else None
-    timeline = build_timeline(as_trace(source))
+    timeline = build_timeline(source if isinstance(source, EventModel) else as_trace(source))
     steps = timeline.steady_steps()
     if not steps:
         n = len(timeline.records)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddpviz.advisor.commqueue import Array, finish_times, seen_done
-from ddpviz.advisor.timeline import Timeline
+from ddpviz.advisor.timeline import Timeline, forward_of
 
 NS = 1e-9
 
@@ -51,6 +51,16 @@ class CostModel:
     separable: bool = True  # latency and bandwidth both determined for every dtype
 
     def line(self, dtype: str) -> Line:
+        """The cost line of one dtype.
+
+        Args:
+            dtype: torch's dtype name without "torch." ("float32", "bfloat16", ...).
+
+        Returns:
+            The dtype's fitted or measured line; for a dtype the run never all-reduced, the
+            known line with the highest per-byte cost (a conservative guess); a zero line
+            when the model has none.
+        """
         if dtype in self.lines:
             return self.lines[dtype]
         if not self.lines:
@@ -59,6 +69,15 @@ class CostModel:
         return max(self.lines.values(), key=lambda x: x.seconds_per_byte)
 
     def seconds(self, nbytes: int, dtype: str) -> float:
+        """The predicted time of one all-reduce (latency + bytes / bandwidth).
+
+        Args:
+            nbytes: the size of the bucket all-reduced, in bytes.
+            dtype: its dtype name, as for `line`.
+
+        Returns:
+            Seconds, from launch to done.
+        """
         return self.line(dtype).seconds(nbytes)
 
     def __str__(self) -> str:
@@ -88,19 +107,20 @@ def observations(timeline: Timeline) -> list[_Obs]:
     for step in sorted(timeline.records):
         recs = timeline.records[step]
         if step < 1 or len(recs) != timeline.world_size or not all(
-                r.complete for r in recs.values()):
+                timeline.complete(step, r) for r in recs):
             continue
         ranks = sorted(recs)
         first = recs[ranks[0]]
-        order = [ln.bucket for ln in first.launches]
-        if any([ln.bucket for ln in recs[r].launches] != order for r in ranks):
+        order = list(first.launched)  # buckets in launch order
+        if any(list(recs[r].launched) != order for r in ranks):
             continue
-        t0 = min(recs[r].forward_ns for r in ranks)
-        launch = np.array([[ln.t_ns - t0 for ln in recs[r].launches] for r in ranks]).T * NS
-        done = np.array([[recs[r].done_ns[b] - t0 for b in order] for r in ranks]).T * NS
-        gate = np.array([recs[r].last_ready_ns - t0 for r in ranks]) * NS
-        out.append(_Obs(launch, done, gate, [ln.nbytes for ln in first.launches],
-                        [ln.dtype for ln in first.launches]))
+        t0 = min(forward_of(recs[r]) for r in ranks)
+        launch = np.array([[t - t0 for t, _, _ in recs[r].launched.values()]
+                           for r in ranks]).T * NS
+        done = np.array([[recs[r].done[b] - t0 for b in order] for r in ranks]).T * NS
+        gate = np.array([timeline.last_ready(step, r) - t0 for r in ranks]) * NS
+        out.append(_Obs(launch, done, gate, [nb for _, nb, _ in first.launched.values()],
+                        [dt for _, _, dt in first.launched.values()]))
     return out
 
 

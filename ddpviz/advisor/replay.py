@@ -21,7 +21,7 @@ import numpy as np
 
 from ddpviz.advisor.commqueue import finish_times, seen_done
 from ddpviz.advisor.costmodel import NS, CostModel
-from ddpviz.advisor.timeline import StepRecord, Timeline
+from ddpviz.advisor.timeline import Timeline, forward_of
 from ddpviz.plan import PlannedBucket
 
 
@@ -40,14 +40,15 @@ def bucket_costs(buckets: Sequence[PlannedBucket], model: CostModel) -> np.ndarr
     return np.array([model.seconds(b.nbytes, b.dtype) for b in buckets], dtype=np.float64)
 
 
-def _launches(rec: StepRecord, t0: int, buckets: Sequence[tuple[int, ...]],
-              launch_overhead_s: float, backward_start: int) -> tuple[list[float], float]:
+def _launches(timeline: Timeline, step: int, rank: int, t0: int,
+              buckets: Sequence[tuple[int, ...]], launch_overhead_s: float,
+              backward_start: int) -> tuple[list[float], float]:
     """Launch times (s after t0) of `buckets` on one rank, and its last gradient-ready time
     with the launch costs of these buckets in place of the recorded ones."""
-    observed = sorted(ln.t_ns for ln in rec.launches)
+    observed = sorted(t for t, _, _ in timeline.records[step][rank].launched.values())
     owner = {i: b for b, members in enumerate(buckets) for i in members}
     pending = [len(m) for m in buckets]
-    ready = dict(rec.ready_ns)
+    ready = dict(timeline.ready(step, rank))
     for members in buckets:  # a parameter with no hook this step: ready with the first hook
         for i in members:
             ready.setdefault(i, backward_start)
@@ -79,15 +80,15 @@ def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
     (0: communication overlaps compute for free; 1: they take turns on the same cores)."""
     recs = timeline.records[step]
     ranks = sorted(recs)
-    t0 = min(recs[r].forward_ns for r in ranks)
+    t0 = min(forward_of(recs[r]) for r in ranks)
     members = [b.param_indices for b in buckets]
     launch = np.empty((len(buckets), len(ranks)))
     gate = np.empty(len(ranks))
     for j, r in enumerate(ranks):
         rec = recs[r]
-        assert rec.backward_start_ns is not None
-        times, last = _launches(rec, t0, members, timeline.launch_overhead_ns * NS,
-                                rec.backward_start_ns)
+        assert rec.backward is not None
+        times, last = _launches(timeline, step, r, t0, members,
+                                timeline.launch_overhead_ns * NS, rec.backward)
         launch[:, j] = times
         gate[j] = last
     cost = bucket_costs(buckets, model)
@@ -97,14 +98,15 @@ def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
     steps_s = []
     for j, r in enumerate(ranks):
         rec = recs[r]
-        assert rec.backward_end_ns is not None and rec.next_forward_ns is not None
-        obs_end = max(rec.last_ready_ns, max(rec.done_ns.values()))
-        tail = (rec.backward_end_ns - obs_end) * NS
-        after = (rec.next_forward_ns - rec.backward_end_ns) * NS
+        next_forward = timeline.next_forward(step, r)
+        assert rec.backward_end is not None and next_forward is not None
+        obs_end = max(timeline.last_ready(step, r), max(rec.done.values()))
+        tail = (rec.backward_end - obs_end) * NS
+        after = (next_forward - rec.backward_end) * NS
         end = max(gate[j], seen[-1, j]) + tail
         exposed = max(0.0, float(seen[-1, j] - gate[j]))
         hidden = max(0.0, float(cost.sum()) - exposed)
-        step_s = end + after - (rec.forward_ns - t0) * NS + contention * hidden
+        step_s = end + after - (forward_of(rec) - t0) * NS + contention * hidden
         steps_s.append(step_s)
         out = StepReplay(step, r, step_s, exposed, float(fin[-1] - cost[-1] - gate[j]))
         if best is None or out.step_s > best.step_s:
@@ -117,8 +119,9 @@ def replay_step(timeline: Timeline, step: int, buckets: Sequence[PlannedBucket],
 
 def observed_step_s(timeline: Timeline, step: int) -> float:
     """The recorded step time (forward to next forward), mean over ranks."""
-    recs = timeline.records[step].values()
-    return sum((r.next_forward_ns or r.forward_ns) - r.forward_ns for r in recs) * NS / len(recs)
+    recs = timeline.records[step]
+    return sum((timeline.next_forward(step, r) or forward_of(rec)) - forward_of(rec)
+               for r, rec in recs.items()) * NS / len(recs)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""Each rank's backward timeline, step by step, read back from a recorded run.
+"""Each rank's backward timeline, step by step, read from the run model.
 
-From ForwardStarted, BackwardStarted, GradReady, AllReduceLaunched, AllReduceDone and
-BackwardFinished events (times aligned across ranks with the trace's clock offsets) it keeps,
-per (step, rank): when each gradient became ready, when each bucket's all-reduce launched and
-was seen done, and the time around backward (forward before it, optimizer and data after it).
-The replay (replay.py) moves only what a bucket setting changes and keeps the rest as measured.
+The run model (ddpviz/model/event_model.py) folds a recorded run into per-(rank, step)
+`StepRecord`s on the aligned clock: the forward and backward instants, when each gradient
+became ready, each bucket's all-reduce launch (in launch order, with its bytes and dtype) and
+when it was seen done, and the gaps between hooks that price a launch and finalize (see
+[Note: hook gaps]). The timeline adds what the replay asks of them: the map in force per step,
+the next forward, which steps are complete. The replay (replay.py) moves only what a bucket
+setting changes and keeps the rest as measured.
 """
 
 from __future__ import annotations
@@ -12,49 +14,49 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import cast
+
+import numpy as np
 
 from ddpviz import events as ev
 from ddpviz.advisor.source import AdviceError
+from ddpviz.model.event_model import EventModel, GradArray, StepRecord, Timed
 from ddpviz.plan import ObservedMaps, PlannedParam, observed_plan
 from ddpviz.trace import Trace
 
-
-class Launch(NamedTuple):
-    """One bucket's all-reduce as a rank launched it."""
-
-    bucket: int
-    t_ns: int  # aligned time of AllReduceLaunched
-    nbytes: int
-    dtype: str
+Buckets = tuple[tuple[int, ...], ...]  # parameter indices per bucket, in reduction order
 
 
-@dataclass
-class StepRecord:
-    """One rank's step: aligned ns times of what the replay needs."""
+def _hooks(rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
+    """The step's hooks as columns: aligned times and parameters, in hook order."""
+    grads = rec.grads
+    if isinstance(grads, GradArray) and len(grads.t) == len(grads):  # no hook fed as object
+        return grads.t, grads.params
+    rows = list(grads)
+    return (np.array([g[0] for g in rows], dtype=np.int64),
+            np.array([g[1] for g in rows], dtype=np.int64))
 
-    rank: int
-    step: int
-    forward_ns: int  # ForwardStarted
-    backward_start_ns: int | None = None  # BackwardStarted (first gradient hook)
-    ready_ns: dict[int, int] = field(default_factory=dict)  # param index -> GradReady
-    launches: list[Launch] = field(default_factory=list)  # in launch order
-    done_ns: dict[int, int] = field(default_factory=dict)  # bucket -> AllReduceDone
-    backward_end_ns: int | None = None  # BackwardFinished
-    next_forward_ns: int | None = None  # the next step's ForwardStarted
-    buckets: tuple[tuple[int, ...], ...] = ()  # the map in force (param indices per bucket)
 
-    @property
-    def complete(self) -> bool:
-        """Every piece the replay reads was recorded."""
-        return (self.backward_start_ns is not None and self.backward_end_ns is not None
-                and self.next_forward_ns is not None and bool(self.ready_ns)
-                and bool(self.launches) and len(self.done_ns) == len(self.launches)
-                and len(self.launches) == len(self.buckets))
+def ready_times(rec: StepRecord) -> dict[int, int]:
+    """Parameter -> when its gradient first became ready in this step (in hook order)."""
+    t, params = _hooks(rec)
+    first = np.unique(params, return_index=True)[1]
+    if len(first) < len(params):  # a parameter hooked twice: its first hook counts
+        first.sort()
+        t, params = t[first], params[first]
+    return dict(zip(params.tolist(), t.tolist(), strict=True))
 
-    @property
-    def last_ready_ns(self) -> int:
-        return max(self.ready_ns.values())
+
+def forward_of(rec: StepRecord) -> int:
+    """The step's (last) ForwardStarted: every record of a Timeline has one."""
+    assert rec.forward is not None
+    return rec.forward
+
+
+def _trained(rec: StepRecord) -> bool:
+    """The step's backward ran after its last forward (an evaluation forward under no_grad
+    after the backward repeats the step's ForwardStarted: the step then reads as forward only)."""
+    return rec.forward is not None and rec.backward is not None and rec.forward <= rec.backward
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,9 @@ class Timeline:
 
     params: tuple[PlannedParam, ...]
     observed: ObservedMaps  # the maps rank `observed.rank` used (initial and, if seen, rebuilt)
-    records: dict[int, dict[int, StepRecord]]  # step -> rank -> record
+    # step -> rank -> the run model's record, for the steps with a ForwardStarted
+    records: dict[int, dict[int, StepRecord]]
+    buckets: dict[int, dict[int, Buckets]]  # step -> rank -> the bucket map in force
     world_size: int
     grad_ready_order: tuple[int, ...]  # the order the rebuild used (iteration 0's hooks)
     # True for ddpviz's DDP and a watched torch DDP: AllReduceDone is emitted as the training
@@ -74,6 +78,37 @@ class Timeline:
     launch_overhead_ns: float  # time one bucket launch takes on the training thread
     finalize_ns: float  # time finalize spends per bucket after its all-reduce is done
     notes: tuple[str, ...] = ()
+    # (step, rank) -> ready times and the last of them: the replay asks for each candidate
+    _ready: dict[tuple[int, int], tuple[dict[int, int], int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def ready(self, step: int, rank: int) -> dict[int, int]:
+        """`ready_times` of `rank`'s `step` (computed once; do not modify)."""
+        return self._ready_and_last(step, rank)[0]
+
+    def last_ready(self, step: int, rank: int) -> int:
+        """When `rank`'s last gradient of `step` became ready."""
+        return self._ready_and_last(step, rank)[1]
+
+    def _ready_and_last(self, step: int, rank: int) -> tuple[dict[int, int], int]:
+        got = self._ready.get((step, rank))
+        if got is None:
+            ready = ready_times(self.records[step][rank])
+            got = self._ready[(step, rank)] = (ready, max(ready.values(), default=0))
+        return got
+
+    def next_forward(self, step: int, rank: int) -> int | None:
+        """When `rank` started the forward after `step` (its first ForwardStarted of step+1)."""
+        after = self.records.get(step + 1, {}).get(rank)
+        return after.first_forward if after is not None else None
+
+    def complete(self, step: int, rank: int) -> bool:
+        """Every piece the replay reads was recorded for `rank`'s `step`."""
+        rec = self.records[step][rank]
+        return (_trained(rec) and rec.backward_end is not None
+                and self.next_forward(step, rank) is not None and bool(rec.grads)
+                and bool(rec.launched) and len(rec.done) == len(rec.launched)
+                and len(rec.launched) == len(self.buckets[step][rank]))
 
     def steady_steps(self) -> list[int]:
         """Steps every rank recorded completely, with the final map in force (after the
@@ -84,64 +119,41 @@ class Timeline:
         for s in sorted(self.records):
             recs = self.records[s]
             if s >= first and len(recs) == self.world_size and all(
-                    r.complete for r in recs.values()):
-                maps = {r.buckets for r in recs.values()}
-                if len(maps) == 1:
-                    out.append(s)
+                    self.complete(s, r) for r in recs) and len(set(self.buckets[s].values())) == 1:
+                out.append(s)
         final_map = self.current_buckets()
-        return [s for s in out if next(iter(self.records[s].values())).buckets == final_map]
+        return [s for s in out if next(iter(self.buckets[s].values())) == final_map]
 
-    def current_buckets(self) -> tuple[tuple[int, ...], ...]:
+    def current_buckets(self) -> Buckets:
         plan = self.observed.plan
         buckets = plan.rebuilt if plan.rebuilt is not None and \
             self.observed.rebuilt_step is not None else plan.initial
         return tuple(b.param_indices for b in buckets)
 
 
-def _rank_records(trace: Trace, rank: int) -> tuple[dict[int, StepRecord], list[int], list[int],
-                                                      list[int]]:
-    records: dict[int, StepRecord] = {}
-    current: tuple[tuple[int, ...], ...] = ()
-    launch_gaps: list[int] = []
-    ready_gaps: list[int] = []
-    finalize_gaps: list[int] = []
-    prev: ev.Event | None = None
-    prev_t = 0
-    for e in trace.events(rank):
-        t = trace.aligned_ns(e)
-        if prev is not None and prev.step == e.step and isinstance(e, ev.GradReady):
-            if isinstance(prev, ev.AllReduceLaunched):
-                launch_gaps.append(t - prev_t)
-            elif isinstance(prev, ev.GradReady):
-                ready_gaps.append(t - prev_t)
-        if isinstance(e, ev.BackwardFinished) and isinstance(prev, ev.AllReduceDone):
-            finalize_gaps.append(t - prev_t)  # finalize's work on the last bucket (see below)
-        prev, prev_t = e, t
-        if isinstance(e, ev.BucketAssigned):  # a rebuild in a step's forward: in force now
-            current = tuple(tuple(b) for b in e.buckets)
-            if e.step in records:
-                records[e.step].buckets = current
-            continue
-        if isinstance(e, ev.ForwardStarted):
-            before = records.get(e.step - 1)
-            if before is not None and before.next_forward_ns is None:
-                before.next_forward_ns = t
-            records[e.step] = StepRecord(rank, e.step, t, buckets=current)
-            continue
-        rec = records.get(e.step)
-        if rec is None:
-            continue
-        if isinstance(e, ev.BackwardStarted):
-            rec.backward_start_ns = t
-        elif isinstance(e, ev.GradReady):
-            rec.ready_ns.setdefault(e.param, t)
-        elif isinstance(e, ev.AllReduceLaunched):
-            rec.launches.append(Launch(e.bucket, t, e.nbytes, e.dtype))
-        elif isinstance(e, ev.AllReduceDone):
-            rec.done_ns.setdefault(e.bucket, t)
-        elif isinstance(e, ev.BackwardFinished):
-            rec.backward_end_ns = t
-    return records, launch_gaps, ready_gaps, finalize_gaps
+def _maps_in_force(maps: list[Timed], steps: Sequence[int]) -> dict[int, Buckets]:
+    """Step -> the rank's latest BucketAssigned of that step or before (a rebuild in a step's
+    forward is in force for that step)."""
+    out: dict[int, Buckets] = {}
+    for s in steps:
+        current: Buckets = ()
+        for m in maps:
+            if m.event.step <= s:
+                current = tuple(tuple(b) for b in cast(ev.BucketAssigned, m.event).buckets)
+        out[s] = current
+    return out
+
+
+def _gaps(rec: StepRecord) -> tuple[list[int], list[int]]:
+    """The step's launch gaps and the gaps between consecutive hooks with nothing between
+    (See [Note: hook gaps])."""
+    launch = [gap for _, gap in rec.launch_gaps]
+    t = _hooks(rec)[0]
+    if len(t) < 2:
+        return launch, []
+    follows = np.ones(len(t), dtype=bool)  # right after the previous hook of the step
+    follows[rec.hook_breaks] = False
+    return launch, np.diff(t)[follows[1:]].tolist()
 
 
 def _quartile(xs: Sequence[int]) -> float:
@@ -153,51 +165,80 @@ def _median(xs: Sequence[int], default: float = 0.0) -> float:
     return float(statistics.median(xs)) if xs else default
 
 
-def build_timeline(trace: Trace) -> Timeline:
-    """Reconstruct every rank's backward timeline from a recorded trace.
+def model_of(trace: Trace) -> EventModel:
+    """The run model of a recorded trace (its columns folded on its clock)."""
+    model = EventModel(trace.clock)
+    for table in trace.columns().values():
+        model.feed_table(table)
+    return model
+
+
+def build_timeline(source: Trace | EventModel) -> Timeline:
+    """Reconstruct every rank's backward timeline from a recorded trace, or from its run model
+    (an `EventModel` already fed with it: the dashboard's, which spares a second fold).
 
     Raises AdviceError when the trace has no ParamsBuilt/BucketAssigned (the constructor was
     not recorded), no per-parameter GradReady events (recorded with a coarser detail level), or
     no complete step.
     """
-    ranks = trace.ranks
+    if isinstance(source, Trace):
+        return _build(model_of(source), copy=False)
+    with source.lock():  # a live model goes on folding: read copies, as of now
+        return _build(source, copy=True)
+
+
+def _build(model: EventModel, copy: bool) -> Timeline:
+    states = model.rank_states()
+    ranks = sorted(states)
     if not ranks:
         raise AdviceError("ddpviz: the trace holds no events.\nRecord a run with ddpviz's "
-                            "DistributedDataParallel or ddpviz.watch(ddp) and pass it again.")
-    built = trace.of_type(ev.ParamsBuilt)
+                          "DistributedDataParallel or ddpviz.watch(ddp) and pass it again.")
+    built = sorted((s.params.t, r, s.params.event.seq, s.params)
+                   for r, s in states.items() if s.params is not None)
     if not built:
         raise AdviceError(
             "ddpviz: the trace has no ParamsBuilt event, so the parameters (sizes, dtypes) are "
             f"unknown (ranks {ranks}).\nRecord from before the DDP constructor runs.")
-    rank0 = built[0].rank
-    maps: list[Any] = [_Timed(trace.aligned_ns(e), e)  # the shape observed_plan reads
-                       for e in trace.of_type(ev.BucketAssigned, rank=rank0)]
-    rebuilt_events = trace.of_type(ev.BucketsRebuilt, rank=rank0)
+    rank0 = built[0][1]
+    history = model.step_history()
     records: dict[int, dict[int, StepRecord]] = {}
+    buckets: dict[int, dict[int, Buckets]] = {}
     launch_gaps: list[int] = []
     ready_gaps: list[int] = []
     finalize_gaps: list[int] = []
     for r in ranks:
-        recs, lg, rg, fg = _rank_records(trace, r)
-        launch_gaps += lg
-        ready_gaps += rg
-        finalize_gaps += fg
-        for s, rec in recs.items():
-            records.setdefault(s, {})[r] = rec
-    if not any(rec.ready_ns for recs in records.values() for rec in recs.values()):
+        steps = sorted(s for s in history if r in history[s])
+        in_force = _maps_in_force(states[r].maps, steps)
+        for s in steps:
+            rec = history[s][r]
+            lg, rg = _gaps(rec)
+            launch_gaps += lg
+            ready_gaps += rg
+            finalize_gaps += rec.finalize_gaps  # finalize's work on the last bucket (see below)
+            if rec.forward is not None:
+                records.setdefault(s, {})[r] = rec.copy() if copy else rec
+                buckets.setdefault(s, {})[r] = in_force[s]
+    records = dict(sorted(records.items()))
+    if not any(rec.grads and _trained(rec) for recs in records.values()
+               for rec in recs.values()):
         raise AdviceError(
             "ddpviz: the trace has no GradReady events, so when each gradient became ready is "
             "unknown.\nRecord with recording=ddpviz.Recording(every=1) (or the default, every=100, "
             "whose first steps and every 100th are full) for ddpviz.watch or ddpviz's "
             "DistributedDataParallel.")
-    order: list[int] = list(rebuilt_events[0].grad_ready_order) if rebuilt_events else []
+    rebuilt = [rec.rebuilt_order for _, rec in sorted(
+        (s, recs[rank0]) for s, recs in history.items() if rank0 in recs)
+        if rec.rebuilt_order is not None]
+    order: list[int] = list(rebuilt[0]) if rebuilt else []
     if not order:
-        first = min(records)
-        rec0 = records[first].get(rank0)
-        if rec0 is not None:
-            order = sorted(rec0.ready_ns, key=lambda i: rec0.ready_ns[i])
+        rec0 = records[min(records)].get(rank0)
+        if rec0 is not None and _trained(rec0):
+            ready = ready_times(rec0)
+            order = sorted(ready, key=lambda i: ready[i])
     try:
-        observed = observed_plan(built[0], maps, rank=rank0, grad_ready_order=order or None)
+        observed = observed_plan(cast(ev.ParamsBuilt, built[0][3].event), states[rank0].maps,
+                                 rank=rank0,
+                                 grad_ready_order=order or None)
     except ValueError as e:
         raise AdviceError(str(e)) from None
     # ddpviz's DDP and watch() emit every AllReduceDone after the backward's last GradReady
@@ -205,7 +246,8 @@ def build_timeline(trace: Trace) -> Timeline:
     done_late = True
     for recs in records.values():
         for rec in recs.values():
-            if rec.ready_ns and rec.done_ns and min(rec.done_ns.values()) < rec.last_ready_ns:
+            if rec.grads and rec.done and _trained(rec) and \
+                    min(rec.done.values()) < max(ready_times(rec).values()):
                 done_late = False
     # a bucket launch's cost on the training thread: how much longer the gap to the next
     # gradient is after a launch than between two gradients, both at their lower quartile
@@ -220,10 +262,5 @@ def build_timeline(trace: Trace) -> Timeline:
     # the all-reduces themselves)
     finalize = _median(finalize_gaps) if done_late else 0.0
     params = observed.plan.params
-    return Timeline(params, observed, records, len(ranks), tuple(order), done_late, launch,
-                    finalize, tuple(notes))
-
-
-class _Timed(NamedTuple):  # what observed_plan reads (the shape of EventModel's Timed)
-    t: int
-    event: ev.Event
+    return Timeline(params, observed, records, buckets, len(ranks), tuple(order), done_late,
+                    launch, finalize, tuple(notes))

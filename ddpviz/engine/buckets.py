@@ -81,10 +81,19 @@ class TensorSpec:
 
     @staticmethod
     def of(tensor: torch.Tensor) -> TensorSpec:
+        """The spec of a real tensor (any device, meta included: nothing is read).
+
+        Args:
+            tensor: a dense tensor, usually a parameter.
+
+        Returns:
+            Its `numel()`, `element_size()`, dtype and device.
+        """
         return TensorSpec(tensor.numel(), tensor.element_size(), tensor.dtype, tensor.device)
 
     @property
     def nbytes(self) -> int:
+        """The tensor's size in bytes (`numel * element_size`), what it fills of a bucket."""
         return self.numel * self.element_size
 
 

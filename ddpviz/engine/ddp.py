@@ -318,6 +318,9 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @property
     def broadcast_buffers(self) -> bool:
+        """Whether each forward broadcasts the module's buffers from rank 0 (the authoritative
+        rank under `join()`); torch's deprecated name of `forward_sync_buffers`, which setting
+        it sets."""
         return self.forward_sync_buffers
 
     @broadcast_buffers.setter
@@ -454,18 +457,38 @@ class DistributedDataParallel(nn.Module, Joinable):
     # --- public API ---------------------------------------------------------------------------
 
     def bucket_indices(self) -> list[list[int]]:
-        """The bucket map in force: parameter indices per bucket, bucket 0 reduced first."""
+        """The bucket map in force: the initial map during the first iteration, the map
+        rebuilt in gradient-ready order from the second forward on (where torch rebuilds).
+
+        Returns:
+            For each bucket, bucket 0 reduced first, the indices of its parameters in the
+            reducer's parameter list (those that require a gradient and are not ignored, in
+            registration order; `ddpviz.bucket_plan` numbers them the same way).
+        """
         return self.reducer.bucket_indices()
 
     def logging_data(self) -> dict[str, Any]:
-        """torch's `_get_ddp_logging_data()`: construction settings and sampled runtime stats."""
+        """torch's `_get_ddp_logging_data()`: construction settings and sampled runtime stats.
+
+        Returns:
+            A new flat dict of torch's keys ("world_size", "bucket_cap_bytes", "comm_hook",
+            "avg_backward_compute_time", ...) to strings and ints; an error raised by
+            `register_comm_hook` or the reducer is kept under "error".
+        """
         return self._logger.data()
 
     _get_ddp_logging_data = logging_data
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally; the first synced backward after it reduces them."""
+        """Accumulate gradients locally; the first synced backward after it reduces them.
+
+        As torch's: the forward must run inside the block too, else that backward syncs.
+
+        Yields:
+            None, once; run the forward and backward of each accumulated micro-batch in the
+            `with` block.
+        """
         old = self.require_backward_grad_sync
         self.require_backward_grad_sync = False
         try:
@@ -475,7 +498,20 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
         """Reduce buckets with `hook(state, bucket) -> Future[Tensor]`; see torch's docs. The
-        bucket is a `ddpviz.engine.comm.GradBucket` (same methods as `dist.GradBucket`)."""
+        bucket is a `ddpviz.engine.comm.GradBucket` (same methods as `dist.GradBucket`).
+
+        Args:
+            state: any object, passed as is to every call of `hook` on this rank (e.g. the
+                process group, or an error-feedback state for compression).
+            hook: called once per bucket when all its gradients are ready; returns a future
+                of the reduced flat bucket tensor (same size and dtype as `bucket.buffer()`).
+                torch's built-in hooks (`allreduce_hook`, `fp16_compress_hook`, ...) work.
+
+        Raises:
+            TypeError: `hook` is not callable, or is a bf16 hook without CUDA and NCCL 2.10+.
+            ValueError: `hook`'s annotations are not `GradBucket` / `Future[torch.Tensor]`.
+            RuntimeError: a comm hook is already registered (one per DDP module, as torch).
+        """
         try:
             check_comm_hook(hook)
             self._logger.strs["comm_hook"] = getattr(hook, "__qualname__", repr(hook))
@@ -535,12 +571,39 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.reducer.ensure_prior_reduction_finished()
 
     def train(self, mode: bool = True) -> DistributedDataParallel:
+        """Set training (or evaluation) mode on this module and the wrapped one, as
+        `nn.Module.train` does (Dropout, BatchNorm behave accordingly).
+
+        Args:
+            mode: True: training mode; False: evaluation mode (as `eval()`).
+
+        Returns:
+            This DDP module, for chaining.
+        """
         super().train(mode)
         return self
 
     # --- forward ------------------------------------------------------------------------------
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module's forward the way torch's DDP does (call the DDP module, not
+        this method): rebuild the buckets after the first iteration, broadcast buffers when
+        `forward_sync_buffers` is set, move inputs to `device_ids[0]`, then arm the reducer
+        for the backward (with `find_unused_parameters`, by walking the output's graph).
+
+        Args:
+            inputs, kwargs: passed on to the wrapped module's forward.
+
+        Returns:
+            What the wrapped module returned (its tensors passed through an identity autograd
+            node where torch does so, with find_unused_parameters or static_graph).
+
+        Raises:
+            RuntimeError: the previous backward did not finish its reduction (torch's
+                "Expected to have finished reduction in the prior iteration ...").
+            RankHangError: this forward's buffer broadcast failed (a rank went away) or
+                waited longer than `hang_timeout`; names the ranks that are missing.
+        """
         with torch.autograd.profiler.record_function("DistributedDataParallel.forward"):
             inputs, kwargs = self._pre_forward(*inputs, **kwargs)
             if self._delay_all_reduce_all_params:
@@ -639,6 +702,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         return self.__dict__.get("_replicas")
 
     def will_sync_module_buffers(self) -> bool:
+        """Whether the next forward broadcasts the module's buffers (as torch's method).
+
+        Returns:
+            True when buffer syncing is on (`forward_sync_buffers`), the module has buffers, and
+            the last backward synced (not inside `no_sync()`).
+        """
         return (self.require_forward_param_sync and self.forward_sync_buffers
                 and len(self.modules_buffers) > 0)
 
@@ -691,19 +760,48 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
              throw_on_early_termination: bool = False) -> Join:
-        """torch's `DistributedDataParallel.join`: a `Join` context for uneven inputs."""
+        """torch's `DistributedDataParallel.join`: a `Join` context for uneven inputs. A rank that
+        runs out of inputs inside it shadows the others' all-reduces and buffer broadcasts
+        until every rank has joined; then the last joiner's model is broadcast to all.
+
+        Args:
+            divide_by_initial_world_size: divide gradients by the world size DDP started with
+                (every input weighs the same); False: by the number of ranks that have not
+                joined yet.
+            enable: False turns uneven-input detection off (for inputs known to be even).
+            throw_on_early_termination: raise on every rank as soon as one rank runs out of
+                inputs, instead of shadowing (`divide_by_initial_world_size` is then ignored);
+                needed when the training loop has collectives of its own (SyncBatchNorm).
+
+        Returns:
+            The `Join` context manager; wrap the training loop in it.
+        """
         return Join([self], enable, throw_on_early_termination,
                     divide_by_initial_world_size=divide_by_initial_world_size)
 
     def join_hook(self, **kwargs: Any) -> JoinHook:
+        """The hook `Join` calls on a rank that ran out of inputs (the `Joinable` interface;
+        `join()` uses it): it matches the other ranks' all-reduces and buffer broadcasts.
+
+        Args:
+            kwargs: the `Join` context's keyword arguments; only `divide_by_initial_world_size`
+                (default True, as in `join()`) is read.
+
+        Returns:
+            The join hook of this DDP module.
+        """
         return _DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
 
     @property
     def join_device(self) -> torch.device:
+        """The device `Join`'s collectives run on, this module's device (the `Joinable`
+        interface)."""
         return self.device
 
     @property
     def join_process_group(self) -> Any:
+        """The process group `Join`'s collectives run in, this DDP's `process_group` (the
+        `Joinable` interface)."""
         return self.process_group
 
     @property
@@ -819,11 +917,32 @@ class DistributedDataParallel(nn.Module, Joinable):
                             chunk_bytes=buffer_size, tap=self._tap)
 
     def scatter(self, inputs: Any, kwargs: Any, device_ids: Any) -> Any:
+        """Split inputs along `dim` across devices, as torch's `scatter_kwargs` (kept for
+        torch's API: one device per process needs no scatter).
+
+        Args:
+            inputs: the positional inputs (a tuple).
+            kwargs: the keyword inputs (a dict).
+            device_ids: the devices to scatter onto.
+
+        Returns:
+            Two tuples of the same length, the inputs per device and the kwargs per device.
+        """
         from torch.nn.parallel.scatter_gather import scatter_kwargs
 
         return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim)
 
     def gather(self, outputs: Any, output_device: Any) -> Any:
+        """Concatenate per-device outputs along `dim` onto one device, as torch's `gather`
+        (kept for torch's API).
+
+        Args:
+            outputs: one output per device (tensors, or the same nesting of them).
+            output_device: the device the result goes to.
+
+        Returns:
+            The outputs gathered into one, with the nesting of each output.
+        """
         from torch.nn.parallel.scatter_gather import gather
 
         return gather(outputs, output_device, dim=self.dim)

@@ -107,15 +107,36 @@ class Recording:
         return ("guard," if self.guard else "") + f"every={every}" + replicas
 
     def spelled(self) -> str:
-        """The Python spelling, as advice and warnings show it."""
+        """The Python spelling, as advice and warnings show it (`str()` gives the
+        $DDPVIZ_RECORDING one).
+
+        Returns:
+            A constructor call that builds this policy, e.g.
+            `"ddpviz.Recording(guard=True, every=100)"` (`replicas` only when not the
+            default).
+        """
         replicas = "" if self.replicas == REPLICAS_EVERY else f", replicas={self.replicas}"
         return f"ddpviz.Recording(guard={self.guard}, every={self.every}{replicas})"
 
     @classmethod
     def parse(cls, text: str, *, where: str = f"${ENV_RECORDING}=") -> Recording:
-        """`"guard,every=100"`: comma-separated, any order, each at most once; `guard` (or
-        `guard=true|false|1|0|on|off`), `every=N` or `every=never`; what is left out keeps its
-        default; "" is the default."""
+        """Read a policy in its $DDPVIZ_RECORDING spelling, e.g. `"guard,every=100"`.
+
+        Args:
+            text: comma-separated items, in any order, each at most once: `guard` (or
+                `guard=true|false|1|0|on|off|yes|no`), `every=N` or `every=never`,
+                `replicas=N` or `replicas=never`; case and spaces do not matter. What is left
+                out keeps its default; "" is the default policy.
+            where: where `text` came from, to start the error message with (default
+                "$DDPVIZ_RECORDING=").
+
+        Returns:
+            The `Recording` it spells; `str()` of it gives back an equivalent text.
+
+        Raises:
+            ValueError: an unknown or repeated item, or a period below 1; names the item,
+                and the new spelling when it is one of the old level names ("sampled", ...).
+        """
         guard = False
         every: int | None = EVERY
         replicas: int | None = REPLICAS_EVERY

@@ -95,6 +95,15 @@ def unused_parameters(missing: Sequence[int], n_params: int, rank: int, lines: S
             "Their buckets could not be averaged across ranks.\n" + torch_text + f"\n{fix}")
 
 
+# A parameter whose storage was replaced after DDP was built (See Reducer.unhooked).
+UNHOOKED = ("its gradient was computed, but DDP's hook is no longer on it: the parameter was "
+            "given new storage after DDP was built (param.set_(...), or param.data = ... of "
+            "another dtype or device)")
+UNHOOKED_FIX = ("Change parameters before wrapping the model: call set_(), .data = or "
+                ".to(dtype/device) first, then DistributedDataParallel(model); or build the DDP "
+                "again after changing them. find_unused_parameters=True does not help here.")
+
+
 # --- settings -----------------------------------------------------------------------------
 
 

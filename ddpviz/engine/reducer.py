@@ -41,6 +41,7 @@ from ddpviz.errors import (
     torch_unfinished_reduction,
 )
 from ddpviz.events import (
+    PHASE_OF_COLLECTIVE,
     AllReduceDone,
     AllReduceLaunched,
     BackwardFinished,
@@ -51,7 +52,6 @@ from ddpviz.events import (
     Collective,
     FindingReported,
     GradReady,
-    Phase,
     Tap,
     UnusedParametersFound,
 )
@@ -101,10 +101,6 @@ def unused_error_at() -> str:
     return value
 
 _UNSET = -1  # div factor not yet known for this backward
-# The phase a rank is in while it waits in each collective (the watchdog reports it).
-_PHASE_OF_COLLECTIVE: dict[Collective, Phase] = {
-    "all-reduce": "backward", "used-parameter all-reduce": "backward",
-    "bucket rebuild broadcast": "forward", "buffer broadcast": "forward"}
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +267,22 @@ class Reducer:
 
             self.grad_accumulators.append(acc)  # keeps the node (and its hook) alive
             self.hook_handles.append(acc.register_hook(hook))
+
+    def unhooked(self, indices: Sequence[int]) -> list[int]:
+        """Which of these parameters no longer accumulate through the node the hook is on.
+
+        `param.set_(t)` (and `param.data = t` with another dtype or device) after construction
+        gives the parameter a new AccumulateGrad node: its gradient is still computed, but no
+        hook of this reducer fires for it (torch's reducer loses its hook the same way, and says
+        "Expected to have finished reduction"). Read on the error path only."""
+        out = []
+        for i in indices:
+            p = self.params[i]
+            with torch.enable_grad():
+                acc = p.view_as(p).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+            if acc is not self.grad_accumulators[i]:
+                out.append(i)
+        return out
 
     def remove_autograd_hooks(self) -> None:
         """Detach every hook this reducer registered."""
@@ -605,7 +617,7 @@ class Reducer:
         assert self.watchdog is not None
         message, findings = self.watchdog.agree_on_unused(
             self.tap.step, missing, [i for i in missing if i in set(self.unreachable or ())],
-            self.names, [tuple(p.shape) for p in self.params])
+            self.names, [tuple(p.shape) for p in self.params], self.unhooked(missing))
         if not findings:
             return
         if self.tap.enabled:
@@ -652,7 +664,7 @@ class Reducer:
         if self.watchdog is None:
             waitable.wait()
             return
-        self.watchdog.phase = _PHASE_OF_COLLECTIVE[collective]
+        self.watchdog.phase = PHASE_OF_COLLECTIVE[collective]
         self.watchdog.wait(waitable, collective=collective, bucket=b,
                            params=self._bucket_names(b) if b >= 0 else ())
 
@@ -663,15 +675,17 @@ class Reducer:
         rank = self.process_group.rank()
         # Reachability is only known for the first synced iteration's graph.
         unreachable = set(self.unreachable or ()) if not at_forward else set()
+        unhooked = set(self.unhooked(missing))
         lines = []
         for i in missing:
-            why = ("not used in forward" if i in unreachable
+            why = (texts.UNHOOKED if i in unhooked else "not used in forward" if i in unreachable
                    else "no gradient reached it in backward")
             lines.append(f"  parameter {i} '{self.names[i]}' "
                          f"{tuple(self.params[i].shape)}: {why}")
         setting = ("static_graph=True: the graph changed since iteration 0" if self.static_graph
                    else f"find_unused_parameters={self.find_unused_parameters}")
-        fix = fix_for("graph_changed" if self.static_graph else "unused_parameter")
+        fix = texts.UNHOOKED_FIX if unhooked == set(missing) else fix_for(
+            "graph_changed" if self.static_graph else "unused_parameter")
         error = UnusedParametersError(texts.unused_parameters(
             missing, len(self.params), rank, lines, at_forward=at_forward, setting=setting,
             torch_text=self._torch_text({rank: [(i, self.names[i]) for i in missing]}),

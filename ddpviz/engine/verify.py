@@ -97,10 +97,17 @@ class ModelComparison:
 
     @property
     def ok(self) -> bool:
+        """Whether every rank has the same model (no mismatch)."""
         return not self.mismatches
 
     def message(self) -> str:
-        """The text of the error raised on mismatch (a one-line summary when ok)."""
+        """The text of the error raised on mismatch (a one-line summary when ok).
+
+        Returns:
+            The house-style message naming each parameter or buffer that differs and what
+            each group of ranks has; when ok, "ddpviz: the model is the same on all N ranks
+            (P parameters, B buffers)."
+        """
         if self.ok:
             own = self.metadata[self.rank] if self.metadata else None
             counts = (f" ({len(own.params)} parameters, {len(own.buffers)} buffers)"
@@ -109,7 +116,12 @@ class ModelComparison:
         return format_mismatches(self.mismatches, self.world_size, self.metadata)
 
     def findings(self) -> list[Finding]:
-        """One `Finding` per difference (kind, parameter, ranks, field)."""
+        """The mismatches in diagnose()'s vocabulary.
+
+        Returns:
+            One error `Finding` per difference (kind, parameter, ranks, field); empty when
+            ok.
+        """
         return mismatch_findings(self.mismatches, self.world_size)
 
     def raise_if_failed(self) -> None:

@@ -24,6 +24,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ddpviz.engine import failure_texts as texts
 from ddpviz.engine import whereabouts
 from ddpviz.engine.pulse import Pulse
 from ddpviz.engine.quiet import QuietGuard
@@ -261,14 +262,15 @@ class Watchdog:
         self._pulse.on_left = self.quiet.left
 
     def agree_on_unused(self, step: int, missing: Sequence[int], unreachable: Sequence[int],
-                        names: Sequence[str], shapes: Sequence[tuple[int, ...]]
-                        ) -> tuple[str, tuple[Finding, ...]]:
+                        names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+                        unhooked: Sequence[int] = ()) -> tuple[str, tuple[Finding, ...]]:
         """Every rank tells the others which parameters got no gradient in this backward
         (find_unused_parameters=False, first iteration) and why (`unreachable`: not used in
         forward); returns the message and findings every rank raises, or ("", ()) when no rank
         missed any. A store exchange, not a collective.
         """
-        mine = {"missing": list(missing), "unreachable": list(unreachable)}
+        mine = {"missing": list(missing), "unreachable": list(unreachable),
+                "unhooked": list(unhooked)}
         payloads = self.exchange("unused", json.dumps(mine), f"the end of step {step}'s backward")
         per_rank = {r: json.loads(p) for r, p in enumerate(payloads)}
         union = sorted({i for p in per_rank.values() for i in p["missing"]})
@@ -276,9 +278,12 @@ class Watchdog:
             return "", ()
         findings, lines = [], []
         for i in union:
-            states = {r: ("not used in forward" if i in p["unreachable"]
+            states = {r: (texts.UNHOOKED if i in p.get("unhooked", ())
+                          else "not used in forward" if i in p["unreachable"]
                           else "no gradient reached it in backward") if i in p["missing"]
                       else "got its gradient" for r, p in per_rank.items()}
+            unhooked_only = all(i in p.get("unhooked", ()) for p in per_rank.values()
+                                if i in p["missing"])
             ranks = tuple(r for r, p in per_rank.items() if i in p["missing"])
             where = format_ranks(ranks)
             values = group_ranks(states)
@@ -287,7 +292,8 @@ class Watchdog:
                 title=f"parameter {i} '{names[i]}' {tuple(shapes[i])} got no gradient on "
                       f"{where} at step {step} (find_unused_parameters=False)",
                 ranks=ranks, param=i, name=names[i], field="unused", step=step,
-                values=values, fix=fix_for("unused_parameter"), world_size=self.world_size))
+                values=values, fix=texts.UNHOOKED_FIX if unhooked_only
+                else fix_for("unused_parameter"), world_size=self.world_size))
             why = "; ".join(f"{v} on {format_ranks(rs)}" for v, rs in values
                             if v != "got its gradient")
             lines.append(f"  parameter {i} '{names[i]}' {tuple(shapes[i])}: {why}")
@@ -296,7 +302,8 @@ class Watchdog:
                 f"{format_ranks(ranks)} at step {step} (find_unused_parameters=False, "
                 f"world_size={self.world_size}):")
         tail = ("Their buckets were averaged with zeros from those ranks. "
-                + fix_for("unused_parameter"))
+                + (texts.UNHOOKED_FIX if all(f.fix == texts.UNHOOKED_FIX for f in findings)
+                   else fix_for("unused_parameter")))
         return "\n".join([head, *lines, tail]), tuple(findings)
 
     def heartbeat(self, step: int, phase: Phase) -> None:

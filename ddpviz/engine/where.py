@@ -10,9 +10,10 @@ thread's frames with `sys._current_frames()` and post them on the notice board (
 when a waiting rank asks. A training thread busy in Python lends the GIL every switch interval
 (5 ms), so it is read too. Only C code that holds the GIL for long (rare) keeps the pulse thread
 from answering; the finding then says the rank did not answer. The stack is formatted on the
-rank that owns it (its source lines are there), bounded (MAX_FRAMES read, MAX_SHOWN lines,
+rank that owns it (its source lines are there), bounded (MAX_FRAMES read; MAX_SHOWN lines,
 MAX_LINE characters a line), with the user's frames shown and ddpviz's, torch's and the
-standard library's runs folded into one line each ("... 7 frames in torch/distributed").
+standard library's runs folded into one line each ("... 7 frames in torch/distributed"), by
+stack_text.py, which formats the launcher's stacks too.
 
 [Note: has it left the loop?]
 At its first forwards (steps 0-2), and every 64th step after (a new loop is read again), a
@@ -33,50 +34,19 @@ from __future__ import annotations
 
 import ast
 import inspect
-import linecache
 import os
 import sys
 import textwrap
 from types import CodeType, FrameType
 from typing import NamedTuple
 
-import torch
+from ddpviz.engine.stack_text import GENERIC, Frame, owner, where
 
 MAX_FRAMES = 64  # innermost frames read from a stack
-MAX_SHOWN = 16  # lines of a formatted stack
-MAX_LINE = 200  # characters of one line
 _CHAIN = 48  # user frames noted at a forward (a framework puts ~20 between loop and DDP)
 
-_TORCH = os.path.dirname(torch.__file__) + os.sep
-_DDPVIZ = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_STDLIB = os.path.dirname(os.__file__) + os.sep
 _JOIN = os.path.join("torch", "distributed", "algorithms", "join.py")
 _DIST = os.path.join("torch", "distributed") + os.sep
-
-
-# decorators' and dispatchers' frames, which say nothing about where a thread is
-_GENERIC = frozenset({"wrapper", "inner", "_fn", "decorate_context", "_wrapped_call_impl",
-                      "_call_impl", "<lambda>"})
-
-
-class Frame(NamedTuple):
-    file: str
-    line: int
-    func: str
-
-
-def owner(file: str) -> str | None:
-    """Whose plumbing a frame's file is ("torch/distributed", "ddpviz", "stdlib"), or None for
-    the user's code (a framework in site-packages counts as the user's: it runs the loop)."""
-    if file.startswith(_DDPVIZ):
-        return "ddpviz"
-    if file.startswith(_TORCH):
-        parts = file[len(_TORCH):].split(os.sep)
-        return "torch/" + parts[0] if len(parts) > 1 else "torch"
-    if file.startswith("<frozen") or (file.startswith(_STDLIB)
-                                      and "-packages" + os.sep not in file):
-        return "stdlib"
-    return None
 
 
 def thread_frame(thread_id: int) -> FrameType | None:
@@ -94,76 +64,12 @@ def frames(frame: FrameType | None, limit: int = MAX_FRAMES) -> list[Frame]:
     return out
 
 
-def _clip(text: str, limit: int = MAX_LINE) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _where(f: Frame) -> str:
-    path = f.file
-    if os.path.isabs(path):
-        with_cwd = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
-        path = with_cwd
-    return f"{path}:{f.line} in {f.func}"
-
-
-def summary(stack: list[Frame]) -> str:
-    """One line, the user's frames innermost first: "train.py:57 in load_batch <- train.py:80
-    in main", then where inside the plumbing it waits ("; inside torch/distributed:
-    barrier")."""
-    if not stack:
-        return "no Python frames (the thread is starting or exiting)"
-    user = [f for f in stack if owner(f.file) is None]
-    shown = " <- ".join(_where(f) for f in user[:3]) + (" <- ..." if len(user) > 3 else "")
-    inner = owner(stack[0].file)
-    inside = ""
-    if inner is not None:
-        # the outermost plumbing frame called from the innermost user frame says what it is
-        first = next((i for i, f in enumerate(stack) if owner(f.file) is None), len(stack))
-        named = [f for f in reversed(stack[:first]) if f.func not in _GENERIC]
-        entry = named[0] if named else stack[first - 1]
-        inside = f"inside {owner(entry.file)}: {entry.func}"
-    if not shown:
-        return _clip(inside or _where(stack[0]))
-    if not inside:
-        return _clip(shown)
-    inside = _clip(inside, MAX_LINE // 2)  # kept whole: where it waits matters most
-    return f"{_clip(shown, MAX_LINE - len(inside) - 2)}; {inside}"
-
-
-def stack_lines(stack: list[Frame]) -> list[str]:
-    """Traceback-like lines, most recent call last: the user's frames with their source line,
-    each run of plumbing folded into one line; at most MAX_SHOWN lines."""
-    lines: list[str] = []
-    run: list[Frame] = []
-
-    def fold() -> None:
-        if run:
-            owners = sorted({str(owner(f.file)) for f in run})
-            inner = run[-1]
-            lines.append(_clip(f"... {len(run)} frame{'s' if len(run) > 1 else ''} in "
-                               f"{', '.join(owners)} (innermost: {inner.func})"))
-            run.clear()
-
-    for f in reversed(stack):
-        if owner(f.file) is not None:
-            run.append(f)
-            continue
-        fold()
-        source = linecache.getline(f.file, f.line).strip()
-        lines.append(_clip(f"{_where(f)}: {source}" if source else _where(f)))
-    fold()
-    if len(lines) > MAX_SHOWN:
-        keep = MAX_SHOWN - 3
-        lines = [*lines[:2], f"... {len(lines) - 2 - keep} more lines", *lines[-keep:]]
-    return lines
-
-
 def blocked_in(stack: list[Frame]) -> str:
     """The torch.distributed function the thread is blocked in ("barrier"), or ""."""
     for f in stack:
         if owner(f.file) is None:
             return ""
-        if _DIST in f.file and f.func not in _GENERIC:
+        if _DIST in f.file and f.func not in GENERIC:
             return f.func
     return ""
 
@@ -187,7 +93,7 @@ class Loop(NamedTuple):
 
     def describe(self) -> str:
         f = Frame(self.code.co_filename, self.start, self.code.co_name)
-        return f"the loop at {_where(f)} (lines {self.start}-{self.end})"
+        return f"the loop at {where(f)} (lines {self.start}-{self.end})"
 
 
 def caller_chain(frame: FrameType | None) -> list[tuple[CodeType, int]]:

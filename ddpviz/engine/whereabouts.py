@@ -19,6 +19,7 @@ from types import FrameType
 
 import msgspec
 
+from ddpviz.engine import stack_text as st
 from ddpviz.engine import where as wh
 from ddpviz.engine.rendezvous import LEFT_NEWS, STACK_REQUEST, Board, News, Position
 from ddpviz.findings import Finding, fix_for, format_ranks
@@ -33,8 +34,8 @@ class Where(msgspec.Struct, frozen=True, omit_defaults=True):
 
     step: Step  # the last step whose forward it ran (-1: none yet)
     t: float  # time.time() when taken
-    summary: Text = ""  # one line: user frames innermost first (where.summary)
-    stack: Lines = ()  # folded, bounded traceback lines (where.stack_lines)
+    summary: Text = ""  # one line: user frames innermost first (stack_text.summary)
+    stack: Lines = ()  # folded, bounded traceback lines (stack_text.stack_lines)
     answers: int = 0  # the stack request this answers (News.requests)
     left: Name = ""  # "returned", "after" (left the loop), "exited", "crashed"; "" in it
     loop: Text = ""  # the loop it left, described
@@ -108,7 +109,7 @@ class Tracker:
     def take(self, step: int, **fields: object) -> Where:
         frame = wh.thread_frame(self.thread_id)
         stack = wh.frames(frame)
-        return Where(step, time.time(), wh.summary(stack), tuple(wh.stack_lines(stack)),
+        return Where(step, time.time(), st.summary(stack), tuple(st.stack_lines(stack)),
                      blocked=wh.blocked_in(stack), **fields)  # type: ignore[arg-type]
 
     def tick(self, board: Board, news: News, step: int, quiet: bool) -> None:

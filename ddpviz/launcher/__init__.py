@@ -2,8 +2,8 @@
 
 process.py starts and ends rank processes; channel.py frames the private pipes to them; rank.py
 is what runs inside a rank; output.py relays rank output into the notebook; stacks.py shows
-where a hung rank waits; private_dir.py keeps a run's files (rendezvous FileStore, stacks) in a
-0700 directory swept after a crash; stream.py connects the ranks' events to a Session; run.py is
+where a hung rank waits (a run's files live in a ddpviz.private_dir: 0700, swept after a
+crash); stream.py connects the ranks' events to a Session; run.py is
 `launch`/`Run`; pool.py keeps the long-lived ranks of %%ddp; errors.py is what they raise.
 """
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from ddpviz.launcher import channel
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
-from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.process import (
     RankProcess,
     choose_backend,
@@ -39,6 +38,7 @@ from ddpviz.launcher.process import (
 from ddpviz.launcher.rank import CELL_END
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
+from ddpviz.private_dir import PrivateDir
 
 if TYPE_CHECKING:
     from ddpviz.session import Session

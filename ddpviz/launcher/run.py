@@ -25,7 +25,6 @@ from ddpviz.launcher import channel
 from ddpviz.launcher.cells import code_origins
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
-from ddpviz.launcher.private_dir import PrivateDir
 from ddpviz.launcher.process import (
     RankProcess,
     choose_backend,
@@ -38,6 +37,7 @@ from ddpviz.launcher.process import (
 )
 from ddpviz.launcher.stacks import StackFiles
 from ddpviz.launcher.stream import EventStream
+from ddpviz.private_dir import PrivateDir
 
 if TYPE_CHECKING:
     from ddpviz.session import Session
@@ -76,7 +76,8 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
             one by one in `run.dashboard()`. None: full speed.
 
     Returns:
-        A `Run`: `run.wait()` gives the per-rank return values, `run.stop()` ends every rank.
+        A `Run`, at once (the ranks keep running); `run.wait()` gives the per-rank return
+        values, `run.stop()` ends every rank.
     """
     if slow_motion is not None:
         if isinstance(slow_motion, bool) or not isinstance(slow_motion, (int, float)) \
@@ -197,18 +198,33 @@ class Run:
                 "stop": "stopped"}[self._stop_reason]
 
     def done(self) -> bool:
+        """Whether the run is over: every rank returned, failed or was stopped, and its
+        processes were reaped (`status` then says how it ended). Never blocks.
+
+        Returns:
+            True once the run is over; `wait()` then returns or raises at once.
+        """
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> list[Any]:
-        """Block until every rank has finished; returns the return values, rank 0 first.
+        """Block until every rank has finished.
+
+        Args:
+            timeout: the most seconds this call waits; None (default): until the run is over.
+                It does not limit the ranks (that is `launch(timeout=)`).
+
+        Returns:
+            What `fn` returned on each rank, rank 0 first (unpickled in this process).
 
         Raises:
             RankError: a rank raised or died (names it, with its traceback); the others were
                 stopped.
             LaunchTimeout: the launch timeout ran out (a TimeoutError naming the ranks).
             TimeoutError: this wait's own `timeout` ran out; the ranks keep running.
-            LaunchError: the run was stopped before every rank returned.
-        KeyboardInterrupt (interrupting the kernel) stops every rank, then propagates.
+            LaunchError: the run was stopped before every rank returned, or a return value
+                cannot be unpickled here.
+            KeyboardInterrupt: the kernel was interrupted: every rank is stopped first (their
+                stacks are printed), then it propagates.
         """
         with self._cond:
             self._waiters += 1
@@ -251,7 +267,15 @@ class Run:
         self._done.wait(5.0)
 
     def dashboard(self, **kwargs: Any) -> Dashboard:
-        """The live Dashboard of this run (see `ddpviz.widgets.dashboard.Dashboard`)."""
+        """The live Dashboard of this run (see `ddpviz.widgets.dashboard.Dashboard`): the
+        events of `session` so far, then new ones as the ranks emit them.
+
+        Args:
+            kwargs: passed to the Dashboard (`max_hz`, `timeline_bytes_per_s`, ...).
+
+        Returns:
+            The Dashboard widget (display it as a notebook cell's last value).
+        """
         from ddpviz.widgets.dashboard import Dashboard
 
         return Dashboard(self, **kwargs)

@@ -3,14 +3,14 @@
 Each rank registers `faulthandler` on SIGUSR1, writing to a file of its own (a rank blocked in a C
 collective never runs a Python-level signal handler; faulthandler works anyway). The kernel
 signals, reads the dump, drops the launcher's own threads and frames, and formats what is left
-like a traceback: most recent call last, with the source lines the kernel knows (notebook cells
-included).
+as the pulse thread's stacks are (engine/stack_text.py): most recent call last, the user's
+frames with the source lines the kernel knows (notebook cells included), torch's and the
+standard library's runs folded into one line each, bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import linecache
 import os
 import re
 import signal
@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
+
+from ddpviz.engine import stack_text
 
 STACK_SIGNAL = signal.SIGUSR1
 ENV = "DDPVIZ_STACKS"
@@ -43,7 +45,7 @@ def install_in_rank() -> None:
 
 
 class StackFiles:
-    """One stack file per rank, in the run's private directory (private_dir.py)."""
+    """One stack file per rank, in the run's private directory (ddpviz/private_dir.py)."""
 
     def __init__(self, nprocs: int, directory: Path) -> None:
         self.dir = directory
@@ -111,7 +113,10 @@ def parse(text: str) -> list[list[Frame]]:
 
 
 def format_stack(rank: int, threads: list[list[Frame]]) -> list[str]:
-    """Traceback-style lines, each prefixed "[rank r]"."""
+    """Each thread's stack (frames outermost first, as `parse` gives them) as
+    `stack_text.stack_lines` formats it ("train.py:57 in load_batch: batch = next(it)", runs of
+    torch's and the standard library's frames folded), under a heading; every line prefixed
+    "[rank r]"."""
     prefix = f"[rank {rank}] "
     if not threads:
         return [prefix + "(no Python frames outside ddpviz: starting up, or exiting)"]
@@ -119,9 +124,6 @@ def format_stack(rank: int, threads: list[list[Frame]]) -> list[str]:
     for i, frames in enumerate(threads):
         lines.append(prefix + ("Stack (most recent call last):" if i == 0 else
                                "Another thread (most recent call last):"))
-        for file, lineno, func in frames:
-            lines.append(f'{prefix}  File "{file}", line {lineno}, in {func}')
-            source = linecache.getline(file, lineno).strip()
-            if source:
-                lines.append(f"{prefix}    {source}")
+        stack = [stack_text.Frame(*f) for f in reversed(frames)]  # innermost first
+        lines += [f"{prefix}  {line}" for line in stack_text.stack_lines(stack)]
     return lines

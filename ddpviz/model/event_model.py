@@ -28,31 +28,9 @@ from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz.columns import Table
 from ddpviz.events import Event
+from ddpviz.model.phases import STATUS_OF
 
 CONSTRUCTION = -1  # the step of every event the constructor emits
-
-_PHASE_OF: dict[type[Event], str] = {
-    ev.ParamsBuilt: "parameters built",
-    ev.VerificationStarted: "verifying",
-    ev.VerificationPassed: "verified",
-    ev.VerificationFailed: "verification failed",
-    ev.BroadcastStarted: "broadcasting",
-    ev.BroadcastChunkSent: "broadcasting",
-    ev.BroadcastChunkDone: "broadcasting",
-    ev.BroadcastFinished: "broadcast done",
-    ev.BucketAssigned: "buckets assigned",
-    ev.ForwardStarted: "forward",
-    ev.BuffersSynced: "forward",
-    ev.BucketsRebuilt: "forward",
-    ev.BackwardStarted: "backward",
-    ev.GradReady: "backward",
-    ev.GradsSummarized: "backward",
-    ev.BucketReady: "backward",
-    ev.AllReduceLaunched: "backward",
-    ev.AllReduceDone: "backward",
-    ev.UnusedParametersFound: "backward",
-    ev.BackwardFinished: "after backward",
-}
 
 
 class GradArray:
@@ -104,6 +82,20 @@ class GradArray:
     def append(self, grad: tuple[int, int, int]) -> None:
         self._tail.append(grad)
 
+    def param_column(self) -> np.ndarray:
+        """Every hook's parameter in order (the column, and the hooks fed later as objects)."""
+        if not self._tail:
+            return self.params
+        return np.concatenate([self.params, np.array([p for _, p, _ in self._tail],
+                                                     dtype=np.int64)])
+
+    def bucket_column(self) -> np.ndarray:
+        """Every hook's bucket in order, like `param_column`."""
+        if not self._tail:
+            return self.buckets
+        return np.concatenate([self.buckets, np.array([b for _, _, b in self._tail],
+                                                      dtype=np.int64)])
+
     def copy(self) -> GradArray:
         out = GradArray(self.t, self.params, self.buckets)  # the columns are never written
         out._tail = list(self._tail)
@@ -152,6 +144,14 @@ class StepRecord:
     # GradsSummarized per bucket (steps recorded at detail "buckets"/"sampled", where no
     # GradReady was emitted): bucket -> BucketSummary (aligned first and last ready time)
     summaries: dict[int, BucketSummary] = field(default_factory=dict)
+    first_forward: int | None = None  # the step's first ForwardStarted (`forward`: its last)
+    # What the training thread did between the step's hooks (the advisor's launch and finalize
+    # costs, see [Note: hook gaps]): indexes into `grads` of the hooks that did not come right
+    # after another hook of this step; (hook index, ns since the AllReduceLaunched right before
+    # that hook); ns from an AllReduceDone to the BackwardFinished right after it.
+    hook_breaks: list[int] = field(default_factory=list)
+    launch_gaps: list[tuple[int, int]] = field(default_factory=list)
+    finalize_gaps: list[int] = field(default_factory=list)
 
     @property
     def summarized(self) -> bool:
@@ -166,7 +166,8 @@ class StepRecord:
                               self.backward_end, self.grads.copy(), dict(self.bucket_ready),
                               dict(self.launched), dict(self.done), self.unused,
                               self.unused_names, self.rebuilt_order, self.buffers,
-                              dict(self.summaries))
+                              dict(self.summaries), self.first_forward, list(self.hook_breaks),
+                              list(self.launch_gaps), list(self.finalize_gaps))
 
         def upto(t: int | None) -> int | None:
             return t if t is not None and t <= as_of else None
@@ -182,7 +183,10 @@ class StepRecord:
             self.unused if self.unused and self.last <= as_of else (),
             self.unused_names if self.unused and self.last <= as_of else (),
             self.rebuilt_order, self.buffers if self.buffers and self.buffers[0] <= as_of
-            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of})
+            else None, {b: v for b, v in self.summaries.items() if v.t <= as_of},
+            upto(self.first_forward), [i for i in self.hook_breaks if i < n],
+            [g for g in self.launch_gaps if g[0] < n],
+            list(self.finalize_gaps) if upto(self.backward_end) is not None else [])
 
 
 class Timed(NamedTuple):
@@ -211,6 +215,8 @@ class RankState:
     broadcast_finished: Timed | None = None
     maps: list[Timed] = field(default_factory=list)  # BucketAssigned, in order
     steps: dict[int, StepRecord] = field(default_factory=dict)
+    prev_type: type[Event] | None = None  # the latest event's type and step (at `last_t`)
+    prev_step: int = CONSTRUCTION
 
 
 class Status(NamedTuple):
@@ -278,9 +284,8 @@ class EventModel:
                     offset = self._offsets.get(e.rank, 0)
                 t = e.t_ns + offset
                 state.count += 1
-                if cls in _PHASE_OF:
+                if cls in STATUS_OF:
                     state.last_type = cls
-                state.last_t = t
                 step = e.step
                 if step >= 0:
                     if step > state.step:
@@ -296,6 +301,7 @@ class EventModel:
                     self._step_event(state, rec, cls, e, t)
                 else:
                     self._construction_event(state, cls, e, t)
+                state.last_t, state.prev_type, state.prev_step = t, cls, step
                 bounds = self._step_bounds.get(step)
                 if bounds is None:
                     self._step_bounds[step] = [t, t]
@@ -320,6 +326,10 @@ class EventModel:
             state = self._rank(table.rank)
             t = table.t + self._offsets.get(table.rank, 0)
             kind, step = table.kind, table.step
+            # what came right before hooks and BackwardFinished (see [Note: hook gaps])
+            marks = _hook_marks(table, t, _Before(
+                col.CODE.get(state.prev_type, -1) if state.prev_type else -1, state.prev_step,
+                state.last_t))
             state.count += n
             phased = np.flatnonzero(_PHASED[kind])
             if len(phased):
@@ -330,21 +340,8 @@ class EventModel:
             top = int(step.max())
             if top > state.step:
                 state.step = top
-            order = np.argsort(step, kind="stable")
-            cut = np.flatnonzero(step[order][1:] != step[order][:-1]) + 1
-            for rows in np.split(order, cut):
-                s = int(step[rows[0]])
-                tt = t[rows]
-                lo, hi = int(tt.min()), int(tt.max())
-                bounds = self._step_bounds.get(s)
-                if bounds is None:
-                    self._step_bounds[s] = [lo, hi]
-                    self._step_versions[s] = len(rows)
-                else:
-                    bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
-                    self._step_versions[s] += len(rows)
-                if s >= 0:
-                    self._fold_step(state, table, s, rows, tt)
+            self._fold_runs(state, table, t, marks)
+            state.prev_type, state.prev_step = col.KINDS[int(kind[-1])], int(step[-1])
             # rare events in arrival order, through the object handlers
             for row in sorted(table.objects):
                 e = table.objects[row]
@@ -368,41 +365,93 @@ class EventModel:
         while self._arrivals and self._arrivals[0][0] < now - 1.0:
             self._arrivals.popleft()
 
-    def _fold_step(self, state: RankState, table: Table, step: int, rows: np.ndarray,
-                   tt: np.ndarray) -> None:
-        """One rank's hot events of one step (rows in arrival order, tt their aligned t)."""
-        first, last = int(tt[0]), int(tt.max())
-        rec = state.steps.get(step)
-        if rec is None:
-            rec = state.steps[step] = StepRecord(first, last)
-        elif last > rec.last:
-            rec.last = last
-        k = table.kind[rows]
-        for code, attr in _INSTANTS:
-            at = np.flatnonzero(k == code)
-            if len(at):
-                setattr(rec, attr, int(tt[at[-1]]))
-        g = np.flatnonzero(k == col.GRAD_READY)
-        if len(g):
-            self._full_steps.add(step)
-            r = rows[g]
-            grads = GradArray(tt[g], table.a[r], table.b[r])
-            if rec.grads:
-                rec.grads = GradArray.of([*rec.grads, *grads])
+    # [Note: runs of a step]
+    # A rank's rows come step after step, so a step is a run of rows (a table whose steps
+    # interleave is first sorted by step, stably: a step's rows keep their arrival order). Per
+    # step, the numpy calls of a fold cost more than its rows at 1,000 parameters (~45 calls of
+    # ~1 us for ~1,000 rows), so the rank is folded whole: its hooks are gathered once and each
+    # step's GradArray is a slice of them; the few other hot rows (instants, bucket readiness,
+    # all-reduces: ~3 per bucket) are gathered per kind into lists, and a run takes its slice
+    # of each (dict.update over zip: no Python loop per row). What a step gets is
+    # what `feed` builds from the same events in arrival order (tests/widgets/
+    # test_columnar_model.py holds them equal, with steps in order and interleaved).
+    def _fold_runs(self, state: RankState, table: Table, t: np.ndarray,
+                   marks: _HookMarks) -> None:
+        """The hot events of one rank (`t`: aligned), a run of rows of one step at a time:
+        each step's bounds and version, and its StepRecord. See [Note: runs of a step]."""
+        kind, step, a, b, strs = table.kind, table.step, table.a, table.b, table.s
+        rows_of: np.ndarray | None = None  # the table's row of each (sorted) row
+        if not bool(np.all(step[1:] >= step[:-1])):
+            rows_of = np.argsort(step, kind="stable")  # a step's rows keep arrival order
+            kind, step, t, a, b, strs = (x[rows_of] for x in (kind, step, t, a, b, strs))
+        n = len(kind)
+        starts = np.concatenate([[0], np.flatnonzero(step[1:] != step[:-1]) + 1])
+        cut = [*starts.tolist(), n]
+        hooks = kind == col.GRAD_READY
+        g = np.flatnonzero(hooks)
+        g_cut = np.searchsorted(g, cut).tolist()
+        tg, ag, bg = t[g], a[g], b[g]
+        g_rows = g if rows_of is None else rows_of[g]  # the hooks' table rows (marks name them)
+        # the other hot rows by kind: their columns as lists, and where each run's begin
+        other = np.flatnonzero(~hooks)
+        ko = kind[other]
+        rows = {code: other[ko == code] for code in _FOLDED}
+        at = {code: np.searchsorted(r, cut).tolist() for code, r in rows.items()}
+        ts = {code: t[r].tolist() for code, r in rows.items()}
+        ready_b, done_b = a[rows[_BUCKET_READY]].tolist(), a[rows[_DONE]].tolist()
+        launched_b = a[rows[_LAUNCHED]].tolist()
+        strings = table.strings
+        launches = list(zip(ts[_LAUNCHED], b[rows[_LAUNCHED]].tolist(),
+                            [strings[i] for i in strs[rows[_LAUNCHED]].tolist()], strict=True))
+        lows = np.minimum.reduceat(t, starts).tolist()
+        highs = np.maximum.reduceat(t, starts).tolist()
+        firsts = t[starts].tolist()
+        for i, s in enumerate(step[starts].tolist()):
+            lo, hi, size = lows[i], highs[i], cut[i + 1] - cut[i]
+            bounds = self._step_bounds.get(s)
+            if bounds is None:
+                self._step_bounds[s] = [lo, hi]
+                self._step_versions[s] = size
             else:
-                rec.grads = grads
-        for code, target in ((col.BUCKET_READY, rec.bucket_ready), (col.DONE, rec.done)):
-            at = np.flatnonzero(k == code)
-            if len(at):
-                target.update(zip(table.a[rows[at]].tolist(), tt[at].tolist(), strict=True))
-        at = np.flatnonzero(k == col.LAUNCHED)
-        if len(at):
-            r = rows[at]
-            strings = table.strings
-            rec.launched.update(
-                (b, (t, nb, strings[si])) for b, t, nb, si in zip(
-                    table.a[r].tolist(), tt[at].tolist(), table.b[r].tolist(),
-                    table.s[r].tolist(), strict=True))
+                bounds[0], bounds[1] = min(bounds[0], lo), max(bounds[1], hi)
+                self._step_versions[s] += size
+            if s < 0:
+                continue
+            rec = state.steps.get(s)
+            if rec is None:
+                rec = state.steps[s] = StepRecord(firsts[i], hi)
+            elif hi > rec.last:
+                rec.last = hi
+            for code, attr in _INSTANTS:
+                j, k = at[code][i], at[code][i + 1]
+                if k > j:
+                    setattr(rec, attr, ts[code][k - 1])
+                    if code == col.FORWARD and rec.first_forward is None:
+                        rec.first_forward = ts[code][j]
+            if s in marks.finalized:
+                rec.finalize_gaps.extend(marks.finalized[s])
+            gl, gh = g_cut[i], g_cut[i + 1]
+            if gh > gl:
+                self._full_steps.add(s)
+                base = len(rec.grads)  # hook rows -> indexes into rec.grads
+                r = g_rows[gl:gh]
+                if s in marks.breaks:
+                    rec.hook_breaks.extend((np.searchsorted(r, marks.breaks[s]) + base).tolist())
+                if s in marks.launched:
+                    rows_l, gaps = zip(*marks.launched[s], strict=True)
+                    found = np.searchsorted(r, rows_l) + base
+                    rec.launch_gaps.extend(zip(found.tolist(), gaps, strict=True))
+                grads = GradArray(tg[gl:gh], ag[gl:gh], bg[gl:gh])
+                rec.grads = GradArray.of([*rec.grads, *grads]) if rec.grads else grads
+            j, k = at[_BUCKET_READY][i], at[_BUCKET_READY][i + 1]
+            if k > j:
+                rec.bucket_ready.update(zip(ready_b[j:k], ts[_BUCKET_READY][j:k], strict=True))
+            j, k = at[_DONE][i], at[_DONE][i + 1]
+            if k > j:
+                rec.done.update(zip(done_b[j:k], ts[_DONE][j:k], strict=True))
+            j, k = at[_LAUNCHED][i], at[_LAUNCHED][i + 1]
+            if k > j:
+                rec.launched.update(zip(launched_b[j:k], launches[j:k], strict=True))
 
     def _rank(self, rank: int) -> RankState:
         state = self._ranks.get(rank)
@@ -423,6 +472,10 @@ class EventModel:
     def _grad_ready(self, state: RankState, rec: StepRecord, e: ev.GradReady, t: int) -> None:
         if not rec.grads:
             self._full_steps.add(e.step)
+        if state.prev_type is not ev.GradReady or state.prev_step != e.step:
+            rec.hook_breaks.append(len(rec.grads))  # See [Note: hook gaps]
+            if state.prev_type is ev.AllReduceLaunched and state.prev_step == e.step:
+                rec.launch_gaps.append((len(rec.grads), t - state.last_t))
         rec.grads.append((t, e.param, e.bucket))
 
     def _grads_summarized(self, state: RankState, rec: StepRecord, e: ev.GradsSummarized,
@@ -450,10 +503,14 @@ class EventModel:
     def _backward_finished(self, state: RankState, rec: StepRecord, e: ev.BackwardFinished,
                            t: int) -> None:
         rec.backward_end = t
+        if state.prev_type is ev.AllReduceDone:
+            rec.finalize_gaps.append(t - state.last_t)
 
     def _forward_started(self, state: RankState, rec: StepRecord, e: ev.ForwardStarted,
                          t: int) -> None:
         rec.forward = t
+        if rec.first_forward is None:
+            rec.first_forward = t
 
     def _unused_found(self, state: RankState, rec: StepRecord, e: ev.UnusedParametersFound,
                       t: int) -> None:
@@ -645,7 +702,7 @@ class EventModel:
         """Ranks, phases, iteration, counts and rates for the status header."""
         with self._lock:
             ranks = tuple(sorted(self._ranks))
-            phases = {r: _PHASE_OF.get(s.last_type, "started") if s.last_type else "waiting"
+            phases = {r: STATUS_OF.get(s.last_type, "started") if s.last_type else "waiting"
                       for r, s in sorted(self._ranks.items())}
             steps = {r: s.step for r, s in sorted(self._ranks.items())}
             dropped = sum(s.dropped for s in self._ranks.values())
@@ -672,17 +729,17 @@ class EventModel:
             if step >= 0:
                 rec = s.steps[step]
                 if rec.backward_end is not None and rec.backward_end <= as_of:
-                    phases[r] = "after backward"
+                    phases[r] = STATUS_OF[ev.BackwardFinished]
                 elif rec.backward is not None and rec.backward <= as_of:
-                    phases[r] = "backward"
+                    phases[r] = STATUS_OF[ev.BackwardStarted]
                 else:
-                    phases[r] = "forward"
+                    phases[r] = STATUS_OF[ev.ForwardStarted]
                 continue
             seen = [(x.t, type(x.event)) for x in (s.params, s.verify_started, s.verify_result,
                                                    s.broadcast_started, s.broadcast_finished,
                                                    *s.maps) if x is not None and x.t <= as_of]
             seen += [(x.t, type(x.event)) for x in s.chunks_sent.values() if x.t <= as_of]
-            phases[r] = _PHASE_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
+            phases[r] = STATUS_OF.get(max(seen, key=lambda p: p[0])[1], "started") if seen \
                 else "waiting"
         return phases, steps
 
@@ -720,7 +777,69 @@ _CONSTRUCTION_HANDLERS: dict[type[Event], Any] = {
 
 
 # For feed_table: which kinds set the phase shown, which are hot, and the instants per step.
-_PHASED = np.array([cls in _PHASE_OF for cls in col.KINDS], dtype=bool)
+_PHASED = np.array([cls in STATUS_OF for cls in col.KINDS], dtype=bool)
 _HOT = np.array([cls in col.HOT for cls in col.KINDS], dtype=bool)
+_BUCKET_READY, _LAUNCHED, _DONE = col.BUCKET_READY, col.LAUNCHED, col.DONE
 _INSTANTS = ((col.FORWARD, "forward"), (col.BACKWARD, "backward"),
              (col.BACKWARD_END, "backward_end"))
+_FOLDED = (_BUCKET_READY, _LAUNCHED, _DONE, *(code for code, _ in _INSTANTS))
+
+
+class _Before(NamedTuple):
+    """The event a rank fed before a table's first row: kind code (-1: none), step, aligned t."""
+
+    kind: int
+    step: int
+    t: int
+
+
+class _HookMarks(NamedTuple):
+    """One table's rows that follow something the advisor prices, by step (rows ascending):
+    hooks not right after a hook of their step, hooks right after an AllReduceLaunched of
+    their step (row, gap), and the gaps of BackwardFinished right after an AllReduceDone."""
+
+    breaks: dict[int, list[int]]
+    launched: dict[int, list[tuple[int, int]]]
+    finalized: dict[int, list[int]]
+
+
+def _hook_marks(table: Table, t: np.ndarray, before: _Before) -> _HookMarks:
+    """The table's `_HookMarks` (t: its aligned times): a few vector passes over the rows, then
+    a loop over the few rows marked."""
+    kind, step = table.kind, table.step
+    prev_kind = np.empty(len(kind), dtype=np.int16)
+    prev_kind[0], prev_kind[1:] = before.kind, kind[:-1]
+    same = np.empty(len(kind), dtype=bool)  # the row before is of the same step
+    same[0], same[1:] = step[0] == before.step, step[1:] == step[:-1]
+    hook = kind == col.GRAD_READY
+    breaks = np.flatnonzero(hook & ~(same & (prev_kind == col.GRAD_READY)))
+    launched = np.flatnonzero(hook & same & (prev_kind == col.LAUNCHED))
+    finalized = np.flatnonzero((kind == col.BACKWARD_END) & (prev_kind == col.DONE))
+
+    def gaps(rows: np.ndarray) -> list[int]:
+        prev_t = t[rows - 1]
+        if len(rows) and rows[0] == 0:  # (row -1 read the table's last)
+            prev_t[0] = before.t
+        return (t[rows] - prev_t).tolist()
+
+    out = _HookMarks({}, {}, {})
+    for s, row in zip(step[breaks].tolist(), breaks.tolist(), strict=True):
+        out.breaks.setdefault(s, []).append(row)
+    for s, row, gap in zip(step[launched].tolist(), launched.tolist(), gaps(launched),
+                           strict=True):
+        out.launched.setdefault(s, []).append((row, gap))
+    for s, gap in zip(step[finalized].tolist(), gaps(finalized), strict=True):
+        out.finalized.setdefault(s, []).append(gap)
+    return out
+
+
+# [Note: hook gaps]
+# The advisor prices a bucket launch and finalize's work per bucket on the training thread from
+# what lies between events: the gap from an AllReduceLaunched to the GradReady right after it
+# (against the gaps between two consecutive hooks), and from the last AllReduceDone to the
+# BackwardFinished right after it. "Right after" is in the rank's arrival order, which the
+# step records do not keep, so the fold notes it: per step the hooks not right after another
+# hook of the step (`hook_breaks`; the others' gaps are the differences of `grads` times), the
+# launch gaps and the finalize gaps. `feed` reads the rank's previous event from its state
+# (`prev_type`, `prev_step`, `last_t`); `feed_table` compares each row with the one before
+# (`_hook_marks`).

@@ -13,6 +13,7 @@ import msgspec
 from ddpviz import events as ev
 from ddpviz.columns import Table
 from ddpviz.events import Event
+from ddpviz.model.phases import SPAN_CLOSES, SPAN_OPENS, SpanPhase
 
 SpanCategory = Literal["phase", "allreduce", "broadcast", "gradients"]
 SUMMARY_LANE = "gradients ready (per-bucket summaries)"
@@ -32,15 +33,6 @@ class Span(NamedTuple):
     args: dict[str, Any]
 
 
-_PHASES: dict[type[Event], tuple[str, tuple[type[Event], ...]]] = {
-    ev.VerificationStarted: ("verify", (ev.VerificationPassed, ev.VerificationFailed)),
-    ev.BroadcastStarted: ("broadcast", (ev.BroadcastFinished,)),
-    ev.ForwardStarted: ("forward", (ev.BackwardStarted, ev.ForwardStarted)),
-    ev.BackwardStarted: ("backward", (ev.BackwardFinished,)),
-}
-_ENDS = {end: start for start, (_, ends) in _PHASES.items() for end in ends}
-
-
 def event_args(event: Event) -> dict[str, Any]:
     """An event's fields as plain values, without the ones every event has (the span and Chrome
     exports' "args")."""
@@ -57,7 +49,7 @@ class _RankSpans:
     def __init__(self, rank: int, offset: int) -> None:
         self.rank, self.offset = rank, offset
         self.out: list[Span] = []
-        self.open_phase: dict[type[Event], Event] = {}
+        self.open_phase: dict[SpanPhase, Event] = {}  # by the phase it opened
         self.open_ar: dict[int, list[ev.AllReduceLaunched]] = {}
         self.open_chunk: dict[int, list[ev.BroadcastChunkSent]] = {}
 
@@ -72,13 +64,13 @@ class _RankSpans:
 
     def phase(self, e: Event) -> None:
         cls = type(e)
-        start_cls = _ENDS.get(cls)
-        if start_cls is not None and start_cls in self.open_phase:
-            s = self.open_phase.pop(start_cls)
-            self.close(s, e.t_ns, _PHASES[start_cls][0], "phase", "phases", True,
-                       {"ended_by": cls.__name__})
-        if cls in _PHASES:
-            self.open_phase[cls] = e
+        ended = SPAN_CLOSES.get(cls)
+        if ended is not None and ended in self.open_phase:
+            s = self.open_phase.pop(ended)
+            self.close(s, e.t_ns, ended, "phase", "phases", True, {"ended_by": cls.__name__})
+        opened = SPAN_OPENS.get(cls)
+        if opened is not None:
+            self.open_phase[opened] = e
 
     def allreduce_launched(self, e: ev.AllReduceLaunched) -> None:
         self.open_ar.setdefault(e.bucket, []).append(e)
@@ -111,8 +103,8 @@ class _RankSpans:
 
     def finish(self, last: int) -> list[Span]:
         """Close what is still open at `last` (unfinished), then lay out broadcast lanes."""
-        for s in self.open_phase.values():
-            self.close(s, last, _PHASES[type(s)][0], "phase", "phases", False, {})
+        for phase, s in self.open_phase.items():
+            self.close(s, last, phase, "phase", "phases", False, {})
         for pending in self.open_ar.values():
             for a in pending:
                 b = a.bucket
@@ -138,7 +130,7 @@ class _RankSpans:
 
 # Event type -> the _RankSpans handler it goes to (the others open or close no span).
 _SPAN_HANDLERS: dict[type[Event], Any] = {
-    **dict.fromkeys((*_PHASES, *_ENDS), _RankSpans.phase),
+    **dict.fromkeys((*SPAN_OPENS, *SPAN_CLOSES), _RankSpans.phase),
     ev.AllReduceLaunched: _RankSpans.allreduce_launched,
     ev.AllReduceDone: _RankSpans.allreduce_done,
     ev.BroadcastChunkSent: _RankSpans.chunk_sent,

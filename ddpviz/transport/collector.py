@@ -48,28 +48,30 @@ _MAX_CONFIRMED = 1 << 16  # connections remembered as past their handshake (then
 class CollectorStats(NamedTuple):
     """A snapshot of what the collector has seen, per rank unless noted."""
 
-    received: dict[int, int]  # events accepted (EventsDropped markers included)
-    frames: dict[int, int]  # event messages accepted
-    rejected: dict[str, int]  # messages refused, per reason (every reason in codec.REASONS)
-    gaps: dict[int, int]  # seq numbers never received and not explained by an EventsDropped
-    #                       marker: silent loss, which should stay 0
-    dropped: dict[int, int]  # events the rank's sender reported dropped (EventsDropped)
-    reordered: dict[int, int]  # events whose seq went backwards (duplicates, a second Tap)
-    lost_frames: dict[int, int]  # messages missing from a sender's frame numbering
-    clock: dict[int, tuple[int, int]]  # (offset_ns, error_ns); error -1: wall-clock estimate
-    peers: dict[int, str]  # "host pid" from the rank's hello
-    closed: dict[int, tuple[int, int]]  # ranks that said goodbye: (events sent, dropped)
-    callback_errors: int  # exceptions raised by subscribers (the first one is warned about)
-    replays: int = 0  # signed messages refused for a frame number already seen (in "auth")
-    handshakes_failed: int = 0  # connections that failed zmq's handshake (in "auth")
-    pending_shut: int = 0  # connections shut for being over the cap mid-handshake
+    received: dict[int, int]  #: events accepted (EventsDropped markers included)
+    frames: dict[int, int]  #: event messages accepted
+    rejected: dict[str, int]  #: messages refused, per reason (every reason in codec.REASONS)
+    gaps: dict[int, int]  #: seq numbers never received nor explained by an EventsDropped marker
+    #                       (silent loss, which should stay 0)
+    dropped: dict[int, int]  #: events the rank's sender reported dropped (EventsDropped)
+    reordered: dict[int, int]  #: events whose seq went backwards (duplicates, a second Tap)
+    lost_frames: dict[int, int]  #: messages missing from a sender's frame numbering
+    clock: dict[int, tuple[int, int]]  #: (offset_ns, error_ns); error -1 for a wall-clock estimate
+    peers: dict[int, str]  #: "host pid" from the rank's hello
+    closed: dict[int, tuple[int, int]]  #: ranks that said goodbye, with (events sent, dropped)
+    callback_errors: int  #: exceptions raised by subscribers (the first one is warned about)
+    replays: int = 0  #: signed messages refused for a frame number already seen (in "auth")
+    handshakes_failed: int = 0  #: connections that failed zmq's handshake (in "auth")
+    pending_shut: int = 0  #: connections shut for being over the cap mid-handshake
 
     @property
     def total_received(self) -> int:
+        """Events accepted from all ranks together."""
         return sum(self.received.values())
 
     @property
     def total_rejected(self) -> int:
+        """Messages refused for any reason (the sum of `rejected`)."""
         return sum(self.rejected.values())
 
 

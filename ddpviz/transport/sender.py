@@ -15,6 +15,7 @@ import collections
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ddpviz.atomic import creating
 from ddpviz.events import Event, EventsDropped
-from ddpviz.tracefile import TraceWriter
+from ddpviz.tracefile import End, TraceWriter
 from ddpviz.transport.codec import (
     MAX_MESSAGE_BYTES,
     Codec,
@@ -643,6 +644,26 @@ class _FileSink:
 
     def close(self, sent: int, dropped: int, deadline: float) -> tuple[int, int]:
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            # A clean close says so in the file, for readers that cannot see this process
+            # (follow.py on another node, `ddpviz diagnose DIR`): See [Note: a rank's end in
+            # its file] (tracefile.py).
+            writer, self._writer = self._writer, None
+            try:
+                writer.write_end(End(self.rank, sent, dropped, _exit_error()))
+            except OSError:
+                # No room even for it (every event was written before): the file reads as
+                # unfinished, nothing else is lost; its buffer cannot be written either.
+                with contextlib.suppress(OSError):
+                    writer.close()
+                return 0, 0
+            writer.close()
         return 0, 0
+
+
+def _exit_error() -> str:
+    """At interpreter exit (the exit hooks run after the main thread stopped), the type of the
+    uncaught exception the script died of, "" when it ended normally (or it is not exiting)."""
+    if threading.main_thread().is_alive():
+        return ""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return "" if exc is None else type(exc).__qualname__

@@ -14,6 +14,7 @@ from ddpviz.widgets.bucket_map import BucketMap
 
 if TYPE_CHECKING:
     from ddpviz.advisor import Advice
+    from ddpviz.model.event_model import EventModel
 
 _LINES = {"cap": "bucket_cap_mb = cap", "first+cap": "1 MiB first bucket + cap",
           "default": "torch's default", "layers": "one bucket per layer group",
@@ -78,11 +79,14 @@ MIN_STEPS = 3  # the advisor replays steps after the first, with the next forwar
 
 class AdviceTab(w.Tab):
     """The dashboard's "advice" tab: hidden until the run has MIN_STEPS steps, then a button
-    that asks the advisor (on demand: the replay reads the whole trace) and shows the
-    AdviceView, or the advisor's message where it cannot advise."""
+    that asks the advisor (on demand: the replay reads the whole run) and shows the
+    AdviceView, or the advisor's message where it cannot advise. Given the dashboard's run
+    `model`, the advisor reads it instead of folding `source` again."""
 
-    def __init__(self, source: object, **kwargs: Any) -> None:
+    def __init__(self, source: object, *, model: EventModel | None = None,
+                 **kwargs: Any) -> None:
         self._source = source
+        self._model = model
         self.button = w.Button(description="advise buckets", icon="lightbulb-o",
                                tooltip="predict other bucket settings from this run")
         self.message = w.HTML()
@@ -101,7 +105,7 @@ class AdviceTab(w.Tab):
         from ddpviz.events import Event
         from ddpviz.trace import Trace
 
-        source = self._source
+        source = self._model if self._model is not None else self._source
         if isinstance(source, (list, tuple)):
             source = Trace(e for e in source if isinstance(e, Event))
         try:

@@ -50,12 +50,12 @@ class Dashboard(EventView):
                  timeline_bytes_per_s: int = 30_000, **kwargs: Any) -> None:
         self._timeline_budget = timeline_bytes_per_s
         self.status: Status | None = None
-        self._advised = source  # the advice tab asks the advisor about the same source
+        self._advised = source  # the wait table reads the same source's columns
         super().__init__(source, max_hz=max_hz, **kwargs)
 
     def _build(self) -> list[w.Widget]:
         self.status_html = w.HTML()
-        self.advice = AdviceTab(self._advised)
+        self.advice = AdviceTab(self._advised, model=self.model)  # the advisor reads our model
         self.waits = WaitTable(self._advised)
         self.verification = VerificationView.embedded_in(self.model)
         self.broadcast = BroadcastProgress.embedded_in(self.model)

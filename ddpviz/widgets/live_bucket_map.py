@@ -15,7 +15,7 @@ import ipywidgets as w
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.model.event_model import CONSTRUCTION, EventModel, Timed
-from ddpviz.model.hook_analysis import bucket_averages
+from ddpviz.model.hook_analysis import bucket_averages, hook_columns
 from ddpviz.plan import ObservedMaps, observed_plan
 from ddpviz.units import human_bytes
 from ddpviz.widgets.bucket_map import BucketMap, Which
@@ -123,7 +123,8 @@ class LiveBucketMap(EventView):
         order = None
         records = self.model.step_records(0, cursor.as_of).get(rank)
         if records is not None and records.backward_end is not None and not records.summarized:
-            order = [p for _, p, _ in records.grads]  # (summarized at detail "buckets": unknown)
+            # (summarized at detail "buckets": unknown)
+            order = hook_columns(records.grads)[0].tolist()
         try:
             observed = observed_plan(built.event, maps[rank], rank=rank,
                                      grad_ready_order=order)

@@ -11,13 +11,12 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel
 
 if TYPE_CHECKING:
-    from ddpviz.launcher import Run
     from ddpviz.session import Session
     from ddpviz.trace import Trace
 
@@ -41,6 +40,19 @@ class Source:
         return self.live
 
 
+@runtime_checkable
+class LiveRun(Protocol):
+    """What a widget reads of a launch (`ddpviz.Run` is one): its Session, whether it still
+    runs, and how it was started. A protocol, so that widgets never import the launcher."""
+
+    @property
+    def session(self) -> Session: ...
+    @property
+    def status(self) -> str: ...  # "running" | "finished" | ...
+    nprocs: int
+    backend: str
+
+
 def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> Source:
     """Feed `source`'s events into `model`; call `on_events()` after each live batch.
 
@@ -48,7 +60,6 @@ def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> 
         source: a `ddpviz.Run`, a `Session`, a `Trace`, a path to a `.ddpviz` file, an
             iterable of events, or None (nothing yet: feed the widget by hand).
     """
-    from ddpviz.launcher import Run
     from ddpviz.session import Session
     from ddpviz.trace import Trace
 
@@ -59,7 +70,7 @@ def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> 
         return _from_trace(Trace.load(path), model, f"trace {path.name}")
     if isinstance(source, Trace):
         return _from_trace(source, model, "trace")
-    if isinstance(source, Run):
+    if isinstance(source, LiveRun):
         return _from_run(source, model, on_events)
     if isinstance(source, Session):
         return _from_session(source, model, on_events, "session")
@@ -98,7 +109,7 @@ def _from_session(session: Session, model: EventModel, on_events: Callable[[], N
                   lambda: session.stats)
 
 
-def _from_run(run: Run, model: EventModel, on_events: Callable[[], None]) -> Source:
+def _from_run(run: LiveRun, model: EventModel, on_events: Callable[[], None]) -> Source:
     src = _from_session(run.session, model, on_events, "run")
     src.kind = "run"
     src.label = f"ddpviz.launch: {run.nprocs} ranks ({run.backend})"

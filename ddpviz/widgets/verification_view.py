@@ -71,6 +71,7 @@ class VerificationView(EventView):
         self._key: tuple[Any, ...] | None = None
         self._columns: tuple[Matrix | None, list[tuple[int, ...]]] = (None, [])
         self._ranks: tuple[Matrix | None, frozenset[int]] = (None, frozenset())
+        self._status: tuple[Matrix | None, tuple[str, ...]] = (None, ())
         self._picked: int | None = None
         super().__init__(source, **kwargs)
 
@@ -144,6 +145,13 @@ class VerificationView(EventView):
                        f"{names or 'nothing yet'}).\nPass a dotted parameter name and "
                        "kind='param' or kind='buffer'.")
 
+    def _statuses(self) -> tuple[str, ...]:
+        """Each row's status, computed once per matrix (10,000 rows are read several times
+        per draw)."""
+        if self._status[0] is not self.matrix:
+            self._status = (self.matrix, tuple(r.status for r in self.matrix.rows))
+        return self._status[1]
+
     def _rank_set(self) -> frozenset[int]:
         if self._ranks[0] is not self.matrix:
             self._ranks = (self.matrix, frozenset(self.matrix.ranks))
@@ -176,7 +184,8 @@ class VerificationView(EventView):
 
     def _sync_selects(self) -> None:
         m = self.matrix
-        rows = [(f"{GLYPHS[r.status]} {_row_label(r)}", r.key) for r in m.rows]
+        rows = [(f"{GLYPHS[status]} {_row_label(r)}", r.key)
+                for r, status in zip(m.rows, self._statuses(), strict=True)]
         ranks = [("all ranks", ALL_RANKS)] + [(f"rank {r}", r) for r in self._rank_options()]
         for control, options in ((self.row_select, rows or [("(no parameters yet)", "")]),
                                  (self.rank_select, ranks)):
@@ -190,7 +199,8 @@ class VerificationView(EventView):
 
     def _default(self, values: Sequence[Any]) -> Any:
         if values and isinstance(values[0], str):
-            bad = [r.key for r in self.matrix.rows if r.status in ("differs", "missing")]
+            bad = [r.key for r, status in zip(self.matrix.rows, self._statuses(), strict=True)
+                   if status in ("differs", "missing")]
             return bad[0] if bad else values[0]
         return ALL_RANKS
 
@@ -229,7 +239,8 @@ class VerificationView(EventView):
         # does not name has the cell its class gives (Matrix.base) and no values there, so a
         # rank's signature is its class plus the rows where it departs from that: linear in
         # the cells rows name, not rows x ranks.
-        odd = [row for row in m.rows if row.differing or row.status != "same"]
+        odd = [row for row, status in zip(m.rows, self._statuses(), strict=True)
+               if row.differing or status != "same"]
         departs: dict[int, list[tuple[int, str]]] = {}
         for i, row in enumerate(odd):
             blank = "|" * max(len(row.differing) - 1, 0)
@@ -251,9 +262,10 @@ class VerificationView(EventView):
         rows = self.matrix.rows
         if len(rows) <= self.max_rows:
             return list(rows)
-        bad = [i for i, r in enumerate(rows) if r.status != "same"][: self.max_rows]
+        statuses = self._statuses()
+        bad = [i for i, status in enumerate(statuses) if status != "same"][: self.max_rows]
         room = self.max_rows - len(bad)
-        good = [i for i, r in enumerate(rows) if r.status == "same"][:room]
+        good = [i for i, status in enumerate(statuses) if status == "same"][:room]
         return [rows[i] for i in sorted(bad + good)]
 
     def _table(self) -> str:

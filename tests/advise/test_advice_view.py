@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+import pytest
 
-from ddpviz.advisor import CostModel, Line, advise
+from ddpviz.advisor import CostModel, Line, advise, timeline
 from ddpviz.widgets import Dashboard
 from ddpviz.widgets.advice_view import AdviceView
 from ddpviz.widgets.bucket_map import BucketMap
@@ -56,3 +57,18 @@ def test_the_tab_shows_why_it_cannot_advise() -> None:
     bad = Dashboard(events)
     assert bad.advice.compute() is None
     assert "ddpviz:" in bad.advice.message.value
+
+
+def test_the_tab_advises_from_the_dashboard_s_model_without_folding_the_trace_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = _trace(6)
+    d = Dashboard(trace)
+    expected = advise(trace)
+
+    def fold_again(_trace: object) -> None:
+        raise AssertionError("the advice tab folded the trace a second time")
+
+    monkeypatch.setattr(timeline, "model_of", fold_again)
+    advice = d.advice.compute()
+    assert advice is not None
+    assert [r.prediction for r in advice.rows] == [r.prediction for r in expected.rows]

@@ -38,19 +38,23 @@ def test_the_timeline_holds_every_rank_step_gradient_and_bucket(ddpviz_run: Trac
     n_params = len(timeline.params)
     for step in steady:
         for rank, rec in timeline.records[step].items():
-            assert rec.rank == rank and rec.complete
-            assert sorted(rec.ready_ns) == list(range(n_params))
-            assert rec.backward_start_ns is not None and rec.backward_end_ns is not None
-            assert rec.forward_ns <= rec.backward_start_ns <= min(rec.ready_ns.values())
-            assert [ln.bucket for ln in rec.launches] == list(range(len(rec.buckets)))
-            for ln in rec.launches:  # in-order launch, once the bucket's last gradient is in
-                members = rec.buckets[ln.bucket]
-                assert ln.t_ns >= max(rec.ready_ns[i] for i in members)
-                assert rec.done_ns[ln.bucket] >= ln.t_ns
-                assert ln.nbytes == sum(timeline.params[i].nbytes for i in members)
-            times = [ln.t_ns for ln in rec.launches]
+            assert timeline.complete(step, rank)
+            ready, buckets = timeline.ready(step, rank), timeline.buckets[step][rank]
+            assert sorted(ready) == list(range(n_params))
+            assert rec.backward is not None and rec.backward_end is not None
+            assert rec.forward is not None and rec.forward <= rec.backward <= min(ready.values())
+            assert list(rec.launched) == list(range(len(buckets)))
+            # in-order launch, once the bucket's last gradient is in
+            for b, (t, nbytes, _) in rec.launched.items():
+                members = buckets[b]
+                assert t >= max(ready[i] for i in members)
+                assert rec.done[b] >= t
+                assert nbytes == sum(timeline.params[i].nbytes for i in members)
+            times = [t for t, _, _ in rec.launched.values()]
             assert times == sorted(times)
-            assert max(rec.done_ns.values()) <= rec.backward_end_ns <= rec.next_forward_ns
+            next_forward = timeline.next_forward(step, rank)
+            assert next_forward is not None
+            assert max(rec.done.values()) <= rec.backward_end <= next_forward
 
 
 def test_replaying_the_current_setting_gives_the_recorded_map(ddpviz_run: Trace) -> None:

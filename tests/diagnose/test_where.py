@@ -12,6 +12,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ddpviz.engine import stack_text as st
 from ddpviz.engine import where as wh
 from ddpviz.engine import whereabouts as wa
 from ddpviz.engine.rendezvous import Board, Position, Scope
@@ -130,13 +131,13 @@ def test_a_sleeping_thread_is_read_with_its_line_and_the_plumbing_folded() -> No
     p = Parked(sleeper)
     p.wait_at("asleep")
     stack = wh.frames(p.frame())
-    text = wh.summary(stack)
+    text = st.summary(stack)
     assert text.startswith("tests/diagnose/test_where.py:"), text
     assert " in load_batch <- tests/diagnose/test_where.py:" in text and " in sleeper" in text
-    lines = wh.stack_lines(stack)
+    lines = st.stack_lines(stack)
     assert any("in load_batch: time.sleep(30)" in line for line in lines), lines
     assert lines[0].startswith("... ") and "stdlib" in lines[0]  # threading's frames, folded
-    assert len(lines) <= wh.MAX_SHOWN and all(len(line) <= wh.MAX_LINE for line in lines)
+    assert len(lines) <= st.MAX_SHOWN and all(len(line) <= st.MAX_LINE for line in lines)
 
 
 def test_a_deep_stack_is_bounded() -> None:
@@ -151,9 +152,9 @@ def test_a_deep_stack_is_bounded() -> None:
     p.wait_at("deep")
     stack = wh.frames(p.frame())
     assert len(stack) == wh.MAX_FRAMES
-    lines = wh.stack_lines(stack)
-    assert len(lines) == wh.MAX_SHOWN and any(" more lines" in line for line in lines)
-    assert len(wh.summary(stack)) <= wh.MAX_LINE
+    lines = st.stack_lines(stack)
+    assert len(lines) == st.MAX_SHOWN and any(" more lines" in line for line in lines)
+    assert len(st.summary(stack)) <= st.MAX_LINE
     p.go.set()
 
 

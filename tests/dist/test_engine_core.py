@@ -244,3 +244,46 @@ def test_engine_import_pulls_in_no_ui_modules() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def _storage_replaced(rank: int, world_size: int) -> dict[str, Any]:
+    """A parameter given new storage (set_) after construction: torch's DDP and ddpviz's on
+    the same model and inputs, and what each raises."""
+    from ddpviz import DistributedDataParallel
+
+    out: dict[str, Any] = {}
+    for name, cls in (("torch", nn.parallel.DistributedDataParallel),
+                      ("ours", DistributedDataParallel)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+        ddp = cls(model)
+        with torch.no_grad():
+            model[2].weight.set_(model[2].weight.detach().clone())
+        torch.manual_seed(rank)
+        x = torch.randn(3, 8)
+        out[name] = {"raised": None}
+        try:
+            for _ in range(2):
+                ddp(x).sum().backward()
+        except RuntimeError as e:
+            out[name] = {"raised": str(e)}
+        out[name]["grad_computed"] = model[2].weight.grad is not None
+    return out
+
+
+def test_a_parameter_given_new_storage_after_construction_is_named_with_the_cause() -> None:
+    # torch's reducer loses its hook on the parameter just as ddpviz's does and fails with
+    # "Expected to have finished reduction"; ddpviz says why, and that
+    # find_unused_parameters=True is not the fix
+    results = run_ranks(_storage_replaced, 2, timeout=90)
+    for rank, r in results.items():
+        assert r["torch"]["raised"] is not None, f"rank {rank}: torch did not fail"
+        assert r["torch"]["raised"].startswith("Expected to have finished reduction")
+        ours = r["ours"]["raised"]
+        assert ours is not None, f"rank {rank}: ddpviz did not fail"
+        assert ours.startswith("ddpviz: 1 of 4 parameters got no gradient on ranks 0,1")
+        line = next(x for x in ours.splitlines() if "'2.weight'" in x)
+        assert "its gradient was computed, but DDP's hook is no longer on it" in line
+        assert "not used in forward" not in ours
+        assert "Change parameters before wrapping the model" in ours.splitlines()[-1]
+        assert r["ours"]["grad_computed"] and r["torch"]["grad_computed"]

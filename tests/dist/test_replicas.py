@@ -111,7 +111,12 @@ def _train(rank: int, engine: str, defect: str, replicas: int | None, guard: boo
                 model.bn.running_var, 2.0)  # type: ignore[union-attr]
     if defect == "nosync" and rank == 1:  # the all-reduce rank 0 still waits for
         ddp(torch.randn(6, 8, generator=gen)).square().mean().backward()
-    return _finish(rank, check)
+    out = _finish(rank, check)
+    # the NaN check runs beside the replica check (both default on): a healthy run posts
+    # nothing to it either (tests/dist/test_nonfinite.py plants the defects)
+    out["nonfinite_posted"] = len(ddp._nf._post.bad if engine == "ddpviz" else
+                                  _KEEP[-1]._nf._post.bad)
+    return out
 
 
 def _wait_for_window(check: Any) -> None:
@@ -269,9 +274,12 @@ def healthy(rank: int, world_size: int) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_healthy_runs_report_nothing(world_size: int) -> None:
-    results = run_ranks(healthy, world_size, timeout=900)[0]
+    per_rank = run_ranks(healthy, world_size, timeout=900)
+    results = per_rank[0]  # rank 0 judges the replicas
     assert [r["found"] for r in results] == [[] for _ in HEALTHY]
     # every step was compared (the last one's parameters come with a forward that never ran)
     assert [r["compared"] for r in results] == [HEALTHY_STEPS - 1 for _ in HEALTHY]
+    for rank, rows in per_rank.items():
+        assert [r["nonfinite_posted"] for r in rows] == [0 for _ in HEALTHY], rank

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import ddpviz
-from ddpviz.launcher.private_dir import OWNER, PREFIX, PrivateDir, sweep_stale
+from ddpviz.private_dir import OWNER, PREFIX, PrivateDir, sweep_stale
 from tests.launch import rank_fns
 from tests.launch.processes import still_alive
 
@@ -62,7 +62,7 @@ def test_the_pool_meets_through_a_file_store_too() -> None:
 
 def test_directories_of_a_killed_owner_are_swept_on_the_next_start(tmp_path: Path) -> None:
     # A process makes a private directory and is killed with SIGKILL before removing it.
-    code = ("import sys, time; from ddpviz.launcher.private_dir import PrivateDir; "
+    code = ("import sys, time; from ddpviz.private_dir import PrivateDir; "
             f"d = PrivateDir({str(tmp_path)!r}); print(d.path, flush=True); time.sleep(600)")
     child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                              text=True)

@@ -1,10 +1,17 @@
 """Reading a rank's faulthandler dump: the launcher's own threads and frames are dropped, the
-main thread comes first, frames read like a traceback (most recent call last)."""
+main thread comes first, frames read like a traceback (most recent call last), formatted as the
+pulse thread's stacks are (engine/stack_text.py): torch's and the standard library's runs
+folded, bounded."""
 
 from __future__ import annotations
 
 import linecache
+import os
+import threading
 
+import torch
+
+from ddpviz.engine import stack_text
 from ddpviz.launcher.stacks import format_stack, parse
 
 DUMP = '''Thread 0x00007f22d613e6c0 (most recent call first):
@@ -38,10 +45,9 @@ def test_format_stack_adds_source_lines_the_kernel_knows() -> None:
     linecache.cache["<notebook cell 4>"] = (len(source), None, source.splitlines(True),
                                             "<notebook cell 4>")
     lines = format_stack(2, parse(DUMP))
-    assert lines[:3] == [
+    assert lines[:2] == [
         "[rank 2] Stack (most recent call last):",
-        '[rank 2]   File "<notebook cell 4>", line 2, in train_step',
-        "[rank 2]     dist.all_reduce(t)  # waits",
+        "[rank 2]   <notebook cell 4>:2 in train_step: dist.all_reduce(t)  # waits",
     ]
     assert "[rank 2] Another thread (most recent call last):" in lines
 
@@ -49,3 +55,18 @@ def test_format_stack_adds_source_lines_the_kernel_knows() -> None:
 def test_a_rank_with_only_launcher_frames_says_so() -> None:
     assert format_stack(0, parse(DUMP.split("\n\n")[0])) == [
         "[rank 0] (no Python frames outside ddpviz: starting up, or exiting)"]
+
+
+def test_torch_and_stdlib_frames_fold_into_one_line_each_and_the_stack_is_bounded() -> None:
+    c10d = os.path.join(os.path.dirname(torch.__file__), "distributed", "distributed_c10d.py")
+    frames = [("<notebook cell 9>", 2, "train_step"), (c10d, 3252, "all_reduce"),
+              (c10d, 80, "wrapper"), (threading.__file__, 320, "wait")]
+    assert format_stack(1, [frames]) == [
+        "[rank 1] Stack (most recent call last):",
+        "[rank 1]   <notebook cell 9>:2 in train_step",
+        "[rank 1]   ... 3 frames in stdlib, torch/distributed (innermost: wait)",
+    ]
+    deep = [("<notebook cell 9>", n, f"f{n}") for n in range(1, 41)]
+    lines = format_stack(1, [deep])
+    assert len(lines) == 1 + stack_text.MAX_SHOWN
+    assert lines[-1] == "[rank 1]   <notebook cell 9>:40 in f40"  # the innermost kept

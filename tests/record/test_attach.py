@@ -14,7 +14,9 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
+from ddpviz import follow
 from ddpviz.session import Session
+from ddpviz.tracefile import End
 from tests.dist.harness import free_port
 from tests.polling import eventually
 from tests.record.hooked import ROOT, hooked_python
@@ -116,3 +118,34 @@ def test_attach_mid_run_see_history_and_new_steps_detach_reattach(python: str,
     # The same job never attached ends with the same loss and the same parameters, bit for bit.
     plain, _ = finish(start(python, tmp_path / "plain", ""))
     assert attached == plain
+
+
+def test_ranks_seen_from_another_node_show_as_finished_by_their_files(
+        python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whether a writing process still runs is known only on its own machine; from another
+    # node only the file's end record (tracefile.py) can say that a rank is done.
+    monkeypatch.setattr(follow, "_writer_gone", lambda meta: False)
+    out, gate = tmp_path / "traces", tmp_path / "g3"
+    job = start(python, out, f"3:{gate}")
+    try:
+        assert eventually(lambda: reached(gate) or job.poll() is not None, LIMIT)
+        assert job.poll() is None, job.communicate()
+        session = ddpviz.listen(follow=out, show=False)
+        assert session.stats.closed == {}  # running: no rank is done
+        gate.touch()
+        finish(job)
+    except BaseException:
+        job.kill()
+        job.communicate()
+        raise
+    assert session.wait(ranks=2, timeout=LIMIT), session.stats
+    feed = session.collector
+    assert isinstance(feed, follow.FolderFeed)
+    received = session.stats.received
+    assert feed.ended == {r: End(r, received[r], 0) for r in (0, 1)}
+    assert all(sorted(forwards(session)[r]) == list(range(STEPS)) for r in (0, 1))
+    session.close()
+    diagnosed = subprocess.run([python, "-m", "ddpviz", "diagnose", str(out)], cwd=ROOT,
+                               env=job_env(), capture_output=True, text=True, timeout=LIMIT)
+    assert diagnosed.returncode == 0, diagnosed.stdout + diagnosed.stderr
+    assert "ddpviz: ranks 0,1 ended cleanly." in diagnosed.stdout.splitlines()

@@ -21,7 +21,8 @@ from ddpviz import follow
 from ddpviz.follow import FolderFeed, attach
 from ddpviz.session import Session
 from ddpviz.trace import Trace
-from ddpviz.tracefile import EVENTS, FRAME, TraceWriter
+from ddpviz.tracefile import EVENTS, FRAME, MAGIC, End, TraceWriter, read_end
+from ddpviz.transport import Sender
 from ddpviz.transport.codec import boot_id
 
 HOUR = 3600.0
@@ -324,3 +325,67 @@ def test_a_rank_whose_writer_exited_counts_as_finished(tmp_path: Path) -> None:
             f.write(FRAME.pack(EVENTS, len(payload), zlib.crc32(payload)) + payload)
         poll(session)
         assert session.stats.closed == {} and len(session.trace.events(0)) == 6
+
+
+def test_a_rank_whose_file_ends_with_its_end_record_is_finished_on_any_node(
+        tmp_path: Path, kept_open: bool) -> None:
+    # Rank 0 wrote through a Sender that closed (its file's end record); its writer, this
+    # process, still runs, as a rank on another node would seem to: only the record says it.
+    sender = Sender.to_file(tmp_path / name(0), 0)
+    for e in steps(0, 0, 2):
+        sender(e)
+    sender.flush()
+    with writer(tmp_path, 1) as w1:  # rank 1: killed, or still running: no end record
+        w1.write_many(steps(1, 0, 2))
+    with attached(tmp_path) as session:
+        feed = session.collector
+        assert isinstance(feed, FolderFeed)
+        assert session.stats.closed == {} and feed.ended == {}
+        sender.close()
+        poll(session)
+        assert session.stats.closed == {0: (6, 0)}
+        assert feed.ended == {0: End(0, 6, 0)}
+        assert session.wait(ranks=1, timeout=0) and not session.wait(ranks=2, timeout=0)
+        assert "(1 finished)" in repr(session)
+        assert [f.kind for f in ddpviz.diagnose(session)] == []
+    # Older readers skip the record (an unknown frame kind): the file loads as it did.
+    assert Trace.load(tmp_path / name(0)).events() == steps(0, 0, 2)
+    assert read_end(tmp_path / name(0)) == End(0, 6, 0)
+    assert read_end(tmp_path / name(1)) is None
+
+
+def test_an_end_record_naming_another_rank_is_not_this_files_end(tmp_path: Path) -> None:
+    with writer(tmp_path, 0) as w:
+        w.write_many(steps(0, 0, 1))
+        w.write_end(End(5, 3, 0))
+    with attached(tmp_path) as session:
+        assert session.stats.closed == {}
+        assert session.collector.ended == {}  # type: ignore[union-attr]
+
+
+def test_read_end_needs_a_whole_end_record_at_the_very_end(tmp_path: Path) -> None:
+    path = tmp_path / name(0)
+    with writer(tmp_path, 0) as w:
+        w.write_many(steps(0, 0, 1))
+        w.write_end(End(0, 3, 0, error="E" * 500))  # a long name is clipped: still found
+    assert read_end(path) == End(0, 3, 0, error="E" * 64)
+    data = path.read_bytes()
+    for cut in (1, 5, 20):
+        path.write_bytes(data[:-cut])  # torn: the writer died writing it
+        assert read_end(path) is None
+    path.write_bytes(data + b"\x00")  # something after it: not the end
+    assert read_end(path) is None
+    path.write_bytes(data[:len(MAGIC)])
+    assert read_end(path) is None
+
+
+def test_the_dashboard_of_an_attached_session_counts_ranks_that_ended(tmp_path: Path) -> None:
+    pytest.importorskip("ipywidgets")
+    with Sender.to_file(tmp_path / name(0), 0) as sender:
+        for e in steps(0, 0, 2):
+            sender(e)
+    with attached(tmp_path) as session:
+        board = session.dashboard()
+        board.refresh()
+        assert "1 of 1 ranks connected, 1 finished" in board.status_html.value
+        board.close()

@@ -4,6 +4,12 @@ findings, status; on runs with every kind of defect and clock offsets."""
 
 from __future__ import annotations
 
+import random
+
+import msgspec
+import numpy as np
+
+from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel, GradArray
 from ddpviz.trace import Trace
 from tests.diagnose.random_runs import random_run
@@ -54,3 +60,38 @@ def test_a_trace_step_keeps_its_hooks_as_columns_that_read_like_the_list() -> No
     assert [p for _, p, _ in rec.grads] == rec.grads.params.tolist()
     rec.grads.append((99, 1, 0))  # a live feed after the trace's: kept after the columns
     assert list(rec.grads)[-1] == (99, 1, 0) and len(rec.grads) == len(as_list) + 1
+
+
+def _steps_interleaved(seed: int) -> Trace:
+    """random_run's events with some of each rank's moved later (steps out of order in the
+    rank's rows: feed_table's argsort path), renumbered so arrival order is the new order."""
+    rng = random.Random(seed)
+    events = random_run(seed)
+    per_rank: dict[int, list[Event]] = {}
+    for e in events:
+        per_rank.setdefault(e.rank, []).append(e)
+    out: list[Event] = []
+    for evs in per_rank.values():
+        moved = [e for e in evs if rng.random() < 0.1]
+        kept = [e for e in evs if not any(e is m for m in moved)]
+        for e in moved:
+            kept.insert(rng.randint(0, len(kept)), e)
+        out += [msgspec.structs.replace(e, seq=i) for i, e in enumerate(kept)]
+    return Trace(out, clock={0: (55, 1), 2: (-9_000, 5)})
+
+
+def test_a_rank_whose_steps_interleave_folds_as_its_objects_do() -> None:
+    unsorted = 0
+    for seed in range(40):
+        trace = _steps_interleaved(seed)
+        unsorted += sum(not bool(np.all(t.step[1:] >= t.step[:-1]))
+                        for t in trace.columns().values())
+        a, b = models(trace)
+        assert a.rank_states() == b.rank_states(), seed
+        assert a.versions == b.versions and a.full_steps() == b.full_steps(), seed
+        for step in [-1, *a.steps]:
+            assert a.step_bounds(step) == b.step_bounds(step), (seed, step)
+            assert a.step_version(step) == b.step_version(step), (seed, step)
+            assert a.step_records(step) == b.step_records(step), (seed, step)
+        assert a.status()._replace(events_per_s=0) == b.status()._replace(events_per_s=0)
+    assert unsorted > 20  # the argsort path ran

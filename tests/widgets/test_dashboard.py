@@ -157,3 +157,22 @@ def test_feeding_by_hand_from_a_thread_updates_the_widgets() -> None:
 def test_an_unknown_source_is_refused_with_a_hint() -> None:
     with pytest.raises(TypeError, match="ddpviz: cannot show events from a int"):
         Dashboard(3)
+
+
+def test_opening_a_trace_folds_it_once_for_every_section(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    from ddpviz.model.event_model import EventModel
+    from ddpviz.trace import Trace
+
+    trace = Trace(synthetic_run(3, 6, 3))
+    tables: list[int] = []
+    objects: list[int] = []
+    feed_table, feed = EventModel.feed_table, EventModel.feed
+    monkeypatch.setattr(EventModel, "feed_table",
+                        lambda self, table: tables.append(table.rank) or feed_table(self, table))
+    monkeypatch.setattr(EventModel, "feed",
+                        lambda self, events: objects.append(1) or feed(self, events))
+    d = Dashboard(trace)
+    assert sorted(tables) == [0, 1, 2] and objects == []  # one model, each rank folded once
+    assert {part.model for part in (d.verification, d.broadcast, d.buckets, d.timeline,
+                                    d.replicas)} == {d.model}

@@ -4,11 +4,16 @@ rank, a rank not heard from yet, buffers, grouped columns and a model too big to
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ddpviz import events as ev
 from ddpviz.events import Mismatch
+from ddpviz.model.event_model import EventModel
+from ddpviz.model.verification_matrix import Matrix, build_matrix
 from ddpviz.widgets import VerificationView
+from ddpviz.widgets.verification_view import GLYPHS
 from tests.widgets.streams import Plant, synthetic_run
 
 
@@ -130,3 +135,94 @@ def test_at_256_ranks_one_rank_with_another_shape_makes_two_columns() -> None:
     v.select("2.weight", 128)
     assert "▶ rank 128: " in v.details_html.value and "ranks 0-127,129-255: " in \
         v.details_html.value
+
+
+def _plain(matrix: Matrix) -> list[tuple[object, ...]]:
+    return [(r.kind, r.position, r.name, dict(r.known),
+             {k: dict(v) for k, v in r.values.items()}, r.differing, r.counts, dict(r.base),
+             r.ranks, r.status, r.cells, tuple(r.ranks_with(c) for c in GLYPHS))
+            for r in matrix.rows]
+
+
+def _variant(rng: random.Random, params: list[ev.ParamInfo]) -> list[ev.ParamInfo]:
+    """`params` with at most one defect a rank can have (or a copy of the same list)."""
+    out = list(params)
+    i = rng.randrange(len(out))
+    what = rng.choice(["copy", "shape", "dtype", "device", "missing", "extra", "duplicate"])
+    p = out[i]
+    if what == "shape":
+        out[i] = ev.ParamInfo(p.index, p.name, (rng.randint(1, 3), 7), p.dtype, p.device, False)
+    elif what == "dtype":
+        out[i] = ev.ParamInfo(p.index, p.name, p.shape, "bfloat16", p.device, False)
+    elif what == "device":  # the matrix compares the device type only: cuda:1 == cuda:0
+        out[i] = ev.ParamInfo(p.index, p.name, p.shape, p.dtype,
+                              rng.choice(["cuda:1", "meta"]), False)
+    elif what == "missing":
+        del out[i]
+        out = [ev.ParamInfo(j, q.name, q.shape, q.dtype, q.device, False)
+               for j, q in enumerate(out)]
+    elif what == "extra":
+        out.append(ev.ParamInfo(len(out), f"extra{rng.randrange(3)}", (2,), "float32", "cpu",
+                                False))
+    elif what == "duplicate":
+        out.append(ev.ParamInfo(len(out), p.name, (9,), "float32", "cpu", False))
+    return out
+
+
+def _constructor(rng: random.Random, world: int) -> list[ev.Event]:
+    params = [ev.ParamInfo(i, f"l{i // 2}.{'bias' if i % 2 else 'weight'}", (4, 4 + i % 3),
+                           "float32", "cuda:0", False) for i in range(rng.randint(1, 8))]
+    kinds = [params] + [_variant(rng, params) for _ in range(rng.choice([1, 3, 12]))]
+    buffer_sets = [("bn.mean",), ("bn.mean", "bn.var"), ()]
+    events: list[ev.Event] = []
+    reporting = [r for r in range(world) if rng.random() < 0.9]
+    outcome = rng.choice(["none", "passed", "failed", "failed"])
+    mismatches: list[Mismatch] = []
+    for _ in range(rng.randint(1, 4)):
+        p = rng.choice(params)
+        field = rng.choice(["shape", "present", "stride", "order"])
+        bad = tuple(sorted(rng.sample(range(world), min(world, rng.randint(1, 2)))))
+        good = tuple(r for r in range(world) if r not in bad)
+        value = "missing" if field == "present" else f"v{rng.randrange(3)}"
+        mismatches.append(Mismatch(rng.choice(["param", "param", "buffer"]), p.index,
+                                   rng.choice([p.name, "bn.mean", "ghost"]), field,
+                                   (("ok", good), (value, bad))))
+    if rng.random() < 0.3:
+        mismatches.append(Mismatch("count", -1, "parameters", "count",
+                                   (("8", tuple(range(world - 1))), ("7", (world - 1,)))))
+    shared = [tuple(k) for k in kinds]  # one list object per variant, as a trace keeps it
+    for r in reporting:
+        k = rng.randrange(len(shared)) if rng.random() < 0.5 else 0
+        listed = shared[k] if rng.random() < 0.8 else tuple(list(shared[k]))  # equal copy
+        events.append(ev.ParamsBuilt(r, -1, 10 + r, 0, listed, rng.choice(buffer_sets), ()))
+        events.append(ev.VerificationStarted(r, -1, 20 + r, 1, world, len(listed), 0))
+        if outcome == "passed" and rng.random() < 0.8:
+            events.append(ev.VerificationPassed(r, -1, 30 + r, 2, world, "abc"))
+        elif outcome == "failed" and rng.random() < 0.8:
+            events.append(ev.VerificationFailed(r, -1, 30 + r, 2, world, tuple(mismatches)))
+    return events
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_rows_built_by_rank_class_equal_the_rows_built_rank_by_rank(seed: int) -> None:
+    rng = random.Random(seed)
+    world = rng.choice([1, 2, 3, 5, 12, 20])
+    model = EventModel()
+    model.feed(_constructor(rng, world))
+    states = model.construction()
+    fast = build_matrix(states, model.world_size)
+    slow = build_matrix(states, model.world_size, grouped=False)
+    assert _plain(fast) == _plain(slow)
+    assert fast._replace(rows=()) == slow._replace(rows=())
+
+
+def test_a_healthy_run_is_one_rank_class_and_its_rows_share_their_values() -> None:
+    model = EventModel()
+    model.feed(synthetic_run(40, 30, 1))
+    matrix = build_matrix(model.construction(), model.world_size)
+    row = matrix.rows[3]
+    assert row.known == dict.fromkeys(range(40), "same") and len(row.values) == 40
+    assert row.values[0] is row.values[39]  # one dict for the class, not one per rank
+    assert row.known.get(40) is None and 40 not in row.values and 39 in row.values
+    with pytest.raises(KeyError):
+        row.values[40]

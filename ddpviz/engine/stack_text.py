@@ -1,0 +1,119 @@
+"""A Python stack as text for people: the user's frames with their source lines, ddpviz's,
+torch's and the standard library's plumbing folded into one line per run, bounded. One
+formatter for every stack ddpviz shows: the pulse thread's (where.py: a rank's training thread
+read from another thread, for hang findings) and the launcher's (launcher/stacks.py: a rank's
+faulthandler dump, when `launch()` stops a hung rank). Imports neither torch nor anything of
+ddpviz (the launcher's notebook side uses it without torch): torch's folder is found, not
+imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import linecache
+import os
+from typing import NamedTuple
+
+MAX_SHOWN = 16  # lines of a formatted stack
+MAX_LINE = 200  # characters of one line
+
+
+def _torch_dir() -> str:
+    spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.join(places[0], "") if places else os.sep + "\0"  # no torch: nothing is
+
+
+_TORCH = _torch_dir()
+_DDPVIZ = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+# decorators' and dispatchers' frames, which say nothing about where a thread is
+GENERIC = frozenset({"wrapper", "inner", "_fn", "decorate_context", "_wrapped_call_impl",
+                     "_call_impl", "<lambda>"})
+
+
+class Frame(NamedTuple):
+    file: str
+    line: int
+    func: str
+
+
+def owner(file: str) -> str | None:
+    """Whose plumbing a frame's file is ("torch/distributed", "ddpviz", "stdlib"), or None for
+    the user's code (a framework in site-packages counts as the user's: it runs the loop)."""
+    if file.startswith(_DDPVIZ):
+        return "ddpviz"
+    if file.startswith(_TORCH):
+        parts = file[len(_TORCH):].split(os.sep)
+        return "torch/" + parts[0] if len(parts) > 1 else "torch"
+    if file.startswith("<frozen") or (file.startswith(_STDLIB)
+                                      and "-packages" + os.sep not in file):
+        return "stdlib"
+    return None
+
+
+def clip(text: str, limit: int = MAX_LINE) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def where(f: Frame) -> str:
+    """'train.py:57 in load_batch' (a path under the current folder relative to it)."""
+    path = f.file
+    if os.path.isabs(path):
+        with_cwd = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        path = with_cwd
+    return f"{path}:{f.line} in {f.func}"
+
+
+def summary(stack: list[Frame]) -> str:
+    """One line, the user's frames innermost first: "train.py:57 in load_batch <- train.py:80
+    in main", then where inside the plumbing it waits ("; inside torch/distributed:
+    barrier")."""
+    if not stack:
+        return "no Python frames (the thread is starting or exiting)"
+    user = [f for f in stack if owner(f.file) is None]
+    shown = " <- ".join(where(f) for f in user[:3]) + (" <- ..." if len(user) > 3 else "")
+    inner = owner(stack[0].file)
+    inside = ""
+    if inner is not None:
+        # the outermost plumbing frame called from the innermost user frame says what it is
+        first = next((i for i, f in enumerate(stack) if owner(f.file) is None), len(stack))
+        named = [f for f in reversed(stack[:first]) if f.func not in GENERIC]
+        entry = named[0] if named else stack[first - 1]
+        inside = f"inside {owner(entry.file)}: {entry.func}"
+    if not shown:
+        return clip(inside or where(stack[0]))
+    if not inside:
+        return clip(shown)
+    inside = clip(inside, MAX_LINE // 2)  # kept whole: where it waits matters most
+    return f"{clip(shown, MAX_LINE - len(inside) - 2)}; {inside}"
+
+
+def stack_lines(stack: list[Frame]) -> list[str]:
+    """Traceback-like lines of a stack given innermost first, most recent call last: the
+    user's frames with their source line, each run of plumbing folded into one line; at most
+    MAX_SHOWN lines."""
+    lines: list[str] = []
+    run: list[Frame] = []
+
+    def fold() -> None:
+        if run:
+            owners = sorted({str(owner(f.file)) for f in run})
+            inner = run[-1]
+            lines.append(clip(f"... {len(run)} frame{'s' if len(run) > 1 else ''} in "
+                              f"{', '.join(owners)} (innermost: {inner.func})"))
+            run.clear()
+
+    for f in reversed(stack):
+        if owner(f.file) is not None:
+            run.append(f)
+            continue
+        fold()
+        source = linecache.getline(f.file, f.line).strip()
+        lines.append(clip(f"{where(f)}: {source}" if source else where(f)))
+    fold()
+    if len(lines) > MAX_SHOWN:
+        keep = MAX_SHOWN - 3
+        lines = [*lines[:2], f"... {len(lines) - 2 - keep} more lines", *lines[-keep:]]
+    return lines
