@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._ranks import free_port  # noqa: E402
 from benchmarks.bench_scale import generate  # noqa: E402
 from ddpviz.follow import attach  # noqa: E402
-from ddpviz.trace import Trace, TraceWriter  # noqa: E402
+from ddpviz.trace import Trace  # noqa: E402
+from ddpviz.tracefile import TraceWriter  # noqa: E402
 from tests.record.hooked import hooked_python  # noqa: E402
 
 JOB = ROOT / "benchmarks" / "_attach_job.py"

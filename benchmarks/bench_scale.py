@@ -22,10 +22,14 @@ seconds of plotly -> nbformat -> jsonschema here) is printed on its own line, no
 `--file PATH` runs the stages on an existing trace instead of generating one; `--stages`
 picks stages (`--stages dashboard` measures load + first paint alone, so the peak RSS printed
 is theirs).
+`--load FILE,...` times only `Trace.load` of existing traces, each load in a fresh child
+process (CPU s, wall s and the child's peak RSS); with `--against ROOT` (another checkout, e.g.
+main's worktree) its loader runs too, interleaved with this one's, for a before/after table.
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 64x1000x20,256x10000x5] [--keep DIR]
     PYTHONPATH=. python benchmarks/bench_scale.py --file /work/scale/scale-64x1000x20.ddpviz \
         --stages dashboard
+    PYTHONPATH=. python benchmarks/bench_scale.py --load A.ddpviz,B.ddpviz [--against ROOT]
 """
 
 from __future__ import annotations
@@ -35,9 +39,12 @@ import contextlib
 import ctypes
 import functools
 import gc
+import json
 import os
 import random
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -206,7 +213,10 @@ def run_file(path: Path, chosen: tuple[str, ...], folder: Path, how: str = "",
     print(f"\n## {label}: {n:,} events, file {path.stat().st_size / 2**20:,.0f} MiB "
           f"({how or path}); load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs\n")
-    rows = [("Trace.load", load_s, ""), *stages(trace, folder, chosen)]
+    cpu, wall, peak, _ = load_in_child(ROOT, path)
+    rows = [("Trace.load", load_s, ""),
+            ("Trace.load (fresh process)", (wall, cpu), f"peak RSS {peak:,.0f} MiB"),
+            *stages(trace, folder, chosen)]
     print("| stage | wall s | events/s | CPU s | events/CPU-s | note |")
     print("|---|---|---|---|---|---|")
     for name, (wall, cpu), note in rows:
@@ -280,16 +290,71 @@ def stages(trace: Trace, folder: Path, chosen: tuple[str, ...] = STAGES) -> list
     return rows
 
 
+ROOT = Path(__file__).resolve().parents[1]
+_LOAD_CHILD = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from ddpviz.trace import Trace
+cpu, wall = time.process_time(), time.perf_counter()
+trace = Trace.load(sys.argv[2])
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+print(json.dumps([cpu, wall, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  len(trace)]))
+"""
+
+
+def load_in_child(root: Path, path: Path) -> tuple[float, float, float, int]:
+    """(CPU s, wall s, peak RSS MiB, events) of `Trace.load(path)` with the ddpviz of `root`,
+    in a fresh process (its peak RSS is the load's: the interpreter and imports, then the
+    trace)."""
+    proc = subprocess.run([sys.executable, "-c", _LOAD_CHILD, str(root), str(path)],
+                          capture_output=True, text=True, check=True, cwd=root,
+                          env=dict(os.environ, PYTHONPATH=str(root)))
+    cpu, wall, peak, n = json.loads(proc.stdout.strip().splitlines()[-1])
+    return cpu, wall, peak, n
+
+
+def compare_loads(paths: list[Path], against: Path | None, repeat: int) -> None:
+    """`Trace.load` of each trace by this checkout (and by `against`), interleaved runs."""
+    roots = [("this", ROOT)] + ([("against", against)] if against else [])
+    print(f"Trace.load, median of {repeat} interleaved runs, each in a fresh process; load "
+          f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print("| trace | events | loader | CPU s | wall s | peak RSS MiB | events/CPU-s |")
+    print("|---|---|---|---|---|---|---|")
+    for path in paths:
+        runs: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name, _ in roots}
+        for _ in range(repeat):
+            for name, root in roots:
+                runs[name].append(load_in_child(root, path))
+        cpus = {}
+        for name, _ in roots:
+            cpu, wall, peak = (statistics.median(r[i] for r in runs[name]) for i in range(3))
+            n = runs[name][0][3]
+            cpus[name] = cpu
+            print(f"| {path.name} | {n:,} | {name} | {cpu:.2f} | {wall:.2f} | {peak:,.0f} | "
+                  f"{n / cpu / 1e6:.2f}M |")
+        if against:
+            print(f"| {path.name} | | against/this CPU | {cpus['against'] / cpus['this']:.1f}x "
+                  "| | | |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="64x1000x20,256x10000x5")
     parser.add_argument("--keep", type=Path, default=None, help="write the traces here")
+    parser.add_argument("--load", default=None, help="time only Trace.load of these traces")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="with --load: also another checkout's loader (e.g. main's)")
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--file", type=Path, action="append", default=[],
                         help="run the stages on this existing trace (repeatable; no --sizes "
                              "then)")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma-separated, of {','.join(STAGES)} (Trace.load always runs)")
     args = parser.parse_args()
+    if args.load:
+        compare_loads([Path(p) for p in args.load.split(",")], args.against, args.repeat)
+        return
     chosen = tuple(x.strip() for x in args.stages.split(",") if x.strip())
     unknown = sorted(set(chosen) - set(STAGES))
     if unknown:

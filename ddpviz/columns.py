@@ -22,7 +22,7 @@ Events are added in batches (a decoded frame, a wire message) and sealed into co
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -30,6 +30,9 @@ import numpy as np
 from ddpviz import events as ev
 from ddpviz.events import E, Event
 from ddpviz.limits import LimitError
+
+if TYPE_CHECKING:
+    from ddpviz.framecolumns import EventColumns
 
 # Every event type, by code (the `kind` column). Append only: codes are not stored in files.
 KINDS: tuple[type[Event], ...] = (
@@ -233,6 +236,44 @@ class RankColumns:
             raise
         self._blocks.append(block)
         self._n_sealed += len(pending)
+
+    def add_columns(self, block: EventColumns, rows: np.ndarray | None) -> None:
+        """This rank's events of a block decoded straight into columns (`rows`, increasing, or
+        all of them), after the events added before."""
+        self.seal()
+        n = len(block) if rows is None else len(rows)
+        if not n:
+            return
+        cols = [block.kind, block.step, block.t, block.seq, block.a, block.b, block.s]
+        if rows is not None:
+            cols = [c[rows] for c in cols]
+        kind, step, t, seq, a, b, s = cols
+        if block.strings:
+            # interned in order of first use, as `_convert` does
+            used, at = np.unique(s[s >= 0], return_index=True)
+            mine = np.full(len(block.strings) + 1, -1, dtype=np.int32)
+            for i in used[np.argsort(at)].tolist():
+                mine[i] = self._intern(block.strings[i])
+            s = mine[s]  # -1 (none) picks the last entry, -1
+        start = self._n_sealed
+        if block.rare:
+            a, b = a.copy(), b.copy()
+            share = self._shared.share
+            for row, e in block.rare.items():
+                if rows is None:
+                    i = row
+                else:
+                    i = int(np.searchsorted(rows, row))
+                    if i == n or rows[i] != row:
+                        continue  # another rank's
+                field_a, field_b, _ = _FIELDS.get(type(e), (None, None, None))
+                if field_a is not None:
+                    a[i] = getattr(e, field_a)
+                if field_b is not None:
+                    b[i] = getattr(e, field_b)
+                self.objects[start + i] = share(e)
+        self._blocks.append((kind, step, t, seq, a, b, s))
+        self._n_sealed += n
 
     def _intern(self, value: str) -> int:
         i = self._string_index.get(value)

@@ -27,13 +27,12 @@ import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ddpviz import limits
-from ddpviz.events import ANY_EVENT, Event, EventsDropped
-from ddpviz.trace import gc_paused, read_header, wall_offset
+from ddpviz.events import Event, EventsDropped
+from ddpviz.trace import gc_paused
 from ddpviz.tracefile import (
     CLOCK,
     END,
@@ -41,10 +40,13 @@ from ddpviz.tracefile import (
     FRAME,
     MAGIC,
     SUFFIX,
-    Clock,
     End,
     TraceError,
+    decode_clock,
     decode_end,
+    decode_events,
+    read_header,
+    wall_offset,
 )
 from ddpviz.transport.codec import boot_id
 from ddpviz.transport.collector import CollectorStats, deliver, warn_callback_error
@@ -74,8 +76,6 @@ READ_BUDGET = 64 << 20  # bytes read from one file per poll, so one huge file ca
 MAX_OPEN = 256
 _NAME = re.compile(r"ddpviz-trace-rank(\d+)" + re.escape(SUFFIX))
 _PATTERN = f"ddpviz-trace-rank*{SUFFIX}"
-_decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
-_decode_clock = msgspec.msgpack.Decoder(Clock).decode
 
 
 class FileTail:
@@ -208,15 +208,14 @@ class FileTail:
     def _take(self, kind: int, payload: bytes, where: int, out: list[list[Event]]) -> None:
         try:
             if self.meta is None:
-                self.meta = read_header(self.path, kind, payload)
+                self.meta = read_header(self.path, kind, payload).meta
             elif kind == EVENTS:
-                chunk = cast("list[Event]", _decode_events(payload))
-                limits.check_events(chunk)
+                chunk = decode_events(payload)
                 if chunk:
                     out.append(chunk)
                     self.events += len(chunk)
             elif kind == CLOCK:
-                c = _decode_clock(payload)
+                c = decode_clock(payload)
                 self.clock[c.rank] = (c.offset_ns, c.error_ns)
             elif kind == END:
                 end = decode_end(payload)

@@ -22,7 +22,7 @@ from pathlib import Path
 from ddpviz.engine.detail import ENV_RECORDING, Recording
 from ddpviz.engine.watchdog import ENV_HANG_TIMEOUT
 from ddpviz.session import ENV_CONNECT, ENV_TRACE_DIR
-from ddpviz.trace import SUFFIX
+from ddpviz.tracefile import SUFFIX
 
 ENV_RECORD = "DDPVIZ_RECORD"
 HOOK = "ddpviz_autowatch.pth"

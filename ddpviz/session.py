@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from ddpviz import events
 from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
-from ddpviz.trace import SUFFIX, Trace, TraceWriter
+from ddpviz.trace import Trace
+from ddpviz.tracefile import SUFFIX, TraceWriter
 from ddpviz.transport.codec import parse_connect_string
 from ddpviz.transport.collector import (
     END_OF_STREAM,

@@ -15,42 +15,34 @@ import gc
 import operator
 import os
 import threading
-import warnings
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, cast, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import msgspec
+import numpy as np
 
-from ddpviz import limits
 from ddpviz.atomic import replacing
-from ddpviz.columns import RankColumns, Shared, Table, by_rank
-from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, E, Event
+from ddpviz.columns import CODE, RankColumns, Shared, Table, by_rank
+from ddpviz.events import E, Event
 from ddpviz.model.spans import Span, table_spans
+from ddpviz.tracefile import (
+    Clock,
+    EventColumns,
+    FileHeader,
+    Torn,
+    TraceError,
+    TraceWriter,
+    read_trace,
+    wall_offset,
+)
 
-# The file format and writer live in tracefile.py (imported by transport/ too); the names the
-# reader below uses are kept here under their old spellings.
-from ddpviz.tracefile import CLOCK as _CLOCK
-from ddpviz.tracefile import EVENTS as _EVENTS
-from ddpviz.tracefile import FORMAT_VERSION as FORMAT_VERSION
-from ddpviz.tracefile import FRAME as _FRAME
-from ddpviz.tracefile import HEADER as _HEADER
-from ddpviz.tracefile import MAGIC as _MAGIC
-from ddpviz.tracefile import SUFFIX as SUFFIX
-from ddpviz.tracefile import Clock as _Clock
-from ddpviz.tracefile import FileHeader as _FileHeader
-from ddpviz.tracefile import Format as _Format
-from ddpviz.tracefile import TraceError as TraceError
-from ddpviz.tracefile import TraceWriter as TraceWriter
-from ddpviz.tracefile import check_past_end
+__all__ = ["Trace", "TraceError", "gc_paused"]
 
 if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
 
 _CHUNK = 8192  # events per frame when saving a whole trace
 _RANK = operator.attrgetter("rank")
-_WHOLE_BELOW = 64 << 20  # smaller files are read whole; bigger ones frame by frame
 
 
 class Trace:
@@ -265,7 +257,7 @@ class Trace:
 
         A torn last frame (the writer died mid-write, or is still writing) is skipped with a
         warning and `truncated` is set; every complete frame before it is kept. Files under
-        64 MiB are read whole, bigger ones frame by frame.
+        64 MiB are read whole, bigger ones 16 MiB at a time (see tracefile.read_trace).
 
         Args:
             path: the `.ddpviz` file.
@@ -277,33 +269,7 @@ class Trace:
             TraceError: not a trace, a corrupt or hostile frame (checksum, limits), another
                 format or schema version, or the file shrank while it was being read.
         """
-        path = Path(path)
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < _WHOLE_BELOW:
-                return cls.from_bytes(f.read(), path)
-            # A big file is read frame by frame (frames are small), never whole onto the heap.
-            # Not mapped: a mapped file that shrinks under the parse (a new `ddpviz record`
-            # truncating it, a file on NFS rewritten by another node) kills the process with
-            # SIGBUS; a short read here is a TraceError.
-            fd = f.fileno()
-            if os.pread(fd, len(_MAGIC), 0) != _MAGIC:
-                _not_a_trace(path)
-
-            def read(pos: int, n: int) -> bytes:
-                n = min(n, size - pos)  # a declared length never sizes more than the file
-                got = os.pread(fd, n, pos)
-                if len(got) < n:
-                    now = os.fstat(fd).st_size
-                    raise TraceError(
-                        f"ddpviz: {str(path)!r} changed while it was being read: it was "
-                        f"{size:,} bytes, a read at byte {pos:,} found {now:,} (another "
-                        "process truncated or rewrote it).\nLoad it again once the writer "
-                        "is done, or load a copy.")
-                return got
-
-            with gc_paused():
-                return cls._parse(read, size, path)
+        return cls._read(Path(path), None)
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str | os.PathLike[str] = "<bytes>") -> Trace:
@@ -319,71 +285,41 @@ class Trace:
         Raises:
             TraceError: as for `load`.
         """
-        path = Path(path)
-        if data[:len(_MAGIC)] != _MAGIC:
-            _not_a_trace(path)
-        view = memoryview(data)
-        with gc_paused():
-            return cls._parse(lambda pos, n: view[pos:pos + n], len(data), path)
+        return cls._read(Path(path), data)
 
     @classmethod
-    def _parse(cls, read: Callable[[int, int], bytes | memoryview], end: int,
-               path: Path) -> Trace:
-        """The frames after the magic; `read(pos, n)` gives at most n bytes from pos (fewer
-        only at the end)."""
-        decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
-        decode_clock = msgspec.msgpack.Decoder(_Clock).decode
-        pos = len(_MAGIC)
-        trace: Trace | None = None
-        clock: dict[int, tuple[int, int]] = {}
-        while pos < end:
-            where = pos
-            if end - pos < _FRAME.size:
-                if trace is None:
-                    break  # no header frame: TraceError below
-                _torn(path, where, "a frame header is cut short")
-                trace = trace or cls()
-                trace.truncated = True
-                break
-            kind, length, crc = _FRAME.unpack(read(pos, _FRAME.size))
-            pos += _FRAME.size
-            payload = read(pos, length)
-            pos += length
-            last = pos >= end
-            if len(payload) < length or zlib.crc32(payload) != crc:
-                if last and trace is not None:
-                    trace.clock.update(clock)  # (for a partial trace in the error below)
-                    check_past_end(path, where, length, end - where - _FRAME.size, trace)
-                    _torn(path, where, "the last frame is incomplete")
-                    trace = trace or cls()
+    def _read(cls, path: Path, data: bytes | None) -> Trace:
+        """The trace of what tracefile.read_trace yields (the file format is tracefile.py's)."""
+        trace = cls()
+        with gc_paused():
+            for record in read_trace(path, data, partial=lambda: trace, codes=CODE):
+                if isinstance(record, list):
+                    trace.extend(record)  # into columns now: the objects go with the chunk
+                elif isinstance(record, EventColumns):
+                    trace._add_columns(record)
+                elif isinstance(record, Clock):
+                    trace.clock[record.rank] = (record.offset_ns, record.error_ns)
+                elif isinstance(record, FileHeader):
+                    trace.meta = record.meta
+                elif isinstance(record, Torn):
                     trace.truncated = True
-                    break
-                what = "fails its checksum" if trace is not None else (
-                    "is not a complete header frame (garbage after the magic?)")
-                raise TraceError(f"ddpviz: {str(path)!r} is corrupt: frame at byte {where} "
-                                 f"{what}.\nThe file was modified after writing; "
-                                 "restore it from the original run.")
-            try:
-                if trace is None:
-                    trace = cls(meta=read_header(path, kind, payload))
-                elif kind == _EVENTS:
-                    chunk = cast("list[Event]", decode_events(payload))
-                    limits.check_events(chunk)
-                    trace.extend(chunk)  # into columns now: the objects go with the chunk
-                elif kind == _CLOCK:
-                    c = decode_clock(payload)
-                    clock[c.rank] = (c.offset_ns, c.error_ns)
-                # other kinds: records from a later minor format; skip them
-            except (msgspec.MsgspecError, ValueError, RecursionError) as e:
-                raise TraceError(f"ddpviz: {str(path)!r}: frame at byte {where} does not "
-                                 f"decode within ddpviz's limits: {e}.\nThe file is damaged, "
-                                 "hostile, or was written by an incompatible ddpviz (limits: "
-                                 "ddpviz/limits.py).") from None
-        if trace is None:
-            raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
-                             "The writer died before writing anything; rerun the job.")
-        trace.clock.update(clock)
         return trace
+
+    def _add_columns(self, block: EventColumns) -> None:
+        """Events decoded straight into columns, in file order (any ranks)."""
+        rank = block.rank
+        if not len(rank):
+            return
+        if rank[0] == rank[-1] and bool(np.all(rank == rank[0])):
+            with self._lock:
+                self._rank_columns(int(rank[0])).add_columns(block, None)
+            return
+        order = np.argsort(rank, kind="stable")
+        ranks, starts = np.unique(rank[order], return_index=True)
+        bounds = [*starts.tolist(), len(order)]
+        with self._lock:
+            for i, r in enumerate(ranks.tolist()):
+                self._rank_columns(r).add_columns(block, order[bounds[i]:bounds[i + 1]])
 
     @classmethod
     def merge(cls, traces: Iterable[Trace]) -> Trace:
@@ -484,61 +420,3 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _not_a_trace(path: Path) -> NoReturn:
-    raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {_MAGIC!r} magic at "
-                     "its start).\nPass a file written by Trace.save, TraceWriter or "
-                     "ddpviz.connect().")
-
-
-def read_header(path: Path, kind: int, payload: bytes | memoryview) -> dict[str, Any]:
-    """The metadata of a file's header frame (also ddpviz/follow.py's), versions checked."""
-    if kind != _HEADER:
-        raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
-                         "is damaged; restore it from the original run.")
-    fmt = msgspec.msgpack.decode(payload, type=_Format).format
-    if fmt != FORMAT_VERSION:
-        raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
-                         f"format {FORMAT_VERSION}.\nUse the ddpviz version that wrote it.")
-    header = msgspec.msgpack.decode(payload, type=_FileHeader)
-    limits.check_meta(header.meta)
-    if header.schema != SCHEMA_VERSION:
-        raise TraceError(f"ddpviz: {str(path)!r} holds event schema {header.schema}; this "
-                         f"ddpviz reads schema {SCHEMA_VERSION}.\nUse the ddpviz version that "
-                         "wrote it.")
-    return header.meta
-
-
-def _torn(path: Path, where: int, what: str) -> None:
-    warnings.warn(f"ddpviz: {str(path)!r} ends in a torn frame at byte {where} ({what}); "
-                  "the writer stopped mid-write, or is still writing (a running job).\n"
-                  "Everything before it was loaded; a running job's later events are in the "
-                  "file once written (`ddpviz.listen(follow=DIR)` follows them live).",
-                  UserWarning, stacklevel=5)
-
-
-_MAX_CLOCK_NS = 100 * 365 * 86400 * 10**9  # wall and monotonic clocks in a file's meta
-_MAX_WALL_OFFSET_NS = 10 * 365 * 86400 * 10**9  # two hosts' boot times differ by less
-
-
-def wall_offset(meta: dict[str, Any], ref: dict[str, Any]) -> tuple[int, int]:
-    """(offset, error) of a per-rank file's clock onto the reference file's clock. The meta is
-    untrusted: an absurd clock (which would overflow the timeline's int64 times) is ignored,
-    with a note, and the file is left unaligned."""
-    if meta.get("boot") and meta.get("boot") == ref.get("boot"):
-        return (0, 0)  # same kernel: same monotonic clock
-    keys = ("wall_ns", "mono_ns")
-    if not all(type(m.get(k)) is int for m in (meta, ref) for k in keys):
-        return (0, -1)  # unknown
-    offset = (meta["wall_ns"] - meta["mono_ns"]) - (ref["wall_ns"] - ref["mono_ns"])
-    if (any(not 0 <= m[k] <= _MAX_CLOCK_NS for m in (meta, ref) for k in keys)
-            or abs(offset) > _MAX_WALL_OFFSET_NS):
-        warnings.warn(f"ddpviz: ignoring the clocks in a merged file's metadata (rank "
-                      f"{str(meta.get('rank'))[:20]}: wall_ns={str(meta['wall_ns'])[:24]}, "
-                      f"mono_ns={str(meta['mono_ns'])[:24]}): they are out of any real "
-                      "range, so its events are not aligned with the other files' (offset 0)."
-                      "\nThe file is damaged or hostile; its events are kept as recorded.",
-                      UserWarning, stacklevel=3)
-        return (0, -1)
-    return (offset, -1)

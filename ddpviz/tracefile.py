@@ -4,23 +4,27 @@ A `.ddpviz` file is data only (msgpack through msgspec's typed decoders, never p
 8-byte magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | payload`. The first
 frame is the header (format and event-schema versions, metadata); then event chunks and clock
 records in any order. `TraceWriter` appends and flushes frame by frame, so a writer that dies
-mid-run leaves every flushed frame loadable. Reading (and the `Trace` container) is trace.py's;
-this module imports only the vocabulary, so `transport/` can write files without it.
+mid-run leaves every flushed frame loadable; `read_trace` walks the frames of a file (the
+`Trace` container, trace.py, is built from what it yields), keeps the complete frames before a
+torn last one with a warning, and raises TraceError on anything else. This module imports only
+the vocabulary, so `transport/` can write files without the rest of ddpviz.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import warnings
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, NoReturn, cast
 
 import msgspec
 
 from ddpviz import limits
-from ddpviz.events import SCHEMA_VERSION, Event
+from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
+from ddpviz.framecolumns import EventColumns, RareCache, decode_frames
 
 FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
@@ -64,15 +68,17 @@ class TraceError(ValueError):
 MAX_TORN_FRAME = 1 << 30
 
 
-def check_past_end(path: Path, where: int, length: int, remaining: int, partial: Any) -> None:
-    """A frame at byte `where` claims `length` bytes of payload and `remaining` are left: return
-    if it may be a torn tail, else raise TraceError (See [Note: a frame past the end])."""
+def check_past_end(path: Path, where: int, length: int, remaining: int, events: int,
+                   partial: Any) -> None:
+    """A frame at byte `where` claims `length` bytes of payload and `remaining` are left, after
+    `events` events were read: return if it may be a torn tail, else raise TraceError with
+    `partial` (See [Note: a frame past the end])."""
     if length <= MAX_TORN_FRAME:
         return
     raise TraceError(
         f"ddpviz: {str(path)!r}: the frame at byte {where:,} claims {length:,} bytes, more than "
         f"any ddpviz frame and more than the {remaining:,} left in the file: the file is "
-        f"damaged or hostile past that point. {len(partial):,} events were read before it."
+        f"damaged or hostile past that point. {events:,} events were read before it."
         "\nTo use them, catch the error and take its `.partial` trace (`except TraceError as "
         "e: trace = e.partial`); the rest of the file cannot be read.", partial)
 
@@ -213,3 +219,277 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+WHOLE_BELOW = 64 << 20  # smaller files are read whole; bigger ones a window at a time
+WINDOW = 16 << 20  # bytes of a big file read at once
+DECODE_BYTES = 1 << 20  # event frames decoded together (numpy's temporaries stay small)
+
+
+class Torn(NamedTuple):
+    """The file ends in a torn frame at byte `where`; every complete frame before it was read."""
+
+    where: int
+
+
+# What `read_trace` yields: the header first, then event chunks (objects, or columns when the
+# caller passed kind codes; see framecolumns.py), clock records, and a Torn at a torn end.
+Record = FileHeader | Clock | list[Event] | EventColumns | Torn
+
+_decode_events = msgspec.msgpack.Decoder(list[ANY_EVENT]).decode
+_decode_clock = msgspec.msgpack.Decoder(Clock).decode
+
+
+def decode_events(payload: bytes | memoryview) -> list[Event]:
+    """The events of an EVENTS frame's payload, within ddpviz's limits (else msgspec's
+    ValidationError or limits.LimitError, naming the field)."""
+    chunk = cast("list[Event]", _decode_events(payload))
+    limits.check_events(chunk)
+    return chunk
+
+
+def decode_clock(payload: bytes | memoryview) -> Clock:
+    """The record of a CLOCK frame's payload."""
+    return _decode_clock(payload)
+
+
+def read_trace(path: Path, data: bytes | None = None, *,
+               partial: Callable[[], Any] = lambda: None,
+               codes: Mapping[type[Event], int] | None = None) -> Iterator[Record]:
+    """The records of the `.ddpviz` file at `path` (or of `data`, its bytes; `path` then only
+    names it in messages), in file order except that event chunks may come a little after the
+    clock records that follow them. A torn last frame (the writer died mid-write) ends it with a
+    warning and a `Torn`; anything else unreadable raises TraceError, also a file that shrinks
+    while it is read. `partial()` is what a TraceError that keeps the events read so far
+    carries (the caller's container of everything yielded until then). With `codes` (kind code
+    per event type, see columns.py), frames of hot events come as EventColumns."""
+    if data is not None:
+        yield from _walk(_Source(path, data=data), partial, codes)
+        return
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < WHOLE_BELOW:
+            yield from _walk(_Source(path, data=f.read()), partial, codes)
+        else:
+            # A big file is read a window at a time, never whole onto the heap. Not mapped: a
+            # mapped file that shrinks under the parse (a new `ddpviz record` truncating it, a
+            # file on NFS rewritten by another node) kills the process with SIGBUS; a short
+            # read here is a TraceError.
+            yield from _walk(_Source(path, fd=f.fileno(), size=size), partial, codes)
+
+
+class _Source:
+    """The bytes of a trace: all of them (`data`), or a file read a window at a time."""
+
+    def __init__(self, path: Path, *, data: bytes | None = None, fd: int = -1,
+                 size: int = 0) -> None:
+        self.path = path
+        self.fd = fd
+        self.buf = memoryview(data if data is not None else b"")
+        self.base = 0  # file offset of buf[0]
+        self.size = len(data) if data is not None else size
+        self._window = bytearray()  # reused: fresh memory costs a page fault per 4 KiB
+
+    def has(self, pos: int, n: int) -> bool:
+        """Whether get(pos, n) returns bytes read before (else it reads over them)."""
+        n = min(n, self.size - pos)
+        return self.base <= pos and pos + n <= self.base + len(self.buf)
+
+    def get(self, pos: int, n: int) -> tuple[memoryview, int]:
+        """(buffer, offset in it) of the bytes [pos, pos + n) of the file: all n of them, or
+        up to its end when fewer are left (a declared length never sizes more than the file).
+        A read overwrites the buffer of the bytes returned before."""
+        if self.has(pos, n):
+            return self.buf, pos - self.base
+        n = min(n, self.size - pos)
+        want = max(n, min(WINDOW, self.size - pos))
+        if len(self._window) < want:
+            self.buf = memoryview(b"")  # (no view may be left on a bytearray that grows)
+            self._window = bytearray(want)
+        got = memoryview(self._window)[:os.preadv(self.fd, [memoryview(self._window)[:want]],
+                                                  pos)]
+        if len(got) < n:
+            now = os.fstat(self.fd).st_size
+            raise TraceError(
+                f"ddpviz: {str(self.path)!r} changed while it was being read: it was "
+                f"{self.size:,} bytes, a read at byte {pos:,} found {now:,} (another "
+                "process truncated or rewrote it).\nLoad it again once the writer "
+                "is done, or load a copy.")
+        self.buf, self.base = got, pos
+        return self.buf, 0
+
+
+def _walk(src: _Source, partial: Callable[[], Any],
+          codes: Mapping[type[Event], int] | None) -> Iterator[Record]:
+    """The frames after the magic, as records (see read_trace)."""
+    path, end = src.path, src.size
+    head, at = src.get(0, len(MAGIC))
+    if bytes(head[at:at + len(MAGIC)]) != MAGIC:
+        _not_a_trace(path)
+    pos = len(MAGIC)
+    header = False
+    events = 0  # yielded so far
+    batch = _Batch(path, codes)  # complete event frames not yet decoded, all in one buffer
+    while pos < end:
+        where = pos
+        if end - pos < FRAME.size:
+            if not header:
+                break  # no header frame: TraceError below
+            yield from batch.flush()
+            _torn(path, where, "a frame header is cut short")
+            yield Torn(where)
+            break
+        if batch.frames and (batch.nbytes >= DECODE_BYTES or not src.has(pos, FRAME.size)):
+            events += yield from batch.flush()  # (before a read overwrites its frames)
+        buf, at = src.get(pos, FRAME.size)
+        kind, length, crc = FRAME.unpack_from(buf, at)
+        pos += FRAME.size
+        if batch.frames and not src.has(pos, length):
+            events += yield from batch.flush()
+        buf, at = src.get(pos, length)
+        payload = buf[at:at + length]
+        pos += length
+        if len(payload) < length or zlib.crc32(payload) != crc:
+            events += yield from batch.flush()
+            if pos >= end and header:
+                check_past_end(path, where, length, end - where - FRAME.size, events,
+                               partial())
+                _torn(path, where, "the last frame is incomplete")
+                yield Torn(where)
+                break
+            what = "fails its checksum" if header else (
+                "is not a complete header frame (garbage after the magic?)")
+            raise TraceError(f"ddpviz: {str(path)!r} is corrupt: frame at byte {where} "
+                             f"{what}.\nThe file was modified after writing; "
+                             "restore it from the original run.")
+        if not header:
+            with _decoding(path, where):
+                file_header = read_header(path, kind, payload)
+            yield file_header
+            header = True
+        elif kind == EVENTS:
+            batch.add(where, buf, at, length)
+        elif kind == CLOCK:
+            with _decoding(path, where):
+                record = decode_clock(payload)
+            yield record
+        # other kinds: records from a later minor format; skip them
+    yield from batch.flush()
+    if not header:
+        raise TraceError(f"ddpviz: {str(path)!r} has no header frame (empty trace file).\n"
+                         "The writer died before writing anything; rerun the job.")
+
+
+class _Batch:
+    """Event frames read but not yet decoded, all in one buffer: decoded together (into columns
+    when the caller passed kind codes: see framecolumns.py), in file order."""
+
+    def __init__(self, path: Path, codes: Mapping[type[Event], int] | None) -> None:
+        self.path = path
+        self.codes = codes
+        self.buf = memoryview(b"")
+        self.frames: list[tuple[int, int, int]] = []  # (where, start in buf, length)
+        self.nbytes = 0
+        self.seen = RareCache()  # big rare events decoded so far (the same on every rank)
+
+    def add(self, where: int, buf: memoryview, at: int, length: int) -> None:
+        self.buf = buf
+        self.frames.append((where, at, length))
+        self.nbytes += length
+
+    def flush(self) -> Generator[list[Event] | EventColumns, None, int]:
+        """Yields the frames' events; returns how many."""
+        frames, self.frames, self.nbytes = self.frames, [], 0
+        n = 0
+        buf = self.buf
+        decoded = (decode_frames(buf, [(at, length) for _, at, length in frames], self.codes,
+                                 self.seen)
+                   if self.codes is not None and frames else [None] * len(frames))
+        for (where, at, length), columns in zip(frames, decoded, strict=True):
+            if columns is not None:
+                n += len(columns)
+                yield columns
+                continue
+            with _decoding(self.path, where):
+                chunk = decode_events(buf[at:at + length])
+            n += len(chunk)
+            yield chunk
+        return n
+
+
+class _decoding:
+    """Turns what decoding a frame raises into a TraceError naming the frame."""
+
+    def __init__(self, path: Path, where: int) -> None:
+        self.path, self.where = path, where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: object) -> None:
+        if isinstance(e, msgspec.MsgspecError | ValueError | RecursionError):
+            raise TraceError(f"ddpviz: {str(self.path)!r}: frame at byte {self.where} does "
+                             f"not decode within ddpviz's limits: {e}.\nThe file is damaged, "
+                             "hostile, or was written by an incompatible ddpviz (limits: "
+                             "ddpviz/limits.py).") from None
+
+
+def _not_a_trace(path: Path) -> NoReturn:
+    raise TraceError(f"ddpviz: {str(path)!r} is not a ddpviz trace (no {MAGIC!r} magic at "
+                     "its start).\nPass a file written by Trace.save, TraceWriter or "
+                     "ddpviz.connect().")
+
+
+def read_header(path: Path, kind: int, payload: bytes | memoryview) -> FileHeader:
+    """A file's header frame (also ddpviz/follow.py's), versions and metadata checked."""
+    if kind != HEADER:
+        raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
+                         "is damaged; restore it from the original run.")
+    fmt = msgspec.msgpack.decode(payload, type=Format).format
+    if fmt != FORMAT_VERSION:
+        raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
+                         f"format {FORMAT_VERSION}.\nUse the ddpviz version that wrote it.")
+    header = msgspec.msgpack.decode(payload, type=FileHeader)
+    limits.check_meta(header.meta)
+    if header.schema != SCHEMA_VERSION:
+        raise TraceError(f"ddpviz: {str(path)!r} holds event schema {header.schema}; this "
+                         f"ddpviz reads schema {SCHEMA_VERSION}.\nUse the ddpviz version that "
+                         "wrote it.")
+    return header
+
+
+def _torn(path: Path, where: int, what: str) -> None:
+    warnings.warn(f"ddpviz: {str(path)!r} ends in a torn frame at byte {where} ({what}); "
+                  "the writer stopped mid-write, or is still writing (a running job).\n"
+                  "Everything before it was loaded; a running job's later events are in the "
+                  "file once written (`ddpviz.listen(follow=DIR)` follows them live).",
+                  UserWarning, stacklevel=6)
+
+
+_MAX_CLOCK_NS = 100 * 365 * 86400 * 10**9  # wall and monotonic clocks in a file's meta
+_MAX_WALL_OFFSET_NS = 10 * 365 * 86400 * 10**9  # two hosts' boot times differ by less
+
+
+def wall_offset(meta: dict[str, Any], ref: dict[str, Any]) -> tuple[int, int]:
+    """(offset, error) of a per-rank file's clock onto the reference file's clock. The meta is
+    untrusted: an absurd clock (which would overflow the timeline's int64 times) is ignored,
+    with a note, and the file is left unaligned."""
+    if meta.get("boot") and meta.get("boot") == ref.get("boot"):
+        return (0, 0)  # same kernel: same monotonic clock
+    keys = ("wall_ns", "mono_ns")
+    if not all(type(m.get(k)) is int for m in (meta, ref) for k in keys):
+        return (0, -1)  # unknown
+    offset = (meta["wall_ns"] - meta["mono_ns"]) - (ref["wall_ns"] - ref["mono_ns"])
+    if (any(not 0 <= m[k] <= _MAX_CLOCK_NS for m in (meta, ref) for k in keys)
+            or abs(offset) > _MAX_WALL_OFFSET_NS):
+        warnings.warn(f"ddpviz: ignoring the clocks in a merged file's metadata (rank "
+                      f"{str(meta.get('rank'))[:20]}: wall_ns={str(meta['wall_ns'])[:24]}, "
+                      f"mono_ns={str(meta['mono_ns'])[:24]}): they are out of any real "
+                      "range, so its events are not aligned with the other files' (offset 0)."
+                      "\nThe file is damaged or hostile; its events are kept as recorded.",
+                      UserWarning, stacklevel=3)
+        return (0, -1)
+    return (offset, -1)

@@ -98,7 +98,7 @@ def test_the_viewer_draws_100000_ranks_and_skips_a_malformed_event(
     """No spread of huge arrays into calls (stack overflow) and no panel left blank by an event
     of the wrong shape: it is counted and named in a warning, the rest is drawn."""
     from ddpviz import events as ev
-    from ddpviz.trace import TraceWriter
+    from ddpviz.tracefile import TraceWriter
 
     n = 100_000
     name = "many_ranks.ddpviz"

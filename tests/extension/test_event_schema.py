@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from ddpviz import events as ev
-from ddpviz import trace as trace_py
+from ddpviz import tracefile
 
 SRC = Path(__file__).resolve().parents[2] / "extension" / "src"
 EVENTS_TS = SRC / "events.ts"
@@ -200,13 +200,13 @@ def test_a_planted_drift_is_reported(edit: Any, needle: str) -> None:
     assert any(needle in p for p in drift(edited))
 
 
-def test_trace_reader_constants_match_trace_py() -> None:
+def test_trace_reader_constants_match_tracefile_py() -> None:
     text = TRACE_TS.read_text()
-    assert ts_number(text, "FORMAT_VERSION") == trace_py.FORMAT_VERSION
+    assert ts_number(text, "FORMAT_VERSION") == tracefile.FORMAT_VERSION
     m = re.search(r"export const MAGIC = \[([^\]]*)\]", text)
     assert m is not None
-    assert bytes(int(b, 16) for b in m.group(1).split(",")) == trace_py._MAGIC
+    assert bytes(int(b, 16) for b in m.group(1).split(",")) == tracefile.MAGIC
     assert ts_flat_table(text, "FRAME_KINDS") == {
-        "header": str(trace_py._HEADER), "events": str(trace_py._EVENTS),
-        "clock": str(trace_py._CLOCK)}
-    assert trace_py._FRAME.format == "<BII"  # kind u8, length u32 LE, crc32 u32 LE: as read
+        "header": str(tracefile.HEADER), "events": str(tracefile.EVENTS),
+        "clock": str(tracefile.CLOCK)}
+    assert tracefile.FRAME.format == "<BII"  # kind u8, length u32 LE, crc32 u32 LE: as read

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 import ddpviz
 from ddpviz import events as ev
 from ddpviz import limits, report
-from ddpviz.trace import Trace, TraceError, TraceWriter
+from ddpviz.trace import Trace, TraceError
+from ddpviz.tracefile import TraceWriter
 from ddpviz.widgets.dashboard import Dashboard
 from tests.security.hostile import PAYLOAD, raw_markup
 

@@ -2,8 +2,8 @@
 truncating a file being opened, a file on NFS rewritten by another node) gives a TraceError or
 a consistent prefix of its events, never a crash. The load runs in a child process, so a
 SIGBUS (what a mapped file does when it shrinks under the parse) shows as a signal exit. The
-file is truncated for real, by another process, at a deterministic moment: when the loader has
-decoded its second event frame (a wrapper around `limits.check_events`)."""
+file is truncated for real, by another process, at a deterministic moment: when the loader
+decodes its second event frame (a wrapper around `tracefile.decode_frames`)."""
 
 from __future__ import annotations
 
@@ -20,20 +20,21 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, os, subprocess, sys
 from ddpviz import events as ev
-from ddpviz import limits
-import ddpviz.trace as trace_module
-from ddpviz.trace import Trace, TraceError, TraceWriter
+from ddpviz import tracefile
+from ddpviz.trace import Trace, TraceError
+from ddpviz.tracefile import TraceWriter
 
 path, how = sys.argv[1], sys.argv[2]
 events = [ev.GradReady(0, s // 100, 10**9 + s, s, s % 100, 0) for s in range(20_000)]
 with TraceWriter(path, chunk=1000) as w:  # 20 event frames
     w.write_many(events)
 size = os.path.getsize(path)
-trace_module._WHOLE_BELOW = 0  # read frame by frame, as files of 64 MiB and more are
+tracefile.WHOLE_BELOW = 0  # read from the file as it goes, as files of 64 MiB and more are
+tracefile.WINDOW = 0  # and frame by frame (not a window of many frames at once)
 calls = 0
-check = limits.check_events
+decode = tracefile.decode_frames
 
-def truncating(chunk):
+def truncating(*args):
     global calls
     calls += 1
     if calls == 2:  # another process changes the file under the load
@@ -42,9 +43,9 @@ def truncating(chunk):
                 "rewrite": f"open({path!r}, 'r+b').write(b'x' * {size})",
                 "rewrite-shorter": f"f = open({path!r}, 'wb'); f.write(b'x' * {size // 2})"}[how]
         subprocess.run([sys.executable, "-c", "import os; " + code], check=True)
-    check(chunk)
+    return decode(*args)
 
-limits.check_events = truncating
+tracefile.decode_frames = truncating
 try:
     loaded = Trace.load(path)
 except TraceError as e:

@@ -17,7 +17,8 @@ import ddpviz
 from ddpviz import events as ev
 from ddpviz import limits, report
 from ddpviz.events import ParamInfo
-from ddpviz.trace import _MAGIC, Trace, TraceError, TraceWriter
+from ddpviz.trace import Trace, TraceError
+from ddpviz.tracefile import MAGIC, TraceWriter
 from ddpviz.transport.codec import Codec, WireError, make_header
 from tests.security import bombs
 
@@ -90,7 +91,7 @@ def test_deeply_nested_metadata_raises_trace_error_not_recursion_error(tmp_path:
         # msgspec cannot encode 100,000 levels either: splice the nesting in by hand
         inner = b"\x91" * depth + msgspec.msgpack.encode("x")
         payload = encoded.replace(msgspec.msgpack.encode("PLACEHOLDER"), inner)
-        path.write_bytes(_MAGIC + struct.pack("<BII", 1, len(payload), zlib.crc32(payload))
+        path.write_bytes(MAGIC + struct.pack("<BII", 1, len(payload), zlib.crc32(payload))
                          + payload)
         with pytest.raises(TraceError, match=r"nested|recursion"):
             Trace.load(path)
@@ -103,7 +104,7 @@ def test_deeply_nested_metadata_raises_trace_error_not_recursion_error(tmp_path:
 def test_magic_followed_by_garbage_is_not_an_empty_trace(tmp_path: Path) -> None:
     for tail in (b"garbage!", b"\x01\x02", b"\xff" * 9, b"\x01" + b"\xff" * 200):
         path = tmp_path / "garbage.ddpviz"
-        path.write_bytes(_MAGIC + tail)
+        path.write_bytes(MAGIC + tail)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             with pytest.raises(TraceError):

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from ddpviz import events as ev
-from ddpviz import trace as trace_module
+from ddpviz import tracefile
 from ddpviz.columns import RankColumns
 from ddpviz.limits import LimitError
 from ddpviz.trace import Trace, TraceError
@@ -34,7 +34,7 @@ def test_a_big_file_read_frame_by_frame_loads_like_a_read_one_and_fails_alike(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = Trace(random_run(9), clock={1: (40, 2)}).save(tmp_path / "t.ddpviz")
     read = Trace.load(path)
-    monkeypatch.setattr(trace_module, "_WHOLE_BELOW", 1)
+    monkeypatch.setattr(tracefile, "WHOLE_BELOW", 1)
     assert Trace.load(path) == read
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
