@@ -286,21 +286,28 @@ class Watch:
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if not torch.is_grad_enabled():
             return
+        # [Note: the usual step's forward] This runs on the training thread at every forward,
+        # cold (the step's torch work evicted it from the caches): ~11 us a step there (2 gloo
+        # ranks, ~10k parameters, thread CPU time around this call), against 0.9 us in a warm
+        # timeit loop. So: locals, no allocation, no call that a sampled step alone needs.
         self._settle_previous()
-        self.tap.step = self._forwards
-        self._forwards += 1
-        self._fired = set()
-        if self._replicas is not None:  # See [Note: replica digests] (engine/replicas.py)
-            self._replicas.before_forward(self.tap.step, bool(self.ddp.will_sync_module_buffers()))
-        if self.tap.enabled:
-            self.tap.emit(ev.ForwardStarted)
-        self.watchdog.heartbeat(self.tap.step, "forward")
-        self._arm_step(self.tap.step)
-        if not self._rebuilt_seen and self.tap.step == self._rebuild_step() and \
+        tap = self.tap
+        step = tap.step = self._forwards
+        self._forwards = step + 1
+        if self._fired:
+            self._fired = set()
+        replicas = self._replicas
+        if replicas is not None:  # See [Note: replica digests] (engine/replicas.py)
+            replicas.before_forward(step, self.ddp.will_sync_module_buffers)
+        if tap.enabled:
+            tap.emit(ev.ForwardStarted)
+        self.watchdog.heartbeat(step, "forward")
+        self._arm_step(step)
+        if not self._rebuilt_seen and step == self._rebuild_step() and \
                 not self.ddp._has_rebuilt_buckets:
             # torch rebuilds the buckets in this forward with a blocking broadcast that ddpviz
             # cannot guard: meet first, so a rank that never comes is named instead.
-            self.watchdog.exchange("rebuild", "", f"the bucket rebuild at step {self.tap.step}")
+            self.watchdog.exchange("rebuild", "", f"the bucket rebuild at step {step}")
 
     def _rebuild_step(self) -> int:
         if self.ddp.static_graph:

@@ -630,7 +630,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                 self.reducer.ensure_prior_reduction_finished()
             self._watchdog.heartbeat(self._tap.step, "forward")
             if self._replicas is not None:  # See [Note: replica digests] (replicas.py)
-                self._replicas.before_forward(self._tap.step, self.will_sync_module_buffers())
+                self._replicas.before_forward(self._tap.step, self.will_sync_module_buffers)
                 if not self.require_backward_grad_sync:
                     self._replicas.unsynced(self._tap.step)
         if self._tap.enabled:

@@ -174,21 +174,26 @@ class ReplicaCheck:
         if not self._closed and self.due(step):
             self._pending = _Capture(step, False, None)
 
-    def before_forward(self, step: int, broadcasts: bool) -> None:
+    def before_forward(self, step: int, broadcasts: Callable[[], bool]) -> None:
         """Forward `step` starts (the previous step's optimizer step is done): digest the
-        parameters; the buffers now, or after the broadcast (`broadcasts`)."""
+        parameters; the buffers now, or after the broadcast (if `broadcasts()`, asked on a
+        checked step only). Every forward calls it: See [Note: the usual step's forward]
+        (_watch/base.py); hence `due` and `_flush_waiting` inlined."""
         self.latest = step
-        self._flush_waiting()
+        if self._waiting is not None:  # no broadcast came (e.g. a forward without one)
+            self.after_buffer_sync()
         previous = step - 1
-        if self._closed or previous < 0 or not self.due(previous):
-            self._pending = None
+        if (previous % self.period and not self.precise[0] <= previous < self.precise[1]) \
+                or self._closed or previous < 0:
+            if self._pending is not None:
+                self._pending = None
             return
         cap = self._pending if self._pending is not None and self._pending.step == previous \
             else _Capture(previous, True, None)
         self._pending = None
         cap.params = _take(self.params, stats=True)
         self._waiting = cap
-        if not broadcasts:
+        if not broadcasts():
             self.after_buffer_sync()
 
     def after_buffer_sync(self) -> None:
