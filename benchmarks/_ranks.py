@@ -8,11 +8,15 @@ process behind.
 
 from __future__ import annotations
 
+import datetime
+import os
 import queue
 import socket
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -46,6 +50,18 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any,
                 p.kill()
                 p.join(5)
     return results
+
+
+def join_gloo(rank: int, world: int, port: int, *, pin: bool = True) -> None:
+    """Join the benchmark's gloo group on this machine; `pin`: this rank's training thread
+    (and threads started later: ddpviz's, a Sender's) on core rank % cores, gloo's threads,
+    started before, free to run anywhere (see bench_watch.py); torch on one thread."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    if pin:
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    torch.set_num_threads(1)
 
 
 class Timings(NamedTuple):

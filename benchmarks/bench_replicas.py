@@ -16,8 +16,6 @@ training thread takes and the digest the check's thread computes), alone in one 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import statistics
 import sys
 import time
@@ -32,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ranks import interleaved_blocks, run_ranks
+from _ranks import interleaved_blocks, join_gloo, run_ranks
 from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 
 VARIANTS = {
@@ -49,11 +47,7 @@ VARIANTS = {
 def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     import ddpviz
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
-    torch.set_num_threads(1)
+    join_gloo(rank, world, port)
     rows: list[dict[str, Any]] = []
     names = list(VARIANTS)
     for model_name, dims in MODELS.items():

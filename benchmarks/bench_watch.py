@@ -32,7 +32,6 @@ and adds a row for it, to compare against a previous version.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import os
 import statistics
@@ -48,7 +47,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 
-from _ranks import interleaved_blocks, run_ranks
+from _ranks import interleaved_blocks, join_gloo, run_ranks
 
 # the old level names the tables keep (docs/guide/recording.md), as $DDPVIZ_RECORDING spells them
 RECORDING = {"light": "every=100", "steps": "every=never", "sampled": "guard,every=100",
@@ -111,12 +110,7 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     import ddpviz
     from ddpviz.transport.sender import Sender
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    if args.pin:  # the training thread (and threads started later: watch's, the Sender's);
-        # gloo's threads, started above, stay free to run on any core
-        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
+    join_gloo(rank, world, port, pin=args.pin)  # (thread count set per row below)
     baseline = _load_watch(args.baseline_watch)
     trace_dir = tempfile.mkdtemp(prefix="ddpviz-bench-watch-")
     rows: list[dict[str, Any]] = []

@@ -13,21 +13,18 @@ interval of that median) and the process's CPU ratio (all threads: the daemon th
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 
-from _ranks import interleaved_blocks, run_ranks
+from _ranks import interleaved_blocks, join_gloo, run_ranks
 from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 
 VARIANTS = ["torch DDP", "torch DDP (A/A)", "default", "no replicas", "no sampling", "no pulse"]
@@ -47,11 +44,7 @@ def _watch(ddp: nn.parallel.DistributedDataParallel, name: str) -> Any:
 
 
 def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
-    torch.set_num_threads(1)
+    join_gloo(rank, world, port)
     rows = []
     for model_name, dims in MODELS.items():
         variants: dict[str, nn.Module] = {}
