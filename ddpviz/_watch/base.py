@@ -286,10 +286,10 @@ class Watch:
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         if not torch.is_grad_enabled():
             return
-        # [Note: the usual step's forward] This runs on the training thread at every forward,
-        # cold (the step's torch work evicted it from the caches): ~11 us a step there (2 gloo
-        # ranks, ~10k parameters, thread CPU time around this call), against 0.9 us in a warm
-        # timeit loop. So: locals, no allocation, no call that a sampled step alone needs.
+        # Every forward comes here, on the training thread, cold (the step's torch work has
+        # evicted it from the caches): ~11 us a step (2 gloo ranks, ~10k parameters, thread
+        # CPU time around this call) against 0.9 us in a warm timeit loop. Fewer statements
+        # here measured no gain (benchmarks/bench_watch_parts.py takes the default apart).
         self._settle_previous()
         tap = self.tap
         step = tap.step = self._forwards

@@ -36,11 +36,8 @@ class HooklessWatch(Watch):
 
     def _arm_step(self, step: int) -> None:
         # a replica check's step needs the end of its backward (the reduced gradients)
-        replicas = self._replicas
-        on = self._summary.policy.full(step) or self._nf.precise(step) or (
-            replicas is not None and replicas.due(step))
-        if on != bool(self._armed):  # (the usual step: nothing to change, no call)
-            self._arm(on)
+        self._arm(self._summary.policy.full(step) or self._nf.precise(step) or (
+            self._replicas is not None and self._replicas.due(step)))
 
     def _nf_arm(self, step: int, now: bool) -> None:
         if now and not self._armed:

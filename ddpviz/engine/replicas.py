@@ -177,16 +177,12 @@ class ReplicaCheck:
     def before_forward(self, step: int, broadcasts: Callable[[], bool]) -> None:
         """Forward `step` starts (the previous step's optimizer step is done): digest the
         parameters; the buffers now, or after the broadcast (if `broadcasts()`, asked on a
-        checked step only). Every forward calls it: See [Note: the usual step's forward]
-        (_watch/base.py); hence `due` and `_flush_waiting` inlined."""
+        checked step only: the call is torch's, and every forward comes here)."""
         self.latest = step
-        if self._waiting is not None:  # no broadcast came (e.g. a forward without one)
-            self.after_buffer_sync()
+        self._flush_waiting()
         previous = step - 1
-        if (previous % self.period and not self.precise[0] <= previous < self.precise[1]) \
-                or self._closed or previous < 0:
-            if self._pending is not None:
-                self._pending = None
+        if self._closed or previous < 0 or not self.due(previous):
+            self._pending = None
             return
         cap = self._pending if self._pending is not None and self._pending.step == previous \
             else _Capture(previous, True, None)
