@@ -3,10 +3,12 @@ ddpviz.watch() on torch's DDP, side by side in one process.
 
 Each variant is its own DDP-wrapped copy of the same model with its own SGD optimizer; they
 train in blocks of `--block` steps, the order rotating every repetition so drift in the machine
-weighs on all alike. A block's wall time ends at `torch.cuda.synchronize()`; the training
-thread's CPU time (time.thread_time) is what Python-side overhead costs where the GPU is fast.
+weighs on all alike. A block's wall time ends at `torch.cuda.synchronize()`: on a launch-bound
+model it is what Python-side overhead costs. The process's CPU time (every thread) is printed
+too; not the training thread's alone: with CUDA tensors autograd runs backward, and so DDP's
+gradient hooks, on its own device thread, which the training thread only waits for.
 Printed: per model and variant, the median block time and the median of per-repetition ratios
-to torch's DDP (wall and training-thread CPU). `torch DDP (A/A)` is a second torch DDP: its
+to torch's DDP (wall and process CPU). `torch DDP (A/A)` is a second torch DDP: its
 ratio is the noise floor.
 
     python benchmarks/bench_nccl.py [--reps 60] [--block 20] [--cpu]
@@ -86,13 +88,13 @@ def _sync(x: torch.Tensor) -> None:
 def _block(ddp: Any, opt: Any, x: torch.Tensor, y: torch.Tensor, steps: int
            ) -> tuple[float, float]:
     _sync(x)
-    w0, c0 = time.perf_counter(), time.thread_time()
+    w0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
     _sync(x)
-    return time.perf_counter() - w0, time.thread_time() - c0
+    return time.perf_counter() - w0, time.process_time() - c0
 
 
 def main() -> None:
@@ -137,7 +139,7 @@ def main() -> None:
         for w in watches:
             w.close()
         print(f"\n{model_name}")
-        print("| variant | ms/step (wall) | wall / torch | thread CPU / torch |")
+        print("| variant | ms/step (wall) | wall / torch | process CPU / torch |")
         print("| --- | ---: | ---: | ---: |")
         base = "torch DDP"
         for name in names:
