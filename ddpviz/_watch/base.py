@@ -115,6 +115,7 @@ class Watch:
         self._forward: Callable[..., Any] | None = None  # the DDP's forward, before watch's
         self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
         self._lock = threading.Lock()
+        self._plan_lock = threading.Lock()
         self._init_strategy()
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
@@ -123,10 +124,13 @@ class Watch:
         self._nf = NonfiniteCheck(self.params, self.names, self.group.rank(), self.world_size,
                                   self.tap, "guarded" if self.recording.guard else "hook-less")
         self._nf.local = not self.watchdog.add_pulse_task(self._nf.pulse)
+        self._nf.on_change = self._replan
         self._replicas: ReplicaCheck | None = replica_check(
             self.recording.replicas, self.watchdog.board, self.params, self.names,
             ddp.module, set(ddp.parameters_to_ignore),
             lambda: bool(ddp.broadcast_buffers), self.tap)
+        if self._replicas is not None:
+            self._replicas.on_change = self._replan
         try:
             self._install(hook, state, existing)
         except BaseException:
@@ -253,20 +257,42 @@ class Watch:
         inner = getattr(ddp, self._wrapped)
         self._forward = inner
 
+        watchdog, tap, nf, replicas = self.watchdog, self.tap, self._nf, self._replicas
+        grad_enabled = torch.is_grad_enabled
+
         def forward(*args: Any, **kwargs: Any) -> Any:
+            step = self._forwards
+            if step < self._plain_until and grad_enabled():  # See [Note: plain steps]
+                pulse = watchdog._pulse
+                if watchdog._own_alert is None and (
+                        pulse is None or (pulse.error is None and not pulse.alerted)):
+                    self._forwards = step + 1
+                    tap.step = watchdog.step = step
+                    watchdog.phase = "forward"
+                    if replicas is not None:
+                        replicas.latest = step
+                    if tap.enabled:
+                        tap.emit(ev.ForwardStarted)
+                    if pulse is not None:
+                        pulse.beat(step, "forward")
+                    output = inner(*args, **kwargs)
+                    nf.last = step
+                    return output
             if self._closed:
                 return inner(*args, **kwargs)
             self._pre_forward(ddp, args)
             output = inner(*args, **kwargs)
             if self._post_needed:
                 self._post_forward(ddp, args, output)
-            if torch.is_grad_enabled():  # (the step _pre_forward counted)
-                step, nf = self.tap.step, self._nf
+            if grad_enabled():  # (the step _pre_forward counted)
+                step = tap.step
                 if step >= nf.quiet_from and step % nf.output_every and not nf._open \
                         and not self._nf_each_step and not self._armed:
                     nf.last = step  # the usual step: See NonfiniteCheck.quiet_from
                 else:
                     self._nf_arm(step, nf.forward(step, None if self._driven else output))
+                if self._plain_steps:
+                    self._plan(step + 1)
             return output
 
         self._own_forward = forward
@@ -314,6 +340,44 @@ class Watch:
             return 2
         return -2 if self.ddp.find_unused_parameters else 1
 
+    # [Note: plain steps]
+    # Most forwards under the default recording are plain: nothing is armed, checked or
+    # captured, and watch() only counts the step, posts the heartbeat and (recording) emits
+    # ForwardStarted. _pre_forward's questions (is the step sampled, is a replica check due,
+    # is the NaN check precise, is it the rebuild step...) cost ~10 us a step, cold, at steps
+    # of ~0.5 ms. So after each full forward, `_plan` asks every part for how long the steps
+    # stay plain (their `plain_until`: the sampling policy, the replica check, the NaN check,
+    # the heartbeat's every-64th-step stack note) and the wrapper runs the steps before
+    # `_plain_until` on the short path. What changes that from another thread (a finding,
+    # the replica check's every-step window, a peer's non-finite step) calls `_replan`, which
+    # voids the window under the same lock `_plan` writes it under, so a stale plan never
+    # overwrites the void; the heartbeat's alert and error flags are read on every step.
+
+    _plain_steps = False  # the strategy may run plain steps (hookless.py)
+    _plain_until = 0
+
+    def _plan(self, step: int) -> None:
+        with self._plan_lock:
+            self._plain_until = self._plain_end(step)
+
+    def _replan(self) -> None:
+        with self._plan_lock:
+            self._plain_until = 0
+
+    def _plain_end(self, step: int) -> int:
+        """The first step from `step` on that is not plain (`step`: none is)."""
+        if self._closed or self._armed or self._post_needed or self._fired or step < 3 or (
+                not self._rebuilt_seen and self._rebuild_step() >= step):
+            return step
+        end = min(self._arm_plain_until(step), self._nf.plain_until(step),
+                  -(-step // 64) * 64)  # (the heartbeat's stack note: engine/watchdog.py)
+        replicas = self._replicas
+        return end if replicas is None else min(end, replicas.plain_until(step))
+
+    def _arm_plain_until(self, step: int) -> int:
+        """The strategy's first step from `step` on that arms per-parameter hooks."""
+        return step
+
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self._rebuilt_seen and getattr(self.ddp, "_has_rebuilt_buckets", False):
             self._rebuilt_seen = True
@@ -340,6 +404,7 @@ class Watch:
         summary = self.__dict__.get("_summary")
         if summary is not None:
             summary.note_finding(step)
+            self._replan()
 
     def _after_hooks(self) -> None:
         # Runs before torch's finalize_backward (queued when the last bucket is ready, after
@@ -430,6 +495,8 @@ class Watch:
         """Remove the hooks (the comm hook stays registered, passing through: torch cannot
         remove one) and stop the watchdog thread."""
         self._closed = True
+        if "_plan_lock" in self.__dict__:
+            self._replan()
         nf = self.__dict__.get("_nf")
         if nf is not None:
             nf.close()

@@ -19,6 +19,8 @@ from ddpviz._watch.base import Watch, _graph_task
 class HooklessWatch(Watch):
     """No comm hook; per-parameter hooks on the sampled steps only."""
 
+    _plain_steps = True  # See [Note: plain steps] (base.py)
+
     def _init_strategy(self) -> None:
         self._armed: list[Any] = []  # this step's per-parameter hooks
         self._fresh: list[torch.Tensor] = []  # parameters whose hook dict _arm made
@@ -38,6 +40,9 @@ class HooklessWatch(Watch):
         # a replica check's step needs the end of its backward (the reduced gradients)
         self._arm(self._summary.policy.full(step) or self._nf.precise(step) or (
             self._replicas is not None and self._replicas.due(step)))
+
+    def _arm_plain_until(self, step: int) -> int:
+        return self._summary.policy.plain_until(step)
 
     def _nf_arm(self, step: int, now: bool) -> None:
         if now and not self._armed:
@@ -133,6 +138,9 @@ class ForwardsOnlyWatch(HooklessWatch):
 
     def _arm_step(self, step: int) -> None:
         return
+
+    def _arm_plain_until(self, step: int) -> int:
+        return 1 << 62  # (never)
 
     def _on_rebuild(self) -> None:
         return

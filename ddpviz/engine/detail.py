@@ -296,6 +296,20 @@ class DetailPolicy:
         return (step < self.first or step % self.every == 0 or step in self._rebuild_steps
                 or step in self._finding_steps or (step - 1) in self._finding_steps)
 
+    def plain_until(self, step: int) -> int:
+        """The first step from `step` on that records per-parameter events, as far as is
+        known now (a finding noted later changes it). See [Note: plain steps]
+        (_watch/base.py)."""
+        if self.level == "full" or step < self.first:
+            return step
+        if self.level == "buckets":
+            return 1 << 62
+        end = -(-step // self.every) * self.every
+        for noted in (*self._rebuild_steps, *self._finding_steps):
+            if noted >= step - 1:  # (a finding's step and the next are full)
+                end = min(end, max(noted, step))
+        return end
+
     def note_rebuild(self, step: int) -> None:
         self._rebuild_steps.add(step)
 

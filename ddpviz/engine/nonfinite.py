@@ -217,6 +217,8 @@ class NonfiniteCheck:
         self._warned = False
         self._bad_posted = 0
         self.local = False  # no board: compose from this rank's own state (one rank)
+        # called (pulse thread) when quiet_from moved: a plain-steps window is void
+        self.on_change: Callable[[], None] | None = None
 
     # --- the training thread ------------------------------------------------------------------
 
@@ -257,6 +259,15 @@ class NonfiniteCheck:
             return True
         rec.pending.append(("loss", -1, _Flag(bad)))
         return precise
+
+    def plain_until(self, step: int) -> int:
+        """Steps from `step` up to the one returned (exclusive) are usual steps here, as far
+        as is known now (`on_change` says when that changes): forward() would only write
+        `last`. See [Note: plain steps] (_watch/base.py)."""
+        if self._open or self.local or step < self.quiet_from:
+            return step
+        every = self.output_every
+        return -(-step // every) * every  # the next output check
 
     def _precise(self, until: int) -> None:
         self._precise_until = max(self._precise_until, until)
@@ -402,6 +413,8 @@ class NonfiniteCheck:
         if first_bad is not None:  # something went non-finite: check every step from now on
             self._remote_precise = max(self._remote_precise, first_bad + 1 + PRECISE_FOR)
             self.quiet_from = max(self.quiet_from, self._remote_precise)
+            if self.on_change is not None:
+                self.on_change()
         for finding in self.compose():
             self._report(finding)
 

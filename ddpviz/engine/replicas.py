@@ -53,6 +53,7 @@ IDLE_S = 0.25  # ... and this often when it has none
 GIVE_UP_S = 120.0  # rank 0 stops waiting for a step's summaries or details after this
 PRECISE_LEAD = 4  # the every-step window starts this many steps after rank 0 saw a divergence
 MAX_FINDINGS = 8  # replicas_diverged findings per DDP (the first is also printed)
+_NEVER = 1 << 62  # plain_until: no step of mine is ever special
 EXIT_S = 5.0  # at interpreter exit, how long the ranks wait for rank 0 to judge what is left
 
 
@@ -154,12 +155,33 @@ class ReplicaCheck:
         self._judging: list[int] = []  # rank 0: steps to compare, in order
         self._judged_all = False  # (ranks > 0) rank 0 said it judged everything at exit
         self._idle = False  # the thread found nothing queued in its last look
+        # called (the check's thread) when `precise` changed: a plain-steps window is void
+        self.on_change: Callable[[], None] | None = None
 
     # --- the training thread ------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
         """Whether `step` is checked."""
         return step % self.period == 0 or self.precise[0] <= step < self.precise[1]
+
+    def plain_until(self, step: int) -> int:
+        """Steps from `step` up to the one returned (exclusive) neither are checked nor follow
+        a checked one, as far as is known now (`on_change` says when that changes): their
+        before_forward only writes `latest`. See [Note: plain steps] (_watch/base.py)."""
+        if self._closed:
+            return _NEVER
+        if self._waiting is not None or self._pending is not None:
+            return step
+        due = -(-(step - 1) // self.period) * self.period  # the first checked step >= step-1
+        end = due if due >= step else step
+        start, stop = self.precise
+        if stop >= step:  # an every-step window not over yet
+            end = min(end, start) if start >= step else step
+        return end
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def after_backward(self, step: int, synced: bool) -> None:
         """The backward of `step` finished, its reduction included: digest the gradients."""
@@ -341,7 +363,9 @@ class ReplicaCheck:
         if store.check([key]):
             with contextlib.suppress(ValueError):
                 start, end = (int(x) for x in as_text(store.get(key)).split(",")[:2])
-                self.precise = (start, end)
+                if (start, end) != self.precise:
+                    self.precise = (start, end)
+                    self._changed()
 
     def _last(self, rank: int) -> int:
         store = self._board.scope.store
@@ -418,6 +442,7 @@ class ReplicaCheck:
         if finding.severity != "info" and self.period > 1 and self.precise[1] <= step:
             start = self.latest + PRECISE_LEAD  # narrow: every step for one period
             self.precise = (start, start + self.period)
+            self._changed()
             store.set(f"{self._base}/precise", f"{start},{start + self.period}")
         self._report(finding)
         return True
