@@ -34,8 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ranks import free_port  # noqa: E402
+from _ranks import free_port
 
 MODELS = {  # name: (layers, width, batch)
     "launch-bound: 24 x Linear(256), batch 32": (24, 256, 32),
