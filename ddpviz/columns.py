@@ -41,7 +41,7 @@ KINDS: tuple[type[Event], ...] = (
     ev.BucketAssigned, ev.ForwardStarted, ev.BuffersSynced, ev.BackwardStarted, ev.GradReady,
     ev.BucketReady, ev.GradsSummarized, ev.AllReduceLaunched, ev.AllReduceDone,
     ev.BackwardFinished, ev.UnusedParametersFound, ev.BucketsRebuilt, ev.EventsDropped,
-    ev.FindingReported)
+    ev.FindingReported, ev.OptimizerStepStarted, ev.OptimizerStepFinished)
 CODE: dict[type[Event], int] = {cls: i for i, cls in enumerate(KINDS)}
 HOT: frozenset[type[Event]] = frozenset({
     ev.GradReady, ev.BucketReady, ev.AllReduceLaunched, ev.AllReduceDone, ev.ForwardStarted,
@@ -62,6 +62,8 @@ DONE = CODE[ev.AllReduceDone]
 FORWARD = CODE[ev.ForwardStarted]
 BACKWARD = CODE[ev.BackwardStarted]
 BACKWARD_END = CODE[ev.BackwardFinished]
+OPTIMIZER = CODE[ev.OptimizerStepStarted]  # rare (sampled steps only): no object per step saved
+OPTIMIZER_END = CODE[ev.OptimizerStepFinished]
 
 SEAL = 4096  # pending events sealed into columns at once
 _INT64 = (-(1 << 63), (1 << 63) - 1)

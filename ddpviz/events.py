@@ -241,6 +241,21 @@ class BucketsRebuilt(Event, frozen=True):
     grad_ready_order: ParamIndices
 
 
+# --- after backward: the optimizer step -------------------------------------------------------
+
+
+class OptimizerStepStarted(Event, frozen=True):
+    """An optimizer holding this DDP's parameters starts its `step()` (torch's global
+    optimizer-step pre-hook); `step` is the DDP iteration whose backward it follows. Recorded
+    on the sampled steps only (where the per-parameter hooks are armed, see `Recording.every`):
+    with OptimizerStepFinished it tells the optimizer step from data loading in the gap
+    between a backward and the next forward (the straggler verdict)."""
+
+
+class OptimizerStepFinished(Event, frozen=True):
+    """That optimizer's `step()` returned (torch's global optimizer-step post-hook)."""
+
+
 # --- transport --------------------------------------------------------------------------------
 
 
@@ -262,7 +277,8 @@ ANY_EVENT = (
     | BroadcastStarted | BroadcastChunkSent | BroadcastChunkDone | BroadcastFinished
     | BucketAssigned | ForwardStarted | BuffersSynced | BackwardStarted | GradReady | BucketReady
     | GradsSummarized | AllReduceLaunched | AllReduceDone | BackwardFinished
-    | UnusedParametersFound | BucketsRebuilt | EventsDropped | FindingReported
+    | UnusedParametersFound | BucketsRebuilt | OptimizerStepStarted | OptimizerStepFinished
+    | EventsDropped | FindingReported
 )
 
 

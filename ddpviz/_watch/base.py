@@ -29,6 +29,7 @@ from ddpviz.engine.detail import (
     resolve_recording,
 )
 from ddpviz.engine.nonfinite import NonfiniteCheck
+from ddpviz.engine.optimizer_step import OptimizerStepTap
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
@@ -116,6 +117,8 @@ class Watch:
         self._buffer_identity = BufferIdentity(self.group.rank(), self.world_size)
         self._lock = threading.Lock()
         self._plan_lock = threading.Lock()
+        # armed with the per-parameter hooks: See [Note: optimizer-step tap]
+        self._opt = OptimizerStepTap(self.tap, self.params)
         self._init_strategy()
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
@@ -508,6 +511,9 @@ class Watch:
             h.remove()
         self._handles.clear()
         self._disarm()  # (a strategy's per-step hooks)
+        opt = self.__dict__.get("_opt")
+        if opt is not None:
+            opt.disarm()
         self._unwrap_forward()
 
     def __repr__(self) -> str:

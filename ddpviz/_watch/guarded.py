@@ -129,6 +129,7 @@ class GuardedWatch(Watch):
             self._abandon(self._pending)
             self._pending = []
         self._hooks_called = 0
+        self._opt.set(self._summary.per_param)  # See [Note: optimizer-step tap]
 
     def _after_hooks(self) -> None:
         try:

@@ -82,11 +82,13 @@ class HooklessWatch(Watch):
         self._fresh = [p for p in self.params if p._backward_hooks is None]
         self._armed = [p.register_hook(functools.partial(self._grad_ready_light, i))
                        for i, p in enumerate(self.params)]
+        self._opt.arm()  # See [Note: optimizer-step tap] (engine/optimizer_step.py)
 
     def _disarm(self) -> None:
         for h in self._armed:
             h.remove()
         self._armed = []
+        self._opt.disarm()
         for p in self._fresh:  # only dicts this watch created, and only if nobody added one
             if not p._backward_hooks:
                 p._backward_hooks = None

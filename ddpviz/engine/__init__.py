@@ -10,7 +10,8 @@ rebuilds the buckets once, its bucket buffers and views in bucket_views.py and e
 text in failure_texts.py; detail.py holds the recording policy (`ddpviz.Recording`,
 `recording=`) and decides which steps record a GradReady per parameter and which a
 GradsSummarized per bucket; forward.py is the forward-side work (outputs,
-the unused-parameter search). Alongside: watchdog.py names lagging or missing ranks before the
+the unused-parameter search); optimizer_step.py times the optimizer step after a sampled
+backward (torch's global optimizer-step hooks). Alongside: watchdog.py names lagging or missing ranks before the
 process group times out (pulse.py posts its heartbeats from a daemon thread, and where the
 training thread is in code when asked: where.py reads the stack, stack_text.py folds it
 (the launcher's stacks too), whereabouts.py

@@ -30,6 +30,7 @@ from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.nonfinite import NonfiniteCheck
+from ddpviz.engine.optimizer_step import OptimizerStepTap
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
 from ddpviz.engine.replicas import ReplicaCheck, replica_check
@@ -363,6 +364,9 @@ class DistributedDataParallel(nn.Module, Joinable):
                                   self.process_group.size(), self._tap, "guarded")
         self._nf.local = not self._watchdog.add_pulse_task(self._nf.pulse)
         self.reducer.nonfinite = self._nf
+        # See [Note: optimizer-step tap] (optimizer_step.py): armed on the sampled steps
+        self._opt = OptimizerStepTap(self._tap, tensors)
+        weakref.finalize(self, self._opt.disarm)
         replicas = self.__dict__.get("_replicas")
         if replicas is not None:
             self.reducer.after_finalize = lambda: replicas.after_backward(self._tap.step, True)
@@ -633,6 +637,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                 self._replicas.before_forward(self._tap.step, self.will_sync_module_buffers)
                 if not self.require_backward_grad_sync:
                     self._replicas.unsynced(self._tap.step)
+            self._opt.set(self._detail.full(self._tap.step))
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
         if grad_enabled and self.require_backward_grad_sync:
@@ -955,7 +960,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         state = dict(self.__dict__)
         # Everything that holds the process group, a store or a thread is rebuilt on loading.
         for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
-                    "_buffer_identity", "_nf", "_replicas"):
+                    "_buffer_identity", "_nf", "_replicas", "_opt"):
             state.pop(key, None)
         return state
 

@@ -242,6 +242,19 @@ export interface BucketsRebuilt extends EventBase {
   grad_ready_order: number[];
 }
 
+/**
+ * An optimizer holding the DDP's parameters starts its step() (after the backward of `step`;
+ * recorded on sampled steps only).
+ */
+export interface OptimizerStepStarted extends EventBase {
+  type: 'OptimizerStepStarted';
+}
+
+/** That optimizer's step() returned. */
+export interface OptimizerStepFinished extends EventBase {
+  type: 'OptimizerStepFinished';
+}
+
 /** The transport dropped this many events. */
 export interface EventsDropped extends EventBase {
   type: 'EventsDropped';
@@ -276,6 +289,8 @@ export type DDPEvent =
   | BackwardFinished
   | UnusedParametersFound
   | BucketsRebuilt
+  | OptimizerStepStarted
+  | OptimizerStepFinished
   | EventsDropped
   | FindingReported;
 
@@ -327,6 +342,8 @@ export const EVENT_FIELDS = {
   BackwardFinished: {},
   UnusedParametersFound: { params: 'array', names: 'array' },
   BucketsRebuilt: { grad_ready_order: 'array' },
+  OptimizerStepStarted: {},
+  OptimizerStepFinished: {},
   EventsDropped: { count: 'int' },
   FindingReported: { finding: 'struct' }
 } as const satisfies Record<string, Readonly<Record<string, FieldKind>>>;
