@@ -11,13 +11,12 @@ text in failure_texts.py; detail.py holds the recording policy (`ddpviz.Recordin
 `recording=`) and decides which steps record a GradReady per parameter and which a
 GradsSummarized per bucket; forward.py is the forward-side work (outputs,
 the unused-parameter search); optimizer_step.py times the optimizer step after a sampled
-backward (torch's global optimizer-step hooks). Alongside: watchdog.py names lagging or missing ranks before the
-process group times out (pulse.py posts its heartbeats from a daemon thread, and where the
-training thread is in code when asked: where.py reads the stack, stack_text.py folds it
-(the launcher's stacks too), whereabouts.py
-posts it and names a rank that left the loop); logger.py keeps
-torch's logging data; mixed_precision.py, buffer_identity.py and initial_values.py are the
-smaller checks and options.
+backward (torch's global optimizer-step hooks). Alongside: watchdog.py names lagging or
+missing ranks before the process group times out (pulse.py posts its heartbeats from a
+daemon thread, and where the training thread is in code when asked: where.py reads the stack,
+stack_text.py folds it (the launcher's stacks too), whereabouts.py posts it and names a rank
+that left the loop); logger.py keeps torch's logging data; mixed_precision.py,
+buffer_identity.py and initial_values.py are the smaller checks and options.
 
 Imports torch and ddpviz's vocabulary (events, findings, errors, limits) only, never UI code
 (tests/test_layers.py holds this).
