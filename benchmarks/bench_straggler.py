@@ -14,7 +14,10 @@ Each phase of each rank and step is drawn with multiplicative noise (lognormal, 
 `jitter`) and, with probability `spikes`, a 1.5-3x stall (a loaded machine's preemption);
 the slow rank's chosen phase takes `slow` times longer. `every`: per-bucket and backward
 events only on the steps watch's default level samples (0-2 and every `every`-th; the rest
-record only the ForwardStarted), 1: every step (the guard).
+record only the ForwardStarted), 1: every step (the guard). `optimizer`: the gap is after the
+backward (10%), the optimizer step (40%) and data loading (50%), and a sampled step records
+its optimizer step (OptimizerStepStarted/Finished, stamped with that step) in the next gap;
+the slow phase may then be "optimizer" ("data" slows data loading only).
 
     python benchmarks/bench_straggler.py [--ranks 2,64,256] [--steps 40] [--buckets 25]
 """
@@ -47,7 +50,7 @@ class Sim(NamedTuple):
 def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
              phase: str = "backward", jitter: float = 0.05, spikes: float = 0.0,
              buckets: int = 8, every: int = 1, seed: int = 0, step_ms: float = 100.0,
-             clock_skew_ns: int = 0) -> Sim:
+             clock_skew_ns: int = 0, optimizer: bool = False) -> Sim:
     """Columns of a simulated run (see the module docstring). Phase shares of a step: gap
     15%, forward 25%, backward compute 45% (spread over the buckets), communication 15%.
     `clock_skew_ns`: every rank's recorded times shifted by a constant in
@@ -63,7 +66,7 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
             x = x * np.where(rng.random(shape) < spikes, rng.uniform(1.5, 3.0, shape), 1.0)
         return x
 
-    factor = {p: np.ones(ranks) for p in ("data", "forward", "backward")}
+    factor = {p: np.ones(ranks) for p in ("data", "forward", "backward", "optimizer")}
     if slow_rank >= 0:
         factor[phase][slow_rank] = slow
     shift = rng.integers(-clock_skew_ns, clock_skew_ns + 1, ranks) if clock_skew_ns else \
@@ -72,9 +75,15 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
     seqs = [0] * ranks
     n_events = 0
     t = 1_000 * MS
+    was_sampled = False
     for s in range(steps):
         sampled = every == 1 or s < 3 or s % every == 0
-        f = t + draw((ranks,), gap) * factor["data"]
+        if optimizer:
+            o0 = t + draw((ranks,), 0.1 * gap)
+            o1 = o0 + draw((ranks,), 0.4 * gap) * factor["optimizer"]
+            f = o1 + draw((ranks,), 0.5 * gap) * factor["data"]
+        else:
+            f = t + draw((ranks,), gap) * factor["data"]
         b = f + draw((ranks,), fwd) * factor["forward"]
         ready = b[:, None] + np.cumsum(draw((ranks, buckets), per_bucket), axis=1) \
             * factor["backward"][:, None]
@@ -84,8 +93,11 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
         end = done + rng.uniform(0, 20_000, ranks)
         for r in range(ranks):
             off = int(shift[r])
-            rows: list[tuple[type[ev.Event], float, tuple[object, ...]]] = [
-                (ev.ForwardStarted, f[r], ())]
+            rows: list[tuple[type[ev.Event], float, tuple[object, ...]]] = []
+            if optimizer and was_sampled:  # the previous step's, stamped with it (step - 1)
+                rows += [(ev.OptimizerStepStarted, o0[r], ()),
+                         (ev.OptimizerStepFinished, o1[r], ())]
+            rows.append((ev.ForwardStarted, f[r], ()))
             if sampled:
                 rows.append((ev.BackwardStarted, b[r], ()))
                 for j in range(buckets):
@@ -93,13 +105,18 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
                     rows.append((ev.AllReduceLaunched, ready[r, j], (j, 1 << 20, "float32")))
                 rows += [(ev.AllReduceDone, end[r], (j,)) for j in range(buckets)]
                 rows.append((ev.BackwardFinished, end[r], ()))
-            out = [cls(r, s, int(tt) + off, seqs[r] + i, *fields)  # type: ignore[call-arg]
+            out = [cls(r, s - (cls in _PREVIOUS), int(tt) + off, seqs[r] + i,
+                       *fields)  # type: ignore[call-arg]
                    for i, (cls, tt, fields) in enumerate(rows)]
             seqs[r] += len(out)
             cols[r].add(out)
             n_events += len(out)
         t = float(end.max())
+        was_sampled = sampled
     return Sim({r: c.table() for r, c in enumerate(cols)}, n_events)
+
+
+_PREVIOUS = (ev.OptimizerStepStarted, ev.OptimizerStepFinished)  # stamped with step - 1
 
 
 def prefix(tables: dict[int, Table], steps: int) -> dict[int, Table]:

@@ -62,7 +62,8 @@ KINDS: dict[Kind, str] = {
                      "settings (bucket sizes or order; post-mortem)",
     "straggler": "one rank is persistently the last to launch the all-reduces, so every step "
                  "waits for it (field: where it loses the time: data, forward, backward, "
-                 "compute; bucket: the bucket before whose launch it loses most)",
+                 "compute, and with the optimizer step recorded optimizer and after_backward; "
+                 "bucket: the bucket before whose launch it loses most)",
     "nonfinite_gradient": "a rank's local gradient (before the all-reduce spread it) or its "
                           "loss was NaN/Inf: ranks = where it began, name = the first such "
                           "parameter in gradient-ready order, field 'loss' when the loss was "
@@ -217,6 +218,17 @@ FIXES: dict[Kind, dict[str, str]] = {
         "data": "Look at this rank's data loading and optimizer step: more DataLoader "
                 "workers or pin_memory, a shard or files on slower storage, per-rank logging "
                 "or checkpointing between steps, or a host with fewer free cores.",
+        # the optimizer step recorded (the gap before the forward split): data loading alone
+        "data_loading": "Look at this rank's data loading: more DataLoader workers or "
+                        "pin_memory, a shard or files on slower storage, a sampler giving it "
+                        "larger or harder samples, or a host with fewer free cores.",
+        "optimizer": "Look at this rank's optimizer step: a different optimizer or settings "
+                     "on this rank, optimizer state offloaded to slower memory, the foreach or "
+                     "fused implementation unavailable there, per-rank work in an optimizer "
+                     "hook, or a host with fewer free cores.",
+        "after_backward": "Look at what this rank does between backward() and "
+                          "optimizer.step(): gradient clipping, logging or metrics on this rank "
+                          "only, a host sync (loss.item(), .cpu()), or a checkpoint.",
         "": "Look at what makes this rank's compute slower: another process on its cores or "
             "GPU (nvidia-smi, top), thermal throttling, a different device, or rank-dependent "
             "work in forward/backward (a hook, a larger batch, extra layers).",

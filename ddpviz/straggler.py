@@ -30,6 +30,7 @@ UNKNOWN_CLOCK_ERROR_NS = 10_000_000
 MAX_STEPS = 4096  # the latest steps analysed (per-step arrays are ranks x steps)
 MAX_CELLS = 1 << 23  # ranks x steps x buckets of the launch cube (64 MiB of float64)
 MIN_STEPS = 7  # recorded steps before a straggler can be named (P_STEADY needs 7 of 7)
+MIN_SPLIT_STEPS = 3  # steps with optimizer-step events to split the gap before a forward
 MIN_SHARE = 0.05  # a straggler costs at least this share of the median step time
 P_STEADY = 1e-2  # the chance that a rank is later than the others' median that often
 P_MAX = 1e-4  # the chance that one rank is last this often with every rank equally slow
@@ -60,6 +61,13 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 # Steps with per-bucket events (all steps under the guard, the sampled ones by default) give
 # the phase where k loses the time; steps with only a ForwardStarted (hook-less watch between
 # samples) can still show a rank that arrives late at the forward (data loading, optimizer).
+# Lateness at the forward is added between the previous backward's end (which the last
+# all-reduce makes simultaneous) and the forward. Where the sampled steps recorded the
+# optimizer step (OptimizerStepStarted/Finished, engine/optimizer_step.py), that gap is split
+# on them: after the backward (its end to the optimizer's start: clipping, logging, host
+# syncs), the optimizer step, and data loading (the optimizer's end to the next forward),
+# each the median over at least MIN_SPLIT_STEPS such steps of k's added lateness against the
+# others' median. Without them (old traces, or too few steps) the gap stays one phase, "data".
 
 
 class Timeline(NamedTuple):
@@ -70,6 +78,8 @@ class Timeline(NamedTuple):
     forward: np.ndarray  # (R, S) first ForwardStarted
     backward: np.ndarray  # (R, S) first BackwardStarted
     end: np.ndarray  # (R, S) last BackwardFinished
+    optimizer: np.ndarray  # (R, S) first OptimizerStepStarted (after the step's backward)
+    optimizer_end: np.ndarray  # (R, S) last OptimizerStepFinished
     bucket_steps: np.ndarray  # (Sb,) steps with a launch recorded on some rank
     buckets: np.ndarray  # (B,) bucket indices (reduction order)
     launch: np.ndarray  # (R, Sb, B) AllReduceLaunched (BucketReady without launches)
@@ -107,11 +117,14 @@ class Straggler(NamedTuple):
     p90_ns: float
     threshold_ns: float
     error_ns: float  # clock uncertainty against the others
-    phase: str  # "data" | "forward" | "backward" | "compute"
+    # "data" | "forward" | "backward" | "compute"; with optimizer-step events also
+    # "optimizer" | "after_backward" (and "data" is then data loading alone)
+    phase: str
     bucket: int  # with phase "backward": the bucket before whose launch it lost most; else -1
     breakdown: tuple[tuple[str, float], ...]  # (phase, median lateness added there, ns)
     last_step: int
     evidence: str  # "buckets" | "forward"
+    split_steps: int = 0  # steps whose optimizer-step events split the gap before the forward
 
 
 def _aligned(table: Table, clock: Mapping[int, tuple[int, int]], code: int
@@ -144,6 +157,8 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     fwd = [_aligned(t, clock, col.FORWARD) for t in tables]
     bwd = [_aligned(t, clock, col.BACKWARD) for t in tables]
     end = [_aligned(t, clock, col.BACKWARD_END) for t in tables]
+    opt = [_aligned(t, clock, col.OPTIMIZER) for t in tables]
+    opt_end = [_aligned(t, clock, col.OPTIMIZER_END) for t in tables]
     launches = []
     for t in tables:
         rows = np.flatnonzero(t.kind == col.LAUNCHED)
@@ -151,18 +166,20 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
             rows = np.flatnonzero(t.kind == col.BUCKET_READY)
         off = clock.get(t.rank, (0, 0))[0]
         launches.append((t.step[rows], t.a[rows], t.t[rows] + off))
-    mins = [int(tt.min()) for _, tt in fwd + bwd + end if len(tt)]
+    mins = [int(tt.min()) for _, tt in fwd + bwd + end + opt + opt_end if len(tt)]
     mins += [int(tt.min()) for _, _, tt in launches if len(tt)]
     t0 = min(mins, default=0)
 
     all_steps = np.unique(np.concatenate([s for s, _ in fwd] or [np.zeros(0, np.int64)]))
     steps = all_steps[all_steps >= 0][-MAX_STEPS:]
     n_r = len(ranks)
-    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(3)]
+    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(5)]
     for i in range(n_r):
         _fill(grids[0], i, steps, *fwd[i], t0)
         _fill(grids[1], i, steps, *bwd[i], t0)
         _fill(grids[2], i, steps, *end[i], t0, last=True)
+        _fill(grids[3], i, steps, *opt[i], t0)
+        _fill(grids[4], i, steps, *opt_end[i], t0, last=True)
 
     b_steps = np.unique(np.concatenate([s for s, _, _ in launches] or [np.zeros(0, np.int64)]))
     b_steps = b_steps[b_steps >= 0]
@@ -184,8 +201,8 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
 
     stated = np.array([_stated_error(clock.get(int(r), (0, 0))[1]) for r in ranks],
                       dtype=np.float64)
-    return Timeline(ranks, steps, grids[0], grids[1], grids[2], b_steps, bucket_ids, cube,
-                    stated, np.maximum(stated, _end_skew(grids[2])), t0)
+    return Timeline(ranks, steps, grids[0], grids[1], grids[2], grids[3], grids[4], b_steps,
+                    bucket_ids, cube, stated, np.maximum(stated, _end_skew(grids[2])), t0)
 
 
 def _stated_error(error: int) -> float:
@@ -317,11 +334,48 @@ def _nanmedian(a: np.ndarray) -> float:
     return float(np.median(a)) if len(a) else math.nan
 
 
-def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray) -> tuple[
+def _gap_split(tl: Timeline, k: int) -> tuple[tuple[tuple[str, float], ...], int]:
+    """Rank k's (index) lateness added between a backward's end and the next forward, split
+    on the optimizer-step events (See [Note: straggler verdict]): ((after_backward, x),
+    (optimizer, x), (data, x)) medians, and the number of steps they come from; ((), n)
+    when fewer than MIN_SPLIT_STEPS steps have them on every rank."""
+    if not tl.steps.size or np.isnan(tl.optimizer).all():
+        return (), 0
+    following = np.searchsorted(tl.steps, tl.steps + 1)
+    has = following < len(tl.steps)
+    has[has] = tl.steps[following[has]] == tl.steps[has] + 1
+    next_forward = np.full_like(tl.forward, np.nan)
+    next_forward[:, has] = tl.forward[:, following[has]]
+
+    def late(a: np.ndarray) -> np.ndarray:
+        return a[k] - _median_others(a, k)
+
+    at_end, at_opt, at_opt_end, at_next = (late(a) for a in (
+        tl.end, tl.optimizer, tl.optimizer_end, next_forward))
+    ok = ~(np.isnan(at_end) | np.isnan(at_opt) | np.isnan(at_opt_end) | np.isnan(at_next))
+    n = int(ok.sum())
+    if n < MIN_SPLIT_STEPS:
+        return (), n
+    return ((("after_backward", float(np.median((at_opt - at_end)[ok]))),
+             ("optimizer", float(np.median((at_opt_end - at_opt)[ok]))),
+             ("data", float(np.median((at_next - at_opt_end)[ok])))), n)
+
+
+def _split_data(parts: list[tuple[str, float]], split: tuple[tuple[str, float], ...]
+                ) -> list[tuple[str, float]]:
+    """`parts` with its one "data" part replaced by the split of the gap, when there is one."""
+    if not split:
+        return parts
+    return [q for p in parts for q in (split if p[0] == "data" else (p,))]
+
+
+def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray,
+               split: tuple[tuple[str, float], ...] = ()) -> tuple[
         str, int, tuple[tuple[str, float], ...]]:
     """Where rank k (index) adds its lateness on the bucket steps `b_cols` (bool over
     tl.bucket_steps): the phase with the largest median increase, the bucket of the largest
-    increase inside the backward."""
+    increase inside the backward; `split`: the gap before the forward split on the optimizer
+    step (`_gap_split`), which then stands for its "data" part."""
     pos = np.searchsorted(tl.steps, tl.bucket_steps[b_cols])
     ok = (pos < len(tl.steps))
     ok[ok] = tl.steps[pos[ok]] == tl.bucket_steps[b_cols][ok]
@@ -363,7 +417,7 @@ def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray) -> tuple[
             # one bucket only when most of the backward's lateness is added before it
             if total == total and incs[j] >= 0.5 * total:
                 bucket = int(tl.buckets[j])
-    parts = [(p, v if v == v else 0.0) for p, v in parts]
+    parts = [(p, v if v == v else 0.0) for p, v in _split_data(parts, split)]
     phase = max(parts, key=lambda pv: pv[1])[0]
     return phase, (bucket if phase == "backward" else -1), tuple(parts)
 
@@ -382,20 +436,25 @@ def find_straggler(tl: Timeline) -> Straggler | None:
         if got is not None:
             k, n, m, xk, threshold, error = got
             cols = np.asarray(~np.isnan(ends).any(axis=0))
-            phase, bucket, parts = _breakdown(tl, k, cols)
+            split, n_split = _gap_split(tl, k)
+            phase, bucket, parts = _breakdown(tl, k, cols, split)
             cost = np.clip(xk, 0, None)
             return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
                              float(np.percentile(cost, 90)), threshold, error, phase, bucket,
-                             parts, int(tl.bucket_steps[cols][-1]), "buckets")
+                             parts, int(tl.bucket_steps[cols][-1]), "buckets",
+                             n_split if split else 0)
     got = _verdict(tl.forward, tl.steps, tl, step_time)
     if got is None:
         return None
     k, n, m, xk, threshold, error = got
     cost = np.clip(xk, 0, None)
     cols = np.asarray(~np.isnan(tl.forward).any(axis=0))
+    split, n_split = _gap_split(tl, k)
+    gap = _split_data([("data", float(np.median(xk)))], split)
     return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
-                     float(np.percentile(cost, 90)), threshold, error, "data", -1,
-                     (("data", float(np.median(xk))),), int(tl.steps[cols][-1]), "forward")
+                     float(np.percentile(cost, 90)), threshold, error,
+                     max(gap, key=lambda pv: pv[1])[0], -1, tuple(gap),
+                     int(tl.steps[cols][-1]), "forward", n_split if split else 0)
 
 
 _PHASE_TEXT = {
@@ -404,6 +463,14 @@ _PHASE_TEXT = {
     "forward": "in the forward",
     "backward": "in the backward",
     "compute": "in the forward or backward",
+}
+# With the optimizer step recorded, the gap before the forward is three phases.
+_SPLIT_TEXT = {
+    **_PHASE_TEXT,
+    "after_backward": "after the backward, before the optimizer step (gradient clipping, "
+                      "logging, a host sync such as loss.item())",
+    "optimizer": "in the optimizer step (after the backward)",
+    "data": "in data loading (before the forward, after the optimizer step)",
 }
 
 
@@ -436,7 +503,8 @@ def straggler_findings(per_rank: Mapping[int, Table],
     s = find_straggler(tl)
     if s is None:
         return []
-    where = _PHASE_TEXT[s.phase]
+    texts = _SPLIT_TEXT if s.split_steps else _PHASE_TEXT
+    where = texts[s.phase]
     if s.phase == "backward" and s.bucket < 0:
         where += ", spread over its buckets"
     if s.bucket >= 0:
@@ -451,8 +519,10 @@ def straggler_findings(per_rank: Mapping[int, Table],
             else "the other ranks (at the forward)")
     title = (f"rank {s.rank} is the straggler: {what} waited for it in {s.last_in} of "
              f"{s.steps} recorded steps, {ms(s.median_ns)} median, {ms(s.p90_ns)} p90 a step")
-    parts = ", ".join(f"{_PHASE_TEXT[p].split(' (')[0]} {'+' if v >= 0 else ''}{ms(v)}"
+    parts = ", ".join(f"{texts[p].split(' (')[0]} {'+' if v >= 0 else ''}{ms(v)}"
                       for p, v in s.breakdown)
+    split = (f"; the optimizer step told from data loading on the {s.split_steps} steps "
+             "that recorded it" if s.split_steps else "")
     detail = (f"it loses the time {where}",
               f"median lateness against the other ranks: {parts}",
               f"{_clock_text(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]), s.error_ns)}",
@@ -460,12 +530,14 @@ def straggler_findings(per_rank: Mapping[int, Table],
               f"{ms(s.threshold_ns)} (the uncertainty or {MIN_SHARE:.0%} of the step, "
               "whichever is larger) and last far more often than chance",
               f"from the {'per-bucket' if s.evidence == 'buckets' else 'forward'} events of "
-              f"steps up to {s.last_step}")
+              f"steps up to {s.last_step}{split}")
     return [Finding(kind="straggler", severity="warning", title=title, ranks=(s.rank,),
                     field=s.phase, bucket=s.bucket, step=s.last_step,
                     values=((f"last in {s.last_in}/{s.steps} steps, waited for "
                              f"{ms(s.median_ns)} median", (s.rank,)),),
-                    detail=detail, fix=fix_for("straggler", s.phase), world_size=world_size)]
+                    detail=detail, fix=fix_for("straggler", "data_loading" if s.split_steps
+                                               and s.phase == "data" else s.phase),
+                    world_size=world_size)]
 
 
 def _param_names(table: Table | None) -> dict[int, str]:

@@ -40,6 +40,58 @@ def test_a_rank_slow_in_data_loading_is_named_from_forwards_at_the_default_level
     assert "data loading" in f.text()
 
 
+@pytest.mark.parametrize("every", [1, 100])
+@pytest.mark.parametrize(("phase", "slow", "where"), [
+    ("optimizer", 4.0, "it loses the time in the optimizer step"),
+    ("data", 3.0, "it loses the time in data loading (before the forward, after the "
+                  "optimizer step)"),
+])
+def test_the_optimizer_step_is_told_from_data_loading(phase: str, slow: float, where: str,
+                                                      every: int) -> None:
+    # The gap before a forward: after the backward (10%), the optimizer step (40%), data
+    # loading (50%); the sampled steps record the optimizer step (every=100: steps 0-2 only,
+    # and the verdict comes from the forwards).
+    sim = simulate(16, 30, slow_rank=3, phase=phase, slow=slow, every=every, seed=7,
+                   optimizer=True)
+    (f,) = [f for f in diagnose_tables(sim.tables) if f.kind == "straggler"]
+    assert f.ranks == (3,) and f.field == phase and f.bucket == -1
+    assert where in f.text()
+    assert f"told from data loading on the {29 if every == 1 else 3} steps" in f.text()
+    lateness = next(line for line in f.detail if line.startswith("median lateness"))
+    assert "in the optimizer step " in lateness and "in data loading " in lateness
+    assert f.fix == ddpviz.findings.fix_for("straggler", "optimizer" if phase == "optimizer"
+                                            else "data_loading")
+    # Without the optimizer-step events (a trace from before them) the gap stays one phase.
+    old = {r: col.Table(t.rank, *(c[keep] for c in t[1:8]), {}, t.strings)
+           for r, t in sim.tables.items()
+           for keep in [~np.isin(t.kind, [col.OPTIMIZER, col.OPTIMIZER_END])]}
+    (f,) = [f for f in diagnose_tables(old) if f.kind == "straggler"]
+    assert f.ranks == (3,) and f.field == "data"
+    assert ("before the forward (data loading, or the optimizer step after the previous "
+            "backward)") in f.text() and "told from data loading" not in f.text()
+
+
+def test_the_gap_split_needs_the_optimizer_step_of_three_steps_on_every_rank() -> None:
+    sim = simulate(4, 30, slow_rank=1, phase="optimizer", slow=4.0, every=100, seed=2,
+                   optimizer=True)
+    tl = st.timeline(sim.tables)
+    k = int(np.flatnonzero(tl.ranks == 1)[0])
+    parts, n = st._gap_split(tl, k)
+    assert n == 3 and [p for p, _ in parts] == ["after_backward", "optimizer", "data"]
+    assert max(parts, key=lambda pv: pv[1])[0] == "optimizer"
+    # one rank without them (an old ddpviz on it): no split
+    t = sim.tables[0]
+    keep = t.kind != col.OPTIMIZER
+    tables = {**sim.tables, 0: col.Table(0, *(c[keep] for c in t[1:8]), {}, t.strings)}
+    assert st._gap_split(st.timeline(tables), k) == ((), 0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_healthy_runs_with_the_optimizer_step_recorded_name_nobody(seed: int) -> None:
+    sim = simulate(8, 60, jitter=0.1, spikes=0.05, every=1, seed=seed, optimizer=True)
+    assert st.find_straggler(st.timeline(sim.tables)) is None
+
+
 def test_a_rank_slow_in_forward_is_named_with_its_phase() -> None:
     sim = simulate(16, 20, slow_rank=2, phase="forward", slow=1.3, every=1, seed=4)
     (f,) = [f for f in diagnose_tables(sim.tables) if f.kind == "straggler"]
