@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import ddpviz
+from ddpviz import events as ev
 from tests.dist.harness import free_port
 from tests.record.hooked import ROOT, hooked_python
 from tests.record.test_record import job_env, run
@@ -67,6 +68,30 @@ def test_a_rank_slow_in_data_loading_is_named_at_the_default_level(python: str,
                    TRAIN_SLOW_PHASE="data")
     (f,) = stragglers(trace)
     assert f.ranks == (0,) and f.field == "data"
+
+
+@pytest.mark.parametrize(("phase", "where"), [
+    ("optimizer", "it loses the time in the optimizer step"),
+    ("data", "it loses the time in data loading (before the forward, after the optimizer step)"),
+])
+def test_the_optimizer_step_is_told_from_data_loading(python: str, tmp_path: Path, phase: str,
+                                                      where: str) -> None:
+    # Rank 1 sleeps 12 ms a step (~25%) in an optimizer step pre-hook of the script's own, or
+    # in its data loading. Both fall between a backward's end and the next forward; the
+    # sampled steps (every=2) time the optimizer step with torch's global optimizer hooks.
+    trace = record(python, tmp_path / "t", 2, "every=2", TRAIN_SLOW_RANK="1",
+                   TRAIN_SLOW_PHASE=phase)
+    (f,) = stragglers(trace)
+    assert f.ranks == (1,) and f.field == phase
+    assert where in f.text() and "told from data loading" in f.text()
+    # timed on the sampled steps only: those whose per-parameter hooks were armed
+    for rank in (0, 1):
+        events = trace.events(rank=rank)
+        timed = [e.step for e in events if isinstance(e, ev.OptimizerStepStarted)]
+        sampled = sorted({e.step for e in events if isinstance(e, ev.GradReady)})
+        assert timed == sampled and len(timed) >= 25
+        assert len([e for e in events if isinstance(e, ev.OptimizerStepFinished)]) \
+            == len(timed)
 
 
 def test_a_healthy_job_beside_a_cpu_hog_names_nobody(python: str, tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ what `ddpviz record` runs in tests/record/test_straggler.py.
 Every rank "loads" each batch in TRAIN_LOAD_S seconds (a sleep: the same on every rank, and
 not at the mercy of a busy machine's scheduler), then runs a 4-layer MLP whose parameters
 fall into 4 buckets (bucket_cap_mb small). TRAIN_SLOW_RANK=R slows rank R by TRAIN_SLOW_S
-seconds a step in TRAIN_SLOW_PHASE: "backward" (a sleep in the second layer's backward hook)
-or "data" (a longer load). TRAIN_STEPS steps (default 60).
+seconds a step in TRAIN_SLOW_PHASE: "backward" (a sleep in the second layer's backward hook),
+"data" (a longer load) or "optimizer" (a sleep in an optimizer step pre-hook of the script's
+own). TRAIN_STEPS steps (default 60).
 """
 
 import os
@@ -32,6 +33,8 @@ def main() -> None:
     if slow and phase == "backward":
         model[2].register_full_backward_hook(lambda m, gi, go: time.sleep(extra))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    if slow and phase == "optimizer":
+        opt.register_step_pre_hook(lambda o, args, kwargs: time.sleep(extra))
     for step in range(int(os.environ.get("TRAIN_STEPS", "60"))):
         time.sleep(load + (extra if slow and phase == "data" else 0.0))
         g = torch.Generator().manual_seed(100 * step + rank)
