@@ -201,7 +201,8 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     first = files[0].parent if Path(args.trace[0]).is_dir() else files[0]
     out = Path(args.output) if args.output else first.with_suffix(".html")
-    write_report(trace, out, title=f"ddpviz report: {', '.join(args.trace)}")
+    write_report(trace, out, title=f"ddpviz report: {', '.join(args.trace)}",
+                 ended=ended_files(files))  # as _diagnose reads them
     print(f"ddpviz: wrote {out} ({len(trace)} events, ranks {trace.ranks})")
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ from ddpviz.columns import Table
 from ddpviz.findings import Finding, sort_findings, value_lines
 from ddpviz.model.spans import Span, table_spans
 from ddpviz.trace import Trace, gc_paused
+from ddpviz.tracefile import End
 from ddpviz.units import human_bytes, human_duration
-from ddpviz.verdict import SEVERITIES, trace_facts, verdict_line, where
+from ddpviz.verdict import SEVERITIES, ended_sentence, trace_facts, verdict_line, where
 
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64
@@ -50,34 +51,45 @@ _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
            "#ff9da7", "#9c755f", "#bab0ac")
 
 
-def render(trace: Trace, *, title: str = "ddpviz report") -> str:
-    """The report as one HTML document (a string)."""
+def render(trace: Trace, *, title: str = "ddpviz report",
+           ended: Mapping[int, End] | None = None) -> str:
+    """The report as one HTML document (a string).
+
+    Args:
+        trace: the run's events.
+        title: the page's title.
+        ended: the end records of the ranks' files, by rank (`ddpviz report DIR` reads them
+            as `ddpviz diagnose DIR` does: cli.ended_files): diagnosed the same way (a rank
+            that ended cleanly is never named as hung) and said in the summary (which ranks
+            ended cleanly, which exited on an uncaught exception, which have no record).
+    """
     with gc_paused():
-        return _render(trace, title)
+        return _render(trace, title, ended)
 
 
-def _render(trace: Trace, title: str) -> str:
+def _render(trace: Trace, title: str, ended: Mapping[int, End] | None = None) -> str:
     tables = trace.columns()
     spans = {r: table_spans(t, trace.clock.get(r, (0, 0))[0]) for r, t in tables.items()}
     all_spans = [s for sp in spans.values() for s in sp]
-    findings = sort_findings(diagnose(trace))
+    findings = sort_findings(diagnose(trace, ended=ended))
     maps = _bucket_maps(trace)
     steps = _timeline_steps(all_spans)
     parts = [markup.fmt("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
                         "<title>{}</title><style>{}</style></head><body>", title,
                         markup.Markup(_CSS)),
              markup.fmt("<h1>{}</h1>", title),
-             _findings(findings, lambda f: _link(f, maps, steps)), _summary(trace),
+             _findings(findings, lambda f: _link(f, maps, steps)), _summary(trace, ended),
              _ranks(trace, tables, spans), _verification(trace, findings), _buckets(trace, maps),
              _timeline(all_spans, steps), "</body></html>"]
     return "\n".join(parts)
 
 
-def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "ddpviz report"
-                 ) -> Path:
-    """Write `render(trace)` to `path`. Returns the path."""
+def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "ddpviz report",
+                 ended: Mapping[int, End] | None = None) -> Path:
+    """Write `render(trace, title=..., ended=...)` to `path`. Returns the path."""
     out = Path(path)
-    write_text(out, render(trace, title=title))  # atomic: a failed save keeps the old file
+    # atomic: a failed save keeps the old file
+    write_text(out, render(trace, title=title, ended=ended))
     return out
 
 
@@ -112,13 +124,17 @@ def _ms(ns: float) -> str:
 _META_SAID = {"rank", "started_wall_ns", "wall_ns", "mono_ns", "boot"}
 
 
-def _summary(trace: Trace) -> str:
+def _summary(trace: Trace, ended: Mapping[int, End] | None = None) -> str:
     facts = trace_facts(trace)
     extra = ", ".join(f"{k}: {v}" for k, v in sorted(trace.meta.items()) if k not in _META_SAID)
     truncated = ("<p class='bad'>The trace file ended in a torn frame: events after the "
                  "writer's last flush are missing.</p>" if trace.truncated else "")
-    return markup.fmt("<section id='summary'><h2>Summary</h2><p>{}</p>{}{}</section>",
-                      facts.sentence(),
+    # which ranks' files say they ended, as `ddpviz diagnose` prints it (when any file does)
+    end = markup.fmt("<p id='ended' class='{}'>{}</p>",
+                     "bad" if any(e.error for e in ended.values()) else "muted",
+                     ended_sentence(facts.ranks, ended)) if ended else ""
+    return markup.fmt("<section id='summary'><h2>Summary</h2><p>{}</p>{}{}{}</section>",
+                      facts.sentence(), end,
                       markup.fmt("<p class='muted'>{}</p>", extra) if extra else "",
                       markup.Markup(truncated))
 

@@ -148,3 +148,26 @@ def test_the_hostile_trace_findings_are_shown_escaped() -> None:
     assert raw_markup(page.split("</style>", 1)[1]) is None
     for f in findings:
         assert markup.escape(f.title) in page
+
+
+def test_end_records_are_diagnosed_and_said_as_diagnose_does() -> None:
+    from ddpviz._diagnose import diagnose
+    from ddpviz.tracefile import End
+    from ddpviz.verdict import diagnosis_text
+    from tests.diagnose.test_ended import run
+
+    # rank 0's file was read mid-all-reduce of step 3; rank 1 finished step 3 and ended
+    trace = run({0: 3, 1: 3}, open_on=0)
+    assert "rank 1 was not in it" in render(trace)  # without the record: named as not in it
+    ended = {1: End(1, 50, 0)}
+    page = render(trace, ended=ended)
+    assert "rank_hang" not in page and "was not in it" not in page
+    said = "rank 1 ended cleanly; rank 0 has no end record (still running, or killed)."
+    assert f"<p id='ended' class='muted'>{said}</p>" in page
+    assert f"ddpviz: {said}" in diagnosis_text(trace, diagnose(trace, ended=ended), (), ended)
+    # a rank's own error: said, and no clean end (the hang stays named)
+    died = render(trace, ended={1: End(1, 50, 0, error="Value<Error>")})
+    assert "rank 1 was not in it" in died
+    assert ("<p id='ended' class='bad'>rank 1 exited on an uncaught Value&lt;Error&gt;; rank 0 "
+            "has no end record (still running, or killed).</p>") in died
+    assert "id='ended'" not in render(trace, ended={})  # a saved trace: no record, no line

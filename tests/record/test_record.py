@@ -16,6 +16,7 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
+from ddpviz import markup
 from tests.dist.harness import free_port
 from tests.record.hooked import ROOT, hooked_python
 
@@ -236,3 +237,31 @@ def test_replicas_that_drift_apart_are_named_in_the_trace_diagnose_and_report(
                    job_env())
     assert reported.returncode == 0, reported.stderr
     assert "replicas diverged: 1 of 4 parameters" in html.read_text()
+
+
+def test_the_report_of_a_job_dir_says_which_ranks_ended_as_diagnose_does(
+        python: str, tmp_path: Path) -> None:
+    # rank 1 dies of an uncaught ValueError after its last step, rank 0 ends normally: both
+    # files end with their end record, which `ddpviz report DIR` reads as `diagnose DIR` does
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
+               job_env(TRAIN_STEPS="4", TRAIN_RAISE="1"))
+    assert done.returncode != 0 and "planted" in done.stderr, done.stdout + done.stderr
+    said = "rank 0 ended cleanly; rank 1 exited on an uncaught ValueError."
+    diagnosed = run([sys.executable, "-m", "ddpviz", "diagnose", str(out)], job_env())
+    assert f"ddpviz: {said}" in diagnosed.stdout.splitlines(), diagnosed.stdout
+    html = tmp_path / "report.html"
+    reported = run([sys.executable, "-m", "ddpviz", "report", str(out), "-o", str(html)],
+                   job_env())
+    assert reported.returncode == 0, reported.stderr
+    page = html.read_text()
+    assert f"<p id='ended' class='bad'>{said}</p>" in page
+    # the same findings as diagnose's, from the same records
+    from ddpviz.cli import ended_files, load_traces
+    from ddpviz.report import render
+
+    trace, files = load_traces([str(out)])
+    findings = ddpviz.diagnose(trace, ended=ended_files(files))
+    assert all(markup.escape(f.title) in page for f in findings)
+    assert render(trace, title="t", ended=ended_files(files)).count("class='finding ") == \
+        len(findings)

@@ -6,6 +6,8 @@ instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in sec
 TRAIN_DEVICE=cuda uses NCCL and one GPU per rank. TRAIN_MISMATCH=shape|name builds a different
 model on rank 1 (a layer 17 wide instead of 16 / the same layout under other names).
 TRAIN_DIVERGE=S: rank 1 edits its last layer's bias in place after step S (replicas drift).
+TRAIN_RAISE=R: rank R dies of an uncaught ValueError after its last step (the others end
+normally).
 (The forms frameworks build, torch.compile and replicate() included: tests/frameworks.)
 """
 
@@ -77,6 +79,8 @@ def main() -> None:
     # called without an active exception", SIGABRT) in watched and unwatched runs alike.
     dist.barrier()
     sys.stdout.flush()
+    if os.environ.get("TRAIN_RAISE") == str(rank):
+        raise ValueError("planted: this rank dies after its last step")
     atexit._run_exitfuncs()
     os._exit(0)
 
