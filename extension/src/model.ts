@@ -463,6 +463,8 @@ export class TraceModel {
     const last = this.aligned(events[events.length - 1]);
     let forward: DDPEvent | null = null;
     let backward: DDPEvent | null = null;
+    // the optimizer step after this step's backward (recorded on sampled steps only)
+    let optimizer: DDPEvent | null = null;
     const open = new Map<number, AllReduceLaunched[]>();
     const phase = (name: string, start: DDPEvent, end: number, finished: boolean) =>
       row.phases.push({ name, start: this.aligned(start), end, finished });
@@ -486,6 +488,15 @@ export class TraceModel {
           if (backward !== null) {
             phase('backward', backward, t, true);
             backward = null;
+          }
+          break;
+        case 'OptimizerStepStarted':
+          optimizer = optimizer ?? e; // (a step nested in another: from the outer start)
+          break;
+        case 'OptimizerStepFinished':
+          if (optimizer !== null) {
+            phase('optimizer', optimizer, t, true);
+            optimizer = null;
           }
           break;
         case 'GradReady':
@@ -531,6 +542,9 @@ export class TraceModel {
     }
     if (backward !== null) {
       phase('backward', backward, last, false);
+    }
+    if (optimizer !== null) {
+      phase('optimizer', optimizer, last, false);
     }
     for (const pending of open.values()) {
       for (const start of pending) {

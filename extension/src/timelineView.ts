@@ -372,7 +372,7 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
       'span',
       { class: 'ddpviz-legend-item' },
       h('i', { class: 'ddpviz-swatch ddpviz-phase' }),
-      'forward / backward'
+      'forward / backward / optimizer step (sampled steps)'
     ),
     h(
       'span',
