@@ -28,9 +28,11 @@ from ddpviz.events import OptimizerStepFinished, OptimizerStepStarted, Tap
 # several DDPs and optimizers in one process each time their own. Global hooks run on every
 # optimizer step while registered, so they are registered only on the sampled steps (where
 # the per-parameter hooks are armed: `arm()`), and removed at the next unsampled forward
-# (`disarm()`): the usual step runs no Python of this tap. They are not removed from inside
-# the hooks: torch iterates its hook dicts while calling them, and removing an entry then
-# raises "OrderedDict mutated during iteration" for the hooks after it.
+# (`disarm()`, with the per-parameter hooks; under watch() that forward is never a plain one:
+# See [Note: plain steps] in _watch/base.py): the usual step runs no Python of this tap.
+# They are not removed from inside the hooks: torch iterates its hook dicts while calling
+# them, and removing an entry then raises "OrderedDict mutated during iteration" for the
+# hooks after it.
 # The tap never raises into the job: an error in a hook (the emitter, say) removes the hooks
 # for good and says so once on stderr.
 
