@@ -350,13 +350,12 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
             count[i], first[i] = int.from_bytes(head[1:5], "big"), s - lo + 5
 
     # Where events start: the `\xa4type` key after a fixmap byte (and false finds, see Note).
-    is_y = region[3:max(hi - lo, 3)] == 0x79  # "y", then "p": one find per event, not the
-    is_y &= region[4:max(hi - lo, 3) + 1] == 0x70  # ~2.5 of "y" alone ("Ready", integers)
+    is_y = region[3:max(hi - lo, 3)] == 0x79
     if np.count_nonzero(is_y) > (hi - lo) // 8:
         return out  # not events (a real frame has about one per 30 bytes): not worth indexing
     y = np.flatnonzero(is_y)
     c = y.astype(np.int64)  # ("y" of "type" is 3 bytes after the map's first byte)
-    c = c[region[c + 2] == 0x74]  # "t" before it (not the "d" of "Ready")
+    c = c[(region[c + 2] == 0x74) & (region[c + 4] == 0x70)]  # "t" before it, "p" after it
     w0, w1 = words.pair(c)  # the map's first 16 bytes: its opening, the type's if hot
     frame = np.searchsorted(starts, c, side="right") - 1
     inside = ((((w0 >> _U64(8)) & _U64((1 << 40) - 1)) == _TYPE_KEY)
