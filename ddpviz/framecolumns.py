@@ -158,9 +158,15 @@ class _Words:
     def __init__(self, raw: memoryview, n: int) -> None:
         self._v8 = np.ndarray((n,), dtype="V8", buffer=raw, offset=0, strides=(1,))
         self._v16 = np.ndarray((n - 8,), dtype="V16", buffer=raw, offset=0, strides=(1,))
+        self._vrow = np.ndarray((n - _ROW + 8,), dtype=f"V{_ROW}", buffer=raw, offset=0,
+                                strides=(1,))
 
     def le(self, p: np.ndarray) -> np.ndarray:
         return self._v8[p].view(_LE)
+
+    def rows(self, p: np.ndarray) -> np.ndarray:
+        """The _ROW bytes at each p: (len(p),) of a void dtype, one row each."""
+        return self._vrow[p]
 
     def pair(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         both = self._v16[p].view(_LE).reshape(-1, 2)
@@ -168,6 +174,7 @@ class _Words:
 
 
 _LE = np.dtype("<u8")
+_ALL = _U64((1 << 64) - 1)
 
 
 def _be_at(first: np.ndarray, second: np.ndarray, s: int) -> np.ndarray:
@@ -309,6 +316,126 @@ _decode_event = msgspec.msgpack.Decoder(ANY_EVENT).decode
 _codes_cache: dict[int, tuple[Mapping[type[Event], int], np.ndarray]] = {}
 
 
+# [Note: layouts]
+# A GradReady is ~97% of a trace's events, and a rank writes them in a handful of layouts: the
+# same keys in the same order, each integer in one encoding (a step a fixint, a time a uint64,
+# a parameter index a uint16 once past 255, ...). A layout is read off one event's bytes (the
+# first of a window's GradReady events that no layout read so far has taken), as the bytes
+# that must be equal (opening, keys, each integer's first byte or, for fixints, its class)
+# and where each integer is. The _ROW bytes of every candidate are gathered once; an event
+# has the layout when its size (its start to the next event's) is the layout's and its bytes
+# equal the fixed ones under the mask; its integers are then read at fixed offsets, checked
+# against the same bounds as `_field` checks. That is what reading field by field finds for
+# it, so the result is the same [Note: reading frames as msgspec would]; what no layout of
+# _LAYOUTS takes is read field by field. Each try costs one pass over the events left:
+# bounded per window, whatever the file holds.
+_ROW = 96  # bytes of a GradReady read at once (its usual ~70; longer ones: field by field)
+_LAYOUTS = 4  # layouts tried per window
+_GRAD_FIELDS = (*_COMMON, *((name, lo, hi) for name, _, lo, hi in _HOT[0].fields))
+
+
+class _Layout(NamedTuple):
+    """One layout of GradReady (See [Note: layouts])."""
+
+    size: int  # bytes of the event
+    mask: np.ndarray  # uint64 words over the event's bytes: the bits that are fixed
+    want: np.ndarray  # uint64 words: their values
+    ints: tuple[tuple[int, int, int, int], ...]  # per field: where its integer starts (the
+    # first byte, its encoding), that byte, and the field's bounds
+
+
+def _layout_of(event: bytes) -> _Layout | None:
+    """The layout of one GradReady's bytes; None if they are not its fields in order, each a
+    msgpack integer, in at most _ROW bytes."""
+    opening = _HOT[0].opening
+    if len(event) > _ROW or not event.startswith(opening):
+        return None
+    mask, want = bytearray(_ROW), bytearray(_ROW)
+    mask[:len(opening)], want[:len(opening)] = b"\xff" * len(opening), opening
+    at, ints = len(opening), []
+    for name, lo, hi in _GRAD_FIELDS:
+        key = _key(name)
+        head = at + len(key)
+        if event[at:head] != key or head >= len(event):
+            return None
+        mask[at:head], want[at:head] = b"\xff" * len(key), key
+        first = event[head]
+        length = int(_INT[first]) & 15
+        if not length:
+            return None
+        mask[head], want[head] = ((0x80, 0) if first < 0x80 else (0xE0, 0xE0) if first >= 0xE0
+                                  else (0xFF, first))
+        ints.append((head, first, lo, hi))
+        at = head + length
+    if at != len(event):
+        return None
+    words = (at + 7) // 8
+    return _Layout(at, np.frombuffer(bytes(mask), dtype=_LE)[:words].copy(),
+                   np.frombuffer(bytes(want), dtype=_LE)[:words].copy(), tuple(ints))
+
+
+def _ints(rows: np.ndarray, at: int, first: int, lo: int,
+          hi: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The integers encoded from byte `at` of each row, all starting with `first` (or its
+    fixint class): (values, in bounds (None: all are))."""
+    if first < 0x80 or first >= 0xE0:
+        dtype, start, low, high = (np.dtype(np.uint8), at, 0, 0x7F) if first < 0x80 else (
+            np.dtype(np.int8), at, -32, -1)
+    else:
+        size = 1 << ((first - 0xCC) & 3)
+        signed = first >= 0xD0
+        dtype = np.dtype(f">{'i' if signed else 'u'}{size}")
+        start = at + 1
+        low, high = ((-(1 << (8 * size - 1)), (1 << (8 * size - 1)) - 1) if signed
+                     else (0, (1 << (8 * size)) - 1))
+    v = np.ndarray((len(rows),), dtype=dtype, buffer=rows, offset=start,
+                   strides=(_ROW,)).astype(np.int64)  # (a uint64 past int64 wraps negative)
+    if lo <= low and high <= hi:
+        return v, None
+    return v, (v >= max(lo, 0 if first == 0xCF else lo)) & (v <= hi)
+
+
+def _by_layout(words: _Words, region: np.ndarray, c: np.ndarray, nxt: np.ndarray,
+               candidates: np.ndarray, columns: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Which events (`candidates`: GradReady openings; each from c to nxt) have one of the
+    first _LAYOUTS layouts found among them; their rank, step, t_ns, seq, param and bucket go
+    into `columns`. See [Note: layouts]."""
+    matched = np.zeros(len(c), dtype=bool)
+    left = np.flatnonzero(candidates)
+    if not len(left):
+        return matched
+    rows = words.rows(c[left])
+    size = nxt[left] - c[left]
+    for _ in range(_LAYOUTS):
+        if not len(left):
+            break
+        first = int(left[0])
+        layout = (_layout_of(bytes(region[c[first]:nxt[first]]))
+                  if nxt[first] - c[first] <= _ROW else None)
+        ok = np.zeros(len(left), dtype=bool)
+        if layout is not None:
+            w = rows.view(_LE).reshape(len(rows), _ROW // 8)
+            ok = size == layout.size
+            for j in range(2, len(layout.mask)):  # (the opening's 16 bytes: checked before)
+                mask, want = layout.mask[j], layout.want[j]
+                ok &= (w[:, j] if mask == _ALL else w[:, j] & mask) == want
+            values = []
+            for at, first_byte, lo, hi in layout.ints:
+                v, fine = _ints(rows, at, first_byte, lo, hi)
+                values.append(v)
+                if fine is not None:
+                    ok &= fine
+            # (the values of events without the layout are written too: whatever reads them
+            # next, a later layout or field by field, overwrites them)
+            for column, v in zip(columns, values, strict=True):
+                column[left] = v
+            matched[left] = ok
+        ok[0] = True  # (the sample leaves the set: taken, or read field by field)
+        miss = np.flatnonzero(~ok)
+        left, rows, size = left[miss], rows[miss], size[miss]
+    return matched
+
+
 def _CODES_OF(codes: Mapping[type[Event], int]) -> np.ndarray:
     """The caller's code of each hot type, by index in _HOT (0 for the rest: set later)."""
     cached = _codes_cache.get(id(codes))
@@ -391,21 +518,32 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
     ok = hot & ((w1 & _SECOND_MASK[which]) == _SECOND_WORD[which])
     # (a rare event's opening: its map byte, the "type" key, its tag as a fixstr)
     p = c + np.where(hot, _OPENING_SIZE[which], 7 + (region[c + 6] & 0x1F))
-    common_ok = np.ones(n, dtype=bool)
-    common = []
-    for name, lo_v, hi_v in _COMMON:
-        p, v, fine = _field(words, p, name, lo_v, hi_v)
-        common_ok &= fine
-        common.append(v)
-    ok &= common_ok
-    after_common = p
-    rank, step, t, seq = common
     kind = _CODES_OF(codes)[which]
-    # GradReady's fields, read for every event (the most by far); then the other hot types'.
+    rank, step, t, seq, a, b = (np.zeros(n, dtype=np.int64) for _ in range(6))
+    end = nxt.copy()
+    fine = np.ones(n, dtype=bool)
+    common_ok = np.ones(n, dtype=bool)
+    after_common = p.copy()
+    # Most GradReady events in a few layouts, a gather each (See [Note: layouts]); the rest,
+    # and the fields every type has, field by field.
+    matched = _by_layout(words, region, c, nxt, (which == 0) & ok, (rank, step, t, seq, a, b))
+    rest = np.flatnonzero(~matched)
+    q = p[rest]
+    for into, (name, lo_v, hi_v) in zip((rank, step, t, seq), _COMMON, strict=True):
+        q, v, k = _field(words, q, name, lo_v, hi_v)
+        into[rest] = v
+        common_ok[rest] &= k
+    ok &= common_ok
+    after_common[rest] = q
+    # GradReady's fields, read for every other event (the most by far); then the other hot
+    # types'.
     (_, _, lo_a, hi_a), (_, _, lo_b, hi_b) = _HOT[0].fields
-    end, a, fine = _field(words, p, "param", lo_a, hi_a)
-    end, b, fine_b = _field(words, end, "bucket", lo_b, hi_b)
-    fine &= fine_b
+    q, v, k = _field(words, q, "param", lo_a, hi_a)
+    a[rest] = v
+    q, v, k_b = _field(words, q, "bucket", lo_b, hi_b)
+    b[rest] = v
+    end[rest] = q
+    fine[rest] = k & k_b
     for i, h in enumerate(_HOT[1:], start=1):
         sel = np.flatnonzero(which == i)
         if not len(sel):
@@ -416,7 +554,7 @@ def decode_frames(buf: memoryview, frames: Sequence[tuple[int, int]],
             start = min(off, len(h.opening) - 8)
             piece = h.opening[start:start + 8]
             right &= words.le(q + start) == _U64(_le(piece))
-        q = p[sel]
+        q = after_common[sel]
         a[sel] = 0
         b[sel] = 0
         for name, column, lo_v, hi_v in h.fields:

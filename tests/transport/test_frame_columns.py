@@ -221,3 +221,49 @@ def test_frames_that_would_cost_more_than_their_bytes_go_to_msgspec(
         assert framecolumns.decode_frames(memoryview(payload), [(0, len(payload))],
                                           CODE) == [None]
         assert _same(_file(payload), monkeypatch)[0] == "TraceError"
+
+
+def test_events_of_one_layout_with_any_byte_changed_load_as_msgspec_reads_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GradReady events of one layout are read a layout at a time (See [Note: layouts] in
+    framecolumns.py): a change of any byte of one of them (a key, an integer's first byte or
+    value, the size) is read as msgspec reads it, by the layout or field by field."""
+    def grad(i: int, **fields: bytes) -> bytes:
+        return _grad(**{"seq": enc(300 + i), "param": enc(200 + i), "t": enc(10**12 + i),
+                        **fields})
+    events = [grad(i) for i in range(8)]
+    middle = bytearray(events[4])
+    for at in range(len(middle)):
+        for change in (0x01, 0x20, 0x80, 0xFF):
+            changed = bytearray(middle)
+            changed[at] ^= change
+            _same(_file(_array(*events[:4], bytes(changed), *events[5:])), monkeypatch)
+    # values at the edges of their fields' bounds, in the layout's encodings
+    for t in (b"\xcf" + (2**64 - 1).to_bytes(8, "big"), b"\xcf" + (2**63).to_bytes(8, "big"),
+              b"\xcf" + (1 << 62).to_bytes(8, "big"), b"\xcf" + ((1 << 62) + 1).to_bytes(8, "big")):
+        _same(_file(_array(*events[:4], grad(4, t=t), *events[5:])), monkeypatch)
+    # more layouts than are tried per window: the rest field by field
+    mixed = [grad(i, rank=r, step=s) for i, (r, s) in enumerate(
+        (a, b) for a in (enc(3), b"\xcc\x03", b"\xd0\x03") for b in (enc(1), b"\xcd\x00\x01"))]
+    loaded = _same(_file(_array(*mixed, *events)), monkeypatch)
+    assert len(loaded) == len(mixed) + len(events)
+
+
+def test_layouts_read_the_values_field_by_field_reading_reads() -> None:
+    """The layout of one GradReady and the values read through it, against msgspec's."""
+    raw = _grad(rank=b"\xcc\x05", step=enc(1), t=enc(10**12), seq=b"\xcd\x01\x00",
+                param=b"\xd1\x00\x07", bucket=enc(2))
+    layout = framecolumns._layout_of(raw)
+    assert layout is not None and layout.size == len(raw)
+    assert framecolumns._layout_of(raw + b"\x00") is None  # not where the event ends
+    assert framecolumns._layout_of(raw.replace(b"param", b"parab")) is None
+    region = np.zeros(len(raw) + 512, dtype=np.uint8)
+    region[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    words = framecolumns._Words(region.data, len(region) - 7)
+    c = np.array([0], dtype=np.int64)
+    columns = tuple(np.zeros(1, dtype=np.int64) for _ in range(6))
+    matched = framecolumns._by_layout(words, region, c, c + len(raw), np.ones(1, dtype=bool),
+                                      columns)
+    e = msgspec.msgpack.decode(raw, type=ev.GradReady)
+    assert matched.tolist() == [True]
+    assert [int(x[0]) for x in columns] == [e.rank, e.step, e.t_ns, e.seq, e.param, e.bucket]
