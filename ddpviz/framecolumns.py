@@ -406,10 +406,14 @@ def _by_layout(words: _Words, region: np.ndarray, c: np.ndarray, nxt: np.ndarray
         return matched
     rows = words.rows(c[left])
     size = nxt[left] - c[left]
+    few = len(left) // 16  # left for field by field: another pass costs more than they do
     for _ in range(_LAYOUTS):
-        if not len(left):
+        if len(left) <= few:
             break
-        first = int(left[0])
+        # the sample: the first event of the commonest size (most likely the commonest layout)
+        common = int(np.bincount(np.minimum(size, _ROW + 1)).argmax())
+        pick = int(np.argmax(size == common)) if common <= _ROW else 0
+        first = int(left[pick])
         layout = (_layout_of(bytes(region[c[first]:nxt[first]]))
                   if nxt[first] - c[first] <= _ROW else None)
         ok = np.zeros(len(left), dtype=bool)
@@ -430,7 +434,7 @@ def _by_layout(words: _Words, region: np.ndarray, c: np.ndarray, nxt: np.ndarray
             for column, v in zip(columns, values, strict=True):
                 column[left] = v
             matched[left] = ok
-        ok[0] = True  # (the sample leaves the set: taken, or read field by field)
+        ok[pick] = True  # (the sample leaves the set: taken, or read field by field)
         miss = np.flatnonzero(~ok)
         left, rows, size = left[miss], rows[miss], size[miss]
     return matched
