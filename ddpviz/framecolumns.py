@@ -99,10 +99,13 @@ class RareCache:
 
     KEEP = 64  # entries; only big events are kept
     BIG = 4096  # bytes of own fields below which decoding is cheaper than a lookup
+    EDGE = 1024  # bytes at each end of the own fields that key an entry, with their size (a
+    # checksum of all of them cost as much as comparing them: ~0.1 s of a 256-rank file)
+    PER_KEY = 2  # entries under one key at most: a lookup compares at most this many
 
     def __init__(self) -> None:
-        # (opening, size and CRC of the own fields) -> [(own fields, event)]
-        self._events: dict[tuple[bytes, int, int], list[tuple[bytes, Event]]] = {}
+        # (opening, size and CRCs of the ends of the own fields) -> [(own fields, event)]
+        self._events: dict[tuple[bytes, int, int, int], list[tuple[bytes, Event]]] = {}
         self._size = 0
         self._scratch = np.zeros(0, dtype=np.uint8)
 
@@ -122,7 +125,8 @@ class RareCache:
             return e
         opening = int(raw[6]) & 0x1F
         own = raw[head:]
-        key = (bytes(raw[:7 + opening]), len(own), zlib.crc32(own))
+        key = (bytes(raw[:7 + opening]), len(own), zlib.crc32(own[:self.EDGE]),
+               zlib.crc32(own[-self.EDGE:]))
         entries = self._events.get(key, ())
         mine = bytes(own) if entries else b""  # (a memoryview compares byte by byte: slow)
         for fields, cached in entries:
@@ -131,7 +135,8 @@ class RareCache:
                 return msgspec.structs.replace(cached, rank=rank, step=step, t_ns=t_ns, seq=seq)
         e = _decode_event(raw)
         limits.check_events([e])
-        if self._size < self.KEEP and _common(e) == common:
+        if (self._size < self.KEEP and len(self._events.get(key, ())) < self.PER_KEY
+                and _common(e) == common):
             other = cast("tuple[int, int, int, int]", tuple(int(v == 0) for v in common))
             probe = bytearray(raw[:7 + opening])
             for name, value in zip(("rank", "step", "t_ns", "seq"), other, strict=True):

@@ -192,6 +192,12 @@ def test_a_big_rare_event_is_shared_by_ranks_unless_its_own_fields_repeat_a_comm
                      ("rank", enc(9))) for r in range(3)]
     loaded = _same(_file(_array(*repeated[:2]), _array(repeated[2])), monkeypatch)
     assert [e.rank for e in loaded.of_type(ev.BucketsRebuilt)] == [9, 9, 9]
+    # own fields of one size, alike at both ends (what keys the cache), other in the middle
+    orders = [tuple(range(3000)), (*range(1500), 1501, 1500, *range(1502, 3000)),
+              (*range(1500), 1502, 1501, 1500, *range(1503, 3000))]
+    alike = [ev.BucketsRebuilt(r, 1, 10 + r, 7, orders[r % 3]) for r in range(9)]
+    loaded = _same(_file(enc(alike[:4]), enc(alike[4:])), monkeypatch)
+    assert loaded.of_type(ev.BucketsRebuilt) == alike
 
 
 def test_a_frame_cut_or_padded_inside_is_refused_as_msgspec_refuses_it(
