@@ -409,8 +409,9 @@ def _by_layout(words: _Words, region: np.ndarray, c: np.ndarray, nxt: np.ndarray
     left = np.flatnonzero(candidates)
     if not len(left):
         return matched
-    rows = words.rows(c[left])
-    size = nxt[left] - c[left]
+    start = c[left]
+    rows = words.rows(start)
+    size = nxt[left] - start
     few = len(left) // 16  # left for field by field: another pass costs more than they do
     for _ in range(_LAYOUTS):
         if len(left) <= few:
