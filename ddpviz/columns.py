@@ -251,11 +251,14 @@ class RankColumns:
             cols = [c[rows] for c in cols]
         kind, step, t, seq, a, b, s = cols
         if block.strings:
-            # interned in order of first use, as `_convert` does
-            used, at = np.unique(s[s >= 0], return_index=True)
-            mine = np.full(len(block.strings) + 1, -1, dtype=np.int32)
-            for i in used[np.argsort(at)].tolist():
-                mine[i] = self._intern(block.strings[i])
+            index = self._string_index
+            if all(x in index for x in block.strings):  # (the usual: seen in earlier blocks)
+                mine = np.array([index[x] for x in block.strings] + [-1], dtype=np.int32)
+            else:  # interned in order of first use, as `_convert` does
+                used, at = np.unique(s[s >= 0], return_index=True)
+                mine = np.full(len(block.strings) + 1, -1, dtype=np.int32)
+                for i in used[np.argsort(at)].tolist():
+                    mine[i] = self._intern(block.strings[i])
             s = mine[s]  # -1 (none) picks the last entry, -1
         start = self._n_sealed
         if block.rare:

@@ -405,7 +405,7 @@ class _Batch:
         n = 0
         buf = self.buf
         decoded = (decode_frames(buf, [(at, length) for _, at, length in frames], self.codes,
-                                 self.seen)
+                                 self.seen, True)  # (joined)
                    if self.codes is not None and frames else [None] * len(frames))
         for (where, at, length), columns in zip(frames, decoded, strict=True):
             if columns is not None:

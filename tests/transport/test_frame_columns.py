@@ -273,3 +273,50 @@ def test_layouts_read_the_values_field_by_field_reading_reads() -> None:
     e = msgspec.msgpack.decode(raw, type=ev.GradReady)
     assert matched.tolist() == [True]
     assert [int(x[0]) for x in columns] == [e.rank, e.step, e.t_ns, e.seq, e.param, e.bucket]
+
+
+def test_joined_frames_hold_what_the_frames_hold_one_by_one() -> None:
+    """decode_frames(..., join=True) (what loading uses): a run of frames read as columns is
+    one block, the first frame's, with the rows and rare events of every frame of the run in
+    order; the others are empty; a frame left to msgspec stays None and splits the runs."""
+    from ddpviz.columns import CODE
+
+    events = random_run(3)
+    chunks = [events[i:i + 7] for i in range(0, len(events), 7)]
+    payloads = [enc(chunk) for chunk in chunks]
+    bad = _array(_grad(extra=(("x", enc(1)),)))
+    middle = len(payloads) // 2
+    payloads.insert(middle, bad)
+    buf = memoryview(b"".join(payloads))
+    frames, at = [], 0
+    for p in payloads:
+        frames.append((at, len(p)))
+        at += len(p)
+    alone = framecolumns.decode_frames(buf, frames, CODE)
+    joined = framecolumns.decode_frames(buf, frames, CODE, None, True)
+    assert [x is None for x in alone] == [x is None for x in joined]
+    assert alone[middle] is None and sum(x is None for x in alone) == 1
+
+    def runs(blocks: list[framecolumns.EventColumns | None]) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        for block in blocks:
+            if block is None:
+                out.append([])
+                continue
+            if not out or out[-1] == []:
+                out.append([])
+            out[-1].append(block)
+        return [r for r in out if r]
+    rare_seen = 0
+    for one_by_one, (whole, *rest) in zip(runs(alone), runs(joined), strict=True):
+        assert all(len(x) == 0 for x in rest) and len(rest) == len(one_by_one) - 1
+        for name in ("rank", "kind", "step", "t", "seq", "a", "b", "s"):
+            assert np.array_equal(getattr(whole, name), np.concatenate(
+                [getattr(x, name) for x in one_by_one])), name
+        at, rare = 0, {}
+        for x in one_by_one:
+            rare.update({at + row: e for row, e in x.rare.items()})
+            at += len(x)
+        assert whole.rare == rare
+        rare_seen += len(rare)
+    assert rare_seen  # (the constructor's events, in the first run)
