@@ -21,6 +21,8 @@ per-parameter hooks on its steps 0-2 (Recording(every=100)), whose cost is print
 
     PYTHONPATH=. python benchmarks/bench_frameworks.py --in-process [--blocks 8] [--block 12]
 
+`--only lightning` runs the frameworks whose name holds that text.
+
 Needs the frameworks extra (`pip install -e '.[frameworks]'`) and ddpviz's startup hook in this
 Python (an installed ddpviz; tests/record/hooked.py makes an overlay otherwise).
 """
@@ -141,7 +143,10 @@ def main() -> None:
                         help="watch and unwatch blocks of steps inside one job")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--block", type=int, default=12)
+    parser.add_argument("--only", default="", help="the frameworks whose name contains this")
     args = parser.parse_args()
+    for name in [n for n in FRAMEWORKS if args.only.lower() not in n.lower()]:
+        del FRAMEWORKS[name]
     os.environ.pop("DDPVIZ_RECORD", None)
     if args.in_process:
         if args.blocks < 2 or args.blocks % 2 or args.block <= SETTLE:
