@@ -17,7 +17,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from ddpviz.events import OptimizerStepFinished, OptimizerStepStarted, Tap
+from ddpviz.events import Event, OptimizerStepFinished, OptimizerStepStarted, Tap
 
 # [Note: optimizer-step tap]
 # Between a backward and the next forward a rank runs its optimizer step and loads the next
@@ -86,20 +86,17 @@ class OptimizerStepTap:
         return mine
 
     def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.error is not None:
-            return
-        try:
-            if self._owns(optimizer):
-                self.tap.emit(OptimizerStepStarted)
-        except Exception as exc:
-            self._stop(exc)
+        self._emit(optimizer, OptimizerStepStarted)
 
     def _post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._emit(optimizer, OptimizerStepFinished)
+
+    def _emit(self, optimizer: Any, kind: type[Event]) -> None:
         if self.error is not None:
             return
         try:
             if self._owns(optimizer):
-                self.tap.emit(OptimizerStepFinished)
+                self.tap.emit(kind)
         except Exception as exc:
             self._stop(exc)
 
