@@ -14,6 +14,7 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz._watch.base import Watch, _graph_task
+from ddpviz.engine.detail import NEVER
 
 
 class HooklessWatch(Watch):
@@ -142,7 +143,7 @@ class ForwardsOnlyWatch(HooklessWatch):
         return
 
     def _arm_plain_until(self, step: int) -> int:
-        return 1 << 62  # (never)
+        return NEVER
 
     def _on_rebuild(self) -> None:
         return

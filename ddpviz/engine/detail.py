@@ -57,6 +57,9 @@ REPLICAS_EVERY = 100  # the replica check's default period (See [Note: replica d
 # DeprecationWarning naming the new spelling.
 
 
+NEVER = 1 << 62  # plain_until's answer for "no step from here on" (See [Note: plain steps])
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Recording:
     """What ddpviz records of each backward, and whether watch() guards the all-reduce.
@@ -303,7 +306,7 @@ class DetailPolicy:
         if self.level == "full" or step < self.first:
             return step
         if self.level == "buckets":
-            return 1 << 62
+            return NEVER
         end = -(-step // self.every) * self.every
         for noted in (*self._rebuild_steps, *self._finding_steps):
             if noted >= step - 1:  # (a finding's step and the next are full)

@@ -40,6 +40,7 @@ import msgspec
 import numpy as np
 import torch
 
+from ddpviz.engine.detail import NEVER
 from ddpviz.engine.digest import Snapshot
 from ddpviz.engine.rendezvous import Board, Scope, as_text
 from ddpviz.engine.replica_verdict import RankState, differing_names, judge
@@ -53,7 +54,6 @@ IDLE_S = 0.25  # ... and this often when it has none
 GIVE_UP_S = 120.0  # rank 0 stops waiting for a step's summaries or details after this
 PRECISE_LEAD = 4  # the every-step window starts this many steps after rank 0 saw a divergence
 MAX_FINDINGS = 8  # replicas_diverged findings per DDP (the first is also printed)
-_NEVER = 1 << 62  # plain_until: no step of mine is ever special
 EXIT_S = 5.0  # at interpreter exit, how long the ranks wait for rank 0 to judge what is left
 
 
@@ -169,7 +169,7 @@ class ReplicaCheck:
         a checked one, as far as is known now (`on_change` says when that changes): their
         before_forward only writes `latest`. See [Note: plain steps] (_watch/base.py)."""
         if self._closed:
-            return _NEVER
+            return NEVER
         if self._waiting is not None or self._pending is not None:
             return step
         due = -(-(step - 1) // self.period) * self.period  # the first checked step >= step-1
