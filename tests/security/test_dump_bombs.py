@@ -149,6 +149,9 @@ def test_a_group_rank_list_is_read_as_integers_only() -> None:
 
 INTERRUPTED = r"""
 import signal
+# Ctrl-C raises KeyboardInterrupt only where Python installed its handler, which it does not
+# when the parent ignores SIGINT (a background job's children inherit that, CI run with `&`)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ddpviz._postmortem import pickle_reader
 from tests.security.dump_bombs import none_flood
 pickle_reader.MAX_OPS = pickle_reader.MAX_BYTES = 1 << 40  # a parse of many opcodes
