@@ -214,6 +214,12 @@ class Sender:
         self._wake.set()
         self._thread.join(timeout + 5.0)
         self._capacity = 0  # later emits are counted as drops
+        if self.error is not None and not self._thread.is_alive():
+            # an emit that saw the old capacity just before the thread failed appended after
+            # the thread emptied the buffer: that event went nowhere either
+            left = [self._buf.popleft() for _ in range(len(self._buf))]
+            with self._lock:
+                self._dropped_total += sum(1 for e in left if type(e) is not EventsDropped)
         _open_senders.discard(self)
         self._warn_drops(force=True)
 
@@ -242,7 +248,8 @@ class Sender:
             self._inflight = []
             n = sum(1 for ev in lost if type(ev) is not EventsDropped)
             with self._lock:
-                self._dropped_total += n + self._dropped  # pending drops get no marker now
+                # (pending drops are in _dropped_total already; they get no marker now)
+                self._dropped_total += n
                 self._dropped, self._first_drop = 0, None
             _warn(f"ddpviz: rank {self.rank}'s event sender to {self._sink.describe()} stopped: "
                   f"{type(e).__name__}: {e}\n{n} buffered events and all later ones are "
