@@ -81,6 +81,11 @@ _WINDOW_BYTES = 16 << 20  # batches]); and their encoded size
 # batch and then its "bye" are confirmed; batches still unconfirmed then count as dropped.
 
 
+def _events(items: list[Event]) -> int:
+    """How many of `items` are events, not drop markers (markers are not events)."""
+    return sum(1 for e in items if type(e) is not EventsDropped)
+
+
 class SenderStats(NamedTuple):
     sent: int  # events shipped, including EventsDropped markers
     markers: int  # EventsDropped markers among them
@@ -219,7 +224,7 @@ class Sender:
             # the thread emptied the buffer: that event went nowhere either
             left = [self._buf.popleft() for _ in range(len(self._buf))]
             with self._lock:
-                self._dropped_total += sum(1 for e in left if type(e) is not EventsDropped)
+                self._dropped_total += _events(left)
         _open_senders.discard(self)
         self._warn_drops(force=True)
 
@@ -246,7 +251,7 @@ class Sender:
             # What the sink failed on and what the buffer held never went anywhere: dropped.
             lost = self._inflight + [self._buf.popleft() for _ in range(len(self._buf))]
             self._inflight = []
-            n = sum(1 for ev in lost if type(ev) is not EventsDropped)
+            n = _events(lost)
             with self._lock:
                 # (pending drops are in _dropped_total already; they get no marker now)
                 self._dropped_total += n
@@ -298,7 +303,7 @@ class Sender:
         if not self._sink.ship(batch):  # undeliverable before the close deadline
             rest = [self._buf.popleft() for _ in range(len(self._buf))]
             # the rest cannot go either: do not wait for each batch. Markers are not events.
-            lost = sum(1 for e in batch + rest if type(e) is not EventsDropped)
+            lost = _events(batch + rest)
             with self._lock:
                 self._dropped_total += lost
                 self._unwarned += lost
