@@ -337,7 +337,7 @@ def _nanmedian(a: np.ndarray) -> float:
 def _gap_split(tl: Timeline, k: int) -> tuple[tuple[tuple[str, float], ...], int]:
     """Rank k's (index) lateness added between a backward's end and the next forward, split
     on the optimizer-step events (See [Note: straggler verdict]): ((after_backward, x),
-    (optimizer, x), (data, x)) medians, and the number of steps they come from; ((), n)
+    (optimizer, x), (data, x)) medians, and the number of steps they come from; ((), 0)
     when fewer than MIN_SPLIT_STEPS steps have them on every rank."""
     if not tl.steps.size or np.isnan(tl.optimizer).all():
         return (), 0
@@ -355,7 +355,7 @@ def _gap_split(tl: Timeline, k: int) -> tuple[tuple[tuple[str, float], ...], int
     ok = ~(np.isnan(at_end) | np.isnan(at_opt) | np.isnan(at_opt_end) | np.isnan(at_next))
     n = int(ok.sum())
     if n < MIN_SPLIT_STEPS:
-        return (), n
+        return (), 0
     return ((("after_backward", float(np.median((at_opt - at_end)[ok]))),
              ("optimizer", float(np.median((at_opt_end - at_opt)[ok]))),
              ("data", float(np.median((at_next - at_opt_end)[ok])))), n)
@@ -442,7 +442,7 @@ def find_straggler(tl: Timeline) -> Straggler | None:
             return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
                              float(np.percentile(cost, 90)), threshold, error, phase, bucket,
                              parts, int(tl.bucket_steps[cols][-1]), "buckets",
-                             n_split if split else 0)
+                             n_split)
     got = _verdict(tl.forward, tl.steps, tl, step_time)
     if got is None:
         return None
@@ -454,7 +454,7 @@ def find_straggler(tl: Timeline) -> Straggler | None:
     return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
                      float(np.percentile(cost, 90)), threshold, error,
                      max(gap, key=lambda pv: pv[1])[0], -1, tuple(gap),
-                     int(tl.steps[cols][-1]), "forward", n_split if split else 0)
+                     int(tl.steps[cols][-1]), "forward", n_split)
 
 
 _PHASE_TEXT = {
