@@ -52,8 +52,11 @@ docs: $(BIN)/.test
 	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs $(DOCS_OUT)
 
 # The docs are built first so that CI (.ci/run) covers them (tests/browser/test_docs_site.py).
+# Two pytest-xdist workers: a test file (a directory, for tests/browser and tests/frameworks) is
+# one worker's whole (tests/conftest.py); half the suite's time is ranks waiting on each other
+# and on timeouts, so two workers keep both cores busy.
 test: lint docs $(CHROMIUM)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 # On a machine with CUDA GPUs: NCCL with as many ranks as GPUs (tests/gpu, marker gpu). Where
 # torch sees no GPU every test there is skipped, saying so. Install a CUDA build of torch into

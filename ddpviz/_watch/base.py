@@ -496,7 +496,8 @@ class Watch:
 
     def close(self) -> None:
         """Remove the hooks (the comm hook stays registered, passing through: torch cannot
-        remove one) and stop the watchdog thread."""
+        remove one) and stop the threads: the replica check's, and the heartbeat's within
+        pulse.CLOSE_GRACE_S (it composes the other ranks' last NaN-check posts until then)."""
         self._closed = True
         if "_plan_lock" in self.__dict__:
             self._replan()
@@ -507,6 +508,9 @@ class Watch:
         replicas = self.__dict__.get("_replicas")
         if replicas is not None:
             replicas.close()
+        dog = self.__dict__.get("watchdog")
+        if dog is not None:
+            dog.close()
         for h in self._handles:
             h.remove()
         self._handles.clear()

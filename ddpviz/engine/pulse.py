@@ -45,6 +45,9 @@ CHECK_S = 0.5  # other ranks' alerts are looked for at most this often
 POST_S = 0.05  # from step EVERY_UNTIL on, the latest position is posted this often
 EVERY_UNTIL = 3  # steps before this one are posted at once
 _JOIN_S = 2.0  # how long close() waits for a store call in flight
+# After its watch closed, the thread still runs its tasks this long (the NaN check composes
+# the other ranks' last steps as they post them), then stops.
+CLOSE_GRACE_S = 30.0
 
 _LIVE: weakref.WeakSet[Pulse] = weakref.WeakSet()
 _RETIRED: list[Board] = []  # boards of ended pulse threads, dropped on a training thread
@@ -55,8 +58,8 @@ class Pulse:
     """Posts this rank's latest position and watches for alerts, off the training thread.
 
     Args:
-        board: the DDP's notice board, on a connection of its own (a cloned Scope): the
-            thread is its only user.
+        board: the DDP's notice board, on the background threads' connection (a cloned
+            Scope: See [Note: one background connection] in rendezvous.py).
     """
 
     def __init__(self, board: Board) -> None:
@@ -80,6 +83,7 @@ class Pulse:
         self._left_seen = 0
         self._held = False
         self._closed = False
+        self._close_at: float | None = None  # close_soon(): monotonic time to stop at
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._polling = False  # beats are coming: the thread looks every POST_S, unwoken
@@ -111,6 +115,12 @@ class Pulse:
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(_JOIN_S)
 
+    def close_soon(self, grace: float | None = None) -> None:
+        """Stop the thread within `grace` seconds (CLOSE_GRACE_S by default), running its
+        tasks until then: the watch is closed, but what the other ranks post about its last
+        steps is still composed. Never waits."""
+        self._close_at = time.monotonic() + (CLOSE_GRACE_S if grace is None else grace)
+
     def _run(self) -> None:
         checked = time.monotonic()
         try:
@@ -130,6 +140,9 @@ class Pulse:
                         task(self.board)
                     except Exception:  # (a store error is seen by the next has_alerts)
                         self.tasks.remove(task)
+                close_at = self._close_at
+                if close_at is not None and time.monotonic() >= close_at:
+                    self._closed = True
                 if self._closed:
                     if self.exiting and self.last is not None:
                         self.tracker.exiting(self.board, self.last[0])

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -34,6 +36,28 @@ from ddpviz.limits import Name, Step
 
 _PREFIX = "ddpviz"
 
+# [Note: one background connection]
+# ddpviz's background threads (every watch's heartbeat, the replica check) use a connection of
+# their own, so a store call of theirs never waits behind the training thread's. One per store
+# per process, shared by all of them (the C++ client serializes calls; they make only short,
+# non-blocking ones: set, add, check, get of a key known to exist), not one per watch: opening
+# a connection costs a round of torch's socket set-up, including a reverse DNS lookup of the
+# peer for its logs, which on a machine whose resolver drops queries takes 5 s (glibc's
+# timeout); a notebook that watches and closes again and again would pay it every time. The
+# entry goes with the store: it never keeps a store (or rank 0's server) alive.
+_CLONES: weakref.WeakKeyDictionary[dist.Store, dist.Store] = weakref.WeakKeyDictionary()
+_CLONES_LOCK = threading.Lock()
+
+
+def background_connection(base: dist.Store) -> dist.Store:
+    """The process's connection to `base`'s server for ddpviz's background threads (See
+    [Note: one background connection])."""
+    with _CLONES_LOCK:
+        clone = _CLONES.get(base)
+        if clone is None:
+            clone = _CLONES[base] = base.clone()  # type: ignore[attr-defined]
+        return clone
+
 
 class Scope:
     """A process group's store, this rank and the world size, for store-based meetings.
@@ -41,7 +65,8 @@ class Scope:
     Args:
         process_group: the group (the default group if None); ranks are its group ranks.
         store: use this store instead of the group's own (tests, torchrun's store).
-        clone: use a private connection (`store.clone()`), safe to use from another thread.
+        clone: use the background threads' connection (`background_connection`), not the
+            training thread's.
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, *,
@@ -64,7 +89,7 @@ class Scope:
         """The store (looked up on first use: a group of one never needs it)."""
         if self._resolved is None:
             base = self._store if self._store is not None else _group_store(self.group)
-            self._resolved = base.clone() if self._clone else base  # type: ignore[attr-defined]
+            self._resolved = background_connection(base) if self._clone else base
         return self._resolved
 
     def generation(self, name: str) -> int:

@@ -229,6 +229,14 @@ class Watchdog:
         # (pthread_exit through C++ frames: SIGABRT, a changed exit code).
         weakref.finalize(self, self._pulse.close, False).atexit = False
 
+    def close(self) -> None:
+        """The DDP is no longer watched: the heartbeat's thread stops within
+        pulse.CLOSE_GRACE_S (composing the other ranks' last posts until then), not only when
+        this watchdog is collected, so a notebook that watches and closes again and again does
+        not pile up threads polling the store."""
+        if self._pulse is not None:
+            self._pulse.close_soon()
+
     def exchange(self, name: str, payload: str, what: str) -> list[str]:
         """Every rank's payload via the store (not a collective), with the hang timeout."""
         if not self.enabled or self.board is None:

@@ -102,7 +102,8 @@ def test_late_rank_output_lands_in_the_launching_cell(kernel: Kernel) -> None:
 
 
 def test_interrupting_the_kernel_stops_every_rank(kernel: Kernel, tmp_path: Path) -> None:
-    cell = kernel.execute(
+    cell = kernel.execute(  # self-contained: the tests of this file may run in any order
+        "import ddpviz\n"
         "from tests.launch.rank_fns import sleep_forever\n"
         f"run = ddpviz.launch(sleep_forever, 2, args=({str(tmp_path)!r},))\n"
         "run.wait()\n")
