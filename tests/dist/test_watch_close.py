@@ -34,7 +34,7 @@ def _ddpviz_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("ddpviz"))
 
 
-def _settled_threads(within: float = 5.0) -> list[str]:
+def _settled_threads(within: float = 15.0) -> list[str]:
     # the replica check's thread leaves at its next look at the store (every 0.25 s when idle)
     deadline = time.monotonic() + within
     while _ddpviz_threads() and time.monotonic() < deadline:
