@@ -272,6 +272,10 @@ def _bucket_svg(sizes: list[int]) -> str:
                       markup.join(rects))
 
 
+# the phases the timeline draws in each rank's top row, and their fill
+_PHASE_FILL = {"forward": "#eceff3", "backward": "#d0d7e1", "optimizer step": "#e8dcc2"}
+
+
 def _timeline_steps(all_spans: list[Span]) -> list[int]:
     """The steps the timeline draws: the last few with a backward pass."""
     return sorted({s.step for s in all_spans if s.name == "backward"})[-_TIMELINE_STEPS:]
@@ -281,15 +285,16 @@ def _timeline(all_spans: list[Span], steps: list[int]) -> str:
     out = ["<section id='timeline'><h2>All-reduce timeline</h2>"]
     spans = [s for s in all_spans if s.cat in ("allreduce", "phase", "gradients")]
     shown = [s for s in spans if s.step in steps
-             and (s.name in ("backward", "forward") or s.cat in ("allreduce", "gradients"))]
+             and (s.name in _PHASE_FILL or s.cat in ("allreduce", "gradients"))]
     if not shown:
         out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
                    "</section>")
         return "".join(out)
     named = markup.join((markup.fmt("<span id='step-{}'>{}</span>", s, s) for s in steps), ", ")
     out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
-                          "rank: forward and backward on top, one row per bucket's all-reduce "
-                          "below. Hatched: never finished.</p>", named))
+                          "rank: forward, backward and (on sampled steps) the optimizer step on "
+                          "top, one row per bucket's all-reduce below. Hatched: never finished."
+                          "</p>", named))
     summarized = sorted({s.step for s in shown if s.cat == "gradients"})
     if summarized:
         out.append(markup.fmt(
@@ -332,7 +337,7 @@ def _timeline(all_spans: list[Span], steps: list[int]) -> str:
             color = _COLORS[b % len(_COLORS)]
         else:
             y = y0
-            color = "#d0d7e1" if s.name == "backward" else "#eceff3"
+            color = _PHASE_FILL[s.name]
         x = label_w + (s.start_ns - t0) * scale
         w = max((s.end_ns - s.start_ns) * scale, 1.0)
         fill = color if s.finished else "url(#hatch)"

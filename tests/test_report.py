@@ -171,3 +171,33 @@ def test_end_records_are_diagnosed_and_said_as_diagnose_does() -> None:
     assert ("<p id='ended' class='bad'>rank 1 exited on an uncaught Value&lt;Error&gt;; rank 0 "
             "has no end record (still running, or killed).</p>") in died
     assert "id='ended'" not in render(trace, ended={})  # a saved trace: no record, no line
+
+
+def test_the_timeline_and_the_chrome_export_draw_the_optimizer_step() -> None:
+    from ddpviz.chrome_trace import chrome_trace_doc
+
+    r = Ranks(2)
+    r.construct()
+    for step in range(3):
+        for rank in (0, 1):
+            r.iteration(rank, step)
+            r.emit(rank, ev.OptimizerStepStarted)
+            if (rank, step) != (1, 2):  # rank 1 never finishes its last optimizer step
+                r.emit(rank, ev.OptimizerStepFinished)
+    trace = Trace(r.events, meta={"started_wall_ns": WALL_NS})
+    page = render(trace)
+    section = re.search(r"<section id='timeline'>(.*?)</section>", page, re.S)
+    assert section is not None
+    drawn = re.findall(r"fill='([^']+)'><title>rank (\d) step (\d) optimizer step:",
+                       section.group(1))
+    assert sorted((int(rank), int(step)) for _, rank, step in drawn) == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert {fill for fill, rank, step in drawn if (rank, step) == ("1", "2")} == {"url(#hatch)"}
+    assert "url(#hatch)" not in {fill for fill, rank, step in drawn if (rank, step) != ("1", "2")}
+    spans = [e for e in chrome_trace_doc(trace)["traceEvents"]
+             if e.get("ph") == "X" and e["name"] == "optimizer step"]
+    assert sorted((e["pid"], e["args"]["step"]) for e in spans) == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [e["args"].get("unfinished") for e in spans if (e["pid"], e["args"]["step"]) == (1, 2)
+            ] == [True]
+    assert all(e["cat"] == "phase" and e["dur"] >= 0 for e in spans)

@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 from ddpviz import events as ev
 from ddpviz.events import Event
 
-SpanPhase = Literal["verify", "broadcast", "forward", "backward"]
+SpanPhase = Literal["verify", "broadcast", "forward", "backward", "optimizer step"]
 
 
 class PhaseRow(NamedTuple):
@@ -50,8 +50,8 @@ PHASES: dict[type[Event], PhaseRow] = {
     ev.UnusedParametersFound: PhaseRow("backward", demo="unused parameters found"),
     ev.BackwardFinished: PhaseRow("after backward", closes="backward", demo="backward done"),
     # (sampled steps only: See [Note: optimizer-step tap] in engine/optimizer_step.py)
-    ev.OptimizerStepStarted: PhaseRow("optimizer step"),
-    ev.OptimizerStepFinished: PhaseRow("after optimizer step"),
+    ev.OptimizerStepStarted: PhaseRow("optimizer step", opens="optimizer step"),
+    ev.OptimizerStepFinished: PhaseRow("after optimizer step", closes="optimizer step"),
 }
 
 # Derived views, one per reader:

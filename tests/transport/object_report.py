@@ -14,6 +14,7 @@ from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.model.spans import Span
+from ddpviz.report import _PHASE_FILL
 from ddpviz.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
 from tests.transport.object_exports import object_spans
@@ -192,15 +193,16 @@ def _timeline(trace: Trace) -> str:
     spans = [s for s in object_spans(trace) if s.cat in ("allreduce", "phase")]
     steps = sorted({s.step for s in spans if s.name == "backward"})[-_TIMELINE_STEPS:]
     shown = [s for s in spans if s.step in steps
-             and (s.name in ("backward", "forward") or s.cat == "allreduce")]
+             and (s.name in _PHASE_FILL or s.cat == "allreduce")]
     if not shown:
         out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
                    "</section>")
         return "".join(out)
     named = markup.join((markup.fmt("<span id='step-{}'>{}</span>", s, s) for s in steps), ", ")
     out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
-                          "rank: forward and backward on top, one row per bucket's all-reduce "
-                          "below. Hatched: never finished.</p>", named))
+                          "rank: forward, backward and (on sampled steps) the optimizer step on "
+                          "top, one row per bucket's all-reduce below. Hatched: never finished."
+                          "</p>", named))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)
     scale = 900.0 / max(t1 - t0, 1)
@@ -227,7 +229,7 @@ def _timeline(trace: Trace) -> str:
             color = _COLORS[b % len(_COLORS)]
         else:
             y = y0
-            color = "#d0d7e1" if s.name == "backward" else "#eceff3"
+            color = _PHASE_FILL[s.name]
         x = label_w + (s.start_ns - t0) * scale
         w = max((s.end_ns - s.start_ns) * scale, 1.0)
         fill = color if s.finished else "url(#hatch)"

@@ -15,10 +15,12 @@ def test_each_reader_sees_the_phases_it_showed_before() -> None:
     assert STATUS_OF[ev.BackwardFinished] == "after backward"
     assert ev.EventsDropped not in STATUS_OF and ev.FindingReported not in STATUS_OF
     opens = {ev.VerificationStarted: "verify", ev.BroadcastStarted: "broadcast",
-             ev.ForwardStarted: "forward", ev.BackwardStarted: "backward"}
+             ev.ForwardStarted: "forward", ev.BackwardStarted: "backward",
+             ev.OptimizerStepStarted: "optimizer step"}  # (a span since stop 31)
     closes = {ev.VerificationPassed: "verify", ev.VerificationFailed: "verify",
               ev.BroadcastFinished: "broadcast", ev.ForwardStarted: "forward",
-              ev.BackwardStarted: "forward", ev.BackwardFinished: "backward"}
+              ev.BackwardStarted: "forward", ev.BackwardFinished: "backward",
+              ev.OptimizerStepFinished: "optimizer step"}
     assert opens == SPAN_OPENS and closes == SPAN_CLOSES
     assert set(SPAN_OPENS) | set(SPAN_CLOSES) <= set(SPAN_TYPES)
     assert DEMO_LINE[ev.BroadcastFinished] == "state broadcast from rank 0"
