@@ -340,8 +340,9 @@ class GuardedWatch(Watch):
         if buffer.is_sparse:
             buffer.div_(self.world_size)
         elif self._batched:
-            if not self._all_views(bucket, buffer):
-                buffer.div_(self.world_size)
+            # batched_grad_copy: torch divides the whole bucket once it is full, bucket views
+            # and copied gradients alike (ddpviz's reducer: _flush_batched).
+            buffer.div_(self.world_size)
         elif self._grads_before is None:
             buffer.mul_(self._scale)
         else:
@@ -357,11 +358,6 @@ class GuardedWatch(Watch):
             g = before[self._index[id(p)]]
             flags.append(g is not None and g.untyped_storage().data_ptr() == storage)
         return flags
-
-    def _all_views(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> bool:
-        # batched_grad_copy: torch divides the bucket once after its batched copy, which only
-        # happens when some gradient was not a bucket view yet.
-        return self.ddp.gradient_as_bucket_view and all(self._was_view(bucket, buffer))
 
     def _scale_by_view(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> None:
         flags = self._was_view(bucket, buffer)

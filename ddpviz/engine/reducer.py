@@ -368,8 +368,8 @@ class Reducer:
             self._mark_ready_dense(index)
         bucket.pending -= 1
         if bucket.pending == 0:
-            if bucket.deferred:
-                self._flush_deferred(bucket)
+            if self.batched_grad_copy and not bucket.sparse:
+                self._flush_batched(bucket)
             if self.tap.enabled:
                 if not self.summary.per_param:
                     self.summary.emit(b)
@@ -409,12 +409,16 @@ class Reducer:
             if self.gradient_as_bucket_view and self.mixed_precision_param_dtype is None:
                 p.grad = view
 
-    def _flush_deferred(self, bucket: Bucket) -> None:
-        # batched_grad_copy: one foreach copy, then one flat division (a true division, so the
-        # results differ from the per-gradient multiply in the last bit, as in torch).
+    def _flush_batched(self, bucket: Bucket) -> None:
+        # batched_grad_copy: one foreach copy of the gradients that were not bucket views yet,
+        # then one flat division of the whole bucket (a true division, so the results differ
+        # from the per-gradient multiply in the last bit, as in torch). The division runs even
+        # when nothing was copied: gradients that already are bucket views (zero_grad with
+        # set_to_none=False) are not divided where they are marked ready under batched copy.
         with torch.no_grad():
-            views = [bucket.views_in[intra] for intra, _ in bucket.deferred]
-            torch._foreach_copy_(views, [g for _, g in bucket.deferred])
+            if bucket.deferred:
+                views = [bucket.views_in[intra] for intra, _ in bucket.deferred]
+                torch._foreach_copy_(views, [g for _, g in bucket.deferred])
             if self.comm_hook is None:
                 bucket.gradients.div_(self.div_factor)
         bucket.deferred.clear()
@@ -802,8 +806,8 @@ class Reducer:
                 else:
                     self._mark_ready_dense(i)
             for b, bucket in enumerate(self.buckets):
-                if bucket.deferred:
-                    self._flush_deferred(bucket)
+                if self.batched_grad_copy and not bucket.sparse:
+                    self._flush_batched(bucket)
                 if self.tap.enabled:
                     if not self.summary.per_param:
                         self.summary.emit(b)
