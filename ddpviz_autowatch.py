@@ -7,7 +7,7 @@ never with a traceback), and `install()` arms only for the value "1" that `ddpvi
 (another value is said once and ignored) and only adds a meta path finder: nothing of torch or
 ddpviz is imported here. When torch later imports `torch.nn.parallel.distributed`,
 the finder wraps `DistributedDataParallel.__init__`; the first DDP constructed imports
-`ddpviz.autowatch`, which watches it (and every later one).
+`ddpviz.record.autowatch`, which watches it (and every later one).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _patch_module(module: ModuleType) -> None:
 
 def patch(cls: type) -> None:
     """Wrap `cls.__init__` (torch's DistributedDataParallel) so that each instance is watched;
-    the work is done by `ddpviz.autowatch`, imported at the first construction (torch is
+    the work is done by `ddpviz.record.autowatch`, imported at the first construction (torch is
     fully imported by then)."""
     original = cls.__init__  # type: ignore[misc]
     if getattr(original, "__ddpviz_autowatch__", False):
@@ -88,7 +88,7 @@ def patch(cls: type) -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            from ddpviz.autowatch import construct
+            from ddpviz.record.autowatch import construct
         except ImportError as exc:  # ddpviz gone, its hook left: the job runs unwatched
             say_once(f"ddpviz: {ENV} is set but ddpviz cannot be imported ({exc}), so this "
                      "job runs unwatched.\nReinstall ddpviz, or remove the leftover "

@@ -227,7 +227,7 @@ def analyze(data: dict[str, Any], verbose: bool, contention: float) -> tuple[Any
     with their measured step times."""
     import ddpviz
     from ddpviz.advisor import CostModel, Line
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
     trace = Trace.load(data["trace"])
     measured = CostModel({d: Line(*v) for d, v in data["measured"].items()}, "measured")
@@ -275,7 +275,7 @@ def main() -> None:
                         help="only re-analyze the data saved in --out (no ranks)")
     parser.add_argument("--verbose", action="store_true", help="print each Advice too")
     args = parser.parse_args()
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
     out = Path(args.out)
     if not args.analyze:

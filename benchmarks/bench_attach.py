@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._ranks import free_port  # noqa: E402
 from benchmarks.bench_scale import generate  # noqa: E402
-from ddpviz.follow import attach  # noqa: E402
-from ddpviz.trace import Trace  # noqa: E402
-from ddpviz.tracefile import TraceWriter  # noqa: E402
+from ddpviz.session.follow import attach  # noqa: E402
+from ddpviz.traces.fileformat import TraceWriter  # noqa: E402
+from ddpviz.traces.trace import Trace  # noqa: E402
 from tests.record.hooked import hooked_python  # noqa: E402
 
 JOB = ROOT / "benchmarks" / "_attach_job.py"
@@ -110,7 +110,7 @@ def first_paint(size: str) -> None:
 def latency(events: int = 40, every_s: float = 0.05) -> None:
     """From a frame handed to the OS to the attached session's subscriber (the poll)."""
     from ddpviz import events as ev
-    from ddpviz.follow import POLL_S
+    from ddpviz.session.follow import POLL_S
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

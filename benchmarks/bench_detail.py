@@ -1,4 +1,4 @@
-"""Cost of each detail level per step (engine/detail.py) against taps off, on 2 gloo ranks.
+"""Cost of each detail level per step (recording.py) against taps off, on 2 gloo ranks.
 
 ddpviz's DDP trains a model of many small parameter tensors (the case where per-parameter
 events cost the most: 1,000 tensors by default) in five copies inside the same two processes:
@@ -99,7 +99,7 @@ def _per_hook_ns(n: int = 200_000) -> dict[str, float]:
     built and appended to a list (full) against GradSummary.add (buckets; sampled also keeps
     the (param, bucket, time) triple)."""
     from ddpviz import events as ev
-    from ddpviz.engine.detail import DetailPolicy, GradSummary
+    from ddpviz.recording import DetailPolicy, GradSummary
 
     sink: list[Any] = []
     tap = ev.Tap(sink.append, 0)

@@ -2,9 +2,10 @@
 
 Each trace is loaded once; then `diagnose(trace)` runs `--rounds` times (after a first call
 that builds the columns' snapshot, which is load's work, reported on its own line). With
-`--against DIR`, the `ddpviz/_diagnose.py` and `ddpviz/straggler.py` of another checkout (for
-example the main branch's worktree) run interleaved with this one's on the same loaded trace,
-and their findings must be equal. `--profile` prints cProfile's top functions of one call.
+`--against DIR`, the `ddpviz/_diagnose/diagnosis.py` and `ddpviz/_diagnose/straggler.py` of another
+checkout (for example the main branch's worktree) run interleaved with this one's on the same
+loaded trace, and their findings must be equal. `--profile` prints cProfile's top functions of one
+call.
 CPU time of this process (time.process_time): on a shared machine the steadier figure.
 
     PYTHONPATH=. python benchmarks/bench_diagnose.py TRACE.ddpviz... [--against /work/main]
@@ -30,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddpviz._diagnose import diagnose
+from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.findings import Findings
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 
 def cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -54,12 +55,12 @@ def other_diagnose(root: Path) -> Callable[[Trace], Findings]:
         spec.loader.exec_module(mods[name])
 
     def run(trace: Trace) -> Findings:
-        ours = sys.modules["ddpviz.straggler"]
-        sys.modules["ddpviz.straggler"] = mods["straggler"]  # what its _straggler imports
+        ours = sys.modules["ddpviz._diagnose.straggler"]
+        sys.modules["ddpviz._diagnose.straggler"] = mods["straggler"]  # what its _straggler imports
         try:
             return mods["_diagnose"].diagnose(trace)
         finally:
-            sys.modules["ddpviz.straggler"] = ours
+            sys.modules["ddpviz._diagnose.straggler"] = ours
 
     return run
 

@@ -3,7 +3,7 @@
 Each simulated rank has its own real `Sender` (its own socket, buffer and shipping thread, as
 a rank has) and a `Tap`; every second (1 step/s per rank, all ranks in step, as DDP's
 all-reduces keep them) it emits what ddpviz's DDP emits for one step of a model with P
-parameters in B buckets at the given detail level (engine/detail.py's DetailPolicy decides
+parameters in B buckets at the given detail level (recording.py's DetailPolicy decides
 which steps are full; the rebuild is at step 1):
 
     ForwardStarted, BackwardStarted, per bucket [P/B GradReady | one GradsSummarized],
@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpviz import events as ev
-from ddpviz.engine.detail import DetailPolicy, parse_level
-from ddpviz.session import Session
+from ddpviz.recording import DetailPolicy, parse_level
+from ddpviz.session.live import Session
 from ddpviz.transport import Collector, Sender
 
 

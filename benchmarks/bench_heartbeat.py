@@ -1,6 +1,6 @@
 """What a DDP heartbeat costs the training thread: posted inline (the store write per forward and
 the alert round trip every 0.5 s that the watchdog did on the training thread until the pulse
-thread took them over) vs handed to ddpviz's pulse thread (engine/pulse.py).
+thread took them over) vs handed to ddpviz's pulse thread (probes/pulse.py).
 
 Two rank processes share a TCPStore hosted by rank 0 (as torchrun's and gloo's are); each calls
 a heartbeat between simulated steps of `--work-us` of CPU work, alternating blocks of the two
@@ -38,8 +38,8 @@ def _busy_work(us: float) -> None:
 def _rank(rank: int, port: int, args: Any, out: Any) -> None:
     import torch.distributed as dist
 
-    from ddpviz.engine.pulse import Pulse
-    from ddpviz.engine.rendezvous import Board, Scope
+    from ddpviz.probes.pulse import Pulse
+    from ddpviz.probes.rendezvous import Board, Scope
 
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0,
                           timeout=datetime.timedelta(seconds=120))

@@ -30,7 +30,7 @@ import json, resource, sys, time, warnings
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]) << 20, int(sys.argv[3]) << 20))
 warnings.simplefilter("ignore")
 import ddpviz
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 t0 = time.perf_counter()
 try:
     op = sys.argv[2]
@@ -45,7 +45,7 @@ try:
         for s in d.model.steps:
             d.controls.show_step(s) if d.controls else None
     elif op == "report":
-        from ddpviz import report
+        from ddpviz.report import html as report
         report.render(trace)
     elif op == "chrome":
         trace.to_chrome_trace()

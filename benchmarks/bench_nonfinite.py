@@ -1,4 +1,4 @@
-"""What the non-finite checks (engine/nonfinite.py) cost per step on torch's DDP (CPU, gloo),
+"""What the non-finite checks (probes/nonfinite.py) cost per step on torch's DDP (CPU, gloo),
 side by side, with bench_watch.py's method and models (~100 and ~10,000 parameters): inside
 the same rank processes, DDP copies train in rotated blocks of steps; each row is the median
 over repetitions of its block time / plain torch DDP's block time.

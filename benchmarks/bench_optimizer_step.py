@@ -1,4 +1,4 @@
-"""What timing the optimizer step (engine/optimizer_step.py) costs watch() per step, on torch's
+"""What timing the optimizer step (probes/optimizer_step.py) costs watch() per step, on torch's
 DDP (CPU, gloo), side by side.
 
 In the same rank processes, copies of one model train in alternating blocks of steps (the
@@ -47,8 +47,8 @@ def _rank(rank: int, world: int, port: int, every: int, reps: int, block: int, o
           ) -> None:
     import ddpviz
     from ddpviz import events as ev
-    from ddpviz.engine.detail import Recording
-    from ddpviz.engine.optimizer_step import OptimizerStepTap
+    from ddpviz.probes.optimizer_step import OptimizerStepTap
+    from ddpviz.recording import Recording
 
     join_gloo(rank, world, port)
     variants: dict[str, Any] = {"torch DDP": nn.parallel.DistributedDataParallel(_model())}

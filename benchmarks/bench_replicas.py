@@ -73,7 +73,7 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
 
 def _digest_us(model: nn.Module) -> float:
     """The training thread's time for one checked step's digests (parameters + gradients)."""
-    from ddpviz.engine.digest import digest_tensors
+    from ddpviz.probes.digest import digest_tensors
 
     params = list(model.parameters())
     for p in params:

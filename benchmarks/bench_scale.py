@@ -57,12 +57,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpviz import events as ev
-from ddpviz._diagnose import diagnose
-from ddpviz.chrome_trace import write_chrome_trace
+from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.model.event_model import EventModel
-from ddpviz.report import render
-from ddpviz.trace import Trace, gc_paused
-from ddpviz.tracefile import TraceWriter
+from ddpviz.report.chrome_trace import write_chrome_trace
+from ddpviz.report.html import render
+from ddpviz.traces.fileformat import TraceWriter
+from ddpviz.traces.trace import Trace, gc_paused
 from ddpviz.widgets.source import attach
 
 PARAMS_PER_BUCKET = 100
@@ -303,7 +303,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _LOAD_CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 cpu, wall = time.process_time(), time.perf_counter()
 trace = Trace.load(sys.argv[2])
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

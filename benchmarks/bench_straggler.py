@@ -35,9 +35,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpviz import events as ev
-from ddpviz._diagnose import diagnose_tables
-from ddpviz.columns import RankColumns, Table
-from ddpviz.straggler import find_straggler, timeline
+from ddpviz._diagnose.diagnosis import diagnose_tables
+from ddpviz._diagnose.straggler import find_straggler, timeline
+from ddpviz.traces.columns import RankColumns, Table
 
 MS = 1_000_000
 

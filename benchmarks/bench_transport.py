@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpviz import events as ev
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Collector, Sender
 
 

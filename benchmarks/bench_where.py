@@ -1,4 +1,4 @@
-"""What knowing where a rank is in code costs (engine/where.py, whereabouts.py), in one process:
+"""What knowing where a rank is in code costs (probes/where.py, whereabouts.py), in one process:
 
 - on the training thread, at steps 0-2 and every 64th step: `Tracker.note_caller` checking that
   the DDP is still called from the same loop (a frame walk), per call and per step amortized;
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 
-from ddpviz.engine import where as wh
-from ddpviz.engine.whereabouts import Tracker
+from ddpviz.probes import where as wh
+from ddpviz.probes.whereabouts import Tracker
 
 
 def _times(fn: Callable[[], object], repeat: int) -> tuple[float, float]:

@@ -35,7 +35,7 @@ from ipywidgets.embed import dependency_state
 
 from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.widgets import BroadcastProgress, Dashboard, HookTimeline, VerificationView
 from tests.widgets.streams import Plant, synthetic_run
 from tests.widgets.wire import WireCounter

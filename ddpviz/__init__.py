@@ -6,13 +6,12 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddpviz._diagnose import diagnose
+    from ddpviz._diagnose.diagnosis import diagnose
     from ddpviz._postmortem import PostMortem, postmortem
     from ddpviz._preflight import VerificationReport, preflight
     from ddpviz._watch import Watch, watch
     from ddpviz.advisor import advise
     from ddpviz.engine.ddp import DistributedDataParallel
-    from ddpviz.engine.detail import Recording
     from ddpviz.errors import (
         DiagnosisError,
         GradientGraphError,
@@ -23,8 +22,9 @@ if TYPE_CHECKING:
     from ddpviz.findings import Finding
     from ddpviz.launcher import LaunchError, RankError, Run, launch
     from ddpviz.plan import bucket_plan
-    from ddpviz.session import Session, connect, listen
-    from ddpviz.trace import Trace
+    from ddpviz.recording import Recording
+    from ddpviz.session.live import Session, connect, listen
+    from ddpviz.traces.trace import Trace
 
 # Public name -> the module that owns it: what a user calls in the first hour, what those calls
 # return, and the errors they raise. Names load on first use (PEP 562), so `import ddpviz` or
@@ -43,19 +43,19 @@ _WHERE = {
     "RankError": "ddpviz.launcher",
     "RankHangError": "ddpviz.errors",
     "RankMismatchError": "ddpviz.errors",
-    "Recording": "ddpviz.engine.detail",
+    "Recording": "ddpviz.recording",
     "Run": "ddpviz.launcher",
-    "Session": "ddpviz.session",
-    "Trace": "ddpviz.trace",
+    "Session": "ddpviz.session.live",
+    "Trace": "ddpviz.traces.trace",
     "UnusedParametersError": "ddpviz.errors",
     "VerificationReport": "ddpviz._preflight",
     "Watch": "ddpviz._watch",
     "advise": "ddpviz.advisor",
     "bucket_plan": "ddpviz.plan",
-    "connect": "ddpviz.session",
-    "diagnose": "ddpviz._diagnose",
+    "connect": "ddpviz.session.live",
+    "diagnose": "ddpviz._diagnose.diagnosis",
     "launch": "ddpviz.launcher",
-    "listen": "ddpviz.session",
+    "listen": "ddpviz.session.live",
     "postmortem": "ddpviz._postmortem",
     "preflight": "ddpviz._preflight",
     "watch": "ddpviz._watch",

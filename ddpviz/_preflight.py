@@ -20,12 +20,12 @@ from torch import nn
 
 from ddpviz.engine import verify
 from ddpviz.engine.initial_values import initial_value_findings
-from ddpviz.engine.rendezvous import rendezvous
 from ddpviz.engine.verify import mismatch_findings
-from ddpviz.engine.watchdog import resolve_hang_timeout
 from ddpviz.errors import RankMismatchError
 from ddpviz.events import FindingReported, Tap, default_emitter
 from ddpviz.findings import DiagnosisWarning, Finding, format_findings
+from ddpviz.probes.rendezvous import rendezvous
+from ddpviz.probes.watchdog import resolve_hang_timeout
 
 
 @dataclass(frozen=True)

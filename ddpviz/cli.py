@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from ddpviz.trace import Trace
-    from ddpviz.tracefile import End
+    from ddpviz.traces.fileformat import End
+    from ddpviz.traces.trace import Trace
 
 
 class TargetError(ValueError):
@@ -123,7 +123,7 @@ class TraceArgsError(ValueError):
 def trace_files(paths: list[str]) -> list[Path]:
     """The trace files TRACE arguments name: a file as itself, a folder as its *.ddpviz files
     (sorted). Raises TraceArgsError for a missing path or a folder without traces."""
-    from ddpviz.tracefile import SUFFIX
+    from ddpviz.traces.fileformat import SUFFIX
 
     files: list[Path] = []
     for arg in paths:
@@ -146,7 +146,7 @@ def trace_files(paths: list[str]) -> list[Path]:
 def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
     """TRACE arguments as one trace: several files (one per rank of a run) are merged.
     Raises TraceArgsError, with what was wrong and how to fix it, for anything unreadable."""
-    from ddpviz.trace import Trace, TraceError
+    from ddpviz.traces.trace import Trace, TraceError
 
     files = trace_files(paths)
     traces = []
@@ -164,7 +164,7 @@ def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
 def ended_files(files: list[Path]) -> dict[int, End]:
     """The end records of the files that have one, by rank (See [Note: a rank's end in its
     file], tracefile.py)."""
-    from ddpviz.tracefile import read_end
+    from ddpviz.traces.fileformat import read_end
 
     out: dict[int, End] = {}
     for f in files:
@@ -176,8 +176,8 @@ def ended_files(files: list[Path]) -> dict[int, End]:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from ddpviz._diagnose import diagnose
-    from ddpviz.verdict import diagnosis_json, diagnosis_text
+    from ddpviz._diagnose.diagnosis import diagnose
+    from ddpviz._diagnose.verdict import diagnosis_json, diagnosis_text
 
     try:
         trace, files = load_traces(args.trace)
@@ -192,7 +192,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ddpviz.report import write_report
+    from ddpviz.report.html import write_report
 
     try:
         trace, files = load_traces(args.trace)
@@ -208,7 +208,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from ddpviz.record import RecordError, run_recorded
+    from ddpviz.record.command import RecordError, run_recorded
 
     try:
         return run_recorded(args.cmd, connect=args.connect, out=args.out,
@@ -263,7 +263,7 @@ in Python (import ddpviz):
   ddpviz buckets TARGET        ddpviz.bucket_plan(module)
   ddpviz record -- COMMAND     ddpviz.watch(torch_ddp) on every DDP the command builds
   ddpviz diagnose TRACE        ddpviz.diagnose(ddpviz.Trace.load(path))
-  ddpviz report TRACE          ddpviz.report.write_report(trace, "run.html")
+  ddpviz report TRACE          ddpviz.report.html.write_report(trace, "run.html")
   ddpviz postmortem DUMP_DIR   ddpviz.postmortem(dump_dir, model)
   ddpviz advise TRACE          ddpviz.advise(trace)
 """

@@ -76,7 +76,7 @@ def _plan_section() -> None:
 
 def _job_section(out_dir: Path, steps: int) -> int:
     from ddpviz.launcher import launch
-    from ddpviz.report import write_report
+    from ddpviz.report.html import write_report
 
     print(f"\nddpviz demo 2/2: {steps} training steps on 2 gloo ranks with "
           "ddpviz.DistributedDataParallel, events streamed live:")

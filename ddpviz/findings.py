@@ -445,7 +445,7 @@ def format_findings(findings: Sequence[Finding], world_size: int | None = None) 
 
 
 def tensor_groups(detail_line: str) -> tuple[str, list[tuple[tuple[int, ...], str]]] | None:
-    """A per-tensor detail line of a replicas_diverged finding (as engine/replica_verdict.py's
+    """A per-tensor detail line of a replicas_diverged finding (as probes/replica_verdict.py's
     `judge` writes it: "name:
     ranks 0,2: norm ..., ...; rank 1: norm ...") read back as (name, [(ranks, what they hold)]);
     None for the other lines. The dashboard's replica view reads findings with it."""

@@ -15,7 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ddpviz.launcher.pool import RankPool
 
 if TYPE_CHECKING:
-    from ddpviz.session import Session
+    from ddpviz.session.live import Session
 
 _DEFAULT_NPROCS = 2
 
@@ -69,7 +69,7 @@ class DDPMagics(Magics):
     def _session(self, name: str | None) -> Session | None:
         if name is None:
             return None
-        from ddpviz.session import Session
+        from ddpviz.session.live import Session
 
         value = self.shell.user_ns.get(name) if self.shell is not None else None
         if not isinstance(value, Session):

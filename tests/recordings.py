@@ -4,7 +4,7 @@ DeprecationWarning is pinned in tests/test_detail.py and tests/dist/test_detail_
 
 from __future__ import annotations
 
-from ddpviz.engine.detail import EVERY, Recording
+from ddpviz.recording import EVERY, Recording
 
 _LABELS = {"light": (False, EVERY), "steps": (False, None), "sampled": (True, EVERY),
            "full": (True, 1), "params": (True, 1), "buckets": (True, None)}

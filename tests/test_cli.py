@@ -67,7 +67,7 @@ def test_file_target(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
         ("ddpviz.zoo:nothing", "has no attribute 'nothing'; callables there: "),
         ("ddpviz.events:SCHEMA_VERSION", "not a callable"),
         ("missing/file.py:f", "no file 'missing/file.py'"),
-        ("ddpviz.plan_table:human_bytes", "calling ddpviz.plan_table:human_bytes() failed"),
+        ("ddpviz.units:human_bytes", "calling ddpviz.units:human_bytes() failed"),
     ],
 )
 def test_bad_targets_say_what_is_wrong(target: str, fragment: str) -> None:

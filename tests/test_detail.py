@@ -1,4 +1,4 @@
-"""The recording policy (engine/detail.py) on its own: which steps are full, `recording=` then
+"""The recording policy (recording.py) on its own: which steps are full, `recording=` then
 $DDPVIZ_RECORDING then the default, its grammar and errors, and the old level names (`detail=`,
 $DDPVIZ_DETAIL) mapped with a DeprecationWarning that names the new spelling."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddpviz import Recording
-from ddpviz.engine.detail import EVERY, FIRST_FULL, DetailPolicy, resolve_recording
+from ddpviz.recording import EVERY, FIRST_FULL, DetailPolicy, resolve_recording
 
 
 def test_full_and_buckets_are_every_step_and_no_step() -> None:

@@ -32,18 +32,17 @@ VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limit
               "ddpviz.model_mismatch"}
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps", "ddpviz.private_dir",
              "ddpviz.units"}
-FORMAT = {"ddpviz.tracefile", "ddpviz.framecolumns"}  # the file format, both ways
+FORMAT = {"ddpviz.traces.fileformat", "ddpviz.traces.framecolumns"}  # the file format, both ways
 # What transport/ feeds (it must work without any of them: the light rank-side install).
 ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz._diagnose",
-                   "ddpviz.plan", "ddpviz.plan_table", "ddpviz.report", "ddpviz.trace",
+                   "ddpviz.plan", "ddpviz.report", "ddpviz.traces.trace",
                    "ddpviz._postmortem", "ddpviz._preflight", "ddpviz._watch", "ddpviz.record",
-                   "ddpviz.autowatch", "ddpviz.magic", "ddpviz.cli", "ddpviz.demo",
-                   "ddpviz.advisor")
+                   "ddpviz.magic", "ddpviz.cli", "ddpviz.demo", "ddpviz.advisor")
 # (module, function) -> why it may import a widget: each opens the UI for its own object.
 UI_METHODS = {
     ("ddpviz.plan", "show"): "BucketPlan.show() returns the BucketMap widget of the plan",
-    ("ddpviz.trace", "dashboard"): "Trace.dashboard() opens the Dashboard over the trace",
-    ("ddpviz.session", "dashboard"): "Session.dashboard() opens the live Dashboard",
+    ("ddpviz.traces.trace", "dashboard"): "Trace.dashboard() opens the Dashboard over the trace",
+    ("ddpviz.session.live", "dashboard"): "Session.dashboard() opens the live Dashboard",
     ("ddpviz.launcher.run", "dashboard"): "Run.dashboard() opens the Dashboard of a launch",
     ("ddpviz._postmortem.report", "show"): "PostMortem.show() returns its PostMortemView",
     ("ddpviz.advisor.advice", "show"): "Advice.show() returns its AdviceView",
@@ -127,8 +126,9 @@ def _show(bad: list[tuple[str, str, int, str]]) -> str:
 
 def test_the_reader_sees_lazy_imports_and_skips_type_checking_blocks() -> None:
     edges = {(m, t, f) for m, t, _, f in EDGES}
-    assert ("ddpviz.trace", "ddpviz.widgets.dashboard", "dashboard") in edges  # lazy
-    assert ("ddpviz.trace", "ddpviz.widgets.dashboard", "") not in edges  # TYPE_CHECKING only
+    assert ("ddpviz.traces.trace", "ddpviz.widgets.dashboard", "dashboard") in edges  # lazy
+    # TYPE_CHECKING only
+    assert ("ddpviz.traces.trace", "ddpviz.widgets.dashboard", "") not in edges
     assert len({m for m, *_ in EDGES}) > 50  # every module was read
 
 
@@ -149,14 +149,15 @@ def test_the_file_format_imports_only_the_vocabulary() -> None:
 
 def test_the_model_imports_only_the_vocabulary_the_columns_and_itself() -> None:
     bad = [e for e in EDGES if _under(e[0], "ddpviz.model")
-           and not (e[1] in VOCABULARY or e[1] == "ddpviz.columns" or _under(e[1], "ddpviz.model"))]
+           and not (e[1] in VOCABULARY or e[1] == "ddpviz.traces.columns"
+                    or _under(e[1], "ddpviz.model"))]
     assert not bad, "model/ reaches up:\n" + _show(bad)
     assert any(_under(m, "ddpviz.widgets") and _under(t, "ddpviz.model") for m, t, _, _f in EDGES)
 
 
 def test_the_readers_of_runs_never_import_the_launcher() -> None:
-    readers = ("ddpviz.session", "ddpviz.trace", "ddpviz.widgets", "ddpviz.model",
-               "ddpviz.follow", "ddpviz.report", "ddpviz.chrome_trace")
+    readers = ("ddpviz.session.live", "ddpviz.traces.trace", "ddpviz.widgets", "ddpviz.model",
+               "ddpviz.session.follow", "ddpviz.report.html", "ddpviz.report.chrome_trace")
     bad = [e for e in EDGES if _under(e[0], *readers) and _under(e[1], "ddpviz.launcher")]
     assert not bad, "a reader of runs imports the launcher:\n" + _show(bad)
 
@@ -232,7 +233,7 @@ def test_every_named_exception_is_still_needed(where: tuple[str, str]) -> None:
 _READERS = {
     "diagnose": "import ddpviz\nfound = ddpviz.diagnose(ddpviz.Trace.load(PATH))\n"
                 "assert any(f.kind == 'param_mismatch' for f in found), found",
-    "report": "from ddpviz.report import render\nfrom ddpviz.trace import Trace\n"
+    "report": "from ddpviz.report.html import render\nfrom ddpviz.traces.trace import Trace\n"
               "assert 'finding-0' in render(Trace.load(PATH))",
     "chrome export": "import ddpviz\nt = ddpviz.Trace.load(PATH)\n"
                      "assert t.to_chrome_trace()['traceEvents']\n"
@@ -269,7 +270,7 @@ def _loads_torch(code: str, path: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def defective_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
     from tests.diagnose.random_runs import DEFECTS, random_run
 
     path = tmp_path_factory.mktemp("trace") / "run.ddpviz"
@@ -279,7 +280,7 @@ def defective_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def healthy_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
     from tests.diagnose.synthetic import Ranks
 
     ranks = Ranks(2)

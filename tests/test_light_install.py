@@ -27,8 +27,8 @@ sys.meta_path.insert(0, NotInstalled())
 import datetime, os, tempfile
 import torch, torch.distributed as dist
 from torch import nn
-import ddpviz, ddpviz.autowatch, ddpviz.record, ddpviz.transport.sender
-from ddpviz.session import connect, disconnect
+import ddpviz, ddpviz.record.autowatch, ddpviz.record.command, ddpviz.transport.sender
+from ddpviz.session.live import connect, disconnect
 
 folder = tempfile.mkdtemp()
 os.environ["DDPVIZ_TRACE_DIR"] = folder

@@ -1,12 +1,12 @@
-"""How every rank composes the non-finite findings from the ranks' posts (engine/nonfinite.py),
+"""How every rank composes the non-finite findings from the ranks' posts (probes/nonfinite.py),
 without processes: which step, which ranks, what was and was not seen, episodes counted."""
 
 from __future__ import annotations
 
 import torch
 
-from ddpviz.engine.nonfinite import NonfiniteCheck, _Post, _Record
 from ddpviz.events import Tap
+from ddpviz.probes.nonfinite import NonfiniteCheck, _Post, _Record
 
 
 def _check(world: int = 2) -> NonfiniteCheck:

@@ -69,7 +69,7 @@ def test_unknown_names_raise_attribute_error() -> None:
 def test_functions_keep_their_name_when_their_module_is_imported() -> None:
     # Importing a submodule binds it to the package attribute of its name: a function's module
     # is named apart from it, so these imports (in this order) leave every function in place.
-    code = ("import ddpviz, ddpviz._diagnose, ddpviz._preflight, ddpviz._postmortem, "
+    code = ("import ddpviz, ddpviz._diagnose.diagnosis, ddpviz._preflight, ddpviz._postmortem, "
             "ddpviz.advisor, ddpviz._watch, ddpviz._postmortem.dumps, ddpviz.advisor.measure\n"
             "names = ('watch', 'diagnose', 'preflight', 'postmortem', 'advise')\n"
             "print(all(callable(getattr(ddpviz, n)) and not isinstance(getattr(ddpviz, n), "

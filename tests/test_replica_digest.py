@@ -1,5 +1,5 @@
-"""The replica check's pieces without processes: bitwise digests (engine/digest.py) and the
-verdict in words (engine/replica_verdict.py). The multi-rank behaviour: tests/dist/
+"""The replica check's pieces without processes: bitwise digests (probes/digest.py) and the
+verdict in words (probes/replica_verdict.py). The multi-rank behaviour: tests/dist/
 test_replicas.py."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpviz.engine.detail import Recording
-from ddpviz.engine.digest import NO_TENSOR, digest_tensors
-from ddpviz.engine.replica_verdict import RankState, judge
 from ddpviz.findings import Finding
+from ddpviz.probes.digest import NO_TENSOR, digest_tensors
+from ddpviz.probes.replica_verdict import RankState, judge
+from ddpviz.recording import Recording
 
 
 def _rows(*tensors: torch.Tensor | None) -> list[tuple[int, int]]:

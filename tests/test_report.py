@@ -11,8 +11,8 @@ import ddpviz
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.findings import Finding, sort_findings
-from ddpviz.report import render
-from ddpviz.trace import Trace
+from ddpviz.report.html import render
+from ddpviz.traces.trace import Trace
 from tests.diagnose.random_runs import DEFECTS, random_run
 from tests.diagnose.synthetic import Ranks
 from tests.security.hostile import hostile_trace, raw_markup
@@ -95,7 +95,7 @@ def test_each_finding_links_to_the_section_it_names() -> None:
 
 
 def test_a_bucket_finding_links_to_its_row_in_the_map_in_force() -> None:
-    from ddpviz.report import _bucket_maps, _link
+    from ddpviz.report.html import _bucket_maps, _link
 
     trace = _planted()
     maps = _bucket_maps(trace)
@@ -151,9 +151,9 @@ def test_the_hostile_trace_findings_are_shown_escaped() -> None:
 
 
 def test_end_records_are_diagnosed_and_said_as_diagnose_does() -> None:
-    from ddpviz._diagnose import diagnose
-    from ddpviz.tracefile import End
-    from ddpviz.verdict import diagnosis_text
+    from ddpviz._diagnose.diagnosis import diagnose
+    from ddpviz._diagnose.verdict import diagnosis_text
+    from ddpviz.traces.fileformat import End
     from tests.diagnose.test_ended import run
 
     # rank 0's file was read mid-all-reduce of step 3; rank 1 finished step 3 and ended
@@ -174,7 +174,7 @@ def test_end_records_are_diagnosed_and_said_as_diagnose_does() -> None:
 
 
 def test_the_timeline_and_the_chrome_export_draw_the_optimizer_step() -> None:
-    from ddpviz.chrome_trace import chrome_trace_doc
+    from ddpviz.report.chrome_trace import chrome_trace_doc
 
     r = Ranks(2)
     r.construct()

@@ -26,7 +26,7 @@ from ddpviz.findings import (
 from ddpviz.plan import BucketPlan, PlanSettings, bucket_plan
 
 if TYPE_CHECKING:
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
 
 

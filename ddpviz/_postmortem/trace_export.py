@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ddpviz import events as ev
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 if TYPE_CHECKING:
     from ddpviz._postmortem.report import PostMortem

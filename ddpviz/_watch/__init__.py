@@ -9,7 +9,7 @@ attach and once after the rebuild), a hook per parameter (a post-accumulate-grad
 or a per-bucket aggregate; without the guard, the default, a tensor gradient hook on sampled
 steps only, whose bucket's last one is its BucketReady), a comm hook around the all-reduce
 (`Recording(guard=True)`: BucketReady, AllReduceLaunched, AllReduceDone; see [Note: settled on
-the training thread] in guarded.py; without it the hang guard is engine/quiet.py), a wrapper of
+the training thread] in guarded.py; without it the hang guard is probes/quiet.py), a wrapper of
 the DDP's forward (steps, heartbeats, the rebuild; See [Note: forward wrapped, not hooked] in
 base.py), a pre-forward buffer comm hook doing torch's buffer broadcast under the watchdog, and
 end-of-backward callbacks (parameters that got no gradient; errors).
@@ -17,7 +17,7 @@ end-of-backward callbacks (parameters that got no gradient; errors).
 The package: base.py is `Watch`, what every recording does (parameters and bucket maps, the
 wrapped forward, the guarded buffer broadcast and bucket rebuild, the end-of-backward checks);
 the two strategies are chosen once, when the Watch is created, from `Recording.guard`
-(See [Note: recording policy] in engine/detail.py): hookless.py (no comm hook: per-parameter
+(See [Note: recording policy] in recording.py): hookless.py (no comm hook: per-parameter
 hooks armed on the sampled steps only, or none) and guarded.py (watch's comm hook around each
 bucket all-reduce, settled on the training thread).
 """
@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpviz._watch.base import NotObservableError, Watch
-from ddpviz.engine.detail import Recording, resolve_recording
 from ddpviz.events import Emitter
+from ddpviz.recording import Recording, resolve_recording
 
 __all__ = ["NotObservableError", "Watch", "watch"]
 
@@ -76,13 +76,13 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
             300 s; 0 turns the watchdog off).
         recording: what is observed, and at what cost (a `ddpviz.Recording`; measured:
             benchmarks/bench_watch.py and docs/guide/recording.md; See [Note: recording policy] in
-            engine/detail.py). `guard=False` (the default): no comm hook, so torch's C++
+            recording.py). `guard=False` (the default): no comm hook, so torch's C++
             reduction runs untouched; per-parameter hooks only on the steps `every` picks
             (default 100: 0-2, the rebuild step, every 100th, the step after a finding), which
             record GradReady, BucketReady, the launches in bucket order, every all-reduce done
             after the backward and the unused-parameter diagnosis; the other steps record the
             forward only. A hang in the backward's all-reduces is named by the pulse thread
-            (See [Note: the quiet guard] in engine/quiet.py) as a `rank_hang` finding and a
+            (See [Note: the quiet guard] in probes/quiet.py) as a `rank_hang` finding and a
             warning at hang_timeout, but torch itself waits until the process group's timeout
             and raises its own error. `guard=True`: watch's comm hook around each bucket
             all-reduce, which raises a hang from backward() as RankHangError at hang_timeout,

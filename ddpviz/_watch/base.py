@@ -21,20 +21,20 @@ from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
-from ddpviz.engine.detail import (
+from ddpviz.engine.params import build_buffers, build_params_for_reducer
+from ddpviz.events import Emitter, Tap
+from ddpviz.findings import DiagnosisWarning, Finding, fix_for
+from ddpviz.probes.nonfinite import NonfiniteCheck
+from ddpviz.probes.optimizer_step import OptimizerStepTap
+from ddpviz.probes.replicas import ReplicaCheck, replica_check
+from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.recording import (
     DetailPolicy,
     FindingObserver,
     GradSummary,
     Recording,
     resolve_recording,
 )
-from ddpviz.engine.nonfinite import NonfiniteCheck
-from ddpviz.engine.optimizer_step import OptimizerStepTap
-from ddpviz.engine.params import build_buffers, build_params_for_reducer
-from ddpviz.engine.replicas import ReplicaCheck, replica_check
-from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
-from ddpviz.events import Emitter, Tap
-from ddpviz.findings import DiagnosisWarning, Finding, fix_for
 
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
@@ -123,7 +123,7 @@ class Watch:
         timeout = resolve_hang_timeout(hang_timeout, self.group)
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
         self.watchdog.start(where)
-        # See [Note: finding where a NaN starts] (engine/nonfinite.py)
+        # See [Note: finding where a NaN starts] (probes/nonfinite.py)
         self._nf = NonfiniteCheck(self.params, self.names, self.group.rank(), self.world_size,
                                   self.tap, "guarded" if self.recording.guard else "hook-less")
         self._nf.local = not self.watchdog.add_pulse_task(self._nf.pulse)
@@ -326,7 +326,7 @@ class Watch:
         if self._fired:
             self._fired = set()
         replicas = self._replicas
-        if replicas is not None:  # See [Note: replica digests] (engine/replicas.py)
+        if replicas is not None:  # See [Note: replica digests] (probes/replicas.py)
             replicas.before_forward(step, self.ddp.will_sync_module_buffers)
         if tap.enabled:
             tap.emit(ev.ForwardStarted)
@@ -373,7 +373,7 @@ class Watch:
                 not self._rebuilt_seen and self._rebuild_step() >= step):
             return step
         end = min(self._arm_plain_until(step), self._nf.plain_until(step),
-                  -(-step // 64) * 64)  # (the heartbeat's stack note: engine/watchdog.py)
+                  -(-step // 64) * 64)  # (the heartbeat's stack note: probes/watchdog.py)
         replicas = self._replicas
         return end if replicas is None else min(end, replicas.plain_until(step))
 

@@ -205,7 +205,7 @@ class GuardedWatch(Watch):
         if task != self._task and task != -1:
             self._begin_backward(task)
         summary = self._summary
-        if not summary.per_param:  # See [Note: detail levels] (engine/detail.py)
+        if not summary.per_param:  # See [Note: detail levels] (recording.py)
             if self.tap.enabled:  # (nothing to summarize for: no event would carry it)
                 summary.add(index, self._bucket_of.get(index, -1), self._nbytes[index])
             return

@@ -2,7 +2,7 @@
 runs untouched. `HooklessWatch` arms per-parameter tensor hooks on the steps the recording
 samples only (`every=N`); `ForwardsOnlyWatch` (`every=None`) none: its steps record the forward
 only. A hang in the backward's all-reduces is named by the pulse thread (See [Note: the quiet
-guard] in engine/quiet.py)."""
+guard] in probes/quiet.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz._watch.base import Watch, _graph_task
-from ddpviz.engine.detail import NEVER
+from ddpviz.recording import NEVER
 
 
 class HooklessWatch(Watch):
@@ -35,7 +35,7 @@ class HooklessWatch(Watch):
             self.ddp.register_comm_hook(state if state is not None else self.group, hook)
 
     def _guard(self) -> None:
-        self.watchdog.guard_quiet()  # See [Note: the quiet guard] (engine/quiet.py)
+        self.watchdog.guard_quiet()  # See [Note: the quiet guard] (probes/quiet.py)
 
     def _arm_step(self, step: int) -> None:
         # a replica check's step needs the end of its backward (the reduced gradients)
@@ -83,7 +83,7 @@ class HooklessWatch(Watch):
         self._fresh = [p for p in self.params if p._backward_hooks is None]
         self._armed = [p.register_hook(functools.partial(self._grad_ready_light, i))
                        for i, p in enumerate(self.params)]
-        self._opt.arm()  # See [Note: optimizer-step tap] (engine/optimizer_step.py)
+        self._opt.arm()  # See [Note: optimizer-step tap] (probes/optimizer_step.py)
 
     def _disarm(self) -> None:
         for h in self._armed:

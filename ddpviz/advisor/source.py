@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 
 class AdviceError(ValueError):
@@ -14,7 +14,7 @@ class AdviceError(ValueError):
 
 def as_trace(source: object) -> Trace:
     """The Trace behind `source` (a ddpviz.Run, Session, Trace, or a path to a trace file)."""
-    from ddpviz.trace import TraceError
+    from ddpviz.traces.trace import TraceError
 
     if isinstance(source, Trace):
         return source

@@ -22,7 +22,7 @@ from ddpviz import events as ev
 from ddpviz.advisor.source import AdviceError
 from ddpviz.model.event_model import EventModel, GradArray, StepRecord, Timed
 from ddpviz.plan import ObservedMaps, PlannedParam, observed_plan
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 Buckets = tuple[tuple[int, ...], ...]  # parameter indices per bucket, in reduction order
 

@@ -25,17 +25,12 @@ from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.comm import check_comm_hook
 from ddpviz.engine.compiler import keep_ddpviz_eager
-from ddpviz.engine.detail import DetailPolicy, FindingObserver, Recording, resolve_recording
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
-from ddpviz.engine.nonfinite import NonfiniteCheck
-from ddpviz.engine.optimizer_step import OptimizerStepTap
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
-from ddpviz.engine.replicas import ReplicaCheck, replica_check
 from ddpviz.engine.verify import verify_module_across_ranks
-from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.events import (
     BucketAssigned,
     BuffersSynced,
@@ -48,6 +43,11 @@ from ddpviz.events import (
     default_emitter,
 )
 from ddpviz.findings import DiagnosisWarning, Finding
+from ddpviz.probes.nonfinite import NonfiniteCheck
+from ddpviz.probes.optimizer_step import OptimizerStepTap
+from ddpviz.probes.replicas import ReplicaCheck, replica_check
+from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.recording import DetailPolicy, FindingObserver, Recording, resolve_recording
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout (at most 300 s); 0
             turns the watchdog off.
         recording: what is recorded of each backward, a `ddpviz.Recording` (See [Note:
-            recording policy] in engine/detail.py): `every=N` (default 100) records a GradReady
+            recording policy] in recording.py): `every=N` (default 100) records a GradReady
             per parameter on steps 0-2, the rebuild step, every N-th step and around this
             rank's findings, and a GradsSummarized per bucket (count, bytes, first and last
             ready time) on the others; `every=1` every step in full, `every=None` summaries
@@ -985,7 +985,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
 def _finding_callback(ref: weakref.ReferenceType[DistributedDataParallel]
                       ) -> Callable[[int], None]:
-    """A finding at `step`: the sampled level records that step in full (see engine/detail)."""
+    """A finding at `step`: the sampled level records that step in full (see recording.py)."""
     def on_finding(step: int) -> None:
         ddp = ref()
         if ddp is None:

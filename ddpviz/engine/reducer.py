@@ -28,12 +28,9 @@ from ddpviz.engine.bucket_views import (
 )
 from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
-from ddpviz.engine.detail import DetailPolicy, GradSummary
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
-from ddpviz.engine.nonfinite import NonfiniteCheck
 from ddpviz.engine.params import ParamEntry
-from ddpviz.engine.watchdog import Watchdog
 from ddpviz.errors import (
     TORCH_GRAPH_CHANGED,
     GradientGraphError,
@@ -56,6 +53,9 @@ from ddpviz.events import (
     UnusedParametersFound,
 )
 from ddpviz.findings import Finding, Kind, fix_for
+from ddpviz.probes.nonfinite import NonfiniteCheck
+from ddpviz.probes.watchdog import Watchdog
+from ddpviz.recording import DetailPolicy, GradSummary
 
 # [Note: reducer timeline]
 # construction: buckets from the constructor's map; a post hook on every parameter's
@@ -125,7 +125,7 @@ class Reducer:
         batched_grad_copy: as in DistributedDataParallel.
         tap: where events go.
         detail: which steps get a GradReady per parameter and which a GradsSummarized per
-            bucket (engine/detail.py; default: every step in full).
+            bucket (recording.py; default: every step in full).
         watchdog: names lagging or missing ranks in collectives (None: plain waits).
         logger: builds the logging-data collector from this reducer (torch's c10d Logger).
     """
@@ -152,7 +152,7 @@ class Reducer:
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
         self.batched_grad_copy = batched_grad_copy
         self.tap = tap if tap is not None else Tap()
-        # See [Note: detail levels] (engine/detail.py).
+        # See [Note: detail levels] (recording.py).
         self.summary = GradSummary(detail if detail is not None else DetailPolicy("full"),
                                    self.tap)
         self._param_bytes = [e.param.numel() * e.param.element_size() for e in self.entries]
@@ -212,7 +212,7 @@ class Reducer:
         self._drain_sparse: dict[int, torch.Tensor] = {}  # see _fail_missing_gradients
         self.logger: DDPLogger = logger(self)  # reads this reducer's buckets and counters
         self.watchdog = watchdog
-        self.nonfinite: NonfiniteCheck | None = None  # set by the DDP (engine/nonfinite.py)
+        self.nonfinite: NonfiniteCheck | None = None  # set by the DDP (probes/nonfinite.py)
         if find_unused_parameters:
             self._initialize_local_used_map()
 
@@ -341,7 +341,7 @@ class Reducer:
             self._mark_variable_ready(index)
 
     def note_finding(self, step: int) -> None:
-        """A finding was reported at `step`: see GradSummary.note_finding (engine/detail.py)."""
+        """A finding was reported at `step`: see GradSummary.note_finding (recording.py)."""
         self.summary.note_finding(step)
 
     def _queue_end_of_backward(self) -> None:
@@ -609,7 +609,7 @@ class Reducer:
             return
         raise error
 
-    # --- diagnosis across ranks (see engine/watchdog.py) ----------------------------------
+    # --- diagnosis across ranks (see probes/watchdog.py) ----------------------------------
 
     def _agrees_on_unused(self) -> bool:
         return (self.watchdog is not None and self.watchdog.enabled and not self.static_graph

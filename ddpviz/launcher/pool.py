@@ -41,7 +41,7 @@ from ddpviz.launcher.stream import EventStream
 from ddpviz.private_dir import PrivateDir
 
 if TYPE_CHECKING:
-    from ddpviz.session import Session
+    from ddpviz.session.live import Session
 
 _MARKER_WAIT_S = 2.0  # after a rank's reply, how long its cell's output may still trail
 _live: weakref.WeakSet[RankPool] = weakref.WeakSet()

@@ -238,7 +238,7 @@ class _EventLink:
     def open(cls, rank: int, reply: Callable[[Any], None]) -> _EventLink:
         if not os.environ.get("DDPVIZ_CONNECT"):
             return cls(None, reply)
-        from ddpviz.session import connect
+        from ddpviz.session.live import connect
 
         return cls(connect(rank=rank), reply)
 
@@ -251,7 +251,7 @@ class _EventLink:
 
     def close(self, timeout: float = 5.0) -> None:
         if self._sender is not None:
-            from ddpviz.session import disconnect
+            from ddpviz.session.live import disconnect
 
             disconnect(timeout)
             self._reply(("events", self._sender.stats.sent))

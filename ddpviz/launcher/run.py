@@ -40,8 +40,8 @@ from ddpviz.launcher.stream import EventStream
 from ddpviz.private_dir import PrivateDir
 
 if TYPE_CHECKING:
-    from ddpviz.session import Session
-    from ddpviz.trace import Trace
+    from ddpviz.session.live import Session
+    from ddpviz.traces.trace import Trace
     from ddpviz.widgets.dashboard import Dashboard
 
 _EXIT_GRACE_S = 2.0  # a rank that returned gets this long to exit by itself before SIGTERM

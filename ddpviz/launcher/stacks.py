@@ -3,7 +3,7 @@
 Each rank registers `faulthandler` on SIGUSR1, writing to a file of its own (a rank blocked in a C
 collective never runs a Python-level signal handler; faulthandler works anyway). The kernel
 signals, reads the dump, drops the launcher's own threads and frames, and formats what is left
-as the pulse thread's stacks are (engine/stack_text.py): most recent call last, the user's
+as the pulse thread's stacks are (probes/stack_text.py): most recent call last, the user's
 frames with the source lines the kernel knows (notebook cells included), torch's and the
 standard library's runs folded into one line each, bounded.
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from ddpviz.engine import stack_text
+from ddpviz.probes import stack_text
 
 STACK_SIGNAL = signal.SIGUSR1
 ENV = "DDPVIZ_STACKS"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ddpviz.session import Session
+    from ddpviz.session.live import Session
 
 _SETTLE_S = 5.0  # longest wait for shipped events to be received
 
@@ -22,7 +22,7 @@ class EventStream:
     """
 
     def __init__(self, session: Session | None) -> None:
-        from ddpviz.session import ENV_CONNECT, Session
+        from ddpviz.session.live import ENV_CONNECT, Session
         from ddpviz.transport.collector import Collector
 
         self.owned = session is None

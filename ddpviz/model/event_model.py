@@ -7,7 +7,7 @@ summary per bucket: `StepRecord.summaries`), bucket readiness and all-reduce spa
 on the aligned clock (`t_ns` + the rank's offset, see Trace.aligned_ns) so ranks compare, and
 every query takes an optional `as_of` time so a replay can show the state at any instant.
 Feeding is the hot path. A live run feeds event objects (`feed`, one dispatch per event); a
-trace feeds its columns (`feed_table`, ddpviz/columns.py): a rank's hooks, bucket and
+trace feeds its columns (`feed_table`, ddpviz/traces/columns.py): a rank's hooks, bucket and
 all-reduce events are folded a step at a time with numpy, and a step's gradient hooks stay
 columns (`GradArray`), read like the list of (t, param, bucket) tuples a live feed builds.
 """
@@ -24,11 +24,11 @@ from typing import Any, NamedTuple, cast, overload
 
 import numpy as np
 
-from ddpviz import columns as col
 from ddpviz import events as ev
-from ddpviz.columns import Table
 from ddpviz.events import Event
 from ddpviz.model.phases import STATUS_OF
+from ddpviz.traces import columns as col
+from ddpviz.traces.columns import Table
 
 CONSTRUCTION = -1  # the step of every event the constructor emits
 

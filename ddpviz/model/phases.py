@@ -49,7 +49,7 @@ PHASES: dict[type[Event], PhaseRow] = {
     ev.AllReduceDone: PhaseRow("backward"),
     ev.UnusedParametersFound: PhaseRow("backward", demo="unused parameters found"),
     ev.BackwardFinished: PhaseRow("after backward", closes="backward", demo="backward done"),
-    # (sampled steps only: See [Note: optimizer-step tap] in engine/optimizer_step.py)
+    # (sampled steps only: See [Note: optimizer-step tap] in probes/optimizer_step.py)
     ev.OptimizerStepStarted: PhaseRow("optimizer step", opens="optimizer step"),
     ev.OptimizerStepFinished: PhaseRow("after optimizer step", closes="optimizer step"),
 }

@@ -11,9 +11,9 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from ddpviz import events as ev
-from ddpviz.columns import Table
 from ddpviz.events import Event
 from ddpviz.model.phases import SPAN_CLOSES, SPAN_OPENS, SpanPhase
+from ddpviz.traces.columns import Table
 
 SpanCategory = Literal["phase", "allreduce", "broadcast", "gradients"]
 SUMMARY_LANE = "gradients ready (per-bucket summaries)"

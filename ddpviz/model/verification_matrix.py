@@ -106,7 +106,8 @@ MAX_CLASSES = 8  # distinct parameter lists a rank's is compared with (past them
 def _rank_classes(states: Mapping[int, RankState]) -> list[tuple[ev.ParamsBuilt, list[int]]]:
     """The ranks with a ParamsBuilt, by the parameters and buffers it lists: (the lowest rank's
     event, the ranks listing the same), lowest rank first. A trace keeps one copy of a list
-    every rank reports alike (ddpviz/columns.py's Shared), so this is mostly an identity test."""
+    every rank reports alike (ddpviz/traces/columns.py's Shared), so this is mostly an
+    identity test."""
     classes: list[tuple[ev.ParamsBuilt, list[int]]] = []
     for r, s in sorted(states.items()):
         if s.params is None:

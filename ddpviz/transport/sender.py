@@ -30,7 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ddpviz.atomic import creating
 from ddpviz.events import Event, EventsDropped
-from ddpviz.tracefile import End, TraceWriter
+from ddpviz.traces.fileformat import End, TraceWriter
 from ddpviz.transport.codec import (
     MAX_MESSAGE_BYTES,
     Codec,

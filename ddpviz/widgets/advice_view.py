@@ -103,7 +103,7 @@ class AdviceTab(w.Tab):
     def compute(self) -> Advice | None:
         from ddpviz.advisor import AdviceError, advise
         from ddpviz.events import Event
-        from ddpviz.trace import Trace
+        from ddpviz.traces.trace import Trace
 
         source = self._model if self._model is not None else self._source
         if isinstance(source, (list, tuple)):

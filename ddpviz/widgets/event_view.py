@@ -16,7 +16,7 @@ import ipywidgets as w
 
 from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel
-from ddpviz.trace import gc_paused
+from ddpviz.traces.trace import gc_paused
 from ddpviz.widgets.replay_controls import Cursor, ReplayControls
 from ddpviz.widgets.source import Source, attach
 from ddpviz.widgets.throttle import Throttle

@@ -2,7 +2,7 @@
 one cell per rank (the letter of the group of ranks holding the same bytes: A, the most common,
 agrees with the majority), columns grouped when there are more than MANY_RANKS ranks.
 
-Read from the findings only (ddpviz/engine/replica_verdict.py writes them, findings.py's
+Read from the findings only (ddpviz/probes/replica_verdict.py writes them, findings.py's
 `tensor_groups` reads their per-tensor lines back), so a live run and a trace show the same.
 Pure functions: no widgets here.
 """

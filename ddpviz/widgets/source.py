@@ -17,8 +17,8 @@ from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel
 
 if TYPE_CHECKING:
-    from ddpviz.session import Session
-    from ddpviz.trace import Trace
+    from ddpviz.session.live import Session
+    from ddpviz.traces.trace import Trace
 
 
 @dataclass
@@ -60,8 +60,8 @@ def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> 
         source: a `ddpviz.Run`, a `Session`, a `Trace`, a path to a `.ddpviz` file, an
             iterable of events, or None (nothing yet: feed the widget by hand).
     """
-    from ddpviz.session import Session
-    from ddpviz.trace import Trace
+    from ddpviz.session.live import Session
+    from ddpviz.traces.trace import Trace
 
     if source is None:
         return Source("manual", True, "events fed by hand")

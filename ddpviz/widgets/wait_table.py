@@ -1,10 +1,10 @@
 """Who made the all-reduce wait: a rank x bucket table in the dashboard, under the live
 straggler verdict (the `straggler` finding of diagnose(), recomputed as events come in).
 
-Each cell: in how many recorded steps that rank launched that bucket's all-reduce last, and
-the total time the others waited for it (ddpviz/straggler.py computes and folds it; above 16
-ranks the 8 ranks that caused most wait get a row each and the rest share one). Darker cells
-cost more. Light ipywidgets HTML; recomputed from the trace at most every `every_s` seconds,
+Each cell: in how many recorded steps that rank launched that bucket's all-reduce last, and the
+total time the others waited for it (ddpviz/_diagnose/straggler.py computes and folds it; above 16
+ranks the 8 ranks that caused most wait get a row each and the rest share one). Darker cells cost
+more. Light ipywidgets HTML; recomputed from the trace at most every `every_s` seconds,
 and only when events came in.
 """
 
@@ -17,8 +17,15 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz import markup
+from ddpviz._diagnose.straggler import (
+    WaitFold,
+    bucket_waits,
+    fold,
+    straggler_findings,
+    timeline,
+    wait_rows,
+)
 from ddpviz.findings import Finding
-from ddpviz.straggler import WaitFold, bucket_waits, fold, straggler_findings, timeline, wait_rows
 from ddpviz.units import human_duration
 
 
@@ -79,7 +86,7 @@ class WaitTable:
 
     def _resolve(self) -> Any:
         if self._trace is None:
-            from ddpviz.trace import Trace
+            from ddpviz.traces.trace import Trace
 
             src = self._source
             inner = getattr(src, "trace", None)

@@ -1,5 +1,5 @@
 /**
- * Reading `.ddpviz` trace files in the browser, as `ddpviz/tracefile.py` writes them: the 8-byte
+ * Reading `.ddpviz` trace files in the browser, as `ddpviz/traces/fileformat.py` writes them: the 8-byte
  * magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | msgpack payload`. The
  * first frame is the header; then event chunks and clock records. Like `Trace.load`, a torn
  * last frame is skipped (the writer died mid-write) and marks the trace truncated; a bad
@@ -10,13 +10,13 @@ import { decode } from '@msgpack/msgpack';
 
 import { asEvent, DDPEvent, SCHEMA_VERSION } from './events';
 
-/** `ddpviz.tracefile.FORMAT_VERSION`. */
+/** `ddpviz.traces.fileformat.FORMAT_VERSION`. */
 export const FORMAT_VERSION = 1;
 
-/** `ddpviz.tracefile.MAGIC`: "DDPVIZ\0\x1a". */
+/** `ddpviz.traces.fileformat.MAGIC`: "DDPVIZ\0\x1a". */
 export const MAGIC = [0x44, 0x44, 0x50, 0x56, 0x49, 0x5a, 0x00, 0x1a];
 
-/** Frame kinds (`ddpviz.tracefile.HEADER`, `EVENTS`, `CLOCK`). */
+/** Frame kinds (`ddpviz.traces.fileformat.HEADER`, `EVENTS`, `CLOCK`). */
 export const FRAME_KINDS = { header: 1, events: 2, clock: 3 } as const;
 
 const FRAME_HEADER_BYTES = 9;

@@ -1,5 +1,5 @@
 /**
- * Who made each bucket's all-reduce wait: the viewer's copy of ddpviz/straggler.py's
+ * Who made each bucket's all-reduce wait: the viewer's copy of ddpviz/_diagnose/straggler.py's
  * `who_waited` and `wait_rows` (tests/extension/test_waits_mirror.py runs both on the same
  * inputs). On each recorded step, the rank whose AllReduceLaunched (BucketReady where a rank
  * recorded no launch) of a bucket came last made that all-reduce wait, for the time since the

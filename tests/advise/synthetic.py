@@ -11,7 +11,7 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz.plan import bucket_plan
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 MS = 1_000_000  # ns
 

@@ -10,7 +10,7 @@ import pytest
 from ddpviz import events as ev
 from ddpviz.advisor import Advice, AdviceError, Candidate, CostModel, Line, advise
 from ddpviz.cli import main
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.advise.synthetic import linear_stack, run_trace
 
 LATENCY, PER_BYTE = 2e-4, 5e-9  # 1 MiB takes 5.4 ms

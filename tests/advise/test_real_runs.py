@@ -10,7 +10,7 @@ import pytest
 from ddpviz import events as ev
 from ddpviz.advisor import Candidate, advise, build_timeline
 from ddpviz.advisor.advisor import current_candidate, plan_for, steady_map
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.advise import rank_fns
 from tests.dist.harness import run_ranks
 

@@ -7,7 +7,7 @@ from ddpviz import events as ev
 from ddpviz.advisor import advise, build_timeline
 from ddpviz.advisor.timeline import model_of
 from ddpviz.model.event_model import EventModel
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.advise.synthetic import linear_stack, run_trace
 
 

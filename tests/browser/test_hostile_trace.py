@@ -11,7 +11,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from ddpviz import report
+from ddpviz.report import html as report
 from tests.browser.conftest import ConsoleLog
 from tests.browser.lab import LabServer
 from tests.browser.ui import error_outputs, open_lab, run_all_cells, wait_for_viewer
@@ -45,7 +45,7 @@ def _pwned(page: Any) -> object:
 def test_the_report_shows_the_payloads_as_text(page: Any, hostile: Path,
                                                tmp_path: Path) -> None:
     dialogs = _dialogs(page)
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
     out = report.write_report(Trace.load(hostile), tmp_path / "report.html")
     page.goto(out.as_uri())
@@ -73,7 +73,7 @@ def test_the_dashboard_in_a_notebook_shows_the_payloads_as_text(
         page: Any, lab: LabServer, lab_root: Path, hostile: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
-        "from ddpviz.trace import Trace\n"
+        "from ddpviz.traces.trace import Trace\n"
         f"dash = Trace.load({NAME!r}).dashboard()\n"
         "for step in dash.model.steps:\n"
         "    dash.controls.show_step(step)\n"
@@ -98,7 +98,7 @@ def test_the_viewer_draws_100000_ranks_and_skips_a_malformed_event(
     """No spread of huge arrays into calls (stack overflow) and no panel left blank by an event
     of the wrong shape: it is counted and named in a warning, the rest is drawn."""
     from ddpviz import events as ev
-    from ddpviz.tracefile import TraceWriter
+    from ddpviz.traces.fileformat import TraceWriter
 
     n = 100_000
     name = "many_ranks.ddpviz"

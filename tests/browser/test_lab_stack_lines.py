@@ -1,6 +1,6 @@
 """The JupyterLab trace viewer shows a hang finding's stack lines (issue #25: where each rank
 is, in code) as the engine formats them: a real thread parked in its data loading, read and
-folded by engine/where.py and stack_text.py, put in a rank_hang finding's detail by
+folded by probes/where.py and stack_text.py, put in a rank_hang finding's detail by
 whereabouts.stack_detail, as the pulse thread does. Every line shows, in order, with its
 indentation and as text (a `<module>` frame is not markup). And a rank's file that ends with
 its end record (listen(follow=)'s "finished") opens like any other."""
@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.engine import stack_text
-from ddpviz.engine import where as wh
-from ddpviz.engine.whereabouts import Where, stack_detail
 from ddpviz.findings import Finding, fix_for
-from ddpviz.trace import Trace
-from ddpviz.tracefile import End, read_end
+from ddpviz.probes import stack_text
+from ddpviz.probes import where as wh
+from ddpviz.probes.whereabouts import Where, stack_detail
+from ddpviz.traces.fileformat import End, read_end
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import LabServer

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog
 from tests.browser.lab import LabServer
 from tests.browser.ui import open_lab, wait_for_viewer

@@ -18,8 +18,8 @@ import torch
 import ddpviz
 from ddpviz import events as ev
 from ddpviz.findings import Finding
-from ddpviz.trace import Trace
-from ddpviz.tracefile import TraceWriter
+from ddpviz.traces.fileformat import TraceWriter
+from ddpviz.traces.trace import Trace
 from tests.browser import rank_fns
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import SETTINGS, LabServer

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from benchmarks.bench_straggler import simulate
-from ddpviz.straggler import wait_rows, who_waited
-from ddpviz.trace import Trace
+from ddpviz._diagnose.straggler import wait_rows, who_waited
+from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import LabServer
 from tests.browser.ui import double_click_file, open_lab, wait_for_viewer

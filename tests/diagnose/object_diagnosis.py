@@ -1,4 +1,4 @@
-"""The object path of diagnosis, as it was before the columnar store (ddpviz/columns.py):
+"""The object path of diagnosis, as it was before the columnar store (ddpviz/traces/columns.py):
 one Python object per event, dispatched one by one. Kept here only as the oracle that
 test_columnar_diagnosis.py compares ddpviz.diagnose with; not part of ddpviz."""
 
@@ -38,7 +38,7 @@ def diagnose(source: Any) -> Findings:
 
 
 def _events(source: Any) -> list[Event]:
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
     if isinstance(source, (str, os.PathLike)):
         source = Trace.load(source)

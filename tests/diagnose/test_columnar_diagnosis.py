@@ -11,9 +11,9 @@ import pytest
 
 from ddpviz import diagnose
 from ddpviz import events as ev
-from ddpviz._diagnose import diagnose_events
+from ddpviz._diagnose.diagnosis import diagnose_events
 from ddpviz.events import Event
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.diagnose import object_diagnosis
 from tests.diagnose.random_runs import DEFECTS, random_run
 

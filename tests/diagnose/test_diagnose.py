@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from ddpviz import events as ev
-from ddpviz._diagnose import diagnose, mismatch_findings
+from ddpviz._diagnose.diagnosis import diagnose, mismatch_findings
 from ddpviz.events import Mismatch
 from ddpviz.findings import Finding, Findings, format_findings
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.diagnose.synthetic import Ranks
 
 

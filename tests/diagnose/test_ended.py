@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from ddpviz import events as ev
-from ddpviz._diagnose import diagnose
+from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.findings import fix_for
-from ddpviz.trace import Trace
-from ddpviz.tracefile import End, TraceWriter
+from ddpviz.traces.fileformat import End, TraceWriter
+from ddpviz.traces.trace import Trace
 from tests.diagnose.synthetic import Ranks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddpviz.engine.watchdog import (
+from ddpviz.probes.watchdog import (
     DEFAULT_HANG_TIMEOUT,
     default_hang_timeout,
     process_group_timeout,

@@ -1,4 +1,4 @@
-"""The heartbeat's daemon thread (engine/pulse.py): what it posts to the notice board, that a
+"""The heartbeat's daemon thread (probes/pulse.py): what it posts to the notice board, that a
 position posted by a waiting rank is never overwritten by a stale heartbeat, and that closing
 still posts the last beat."""
 
@@ -8,8 +8,8 @@ import time
 
 import torch.distributed as dist
 
-from ddpviz.engine.pulse import CHECK_S, EVERY_UNTIL, POST_S, Pulse
-from ddpviz.engine.rendezvous import Board, News, Position, Scope
+from ddpviz.probes.pulse import CHECK_S, EVERY_UNTIL, POST_S, Pulse
+from ddpviz.probes.rendezvous import Board, News, Position, Scope
 from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
 

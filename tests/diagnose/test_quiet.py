@@ -1,4 +1,4 @@
-"""The quiet guard's decisions (engine/quiet.py) on a notice board in a HashStore, without
+"""The quiet guard's decisions (probes/quiet.py) on a notice board in a HashStore, without
 ranks: when it looks, whom it names, what it posts, and that a failing guard does not stop the
 heartbeat. The multi-rank behaviour is tests/dist/test_watch_quiet.py."""
 
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ddpviz.engine.pulse import Pulse
-from ddpviz.engine.quiet import QuietGuard
-from ddpviz.engine.rendezvous import Board, Position, Scope
-from ddpviz.engine.watchdog import Watchdog
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import DiagnosisWarning
+from ddpviz.probes.pulse import Pulse
+from ddpviz.probes.quiet import QuietGuard
+from ddpviz.probes.rendezvous import Board, Position, Scope
+from ddpviz.probes.watchdog import Watchdog
 from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
 

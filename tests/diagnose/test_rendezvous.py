@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ddpviz.engine.rendezvous import Board, Position, Scope, exchange, rendezvous
 from ddpviz.errors import RankHangError
 from ddpviz.findings import Finding
+from ddpviz.probes.rendezvous import Board, Position, Scope, exchange, rendezvous
 from tests.diagnose.ranks_in_threads import FakeGroup, in_threads
 
 

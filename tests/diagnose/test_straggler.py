@@ -11,9 +11,9 @@ import pytest
 
 import ddpviz
 from benchmarks.bench_straggler import MS, prefix, simulate, steps_until_named
-from ddpviz import columns as col
-from ddpviz import straggler as st
-from ddpviz._diagnose import diagnose_tables
+from ddpviz._diagnose.diagnosis import diagnose_tables
+from ddpviz._diagnose.diagnosis import straggler as st
+from ddpviz.traces import columns as col
 
 
 @pytest.mark.parametrize(("every", "jitter"), [(1, 0.05), (1, 0.1), (10, 0.05)])
@@ -157,7 +157,7 @@ def test_diagnose_reads_the_clock_of_a_trace(tmp_path) -> None:  # type: ignore[
 
 def test_ddpviz_diagnose_and_the_report_print_the_finding(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from ddpviz.cli import main
-    from ddpviz.report import render
+    from ddpviz.report.html import render
 
     sim = simulate(4, 30, slow_rank=2, slow=1.2, every=1, jitter=0.02, seed=7)
     trace = ddpviz.Trace([e for t in sim.tables.values() for e in t.events()])

@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 
 from ddpviz import events as ev
-from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.errors import RankHangError
 from ddpviz.events import Tap
 from ddpviz.findings import Finding
+from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
 from tests.diagnose.ranks_in_threads import FakeGroup, in_threads
 
 
@@ -263,6 +263,6 @@ def test_the_backends_own_timeouts_are_told_from_a_peer_that_left(text: str,
                                                                   expected: bool) -> None:
     # A timeout ends a wait for a rank that is alive and behind (a hang); a closed connection
     # is a rank that exited. The verdicts differ.
-    from ddpviz.engine.watchdog import timed_out
+    from ddpviz.probes.watchdog import timed_out
 
     assert timed_out(RuntimeError(text)) is expected

@@ -1,5 +1,5 @@
-"""Where a thread is, read from another thread (engine/where.py), and the verdicts built on it
-(engine/whereabouts.py), without ranks: a real thread parked in a sleep, in a loop or after
+"""Where a thread is, read from another thread (probes/where.py), and the verdicts built on it
+(probes/whereabouts.py), without ranks: a real thread parked in a sleep, in a loop or after
 it, read the way the pulse thread reads the training thread. The jobs are
 tests/record/test_where.py."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ddpviz.engine import stack_text as st
-from ddpviz.engine import where as wh
-from ddpviz.engine import whereabouts as wa
-from ddpviz.engine.rendezvous import Board, Position, Scope
+from ddpviz.probes import stack_text as st
+from ddpviz.probes import where as wh
+from ddpviz.probes import whereabouts as wa
+from ddpviz.probes.rendezvous import Board, Position, Scope
 from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
 
@@ -223,12 +223,12 @@ def test_a_left_rank_is_named_once_this_rank_runs_a_later_step() -> None:
     import types
     import warnings
 
-    from ddpviz.engine.pulse import Pulse
-    from ddpviz.engine.quiet import QuietGuard
-    from ddpviz.engine.rendezvous import LEFT_NEWS
-    from ddpviz.engine.watchdog import Watchdog
     from ddpviz.events import Tap
     from ddpviz.findings import DiagnosisWarning
+    from ddpviz.probes.pulse import Pulse
+    from ddpviz.probes.quiet import QuietGuard
+    from ddpviz.probes.rendezvous import LEFT_NEWS
+    from ddpviz.probes.watchdog import Watchdog
 
     store = dist.HashStore()
     boards = [Board(Scope(FakeGroup(r, 2), store=store), 0)  # type: ignore[arg-type]

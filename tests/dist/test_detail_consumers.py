@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ddpviz import events as ev
-from ddpviz.chrome_trace import chrome_trace_doc
-from ddpviz.report import render
-from ddpviz.trace import Trace
+from ddpviz.report.chrome_trace import chrome_trace_doc
+from ddpviz.report.html import render
+from ddpviz.traces.trace import Trace
 from ddpviz.widgets import HookTimeline
 from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.timeline_svg import LABEL, WIDTH

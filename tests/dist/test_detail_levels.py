@@ -1,5 +1,5 @@
 """Recording policies at the source (`recording=` of ddpviz's DDP and of watch();
-engine/detail.py), on 2 real gloo ranks: gradients stay bitwise torch's at every policy, the
+recording.py), on 2 real gloo ranks: gradients stay bitwise torch's at every policy, the
 per-bucket aggregates of guard with every=None ("buckets") equal the GradReady events of an
 every=1 ("full") run of the same deterministic model aggregated per bucket, every=3 ("sampled")
 records the documented steps in full, a finding makes its step full after the fact, diagnosis
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ddpviz import events as ev
-from ddpviz._diagnose import diagnose_events
+from ddpviz._diagnose.diagnosis import diagnose_events
 from tests.dist.harness import run_ranks
 
 pytestmark = pytest.mark.dist
@@ -29,7 +29,7 @@ WATCH_LEVELS = ("params", "buckets", "sampled:3", "light:3")
 RECORDINGS = {"full": (True, 1), "params": (True, 1), "buckets": (True, None),
               "sampled:3": (True, 3), "light:3": (False, 3)}  # (guard, every)
 # sampled:3 over 8 steps: 0-2 (the first iterations, the rebuild at step 1), every 3rd (0, 3,
-# 6); the rest is aggregated. See [Note: detail levels] in engine/detail.py.
+# 6); the rest is aggregated. See [Note: detail levels] in recording.py.
 SAMPLED_FULL = {0, 1, 2, 3, 6}
 
 

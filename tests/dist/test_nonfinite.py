@@ -1,4 +1,4 @@
-"""Where a NaN starts (engine/nonfinite.py): real gloo ranks, torch's DDP watched at the
+"""Where a NaN starts (probes/nonfinite.py): real gloo ranks, torch's DDP watched at the
 default (hook-less) and guarded levels and ddpviz's DDP, each with a NaN planted on one rank:
 in one layer's gradient (a tensor hook) or in the rank's input batch, at a sampled step and at
 an unsampled one. Every case runs in the same rank processes (one launch per world size), each
@@ -193,7 +193,7 @@ def test_a_job_that_skips_non_finite_steps_gets_one_finding_and_a_count(
 
 def test_ddpviz_diagnose_of_the_ranks_events_reports_the_origin_once(
         results: dict[int, list[dict[str, Any]]]) -> None:
-    from ddpviz._diagnose import diagnose_events
+    from ddpviz._diagnose.diagnosis import diagnose_events
 
     case = _case("guarded", "grad", 5)
     events = [e for r in sorted(results) for e in results[r][case]["events"]]

@@ -1,4 +1,4 @@
-"""The optimizer-step tap (engine/optimizer_step.py) on 2 real gloo ranks: under watch()
+"""The optimizer-step tap (probes/optimizer_step.py) on 2 real gloo ranks: under watch()
 (hook-less and guarded) and ddpviz's DDP, OptimizerStepStarted/Finished come on the sampled
 steps only, from the optimizers that hold the DDP's parameters (two DDPs and an unrelated
 optimizer in one process), torch's global hook tables are empty again after an unsampled
@@ -33,7 +33,7 @@ def _hooks() -> int:
 
 def _two_ddps(rank: int, world_size: int, engine: str) -> dict[str, Any]:
     import ddpviz
-    from ddpviz.engine.detail import Recording
+    from ddpviz.recording import Recording
 
     torch.manual_seed(0)
     rec = Recording(guard=engine == "guarded", every=3)
@@ -84,7 +84,7 @@ def test_the_optimizer_step_is_timed_on_sampled_steps_for_its_own_ddp(engine: st
 
 def _raising_emitter(rank: int, world_size: int) -> dict[str, Any]:
     import ddpviz
-    from ddpviz.engine.detail import Recording
+    from ddpviz.recording import Recording
 
     log: list[ev.Event] = []
 

@@ -1,4 +1,4 @@
-"""The replica check (See [Note: replica digests] in ddpviz/engine/replicas.py): real gloo ranks
+"""The replica check (See [Note: replica digests] in ddpviz/probes/replicas.py): real gloo ranks
 train torch's DDP under watch() (the default hook-less recording and the guarded one) and
 ddpviz's DistributedDataParallel, each with one defect planted on one rank; rank 0's check must
 name it (kind, step, ranks, tensor, cause), and healthy runs must report nothing.
@@ -163,7 +163,7 @@ DEFECTS = [
 
 
 def planted(rank: int, world_size: int) -> dict[str, Any]:
-    from ddpviz.engine.detail import REPLICAS_EVERY
+    from ddpviz.recording import REPLICAS_EVERY
 
     out: dict[str, Any] = {}
     with warnings.catch_warnings():

@@ -1,7 +1,7 @@
 """What a closed watch leaves behind: nothing that runs. close() stops the replica check's
 thread, and the heartbeat's after pulse.CLOSE_GRACE_S (shortened here); ddpviz's background
 threads share one store connection per process (See [Note: one background connection] in
-ddpviz/engine/rendezvous.py). So a notebook that watches and closes again and again neither
+ddpviz/probes/rendezvous.py). So a notebook that watches and closes again and again neither
 piles up threads polling the store nor opens a connection each time (each one a reverse DNS
 lookup in torch's socket code: 5 s where the resolver drops it).
 
@@ -44,7 +44,8 @@ def _settled_threads(within: float = 15.0) -> list[str]:
 
 def close_rounds(rank: int, world_size: int) -> dict[str, Any]:
     import ddpviz
-    from ddpviz.engine import pulse, rendezvous
+    from ddpviz.probes import pulse
+    from ddpviz.probes import rendezvous
 
     # a closed watch's heartbeat runs this long more (composing peers' last posts), then stops
     pulse.CLOSE_GRACE_S = 0.5

@@ -23,7 +23,7 @@ STEPS = 140
 EVERY = 10  # the sampling period (the defaults are 100: the same logic)
 REPLICAS = 7  # the replica check's period (not EVERY's: its steps must be full on their own)
 FINDING_AT = 46  # a plain step (not sampled, checked or an output check)
-OUTPUT_EVERY = 25  # engine/nonfinite.py: the hook-less level checks the forward output so often
+OUTPUT_EVERY = 25  # probes/nonfinite.py: the hook-less level checks the forward output so often
 
 
 def _model() -> nn.Module:

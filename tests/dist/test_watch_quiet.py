@@ -1,4 +1,4 @@
-"""The quiet guard (See [Note: the quiet guard] in ddpviz/engine/quiet.py): under watch()'s
+"""The quiet guard (See [Note: the quiet guard] in ddpviz/probes/quiet.py): under watch()'s
 levels without a comm hook, a rank whose step waits for a peer that has not reached it names
 that peer from its pulse thread, live (rank_waiting) and at hang_timeout (rank_hang), while
 torch's C++ reducer keeps waiting; the step then completes as torch's would once the peer

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from ddpviz import events as ev
-from ddpviz import tracefile
+from ddpviz.traces import fileformat as tracefile
 
 SRC = Path(__file__).resolve().parents[2] / "extension" / "src"
 EVENTS_TS = SRC / "events.ts"

@@ -1,5 +1,5 @@
 """The viewer's "who made the all-reduce wait" (extension/src/waits.ts) gives the same rank x
-bucket table and rows as Python's (ddpviz/straggler.py `who_waited`, `wait_rows`) on the same
+bucket table and rows as Python's (ddpviz/_diagnose/straggler.py `who_waited`, `wait_rows`) on the same
 simulated traces, clock offsets with known, unknown and skewed errors included; run in node
 (the TypeScript transpiled with the extension's own compiler)."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_straggler import MS, simulate
-from ddpviz import columns as col
-from ddpviz.columns import Table
-from ddpviz.straggler import wait_rows, who_waited
+from ddpviz.traces import columns as col
+from ddpviz.traces.columns import Table
+from ddpviz._diagnose.straggler import wait_rows, who_waited
 from tests.extension.mirror import run_typescript
 
 # per case: the fold and its rows, as waits.ts computes them

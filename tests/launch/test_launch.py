@@ -87,7 +87,7 @@ def test_each_rank_streams_its_events_into_the_runs_session(reported: Any) -> No
 
 
 def test_runs_can_share_a_session() -> None:
-    from ddpviz.session import listen
+    from ddpviz.session.live import listen
 
     with listen(show=False) as session:
         run = ddpviz.launch(rank_fns.emit, 2, args=(3,), session=session)

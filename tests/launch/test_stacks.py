@@ -1,6 +1,6 @@
 """Reading a rank's faulthandler dump: the launcher's own threads and frames are dropped, the
 main thread comes first, frames read like a traceback (most recent call last), formatted as the
-pulse thread's stacks are (engine/stack_text.py): torch's and the standard library's runs
+pulse thread's stacks are (probes/stack_text.py): torch's and the standard library's runs
 folded, bounded."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from ddpviz.engine import stack_text
 from ddpviz.launcher.stacks import format_stack, parse
+from ddpviz.probes import stack_text
 
 DUMP = '''Thread 0x00007f22d613e6c0 (most recent call first):
   File "/x/ddpviz/launcher/channel.py", line 43 in _read_exactly

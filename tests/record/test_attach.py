@@ -14,9 +14,8 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz import follow
-from ddpviz.session import Session
-from ddpviz.tracefile import End
+from ddpviz.session.live import Session, follow
+from ddpviz.traces.fileformat import End
 from tests.dist.harness import free_port
 from tests.polling import eventually
 from tests.record.hooked import ROOT, hooked_python

@@ -258,7 +258,7 @@ def test_the_report_of_a_job_dir_says_which_ranks_ended_as_diagnose_does(
     assert f"<p id='ended' class='bad'>{said}</p>" in page
     # the same findings as diagnose's, from the same records
     from ddpviz.cli import ended_files, load_traces
-    from ddpviz.report import render
+    from ddpviz.report.html import render
 
     trace, files = load_traces([str(out)])
     findings = ddpviz.diagnose(trace, ended=ended_files(files))

@@ -103,7 +103,7 @@ def test_a_healthy_job_beside_a_cpu_hog_names_nobody(python: str, tmp_path: Path
         hog.wait()
     assert stragglers(trace) == []
     # the wait table exists all the same: who made which bucket wait, by chance
-    from ddpviz.straggler import who_waited
+    from ddpviz._diagnose.straggler import who_waited
 
     table = who_waited(trace.columns(), trace.clock)
     assert table.steps >= 20 and table.n_last.sum() + table.unsure > 0

@@ -1,4 +1,4 @@
-"""Where each rank is, in code, and who left the loop (engine/where.py, whereabouts.py): real
+"""Where each rank is, in code, and who left the loop (probes/where.py, whereabouts.py): real
 2-rank gloo jobs of an unmodified script (train_stuck.py) under `ddpviz record` and torchrun,
 with one rank in planted trouble at step 3. Each finding must name the rank, the step, where
 the waiting rank waits, and the planted line of the script."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ddpviz import events as ev
 from ddpviz.events import Event, ParamInfo
-from ddpviz.tracefile import TraceWriter
+from ddpviz.traces.fileformat import TraceWriter
 
 
 def _ctor(rank: int = 0, world_size: int = 2) -> list[Event]:

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz import limits, report
-from ddpviz.trace import Trace, TraceError
-from ddpviz.tracefile import TraceWriter
+from ddpviz import limits
+from ddpviz.report import html as report
+from ddpviz.traces.fileformat import TraceWriter
+from ddpviz.traces.trace import Trace, TraceError
 from ddpviz.widgets.dashboard import Dashboard
 from tests.security.hostile import PAYLOAD, raw_markup
 

@@ -12,7 +12,7 @@ import msgspec.inspect as mi
 
 from ddpviz import events as ev
 from ddpviz.events import Event
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.widgets.streams import Plant, synthetic_run
 
 # Runs script when it reaches innerHTML unescaped (the img's onerror) or a document (script).

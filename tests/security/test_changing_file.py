@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, os, subprocess, sys
 from ddpviz import events as ev
-from ddpviz import tracefile
-from ddpviz.trace import Trace, TraceError
-from ddpviz.tracefile import TraceWriter
+from ddpviz.traces import fileformat as tracefile
+from ddpviz.traces.trace import Trace, TraceError
+from ddpviz.traces.fileformat import TraceWriter
 
 path, how = sys.argv[1], sys.argv[2]
 events = [ev.GradReady(0, s // 100, 10**9 + s, s, s % 100, 0) for s in range(20_000)]

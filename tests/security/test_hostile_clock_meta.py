@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 REAL = {"wall_ns": 1_700_000_000_000_000_000, "mono_ns": 5_000_000_000}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.widgets import bucket_figure
 from ddpviz.widgets.bucket_figure import MAX_DRAWN_BUCKETS, MAX_DRAWN_SEGMENTS, new_figure
 from ddpviz.widgets.bucket_segments import LimitMarker, Segment

@@ -15,10 +15,11 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz import limits, report
+from ddpviz import limits
 from ddpviz.events import ParamInfo
-from ddpviz.trace import Trace, TraceError
-from ddpviz.tracefile import MAGIC, TraceWriter
+from ddpviz.report import html as report
+from ddpviz.traces.fileformat import MAGIC, TraceWriter
+from ddpviz.traces.trace import Trace, TraceError
 from ddpviz.transport.codec import Codec, WireError, make_header
 from tests.security import bombs
 

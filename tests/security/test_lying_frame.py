@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.trace import Trace, TraceError
-from ddpviz.tracefile import FRAME, MAGIC, TraceWriter
+from ddpviz.traces.fileformat import FRAME, MAGIC, TraceWriter
+from ddpviz.traces.trace import Trace, TraceError
 
 
 def _file(path: Path, chunks: int = 3, per: int = 100) -> list[int]:

@@ -10,9 +10,10 @@ from typing import Any
 import ipywidgets as w
 import pytest
 
-from ddpviz import markup, report
+from ddpviz import markup
 from ddpviz.model.event_model import CONSTRUCTION
-from ddpviz.trace import Trace
+from ddpviz.report import html as report
+from ddpviz.traces.trace import Trace
 from ddpviz.widgets import (
     BroadcastProgress,
     Dashboard,

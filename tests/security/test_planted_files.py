@@ -17,7 +17,7 @@ import ddpviz
 from ddpviz import atomic
 from ddpviz import events as ev
 from ddpviz.atomic import LinkError
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender
 
 

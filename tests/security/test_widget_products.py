@@ -22,7 +22,7 @@ from ddpviz.model.hook_analysis import (
     IterationView,
     analyse,
 )
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.widgets import BroadcastProgress, VerificationView
 from ddpviz.widgets.source import attach
 from ddpviz.widgets.verification_view import MAX_COLUMNS
@@ -41,7 +41,7 @@ TIME_CAP_S = 300  # each opens in seconds on an idle machine
 CHILD = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 d = Trace.load(sys.argv[1]).dashboard()
 for s in d.model.steps:
     d.controls.show_step(s) if d.controls else None

@@ -1,5 +1,6 @@
 """The Chrome export as it was before the columnar store (one object per event, one dict per
-record), kept only as the oracle test_columnar_exports.py compares ddpviz.chrome_trace with."""
+record), kept only as the oracle test_columnar_exports.py compares
+ddpviz.report.chrome_trace with."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from ddpviz import events as ev
 from ddpviz.events import Event
 from ddpviz.model.spans import _SPAN_HANDLERS, Span, _rank_spans, event_args
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 
 def object_spans(trace: Trace) -> list[Span]:

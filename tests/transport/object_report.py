@@ -1,7 +1,7 @@
 """The static report as it was before the columnar store (events as objects), kept only as
-the oracle test_columnar_exports.py compares ddpviz.report with: the sections the report derives
-from events itself (per-rank summary, bucket maps, timeline; the findings and the summary are
-diagnose()'s and verdict.py's, tested on their own)."""
+the oracle test_columnar_exports.py compares ddpviz.report.html with: the sections the report
+derives from events itself (per-rank summary, bucket maps, timeline; the findings and the summary
+are diagnose()'s and verdict.py's, tested on their own)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz.atomic import write_text
 from ddpviz.model.spans import Span
-from ddpviz.report import _PHASE_FILL
-from ddpviz.trace import Trace, gc_paused
+from ddpviz.report.html import _PHASE_FILL
+from ddpviz.traces.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
 from tests.transport.object_exports import object_spans
 

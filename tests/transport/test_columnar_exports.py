@@ -8,9 +8,9 @@ import json
 import re
 from pathlib import Path
 
-from ddpviz.chrome_trace import write_chrome_trace
-from ddpviz.report import render
-from ddpviz.trace import Trace
+from ddpviz.report.chrome_trace import write_chrome_trace
+from ddpviz.report.html import render
+from ddpviz.traces.trace import Trace
 from tests.diagnose.random_runs import random_run
 
 from . import object_report

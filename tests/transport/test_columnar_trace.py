@@ -9,10 +9,10 @@ import msgspec
 import pytest
 
 from ddpviz import events as ev
-from ddpviz import tracefile
-from ddpviz.columns import RankColumns
 from ddpviz.limits import LimitError
-from ddpviz.trace import Trace, TraceError
+from ddpviz.traces import fileformat as tracefile
+from ddpviz.traces.columns import RankColumns
+from ddpviz.traces.trace import Trace, TraceError
 from tests.diagnose.random_runs import random_run
 
 

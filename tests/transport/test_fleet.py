@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bench_fleet
 
-from ddpviz.engine.detail import DetailPolicy, resolve_recording
+from ddpviz.recording import DetailPolicy, resolve_recording
 
 pytestmark = pytest.mark.dist
 

@@ -1,4 +1,4 @@
-"""`ddpviz.listen(follow=DIR)`: per-rank trace files followed as they grow (ddpviz/follow.py).
+"""`ddpviz.listen(follow=DIR)`: per-rank trace files followed as they grow (session/follow.py).
 
 The files are written here with TraceWriter, as a recording job's ranks write them; the feed is
 polled by hand (`session.collector.poll()`, its own thread set to a poll an hour) so that every
@@ -17,11 +17,10 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz import follow
-from ddpviz.follow import FolderFeed, attach
-from ddpviz.session import Session
-from ddpviz.trace import Trace
-from ddpviz.tracefile import EVENTS, FRAME, MAGIC, End, TraceWriter, read_end
+from ddpviz.session.follow import FolderFeed, attach
+from ddpviz.session.live import Session, follow
+from ddpviz.traces.fileformat import EVENTS, FRAME, MAGIC, End, TraceWriter, read_end
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender
 from ddpviz.transport.codec import boot_id
 

@@ -1,4 +1,4 @@
-"""Event frames decoded straight into columns (ddpviz/framecolumns.py) load exactly as msgspec
+"""Event frames decoded straight into columns (traces/framecolumns.py) load exactly as msgspec
 decodes them, whatever a writer (or an attacker) put in them: other integer encodings, values
 out of bounds, wrong tags, extra, reordered or repeated keys, the bytes of a map's opening
 inside strings and times, ranks mixed in one frame, big rare events shared by ranks."""
@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from ddpviz import events as ev
-from ddpviz import framecolumns, tracefile
-from ddpviz.trace import Trace, TraceError
-from ddpviz.tracefile import EVENTS, FRAME, MAGIC, TraceWriter
+from ddpviz.traces import fileformat as tracefile
+from ddpviz.traces import framecolumns
+from ddpviz.traces.fileformat import EVENTS, FRAME, MAGIC, TraceWriter
+from ddpviz.traces.trace import Trace, TraceError
 from tests.diagnose.random_runs import random_run
 
 _HEADER = msgspec.msgpack.encode(tracefile.FileHeader(tracefile.FORMAT_VERSION,
@@ -211,7 +212,7 @@ def test_a_frame_cut_or_padded_inside_is_refused_as_msgspec_refuses_it(
 def test_decode_frames_says_none_for_a_frame_it_cannot_read_exactly() -> None:
     good, bad = _array(_grad()), _array(_grad(extra=(("x", enc(1)),)))
     buf = memoryview(good + bad)
-    from ddpviz.columns import CODE
+    from ddpviz.traces.columns import CODE
 
     got = framecolumns.decode_frames(buf, [(0, len(good)), (len(good), len(bad))], CODE)
     assert got[0] is not None and len(got[0]) == 1 and got[1] is None
@@ -219,7 +220,7 @@ def test_decode_frames_says_none_for_a_frame_it_cannot_read_exactly() -> None:
 
 def test_frames_that_would_cost_more_than_their_bytes_go_to_msgspec(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddpviz.columns import CODE
+    from ddpviz.traces.columns import CODE
 
     many_y = b"\xdc\x00\x01" + b"y" * 4096  # an index per byte to search
     tight = b"\xdd\x00\x10\x00\x00" + _grad()  # 1M events claimed in 60 bytes
@@ -279,7 +280,7 @@ def test_joined_frames_hold_what_the_frames_hold_one_by_one() -> None:
     """decode_frames(..., join=True) (what loading uses): a run of frames read as columns is
     one block, the first frame's, with the rows and rare events of every frame of the run in
     order; the others are empty; a frame left to msgspec stays None and splits the runs."""
-    from ddpviz.columns import CODE
+    from ddpviz.traces.columns import CODE
 
     events = random_run(3)
     chunks = [events[i:i + 7] for i in range(0, len(events), 7)]

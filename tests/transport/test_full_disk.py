@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 import ddpviz
-from ddpviz import atomic, tracefile
+from ddpviz import atomic
 from ddpviz import events as ev
 from ddpviz.atomic import SaveError
-from ddpviz.report import write_report
-from ddpviz.session import disconnect
-from ddpviz.trace import Trace
+from ddpviz.report.html import write_report
+from ddpviz.session.live import disconnect
+from ddpviz.traces import fileformat as tracefile
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender
 
 

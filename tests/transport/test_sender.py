@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ddpviz import events as ev
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Collector, Sender
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz.session import disconnect
-from ddpviz.trace import Trace
+from ddpviz.session.live import disconnect
+from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender
 
 

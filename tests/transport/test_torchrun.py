@@ -13,7 +13,7 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "notebooks" / "_torchrun_job.py"

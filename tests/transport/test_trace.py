@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from ddpviz import events as ev
 from ddpviz.cli import main as cli_main
-from ddpviz.report import render
-from ddpviz.trace import Trace, TraceError
-from ddpviz.tracefile import TraceWriter
+from ddpviz.report.html import render
+from ddpviz.traces.fileformat import TraceWriter
+from ddpviz.traces.trace import Trace, TraceError
 
 from .fake_run import rank_events
 
@@ -102,7 +102,7 @@ def test_corruption_before_the_end_is_an_error_not_silent(tmp_path):
 _WRITER = """
 import sys, time
 from ddpviz import events as ev
-from ddpviz.tracefile import TraceWriter
+from ddpviz.traces.fileformat import TraceWriter
 w = TraceWriter(sys.argv[1], chunk=1_000_000)
 tap = ev.Tap(w, 0)
 n = 0

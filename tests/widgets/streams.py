@@ -194,7 +194,7 @@ def _one_rank(rank: int, world_size: int, params: Sequence[ParamInfo], steps: in
 def summarize_steps(events: Sequence[Event], steps: Iterable[int]) -> list[Event]:
     """`events` as a detail level that aggregates `steps` would have emitted them: on those
     steps every bucket's GradReady events become one GradsSummarized (count, bytes, first and
-    last ready time) just before that bucket's BucketReady (see engine/detail.py)."""
+    last ready time) just before that bucket's BucketReady (see recording.py)."""
     chosen = set(steps)
     sizes: dict[tuple[int, int], int] = {}
     for e in events:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel, GradArray
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from tests.diagnose.random_runs import random_run
 
 

@@ -162,7 +162,7 @@ def test_an_unknown_source_is_refused_with_a_hint() -> None:
 def test_opening_a_trace_folds_it_once_for_every_section(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
     from ddpviz.model.event_model import EventModel
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
     trace = Trace(synthetic_run(3, 6, 3))
     tables: list[int] = []

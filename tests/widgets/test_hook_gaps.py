@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ddpviz import events as ev
 from ddpviz.model.event_model import EventModel
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 
 def _step(rank: int = 0) -> list[ev.Event]:

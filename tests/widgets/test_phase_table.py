@@ -7,7 +7,7 @@ from ddpviz import events as ev
 from ddpviz.model.event_model import EventModel
 from ddpviz.model.phases import DEMO_LINE, PHASES, SPAN_CLOSES, SPAN_OPENS, STATUS_OF
 from ddpviz.model.spans import SPAN_TYPES, table_spans
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 
 
 def test_each_reader_sees_the_phases_it_showed_before() -> None:

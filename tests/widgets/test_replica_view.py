@@ -4,8 +4,8 @@ check writes them: engine/replica_verdict.judge), ranks grouped into columns abo
 from __future__ import annotations
 
 from ddpviz import events as ev
-from ddpviz.engine.replica_verdict import RankState, judge
 from ddpviz.findings import Finding
+from ddpviz.probes.replica_verdict import RankState, judge
 from ddpviz.widgets.dashboard import Dashboard
 from ddpviz.widgets.replica_matrix import replica_matrix
 from tests.widgets.streams import synthetic_run

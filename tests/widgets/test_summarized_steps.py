@@ -9,7 +9,7 @@ import html
 
 from ddpviz import events as ev
 from ddpviz.model.event_model import EventModel
-from ddpviz.trace import Trace
+from ddpviz.traces.trace import Trace
 from ddpviz.widgets import HookTimeline
 from ddpviz.widgets.hook_timeline import step_list
 from tests.widgets.streams import Plant, summarize_steps, synthetic_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ddpviz
 from benchmarks.bench_straggler import simulate
-from ddpviz.straggler import wait_rows, who_waited
+from ddpviz._diagnose.straggler import wait_rows, who_waited
 from ddpviz.widgets.dashboard import Dashboard
 
 

@@ -25,10 +25,13 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine import failure_texts as texts
-from ddpviz.engine import whereabouts
-from ddpviz.engine.pulse import Pulse
-from ddpviz.engine.quiet import QuietGuard
-from ddpviz.engine.rendezvous import (
+from ddpviz.errors import RankHangError, UnusedParametersError
+from ddpviz.events import Collective, FindingReported, Phase, Tap
+from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
+from ddpviz.probes import whereabouts
+from ddpviz.probes.pulse import Pulse
+from ddpviz.probes.quiet import QuietGuard
+from ddpviz.probes.rendezvous import (
     Board,
     Position,
     Scope,
@@ -37,9 +40,6 @@ from ddpviz.engine.rendezvous import (
     notice_after,
     store_lost,
 )
-from ddpviz.errors import RankHangError, UnusedParametersError
-from ddpviz.events import Collective, FindingReported, Phase, Tap
-from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
 
 # [Note: hang protocol]
 # Each synced forward posts this rank's position (a heartbeat, handed to a daemon thread that

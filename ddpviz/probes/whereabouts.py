@@ -19,11 +19,11 @@ from types import FrameType
 
 import msgspec
 
-from ddpviz.engine import stack_text as st
-from ddpviz.engine import where as wh
-from ddpviz.engine.rendezvous import LEFT_NEWS, STACK_REQUEST, Board, News, Position
 from ddpviz.findings import Finding, fix_for, format_ranks
 from ddpviz.limits import Lines, Name, Step, Text
+from ddpviz.probes import stack_text as st
+from ddpviz.probes import where as wh
+from ddpviz.probes.rendezvous import LEFT_NEWS, STACK_REQUEST, Board, News, Position
 
 MAX_POSTED = 64 << 10  # bytes of one rank's posted whereabouts read back
 ANSWER_S = 2.0  # how long a waiting rank waits for the stacks it asked for

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from ddpviz.atomic import replacing
-from ddpviz.columns import CODE, RankColumns, Shared, Table, by_rank
 from ddpviz.events import E, Event
 from ddpviz.model.spans import Span, table_spans
-from ddpviz.tracefile import (
+from ddpviz.traces.columns import CODE, RankColumns, Shared, Table, by_rank
+from ddpviz.traces.fileformat import (
     Clock,
     EventColumns,
     FileHeader,
@@ -48,7 +48,7 @@ _RANK = operator.attrgetter("rank")
 class Trace:
     """The events of a run, per rank, in the order each rank emitted them. Thread-safe.
 
-    Kept as columns (ddpviz/columns.py, a few dozen bytes per event): `columns()` is what the
+    Kept as columns (ddpviz/traces/columns.py, a few dozen bytes per event): `columns()` is what the
     analyses read; `events()` and `of_type()` rebuild the typed events, equal to those added.
 
     Args:
@@ -62,7 +62,7 @@ class Trace:
     def __init__(self, events: Iterable[Event] = (), *, meta: dict[str, Any] | None = None,
                  clock: dict[int, tuple[int, int]] | None = None) -> None:
         self._lock = threading.Lock()
-        self._by_rank: dict[int, RankColumns] = {}  # columns per rank (see ddpviz/columns.py)
+        self._by_rank: dict[int, RankColumns] = {}  # columns per rank (traces/columns.py)
         self._shared = Shared()  # one copy of the payloads ranks report alike
         self.meta: dict[str, Any] = dict(meta or {})
         self.clock: dict[int, tuple[int, int]] = dict(clock or {})
@@ -134,7 +134,7 @@ class Trace:
             rank: just this rank's; None (default): every rank's.
 
         Returns:
-            A dict of rank to Table (ddpviz/columns.py's read-only NamedTuple of numpy
+            A dict of rank to Table (ddpviz/traces/columns.py's read-only NamedTuple of numpy
             columns), in rank order; empty when `rank` has no events. Later additions do not
             change it.
         """
@@ -385,7 +385,7 @@ class Trace:
         Returns:
             The JSON document as Python objects (a dict with "traceEvents").
         """
-        from ddpviz.chrome_trace import chrome_trace_doc, write_chrome_trace
+        from ddpviz.report.chrome_trace import chrome_trace_doc, write_chrome_trace
 
         if path is not None:
             write_chrome_trace(self, path)  # atomic, like every save
@@ -404,7 +404,7 @@ class Trace:
         Raises:
             SaveError: the write failed; the previous file at `path` is unchanged.
         """
-        from ddpviz.chrome_trace import write_chrome_trace
+        from ddpviz.report.chrome_trace import write_chrome_trace
 
         return write_chrome_trace(self, path)
 

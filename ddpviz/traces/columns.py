@@ -32,7 +32,7 @@ from ddpviz.events import E, Event
 from ddpviz.limits import LimitError
 
 if TYPE_CHECKING:
-    from ddpviz.framecolumns import EventColumns
+    from ddpviz.traces.framecolumns import EventColumns
 
 # Every event type, by code (the `kind` column). Append only: codes are not stored in files.
 KINDS: tuple[type[Event], ...] = (

@@ -1,6 +1,6 @@
 """Who is slow: which rank each bucket's all-reduce waited for, and the `straggler` finding.
 
-Pure numpy over the columnar store (ddpviz/columns.py): no event objects, no torch.
+Pure numpy over the columnar store (ddpviz/traces/columns.py): no event objects, no torch.
 
 Every all-reduce starts for real when the last rank launches it, so on each recorded step the
 rank whose AllReduceLaunched (BucketReady where no launch was recorded) comes last made that
@@ -18,10 +18,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ddpviz import columns as col
 from ddpviz import events as ev
-from ddpviz.columns import Table
 from ddpviz.findings import Finding, fix_for, format_ranks
+from ddpviz.traces import columns as col
+from ddpviz.traces.columns import Table
 from ddpviz.units import human_duration as ms
 
 # Offsets from wall clocks only (merged per-host files, error recorded as -1): NTP keeps hosts
@@ -63,7 +63,7 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 # samples) can still show a rank that arrives late at the forward (data loading, optimizer).
 # Lateness at the forward is added between the previous backward's end (which the last
 # all-reduce makes simultaneous) and the forward. Where the sampled steps recorded the
-# optimizer step (OptimizerStepStarted/Finished, engine/optimizer_step.py), that gap is split
+# optimizer step (OptimizerStepStarted/Finished, probes/optimizer_step.py), that gap is split
 # on them: after the backward (its end to the optimizer's start: clipping, logging, host
 # syncs), the optimizer step, and data loading (the optimizer's end to the next forward),
 # each the median over at least MIN_SPLIT_STEPS such steps of k's added lateness against the

@@ -18,8 +18,8 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
-from ddpviz.trace import Trace
-from ddpviz.tracefile import End
+from ddpviz.traces.fileformat import End
+from ddpviz.traces.trace import Trace
 from ddpviz.units import human_duration
 
 # C0/C1 control characters but newline: a name in an untrusted trace must not drive the terminal

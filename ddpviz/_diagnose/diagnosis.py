@@ -7,7 +7,7 @@ across ranks), GradReady per rank and step (hooks firing twice; ready order diff
 and mapped to buckets through BucketAssigned), the collectives each rank issued per step, each
 rank's last event (missing, lagging and stuck ranks), and EventsDropped.
 
-It reads the columnar store (ddpviz/columns.py): the hot events (gradient hooks, bucket and
+It reads the columnar store (ddpviz/traces/columns.py): the hot events (gradient hooks, bucket and
 all-reduce events, phase instants) as numpy columns, never as one object each; the rare ones
 (parameters, maps, verification, findings, ...) as their objects.
 """
@@ -22,9 +22,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ddpviz import columns as col
 from ddpviz import events as ev
-from ddpviz.columns import Table
 from ddpviz.events import Event
 from ddpviz.findings import (
     Finding,
@@ -36,7 +34,9 @@ from ddpviz.findings import (
     sort_findings,
 )
 from ddpviz.model_mismatch import mismatch_findings
-from ddpviz.tracefile import End, read_end
+from ddpviz.traces import columns as col
+from ddpviz.traces.columns import Table
+from ddpviz.traces.fileformat import End, read_end
 
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
@@ -62,7 +62,7 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings
         >>> [f.kind for f in findings if f.severity == "error"]
     """
     if isinstance(source, (str, os.PathLike)):
-        from ddpviz.trace import Trace
+        from ddpviz.traces.trace import Trace
 
         path, source = source, Trace.load(source)
         if ended is None:
@@ -81,7 +81,7 @@ def _clock(source: Any) -> dict[int, tuple[int, int]] | None:
 
 
 def _tables(source: Any) -> dict[int, Table]:
-    from ddpviz.trace import Trace
+    from ddpviz.traces.trace import Trace
 
     if isinstance(source, (str, os.PathLike)):
         source = Trace.load(source)
@@ -113,7 +113,7 @@ def diagnose_events(events: Iterable[Event]) -> Findings:
 def diagnose_tables(per_rank: Mapping[int, Table],
                     clock: Mapping[int, tuple[int, int]] | None = None,
                     ended: Mapping[int, End] | None = None) -> Findings:
-    """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/columns.py);
+    """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/traces/columns.py);
     `clock`: the ranks' offsets onto one clock (Trace.clock), for who is slow; `ended`: the
     ranks whose file ends with its end record (see `diagnose`)."""
     world_size = _world_size(per_rank)
@@ -139,7 +139,7 @@ def diagnose_tables(per_rank: Mapping[int, Table],
 
 def _straggler(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]] | None,
                names: Mapping[int, Mapping[int, str]], world_size: int) -> list[Finding]:
-    from ddpviz.straggler import straggler_findings
+    from ddpviz._diagnose.straggler import straggler_findings
 
     return straggler_findings(per_rank, clock, world_size, names)
 

@@ -46,7 +46,7 @@ REPLICAS_EVERY = 100  # the replica check's default period (See [Note: replica d
 #   guard  watch(): its comm hook around each bucket all-reduce (per-bucket all-reduce times,
 #          a hang raised from backward() as RankHangError, a GradsSummarized per bucket on the
 #          steps without per-parameter detail) or none (torch's C++ reduction untouched, the
-#          hang named by engine/quiet.py). ddpviz's DDP is always guarded: its all-reduce is
+#          hang named by probes/quiet.py). ddpviz's DDP is always guarded: its all-reduce is
 #          Python already, so the guard costs it nothing and `guard` changes nothing there.
 #   every  which steps record a GradReady per parameter: 1 every step, N (default 100) steps
 #          0..FIRST_FULL-1, the rebuild, every N-th and around a finding, None no step.

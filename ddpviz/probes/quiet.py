@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ddpviz.engine.pulse import Beat
-from ddpviz.engine.rendezvous import Board, Position, notice_after
-from ddpviz.engine.whereabouts import hang_detail, left_finding, read
 from ddpviz.events import FindingReported
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
+from ddpviz.probes.pulse import Beat
+from ddpviz.probes.rendezvous import Board, Position, notice_after
+from ddpviz.probes.whereabouts import hang_detail, left_finding, read
 
 if TYPE_CHECKING:
-    from ddpviz.engine.watchdog import Watchdog
+    from ddpviz.probes.watchdog import Watchdog
 
 
 class QuietGuard:

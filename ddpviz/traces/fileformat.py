@@ -24,7 +24,7 @@ import msgspec
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
-from ddpviz.framecolumns import EventColumns, RareCache, decode_frames
+from ddpviz.traces.framecolumns import EventColumns, RareCache, decode_frames
 
 FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
@@ -444,7 +444,7 @@ def _not_a_trace(path: Path) -> NoReturn:
 
 
 def read_header(path: Path, kind: int, payload: bytes | memoryview) -> FileHeader:
-    """A file's header frame (also ddpviz/follow.py's), versions and metadata checked."""
+    """A file's header frame (also ddpviz/session/follow.py's), versions and metadata checked."""
     if kind != HEADER:
         raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
                          "is damaged; restore it from the original run.")

@@ -3,7 +3,7 @@
 Ranks are processes; phases, all-reduces, broadcast chunks and, on steps recorded at an
 aggregated detail level, the per-bucket "gradients ready bN (summary of K)" intervals are spans
 ("X", see Trace.spans); gradient hooks and every other event are instants. The JSON (UTF-8 bytes) is
-written straight from the columnar store (ddpviz/columns.py): gradient hooks a column at a
+written straight from the columnar store (ddpviz/traces/columns.py): gradient hooks a column at a
 time as fixed-width records of numbers only (json_numbers), never built as objects; bucket
 readiness from a template of numbers; rare events and spans through msgspec's JSON encoder
 (which escapes their strings).
@@ -22,12 +22,12 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
-from ddpviz import columns as col
 from ddpviz import json_numbers
 from ddpviz.atomic import streaming
-from ddpviz.columns import Table
 from ddpviz.model.spans import SPAN_TYPES, Span, event_args, table_spans
-from ddpviz.trace import Trace, gc_paused
+from ddpviz.traces import columns as col
+from ddpviz.traces.columns import Table
+from ddpviz.traces.trace import Trace, gc_paused
 
 _SPAN_CODES = col.codes(*SPAN_TYPES)
 _BUCKET_READY = (b'{"name":"BucketReady","cat":"event","ph":"i","s":"t","pid":%d,"tid":%d,'

@@ -27,10 +27,10 @@ from ddpviz import events as ev
 from ddpviz._watch import NotObservableError, Watch
 from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.verify import breaks_torch, compare_through_store
-from ddpviz.engine.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.errors import DiagnosisError
 from ddpviz.events import Tap
-from ddpviz.session import connect
+from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.session.live import connect
 
 DDP = nn.parallel.DistributedDataParallel
 _REGISTER = DDP.register_comm_hook  # torch's, before the class patch

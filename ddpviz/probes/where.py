@@ -40,7 +40,7 @@ import textwrap
 from types import CodeType, FrameType
 from typing import NamedTuple
 
-from ddpviz.engine.stack_text import GENERIC, Frame, owner, where
+from ddpviz.probes.stack_text import GENERIC, Frame, owner, where
 
 MAX_FRAMES = 64  # innermost frames read from a stack
 _CHAIN = 48  # user frames noted at a forward (a framework puts ~20 between loop and DDP)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from ddpviz import events
 from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
-from ddpviz.trace import Trace
-from ddpviz.tracefile import SUFFIX, TraceWriter
+from ddpviz.traces.fileformat import SUFFIX, TraceWriter
+from ddpviz.traces.trace import Trace
 from ddpviz.transport.codec import parse_connect_string
 from ddpviz.transport.collector import (
     END_OF_STREAM,
@@ -38,7 +38,7 @@ from ddpviz.transport.collector import (
 from ddpviz.transport.sender import Sender
 
 if TYPE_CHECKING:
-    from ddpviz.follow import FolderFeed
+    from ddpviz.session.follow import FolderFeed
     from ddpviz.widgets.dashboard import Dashboard
 
 ENV_CONNECT = "DDPVIZ_CONNECT"
@@ -382,7 +382,8 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
            follow: str | os.PathLike[str] | None = None) -> Session:
     """Start a live session in this process (the notebook) and show how to connect to it.
     With `follow=DIR`: the live session of a job already running under `ddpviz record --out
-    DIR`, read from its per-rank trace files (history, then new events; see ddpviz/follow.py).
+    DIR`, read from its per-rank trace files (history, then new events; see
+    ddpviz/session/follow.py).
 
     The connect string (address and secret) is not printed: cell outputs are saved with the
     notebook. It is in `session.connect_string`, `session.env`, and in `session.connect_file`
@@ -414,7 +415,7 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
             raise ValueError(f"ddpviz: listen(follow=...) reads a folder and binds nothing, so "
                              f"{', '.join(given)} do not apply.\nPass follow= alone (with "
                              "record= or show= if wanted), or listen without follow=.")
-        from ddpviz.follow import attach
+        from ddpviz.session.follow import attach
 
         return attach(follow, record=record, show=show)
     collector = Collector(host, port, secret, advertise=advertise) if max_pending is None else \

@@ -22,7 +22,7 @@ from ddpviz.events import Event, OptimizerStepFinished, OptimizerStepStarted, Ta
 # [Note: optimizer-step tap]
 # Between a backward and the next forward a rank runs its optimizer step and loads the next
 # batch; a rank late at the forward is late in one of the two, and the straggler verdict
-# (ddpviz/straggler.py) tells them apart from these events. torch's global optimizer-step
+# (ddpviz/_diagnose/straggler.py) tells them apart from these events. torch's global optimizer-step
 # hooks see every `Optimizer.step()` in the process, with the optimizer instance: an optimizer
 # is this DDP's when one of its parameters is (decided once per optimizer, kept weakly), so
 # several DDPs and optimizers in one process each time their own. Global hooks run on every

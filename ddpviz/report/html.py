@@ -4,7 +4,7 @@ One file, no scripts, no CDN: inline CSS, HTML tables and inline SVG. Sections: 
 `ddpviz.diagnose` (severity first, each linked to the bucket, step or verification section it
 names), a summary of the run, per-rank summary, verification result, bucket maps, all-reduce
 timeline. Everything shown comes from the trace's events, so a report can be made long after
-the run. It reads the columnar store (ddpviz/columns.py): per-rank counts from the columns,
+the run. It reads the columnar store (ddpviz/traces/columns.py): per-rank counts from the columns,
 spans built from the span events' rows only, the rare events (maps, verification) as objects.
 What is wrong (differing models, unused parameters, hangs, ...) is diagnose()'s to say: the
 report shows its findings and derives none of its own.
@@ -20,18 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from ddpviz import columns as col
 from ddpviz import events as ev
 from ddpviz import markup
-from ddpviz._diagnose import diagnose
+from ddpviz._diagnose.diagnosis import diagnose
+from ddpviz._diagnose.verdict import SEVERITIES, ended_sentence, trace_facts, verdict_line, where
 from ddpviz.atomic import write_text
-from ddpviz.columns import Table
 from ddpviz.findings import Finding, sort_findings, value_lines
 from ddpviz.model.spans import Span, table_spans
-from ddpviz.trace import Trace, gc_paused
-from ddpviz.tracefile import End
+from ddpviz.traces import columns as col
+from ddpviz.traces.columns import Table
+from ddpviz.traces.fileformat import End
+from ddpviz.traces.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
-from ddpviz.verdict import SEVERITIES, ended_sentence, trace_facts, verdict_line, where
 
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64

@@ -6,7 +6,7 @@ It sets $DDPVIZ_RECORD, which the startup hook `ddpviz_autowatch.pth` (installed
 site-packages with ddpviz, editable or not) honours in every Python process of the job, plus
 where the events go: $DDPVIZ_CONNECT (a notebook's `ddpviz.listen()` session) or
 $DDPVIZ_TRACE_DIR (one `ddpviz-trace-rank{R}.ddpviz` per rank), and with `--recording` what
-is recorded ($DDPVIZ_RECORDING, See [Note: recording policy]). See `ddpviz.autowatch`.
+is recorded ($DDPVIZ_RECORDING, See [Note: recording policy]). See `ddpviz.record.autowatch`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddpviz.engine.detail import ENV_RECORDING, Recording
-from ddpviz.engine.watchdog import ENV_HANG_TIMEOUT
-from ddpviz.session import ENV_CONNECT, ENV_TRACE_DIR
-from ddpviz.tracefile import SUFFIX
+from ddpviz.probes.watchdog import ENV_HANG_TIMEOUT
+from ddpviz.recording import ENV_RECORDING, Recording
+from ddpviz.session.live import ENV_CONNECT, ENV_TRACE_DIR
+from ddpviz.traces.fileformat import SUFFIX
 
 ENV_RECORD = "DDPVIZ_RECORD"
 HOOK = "ddpviz_autowatch.pth"

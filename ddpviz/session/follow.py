@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ddpviz.events import Event, EventsDropped
-from ddpviz.trace import gc_paused
-from ddpviz.tracefile import (
+from ddpviz.traces.fileformat import (
     CLOCK,
     END,
     EVENTS,
@@ -48,11 +47,12 @@ from ddpviz.tracefile import (
     read_header,
     wall_offset,
 )
+from ddpviz.traces.trace import gc_paused
 from ddpviz.transport.codec import boot_id
 from ddpviz.transport.collector import CollectorStats, deliver, warn_callback_error
 
 if TYPE_CHECKING:
-    from ddpviz.session import Session
+    from ddpviz.session.live import Session
 
 # [Note: following a growing file]
 # A writer appends whole frames but a reader can see any prefix of one (a payload bigger than
@@ -554,7 +554,7 @@ def attach(folder: str | os.PathLike[str], *, interval: float = POLL_S, show: bo
     Returns:
         A Session (`session.trace`, `session.dashboard()`, `session.close()`).
     """
-    from ddpviz.session import Session
+    from ddpviz.session.live import Session
 
     feed = FolderFeed(folder, interval=interval)
     session = Session(feed, record=record)

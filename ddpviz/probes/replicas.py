@@ -8,7 +8,7 @@ Nothing in torch checks it after the constructor. On a checked step s (every `pe
   - at the end of backward s (after the reduction), each rank digests its gradients;
   - at the start of forward s+1 (after the optimizer step), its parameters, and its buffers
     right after that forward's broadcast (before it, without one).
-A digest (engine/digest.py) is two int64 sums over a tensor's raw bytes, computed on the
+A digest (probes/digest.py) is two int64 sums over a tensor's raw bytes, computed on the
 tensors' device by a few ops for all tensors at once; the training thread only launches them
 (on a GPU, the copy to the host is non-blocking with an event the check's thread waits for).
 The check's own daemon thread, with its own store connection, posts each step's summary (a
@@ -16,7 +16,7 @@ hash of every digest) under the DDP's notice board (rendezvous.Board) and never 
 user's process group. Rank 0's thread compares the summaries; when they differ it asks every
 rank for the per-tensor digests and sizes of that step (kept for the last HISTORY checks),
 names the differing tensors, the groups of ranks and the likely cause
-(engine/replica_verdict.py), and emits a `replicas_diverged` finding as a FindingReported
+(probes/replica_verdict.py), and emits a `replicas_diverged` finding as a FindingReported
 event, warning once on stderr. It never raises into the job.
 Narrowing: a divergence first seen at a sampled step lies somewhere after the last step that
 agreed. From then on, every step is checked for `period` steps (the ranks agree on when that
@@ -40,13 +40,13 @@ import msgspec
 import numpy as np
 import torch
 
-from ddpviz.engine.detail import NEVER
-from ddpviz.engine.digest import Snapshot
-from ddpviz.engine.rendezvous import Board, Scope, as_text
-from ddpviz.engine.replica_verdict import RankState, differing_names, judge
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
 from ddpviz.limits import MAX_PARAMS
+from ddpviz.probes.digest import Snapshot
+from ddpviz.probes.rendezvous import Board, Scope, as_text
+from ddpviz.probes.replica_verdict import RankState, differing_names, judge
+from ddpviz.recording import NEVER
 
 HISTORY = 64  # checked steps each rank keeps (digests and sizes) for rank 0 to ask about
 POLL_S = 0.05  # the thread looks at the store this often while it has work

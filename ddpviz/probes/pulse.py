@@ -35,9 +35,9 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ddpviz.engine.rendezvous import Board, News, Position
-from ddpviz.engine.whereabouts import Tracker
 from ddpviz.events import Phase
+from ddpviz.probes.rendezvous import Board, News, Position
+from ddpviz.probes.whereabouts import Tracker
 
 Beat = tuple[int, Phase, float]  # step, phase, time.time()
 
@@ -70,7 +70,7 @@ class Pulse:
         self.last: Beat | None = None  # the latest beat, posted or not
         self.on_quiet: Callable[[Board, Beat], None] | None = None
         self.quiet_error: Exception | None = None  # what stopped on_quiet, if anything
-        # called on this thread after each post, with the board (engine/nonfinite.py's
+        # called on this thread after each post, with the board (probes/nonfinite.py's
         # exchange); one that raises is dropped, the heartbeat goes on
         self.tasks: list[Callable[[Board], None]] = []
         # where the training thread (the one creating the pulse) is, in code: whereabouts.py

@@ -43,7 +43,7 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, gr
 # done, at a later step. So on a GPU a non-finite forward output arms the local checks from
 # the next step on, not this one.
 # Each rank posts its `_Post` (steps seen, steps whose gradients were checked, non-finite
-# records) from the pulse thread (engine/pulse.py); once every rank is done with a step, every
+# records) from the pulse thread (probes/pulse.py); once every rank is done with a step, every
 # rank composes the same finding from the same posts (so `ddpviz diagnose` counts it once) and
 # emits it from that thread, as the quiet guard does. A run of consecutive non-finite steps is
 # one episode: only its first step is reported, later ones counted (a job that skips
@@ -380,7 +380,7 @@ class NonfiniteCheck:
             self._post.done = max(self._post.done, self._post.fwd)
         self._version += 1
 
-    # --- the pulse thread (engine/pulse.py) ---------------------------------------------------
+    # --- the pulse thread (probes/pulse.py) ---------------------------------------------------
 
     def pulse(self, board: Any) -> None:
         """Post this rank's state when it changed (once any rank saw something non-finite),

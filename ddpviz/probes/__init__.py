@@ -1,0 +1,16 @@
+"""The rank-side probes: what ddpviz runs inside each rank, beside DDP (its own twin or torch's),
+to say what goes wrong before the process group's timeout.
+
+watchdog.py puts a deadline on DDP's waits (bucket all-reduces, buffer broadcasts, the bucket
+rebuild) and names a rank that never arrives; pulse.py posts each rank's heartbeat from a
+daemon thread and quiet.py names the ranks a step waits for when the wait itself is invisible;
+rendezvous.py is the notice board they meet on (the process group's store, never a
+collective); where.py reads where the training thread is in code, stack_text.py folds a stack
+for people (the launcher's stacks too) and whereabouts.py posts it and names a rank that left
+the loop. replicas.py checks that all ranks hold the same bytes after each optimizer step
+(digest.py hashes, replica_verdict.py words the verdict); nonfinite.py finds where a NaN/Inf
+began; optimizer_step.py times the optimizer step.
+
+Probes import the vocabulary, the recording policy and the twin's failure texts; never UI code,
+and the twin never imports them (tests/test_layers.py holds both).
+"""
