@@ -77,11 +77,11 @@ nitpick_ignore_regex = [
     # train(), Join's hooks), and views and records one level further down (not documented yet)
     ("py:.*", r"(Dropout|BatchNorm|Module|JoinHook|Joinable|LaunchTimeout|Dashboard|BucketMap|"
               r"AdviceView)"),
-    ("py:.*", r"ddpviz\.(events\.(Event|E)|columns\.Table|model\.spans\.Span)"),
+    ("py:.*", r"ddpviz\.(events\.(Event|E)|traces\.columns\.Table|model\.spans\.Span)"),
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"
               r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta)|"
-              r"engine\.replicas\.ReplicaCheck)"),
-    ("py:.*", r"ddpviz\.tracefile\.End"),  # a rank's file's end record (diagnose(ended=))
+              r"probes\.replicas\.ReplicaCheck)"),
+    ("py:.*", r"ddpviz\.traces\.fileformat\.End"),  # a rank's file's end record (diagnose(ended=))
 ]
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"

@@ -8,7 +8,10 @@ imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up
   events into columns) import only the vocabulary and each other;
 - model/ (the run model: the one fold of the event stream) imports only the vocabulary, the
   columns and itself;
-- engine/ (DDP itself) imports only the vocabulary and engine/;
+- engine/ (the DDP twin) imports only the vocabulary, the recording policy and engine/, and
+  never probes/, not even for type checkers: the probes watch it through engine/observers.py;
+- probes/ (what runs beside DDP on each rank) never import UI code (widgets/, ipywidgets,
+  plotly, IPython): they run on the light rank-side install;
 - transport/ never imports what consumes its events (sessions, the launcher, widgets, diagnosis,
   plans, reports, the Trace container, ...);
 - widgets/ never import engine/ (they draw plans and events);
@@ -184,13 +187,39 @@ def test_nothing_imports_a_private_name_of_another_module() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_engine_imports_only_the_vocabulary_and_itself() -> None:
-    # ddpviz_autowatch is the stdlib-only startup hook below everything: its post-import hook
-    # also keeps ddpviz's frames out of dynamo (engine/compiler.py)
+def _named_imports(package: str) -> list[tuple[str, int, str]]:
+    """(module, line, imported module) of every absolute import in a package's files, those
+    under `if TYPE_CHECKING:` and inside functions included (third-party names too)."""
+    out = []
+    for path in sorted((PACKAGE.parent / package.replace(".", "/")).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                out += [(_module_name(path), node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                out.append((_module_name(path), node.lineno, node.module))
+    return out
+
+
+def test_the_twin_imports_only_the_vocabulary_the_recording_policy_and_itself() -> None:
+    # The probes watch the twin through engine/observers.py (See [Note: twin and probes]), so
+    # it never imports them; ddpviz_autowatch is the stdlib-only startup hook below
+    # everything: its post-import hook also keeps ddpviz's frames out of dynamo (compiler.py)
+    below = VOCABULARY | {"ddpviz.recording", "ddpviz_autowatch"}
     bad = [e for e in EDGES if _under(e[0], "ddpviz.engine")
-           and not (e[1] in VOCABULARY or e[1] == "ddpviz_autowatch"
-                    or _under(e[1], "ddpviz.engine"))]
+           and not (e[1] in below or _under(e[1], "ddpviz.engine"))]
     assert not bad, "engine/ reaches up:\n" + _show(bad)
+    typed = [f"{m}:{line} imports {t}" for m, line, t in _named_imports("ddpviz.engine")
+             if _under(t, "ddpviz.probes")]
+    assert not typed, "engine/ names probes/ (if only for type checkers):\n" + "\n".join(typed)
+    assert any(_under(m, "ddpviz.probes") and t == "ddpviz.engine.observers"
+               for m, t, _, _f in EDGES)  # the probes do implement the twin's interface
+
+
+def test_the_probes_never_import_ui() -> None:
+    bad = [e for e in EDGES if _under(e[0], "ddpviz.probes") and _under(e[1], "ddpviz.widgets")]
+    bad += [(m, t, line, "") for m, line, t in _named_imports("ddpviz.probes")
+            if _under(t, "ipywidgets", "plotly", "IPython")]
+    assert not bad, "probes/ import UI code:\n" + _show(bad)
 
 
 def test_transport_never_imports_its_consumers() -> None:

@@ -14,8 +14,15 @@ buffer_identity.py and initial_values.py are the smaller options and checks of t
 constructor.
 
 What ddpviz watches on each rank while the twin runs (the hang watchdog, the replica and NaN
-checks, the optimizer-step tap) lives in ddpviz/probes/, which the twin never imports.
+checks, the optimizer-step tap) lives in ddpviz/probes/, which the twin never imports: it
+calls them through observers.py, protocols written from its side that list what it calls
+(Guard: start, heartbeat, waiter, wait, failed, fail, agree_on_unused; the replica check's
+before_forward, unsynced, after_buffer_sync, after_backward; the NaN check's forward,
+checking, bucket, backward_done; the optimizer-step tap's set, disarm), built by the
+`Observers` on its class. Alone (NO_OBSERVERS) it has none: plain waits, no checks;
+ddpviz.DistributedDataParallel (ddpviz/ddp.py) plugs in the probes' (probes/for_twin.py).
+See [Note: twin and probes] in observers.py.
 
 Imports torch and ddpviz's vocabulary (events, findings, errors, limits, the recording policy)
-only, never UI code (tests/test_layers.py holds this).
+only, never the probes or UI code (tests/test_layers.py holds this).
 """

@@ -1,7 +1,7 @@
 """`DistributedDataParallel`: torch 2.13's DDP re-implemented in Python, wiring DDP's phases in
 the walk-through's order (params -> verify -> broadcast -> buckets -> reducer; forward;
 backward), with events at every phase. Same constructor, defaults and errors as torch's; the
-reducer itself lives in reducer.py.
+reducer itself lives in reducer.py, and what watches it comes through observers.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
 from ddpviz.engine.logger import DDPLogger
+from ddpviz.engine.observers import NO_OBSERVERS, Observers
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
 from ddpviz.engine.verify import verify_module_across_ranks
@@ -43,10 +44,6 @@ from ddpviz.events import (
     default_emitter,
 )
 from ddpviz.findings import DiagnosisWarning, Finding
-from ddpviz.probes.nonfinite import NonfiniteCheck
-from ddpviz.probes.optimizer_step import OptimizerStepTap
-from ddpviz.probes.replicas import ReplicaCheck, replica_check
-from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.recording import DetailPolicy, FindingObserver, Recording, resolve_recording
 
 logger = logging.getLogger(__name__)
@@ -81,16 +78,16 @@ class _DDPJoinHook(JoinHook):
 
 
 class DistributedDataParallel(nn.Module, Joinable):
-    """Drop-in for `torch.nn.parallel.DistributedDataParallel` (torch 2.13), in Python.
+    """Drop-in for `torch.nn.parallel.DistributedDataParallel` (torch 2.13), in Python: the twin
+    alone, watched by nothing (plain waits, no checks). `ddpviz.DistributedDataParallel` is
+    this class with ddpviz's probes plugged in; See [Note: twin and probes] (observers.py).
 
     Args:
         module ... forward_sync_buffers: exactly torch's arguments, defaults and meaning.
         emitter: receives ddpviz events (`ddpviz.events`); None: the process's default
             emitter (set by ddpviz.launch / ddpviz.connect), else no events at all.
-        hang_timeout: seconds a collective may wait before the ranks are compared and
-            the missing or lagging ones named (RankHangError); default
-            $DDPVIZ_HANG_TIMEOUT, else 0.6 x the process group's timeout (at most 300 s); 0
-            turns the watchdog off.
+        hang_timeout: handed to the observers' hang watchdog (ddpviz.DistributedDataParallel
+            documents it); the bare twin has none and ignores it.
         recording: what is recorded of each backward, a `ddpviz.Recording` (See [Note:
             recording policy] in recording.py): `every=N` (default 100) records a GradReady
             per parameter on steps 0-2, the rebuild step, every N-th step and around this
@@ -102,6 +99,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         detail: deprecated (one release): the old level names ("sampled", "full", ...),
             mapped to `recording=` with a DeprecationWarning naming it.
     """
+
+    # What watches this DDP on its rank: nothing here; ddpviz.DistributedDataParallel plugs in
+    # the probes. See [Note: twin and probes] (observers.py).
+    _observers: ClassVar[Observers] = NO_OBSERVERS
 
     def __init__(self, module: nn.Module, device_ids: list[int | torch.device] | None = None,
                  output_device: int | torch.device | None = None, dim: int = 0,
@@ -136,9 +137,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             target = FindingObserver(target, _finding_callback(weakref.ref(self)))
         self._tap = Tap(target, rank=self.process_group.rank())
         tap = self._tap
-        # Names ranks that never arrive or stop coming. See [Note: hang protocol].
-        self._hang_timeout = resolve_hang_timeout(hang_timeout, self.process_group)
-        self._watchdog = Watchdog(self.process_group, timeout=self._hang_timeout, tap=tap)
+        # Names ranks that never arrive or stop coming (None: plain waits). See [Note: twin
+        # and probes] (observers.py).
+        self._watchdog = self._observers.guard(self.process_group, hang_timeout, tap)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []
@@ -219,7 +220,8 @@ class DistributedDataParallel(nn.Module, Joinable):
                              dict(module.named_buffers()))))
 
         # --- steps 2-3: verify the model, then broadcast rank 0's state ------------------------
-        self._watchdog.start()
+        if self._watchdog is not None:
+            self._watchdog.start()
         if init_sync:
             verify_module_across_ranks(module, self.process_group,
                                        ignore=self.parameters_to_ignore, tap=tap)
@@ -231,8 +233,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
         # --- step 4: buckets and the reducer ----------------------------------------------
         # (the replica check first: the reducer reports each reduced backward to it)
-        self._replicas = replica_check(
-            resolved.replicas, self._watchdog.board, [e.param for e in entries],
+        self._replicas = self._observers.replicas(
+            resolved.replicas, self._watchdog, [e.param for e in entries],
             [e.name for e in entries], module, set(self.parameters_to_ignore),
             lambda: bool(self.broadcast_buffers), tap)
         self._build_reducer(entries, static_graph)
@@ -358,15 +360,15 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_all_reduce_unused_params=self.skip_all_reduce_unused_params,
             batched_grad_copy=self.batched_grad_copy, tap=self._tap, watchdog=self._watchdog,
             logger=DDPLogger, detail=self._detail)
-        # See [Note: finding where a NaN starts] (nonfinite.py): the reducer checks each
-        # bucket's local buffer before its all-reduce, _post_forward the output
-        self._nf = NonfiniteCheck(tensors, [e.name for e in entries], self.process_group.rank(),
-                                  self.process_group.size(), self._tap, "guarded")
-        self._nf.local = not self._watchdog.add_pulse_task(self._nf.pulse)
+        # The NaN check (probes/nonfinite.py): the reducer hands it each bucket's local buffer
+        # before its all-reduce, _post_forward the output
+        self._nf = self._observers.nonfinite(self._watchdog, tensors, [e.name for e in entries],
+                                             self.process_group, self._tap)
         self.reducer.nonfinite = self._nf
-        # See [Note: optimizer-step tap] (optimizer_step.py): armed on the sampled steps
-        self._opt = OptimizerStepTap(self._tap, tensors)
-        weakref.finalize(self, self._opt.disarm)
+        # The optimizer-step tap (probes/optimizer_step.py): armed on the sampled steps
+        self._opt = self._observers.optimizer_step(tensors, self._tap)
+        if self._opt is not None:
+            weakref.finalize(self, self._opt.disarm)
         replicas = self.__dict__.get("_replicas")
         if replicas is not None:
             self.reducer.after_finalize = lambda: replicas.after_backward(self._tap.step, True)
@@ -574,7 +576,7 @@ class DistributedDataParallel(nn.Module, Joinable):
     def _check_reducer_finalized(self) -> None:
         self.reducer.ensure_prior_reduction_finished()
 
-    def train(self, mode: bool = True) -> DistributedDataParallel:
+    def train(self, mode: bool = True) -> Self:
         """Set training (or evaluation) mode on this module and the wrapped one, as
         `nn.Module.train` does (Dropout, BatchNorm behave accordingly).
 
@@ -632,12 +634,14 @@ class DistributedDataParallel(nn.Module, Joinable):
                 # this rank's previous failure instead).
                 self.reducer.prepare_for_forward()
                 self.reducer.ensure_prior_reduction_finished()
-            self._watchdog.heartbeat(self._tap.step, "forward")
-            if self._replicas is not None:  # See [Note: replica digests] (replicas.py)
+            if self._watchdog is not None:
+                self._watchdog.heartbeat(self._tap.step, "forward")
+            if self._replicas is not None:  # See [Note: replica digests] (probes/replicas.py)
                 self._replicas.before_forward(self._tap.step, self.will_sync_module_buffers)
                 if not self.require_backward_grad_sync:
                     self._replicas.unsynced(self._tap.step)
-            self._opt.set(self._detail.full(self._tap.step))
+            if self._opt is not None:
+                self._opt.set(self._detail.full(self._tap.step))
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
         if grad_enabled and self.require_backward_grad_sync:
@@ -672,7 +676,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             return output
         if self._check_sync_bufs_post_fwd():
             self._sync_buffers()
-        if torch.is_grad_enabled():
+        if self._nf is not None and torch.is_grad_enabled():
             self._nf.forward(self._tap.step, output)
             if self.require_backward_grad_sync:
                 self._nf.checking(self._tap.step)
@@ -699,12 +703,6 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._static_graph_delay_allreduce_enqueued = True
 
     # --- buffers ------------------------------------------------------------------------------
-
-    @property
-    def replicas(self) -> ReplicaCheck | None:
-        """This DDP's replica check, or None when it is off (docs/replicas.md); rank 0's
-        `.findings` lists what it reported."""
-        return self.__dict__.get("_replicas")
 
     def will_sync_module_buffers(self) -> bool:
         """Whether the next forward broadcasts the module's buffers (as torch's method).
@@ -751,12 +749,16 @@ class DistributedDataParallel(nn.Module, Joinable):
             if futures is not None:
                 self.reducer.install_futures(futures)
             return
+        watchdog = self._watchdog
         try:
             broadcast_coalesced(self.modules_buffers, self.process_group, src=src,
                                 chunk_bytes=self.broadcast_bucket_size, tap=self._tap,
-                                wait=self._watchdog.waiter("buffer broadcast"))
+                                wait=None if watchdog is None else
+                                watchdog.waiter("buffer broadcast"))
         except RuntimeError as exc:  # a rank is gone or hangs: name it
-            raise self._watchdog.failed(exc, collective="buffer broadcast") from exc
+            if watchdog is None:
+                raise
+            raise watchdog.failed(exc, collective="buffer broadcast") from exc
         if self._tap.enabled:
             self._tap.emit(BuffersSynced, len(self.modules_buffers),
                            sum(b.numel() * b.element_size() for b in self.modules_buffers))
@@ -972,8 +974,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         if "_detail" not in self.__dict__:
             self._detail = DetailPolicy.of(resolve_recording(None, where="torch.load"))
         self._tap = Tap(None, rank=self.process_group.rank())
-        # Unpickling happens on one rank at a time (torch.load): no constructor meeting point.
-        self._watchdog = Watchdog(self.process_group, timeout=None, tap=self._tap)
+        # Unpickling happens on one rank at a time (torch.load): no constructor meeting point,
+        # no deadlines (hang_timeout=0).
+        self._watchdog = self._observers.guard(self.process_group, 0, self._tap)
         self._replicas = None
         entries = build_params_for_reducer(self.module, self.parameters_to_ignore)
         static = self.static_graph

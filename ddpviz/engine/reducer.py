@@ -30,6 +30,7 @@ from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
+from ddpviz.engine.observers import Guard, NonfiniteObserver
 from ddpviz.engine.params import ParamEntry
 from ddpviz.errors import (
     TORCH_GRAPH_CHANGED,
@@ -53,8 +54,6 @@ from ddpviz.events import (
     UnusedParametersFound,
 )
 from ddpviz.findings import Finding, Kind, fix_for
-from ddpviz.probes.nonfinite import NonfiniteCheck
-from ddpviz.probes.watchdog import Watchdog
 from ddpviz.recording import DetailPolicy, GradSummary
 
 # [Note: reducer timeline]
@@ -126,19 +125,20 @@ class Reducer:
         tap: where events go.
         detail: which steps get a GradReady per parameter and which a GradsSummarized per
             bucket (recording.py; default: every step in full).
-        watchdog: names lagging or missing ranks in collectives (None: plain waits).
+        watchdog: names lagging or missing ranks in collectives (None: plain waits; See
+            [Note: twin and probes] in observers.py).
         logger: builds the logging-data collector from this reducer (torch's c10d Logger).
     """
 
     # called at the end of each finalize_backward, the reduced gradients in .grad (the DDP's
-    # replica check; See [Note: replica digests] in replicas.py)
+    # replica check; See [Note: replica digests] in probes/replicas.py)
     after_finalize: Callable[[], None] | None = None
 
     def __init__(self, params: Sequence[ParamEntry], bucket_indices: list[list[int]],
                  bucket_limits: list[int], process_group: dist.ProcessGroup, *, limits: Limits,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  skip_all_reduce_unused_params: bool = False, batched_grad_copy: bool = False,
-                 tap: Tap | None = None, watchdog: Watchdog | None = None,
+                 tap: Tap | None = None, watchdog: Guard | None = None,
                  logger: Callable[[Reducer], DDPLogger] = DDPLogger,
                  detail: DetailPolicy | None = None) -> None:
         self.entries = list(params)
@@ -212,7 +212,7 @@ class Reducer:
         self._drain_sparse: dict[int, torch.Tensor] = {}  # see _fail_missing_gradients
         self.logger: DDPLogger = logger(self)  # reads this reducer's buckets and counters
         self.watchdog = watchdog
-        self.nonfinite: NonfiniteCheck | None = None  # set by the DDP (probes/nonfinite.py)
+        self.nonfinite: NonfiniteObserver | None = None  # the DDP's NaN check, if any
         if find_unused_parameters:
             self._initialize_local_used_map()
 
@@ -368,15 +368,20 @@ class Reducer:
             self._mark_ready_dense(index)
         bucket.pending -= 1
         if bucket.pending == 0:
-            if self.batched_grad_copy and not bucket.sparse:
-                self._flush_batched(bucket)
-            if self.tap.enabled:
-                if not self.summary.per_param:
-                    self.summary.emit(b)
-                self.tap.emit(BucketReady, b)
+            self._bucket_filled(b, bucket)
             self._mark_bucket_ready(b)
         if self.next_bucket == len(self.buckets) and self._dynamic_find_unused():
             self._all_reduce_local_used_map()
+
+    def _bucket_filled(self, b: int, bucket: Bucket) -> None:
+        """Every gradient of bucket `b` is in: finish a batched copy, then say the bucket is
+        ready (after its summary, on the steps that summarize)."""
+        if self.batched_grad_copy and not bucket.sparse:
+            self._flush_batched(bucket)
+        if self.tap.enabled:
+            if not self.summary.per_param:
+                self.summary.emit(b)
+            self.tap.emit(BucketReady, b)
 
     def _mark_ready_dense(self, index: int) -> None:
         b, intra = self.locators[index]
@@ -609,7 +614,7 @@ class Reducer:
             return
         raise error
 
-    # --- diagnosis across ranks (see probes/watchdog.py) ----------------------------------
+    # --- diagnosis across ranks (the watchdog's: see observers.py) ------------------------
 
     def _agrees_on_unused(self) -> bool:
         return (self.watchdog is not None and self.watchdog.enabled and not self.static_graph
@@ -644,7 +649,7 @@ class Reducer:
         """The error to raise: the finding first (its fix from findings.FIXES), then the
         message from `head` (what happened, one line) and the finding's fix; records the
         finding and tells the other ranks, so that those waiting for this one stop at once
-        (see Watchdog.fail)."""
+        (see Guard.fail in observers.py)."""
         rank = self.process_group.rank()
         finding = Finding(kind=kind, severity="error", title=title, ranks=(rank,),
                           param=index, name=self.names[index], field=field,
@@ -806,12 +811,7 @@ class Reducer:
                 else:
                     self._mark_ready_dense(i)
             for b, bucket in enumerate(self.buckets):
-                if self.batched_grad_copy and not bucket.sparse:
-                    self._flush_batched(bucket)
-                if self.tap.enabled:
-                    if not self.summary.per_param:
-                        self.summary.emit(b)
-                    self.tap.emit(BucketReady, b)
+                self._bucket_filled(b, bucket)
             for b in range(len(self.buckets)):
                 # torch passes next_bucket (0) as every bucket's index here.
                 self._all_reduce_bucket(b, self.next_bucket)

@@ -11,6 +11,11 @@ the loop. replicas.py checks that all ranks hold the same bytes after each optim
 (digest.py hashes, replica_verdict.py words the verdict); nonfinite.py finds where a NaN/Inf
 began; optimizer_step.py times the optimizer step.
 
-Probes import the vocabulary, the recording policy and the twin's failure texts; never UI code,
-and the twin never imports them (tests/test_layers.py holds both).
+watch() (ddpviz/_watch/) builds them around torch's DDP. ddpviz's own DDP gets them through
+the twin's interface (engine/observers.py: the protocols of what the twin calls, and the
+`Observers` that builds them), which for_twin.py implements; ddpviz/ddp.py plugs it into the
+twin as ddpviz.DistributedDataParallel. See [Note: twin and probes] in engine/observers.py.
+
+Probes import the vocabulary, the recording policy and the twin's failure texts and interface;
+never UI code, and the twin never imports them (tests/test_layers.py holds both).
 """

@@ -239,7 +239,7 @@ def test_unused_error_at_forward_raises_where_torch_does_with_ddpviz_names() -> 
 
 
 def test_engine_import_pulls_in_no_ui_modules() -> None:
-    code = ("import sys, ddpviz.engine.ddp; "
+    code = ("import sys, ddpviz.engine.ddp, ddpviz.ddp; "
             "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)

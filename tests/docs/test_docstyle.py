@@ -40,15 +40,26 @@ def resolve(dotted: str) -> Any:
 def documented() -> Iterator[tuple[str, str, Any]]:
     """(name, autodoc's kind, object) of everything the API page documents, as autodoc reads
     it: the functions, and the public methods and properties a class of `:members:` defines
-    itself (not inherited; docstrings inherited as autodoc inherits them)."""
+    itself (not inherited, but for the classes up to the base that `:inherited-members: Base`
+    names; docstrings inherited as autodoc inherits them)."""
     text = API.read_text(encoding="utf-8")
-    for directive, target, members in re.findall(
-            r"^\.\. (auto\w+):: ([\w.]+)\s*\n((?:   :members:\n)?)", text, re.M):
+    for directive, target, members, inherited in re.findall(
+            r"^\.\. (auto\w+):: ([\w.]+)\s*\n((?:   :members:\n)?)"
+            r"(?:   :inherited-members: (.*)\n)?", text, re.M):
         obj = resolve(target)
         if directive == "autofunction":
             yield target, "function", obj
         elif members:
-            for name, raw in vars(obj).items():
+            stop = {base.strip() for base in inherited.split(",")}
+            owners = []
+            for owner in obj.__mro__ if inherited else (obj,):
+                if owner.__name__ in stop:
+                    break
+                owners.append(owner)
+            # (a name defined again below is documented once, as the nearest definition)
+            defined = {name: raw for owner in reversed(owners) for name, raw in
+                       vars(owner).items()}
+            for name, raw in defined.items():
                 if name.startswith("_"):
                     continue
                 if isinstance(raw, property):

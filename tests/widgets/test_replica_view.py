@@ -1,5 +1,5 @@
 """The dashboard's replica view: tensor x rank from replicas_diverged findings (as the replica
-check writes them: engine/replica_verdict.judge), ranks grouped into columns above 16."""
+check writes them: probes/replica_verdict.judge), ranks grouped into columns above 16."""
 
 from __future__ import annotations
 

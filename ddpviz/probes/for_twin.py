@@ -1,0 +1,57 @@
+"""The probes of ddpviz's own DistributedDataParallel: builds the hang watchdog, the replica
+check, the NaN check and the optimizer-step tap for one twin DDP, as the twin's `Observers`
+(engine/observers.py; See [Note: twin and probes] there). watch() builds the same probes
+around torch's DDP itself (_watch/base.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch.distributed as dist
+from torch import nn
+
+from ddpviz.engine.observers import Guard, Observers
+from ddpviz.events import Tap
+from ddpviz.probes.nonfinite import NonfiniteCheck
+from ddpviz.probes.optimizer_step import OptimizerStepTap
+from ddpviz.probes.replicas import ReplicaCheck, replica_check
+from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+
+
+class TwinProbes:
+    """Every probe, for a twin DDP (`DistributedDataParallel._observers` of ddpviz/ddp.py)."""
+
+    def guard(self, process_group: dist.ProcessGroup, hang_timeout: float | None,
+              tap: Tap) -> Watchdog:
+        # Names ranks that never arrive or stop coming. See [Note: hang protocol]. Built even
+        # when off (timeout None): its waits are then plain waits and it meets no one.
+        return Watchdog(process_group, timeout=resolve_hang_timeout(hang_timeout, process_group),
+                        tap=tap)
+
+    def replicas(self, period: int | None, guard: Guard | None,
+                 params: Sequence[nn.Parameter], names: Sequence[str], module: nn.Module,
+                 ignored: set[str], broadcast_buffers: Callable[[], bool],
+                 tap: Tap) -> ReplicaCheck | None:
+        # See [Note: replica digests] (replicas.py): the digests meet on the watchdog's board
+        board = guard.board if isinstance(guard, Watchdog) else None
+        return replica_check(period, board, params, names, module, ignored, broadcast_buffers,
+                             tap)
+
+    def nonfinite(self, guard: Guard | None, params: Sequence[nn.Parameter],
+                  names: Sequence[str], process_group: dist.ProcessGroup,
+                  tap: Tap) -> NonfiniteCheck:
+        # See [Note: finding where a NaN starts] (nonfinite.py): the twin's reducer shows it
+        # every bucket before its all-reduce ("guarded"); the ranks' records meet on the
+        # watchdog's pulse thread, else (one rank, no deadlines) this rank composes its own
+        check = NonfiniteCheck(params, names, process_group.rank(), process_group.size(), tap,
+                               "guarded")
+        check.local = not (isinstance(guard, Watchdog) and guard.add_pulse_task(check.pulse))
+        return check
+
+    def optimizer_step(self, params: Sequence[nn.Parameter], tap: Tap) -> OptimizerStepTap:
+        # See [Note: optimizer-step tap] (optimizer_step.py): armed on the sampled steps
+        return OptimizerStepTap(tap, params)
+
+
+PROBES: Observers = TwinProbes()
