@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ddpviz._preflight import VerificationReport, preflight
     from ddpviz._watch import Watch, watch
     from ddpviz.advisor import advise
-    from ddpviz.engine.ddp import DistributedDataParallel
+    from ddpviz.ddp import DistributedDataParallel
     from ddpviz.errors import (
         DiagnosisError,
         GradientGraphError,
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ddpviz.launcher import LaunchError, RankError, Run, launch
     from ddpviz.plan import bucket_plan
     from ddpviz.recording import Recording
-    from ddpviz.session.live import Session, connect, listen
+    from ddpviz.session.connect import connect
+    from ddpviz.session.live import Session, listen
     from ddpviz.traces.trace import Trace
 
 # Public name -> the module that owns it: what a user calls in the first hour, what those calls
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 # package's attribute of that name, which would replace the function.
 _WHERE = {
     "DiagnosisError": "ddpviz.errors",
-    "DistributedDataParallel": "ddpviz.engine.ddp",
+    "DistributedDataParallel": "ddpviz.ddp",
     "Finding": "ddpviz.findings",
     "GradientGraphError": "ddpviz.errors",
     "LaunchError": "ddpviz.launcher",
@@ -52,7 +53,7 @@ _WHERE = {
     "Watch": "ddpviz._watch",
     "advise": "ddpviz.advisor",
     "bucket_plan": "ddpviz.plan",
-    "connect": "ddpviz.session.live",
+    "connect": "ddpviz.session.connect",
     "diagnose": "ddpviz._diagnose.diagnosis",
     "launch": "ddpviz.launcher",
     "listen": "ddpviz.session.live",

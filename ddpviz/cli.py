@@ -9,7 +9,6 @@ holds this)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import importlib.util
 import sys
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ddpviz.traces.fileformat import End
+    from ddpviz.traces.source import RunSource
     from ddpviz.traces.trace import Trace
 
 
@@ -120,59 +120,31 @@ class TraceArgsError(ValueError):
     """TRACE arguments that do not name readable .ddpviz traces."""
 
 
-def trace_files(paths: list[str]) -> list[Path]:
-    """The trace files TRACE arguments name: a file as itself, a folder as its *.ddpviz files
-    (sorted). Raises TraceArgsError for a missing path or a folder without traces."""
-    from ddpviz.traces.fileformat import SUFFIX
+def open_traces(paths: list[str]) -> RunSource:
+    """TRACE arguments as one run (traces/source.py): a file as itself, a folder as its
+    *.ddpviz files, several (one per rank of a run) merged. Raises TraceArgsError, with what
+    was wrong and how to fix it, for anything unreadable."""
+    from ddpviz.traces.source import SourceError, open_run
+    from ddpviz.traces.trace import TraceError
 
-    files: list[Path] = []
-    for arg in paths:
-        path = Path(arg)
-        if path.is_dir():
-            found = sorted(p for p in path.glob(f"*{SUFFIX}") if p.is_file())
-            if not found:
-                raise TraceArgsError(f"ddpviz: the folder {arg!r} holds no *{SUFFIX} file.\n"
-                                     "Pass the trace files, or the folder `ddpviz record "
-                                     "--out` or Trace.save wrote them to.")
-            files += found
-        elif not path.exists():
-            raise TraceArgsError(f"ddpviz: no file {arg!r}.\nCheck the path, relative to the "
-                                 "current directory.")
-        else:
-            files.append(path)
-    return files
+    try:
+        return open_run(paths)
+    except (SourceError, TraceError) as e:
+        raise TraceArgsError(str(e)) from e
 
 
 def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
-    """TRACE arguments as one trace: several files (one per rank of a run) are merged.
-    Raises TraceArgsError, with what was wrong and how to fix it, for anything unreadable."""
-    from ddpviz.traces.trace import Trace, TraceError
-
-    files = trace_files(paths)
-    traces = []
-    for f in files:
-        try:
-            traces.append(Trace.load(f))
-        except TraceError as e:
-            raise TraceArgsError(str(e)) from e
-        except OSError as e:
-            raise TraceArgsError(f"ddpviz: cannot read {str(f)!r}: {e.strerror or e}.\n"
-                                 "Pass a .ddpviz trace file or a folder of them.") from e
-    return (traces[0] if len(traces) == 1 else Trace.merge(traces)), files
+    """TRACE arguments as one trace and the files read (see `open_traces`)."""
+    run = open_traces(paths)
+    return run.as_trace(), list(run.files)
 
 
 def ended_files(files: list[Path]) -> dict[int, End]:
     """The end records of the files that have one, by rank (See [Note: a rank's end in its
-    file], tracefile.py)."""
-    from ddpviz.traces.fileformat import read_end
+    file], fileformat.py)."""
+    from ddpviz.traces.source import ended_files as read_ended
 
-    out: dict[int, End] = {}
-    for f in files:
-        with contextlib.suppress(OSError):
-            end = read_end(f)
-            if end is not None:
-                out[end.rank] = end
-    return out
+    return read_ended(files)
 
 
 def _diagnose(args: argparse.Namespace) -> int:
@@ -180,11 +152,11 @@ def _diagnose(args: argparse.Namespace) -> int:
     from ddpviz._diagnose.verdict import diagnosis_json, diagnosis_text
 
     try:
-        trace, files = load_traces(args.trace)
+        run = open_traces(args.trace)
     except TraceArgsError as e:
         print(e, file=sys.stderr)
         return 2
-    ended = ended_files(files)
+    trace, files, ended = run.as_trace(), list(run.files), dict(run.ended or {})
     findings = diagnose(trace, ended=ended)
     print(diagnosis_json(trace, findings, files, ended) if args.json
           else diagnosis_text(trace, findings, files, ended))
@@ -195,14 +167,15 @@ def _report(args: argparse.Namespace) -> int:
     from ddpviz.report.html import write_report
 
     try:
-        trace, files = load_traces(args.trace)
+        run = open_traces(args.trace)
     except TraceArgsError as e:
         print(e, file=sys.stderr)
         return 2
+    trace, files = run.as_trace(), run.files
     first = files[0].parent if Path(args.trace[0]).is_dir() else files[0]
     out = Path(args.output) if args.output else first.with_suffix(".html")
     write_report(trace, out, title=f"ddpviz report: {', '.join(args.trace)}",
-                 ended=ended_files(files))  # as _diagnose reads them
+                 ended=dict(run.ended or {}))  # as _diagnose reads them
     print(f"ddpviz: wrote {out} ({len(trace)} events, ranks {trace.ranks})")
     return 0
 

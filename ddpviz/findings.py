@@ -376,20 +376,32 @@ class DiagnosisWarning(UserWarning):
     """A finding of severity "warning" raised as a Python warning (e.g. initial values)."""
 
 
+def format_ranges(numbers: Iterable[int], *, run: int = 3, most: int | None = None,
+                  sep: str = ", ") -> str:
+    """Numbers (ranks, steps) in ascending order as ranges: [7, 0, 1, 2, 3, 5, 8] ->
+    '0-3, 5, 7, 8'. A run of `run` or more consecutive numbers reads 'a-b'; past `most` items
+    '...' follows; '' for none. Every range label in ddpviz is spelled here (its browser twin
+    is formatRanges in extension/src/rankGroups.ts), each kind of label with its own `run`."""
+    parts: list[str] = []
+    streak: list[int] = []
+    for n in [*sorted(numbers), None]:
+        if n is not None and streak and n == streak[-1] + 1:
+            streak.append(n)
+            continue
+        if streak:
+            parts += ([f"{streak[0]}-{streak[-1]}"] if len(streak) >= run
+                      else [str(x) for x in streak])
+        streak = [] if n is None else [n]
+    if most is not None and len(parts) > most:
+        return sep.join(parts[:most]) + sep + "..."
+    return sep.join(parts)
+
+
 def format_ranks(ranks: Sequence[int]) -> str:
     """(3,) -> 'rank 3'; (0, 1, 2) -> 'ranks 0,1,2'; runs of 4 or more as 'a-b'."""
-    parts: list[str] = []
-    run: list[int] = []
-    for r in [*sorted(ranks), None]:
-        if r is not None and run and r == run[-1] + 1:
-            run.append(r)
-            continue
-        if run:
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 4 else [str(x) for x in run]
-        run = [] if r is None else [r]
-    if not parts:
+    if not ranks:
         return "no rank"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
+    return ("rank " if len(ranks) == 1 else "ranks ") + format_ranges(ranks, run=4, sep=",")
 
 
 def group_ranks(values: Mapping[int, str]) -> tuple[tuple[str, tuple[int, ...]], ...]:

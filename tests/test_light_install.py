@@ -28,7 +28,7 @@ import datetime, os, tempfile
 import torch, torch.distributed as dist
 from torch import nn
 import ddpviz, ddpviz.record.autowatch, ddpviz.record.command, ddpviz.transport.sender
-from ddpviz.session.live import connect, disconnect
+from ddpviz.session.connect import connect, disconnect
 
 folder = tempfile.mkdtemp()
 os.environ["DDPVIZ_TRACE_DIR"] = folder

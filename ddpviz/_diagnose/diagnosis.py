@@ -15,9 +15,8 @@ all-reduce events, phase instants) as numpy columns, never as one object each; t
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -28,6 +27,7 @@ from ddpviz.findings import (
     Finding,
     Findings,
     fix_for,
+    format_ranges,
     format_ranks,
     group_ranks,
     odd_ranks,
@@ -36,69 +36,57 @@ from ddpviz.findings import (
 from ddpviz.model_mismatch import mismatch_findings
 from ddpviz.traces import columns as col
 from ddpviz.traces.columns import Table
-from ddpviz.traces.fileformat import End, read_end
+from ddpviz.traces.fileformat import End
+from ddpviz.traces.source import open_run
+
+if TYPE_CHECKING:
+    from ddpviz.traces.trace import Trace
 
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
 def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings:
     """Findings from a run: a `Run` (from ddpviz.launch), a `Session`, a `Trace`, a path to a
-    `.ddpviz` file, or any iterable of events (e.g. a list an emitter appended to).
+    `.ddpviz` file or a folder of them, or any iterable of events (e.g. a list an emitter
+    appended to); see ddpviz/traces/source.py.
 
     Args:
-        source: a `Run`, `Session`, `Trace`, a `.ddpviz` path, or an iterable of events.
-        ended: the ranks whose trace file ends with its end record (`tracefile.read_end`), by
-            rank: they finished, so none is named as hung. None: what the source tells (a
-            `.ddpviz` path, a session attached with `listen(follow=)`); `ddpviz diagnose DIR`
-            reads every file's.
+        source: a `Run`, `Session`, `Trace`, a `.ddpviz` path or folder, or an iterable of
+            events.
+        ended: the ranks whose trace file ends with its end record (`fileformat.read_end`), by
+            rank: they finished, so none is named as hung. None: what the source tells (the
+            files of a path or folder, a session attached with `listen(follow=)`).
 
     Returns:
         The findings, errors first, each identical no matter which rank's events reported it;
         a list that prints as one message.
+
+    Raises:
+        SourceError: `source` is no kind of run, or names no trace (see traces/source.py).
+        TraceError: a file that is not a readable trace.
 
     Example:
         >>> findings = ddpviz.diagnose("run.ddpviz")   # or a Run, a Session, a Trace
         >>> print(findings)                            # the house-style message, errors first
         >>> [f.kind for f in findings if f.severity == "error"]
     """
-    if isinstance(source, (str, os.PathLike)):
-        from ddpviz.traces.trace import Trace
-
-        path, source = source, Trace.load(source)
-        if ended is None:
-            end = read_end(path)
-            ended = {end.rank: end} if end is not None else {}
+    run = open_run(source, refusal="diagnose() cannot read")
     if ended is None:
-        ended = getattr(getattr(source, "collector", None), "ended", None)  # a followed folder
-    return diagnose_tables(_tables(source), clock=_clock(source),
-                           ended=ended if isinstance(ended, Mapping) else None)
+        ended = run.ended  # before the trace's columns are read: a rank ended has its events
+    ended = ended if isinstance(ended, Mapping) else None
+    if run.trace is None:
+        return diagnose_tables(_seq_ordered(col.tables_of(run.events)), ended=ended)
+    return diagnose_tables(_trace_tables(run.trace), clock=dict(run.trace.clock), ended=ended)
 
 
-def _clock(source: Any) -> dict[int, tuple[int, int]] | None:
-    """The clock offsets of a trace source (None: one host's shared clock)."""
-    trace = getattr(source, "trace", source)
-    return dict(trace.clock) if isinstance(getattr(trace, "clock", None), dict) else None
-
-
-def _tables(source: Any) -> dict[int, Table]:
-    from ddpviz.traces.trace import Trace
-
-    if isinstance(source, (str, os.PathLike)):
-        source = Trace.load(source)
-    if not isinstance(source, Trace) and hasattr(source, "trace"):
-        source = source.trace  # Run, Session
-    if isinstance(source, Trace):
-        tables = source.columns()
-        clock = dict(source.clock)
-        # the ranks in the order their first event comes in Trace.events() (aligned time)
-        first = {r: (int(t.t.min()) + clock.get(r, (0, 0))[0], r) for r, t in tables.items()
-                 if len(t)}
-        return {r: tables[r].sorted_by_seq(then_time=True)
-                for r in sorted(first, key=lambda r: first[r])}
-    if isinstance(source, Iterable):
-        return _seq_ordered(col.tables_of(source))
-    raise TypeError(f"ddpviz: diagnose() takes a Run, Session, Trace, trace path or events, not "
-                    f"{type(source).__name__}.\nPass run (from ddpviz.launch) or run.trace.")
+def _trace_tables(trace: Trace) -> dict[int, Table]:
+    tables = trace.columns()
+    clock = dict(trace.clock)
+    # the ranks in the order their first event comes in Trace.events() (aligned time)
+    first = {r: (int(t.t.min()) + clock.get(r, (0, 0))[0], r) for r, t in tables.items()
+             if len(t)}
+    return {r: tables[r].sorted_by_seq(then_time=True)
+            for r in sorted(first, key=lambda r: first[r])}
 
 
 def _seq_ordered(tables: Mapping[int, Table]) -> dict[int, Table]:
@@ -534,17 +522,8 @@ def _unchecked_steps(missing: Mapping[int, Sequence[int]], what: str, unchecked:
 
 
 def _step_ranges(steps: Sequence[int]) -> str:
-    """[3, 4, 5, 9] -> "3-5, 9" (at most 6 ranges shown)."""
-    parts: list[str] = []
-    start = prev = steps[0]
-    for s in [*steps[1:], None]:
-        if s is not None and s == prev + 1:
-            prev = s
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        if s is not None:
-            start = prev = s
-    return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")
+    """[3, 4, 5, 9] -> "3-5, 9" (two steps in a row already a range; at most 6 shown)."""
+    return format_ranges(steps, run=2, most=6)
 
 
 def _common_orders(by_rank: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:

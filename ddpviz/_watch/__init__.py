@@ -16,10 +16,10 @@ end-of-backward callbacks (parameters that got no gradient; errors).
 
 The package: base.py is `Watch`, what every recording does (parameters and bucket maps, the
 wrapped forward, the guarded buffer broadcast and bucket rebuild, the end-of-backward checks);
-the two strategies are chosen once, when the Watch is created, from `Recording.guard`
-(See [Note: recording policy] in recording.py): hookless.py (no comm hook: per-parameter
-hooks armed on the sampled steps only, or none) and guarded.py (watch's comm hook around each
-bucket all-reduce, settled on the training thread).
+`new_watch` here chooses one of the two strategies once, when the Watch is created, from
+`Recording.guard` (See [Note: recording policy] in recording.py): hookless.py (no comm hook:
+per-parameter hooks armed on the sampled steps only, or none) and guarded.py (watch's comm hook
+around each bucket all-reduce, settled on the training thread).
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpviz._watch.base import NotObservableError, Watch
+from ddpviz._watch.guarded import GuardedWatch
+from ddpviz._watch.hookless import ForwardsOnlyWatch, HooklessWatch
 from ddpviz.events import Emitter
 from ddpviz.recording import Recording, resolve_recording
 
-__all__ = ["NotObservableError", "Watch", "watch"]
+__all__ = ["NotObservableError", "Watch", "new_watch", "watch"]
 
 
 def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None = None,
@@ -100,5 +102,25 @@ def watch(ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None =
     """
     if recording is None and detail is not None:  # the warning points at watch()'s caller
         recording, detail = resolve_recording(None, detail, where="watch()", stacklevel=2), None
-    return Watch(ddp, emitter=emitter, hook=hook, state=state, hang_timeout=hang_timeout,
-                 recording=recording, detail=detail)
+    return new_watch(ddp, emitter=emitter, hook=hook, state=state, hang_timeout=hang_timeout,
+                     recording=recording, detail=detail)
+
+
+def new_watch(ddp: nn.parallel.DistributedDataParallel, *, recording: Recording | None = None,
+              detail: str | None = None, **options: Any) -> Watch:
+    """The Watch of `ddp`: the strategy that runs its recording (resolved here, deprecations
+    warned about once, at the caller), made with `options` (Watch.__init__'s). What watch()
+    and `ddpviz record` (record/autowatch.py) create."""
+    if not isinstance(ddp, nn.parallel.DistributedDataParallel):
+        raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
+                        f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
+                        "reports its events itself: pass it emitter= instead.")
+    rec = resolve_recording(recording, detail, where="watch()", stacklevel=2)
+    return strategy(rec)(ddp, recording=rec, **options)
+
+
+def strategy(recording: Recording) -> type[Watch]:
+    """The Watch subclass that runs `recording`."""
+    if recording.guard:
+        return GuardedWatch
+    return HooklessWatch if recording.every is not None else ForwardsOnlyWatch

@@ -1,8 +1,8 @@
 """`Watch`: what watch() does at every recording (parameters and bucket maps, the wrapped
 forward, heartbeats, the guarded buffer broadcast and the bucket rebuild's meeting point, the
-end-of-backward checks). Creating a `Watch` creates its strategy, chosen once from the
-recording: `HooklessWatch` (hookless.py) or `GuardedWatch` (guarded.py); the methods the
-strategies fill in do nothing here."""
+end-of-backward checks). A Watch is always one of its strategies, `HooklessWatch` (hookless.py)
+or `GuardedWatch` (guarded.py), which `new_watch` (__init__.py) picks once from the recording;
+the methods the strategies fill in do nothing here."""
 
 from __future__ import annotations
 
@@ -28,13 +28,7 @@ from ddpviz.probes.nonfinite import NonfiniteCheck
 from ddpviz.probes.optimizer_step import OptimizerStepTap
 from ddpviz.probes.replicas import ReplicaCheck, replica_check
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
-from ddpviz.recording import (
-    DetailPolicy,
-    FindingObserver,
-    GradSummary,
-    Recording,
-    resolve_recording,
-)
+from ddpviz.recording import DetailPolicy, FindingObserver, GradSummary, Recording
 
 _WATCHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDPs with a live Watch
 
@@ -50,32 +44,24 @@ class NotObservableError(RuntimeError):
 
 
 class Watch:
-    """ddpviz's observation of one torch DDP on this rank. Created by `watch`; `Watch(...)`
-    returns the strategy its recording picks (a subclass)."""
-
-    def __new__(cls, ddp: nn.parallel.DistributedDataParallel, *, recording: Recording | None
-                = None, detail: str | None = None, **_: Any) -> Watch:
-        if not isinstance(ddp, nn.parallel.DistributedDataParallel):
-            raise TypeError(f"ddpviz: watch() takes a torch.nn.parallel.DistributedDataParallel, "
-                            f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
-                            "reports its events itself: pass it emitter= instead.")
-        rec = resolve_recording(recording, detail, where="watch()", stacklevel=2)
-        if cls is Watch:
-            cls = _strategy(rec)
-        self = super().__new__(cls)
-        self.recording = rec  # read by __init__: resolved (and warned about) once
-        return self
+    """ddpviz's observation of one torch DDP on this rank. Created by `watch` (as the strategy
+    its recording picks: a subclass)."""
 
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, *, emitter: Emitter | None,
                  hook: Callable[..., torch.futures.Future] | None, state: Any,
-                 hang_timeout: float | None, recording: Recording | None = None,
-                 detail: str | None = None,
+                 hang_timeout: float | None, recording: Recording,
                  names: list[str] | None = None, driven: bool = False,
                  where: str = "ddpviz.watch()") -> None:
-        """`names`: the parameters' dotted names when the DDP's module does not carry them
-        (torch's composable replicate() wraps a ParameterList); `driven`: the DDP's
-        `_pre_forward` is called directly (replicate()), never its forward; `where`: the
-        place every rank meets first, as a missing rank's finding names it."""
+        """`recording`: resolved (new_watch resolves and warns once); `names`: the parameters'
+        dotted names when the DDP's module does not carry them (torch's composable replicate()
+        wraps a ParameterList); `driven`: the DDP's `_pre_forward` is called directly
+        (replicate()), never its forward; `where`: the place every rank meets first, as a
+        missing rank's finding names it."""
+        if type(self) is Watch:  # the strategies fill in what a recording observes
+            raise TypeError("ddpviz: a Watch is made by ddpviz.watch(ddp), which picks the "
+                            "strategy its recording needs.\nCall ddpviz.watch(ddp, ...) instead "
+                            "of Watch(...).")
+        self.recording = recording
         policy = DetailPolicy.of(self.recording)
         keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile] (engine/compiler.py)
         unobservable = not_observable(ddp)
@@ -142,7 +128,6 @@ class Watch:
 
     # --- what the strategies fill in ---------------------------------------------------------
 
-    recording: Recording  # set by __new__
     _nf_each_step = False  # the strategy checks local gradients on every step (guarded)
     _armed: Any = ()  # (hookless.py) this step's per-parameter hooks
     _track_views = False  # the guarded strategy's gradient_as_bucket_view bookkeeping
@@ -261,26 +246,27 @@ class Watch:
         self._forward = inner
 
         watchdog, tap, nf, replicas = self.watchdog, self.tap, self._nf, self._replicas
+        # both made before the wrapper and kept for the watch's life: held here, not looked up
+        pulse, nf_open = watchdog.pulse, nf.open_steps
         grad_enabled = torch.is_grad_enabled
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             step = self._forwards
-            if step < self._plain_until and grad_enabled():  # See [Note: plain steps]
-                pulse = watchdog._pulse
-                if watchdog._own_alert is None and (
-                        pulse is None or (pulse.error is None and not pulse.alerted)):
-                    self._forwards = step + 1
-                    tap.step = watchdog.step = step
-                    watchdog.phase = "forward"
-                    if replicas is not None:
-                        replicas.latest = step
-                    if tap.enabled:
-                        tap.emit(ev.ForwardStarted)
-                    if pulse is not None:
-                        pulse.beat(step, "forward")
-                    output = inner(*args, **kwargs)
-                    nf.last = step
-                    return output
+            # See [Note: plain steps]
+            if step < self._plain_until and grad_enabled() and not watchdog.failing and (
+                    pulse is None or (pulse.error is None and not pulse.alerted)):
+                self._forwards = step + 1
+                tap.step = watchdog.step = step
+                watchdog.phase = "forward"
+                if replicas is not None:
+                    replicas.latest = step
+                if tap.enabled:
+                    tap.emit(ev.ForwardStarted)
+                if pulse is not None:
+                    pulse.beat(step, "forward")
+                output = inner(*args, **kwargs)
+                nf.last = step
+                return output
             if self._closed:
                 return inner(*args, **kwargs)
             self._pre_forward(ddp, args)
@@ -289,7 +275,7 @@ class Watch:
                 self._post_forward(ddp, args, output)
             if grad_enabled():  # (the step _pre_forward counted)
                 step = tap.step
-                if step >= nf.quiet_from and step % nf.output_every and not nf._open \
+                if step >= nf.quiet_from and step % nf.output_every and not nf_open \
                         and not self._nf_each_step and not self._armed:
                     nf.last = step  # the usual step: See NonfiniteCheck.quiet_from
                 else:
@@ -524,16 +510,6 @@ class Watch:
         return (f"<ddpviz.Watch rank {self.group.rank()}/{self.world_size}: {len(self.params)} "
                 f"parameters, {len(self.buckets)} buckets, {self._forwards} forwards, "
                 f"recording={self.recording}>")
-
-
-def _strategy(recording: Recording) -> type[Watch]:
-    """The Watch subclass that runs `recording` (imported here: they import this module)."""
-    from ddpviz._watch.guarded import GuardedWatch
-    from ddpviz._watch.hookless import ForwardsOnlyWatch, HooklessWatch
-
-    if recording.guard:
-        return GuardedWatch
-    return HooklessWatch if recording.every is not None else ForwardsOnlyWatch
 
 
 def _logger(ddp: nn.parallel.DistributedDataParallel) -> Any:

@@ -68,8 +68,9 @@ def advise(source: object, *, candidates: object = None,
     """Which bucket setting this job should use, predicted from one recorded run.
 
     Args:
-        source: a ddpviz.Run, Session, Trace or .ddpviz path of one run of ddpviz's
-            DistributedDataParallel or of a torch DDP under ddpviz.watch,
+        source: a ddpviz.Run, Session, Trace, .ddpviz path (or folder of one run's per-rank
+            files) of one run of ddpviz's DistributedDataParallel or of a torch DDP under
+            ddpviz.watch,
             recorded with `recording=ddpviz.Recording(every=1)`,
             with at least 3 steps; or the run model already folded from one (the
             dashboard's `EventModel`, which spares folding the trace again).

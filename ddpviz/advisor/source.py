@@ -1,10 +1,10 @@
-"""What the advisor reads: a Run, a Session, a Trace or a .ddpviz path, as one Trace."""
+"""What the advisor reads: any run (ddpviz/traces/source.py says what counts as one), as one
+Trace, and the error it raises for input it cannot use."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+from ddpviz.traces.fileformat import TraceError
+from ddpviz.traces.source import SourceError, open_run
 from ddpviz.traces.trace import Trace
 
 
@@ -13,23 +13,9 @@ class AdviceError(ValueError):
 
 
 def as_trace(source: object) -> Trace:
-    """The Trace behind `source` (a ddpviz.Run, Session, Trace, or a path to a trace file)."""
-    from ddpviz.traces.trace import TraceError
-
-    if isinstance(source, Trace):
-        return source
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise AdviceError(f"ddpviz: no trace file {str(path)!r}.\nPass the path of a "
-                              ".ddpviz file saved by Trace.save, `ddpviz record` or a Session.")
-        try:
-            return Trace.load(path)
-        except (OSError, TraceError) as e:
-            raise AdviceError(str(e)) from None
-    trace = getattr(source, "trace", None)  # Run and Session both expose .trace
-    if isinstance(trace, Trace):
-        return trace
-    raise AdviceError(
-        f"ddpviz: advise() cannot read a {type(source).__name__}.\nPass a ddpviz.Run, a "
-        "Session, a Trace or the path of a .ddpviz trace of one recorded run.")
+    """The Trace behind `source` (a ddpviz.Run, Session, Trace, a `.ddpviz` path or folder, or
+    events); what cannot be read raises AdviceError with the reason."""
+    try:
+        return open_run(source, refusal="advise() cannot read").as_trace()
+    except (SourceError, OSError, TraceError) as e:
+        raise AdviceError(str(e)) from None

@@ -238,7 +238,7 @@ class _EventLink:
     def open(cls, rank: int, reply: Callable[[Any], None]) -> _EventLink:
         if not os.environ.get("DDPVIZ_CONNECT"):
             return cls(None, reply)
-        from ddpviz.session.live import connect
+        from ddpviz.session.connect import connect
 
         return cls(connect(rank=rank), reply)
 
@@ -251,7 +251,7 @@ class _EventLink:
 
     def close(self, timeout: float = 5.0) -> None:
         if self._sender is not None:
-            from ddpviz.session.live import disconnect
+            from ddpviz.session.connect import disconnect
 
             disconnect(timeout)
             self._reply(("events", self._sender.stats.sent))

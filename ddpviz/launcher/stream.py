@@ -22,7 +22,8 @@ class EventStream:
     """
 
     def __init__(self, session: Session | None) -> None:
-        from ddpviz.session.live import ENV_CONNECT, Session
+        from ddpviz.session.connect import ENV_CONNECT
+        from ddpviz.session.live import Session
         from ddpviz.transport.collector import Collector
 
         self.owned = session is None

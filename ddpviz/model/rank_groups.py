@@ -12,6 +12,8 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
+from ddpviz.findings import format_ranges
+
 V = TypeVar("V", bound=Hashable)
 
 # Above this many ranks the views show groups and distributions instead of one lane per rank.
@@ -21,16 +23,7 @@ MANY_RANKS = 16
 def rank_label(ranks: Iterable[int]) -> str:
     """Sorted ranks as ranges: (0, 1, 2, 3, 5, 7, 8) -> '0-3, 5, 7, 8'; runs of 3 or more
     become 'a-b'; '' for no rank."""
-    parts: list[str] = []
-    run: list[int] = []
-    for r in [*sorted(set(ranks)), None]:
-        if r is not None and run and r == run[-1] + 1:
-            run.append(r)
-            continue
-        if run:
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
-        run = [] if r is None else [r]
-    return ", ".join(parts)
+    return format_ranges(set(ranks))
 
 
 class ValueGroup(NamedTuple, Generic[V]):

@@ -14,7 +14,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -219,6 +219,12 @@ class NonfiniteCheck:
         self.local = False  # no board: compose from this rank's own state (one rank)
         # called (pulse thread) when quiet_from moved: a plain-steps window is void
         self.on_change: Callable[[], None] | None = None
+
+    @property
+    def open_steps(self) -> Collection[int]:
+        """The steps with checks still open (none on the usual step): one collection for the
+        check's life, so the watch's forward wrapper holds it rather than asking each step."""
+        return self._open
 
     # --- the training thread ------------------------------------------------------------------
 

@@ -194,6 +194,9 @@ class Watchdog:
         self.raised: RankHangError | None = None
         self._pulse: Pulse | None = None
         self._own_alert: tuple[str, tuple[Finding, ...]] | None = None
+        # fail() was called: the next heartbeat raises (published for watch()'s plain steps,
+        # which read it on every step instead of calling heartbeat())
+        self.failing = False
         self.guarding = False  # the training thread is in a wait this watchdog guards
         self._left_seen = 0  # the board's news of ranks that left the loop, looked at
         self._left_warned: set[tuple[int, ...]] = set()
@@ -202,6 +205,11 @@ class Watchdog:
     @property
     def enabled(self) -> bool:
         return self.timeout is not None and self.world_size > 1
+
+    @property
+    def pulse(self) -> Pulse | None:
+        """The heartbeat's thread (None: one rank or no watchdog), made once, by start()."""
+        return self._pulse
 
     # --- meeting points -----------------------------------------------------------------------
 
@@ -356,6 +364,7 @@ class Watchdog:
         if board is None:
             return
         self._own_alert = (message, tuple(findings))
+        self.failing = True
         with contextlib.suppress(RuntimeError):  # the store is gone: they see the socket close
             board.post_alert(message, findings)
 

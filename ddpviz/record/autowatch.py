@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpviz import events as ev
-from ddpviz._watch import NotObservableError, Watch
+from ddpviz._watch import NotObservableError, Watch, new_watch
 from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.verify import breaks_torch, compare_through_store
 from ddpviz.errors import DiagnosisError
@@ -92,7 +92,7 @@ def _drive(ddp: Any, names: list[str]) -> None:
     def _pre_forward(*args: Any, **kwargs: Any) -> Any:
         ddp.__dict__.pop("_pre_forward", None)
         if ddp in _pending:
-            attach(ddp, names=names, driven=True)
+            watch_pending(ddp, names=names, driven=True)
         return ddp._pre_forward(*args, **kwargs)
 
     ddp._pre_forward = _pre_forward
@@ -138,8 +138,8 @@ def _group(bound: dict[str, Any] | None) -> dist.ProcessGroup | None:
     return dist.group.WORLD if dist.is_initialized() else None
 
 
-def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None, *,
-           names: list[str] | None = None, driven: bool = False) -> Watch | None:
+def watch_pending(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None, *,
+                  names: list[str] | None = None, driven: bool = False) -> Watch | None:
     """Watch `ddp` now if it is still waiting for it (with the script's comm hook, if any)."""
     with _lock:
         if _pending.pop(ddp, None) is None:
@@ -148,8 +148,8 @@ def attach(ddp: Any, hook: Callable[..., Any] | None = None, state: Any = None, 
         _not_watched(ddp, "it already has a comm hook")
         return None
     try:
-        w = Watch(ddp, emitter=None, hook=hook, state=state, hang_timeout=None,
-                  names=names, driven=driven, where=FIRST)
+        w = new_watch(ddp, emitter=None, hook=hook, state=state, hang_timeout=None,
+                      names=names, driven=driven, where=FIRST)
     except DiagnosisError:
         raise  # a diagnosis of the job, on every rank: the reason ddpviz is there
     except Exception as exc:  # ddpviz cannot watch it: the job goes on as without ddpviz
@@ -176,7 +176,7 @@ def _install_class_patches() -> None:
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self in _pending:
-            attach(self)
+            watch_pending(self)
         return call(self, *args, **kwargs)
 
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
@@ -184,7 +184,7 @@ def _install_class_patches() -> None:
             if str(getattr(hook, "__module__", "")).startswith("ddpviz."):
                 _pending.pop(self, None)  # the script calls ddpviz.watch() itself: let it
             else:
-                attach(self, hook=hook, state=state)
+                watch_pending(self, hook=hook, state=state)
                 return
         register(self, state, hook)
 
@@ -200,7 +200,7 @@ def _install_class_patches() -> None:
 def _builtin_patch(builtin: Callable[..., None]) -> Callable[..., None]:
     def register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
         if self in _pending:
-            attach(self)  # hook-less levels leave the registration to torch; guarded ones
+            watch_pending(self)  # hook-less levels leave the registration to torch; guarded ones
         own = self.__dict__.get("_register_builtin_comm_hook")  # take it (in Python)
         if own is not None:
             own(comm_hook_type)

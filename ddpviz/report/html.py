@@ -30,6 +30,7 @@ from ddpviz.model.spans import Span, table_spans
 from ddpviz.traces import columns as col
 from ddpviz.traces.columns import Table
 from ddpviz.traces.fileformat import End
+from ddpviz.traces.source import open_run
 from ddpviz.traces.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
 
@@ -51,20 +52,25 @@ _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
            "#ff9da7", "#9c755f", "#bab0ac")
 
 
-def render(trace: Trace, *, title: str = "ddpviz report",
+def render(trace: object, *, title: str = "ddpviz report",
            ended: Mapping[int, End] | None = None) -> str:
     """The report as one HTML document (a string).
 
     Args:
-        trace: the run's events.
+        trace: the run: a Trace, or anything else that counts as one (a `.ddpviz` path or
+            folder, a Session, a Run, events: ddpviz/traces/source.py).
         title: the page's title.
-        ended: the end records of the ranks' files, by rank (`ddpviz report DIR` reads them
-            as `ddpviz diagnose DIR` does: cli.ended_files): diagnosed the same way (a rank
+        ended: the end records of the ranks' files, by rank: diagnosed the same way (a rank
             that ended cleanly is never named as hung) and said in the summary (which ranks
-            ended cleanly, which exited on an uncaught exception, which have no record).
+            ended cleanly, which exited on an uncaught exception, which have no record). None:
+            what the run tells (a path's or folder's files read them, as `ddpviz diagnose`).
+
+    Returns:
+        The HTML page.
     """
+    run = open_run(trace, refusal="the report cannot read")
     with gc_paused():
-        return _render(trace, title, ended)
+        return _render(run.as_trace(), title, run.ended if ended is None else ended)
 
 
 def _render(trace: Trace, title: str, ended: Mapping[int, End] | None = None) -> str:
@@ -84,7 +90,7 @@ def _render(trace: Trace, title: str, ended: Mapping[int, End] | None = None) ->
     return "\n".join(parts)
 
 
-def write_report(trace: Trace, path: str | os.PathLike[str], *, title: str = "ddpviz report",
+def write_report(trace: object, path: str | os.PathLike[str], *, title: str = "ddpviz report",
                  ended: Mapping[int, End] | None = None) -> Path:
     """Write `render(trace, title=..., ended=...)` to `path`. Returns the path."""
     out = Path(path)

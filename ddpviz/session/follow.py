@@ -3,13 +3,14 @@
 The job's ranks append their events to `ddpviz-trace-rank{R}.ddpviz` in DIR as they go (a
 Sender's thread off the training thread, one frame per batch handed to the OS within ~20 ms,
 see transport/sender.py). A `FolderFeed` reads those files from byte 0 (the history), then
-tails them: it polls each file's size, reads the frames that are complete with `pread`, and
-delivers them like a collector does, so a `Session` over it is what `listen()` gives: the same
-trace, subscribers, iterators and `session.dashboard()`. The job never knows: nothing is
-written, nothing signalled, and closing the session only stops the polling thread. A rank
-counts as finished (`session.stats.closed`, the dashboard's status) once its file's end record
-is read, on any node (See [Note: a rank's end in its file] in tracefile.py), or, for a file
-without one, once its writing process is seen gone on this machine.
+tails them: it polls each file's size, reads the frames that are complete through the format's
+one reader (`TailReader`, traces/fileformat.py), and delivers them like a collector does, so a
+`Session` over it is what `listen()` gives: the same trace, subscribers, iterators and
+`session.dashboard()`. The job never knows: nothing is written, nothing signalled, and closing
+the session only stops the polling thread. A rank counts as finished (`session.stats.closed`,
+the dashboard's status) once its file's end record is read, on any node
+(See [Note: a rank's end in its file] in fileformat.py), or, for a file without one, once its
+writing process is seen gone on this machine.
 
 See [Note: following a growing file].
 """
@@ -24,32 +25,25 @@ import stat
 import threading
 import time
 import warnings
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from ddpviz.events import Event, EventsDropped
 from ddpviz.traces.fileformat import (
-    CLOCK,
-    END,
-    EVENTS,
-    FRAME,
-    MAGIC,
     SUFFIX,
+    Clock,
     End,
+    FileHeader,
+    TailReader,
     TraceError,
-    decode_clock,
-    decode_end,
-    decode_events,
-    read_header,
     wall_offset,
 )
+from ddpviz.traces.source import job_folder
 from ddpviz.traces.trace import gc_paused
 from ddpviz.transport.codec import boot_id
-from ddpviz.transport.collector import CollectorStats, deliver, warn_callback_error
+from ddpviz.transport.collector import CollectorStats, warn_callback_error
+from ddpviz.transport.subscribers import Subscribers
 
 if TYPE_CHECKING:
     from ddpviz.session.live import Session
@@ -61,7 +55,8 @@ if TYPE_CHECKING:
 # its CRC matches; a frame cut short by the end is left for the next poll (the torn tail of a
 # live writer, or of one that died). A CRC mismatch on the last frame is also waited for (NFS
 # can show the new size before the bytes); on a frame with more bytes after it, the file is
-# damaged. Reads are `os.pread` on a descriptor opened once, never `mmap`: a mapped file that
+# damaged (fileformat.TailReader holds these rules; a frame claiming more than its MAX_FRAME is
+# damage too). Reads are `os.pread` on a descriptor opened once, never `mmap`: a mapped file that
 # a new job truncates or rewrites kills the reader with SIGBUS. The descriptor keeps the
 # inode: a file replaced under its name (a new job in the same folder renames its new file
 # over the old one) is noticed by comparing the name's inode with ours; the old file is read
@@ -69,7 +64,6 @@ if TYPE_CHECKING:
 # place: left with one message. Neither changes what was already delivered.
 
 POLL_S = 0.25  # how often the files are polled: new events show within about this
-MAX_FRAME = 256 << 20  # a frame claiming more is damage (a writer's chunk is a few MB)
 READ_BUDGET = 64 << 20  # bytes read from one file per poll, so one huge file cannot stall the rest
 # Files kept open between polls; the ones beyond are opened for each poll, so a job of
 # thousands of ranks stays within the process's descriptor limit (often 1,024).
@@ -92,17 +86,25 @@ class FileTail:
         st = os.fstat(fd)
         self._ino = (st.st_dev, st.st_ino)
         self._fd = fd
-        self.pos = 0  # bytes consumed: every complete frame before it
+        self.reader = TailReader(path)  # the frames: where it stopped, events read so far
         self.meta: dict[str, Any] | None = None  # the header's, once read
         self.clock: dict[int, tuple[int, int]] = {}  # from clock frames in the file
         self.end: End | None = None  # the writer's end record, once read: the rank is done
         self.stopped: str | None = None
         self.reason = ""  # "truncated" | "replaced" | "damaged" | "unreadable", once stopped
         self._replaced = False
-        self._more = False
-        self.events = 0
         if not keep_open:
             self.close()
+
+    @property
+    def pos(self) -> int:
+        """Bytes consumed: every complete frame before it."""
+        return self.reader.pos
+
+    @property
+    def events(self) -> int:
+        """Events read from the file so far."""
+        return self.reader.events
 
     def _open(self) -> int:
         # A link planted under the name fails (O_NOFOLLOW); a FIFO does not block the open
@@ -166,73 +168,22 @@ class FileTail:
                        f"place?).\nThe {self.events:,} events read before are kept; it is no "
                        "longer followed. Attach again to follow the new job.", "truncated")
             return
-        if self.pos == 0:
-            if size < len(MAGIC) + FRAME.size:
-                return
-            if os.pread(fd, len(MAGIC), 0) != MAGIC:
-                raise TraceError(f"ddpviz: {str(self.path)!r} is not a ddpviz trace (no "
-                                 f"{MAGIC!r} magic at its start).\nIt is left out; remove it "
-                                 "from the folder.")
-            self.pos = len(MAGIC)
-        start = self.pos
-        self._more = False  # stopped by the budget, with complete frames left
-        while size - self.pos >= FRAME.size:
-            if self.pos - start >= budget:
-                self._more = True
-                break
-            where = self.pos
-            kind, length, crc = FRAME.unpack(os.pread(fd, FRAME.size, where))
-            if length > MAX_FRAME:
-                raise TraceError(
-                    f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} claims "
-                    f"{length:,} bytes, more than any ddpviz frame: the file is damaged or "
-                    f"hostile past that point.\nThe {self.events:,} events before it are "
-                    "kept; the rest of the file is not read.")
-            end = where + FRAME.size + length
-            if end > size:
-                break  # the frame is still being written: next poll
-            payload = os.pread(fd, length, where + FRAME.size)
-            if len(payload) < length:
-                break  # shrank under the read: the next poll says so
-            if zlib.crc32(payload) != crc:
-                if end == size:
-                    break  # the newest frame, perhaps not all there yet: next poll
-                raise TraceError(
-                    f"ddpviz: {str(self.path)!r} is corrupt: the frame at byte {where:,} fails "
-                    f"its checksum.\nThe {self.events:,} events before it are kept; the rest "
-                    "of the file is not read.")
-            self._take(kind, payload, where, out)
-            self.pos = end
-        self._settle()
-
-    def _take(self, kind: int, payload: bytes, where: int, out: list[list[Event]]) -> None:
-        try:
-            if self.meta is None:
-                self.meta = read_header(self.path, kind, payload).meta
-            elif kind == EVENTS:
-                chunk = decode_events(payload)
-                if chunk:
-                    out.append(chunk)
-                    self.events += len(chunk)
-            elif kind == CLOCK:
-                c = decode_clock(payload)
-                self.clock[c.rank] = (c.offset_ns, c.error_ns)
-            elif kind == END:
-                end = decode_end(payload)
-                if end.rank == self.meta.get("rank"):  # (another rank's: not this file's end)
-                    self.end = end
-            # other kinds: records of a later minor format; skipped, as Trace.load does
-        except (msgspec.MsgspecError, ValueError, RecursionError) as e:
-            if isinstance(e, TraceError):
-                raise
-            raise TraceError(f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} does "
-                             f"not decode within ddpviz's limits: {e}.\nThe {self.events:,} "
-                             "events before it are kept; the rest of the file is not read "
-                             "(limits: ddpviz/limits.py).") from None
+        for record in self.reader.read(fd, size, budget):
+            if isinstance(record, list):
+                if record:
+                    out.append(record)
+            elif isinstance(record, FileHeader):
+                self.meta = record.meta
+            elif isinstance(record, Clock):
+                self.clock[record.rank] = (record.offset_ns, record.error_ns)
+            elif self.meta is not None and record.rank == self.meta.get("rank"):
+                self.end = record  # (another rank's end record: not this file's end)
+        if self.pos:  # (a file without its magic and first frame header yet is waited for)
+            self._settle()
 
     def _settle(self) -> None:
         """After a poll: a replaced file read to its end is done with."""
-        if self._replaced and not self._more:
+        if self._replaced and not self.reader.more:
             self._stop(f"ddpviz: {str(self.path)!r} was replaced by a new file (a new job "
                        f"writing to the same folder?).\nThe {self.events:,} events of the "
                        "file followed until then are kept; the new one is not mixed in. "
@@ -256,17 +207,13 @@ class FolderFeed:
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, interval: float = POLL_S) -> None:
-        self.folder = Path(folder)
-        if not self.folder.is_dir():
-            raise FileNotFoundError(
-                f"ddpviz: no folder {str(self.folder)!r} to attach to.\nPass the folder the "
-                "job records into (`ddpviz record --out DIR`), as seen from this machine.")
+        self.folder = job_folder(folder)  # no folder: refused here, before a thread starts
         self.interval = interval
         self.address = f"folder {self.folder}"
         self.host = ""
         self._tails: dict[Path, FileTail] = {}
-        self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
-        self._lock = threading.Lock()  # subscribers, stats, the set of tails
+        self._subscribers = Subscribers()
+        self._lock = threading.Lock()  # stats, the set of tails
         self._poll_lock = threading.Lock()  # one poll at a time (the thread vs start())
         self._polled = threading.Condition()  # notified after every poll
         self._received: dict[int, int] = {}
@@ -308,16 +255,7 @@ class FolderFeed:
 
     def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False
                   ) -> Callable[[], None]:
-        entry = (callback, batch)
-        with self._lock:
-            self._subscribers.append(entry)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if entry in self._subscribers:
-                    self._subscribers.remove(entry)
-
-        return unsubscribe
+        return self._subscribers.add(callback, batch=batch)
 
     @property
     def stats(self) -> CollectorStats:
@@ -479,9 +417,7 @@ class FolderFeed:
                 self._clock.update(tail.clock)  # a file's own clock records win
 
     def _deliver(self, chunk: list[Event]) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        deliver(subscribers, chunk, self.report_callback_error)
+        self._subscribers.deliver(chunk, self.report_callback_error)
 
     def _problem(self, message: str) -> None:
         with self._lock:
@@ -526,9 +462,9 @@ def _writer_gone(meta: dict[str, Any]) -> bool:
 
 def _dead(path: Path, exc: OSError) -> FileTail:
     tail = FileTail.__new__(FileTail)
-    tail.path, tail._fd, tail.meta, tail.clock, tail.events = path, None, None, {}, 0
-    tail.end = None
-    tail.pos, tail._replaced, tail._more, tail._ino = 0, False, False, (0, 0)
+    tail.path, tail._fd, tail.meta, tail.clock = path, None, None, {}
+    tail.reader, tail.end = TailReader(path), None
+    tail._replaced, tail._ino = False, (0, 0)
     tail.keep_open, tail.reason = False, "unreadable"
     tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc}. Only "
                     "regular files are followed (a link or anything else planted under a "

@@ -1,20 +1,15 @@
-"""Live sessions: `ddpviz.listen()` in the notebook, `ddpviz.connect()` on every rank.
+"""Live sessions, the notebook side: `ddpviz.listen()` and the `Session` it returns.
 
-A `Session` wraps a `Collector` and keeps everything it receives in a `Trace`; consumers
-subscribe (callbacks on the collector's thread) or iterate from any thread. `connect()` runs on
-a rank (under torchrun, a launcher, or by hand): it reads DDPVIZ_CONNECT and installs a
-`Sender` as the process-wide default emitter; without the variable it records to a local
-per-rank trace file instead, so nothing is lost.
+A `Session` wraps a `Collector` (or, for `listen(follow=DIR)`, a FolderFeed) and keeps
+everything it receives in a `Trace`; consumers subscribe (callbacks on the collector's thread)
+or iterate from any thread. The ranks' side, `ddpviz.connect()`, is connect.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ipaddress
 import os
 import queue
-import sys
 import threading
 import time
 import warnings
@@ -22,27 +17,26 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpviz import events
 from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
-from ddpviz.traces.fileformat import SUFFIX, TraceWriter
+
+# The ranks' side lives in connect.py; `ddpviz.record` still imports these names from here.
+from ddpviz.session.connect import ENV_CONNECT, ENV_TRACE_DIR, connect, disconnect
+from ddpviz.traces.fileformat import TraceWriter
 from ddpviz.traces.trace import Trace
-from ddpviz.transport.codec import parse_connect_string
 from ddpviz.transport.collector import (
     END_OF_STREAM,
     Collector,
     CollectorStats,
-    deliver,
     iterate_queue,
 )
-from ddpviz.transport.sender import Sender
+from ddpviz.transport.subscribers import Subscribers
 
 if TYPE_CHECKING:
     from ddpviz.session.follow import FolderFeed
     from ddpviz.widgets.dashboard import Dashboard
 
-ENV_CONNECT = "DDPVIZ_CONNECT"
-ENV_TRACE_DIR = "DDPVIZ_TRACE_DIR"
+__all__ = ["ENV_CONNECT", "ENV_TRACE_DIR", "Session", "connect", "disconnect", "listen"]
 
 
 class Session:
@@ -80,7 +74,9 @@ class Session:
             except OSError as exc:
                 collector.close()
                 raise SaveError(self.record, exc) from exc
-        self._subscribers: list[tuple[Callable[[Any], None], bool]] = []
+        # removing takes the session's lock, which delivery holds: once unsubscribe() returns,
+        # the callback is not called again
+        self._subscribers = Subscribers(self._lock)
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._closed = False
         self._connect_dir: Any = None  # a PrivateDir holding the connect file (listen())
@@ -163,7 +159,6 @@ class Session:
         Returns:
             A function that unsubscribes `callback` (calling it again does nothing).
         """
-        entry = (callback, batch)
         with self._lock:
             if history is not None:
                 history(self.trace)
@@ -174,14 +169,7 @@ class Session:
                 else:
                     for e in past:
                         callback(e)
-            self._subscribers.append(entry)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if entry in self._subscribers:
-                    self._subscribers.remove(entry)
-
-        return unsubscribe
+            return self._subscribers.add(callback, batch=batch)
 
     def events(self, *, replay: bool = True, timeout: float | None = None) -> Iterator[Event]:
         """Iterate over events from any thread: those already received, then new ones as they
@@ -255,7 +243,7 @@ class Session:
                     self._record_failed(exc)
             for q in self._queues:
                 q.put(batch)
-            deliver(list(self._subscribers), batch, self.collector.report_callback_error)
+            self._subscribers.deliver(batch, self.collector.report_callback_error)
             self._cv.notify_all()
 
     # --- the end ------------------------------------------------------------------------------
@@ -424,95 +412,3 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
     if show:
         print(session.describe())
     return session
-
-
-_connected: Sender | None = None
-_previous_emitter: events.Emitter | None = None
-_connect_lock = threading.Lock()
-
-
-def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None = None,
-            capacity: int = 1 << 16, batch: int = 1024) -> Sender:
-    """On a rank: stream this process's events to the notebook session in DDPVIZ_CONNECT.
-
-    Installs a Sender as the process-wide default emitter (so call it before building
-    `ddpviz.DistributedDataParallel`); it is flushed and closed at exit. Without DDPVIZ_CONNECT
-    the events go to `ddpviz-trace-rank{R}.ddpviz` in DDPVIZ_TRACE_DIR (or `trace_dir`, or the
-    current directory); load them with `ddpviz.Trace.load`. Calling it again returns the same
-    Sender.
-
-    Args:
-        rank: this process's rank (default: $RANK as set by torchrun, else the initialized
-            process group's rank, else 0).
-        trace_dir: where the fallback trace file goes.
-        capacity, batch: see `Sender`.
-
-    Returns:
-        The process's `Sender` (live, or writing the fallback trace file).
-    """
-    global _connected, _previous_emitter
-    with _connect_lock:
-        if _connected is not None:
-            return _connected
-        rank = _this_rank() if rank is None else rank
-        target = os.environ.get(ENV_CONNECT, "").strip()
-        if target:
-            sender = Sender(target, rank, capacity=capacity, batch=batch)
-            _say_if_remote(target, rank)
-        else:
-            folder = Path(trace_dir or os.environ.get(ENV_TRACE_DIR) or ".")
-            folder.mkdir(parents=True, exist_ok=True)
-            sender = Sender.to_file(folder / f"ddpviz-trace-rank{rank}{SUFFIX}", rank,
-                                    capacity=capacity, batch=max(batch, 4096))
-        _previous_emitter = events.set_default_emitter(sender)
-        _connected = sender
-        atexit.register(disconnect)
-        return sender
-
-
-def _say_if_remote(target: str, rank: int) -> None:
-    """Events leaving this machine are worth a line (once per node: on local rank 0), so that
-    a DDPVIZ_CONNECT inherited from somewhere unexpected is not followed silently."""
-    address, _ = parse_connect_string(target)
-    host = address.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False  # a host name: not resolved here (no DNS lookup on a rank's start)
-    if not loopback and os.environ.get("LOCAL_RANK", "0") == "0":
-        print(f"ddpviz: rank {rank} sends its events to {host} (not this machine's loopback), "
-              f"from ${ENV_CONNECT}.\nIf that is not your notebook's machine, unset "
-              f"{ENV_CONNECT}.", file=sys.stderr)
-
-
-def disconnect(timeout: float = 10.0) -> None:
-    """Undo `connect()`: ship what is buffered, close the Sender, restore the previous
-    default emitter. Runs at exit on its own."""
-    global _connected, _previous_emitter
-    with _connect_lock:
-        sender, _connected = _connected, None
-        if sender is None:
-            return
-        if events.default_emitter() is sender:
-            events.set_default_emitter(_previous_emitter)
-        _previous_emitter = None
-    atexit.unregister(disconnect)
-    sender.close(timeout)
-
-
-def _this_rank() -> int:
-    value = os.environ.get("RANK")
-    if value is not None:
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"ddpviz: RANK={value!r} is not an integer.\nUnset it or pass "
-                             "ddpviz.connect(rank=...).") from None
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except ImportError:
-        pass
-    return 0

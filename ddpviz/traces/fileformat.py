@@ -6,8 +6,10 @@ frame is the header (format and event-schema versions, metadata); then event chu
 records in any order. `TraceWriter` appends and flushes frame by frame, so a writer that dies
 mid-run leaves every flushed frame loadable; `read_trace` walks the frames of a file (the
 `Trace` container, trace.py, is built from what it yields), keeps the complete frames before a
-torn last one with a warning, and raises TraceError on anything else. This module imports only
-the vocabulary, so `transport/` can write files without the rest of ddpviz.
+torn last one with a warning, and raises TraceError on anything else; `TailReader` reads a file
+a running job still appends to (`listen(follow=DIR)`), whole frames only, from where it stopped.
+This module imports only the vocabulary, so `transport/` can write files without the rest of
+ddpviz.
 """
 
 from __future__ import annotations
@@ -459,6 +461,109 @@ def read_header(path: Path, kind: int, payload: bytes | memoryview) -> FileHeade
                          f"ddpviz reads schema {SCHEMA_VERSION}.\nUse the ddpviz version that "
                          "wrote it.")
     return header
+
+
+# --- reading a file still being written -------------------------------------------------------
+
+MAX_FRAME = 256 << 20  # a frame of a growing file claiming more is damage (a chunk is a few MB)
+TailRecord = FileHeader | list[Event] | Clock | End
+
+
+class TailReader:
+    """A `.ddpviz` file that a running job still appends to, read frame by frame from where the
+    last read stopped (`ddpviz.listen(follow=DIR)`, session/follow.py: See [Note: following a
+    growing file] there). Only whole frames are taken: one cut short by the file's current end
+    is left for the next read, and so is a last frame whose checksum fails (its bytes may not
+    all be visible yet); a bad frame with bytes after it is damage.
+
+    Args:
+        path: the file (names it in messages; reads go through the caller's descriptor).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0  # bytes consumed: every whole frame before it (0: not even the magic)
+        self.events = 0  # events read so far
+        self.more = False  # the last read stopped at its budget with whole frames left
+        self._header = False
+
+    def read(self, fd: int, size: int, budget: int) -> Iterator[TailRecord]:
+        """The records of the whole frames between `pos` and `size` (the file's size now),
+        read with `os.pread` on `fd`: the header first, then event chunks, clock and end
+        records in file order (other kinds, of a later minor format, are skipped). `pos` moves
+        past each frame before its record is yielded; it stops once about `budget` bytes were
+        read (`more`). A file shorter than its magic and first frame header yields nothing.
+
+        Raises:
+            TraceError: no magic, a frame claiming more than MAX_FRAME, a bad checksum before
+                the last frame, a frame that does not decode within ddpviz's limits; records
+                yielded before it stay read.
+        """
+        self.more = False
+        if self.pos == 0:
+            if size < len(MAGIC) + FRAME.size:
+                return
+            if os.pread(fd, len(MAGIC), 0) != MAGIC:
+                raise TraceError(f"ddpviz: {str(self.path)!r} is not a ddpviz trace (no "
+                                 f"{MAGIC!r} magic at its start).\nIt is left out; remove it "
+                                 "from the folder.")
+            self.pos = len(MAGIC)
+        start = self.pos
+        while size - self.pos >= FRAME.size:
+            if self.pos - start >= budget:
+                self.more = True
+                break
+            where = self.pos
+            head = os.pread(fd, FRAME.size, where)
+            if len(head) < FRAME.size:
+                break  # shrank under the read: the caller's next look says so
+            kind, length, crc = FRAME.unpack(head)
+            if length > MAX_FRAME:  # bounded before it sizes a read
+                raise TraceError(
+                    f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} claims "
+                    f"{length:,} bytes, more than any ddpviz frame: the file is damaged or "
+                    f"hostile past that point.\nThe {self.events:,} events before it are "
+                    "kept; the rest of the file is not read.")
+            end = where + FRAME.size + length
+            if end > size:
+                break  # the frame is still being written: next read
+            payload = os.pread(fd, length, where + FRAME.size)
+            if len(payload) < length:
+                break  # shrank under the read
+            if zlib.crc32(payload) != crc:
+                if end == size:
+                    break  # the newest frame, perhaps not all there yet: next read
+                raise TraceError(
+                    f"ddpviz: {str(self.path)!r} is corrupt: the frame at byte {where:,} fails "
+                    f"its checksum.\nThe {self.events:,} events before it are kept; the rest "
+                    "of the file is not read.")
+            record = self._decode(kind, payload, where)
+            self.pos = end
+            if record is not None:
+                yield record
+
+    def _decode(self, kind: int, payload: bytes, where: int) -> TailRecord | None:
+        try:
+            if not self._header:
+                header = read_header(self.path, kind, payload)
+                self._header = True
+                return header
+            if kind == EVENTS:
+                chunk = decode_events(payload)
+                self.events += len(chunk)
+                return chunk
+            if kind == CLOCK:
+                return decode_clock(payload)
+            if kind == END:
+                return decode_end(payload)
+            return None
+        except (msgspec.MsgspecError, ValueError, RecursionError) as e:
+            if isinstance(e, TraceError):
+                raise
+            raise TraceError(f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} does "
+                             f"not decode within ddpviz's limits: {e}.\nThe {self.events:,} "
+                             "events before it are kept; the rest of the file is not read "
+                             "(limits: ddpviz/limits.py).") from None
 
 
 def _torn(path: Path, where: int, what: str) -> None:

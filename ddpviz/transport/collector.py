@@ -20,8 +20,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import zmq
@@ -38,6 +38,7 @@ from ddpviz.transport.codec import (
     make_header,
 )
 from ddpviz.transport.handshake import MAX_PENDING, PendingGuard, secure_server
+from ddpviz.transport.subscribers import Subscribers, deliver
 
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
 END_OF_STREAM = object()  # put on an iterate_queue queue to end the iteration
@@ -90,13 +91,6 @@ class _RankState:
     peer: str = ""
     closed: tuple[int, int] | None = None
     next_batch: int = 0  # next expected batch number: a lower one is a resent duplicate
-
-
-@dataclass
-class _Subscriber:
-    callback: Callable[[Any], None]
-    batch: bool
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Collector:
@@ -160,7 +154,7 @@ class Collector:
         self._replays = 0
         self._callback_errors = 0
         self._internal_errors = 0
-        self._subscribers: tuple[_Subscriber, ...] = ()
+        self._subscribers = Subscribers()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddpviz-collector", daemon=True)
         self._thread.start()
@@ -181,24 +175,14 @@ class Collector:
         """Call `callback(event)` for every accepted event (or `callback(list_of_events)` per
         message with batch=True), on the collector's thread. Returns an unsubscribe function.
         Exceptions from callbacks are counted in stats.callback_errors, never fatal."""
-        return self._subscribe(_Subscriber(callback, batch))
-
-    def _subscribe(self, sub: _Subscriber) -> Callable[[], None]:
-        with self._lock:
-            self._subscribers = (*self._subscribers, sub)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                self._subscribers = tuple(s for s in self._subscribers if s is not sub)
-
-        return unsubscribe
+        return self._subscribers.add(callback, batch=batch)
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         """Iterate over events as they arrive (from this call on), from any thread. Ends when
         the collector closes, or after `timeout` seconds without an event."""
         q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        done = {"done": lambda: q.put(END_OF_STREAM)}
-        unsubscribe = self._subscribe(_Subscriber(q.put, True, done))
+        unsubscribe = self._subscribers.add(q.put, batch=True,
+                                            on_close=lambda: q.put(END_OF_STREAM))
         if self.closed:
             q.put(END_OF_STREAM)
         return iterate_queue(q, unsubscribe, timeout)
@@ -244,10 +228,7 @@ class Collector:
         self._guard.close()
         self._sock.close(linger=0)
         self._ctx.term()
-        for sub in self._subscribers:
-            done = sub.extra.get("done")
-            if done is not None:
-                done()
+        self._subscribers.close()
 
     def __enter__(self) -> Collector:
         return self
@@ -397,9 +378,8 @@ class Collector:
             st.reordered += reordered
             st.received += len(events)
             st.frames += 1
-            subscribers = self._subscribers
-        deliver(((sub.callback, sub.batch) for sub in subscribers), events,
-                self.report_callback_error)
+            subscribers = self._subscribers.current  # those subscribed when it was counted
+        deliver(subscribers, events, self.report_callback_error)
 
     def _internal_error(self, exc: Exception) -> None:
         with self._lock:
@@ -418,25 +398,6 @@ class Collector:
             first = self._callback_errors == 1
         if first:
             warn_callback_error(callback, exc, "the collector keeps running")
-
-
-def deliver(subscribers: Iterable[tuple[Callable[[Any], None], bool]], events: list[Event],
-            on_error: Callable[[object, Exception], None]) -> None:
-    """Hand `events` to each (callback, batch) subscriber: the list at once (batch) or event
-    by event; a callback's exception goes to `on_error`, and the stream goes on (the rest of
-    the list included). Shared by the Collector, FolderFeed (follow.py) and Session."""
-    for callback, batch in subscribers:
-        if batch:
-            try:
-                callback(events)
-            except Exception as exc:
-                on_error(callback, exc)
-            continue
-        for e in events:
-            try:
-                callback(e)
-            except Exception as exc:  # costs nothing until raised (3.11 zero-cost try)
-                on_error(callback, exc)
 
 
 def warn_callback_error(callback: object, exc: Exception, goes_on: str) -> None:

@@ -20,7 +20,7 @@ import ipywidgets as w
 
 from ddpviz import events as ev
 from ddpviz import markup
-from ddpviz.findings import Finding, format_ranks
+from ddpviz.findings import Finding, format_ranges, format_ranks
 from ddpviz.model.event_model import CONSTRUCTION, EventModel
 from ddpviz.model.hook_analysis import IterationView, OrderDiff, analyse
 from ddpviz.model.hook_spread import IterationSpread, iteration_spread
@@ -42,16 +42,7 @@ NONFINITE = ("nonfinite_gradient", "nonfinite_parameter")  # findings marked on 
 def step_list(steps: list[int], most: int = 8) -> str:
     """[0, 1, 2, 100, 200] -> '0-2, 100, 200'; runs of 3 or more as a-b; past `most` items
     '...'."""
-    parts: list[str] = []
-    run: list[int] = []
-    for s in [*steps, None]:
-        if s is not None and run and s == run[-1] + 1:
-            run.append(s)
-            continue
-        if run:
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
-        run = [] if s is None else [s]
-    return ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
+    return format_ranges(steps, most=most)
 
 
 def summary_note(step: int, full_steps: list[int]) -> str:

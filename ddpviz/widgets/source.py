@@ -1,4 +1,5 @@
-"""Where a widget's events come from: a live Run or Session, a Trace, a saved file, a list.
+"""Where a widget's events come from: a live Run or Session, a Trace, saved files, a list
+(what counts as a run is traces/source.py's to say, for every verb).
 
 `attach` feeds everything already there into the model at once and, for live sources,
 subscribes so new events are fed on the collector's thread and a redraw is requested. Widgets
@@ -7,14 +8,13 @@ keep only the `Source` (what to call for status and to detach), never an engine 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel
+from ddpviz.traces.source import LiveRun, open_run
 
 if TYPE_CHECKING:
     from ddpviz.session.live import Session
@@ -40,47 +40,28 @@ class Source:
         return self.live
 
 
-@runtime_checkable
-class LiveRun(Protocol):
-    """What a widget reads of a launch (`ddpviz.Run` is one): its Session, whether it still
-    runs, and how it was started. A protocol, so that widgets never import the launcher."""
-
-    @property
-    def session(self) -> Session: ...
-    @property
-    def status(self) -> str: ...  # "running" | "finished" | ...
-    nprocs: int
-    backend: str
-
-
 def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> Source:
     """Feed `source`'s events into `model`; call `on_events()` after each live batch.
 
     Args:
-        source: a `ddpviz.Run`, a `Session`, a `Trace`, a path to a `.ddpviz` file, an
-            iterable of events, or None (nothing yet: feed the widget by hand).
-    """
-    from ddpviz.session.live import Session
-    from ddpviz.traces.trace import Trace
+        source: a `ddpviz.Run`, a `Session`, a `Trace`, a path to a `.ddpviz` file or a
+            folder of them, an iterable of events (what counts as a run: traces/source.py), or
+            None (nothing yet: feed the widget by hand).
 
+    Returns:
+        The `Source` the widget keeps: what it shows, whether it is live, how to detach.
+    """
     if source is None:
         return Source("manual", True, "events fed by hand")
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        return _from_trace(Trace.load(path), model, f"trace {path.name}")
-    if isinstance(source, Trace):
-        return _from_trace(source, model, "trace")
-    if isinstance(source, LiveRun):
-        return _from_run(source, model, on_events)
-    if isinstance(source, Session):
-        return _from_session(source, model, on_events, "session")
-    if isinstance(source, Iterable):
-        model.feed(e for e in source if isinstance(e, Event))
-        return Source("events", False, f"{len(model):,} events")
-    raise TypeError(
-        f"ddpviz: cannot show events from a {type(source).__name__}.\n"
-        "Pass a ddpviz.Run, a Session (ddpviz.listen()), a Trace, a .ddpviz path or a list of "
-        "events.")
+    run = open_run(source, refusal="cannot show events from")
+    if run.kind == "run":
+        return _from_run(run.live, model, on_events)
+    if run.kind == "session":
+        return _from_session(run.live, model, on_events, "session")
+    if run.trace is not None:
+        return _from_trace(run.trace, model, run.label)
+    model.feed(e for e in run.events if isinstance(e, Event))
+    return Source("events", False, f"{len(model):,} events")
 
 
 def _from_trace(trace: Trace, model: EventModel, label: str) -> Source:

@@ -10,7 +10,6 @@ and only when events came in.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from ddpviz._diagnose.straggler import (
     wait_rows,
 )
 from ddpviz.findings import Finding
+from ddpviz.traces.source import open_run
 from ddpviz.units import human_duration
 
 
@@ -71,8 +71,8 @@ def wait_table_html(table: WaitFold) -> str:
 
 
 class WaitTable:
-    """The rank x bucket "who made the all-reduce wait" table of a source with a trace (a
-    Trace, Session, Run or `.ddpviz` path); `widget` is what is shown."""
+    """The rank x bucket "who made the all-reduce wait" table of a run (a Trace, Session, Run,
+    `.ddpviz` path or folder, or events: traces/source.py); `widget` is what is shown."""
 
     def __init__(self, source: object = None, *, every_s: float = 2.0, **kwargs: Any) -> None:
         self.widget = w.HTML(**kwargs)
@@ -85,19 +85,8 @@ class WaitTable:
         self.straggler: list[Finding] = []  # the straggler finding, when there is one
 
     def _resolve(self) -> Any:
-        if self._trace is None:
-            from ddpviz.traces.trace import Trace
-
-            src = self._source
-            inner = getattr(src, "trace", None)
-            if isinstance(src, (str, os.PathLike)):
-                self._trace = Trace.load(src)
-            elif isinstance(src, Trace):
-                self._trace = src
-            elif isinstance(inner, Trace):
-                self._trace = inner
-            elif isinstance(src, list):
-                self._trace = Trace(src)
+        if self._trace is None and self._source is not None:
+            self._trace = open_run(self._source, refusal="the wait table cannot read").as_trace()
         return self._trace
 
     def update(self, *, force: bool = False) -> bool:

@@ -1,7 +1,7 @@
 /**
  * The viewer's building blocks: elements with attributes and children (never innerHTML, so no
  * string from a trace becomes markup), panel sections, notes, byte sizes, and the options the
- * settings control. Shared by view.ts and timelineView.ts.
+ * settings control. Shared by view.ts and hookTimeline.ts.
  */
 
 /** What the settings change about rendering. */

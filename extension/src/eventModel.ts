@@ -1,8 +1,9 @@
 /**
  * What the trace viewer shows, computed from a parsed trace with no DOM: bucket maps grouped
  * across ranks, each rank's verification outcome, broadcast progress and, per DDP iteration,
- * a timeline of gradient hooks and bucket all-reduces. The same readings as the Python side
- * (`Trace.spans()`, the widgets), from the same events.
+ * a timeline of gradient hooks and bucket all-reduces. The viewer's twin of
+ * ddpviz/model/event_model.py: the same readings as the Python side (`Trace.spans()`, the
+ * widgets), from the same events.
  */
 
 import {
@@ -16,7 +17,7 @@ import {
   ParamInfo
 } from './events';
 import { ParsedTrace } from './trace';
-import { WaitFold, whoWaited } from './waits';
+import { WaitFold, whoWaited } from './straggler';
 
 /**
  * Bytes per element by dtype name, only for traces written before `ParamInfo.element_size`
@@ -303,7 +304,7 @@ export class TraceModel {
 
   private _fullSteps: number[] | null = null;
 
-  /** Who made each bucket's all-reduce wait, rank x bucket (computed once; see waits.ts). */
+  /** Who made each bucket's all-reduce wait, rank x bucket (computed once; see straggler.ts). */
   waits(): WaitFold {
     if (this._waits === null) {
       this._waits = whoWaited(

@@ -4,7 +4,7 @@
  * all-reduce ran, as spreads over ranks; and the ranks whose backward compute ended last.
  * Times are ns after the window start `t0` (aligned clocks).
  */
-import { TimelineRow } from './model';
+import { TimelineRow } from './eventModel';
 import { Spread, slowest, spread } from './rankGroups';
 
 /** One bucket across ranks. */

@@ -1,15 +1,16 @@
 /**
- * The hook timeline panel: one iteration's lanes (phases, gradient hooks, all-reduces per rank)
- * and, with many ranks, the distribution across ranks with the slowest ranks named and one
- * picked rank's lane against it (see timelineSpread.ts).
+ * The hook timeline panel (the viewer's twin of ddpviz/widgets/hook_timeline.py): one
+ * iteration's lanes (phases, gradient hooks, all-reduces per rank) and, with many ranks, the
+ * distribution across ranks with the slowest ranks named and one picked rank's lane against it
+ * (see hookSpread.ts).
  */
 
 import { bucketColor } from './colors';
 import { appendAll, h, humanBytes, note, s, section, ViewOptions } from './dom';
 import { Finding } from './events';
-import { Timeline, TraceModel } from './model';
-import { MANY_RANKS } from './rankGroups';
-import { TimelineSpread, timelineSpread } from './timelineSpread';
+import { Timeline, TraceModel } from './eventModel';
+import { formatRanges, MANY_RANKS } from './rankGroups';
+import { TimelineSpread, timelineSpread } from './hookSpread';
 
 export function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLElement {
   if (model.steps.length === 0) {
@@ -436,21 +437,7 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
 
 /** [0, 1, 2, 100] -> '0-2, 100'; runs of 3 or more as a-b; past `most` items '...'. */
 function stepList(steps: number[], most = 8): string {
-  const parts: string[] = [];
-  let run: number[] = [];
-  for (const s of [...steps, null]) {
-    if (s !== null && run.length > 0 && s === run[run.length - 1] + 1) {
-      run.push(s);
-      continue;
-    }
-    if (run.length >= 3) {
-      parts.push(`${run[0]}-${run[run.length - 1]}`);
-    } else {
-      parts.push(...run.map(String));
-    }
-    run = s === null ? [] : [s];
-  }
-  return parts.slice(0, most).join(', ') + (parts.length > most ? ', ...' : '');
+  return formatRanges(steps, { most });
 }
 
 /** The line said over a step whose gradients were recorded per bucket only. */

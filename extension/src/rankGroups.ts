@@ -7,27 +7,42 @@
 /** Above this many ranks the viewer shows groups and distributions, not a row per rank. */
 export const MANY_RANKS = 16;
 
-/** Sorted ranks as ranges: [0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7, 8' (runs of 3 or more). */
-export function rankLabel(ranks: Iterable<number>): string {
-  const sorted = [...new Set(ranks)].sort((a, b) => a - b);
+/**
+ * Numbers (ranks, steps) in ascending order as ranges: [7, 0, 1, 2, 3, 5, 8] -> '0-3, 5, 7, 8'.
+ * Every range label in the viewer is spelled here (as format_ranges in ddpviz/findings.py).
+ *
+ * @param numbers - the numbers, in any order.
+ * @param run - a run of this many or more consecutive numbers reads 'a-b'.
+ * @param most - past this many items '...' follows (default: all items).
+ * @param sep - between items.
+ */
+export function formatRanges(
+  numbers: Iterable<number>,
+  { run = 3, most = Infinity, sep = ', ' }: { run?: number; most?: number; sep?: string } = {}
+): string {
   const parts: string[] = [];
-  let run: number[] = [];
+  let streak: number[] = [];
   const flush = () => {
-    if (run.length >= 3) {
-      parts.push(`${run[0]}-${run[run.length - 1]}`);
+    if (streak.length >= run) {
+      parts.push(`${streak[0]}-${streak[streak.length - 1]}`);
     } else {
-      parts.push(...run.map(String));
+      parts.push(...streak.map(String));
     }
-    run = [];
+    streak = [];
   };
-  for (const r of sorted) {
-    if (run.length > 0 && r !== run[run.length - 1] + 1) {
+  for (const n of [...numbers].sort((a, b) => a - b)) {
+    if (streak.length > 0 && n !== streak[streak.length - 1] + 1) {
       flush();
     }
-    run.push(r);
+    streak.push(n);
   }
   flush();
-  return parts.join(', ');
+  return parts.length > most ? parts.slice(0, most).join(sep) + sep + '...' : parts.join(sep);
+}
+
+/** Sorted ranks as ranges: [0, 1, 2, 3, 5, 7, 8] -> '0-3, 5, 7, 8' (runs of 3 or more). */
+export function rankLabel(ranks: Iterable<number>): string {
+  return formatRanges(new Set(ranks));
 }
 
 /** Ranks that share one value (compared by `key`). */

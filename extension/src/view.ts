@@ -10,40 +10,20 @@
 import { bucketColor } from './colors';
 import { Mismatch } from './events';
 import { h, humanBytes, note, section, ViewOptions } from './dom';
-import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './model';
-import { MANY_RANKS, spread, valueGroups } from './rankGroups';
-import { renderTimelineSection } from './timelineView';
-import { waitRows } from './waits';
+import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './eventModel';
+import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
+import { renderTimelineSection } from './hookTimeline';
+import { waitRows } from './straggler';
 
 export { humanBytes } from './dom';
 export type { ViewOptions } from './dom';
 
 /** [3] -> "rank 3"; [0, 1, 2] -> "ranks 0,1,2"; runs of 4 or more as "a-b" (as findings.py). */
 export function formatRanks(ranks: number[]): string {
-  const sorted = [...ranks].sort((a, b) => a - b);
-  const parts: string[] = [];
-  let run: number[] = [];
-  const flush = () => {
-    if (run.length >= 4) {
-      parts.push(`${run[0]}-${run[run.length - 1]}`);
-    } else {
-      for (const r of run) {
-        parts.push(String(r));
-      }
-    }
-    run = [];
-  };
-  for (const r of sorted) {
-    if (run.length > 0 && r !== run[run.length - 1] + 1) {
-      flush();
-    }
-    run.push(r);
-  }
-  flush();
-  if (parts.length === 0) {
+  if (ranks.length === 0) {
     return 'no rank';
   }
-  return (sorted.length === 1 ? 'rank ' : 'ranks ') + parts.join(',');
+  return (ranks.length === 1 ? 'rank ' : 'ranks ') + formatRanges(ranks, { run: 4, sep: ',' });
 }
 
 /**
@@ -487,7 +467,7 @@ function duration(ns: number): string {
 
 /**
  * Rank x bucket: in how many recorded steps each rank launched each bucket's all-reduce last,
- * and how long the others waited for it (waits.ts). Above MANY_RANKS, the ranks that caused
+ * and how long the others waited for it (straggler.ts). Above MANY_RANKS, the ranks that caused
  * most wait get a row each and the others share one.
  */
 function renderWaits(model: TraceModel): HTMLElement {

@@ -9,7 +9,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { DEFAULT_SCHEME } from './colors';
-import { TraceModel } from './model';
+import { TraceModel } from './eventModel';
 import { base64ToBytesAsync, parseTraceAsync, TraceError } from './trace';
 import { renderError, renderLoading, renderTrace, ViewOptions } from './view';
 

@@ -11,8 +11,8 @@ import pytest
 
 import ddpviz
 from benchmarks.bench_straggler import MS, prefix, simulate, steps_until_named
+from ddpviz._diagnose import straggler as st
 from ddpviz._diagnose.diagnosis import diagnose_tables
-from ddpviz._diagnose.diagnosis import straggler as st
 from ddpviz.traces import columns as col
 
 

@@ -67,6 +67,7 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
     import warnings
 
     import ddpviz
+    from ddpviz._watch import new_watch
     from ddpviz.findings import Finding
 
     def rec(level: str) -> ddpviz.Recording:
@@ -123,14 +124,14 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
     out["deprecated"] = (str(w.recording), ddp._detail.describe(),
                          [(c.category.__name__, str(c.message), c.filename) for c in caught])
     w.close()
-    # The strategy is chosen once, from the recording, also when Watch is created directly
-    # (as `ddpviz record` does).
+    # The strategy is chosen once, from the recording, also when the Watch is made without
+    # watch() (as `ddpviz record` does: new_watch).
     out["strategies"] = []
     for recording in (ddpviz.Recording(), ddpviz.Recording(every=None),
                       ddpviz.Recording(guard=True), None):
         tddp = nn.parallel.DistributedDataParallel(_model())
         w = (ddpviz.watch(tddp, recording=recording, hang_timeout=0) if recording is not None
-             else ddpviz.Watch(tddp, emitter=None, hook=None, state=None, hang_timeout=0))
+             else new_watch(tddp, emitter=None, hook=None, state=None, hang_timeout=0))
         out["strategies"].append((type(w).__name__, str(w.recording),
                                   bool(getattr(tddp, "_comm_hooks", None)) or
                                   "register_comm_hook" in tddp.__dict__))
@@ -352,4 +353,4 @@ def test_the_strategy_is_chosen_from_the_recording(runs: dict[int, Any]) -> None
         assert res["strategies"] == [("HooklessWatch", "every=100", False),
                                      ("ForwardsOnlyWatch", "every=never", False),
                                      ("GuardedWatch", "guard,every=100", True),
-                                     ("HooklessWatch", "every=100", False)]  # Watch(...)
+                                     ("HooklessWatch", "every=100", False)]  # new_watch(...)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ddpviz.findings import format_ranges
 from ddpviz.model.rank_groups import rank_label, slowest, spread, value_groups
 from tests.extension.mirror import run_typescript
 
@@ -49,3 +50,17 @@ def test_typescript_rank_groups_equal_pythons() -> None:
             assert [ts["spread"][k] for k in ("n", "min", "p10", "p50", "p90", "max")] == \
                 pytest.approx(list(s))
         assert [tuple(x) for x in ts["slowest"]] == slowest(case["times"], 5)
+
+
+def test_typescript_range_labels_equal_pythons() -> None:
+    # the one range formatter of each side, with the settings of every label that uses it:
+    # rank labels, format_ranks ("0-3,5"), step lists (cut past `most`), diagnosed steps
+    rng = random.Random(17)
+    settings = [{}, {"run": 4, "sep": ","}, {"most": 8}, {"most": 3}, {"run": 2, "most": 6}]
+    data = [{"numbers": numbers, **s} for s in settings
+            for numbers in ([], [5], [2, 0, 1], [0, 1, 2, 3, 5, 7, 8, 9, 10, 11],
+                            [rng.randrange(40) for _ in range(30)])]
+    got = run_typescript("rankGroups.ts", "cases.map(c => g.formatRanges(c.numbers, c))", data)
+    for case, ts in zip(data, got, strict=True):
+        numbers = case.pop("numbers")
+        assert ts == format_ranges(numbers, **case), (numbers, case)

@@ -1,7 +1,7 @@
-"""The viewer's "who made the all-reduce wait" (extension/src/waits.ts) gives the same rank x
-bucket table and rows as Python's (ddpviz/_diagnose/straggler.py `who_waited`, `wait_rows`) on the same
-simulated traces, clock offsets with known, unknown and skewed errors included; run in node
-(the TypeScript transpiled with the extension's own compiler)."""
+"""The viewer's "who made the all-reduce wait" (extension/src/straggler.ts) gives the same rank
+x bucket table and rows as Python's (ddpviz/_diagnose/straggler.py `who_waited`, `wait_rows`) on
+the same simulated traces, clock offsets with known, unknown and skewed errors included; run in
+node (the TypeScript transpiled with the extension's own compiler)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_straggler import MS, simulate
+from ddpviz._diagnose.straggler import wait_rows, who_waited
 from ddpviz.traces import columns as col
 from ddpviz.traces.columns import Table
-from ddpviz._diagnose.straggler import wait_rows, who_waited
 from tests.extension.mirror import run_typescript
 
-# per case: the fold and its rows, as waits.ts computes them
+# per case: the fold and its rows, as straggler.ts computes them
 OUT = "cases.map(c => { const fold = g.whoWaited(c); return { fold, rows: g.waitRows(fold) }; })"
 
 
@@ -60,7 +60,7 @@ def cases() -> list[tuple[dict[int, Table], dict[int, tuple[int, int]]]]:
 
 def test_typescript_who_waited_equals_pythons() -> None:
     data = cases()
-    got = run_typescript("waits.ts", OUT, [rank_times(t, c) for t, c in data])
+    got = run_typescript("straggler.ts", OUT, [rank_times(t, c) for t, c in data])
     for (tables, clock), ts in zip(data, got, strict=True):
         py = who_waited(tables, clock)
         fold = ts["fold"]

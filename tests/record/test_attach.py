@@ -14,7 +14,8 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz.session.live import Session, follow
+from ddpviz.session import follow
+from ddpviz.session.live import Session
 from ddpviz.traces.fileformat import End
 from tests.dist.harness import free_port
 from tests.polling import eventually

@@ -13,7 +13,7 @@ import pytest
 import ddpviz
 
 ROOT = Path(ddpviz.__file__).parent
-SOURCES = sorted([*(ROOT / "widgets").rglob("*.py"), ROOT / "report.py"])
+SOURCES = sorted([*(ROOT / "widgets").rglob("*.py"), *(ROOT / "report").rglob("*.py")])
 
 
 def _literal(node: ast.AST) -> str | None:
@@ -49,7 +49,7 @@ def markup_outside_helper(source: str, filename: str = "<source>") -> list[str]:
 
 def test_sources_are_found() -> None:
     names = {p.name for p in SOURCES}
-    assert {"report.py", "dashboard.py", "timeline_svg.py", "postmortem_view.py",
+    assert {"html.py", "dashboard.py", "timeline_svg.py", "postmortem_view.py",
             "verification_view.py", "broadcast_progress.py"} <= names
 
 

@@ -64,8 +64,8 @@ def test_a_leftover_hook_without_ddpviz_says_so_once_without_a_traceback(tmp_pat
 
 
 def test_a_remote_connect_string_is_said_on_the_rank(tmp_path: Path) -> None:
-    code = ("import ddpviz; from ddpviz.session.live import disconnect; ddpviz.connect(rank=0); "
-            "disconnect(0.1)")
+    code = ("import ddpviz; from ddpviz.session.connect import disconnect; "
+            "ddpviz.connect(rank=0); disconnect(0.1)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LOCAL_RANK": "0"}
     secret = "ab" * 32
     remote = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -17,8 +17,9 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
+from ddpviz.session import follow
 from ddpviz.session.follow import FolderFeed, attach
-from ddpviz.session.live import Session, follow
+from ddpviz.session.live import Session
 from ddpviz.traces.fileformat import EVENTS, FRAME, MAGIC, End, TraceWriter, read_end
 from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender

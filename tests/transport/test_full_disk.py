@@ -17,7 +17,7 @@ from ddpviz import atomic
 from ddpviz import events as ev
 from ddpviz.atomic import SaveError
 from ddpviz.report.html import write_report
-from ddpviz.session.live import disconnect
+from ddpviz.session.connect import disconnect
 from ddpviz.traces import fileformat as tracefile
 from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender

@@ -9,7 +9,7 @@ import pytest
 
 import ddpviz
 from ddpviz import events as ev
-from ddpviz.session.live import disconnect
+from ddpviz.session.connect import disconnect
 from ddpviz.traces.trace import Trace
 from ddpviz.transport import Sender
 

@@ -1,0 +1,241 @@
+"""What counts as a run: the one door every verb (diagnose, report, advise, the dashboard,
+`listen(follow=)`) turns what the user handed over into a run through, with one set of errors.
+
+A run is a `.ddpviz` path, a folder of them, several paths (one per rank, merged), a `Trace`,
+a live `Session` or `ddpviz.Run`, anything else with a `.trace`, or an iterable of events. Live
+objects are recognised by their shape (`LiveRun`, `LiveSession`): traces/ never imports the
+sessions or the launcher (tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ddpviz.events import Event
+from ddpviz.traces.fileformat import SUFFIX, End, read_end
+from ddpviz.traces.trace import Trace
+
+Kind = Literal["files", "trace", "session", "run", "events"]
+
+ACCEPTED = ("Pass a ddpviz.Run, a Session (ddpviz.listen()), a Trace, the path of a .ddpviz "
+            "file or of a folder of them, or a list of events.")
+
+
+class SourceError(ValueError):
+    """What was handed over is not a run ddpviz can read; the message says what was wrong and
+    what to pass. Each kind also is the builtin error it used to be (TypeError, OSError)."""
+
+
+class SourceTypeError(SourceError, TypeError):
+    """An object that is no kind of run (an int, a dict, ...)."""
+
+
+class SourceMissingError(SourceError, FileNotFoundError):
+    """A path with no file or folder under it, or a folder with no trace in it."""
+
+
+class SourceReadError(SourceError, OSError):
+    """A trace file that exists but cannot be read (permissions, I/O)."""
+
+
+@runtime_checkable
+class LiveSession(Protocol):
+    """What the verbs read of a live session (`ddpviz.Session`, also `listen(follow=DIR)`'s):
+    its growing trace, its collector (stats, and `ended` for a followed folder), subscribers."""
+
+    @property
+    def trace(self) -> Trace: ...
+    @property
+    def collector(self) -> Any: ...
+    def subscribe(self, callback: Callable[[Any], None], *, batch: bool = False,
+                  replay: bool = False, history: Callable[[Trace], None] | None = None
+                  ) -> Callable[[], None]: ...
+
+
+@runtime_checkable
+class LiveRun(Protocol):
+    """What the verbs read of a launch (`ddpviz.Run` is one): its session, whether it still
+    runs, and how it was started. A protocol, so that readers never import the launcher."""
+
+    @property
+    def session(self) -> Any: ...  # a LiveSession
+    @property
+    def status(self) -> str: ...  # "running" | "finished" | ...
+    nprocs: int
+    backend: str
+
+
+@dataclass
+class RunSource:
+    """A run, as every verb reads it.
+
+    `kind` says what was handed over: "files" (a path, a folder, several paths: read and
+    merged into `trace`), "trace" (a Trace, or an object's `.trace`), "session" and "run" (live:
+    `live` is the Session or the Run; `trace` grows), "events" (an iterable of events: `trace`
+    is None, `events` is the iterable, not yet read)."""
+
+    kind: Kind
+    trace: Trace | None
+    label: str
+    events: Iterable[Event] = ()
+    live: Any = None
+    files: tuple[Path, ...] = ()
+    _ended: Mapping[int, End] | None = field(default=None, init=False, repr=False)
+    _collected: Trace | None = field(default=None, init=False, repr=False)
+
+    @property
+    def ended(self) -> Mapping[int, End] | None:
+        """The ranks whose trace file ends with its end record (they finished: none is named
+        as hung), by rank: the files' own (kind "files"), a followed folder's as read so far
+        (kind "session"); None where the source cannot tell."""
+        if self.kind == "files":
+            if self._ended is None:
+                self._ended = ended_files(self.files)
+            return self._ended
+        session = self.live.session if self.kind == "run" else self.live
+        ended = getattr(getattr(session, "collector", None), "ended", None)
+        return ended if isinstance(ended, Mapping) else None
+
+    def as_trace(self) -> Trace:
+        """The run's events as a Trace.
+
+        Returns:
+            `trace`; for bare events, a Trace gathered from them (once: later calls return
+            the same one).
+        """
+        if self.trace is not None:
+            return self.trace
+        if self._collected is None:
+            self._collected = Trace(e for e in self.events if isinstance(e, Event))
+        return self._collected
+
+
+def open_run(source: object, *, refusal: str = "cannot read") -> RunSource:
+    """The run `source` is, read where it is recorded.
+
+    Args:
+        source: a `.ddpviz` path, a folder of `.ddpviz` files (every one of them, merged), a
+            list of such paths, a `Trace`, a `ddpviz.Run`, a `Session`, anything with a
+            `.trace` Trace, or an iterable of events.
+        refusal: the caller's words for refusing an object that is no run, before "a TYPE"
+            (e.g. "diagnose() cannot read").
+
+    Returns:
+        The `RunSource`; files are read now (`Trace.load`), live objects are not copied.
+
+    Raises:
+        SourceTypeError: `source` is no kind of run.
+        SourceMissingError: a path with nothing under it, or a folder without a trace.
+        SourceReadError: a file that cannot be read.
+        TraceError: a file that is not a readable trace (see `Trace.load`).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return _open_files([source])
+    if (isinstance(source, (list, tuple)) and source
+            and all(isinstance(p, (str, os.PathLike)) for p in source)):
+        return _open_files(list(source))  # several files: one per rank, merged
+    if isinstance(source, Trace):
+        return RunSource("trace", source, "trace")
+    if isinstance(source, LiveRun):
+        return RunSource("run", source.session.trace, "run", live=source)
+    if isinstance(source, LiveSession):
+        return RunSource("session", source.trace, "session", live=source)
+    inner = getattr(source, "trace", None)
+    if isinstance(inner, Trace):
+        return RunSource("trace", inner, "trace")
+    if isinstance(source, Iterable):
+        return RunSource("events", None, "events", events=source)
+    raise SourceTypeError(f"ddpviz: {refusal} a {type(source).__name__}.\n{ACCEPTED}")
+
+
+def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The trace files `paths` name: a file as itself, a folder as its `*.ddpviz` files.
+
+    Args:
+        paths: files and folders, as the user named them (messages quote them so).
+
+    Returns:
+        The files, in the order named; a folder's sorted by name.
+
+    Raises:
+        SourceMissingError: a path with nothing under it, or a folder without a trace.
+    """
+    files: list[Path] = []
+    for arg in paths:
+        path, said = Path(arg), os.fspath(arg)
+        if path.is_dir():
+            found = sorted(p for p in path.glob(f"*{SUFFIX}") if p.is_file())
+            if not found:
+                raise SourceMissingError(
+                    f"ddpviz: the folder {said!r} holds no *{SUFFIX} file.\nPass the trace "
+                    "files, or the folder `ddpviz record --out` or Trace.save wrote them to.")
+            files += found
+        elif not path.exists():
+            raise SourceMissingError(
+                f"ddpviz: no trace file {said!r}: there is no file or folder by that name.\n"
+                f"Pass the path of a {SUFFIX} file (Trace.save, `ddpviz record`, a Session's "
+                "record=) or of a folder of them; a relative path starts at the current "
+                "directory.")
+        else:
+            files.append(path)
+    return files
+
+
+def _open_files(paths: Sequence[str | os.PathLike[str]]) -> RunSource:
+    files = trace_files(paths)
+    traces = []
+    for f in files:
+        try:
+            traces.append(Trace.load(f))
+        except OSError as e:
+            raise SourceReadError(f"ddpviz: cannot read {str(f)!r}: {e.strerror or e}.\n"
+                                  f"Pass a {SUFFIX} trace file or a folder of them.") from e
+    trace = traces[0] if len(traces) == 1 else Trace.merge(traces)
+    label = (f"trace {Path(paths[0]).name}" if len(paths) == 1
+             else f"{len(files)} trace files")
+    return RunSource("files", trace, label, files=tuple(files))
+
+
+def ended_files(files: Iterable[Path]) -> dict[int, End]:
+    """The end records of the files that have one (See [Note: a rank's end in its file],
+    fileformat.py).
+
+    Args:
+        files: trace files; one that cannot be read has no end record.
+
+    Returns:
+        The end records by rank.
+    """
+    out: dict[int, End] = {}
+    for f in files:
+        with contextlib.suppress(OSError):
+            end = read_end(f)
+            if end is not None:
+                out[end.rank] = end
+    return out
+
+
+def job_folder(folder: str | os.PathLike[str]) -> Path:
+    """The folder a running job records into, checked before it is followed as its files
+    grow (`listen(follow=DIR)`); it may hold no file yet (ranks that have not started).
+
+    Args:
+        folder: the job's `ddpviz record --out` folder.
+
+    Returns:
+        It, as a Path.
+
+    Raises:
+        SourceMissingError: there is no folder there.
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        raise SourceMissingError(
+            f"ddpviz: no folder {str(path)!r} to attach to.\nPass the folder the job records "
+            "into (`ddpviz record --out DIR`), as seen from this machine.")
+    return path
