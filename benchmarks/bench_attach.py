@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._ranks import free_port  # noqa: E402
 from benchmarks.bench_scale import generate  # noqa: E402
-from ddpviz.session.follow import attach  # noqa: E402
+from ddpviz.session.follow import follow_folder  # noqa: E402
 from ddpviz.traces.fileformat import TraceWriter  # noqa: E402
 from ddpviz.traces.trace import Trace  # noqa: E402
 from tests.record.hooked import hooked_python  # noqa: E402
@@ -73,7 +73,7 @@ def first_paint(size: str) -> None:
         rows = []
         for rep in range(3):
             def live():  # type: ignore[no-untyped-def]
-                session = attach(folder, show=False)
+                session = follow_folder(folder, show=False)
                 board = session.dashboard()
                 return session, board
 
@@ -117,7 +117,7 @@ def latency(events: int = 40, every_s: float = 0.05) -> None:
         delays: list[float] = []
         with TraceWriter(folder / "ddpviz-trace-rank0.ddpviz", meta={"rank": 0}) as w:
             w.flush()
-            session = attach(folder, show=False)
+            session = follow_folder(folder, show=False)
             session.subscribe(lambda e: delays.append((time.monotonic_ns() - e.t_ns) / 1e6))
             for i in range(events):
                 w(ev.ForwardStarted(0, i, time.monotonic_ns(), i))
@@ -153,7 +153,7 @@ def run_job(python: str, folder: Path, steps: int, attached: bool) -> dict[str, 
                 raise SystemExit(f"the job ended early:\n{job.communicate()}")
             time.sleep(0.05)
         if attached:
-            session = attach(out, show=False)
+            session = follow_folder(out, show=False)
             board = session.dashboard()
         wall, cpu = time.perf_counter(), time.process_time()
         gate.touch()

@@ -30,7 +30,7 @@ from ddpviz.engine.verify import breaks_torch, compare_through_store
 from ddpviz.errors import DiagnosisError
 from ddpviz.events import Tap
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
-from ddpviz.session.live import connect
+from ddpviz.session.connect import connect
 
 DDP = nn.parallel.DistributedDataParallel
 _REGISTER = DDP.register_comm_hook  # torch's, before the class patch

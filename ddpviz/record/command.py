@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ddpviz.probes.watchdog import ENV_HANG_TIMEOUT
 from ddpviz.recording import ENV_RECORDING, Recording
-from ddpviz.session.live import ENV_CONNECT, ENV_TRACE_DIR
+from ddpviz.session.connect import ENV_CONNECT, ENV_TRACE_DIR
 from ddpviz.traces.fileformat import SUFFIX
 
 ENV_RECORD = "DDPVIZ_RECORD"

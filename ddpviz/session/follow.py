@@ -472,7 +472,7 @@ def _dead(path: Path, exc: OSError) -> FileTail:
     return tail
 
 
-def attach(folder: str | os.PathLike[str], *, interval: float = POLL_S, show: bool = True,
+def follow_folder(folder: str | os.PathLike[str], *, interval: float = POLL_S, show: bool = True,
            record: str | os.PathLike[str] | None = None) -> Session:
     """The live session of the job recording into `folder` (`ddpviz record --out DIR`);
     `ddpviz.listen(follow=DIR)` calls it.

@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpviz.atomic import LinkError, SaveError, commit, creating, discard
 from ddpviz.events import Event
-
-# The ranks' side lives in connect.py; `ddpviz.record` still imports these names from here.
-from ddpviz.session.connect import ENV_CONNECT, ENV_TRACE_DIR, connect, disconnect
+from ddpviz.session.connect import ENV_CONNECT
 from ddpviz.traces.fileformat import TraceWriter
 from ddpviz.traces.trace import Trace
 from ddpviz.transport.collector import (
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
     from ddpviz.session.follow import FolderFeed
     from ddpviz.widgets.dashboard import Dashboard
 
-__all__ = ["ENV_CONNECT", "ENV_TRACE_DIR", "Session", "connect", "disconnect", "listen"]
+__all__ = ["Session", "listen"]
 
 
 class Session:
@@ -403,9 +401,9 @@ def listen(host: str = "127.0.0.1", port: int = 0, *, secret: str | None = None,
             raise ValueError(f"ddpviz: listen(follow=...) reads a folder and binds nothing, so "
                              f"{', '.join(given)} do not apply.\nPass follow= alone (with "
                              "record= or show= if wanted), or listen without follow=.")
-        from ddpviz.session.follow import attach
+        from ddpviz.session.follow import follow_folder
 
-        return attach(follow, record=record, show=show)
+        return follow_folder(follow, record=record, show=show)
     collector = Collector(host, port, secret, advertise=advertise) if max_pending is None else \
         Collector(host, port, secret, advertise=advertise, max_pending=max_pending)
     session = Session(collector, record=record)

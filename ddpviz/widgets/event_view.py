@@ -18,7 +18,7 @@ from ddpviz.events import Event
 from ddpviz.model.event_model import EventModel
 from ddpviz.traces.trace import gc_paused
 from ddpviz.widgets.replay_controls import Cursor, ReplayControls
-from ddpviz.widgets.source import Source, attach
+from ddpviz.widgets.source import Source, feed_model
 from ddpviz.widgets.throttle import Throttle
 
 
@@ -52,7 +52,7 @@ class EventView(w.VBox):
                 self.throttle = Throttle(self._tick, max_hz,
                                          name=f"ddpviz-{type(self).__name__}")
                 if model is None:
-                    self.source = attach(source, self.model, self._request)
+                    self.source = feed_model(source, self.model, self._request)
                 else:
                     self.source = Source("model", True, "shared model")
                 if controls:

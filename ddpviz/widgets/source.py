@@ -40,7 +40,7 @@ class Source:
         return self.live
 
 
-def attach(source: object, model: EventModel, on_events: Callable[[], None]) -> Source:
+def feed_model(source: object, model: EventModel, on_events: Callable[[], None]) -> Source:
     """Feed `source`'s events into `model`; call `on_events()` after each live batch.
 
     Args:

@@ -24,7 +24,7 @@ from ddpviz.model.hook_analysis import (
 )
 from ddpviz.traces.trace import Trace
 from ddpviz.widgets import BroadcastProgress, VerificationView
-from ddpviz.widgets.source import attach
+from ddpviz.widgets.source import feed_model
 from ddpviz.widgets.verification_view import MAX_COLUMNS
 from tests.security.bombs import (
     broadcast_chunks,
@@ -122,5 +122,5 @@ def test_order_departures_are_listed_up_to_a_bound_and_counted(tmp_path: Path) -
 
 def _iteration(path: Path, n_params: int) -> IterationView:
     model = EventModel()
-    attach(Trace.load(path), model, lambda: None)
+    feed_model(Trace.load(path), model, lambda: None)
     return analyse(0, model.step_records(0), n_params)
