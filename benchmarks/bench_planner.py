@@ -59,7 +59,7 @@ def _row(name: str, torch_fn: Callable[[], Any] | None, ours_fn: Callable[[], An
         same = torch_fn() == ours_fn()
         if not same:
             raise SystemExit(f"ddpviz: {name}: ddpviz and torch disagree; run the tests in "
-                             "tests/test_buckets.py to find the input that differs.")
+                             "tests/engine/test_buckets.py to find the input that differs.")
     t_torch: list[float] = []
     t_ours: list[float] = []
     for _ in range(repeats):

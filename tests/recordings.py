@@ -1,6 +1,6 @@
 """The recording each of the tests' short labels stands for: result keys and test ids keep the
 old level names, the calls pass `recording=` (the old `detail=` spellings are deprecated; their
-DeprecationWarning is pinned in tests/test_detail.py and tests/dist/test_detail_levels.py)."""
+DeprecationWarning is pinned in tests/test_recording.py and tests/dist/test_detail_levels.py)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def test_each_is_caught_as_a_diagnosis_error_with_its_findings(cls: type) -> Non
 
 
 def test_a_real_model_mismatch_is_caught_with_one_finding_per_difference() -> None:
-    from tests.test_verify_report import MLP, rank, report
+    from tests.engine.test_verify_report import MLP, rank, report
 
     comparison = report([rank(0, MLP), rank(1, MLP[:3])])
     try:

@@ -16,8 +16,8 @@ from ddpviz.probes import stack_text as st
 from ddpviz.probes import where as wh
 from ddpviz.probes import whereabouts as wa
 from ddpviz.probes.rendezvous import Board, Position, Scope
-from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
+from tests.probes.ranks_in_threads import FakeGroup
 
 
 class Parked:
@@ -132,8 +132,8 @@ def test_a_sleeping_thread_is_read_with_its_line_and_the_plumbing_folded() -> No
     p.wait_at("asleep")
     stack = wh.frames(p.frame())
     text = st.summary(stack)
-    assert text.startswith("tests/diagnose/test_where.py:"), text
-    assert " in load_batch <- tests/diagnose/test_where.py:" in text and " in sleeper" in text
+    assert text.startswith("tests/probes/test_where.py:"), text
+    assert " in load_batch <- tests/probes/test_where.py:" in text and " in sleeper" in text
     lines = st.stack_lines(stack)
     assert any("in load_batch: time.sleep(30)" in line for line in lines), lines
     assert lines[0].startswith("... ") and "stdlib" in lines[0]  # threading's frames, folded
@@ -209,7 +209,7 @@ def test_stacks_are_asked_for_and_answered_through_the_board() -> None:
     assert list(got) == [1] and got[1].step == 4 and got[1].answers == 1
     assert " in load_batch <- " in got[1].summary
     lines = wa.stack_detail(got, (1,), 0, None, 2)
-    assert lines[0].startswith("rank 1 is at tests/diagnose/test_where.py:")
+    assert lines[0].startswith("rank 1 is at tests/probes/test_where.py:")
     assert any("time.sleep(30)" in line for line in lines)
     # a rank that never answers is said so, within the grace
     assert wa.stack_detail(wa.collect(boards[1], [0], grace=0.2), (0,), 1, None, 2) == (

@@ -12,10 +12,9 @@ from ddpviz.report.chrome_trace import write_chrome_trace
 from ddpviz.report.html import render
 from ddpviz.traces.trace import Trace
 from tests.diagnose.random_runs import random_run
-
-from . import object_report
-from .fake_run import rank_events
-from .object_exports import object_chrome, object_spans
+from tests.report import object_report
+from tests.report.object_exports import object_chrome, object_spans
+from tests.transport.fake_run import rank_events
 
 
 def traces() -> list[Trace]:

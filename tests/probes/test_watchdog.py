@@ -16,7 +16,7 @@ from ddpviz.errors import RankHangError
 from ddpviz.events import Tap
 from ddpviz.findings import Finding
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
-from tests.diagnose.ranks_in_threads import FakeGroup, in_threads
+from tests.probes.ranks_in_threads import FakeGroup, in_threads
 
 
 def dog(rank: int, store: dist.Store, world_size: int = 2, timeout: float | None = 0.5,

@@ -22,8 +22,7 @@ from ddpviz.cli import main as cli_main
 from ddpviz.report.html import render
 from ddpviz.traces.fileformat import TraceWriter
 from ddpviz.traces.trace import Trace, TraceError
-
-from .fake_run import rank_events
+from tests.transport.fake_run import rank_events
 
 ROOT = Path(__file__).resolve().parents[2]
 

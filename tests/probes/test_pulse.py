@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from ddpviz.probes.pulse import CHECK_S, EVERY_UNTIL, POST_S, Pulse
 from ddpviz.probes.rendezvous import Board, News, Position, Scope
-from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
+from tests.probes.ranks_in_threads import FakeGroup
 
 
 def board(store: dist.Store, rank: int = 0, world_size: int = 2) -> Board:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from ddpviz.errors import RankHangError
 from ddpviz.findings import Finding
 from ddpviz.probes.rendezvous import Board, Position, Scope, exchange, rendezvous
-from tests.diagnose.ranks_in_threads import FakeGroup, in_threads
+from tests.probes.ranks_in_threads import FakeGroup, in_threads
 
 
 def meet(world_size: int, timeout: float, name: str = "m", delay: dict[int, float] | None = None

@@ -17,8 +17,8 @@ from ddpviz.probes.pulse import Pulse
 from ddpviz.probes.quiet import QuietGuard
 from ddpviz.probes.rendezvous import Board, Position, Scope
 from ddpviz.probes.watchdog import Watchdog
-from tests.diagnose.ranks_in_threads import FakeGroup
 from tests.polling import eventually
+from tests.probes.ranks_in_threads import FakeGroup
 
 TIMEOUT = 4.0  # hang_timeout; the live notice comes at a quarter of it
 

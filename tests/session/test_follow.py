@@ -18,7 +18,7 @@ import pytest
 import ddpviz
 from ddpviz import events as ev
 from ddpviz.session import follow
-from ddpviz.session.follow import FolderFeed, attach
+from ddpviz.session.follow import FolderFeed, follow_folder
 from ddpviz.session.live import Session
 from ddpviz.traces.fileformat import EVENTS, FRAME, MAGIC, End, TraceWriter, read_end
 from ddpviz.traces.trace import Trace
@@ -57,7 +57,7 @@ def writer(folder: Path, rank: int) -> TraceWriter:
 
 
 def attached(folder: Path) -> Session:
-    return attach(folder, interval=HOUR, show=False)
+    return follow_folder(folder, interval=HOUR, show=False)
 
 
 def poll(session: Session) -> int:
@@ -100,7 +100,7 @@ def test_the_polling_thread_delivers_and_stops_on_close(tmp_path: Path) -> None:
     w = writer(tmp_path, 0)
     w.write_many(steps(0, 0, 1))
     w.flush()
-    session = attach(tmp_path, interval=0.01, show=False)
+    session = follow_folder(tmp_path, interval=0.01, show=False)
     w.write_many(steps(0, 1, 2, seq=3))
     w.flush()
     assert session.wait(events=6, timeout=120)

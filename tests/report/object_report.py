@@ -17,7 +17,7 @@ from ddpviz.model.spans import Span
 from ddpviz.report.html import _PHASE_FILL
 from ddpviz.traces.trace import Trace, gc_paused
 from ddpviz.units import human_bytes, human_duration
-from tests.transport.object_exports import object_spans
+from tests.report.object_exports import object_spans
 
 _TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64
