@@ -62,7 +62,8 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings
         a list that prints as one message.
 
     Raises:
-        SourceError: `source` is no kind of run, or names no trace (see traces/source.py).
+        ValueError: `source` is no kind of run, or names no trace (a SourceError: see
+            traces/source.py).
         TraceError: a file that is not a readable trace.
 
     Example:
