@@ -236,7 +236,7 @@ in Python (import ddpviz):
   ddpviz buckets TARGET        ddpviz.bucket_plan(module)
   ddpviz record -- COMMAND     ddpviz.watch(torch_ddp) on every DDP the command builds
   ddpviz diagnose TRACE        ddpviz.diagnose(ddpviz.Trace.load(path))
-  ddpviz report TRACE          ddpviz.report.html.write_report(trace, "run.html")
+  ddpviz report TRACE          ddpviz.report.write_report(trace, "run.html")
   ddpviz postmortem DUMP_DIR   ddpviz.postmortem(dump_dir, model)
   ddpviz advise TRACE          ddpviz.advise(trace)
 """
