@@ -11,9 +11,15 @@
    not), then timing its own steps (wall and training-thread CPU, median over the steps on
    rank 0). Runs alternate attached / not attached, the order flipping every repetition; the
    attached runs keep a live dashboard fed by the poll thread. Printed: medians and ratios.
+3. `--busy 32,64,128` (issue #37 M4): the attach to a busy job, a writer process appending a
+   frame of 100 events per rank every 20 ms (staggered over the ranks) for 2 s before and all
+   through the attach; seconds until `FolderFeed.start` returned, or that it did not in 30 s.
+4. `--files 400x40,1600x40` (issue #37 M5): the history of many small files (files x frames
+   of 3 events, a clock record each): CPU seconds of `FolderFeed.start`, and per frame.
 
     PYTHONPATH=. python benchmarks/bench_attach.py [--sizes 64x1000x5,64x1000x20]
-        [--reps 3] [--steps 400] [--skip-job] [--skip-paint]
+        [--reps 3] [--steps 400] [--skip-job] [--skip-paint] [--busy 32,64,128]
+        [--files 400x40,1600x40]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._ranks import free_port  # noqa: E402
 from benchmarks.bench_scale import generate  # noqa: E402
-from ddpviz.session.follow import follow_folder  # noqa: E402
+from ddpviz.session.follow import FolderFeed, follow_folder  # noqa: E402
+from ddpviz.session.live import Session  # noqa: E402
 from ddpviz.traces.fileformat import TraceWriter  # noqa: E402
 from ddpviz.traces.trace import Trace  # noqa: E402
 from tests.record.hooked import hooked_python  # noqa: E402
@@ -203,6 +211,82 @@ def job_cost(reps: int, steps: int) -> None:
           "the ranks' CPUs; on a cluster it runs elsewhere.")
 
 
+# --- a busy job, many files (issue #37) --------------------------------------------------------
+
+BUSY_WRITER = r"""
+import sys, time
+from ddpviz import events as ev
+from ddpviz.traces.fileformat import TraceWriter
+folder, n, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+writers = [TraceWriter(f"{folder}/ddpviz-trace-rank{r}.ddpviz", meta={"rank": r})
+           for r in range(n)]
+print("ready", flush=True)
+step, t = 0, time.monotonic()
+while True:
+    for r, w in enumerate(writers):  # rank r's frame at r/n of each 20 ms period
+        first = per * step
+        w.write_many([ev.ForwardStarted(r, step, k, k) for k in range(first, first + per)])
+        w.flush()
+        t += 0.02 / n
+        time.sleep(max(0.0, t - time.monotonic()))
+    step += 1
+"""
+
+
+def busy_attach(ranks_list: list[int], per: int = 100, cap: float = 30.0) -> None:
+    print(f"\n## the attach to a busy job: a frame of {per} events per rank every 20 ms, 2 s of "
+          f"history (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)\n")
+    print(f"{'ranks':>6}  start() returned after")
+    for ranks in ranks_list:
+        with tempfile.TemporaryDirectory() as tmp:
+            job = subprocess.Popen([sys.executable, "-c", BUSY_WRITER, tmp, str(ranks), str(per)],
+                                   stdout=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+            try:
+                assert job.stdout is not None and job.stdout.readline().strip() == "ready"
+                time.sleep(2.0)
+                feed = FolderFeed(tmp, interval=0.25)
+                session = Session(feed)
+                began = time.perf_counter()
+                attach = threading.Thread(target=feed.start, daemon=True)
+                attach.start()
+                attach.join(cap)
+                done = not attach.is_alive()
+                took = time.perf_counter() - began
+                feed._stop.set()  # ends an attach still reading
+                attach.join(60)
+                session.close()
+            finally:
+                job.kill()
+                job.wait()
+        print(f"{ranks:>6}  " + (f"{took:.2f} s" if done else f"not in {cap:.0f} s"))
+
+
+def many_files(sizes: list[str]) -> None:
+    from ddpviz import events as ev
+
+    print(f"\n## the history of many small files (load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs)\n")
+    print(f"{'files x frames':>16}{'events':>10}{'CPU s':>8}{'µs/frame':>10}")
+    for size in sizes:
+        files, frames = (int(x) for x in size.lower().split("x"))
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(files):
+                with TraceWriter(Path(tmp) / f"ddpviz-trace-rank{r}.ddpviz",
+                                 meta={"rank": r}) as w:
+                    w.write_clock(r, 0, 1)
+                    for i in range(frames):
+                        w.write_many([ev.ForwardStarted(r, i, 3 * i + k, 3 * i + k)
+                                      for k in range(3)])
+                        w.flush()
+            feed = FolderFeed(tmp, interval=3600)
+            session = Session(feed)
+            _, cpu, _ = clocked(feed.start)
+            n = len(session.trace)
+            session.close()
+        print(f"{size:>16}{n:>10,}{cpu:>8.2f}{cpu / (files * frames) * 1e6:>10.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="64x1000x5,64x1000x20")
@@ -210,7 +294,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--skip-job", action="store_true")
     parser.add_argument("--skip-paint", action="store_true")
+    parser.add_argument("--busy", default="", help="ranks, comma-separated (issue #37 M4)")
+    parser.add_argument("--files", default="", help="FILESxFRAMES, comma-separated (#37 M5)")
     args = parser.parse_args()
+    if args.busy:
+        busy_attach([int(r) for r in args.busy.split(",")])
+    if args.files:
+        many_files(args.files.split(","))
     if not args.skip_paint:
         for size in args.sizes.split(","):
             first_paint(size)

@@ -140,8 +140,8 @@ def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
 
 
 def ended_files(files: list[Path]) -> dict[int, End]:
-    """The end records of the files that have one, by rank (See [Note: a rank's end in its
-    file], fileformat.py)."""
+    """The end records of the files that have one and count for their rank, by rank (See
+    [Note: a rank's end in its file], fileformat.py; each one that does not is warned about)."""
     from ddpviz.traces.source import ended_files as read_ended
 
     return read_ended(files)
@@ -154,13 +154,29 @@ def _diagnose(args: argparse.Namespace) -> int:
     try:
         run = open_traces(args.trace)
     except TraceArgsError as e:
-        print(e, file=sys.stderr)
+        print(_terminal(str(e)), file=sys.stderr)  # (msgspec quotes a file's bad value in it)
         return 2
+    # End records that do not count (See [Note: whose end record counts], source.py) are said
+    # in the verdict's text, or, under --json, on stderr: never a Python warning's traceback.
+    notes = run.end_problems
     trace, files, ended = run.as_trace(), list(run.files), dict(run.ended or {})
     findings = diagnose(trace, ended=ended)
-    print(diagnosis_json(trace, findings, files, ended) if args.json
-          else diagnosis_text(trace, findings, files, ended))
+    if args.json:
+        for note in notes:
+            print(_terminal(note), file=sys.stderr)
+        print(diagnosis_json(trace, findings, files, ended))
+    else:
+        print(diagnosis_text(trace, findings, files, ended, notes))
     return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def _terminal(text: str) -> str:
+    """A message of ddpviz's own for the terminal: its lines kept, anything a file put in them
+    that could steer the terminal shown escaped (See [Note: text from a file, on a terminal],
+    fileformat.py)."""
+    from ddpviz.traces.fileformat import printable
+
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -169,8 +185,10 @@ def _report(args: argparse.Namespace) -> int:
     try:
         run = open_traces(args.trace)
     except TraceArgsError as e:
-        print(e, file=sys.stderr)
+        print(_terminal(str(e)), file=sys.stderr)  # (msgspec quotes a file's bad value in it)
         return 2
+    for note in run.end_problems:  # as _diagnose says them
+        print(_terminal(note), file=sys.stderr)
     trace, files = run.as_trace(), run.files
     first = files[0].parent if Path(args.trace[0]).is_dir() else files[0]
     out = Path(args.output) if args.output else first.with_suffix(".html")
@@ -196,9 +214,9 @@ def _advise(args: argparse.Namespace) -> int:
     try:
         advice = advise(args.trace)
     except AdviceError as e:
-        print(e, file=sys.stderr)
+        print(_terminal(str(e)), file=sys.stderr)
         return 2
-    print(advice.to_json() if args.json else str(advice))
+    print(advice.to_json() if args.json else _terminal(str(advice)))  # (names from the trace)
     return 0
 
 
@@ -218,9 +236,9 @@ def _postmortem(args: argparse.Namespace) -> int:
     try:
         pm = postmortem(args.dump_dir, module, settings=settings, example_inputs=example)
     except (DumpError, OSError, ValueError) as e:
-        print(e, file=sys.stderr)
+        print(_terminal(str(e)), file=sys.stderr)
         return 2
-    print(pm.to_json() if args.json else str(pm))
+    print(pm.to_json() if args.json else _terminal(str(pm)))  # (names from the dumps)
     if args.trace:
         path = pm.to_trace().save(args.trace)
         print(f"ddpviz: wrote {path} (open it in JupyterLab or with ddpviz.Trace.load)",
@@ -280,9 +298,15 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Security: ddpviz adds no listening socket to the job (ranks "
                               "send to the notebook or write files), but torchrun's own "
                               "rendezvous store (a TCPStore on --master-port) listens on all "
-                              "interfaces, unauthenticated, whatever --master-addr says: on a "
+                              "interfaces, unauthenticated, whatever --master-addr says, and "
+                              "ddpviz's watchdog uses it: it carries every rank's stack when a "
+                              "hang is diagnosed (source lines and absolute paths; "
+                              "--recording stack_source=false leaves the source text out), "
+                              "hang alerts that stop the ranks, and the replica check's "
+                              "digests and control keys (--recording replicas=never: off). "
+                              "Anyone who reaches the port can read and write them: on a "
                               "shared or open network, firewall that port (or run the job "
-                              "where only you can reach it).")
+                              "where only you can reach it). See docs/security.md.")
     where = w.add_mutually_exclusive_group()
     where.add_argument("--connect", default=None,
                        help="a notebook session's connect string (ddpviz.listen())")
@@ -297,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "'guard,every=100' (watch's comm hook: a hang raised from backward), "
                         "'every=1', 'every=never'; 'replicas=N' checks that the ranks hold "
                         "the same parameters every N-th step (default 100; 1: every step, "
-                        "never: off; docs/replicas.md)")
+                        "never: off; docs/replicas.md); 'stack_source=false' keeps source "
+                        "text out of hang stacks")
     w.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command, e.g. torchrun --nproc-per-node 2 train.py")
     w.set_defaults(func=_record)

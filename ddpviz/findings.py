@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from ddpviz.limits import (
+    MAX_WORLD_SIZE,
     BucketIndexOrNone,
     Lines,
     Name,
@@ -21,6 +22,7 @@ from ddpviz.limits import (
     Ranks,
     RankValues,
     Step,
+    TensorGroups,
     Text,
     WorldSizeOrUnknown,
 )
@@ -314,6 +316,9 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     detail: Lines = ()  #: further lines, printed after the values
     fix: Text = ""  #: the likely fix, one or two sentences
     world_size: WorldSizeOrUnknown = 0  #: 0 when unknown
+    #: replicas_diverged: per differing tensor shown in `detail`, (dotted name, ((what a group
+    #: of ranks holds, its ranks as inclusive (lo, hi) spans), ...)): those lines as data
+    tensors: TensorGroups = ()
 
     def text(self, *, header: bool = True) -> str:
         """The house-style message: title line, one line per value with its ranks, detail,
@@ -456,25 +461,98 @@ def format_findings(findings: Sequence[Finding], world_size: int | None = None) 
     return "\n".join(lines)
 
 
-def tensor_groups(detail_line: str) -> tuple[str, list[tuple[tuple[int, ...], str]]] | None:
+Spans = tuple[tuple[int, int], ...]  # ranks as inclusive (lo, hi) runs, sorted
+TensorRow = tuple[str, list[tuple[Spans, str]]]  # (tensor, [(its ranks, what they hold)])
+
+
+def rank_spans(ranks: Iterable[int]) -> Spans:
+    """Ranks as inclusive (lo, hi) runs of consecutive ranks: (0, 1, 2, 5) -> ((0, 2), (5, 5))."""
+    return merge_spans((r, r) for r in ranks)
+
+
+def merge_spans(spans: Iterable[tuple[int, int]]) -> Spans:
+    """Inclusive (lo, hi) spans sorted, overlapping or adjacent ones joined: ((5, 6), (0, 1),
+    (2, 2)) -> ((0, 2), (5, 6))."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def format_spans(spans: Iterable[tuple[int, int]], *, run: int = 3, sep: str = ", ") -> str:
+    """`format_ranges` of the ranks that inclusive (lo, hi) spans cover, without listing them
+    one by one (a column of 131,072 ranks costs one span): ((0, 3), (5, 5)) -> '0-3, 5'."""
+    parts: list[str] = []
+    for lo, hi in merge_spans(spans):
+        parts += ([f"{lo}-{hi}"] if hi - lo + 1 >= run
+                  else [str(x) for x in range(lo, hi + 1)])  # fewer than `run` numbers
+    return sep.join(parts)
+
+
+_RANK_DIGITS = len(str(MAX_WORLD_SIZE))  # more digits: past the rank bound
+
+
+def _rank_number(text: str) -> int | None:
+    """A rank as format_ranks writes it; MAX_WORLD_SIZE for any number past the rank bound
+    (without converting a long digit string); None when it is not a number."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()):
+        return None
+    text = text.lstrip("0") or "0"
+    return MAX_WORLD_SIZE if len(text) > _RANK_DIGITS else min(int(text), MAX_WORLD_SIZE)
+
+
+def tensor_groups(detail_line: str) -> TensorRow | None:
     """A per-tensor detail line of a replicas_diverged finding (as probes/replica_verdict.py's
-    `judge` writes it: "name:
-    ranks 0,2: norm ..., ...; rank 1: norm ...") read back as (name, [(ranks, what they hold)]);
-    None for the other lines. The dashboard's replica view reads findings with it."""
+    `judge` writes it: "name: ranks 0,2: norm ..., ...; rank 1: norm ...") read back as
+    (name, [(rank spans, what they hold)]); None for the other lines. For traces written
+    before findings carried `Finding.tensors`: the text is untrusted, so a range "a-b" is kept
+    as one span, cut at the rank bound (MAX_WORLD_SIZE), never listed rank by rank.
+
+    Args:
+        detail_line: one line of `Finding.detail`.
+
+    Returns:
+        (tensor name, [(inclusive (lo, hi) rank spans, what those ranks hold)]), or None.
+    """
     name, sep, rest = detail_line.partition(": ")
     if not sep or " " in name or not rest.startswith("rank"):
         return None
-    groups: list[tuple[tuple[int, ...], str]] = []
+    top = MAX_WORLD_SIZE - 1
+    groups: list[tuple[Spans, str]] = []
     for part in rest.split("; "):
         label, sep, value = part.partition(": ")
         if not sep or not label.startswith("rank"):
             continue
-        ranks: list[int] = []
+        spans: list[tuple[int, int]] = []
         for item in label.split(" ", 1)[-1].split(","):
-            lo, dash, hi = item.partition("-")
-            try:
-                ranks += list(range(int(lo), int(hi) + 1)) if dash else [int(lo)]
-            except ValueError:
+            lo_text, dash, hi_text = item.partition("-")
+            lo = _rank_number(lo_text)
+            hi = _rank_number(hi_text) if dash else lo
+            if lo is None or hi is None:
                 return None
-        groups.append((tuple(ranks), value))
+            if lo <= min(hi, top):  # ranks past the bound, and "b-a", name no rank
+                spans.append((lo, min(hi, top)))
+        groups.append((merge_spans(spans), value))
     return (name, groups) if groups else None
+
+
+def replica_groups(finding: Finding) -> list[TensorRow]:
+    """The per-tensor groups of a replicas_diverged finding: its `tensors` when it carries
+    them, else read from its detail lines (`tensor_groups`: traces written before `tensors`).
+
+    Args:
+        finding: any finding (other kinds have no per-tensor groups).
+
+    Returns:
+        [(tensor name, [(inclusive (lo, hi) rank spans, what those ranks hold)])], in the
+        finding's order; empty when it names none.
+    """
+    if finding.tensors:
+        return [(name, [(merge_spans(spans), held) for held, spans in groups])
+                for name, groups in finding.tensors if groups]
+    rows = (tensor_groups(line) for line in finding.detail)
+    return [row for row in rows if row is not None]

@@ -61,6 +61,13 @@ Names = Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_PARAMS)]
 Lines = Annotated[tuple[Text, ...], msgspec.Meta(max_length=MAX_LINES)]
 # (value, ranks holding it): at most one distinct value per rank
 RankValues = Annotated[tuple[tuple[Name, Ranks], ...], msgspec.Meta(max_length=MAX_WORLD_SIZE)]
+# ranks lo..hi as (lo, hi), lo <= hi (check_events checks the order): a group of ranks whatever
+# the world's size, without a number per rank
+RankSpans = Annotated[tuple[tuple[Rank, Rank], ...], msgspec.Meta(max_length=MAX_WORLD_SIZE)]
+# (what a group of ranks holds, its ranks): at most one group per rank
+HeldBy = Annotated[tuple[tuple[Name, RankSpans], ...], msgspec.Meta(max_length=MAX_WORLD_SIZE)]
+# per tensor, (its dotted name, its groups): one per detail line at most
+TensorGroups = Annotated[tuple[tuple[Name, HeldBy], ...], msgspec.Meta(max_length=MAX_LINES)]
 BucketMap = Annotated[tuple[ParamIndices, ...], msgspec.Meta(max_length=MAX_BUCKETS)]
 BucketLimits = Annotated[tuple[Bytes, ...], msgspec.Meta(max_length=MAX_BUCKETS)]
 
@@ -84,7 +91,8 @@ def _is_checked(cls: type) -> bool:
 
 def check_events(events: Iterable[Any]) -> None:
     """What the field types cannot bound: a shape's element count, the parameters of a bucket
-    map in all, the ranks listed by a finding's values. Raises LimitError naming the field."""
+    map in all, the ranks listed by a finding's values, a finding's rank spans per tensor.
+    Raises LimitError naming the field."""
     if isinstance(events, list):
         types = set(map(type, events))  # a chunk of hooks only: nothing to check
         if not any(map(_is_checked, types)):
@@ -114,6 +122,14 @@ def check_events(events: Iterable[Any]) -> None:
                 if total > MAX_WORLD_SIZE:
                     raise LimitError(f"event {i} ({type(e).__name__}): values list {total} "
                                      f"ranks in all, expected at most {MAX_WORLD_SIZE}")
+        # a tensor's groups partition the ranks: at most one span per rank in all
+        for j, (_, held) in enumerate(getattr(getattr(e, "finding", None), "tensors", ())):
+            total = sum(len(spans) for _, spans in held)
+            backwards = any(lo > hi for _, spans in held for lo, hi in spans)
+            if total > MAX_WORLD_SIZE or backwards:
+                raise LimitError(f"event {i} ({type(e).__name__}): finding.tensors[{j}] lists "
+                                 f"{total} rank spans{' (one with lo > hi)' if backwards else ''}"
+                                 f", expected at most {MAX_WORLD_SIZE}, each with lo <= hi")
 
 
 def check_meta(meta: object) -> None:

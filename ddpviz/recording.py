@@ -55,6 +55,9 @@ REPLICAS_EVERY = 100  # the replica check's default period (See [Note: replica d
 # step, which is what the hook-less recording avoids).
 # The old level names map exactly (OLD_SPELLINGS) and still work for one release, with a
 # DeprecationWarning naming the new spelling.
+# stack_source is not about the backward: it keeps the user's source text out of the hang
+# stacks a rank posts (file:line and function stay), for code whose lines hold secrets
+# (docs/security.md). Each rank formats its own stack, so each rank's policy decides for it.
 
 
 NEVER = 1 << 62  # plain_until's answer for "no step from here on" (See [Note: plain steps])
@@ -78,19 +81,30 @@ class Recording:
             rank digests its parameters, reduced gradients and buffers bitwise and the ranks
             compare the digests over the store (no collective); 1 every step (the first
             differing step exactly); None off.
+        stack_source: hang findings show where a rank waits as a stack of file:line, function
+            and that line's source text (True, the default); False leaves the source text out
+            (it may hold secrets, and the stack travels over the store, into traces and
+            reports: docs/security.md). Also read, from $DDPVIZ_RECORDING, for the stacks
+            `ddpviz.launch` takes of a hung rank.
 
     In the environment (launched and torchrun ranks, `ddpviz record`):
-    `DDPVIZ_RECORDING="guard,every=100"`, `"every=1"`, `"guard,every=never"` (see `parse`).
+    `DDPVIZ_RECORDING="guard,every=100"`, `"every=1"`, `"guard,every=never"`,
+    `"stack_source=false"` (see `parse`).
     """
 
     guard: bool = False
     every: int | None = EVERY
     replicas: int | None = REPLICAS_EVERY
+    stack_source: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.guard, bool):
             raise TypeError(f"ddpviz: Recording(guard={self.guard!r}) is not a bool.\nUse "
                             "guard=True (watch's comm hook) or guard=False.")
+        if not isinstance(self.stack_source, bool):
+            raise TypeError(f"ddpviz: Recording(stack_source={self.stack_source!r}) is not a "
+                            "bool.\nUse stack_source=False (no source text in hang stacks) or "
+                            "stack_source=True (the default).")
         if self.every is not None and (isinstance(self.every, bool)
                                        or not isinstance(self.every, int) or self.every < 1):
             raise ValueError(f"ddpviz: Recording(every={self.every!r}) is not a step period.\n"
@@ -107,7 +121,8 @@ class Recording:
         every = "never" if self.every is None else str(self.every)
         replicas = "" if self.replicas == REPLICAS_EVERY else \
             f",replicas={'never' if self.replicas is None else self.replicas}"
-        return ("guard," if self.guard else "") + f"every={every}" + replicas
+        source = "" if self.stack_source else ",stack_source=false"
+        return ("guard," if self.guard else "") + f"every={every}" + replicas + source
 
     def spelled(self) -> str:
         """The Python spelling, as advice and warnings show it (`str()` gives the
@@ -115,11 +130,12 @@ class Recording:
 
         Returns:
             A constructor call that builds this policy, e.g.
-            `"ddpviz.Recording(guard=True, every=100)"` (`replicas` only when not the
-            default).
+            `"ddpviz.Recording(guard=True, every=100)"` (`replicas` and `stack_source` only
+            when not the default).
         """
         replicas = "" if self.replicas == REPLICAS_EVERY else f", replicas={self.replicas}"
-        return f"ddpviz.Recording(guard={self.guard}, every={self.every}{replicas})"
+        source = "" if self.stack_source else ", stack_source=False"
+        return f"ddpviz.Recording(guard={self.guard}, every={self.every}{replicas}{source})"
 
     @classmethod
     def parse(cls, text: str, *, where: str = f"${ENV_RECORDING}=") -> Recording:
@@ -128,8 +144,9 @@ class Recording:
         Args:
             text: comma-separated items, in any order, each at most once: `guard` (or
                 `guard=true|false|1|0|on|off|yes|no`), `every=N` or `every=never`,
-                `replicas=N` or `replicas=never`; case and spaces do not matter. What is left
-                out keeps its default; "" is the default policy.
+                `replicas=N` or `replicas=never`, `stack_source=false` (or
+                `stack_source=true`, the default; the same words as guard); case and spaces do
+                not matter. What is left out keeps its default; "" is the default policy.
             where: where `text` came from, to start the error message with (default
                 "$DDPVIZ_RECORDING=").
 
@@ -143,6 +160,7 @@ class Recording:
         guard = False
         every: int | None = EVERY
         replicas: int | None = REPLICAS_EVERY
+        stack_source = True
         seen: set[str] = set()
         for raw in text.split(","):
             item = raw.strip().lower()
@@ -152,11 +170,14 @@ class Recording:
             key, value = key.strip(), value.strip()
             ok = key not in seen
             seen.add(key)
-            if key == "guard" and ok:
+            if key in ("guard", "stack_source") and ok:
                 flags = {"": True, "true": True, "1": True, "on": True, "yes": True,
                          "false": False, "0": False, "off": False, "no": False}
                 ok = (value in flags) and (bool(value) or not eq)
-                guard = flags.get(value, False)
+                if key == "guard":
+                    guard = flags.get(value, False)
+                else:
+                    stack_source = flags.get(value, True)
             elif key in ("every", "replicas") and eq and ok:
                 period: int | None = None
                 if value not in ("never", "none"):
@@ -178,10 +199,10 @@ class Recording:
                 raise ValueError(
                     f"ddpviz: {where}{text!r} is not a recording policy ({raw.strip()!r}: "
                     "expected 'guard', 'guard=false', 'every=N' with N >= 1 or 'every=never', "
-                    "'replicas=N' or 'replicas=never', "
+                    "'replicas=N' or 'replicas=never', 'stack_source=false', "
                     f"each at most once, comma-separated).{hint}\nUse e.g. "
                     f"'{Recording()}' (the default), 'guard,every=100' or 'every=1'.")
-        return cls(guard, every, replicas)
+        return cls(guard, every, replicas, stack_source)
 
 
 # The old level names: (guard, every); `None` in every = no per-parameter step; ":N" -> every.
@@ -246,6 +267,21 @@ def resolve_recording(recording: Recording | None, detail: str | None = None, *,
     if raw.strip():
         return from_old(raw, where=f"${ENV_DETAIL}=", env=True, stacklevel=stacklevel + 1)
     return Recording()
+
+
+def stack_source_from_env() -> bool:
+    """Whether $DDPVIZ_RECORDING lets stacks carry source text (`Recording.stack_source`), for
+    the stacks taken outside a DDP's own recording: `ddpviz.launch`'s of a hung rank, the
+    construction check of `ddpviz record`. An unreadable policy (the ranks raise on it) keeps
+    the source out.
+
+    Returns:
+        True when unset or when the policy shows source text; False otherwise.
+    """
+    try:
+        return Recording.parse(os.environ.get(ENV_RECORDING, "")).stack_source
+    except ValueError:
+        return False
 
 
 def parse_level(value: str, *, where: str) -> tuple[Level, int]:

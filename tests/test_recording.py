@@ -106,3 +106,30 @@ def test_unknown_old_names_are_refused_with_the_new_spelling(no_env: pytest.Monk
     no_env.setenv("DDPVIZ_DETAIL", bad)
     with pytest.raises(ValueError, match=r"(?s)is not a detail level.*\nSet DDPVIZ_RECORDING"):
         resolve_recording(None, where="watch()")
+
+
+def test_stack_source_is_on_by_default_and_spelled_only_when_off(
+        no_env: pytest.MonkeyPatch) -> None:
+    """Recording(stack_source=False) keeps source text out of hang stacks (issue #37, D1); the
+    same in $DDPVIZ_RECORDING, for `ddpviz record` and launched ranks."""
+    from ddpviz.recording import stack_source_from_env
+
+    assert Recording().stack_source and str(Recording()) == "every=100"
+    off = Recording(stack_source=False)
+    assert str(off) == "every=100,stack_source=false"
+    assert off.spelled() == "ddpviz.Recording(guard=False, every=100, stack_source=False)"
+    for text in ("stack_source=false", "stack_source=off", " STACK_SOURCE = No ,every=100"):
+        assert Recording.parse(text) == off
+    assert Recording.parse(str(off)) == off and Recording.parse("stack_source").stack_source
+    for bad in ("stack_source=maybe", "stack_source=false,stack_source=false"):
+        with pytest.raises(ValueError, match="'stack_source=false'"):
+            Recording.parse(bad)
+    with pytest.raises(TypeError, match="stack_source"):
+        Recording(stack_source="no")  # type: ignore[arg-type]
+    assert stack_source_from_env()
+    no_env.setenv("DDPVIZ_RECORDING", "guard,stack_source=false")
+    assert resolve_recording(None, where="watch()") == Recording(guard=True,
+                                                                 stack_source=False)
+    assert not stack_source_from_env()
+    no_env.setenv("DDPVIZ_RECORDING", "stack_source=perhaps")
+    assert not stack_source_from_env()  # unreadable: the source stays out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -18,13 +17,10 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
-from ddpviz.traces.fileformat import End
+from ddpviz.traces.fileformat import End, printable
 from ddpviz.traces.trace import Trace
 from ddpviz.units import human_duration
 
-# C0/C1 control characters but newline: a name in an untrusted trace must not drive the terminal
-# (ANSI escapes can rewrite what was printed above)
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 JSON_SCHEMA = 1  # bump when a key of diagnosis_json changes meaning or goes away
 SEVERITIES = ("error", "warning", "info")
 
@@ -130,16 +126,21 @@ def finding_lines(f: Finding) -> list[str]:
 
 
 def diagnosis_text(trace: Trace, findings: Sequence[Finding],
-                   files: Sequence[Path] = (), ended: Mapping[int, End] | None = None) -> str:
+                   files: Sequence[Path] = (), ended: Mapping[int, End] | None = None,
+                   notes: Sequence[str] = ()) -> str:
     """`ddpviz diagnose`'s output: the trace in one line, which ranks' files say they ended
-    (`ended`, when any does), the verdict, then the findings grouped by severity (errors
-    first), each with where it is, its values, detail and fix."""
+    (`ended`, when any does), `notes` (messages on the files: end records not counted), the
+    verdict, then the findings grouped by severity (errors first), each with where it is, its
+    values, detail and fix. Every line is one line of the output: what a file put in it (a
+    name, an error) cannot start another or reorder it (See [Note: text from a file, on a
+    terminal], fileformat.py)."""
     facts = trace_facts(trace)
     name = (", ".join(str(f) for f in files) if len(files) <= 2
              else f"{len(files)} files in {files[0].parent}") if files else "trace"
     lines = [f"ddpviz: {name}: {facts.sentence()}"]
     if ended:
         lines.append(f"ddpviz: {ended_sentence(facts.ranks, ended)}")
+    lines += [line for note in notes for line in note.split("\n")]
     if facts.truncated:
         lines.append("ddpviz: a file ended in a torn frame: events after the writer's last "
                      "flush are missing, so the diagnosis may be incomplete.")
@@ -152,7 +153,7 @@ def diagnosis_text(trace: Trace, findings: Sequence[Finding],
         lines += ["", f"{severity}s ({len(group)}):" if len(group) > 1 else f"{severity}:"]
         for f in group:
             lines += finding_lines(f)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "\n".join(lines))
+    return "\n".join(printable(line) for line in lines)
 
 
 def finding_record(f: Finding) -> dict[str, Any]:
@@ -173,7 +174,7 @@ def diagnosis_json(trace: Trace, findings: Sequence[Finding],
                with its end record: see tracefile.py)},
      "counts": {"error": n, "warning": n, "info": n},
      "findings": [{"kind", "severity", "title", "ranks", "param", "name", "field", "bucket",
-                   "step", "values", "detail", "fix", "world_size", "text"}, ...]}
+                   "step", "values", "detail", "fix", "world_size", "tensors", "text"}, ...]}
     with findings errors first; -1 in param/bucket/step means "not about one"."""
     facts = trace_facts(trace)
     ordered = sort_findings(findings)

@@ -107,7 +107,8 @@ class Watch:
         self._opt = OptimizerStepTap(self.tap, self.params)
         self._init_strategy()
         timeout = resolve_hang_timeout(hang_timeout, self.group)
-        self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap)
+        self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap,
+                                 stack_source=self.recording.stack_source)
         self.watchdog.start(where)
         # See [Note: finding where a NaN starts] (probes/nonfinite.py)
         self._nf = NonfiniteCheck(self.params, self.names, self.group.rank(), self.world_size,

@@ -139,7 +139,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         tap = self._tap
         # Names ranks that never arrive or stop coming (None: plain waits). See [Note: twin
         # and probes] (observers.py).
-        self._watchdog = self._observers.guard(self.process_group, hang_timeout, tap)
+        self._watchdog = self._observers.guard(self.process_group, hang_timeout, tap,
+                                               stack_source=resolved.stack_source)
 
         # --- step 1: what DDP reduces and syncs ----------------------------------------------
         self._delay_all_reduce_params: list[nn.Parameter] = []

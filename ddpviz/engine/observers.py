@@ -120,9 +120,9 @@ class Observers(Protocol):
     returns None leaves that part unwatched."""
 
     def guard(self, process_group: dist.ProcessGroup, hang_timeout: float | None,
-              tap: Tap) -> Guard | None:
+              tap: Tap, *, stack_source: bool = True) -> Guard | None:
         """Before any collective; `hang_timeout` as DDP's argument (None: the default, 0: no
-        deadlines)."""
+        deadlines); `stack_source` the recording's (source text in this rank's stacks)."""
         ...
 
     def replicas(self, period: int | None, guard: Guard | None,
@@ -148,7 +148,7 @@ class NoObservers:
     """The bare twin's observers: none (plain waits, no checks)."""
 
     def guard(self, process_group: dist.ProcessGroup, hang_timeout: float | None,
-              tap: Tap) -> None:
+              tap: Tap, *, stack_source: bool = True) -> None:
         return None
 
     def replicas(self, period: int | None, guard: Guard | None,

@@ -4,8 +4,9 @@ Each rank registers `faulthandler` on SIGUSR1, writing to a file of its own (a r
 collective never runs a Python-level signal handler; faulthandler works anyway). The kernel
 signals, reads the dump, drops the launcher's own threads and frames, and formats what is left
 as the pulse thread's stacks are (probes/stack_text.py): most recent call last, the user's
-frames with the source lines the kernel knows (notebook cells included), torch's and the
-standard library's runs folded into one line each, bounded.
+frames with the source lines the kernel knows (notebook cells included; none with
+$DDPVIZ_RECORDING's stack_source=false), torch's and the standard library's runs folded into
+one line each, bounded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ddpviz.probes import stack_text
+from ddpviz.recording import stack_source_from_env
 
 STACK_SIGNAL = signal.SIGUSR1
 ENV = "DDPVIZ_STACKS"
@@ -64,7 +66,9 @@ class StackFiles:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, STACK_SIGNAL)
         texts = self._settle(sizes)
-        return {rank: format_stack(rank, parse(texts[rank])) for rank, _ in ranks}
+        source = stack_source_from_env()  # the policy the ranks inherit from this process
+        return {rank: format_stack(rank, parse(texts[rank]), source=source)
+                for rank, _ in ranks}
 
     def _settle(self, sizes: dict[int, int]) -> dict[int, str]:
         deadline = time.monotonic() + _SETTLE_S
@@ -112,11 +116,11 @@ def parse(text: str) -> list[list[Frame]]:
     return kept
 
 
-def format_stack(rank: int, threads: list[list[Frame]]) -> list[str]:
+def format_stack(rank: int, threads: list[list[Frame]], *, source: bool = True) -> list[str]:
     """Each thread's stack (frames outermost first, as `parse` gives them) as
     `stack_text.stack_lines` formats it ("train.py:57 in load_batch: batch = next(it)", runs of
-    torch's and the standard library's frames folded), under a heading; every line prefixed
-    "[rank r]"."""
+    torch's and the standard library's frames folded; without ": batch = next(it)" when
+    `source` is False), under a heading; every line prefixed "[rank r]"."""
     prefix = f"[rank {rank}] "
     if not threads:
         return [prefix + "(no Python frames outside ddpviz: starting up, or exiting)"]
@@ -125,5 +129,5 @@ def format_stack(rank: int, threads: list[list[Frame]]) -> list[str]:
         lines.append(prefix + ("Stack (most recent call last):" if i == 0 else
                                "Another thread (most recent call last):"))
         stack = [stack_text.Frame(*f) for f in reversed(frames)]  # innermost first
-        lines += [f"{prefix}  {line}" for line in stack_text.stack_lines(stack)]
+        lines += [f"{prefix}  {line}" for line in stack_text.stack_lines(stack, source=source)]
     return lines

@@ -23,11 +23,11 @@ class TwinProbes:
     """Every probe, for a twin DDP (`DistributedDataParallel._observers` of ddpviz/ddp.py)."""
 
     def guard(self, process_group: dist.ProcessGroup, hang_timeout: float | None,
-              tap: Tap) -> Watchdog:
+              tap: Tap, *, stack_source: bool = True) -> Watchdog:
         # Names ranks that never arrive or stop coming. See [Note: hang protocol]. Built even
         # when off (timeout None): its waits are then plain waits and it meets no one.
         return Watchdog(process_group, timeout=resolve_hang_timeout(hang_timeout, process_group),
-                        tap=tap)
+                        tap=tap, stack_source=stack_source)
 
     def replicas(self, period: int | None, guard: Guard | None,
                  params: Sequence[nn.Parameter], names: Sequence[str], module: nn.Module,

@@ -60,9 +60,10 @@ class Pulse:
     Args:
         board: the DDP's notice board, on the background threads' connection (a cloned
             Scope: See [Note: one background connection] in rendezvous.py).
+        stack_source: the stacks it posts show source text (`Recording.stack_source`).
     """
 
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Board, *, stack_source: bool = True) -> None:
         self.board = board
         self.alerted = False  # another rank posted an alert (the next heartbeat raises it)
         self.error: RuntimeError | None = None  # the store failed (its host exited)
@@ -74,7 +75,7 @@ class Pulse:
         # exchange); one that raises is dropped, the heartbeat goes on
         self.tasks: list[Callable[[Board], None]] = []
         # where the training thread (the one creating the pulse) is, in code: whereabouts.py
-        self.tracker = Tracker(threading.get_ident())
+        self.tracker = Tracker(threading.get_ident(), source=stack_source)
         # a peer left the loop; returns whether to look again at this rank's next step
         self.on_left: Callable[[Board, Beat], bool] | None = None
         self._left_pending = False

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks, odd_ranks
+from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks, odd_ranks, rank_spans
 
 SHOWN = 8  # differing tensors named in the title and detail lines
 
@@ -59,24 +59,28 @@ def _norm_of(stats: Mapping[int, Sequence[tuple[float, float]]], i: int, name: s
 
 
 def _size(stats: Mapping[int, Sequence[tuple[float, float]]], i: int,
-          groups: Sequence[tuple[str, tuple[int, ...]]]) -> str:
-    """How large the difference of tensor i is: norm and mean per group of ranks."""
+          groups: Sequence[tuple[str, tuple[int, ...]]]
+          ) -> tuple[str, list[tuple[str, tuple[int, ...]]]]:
+    """How large the difference of tensor i is: norm and mean per group of ranks, as text and
+    as (what the group holds, its ranks) for `Finding.tensors` (the same words)."""
     parts = []
     norms = []
+    held: list[tuple[str, tuple[int, ...]]] = []
     for _, rs in groups:
         r = rs[0]
         if i >= len(stats[r]):
             continue
         norm, total = stats[r][i]
         norms.append(norm)
-        parts.append(f"{format_ranks(rs)}: norm {norm:.6g}, sum |x| {total:.6g}")
+        held.append((f"norm {norm:.6g}, sum |x| {total:.6g}", rs))
+        parts.append(f"{format_ranks(rs)}: {held[-1][0]}")
     gap = ""
     finite = [x for x in norms if math.isfinite(x)]
     if len(finite) >= 2:
         gap = f"; norms differ by {max(finite) - min(finite):.3g}"
         if max(finite) > 0:
             gap += f" ({(max(finite) - min(finite)) / max(finite):.2%})"
-    return "; ".join(parts) + gap
+    return "; ".join(parts) + gap, held
 
 
 def differing_names(states: Mapping[int, RankState], param_names: Sequence[str]) -> set[str]:
@@ -180,12 +184,17 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
                           "some ranks")
             if not bad_params:
                 variant = "buffers"
-    for i in bad_params[:SHOWN]:
-        sizes = _size(_stats(states, "param_stats"), i, _groups(params, [i]))
-        detail.append(f"{param_names[i]}: {sizes}")
-    for i in bad_buffers[:SHOWN]:
-        detail.append(f"{buffer_names[i]}: "
-                      f"{_size(_stats(states, 'buffer_stats'), i, _groups(buffers, [i]))}")
+    tensors = []  # the per-tensor lines as data, for the replica view (Finding.tensors)
+    shown_tensors = [(param_names[i], _size(_stats(states, "param_stats"), i,
+                                            _groups(params, [i])))
+                     for i in bad_params[:SHOWN]]
+    shown_tensors += [(buffer_names[i], _size(_stats(states, "buffer_stats"), i,
+                                              _groups(buffers, [i])))
+                      for i in bad_buffers[:SHOWN]]
+    for tensor, (sizes, held) in shown_tensors:
+        detail.append(f"{tensor}: {sizes}")
+        if held:
+            tensors.append((tensor, tuple((what, rank_spans(rs)) for what, rs in held)))
     if not exact:
         detail.append("checked every step from now on for a while; set "
                       "DDPVIZ_RECORDING=replicas=1 (or Recording(replicas=1)) to find the "
@@ -194,7 +203,8 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
         kind="replicas_diverged", severity=severity,  # type: ignore[arg-type]
         title=title, ranks=odd, param=first if bad_params else -1,
         name=names[0], field=field, step=step, values=groups, detail=tuple(detail),
-        fix=fix_for("replicas_diverged", variant), world_size=world_size)
+        fix=fix_for("replicas_diverged", variant), world_size=world_size,
+        tensors=tuple(tensors))
 
 
 def _stats(states: Mapping[int, RankState], attr: str

@@ -90,10 +90,11 @@ def summary(stack: list[Frame]) -> str:
     return f"{clip(shown, MAX_LINE - len(inside) - 2)}; {inside}"
 
 
-def stack_lines(stack: list[Frame]) -> list[str]:
+def stack_lines(stack: list[Frame], *, source: bool = True) -> list[str]:
     """Traceback-like lines of a stack given innermost first, most recent call last: the
-    user's frames with their source line, each run of plumbing folded into one line; at most
-    MAX_SHOWN lines."""
+    user's frames with their source line (without it when `source` is False: the line may
+    hold a secret, and the stack travels; `Recording.stack_source`), each run of plumbing
+    folded into one line; at most MAX_SHOWN lines."""
     lines: list[str] = []
     run: list[Frame] = []
 
@@ -110,8 +111,8 @@ def stack_lines(stack: list[Frame]) -> list[str]:
             run.append(f)
             continue
         fold()
-        source = linecache.getline(f.file, f.line).strip()
-        lines.append(clip(f"{where(f)}: {source}" if source else where(f)))
+        text = linecache.getline(f.file, f.line).strip() if source else ""
+        lines.append(clip(f"{where(f)}: {text}" if text else where(f)))
     fold()
     if len(lines) > MAX_SHOWN:
         keep = MAX_SHOWN - 3

@@ -178,11 +178,15 @@ class Watchdog:
             watchdog; waits are plain waits, and no store traffic happens).
         tap: receives a FindingReported for every finding raised.
         store: the store to use (default: the group's).
+        stack_source: this rank's stacks in hang findings show source text
+            (`Recording.stack_source`; False: file:line and function only).
     """
 
     def __init__(self, process_group: dist.ProcessGroup, *, timeout: float | None,
-                 tap: Tap | None = None, store: dist.Store | None = None) -> None:
+                 tap: Tap | None = None, store: dist.Store | None = None,
+                 stack_source: bool = True) -> None:
         self.group = process_group
+        self.stack_source = stack_source
         self.timeout = timeout
         self.tap = tap if tap is not None else Tap()
         self.rank = process_group.rank()
@@ -230,7 +234,8 @@ class Watchdog:
         except RuntimeError as exc:  # the store's host (rank 0) is gone already
             raise self._report(store_lost(scope, what, exc)) from exc
         self.board = Board(scope, epoch)
-        self._pulse = Pulse(Board(Scope(self.group, store=self._store, clone=True), epoch))
+        self._pulse = Pulse(Board(Scope(self.group, store=self._store, clone=True), epoch),
+                            stack_source=self.stack_source)
         # At interpreter exit pulse.py's own handler closes every pulse and waits for its
         # thread: a finalizer run then would close it without waiting, and the thread, woken
         # into a last store call, would still be inside C++ when the interpreter finalizes

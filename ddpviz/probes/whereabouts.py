@@ -81,10 +81,12 @@ def collect(board: Board, ranks: list[int] | tuple[int, ...], *, grace: float = 
 
 class Tracker:
     """On the pulse thread: answers stack requests and tells when the training thread has left
-    its loop. `note_caller` is called by the training thread at its first forwards."""
+    its loop. `note_caller` is called by the training thread at its first forwards. `source`:
+    the stacks it takes show each user frame's source text (`Recording.stack_source`)."""
 
-    def __init__(self, thread_id: int) -> None:
+    def __init__(self, thread_id: int, *, source: bool = True) -> None:
         self.thread_id = thread_id
+        self.source = source
         self._chain: list[tuple[object, int]] | None = None
         self._loop: wh.Loop | None = None
         self._answered = 0
@@ -109,7 +111,8 @@ class Tracker:
     def take(self, step: int, **fields: object) -> Where:
         frame = wh.thread_frame(self.thread_id)
         stack = wh.frames(frame)
-        return Where(step, time.time(), st.summary(stack), tuple(st.stack_lines(stack)),
+        return Where(step, time.time(), st.summary(stack),
+                     tuple(st.stack_lines(stack, source=self.source)),
                      blocked=wh.blocked_in(stack), **fields)  # type: ignore[arg-type]
 
     def tick(self, board: Board, news: News, step: int, quiet: bool) -> None:

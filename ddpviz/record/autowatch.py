@@ -30,6 +30,7 @@ from ddpviz.engine.verify import breaks_torch, compare_through_store
 from ddpviz.errors import DiagnosisError
 from ddpviz.events import Tap
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.recording import stack_source_from_env
 from ddpviz.session.connect import connect
 
 DDP = nn.parallel.DistributedDataParallel
@@ -56,7 +57,8 @@ def construct(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
     group = _group(bound)
     if group is not None:
         tap = Tap(ev.default_emitter(), rank=group.rank())
-        dog = Watchdog(group, timeout=resolve_hang_timeout(None, group), tap=tap)
+        dog = Watchdog(group, timeout=resolve_hang_timeout(None, group), tap=tap,
+                       stack_source=stack_source_from_env())
         dog.start(WHAT)
         if bound is not None and isinstance(bound.get("module"), nn.Module):
             _compare_models(dog, bound["module"], tap)

@@ -9,8 +9,9 @@ one reader (`TailReader`, traces/fileformat.py), and delivers them like a collec
 `session.dashboard()`. The job never knows: nothing is written, nothing signalled, and closing
 the session only stops the polling thread. A rank counts as finished (`session.stats.closed`,
 the dashboard's status) once its file's end record is read, on any node
-(See [Note: a rank's end in its file] in fileformat.py), or, for a file without one, once its
-writing process is seen gone on this machine.
+(See [Note: a rank's end in its file] in fileformat.py; a record counts only in the rank's own
+file: See [Note: whose end record counts] in traces/source.py), or, for a file without one,
+once its writing process is seen gone on this machine.
 
 See [Note: following a growing file].
 """
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddpviz import limits
 from ddpviz.events import Event, EventsDropped
 from ddpviz.traces.fileformat import (
     SUFFIX,
@@ -64,21 +66,29 @@ if TYPE_CHECKING:
 # place: left with one message. Neither changes what was already delivered.
 
 POLL_S = 0.25  # how often the files are polled: new events show within about this
+# A file changed less than this long ago may change again without its stamp showing it
+# (timestamps are coarse): a bad last frame is read again at every poll until then
+# (See [Note: a bad last frame] in fileformat.py).
+SETTLE_NS = 2 * 10**9
 READ_BUDGET = 64 << 20  # bytes read from one file per poll, so one huge file cannot stall the rest
 # Files kept open between polls; the ones beyond are opened for each poll, so a job of
 # thousands of ranks stays within the process's descriptor limit (often 1,024).
 MAX_OPEN = 256
 _NAME = re.compile(r"ddpviz-trace-rank(\d+)" + re.escape(SUFFIX))
 _PATTERN = f"ddpviz-trace-rank*{SUFFIX}"
+_CHECK = ("\nA rank's file holds only its own events and end record: this one is damaged, "
+          "misplaced or planted; check where it came from.")
 
 
 class FileTail:
     """One per-rank trace file, read frame by frame from where the last poll stopped.
 
     `poll()` returns the events of the frames completed since; `stopped` says why the file is
-    no longer followed (None while it is)."""
+    no longer followed (None while it is). Clock records read are also put in `clocks` (the
+    feed's, to merge), and no byte at or past `upto` (when set) is read."""
 
-    def __init__(self, path: Path, *, keep_open: bool = True) -> None:
+    def __init__(self, path: Path, *, keep_open: bool = True,
+                 clocks: dict[int, tuple[int, int]] | None = None) -> None:
         self.path = path
         self.keep_open = keep_open
         self._fd: int | None = None
@@ -86,10 +96,16 @@ class FileTail:
         st = os.fstat(fd)
         self._ino = (st.st_dev, st.st_ino)
         self._fd = fd
+        self.size = st.st_size  # at the last look
+        self.upto: int | None = None  # read no further than this (the history: FolderFeed.start)
         self.reader = TailReader(path)  # the frames: where it stopped, events read so far
         self.meta: dict[str, Any] | None = None  # the header's, once read
         self.clock: dict[int, tuple[int, int]] = {}  # from clock frames in the file
+        self._clocks = clocks if clocks is not None else {}
+        self._said_failed: int | None = None  # the bad last frame said, by offset
         self.end: End | None = None  # the writer's end record, once read: the rank is done
+        self.refused = ""  # why an end record read does not count, if it does not
+        self.foreign = False  # an event of another rank than the header's was read
         self.stopped: str | None = None
         self.reason = ""  # "truncated" | "replaced" | "damaged" | "unreadable", once stopped
         self._replaced = False
@@ -147,6 +163,13 @@ class FileTail:
                        f"ddpviz: cannot read {str(self.path)!r}: {exc.strerror or exc}; it is "
                        "no longer followed.\nCheck the file, then attach again.",
                        "damaged" if isinstance(exc, TraceError) else "unreadable")
+        except Exception as exc:
+            # Unforeseen (a bug): `pos` is past the frames in `out`, so they are returned, not
+            # dropped; the file is left rather than read again from a state not understood.
+            self._stop(f"ddpviz: reading {str(self.path)!r} failed at byte {self.pos:,} "
+                       f"({type(exc).__name__}: {str(exc)[:200]}); the {self.events:,} events "
+                       "before are kept, it is no longer followed.\nPlease report this as a "
+                       "ddpviz bug.", "unreadable")
         finally:
             if not self.keep_open:
                 self.close()
@@ -161,25 +184,70 @@ class FileTail:
                 self._replaced = (st.st_dev, st.st_ino) != self._ino
             except FileNotFoundError:
                 pass  # removed (cleaned up): what the descriptor holds is still read
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = self.size = st.st_size
         if size < self.pos:
             self._stop(f"ddpviz: {str(self.path)!r} was truncated while it was followed (it "
                        f"shrank from {self.pos:,} to {size:,} bytes: a new job rewrote it in "
                        f"place?).\nThe {self.events:,} events read before are kept; it is no "
                        "longer followed. Attach again to follow the new job.", "truncated")
             return
-        for record in self.reader.read(fd, size, budget):
+        upto = size if self.upto is None else min(size, self.upto)
+        # the file's state, once its last change is old enough for its timestamps to show the
+        # next one (See [Note: a bad last frame] in fileformat.py)
+        stamp = (None if abs(time.time_ns() - st.st_ctime_ns) < SETTLE_NS else
+                 (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns))
+        for record in self.reader.read(fd, upto, budget, stamp):
             if isinstance(record, list):
                 if record:
                     out.append(record)
+                    self._own_events(record)
             elif isinstance(record, FileHeader):
+                _check_rank(self.path, record.meta)
                 self.meta = record.meta
             elif isinstance(record, Clock):
-                self.clock[record.rank] = (record.offset_ns, record.error_ns)
-            elif self.meta is not None and record.rank == self.meta.get("rank"):
-                self.end = record  # (another rank's end record: not this file's end)
+                clock = (record.offset_ns, record.error_ns)
+                self.clock[record.rank] = self._clocks[record.rank] = clock
+            elif self.meta is not None:
+                self._take_end(record)
         if self.pos:  # (a file without its magic and first frame header yet is waited for)
             self._settle()
+        failed = self.reader.failed
+        if failed is not None and failed != self._said_failed:
+            self._said_failed = failed
+            with contextlib.suppress(Warning):  # (on the polling thread: must not raise)
+                warnings.warn(
+                    f"ddpviz: {str(self.path)!r}: its last frame, at byte {failed:,}, fails its "
+                    "checksum and the file has not changed since; it is read again once the "
+                    f"file changes, not at every poll.\nThe {self.events:,} events before it "
+                    "are read; if its writer has ended, the file is damaged at that point.",
+                    UserWarning, stacklevel=2)
+
+    def _own_events(self, chunk: list[Event]) -> None:
+        """After events are read: an end record before them was not the file's end, and an
+        event of another rank than the header's keeps the file's record from counting."""
+        if not self.foreign:
+            rank = self.meta.get("rank") if self.meta is not None else None
+            self.foreign = any(e.rank != rank for e in chunk)
+        if self.end is not None:
+            self.end = None
+            self.refused = (f"ddpviz: {str(self.path)!r} has events after its end record: the "
+                            f"record is not its end, so it is not counted.{_CHECK}")
+
+    def _take_end(self, end: End) -> None:
+        """The file's end record, taken when it counts for the file's rank (See [Note: whose
+        end record counts], source.py): the rank the record, the header and the file's name
+        say is one, and every event read is that rank's; else `refused` says why not."""
+        rank = self.meta.get("rank") if self.meta is not None else None
+        named = _NAME.fullmatch(self.path.name)
+        why = ("its header names no rank" if type(rank) is not int else
+               f"the record is rank {end.rank}'s, the file rank {rank}'s" if end.rank != rank
+               else "the file's name is another rank's"
+               if named is None or int(named.group(1)) != rank else
+               "the file holds events of other ranks" if self.foreign else "")
+        self.end = None if why else end
+        self.refused = (f"ddpviz: the end record of {str(self.path)!r} is not counted ({why}): "
+                        f"no rank is taken to have finished by it.{_CHECK}" if why else "")
 
     def _settle(self) -> None:
         """After a poll: a replaced file read to its end is done with."""
@@ -192,6 +260,16 @@ class FileTail:
     def _stop(self, why: str, reason: str) -> None:
         self.stopped, self.reason = why, reason
         self.close()
+
+
+def _check_rank(path: Path, meta: dict[str, Any]) -> None:
+    """The rank a file's header names keys the session's per-rank state: bounded like an
+    event's rank (ddpviz.limits), or the file is damaged."""
+    rank = meta.get("rank")
+    if type(rank) is int and not 0 <= rank < limits.MAX_WORLD_SIZE:
+        raise TraceError(f"ddpviz: {str(path)!r}: its header names rank {str(rank)[:24]}, "
+                         f"outside 0..{limits.MAX_WORLD_SIZE - 1}; it is not followed.\nThe "
+                         "file is damaged or was not written by ddpviz.")
 
 
 class FolderFeed:
@@ -221,15 +299,19 @@ class FolderFeed:
         self._gaps: dict[int, int] = {}
         self._next_seq: dict[int, int] = {}
         self._clock: dict[int, tuple[int, int]] = {}
+        self._new_clocks: dict[int, tuple[int, int]] = {}  # read from files, not merged yet
         self._peers: dict[int, str] = {}
         # ranks done: their file's end record was read, or (a file without one) its writing
         # process is known to have exited (on this machine only)
         self._finished: dict[int, FileTail] = {}
+        # the files whose header says they are each rank's: two, and neither finishes the rank
+        self._claims: dict[int, list[Path]] = {}
         self._ref: dict[str, Any] | None = None  # the first header: the reference clock
         self._problems: list[str] = []
         self._callback_errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._history = False  # start() is reading the history: no new file is picked up
         self.polls = 0
 
     @property
@@ -298,18 +380,40 @@ class FolderFeed:
     # --- reading ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Read every file to its current end (the history, in this thread), then follow."""
+        """Read the history (in this thread): the files there now, each up to the size it has
+        now; then follow (a thread polls). A busy job appends all the while, so reading until
+        a poll finds nothing new might never return: what comes after arrives live."""
         with gc_paused():  # many small objects, no cycles (see trace.gc_paused)
-            while self.poll() and not self._stop.is_set():
-                pass  # a poll reads at most READ_BUDGET per file: loop until caught up
+            self._discover()
+            for tail in self._tails.values():
+                tail.upto = tail.size
+            self._history = True  # (files that appear now are picked up by the thread)
+            try:
+                while not self._stop.is_set():
+                    # Each poll reads at most READ_BUDGET per file: loop until caught up, and
+                    # end on a poll that finds nothing (it also looks at the writers).
+                    if not self.poll() and not self._behind():
+                        break
+            finally:
+                self._history = False
+                for tail in self._tails.values():
+                    tail.upto = None
         self._thread = threading.Thread(target=self._run, name="ddpviz-follow", daemon=True)
         self._thread.start()
+
+    def _behind(self) -> bool:
+        """Whether a file has whole frames left that the last poll's READ_BUDGET did not
+        reach."""
+        return any(t.reader.more for t in self._tails.values() if t.stopped is None)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                while self.poll() and not self._stop.is_set():
-                    pass
+                self.poll()
+                # Again while a big file is behind; not until a poll finds nothing new, which
+                # may never happen while a busy job writes (polls back to back: a core's worth).
+                while self._behind() and not self._stop.is_set():
+                    self.poll()
             except Exception as exc:  # keep following; a bug here must not go silent
                 with contextlib.suppress(Warning):
                     warnings.warn(f"ddpviz: following {str(self.folder)!r} failed on a poll "
@@ -330,6 +434,10 @@ class FolderFeed:
                 if tail.meta is not None:
                     self._describe(tail)
                 rank = tail.meta.get("rank") if tail.meta is not None else None
+                if type(rank) is int and self._contested(rank, tail):
+                    rank = None  # neither its end record nor its writer's exit finishes it
+                if tail.refused:
+                    self._problem(tail.refused)
                 if tail.end is not None and type(rank) is int:
                     if self._finished.get(rank) is not tail:
                         with self._lock:  # the file says the rank is done: on any node
@@ -354,7 +462,27 @@ class FolderFeed:
             self._polled.notify_all()
         return delivered
 
+    def _contested(self, rank: int, tail: FileTail) -> bool:
+        """Whether another file says it is rank `rank`'s too: only one can be, and which
+        cannot be told, so neither finishes the rank (See [Note: whose end record counts],
+        source.py); said once per file that joins the claim."""
+        paths = self._claims.setdefault(rank, [])
+        if tail.path not in paths:
+            paths.append(tail.path)
+            if len(paths) > 1:
+                with self._lock:
+                    self._finished.pop(rank, None)
+                named = ", ".join(repr(str(p)) for p in paths)
+                self._problem(
+                    f"ddpviz: {len(paths)} files say they are rank {rank}'s: {named}. Only one "
+                    f"can be, and which cannot be told: rank {rank} is not counted as finished "
+                    "by either's end record or writer.\nRemove the files that are not rank "
+                    f"{rank}'s (a copy, another job's, a planted one), then attach again.")
+        return len(paths) > 1
+
     def _discover(self) -> None:
+        if self._history:
+            return  # start(): the history is the files that were there
         if any(t.reason == "replaced" for t in self._tails.values()):
             return  # the folder holds a new job now: not mixed into this session
         try:
@@ -366,7 +494,8 @@ class FolderFeed:
             if path in self._tails or not _NAME.fullmatch(path.name):
                 continue
             try:
-                tail = FileTail(path, keep_open=len(self._tails) < MAX_OPEN)
+                tail = FileTail(path, keep_open=len(self._tails) < MAX_OPEN,
+                                clocks=self._new_clocks)
             except OSError as exc:
                 # a link planted under the name, or unreadable: left out, said once
                 tail = _dead(path, exc)
@@ -413,8 +542,10 @@ class FolderFeed:
                     nxt = max(nxt, s + 1)
                 self._next_seq[r] = nxt
                 self._gaps.setdefault(r, 0)
-            for tail in self._tails.values():
-                self._clock.update(tail.clock)  # a file's own clock records win
+            if self._new_clocks:  # the files' own clock records win (read last wins)
+                # only those read since: merging every file's at every chunk was files x chunks
+                self._clock.update(self._new_clocks)
+                self._new_clocks.clear()
 
     def _deliver(self, chunk: list[Event]) -> None:
         self._subscribers.deliver(chunk, self.report_callback_error)
@@ -463,7 +594,9 @@ def _writer_gone(meta: dict[str, Any]) -> bool:
 def _dead(path: Path, exc: OSError) -> FileTail:
     tail = FileTail.__new__(FileTail)
     tail.path, tail._fd, tail.meta, tail.clock = path, None, None, {}
+    tail._clocks, tail.size, tail.upto, tail._said_failed = {}, 0, None, None
     tail.reader, tail.end = TailReader(path), None
+    tail.refused, tail.foreign = "", False
     tail._replaced, tail._ino = False, (0, 0)
     tail.keep_open, tail.reason = False, "unreadable"
     tail.stopped = (f"ddpviz: cannot follow {str(path)!r}: {exc.strerror or exc}. Only "
@@ -477,10 +610,11 @@ def follow_folder(folder: str | os.PathLike[str], *, interval: float = POLL_S, s
     """The live session of the job recording into `folder` (`ddpviz record --out DIR`);
     `ddpviz.listen(follow=DIR)` calls it.
 
-    Reads the per-rank trace files written so far (the history), then follows them as they
-    grow: `session.dashboard()` shows the job live, like a `listen()` session. The job is not
-    touched: it only writes files, and `session.close()` stops reading them. Attach as often
-    as you like; every attach reads the files from their start.
+    Reads the per-rank trace files written so far (the history: what they hold when this is
+    called, so it returns while a busy job writes), then follows them as they grow (what the job
+    wrote meanwhile first): `session.dashboard()` shows the job live, like a `listen()` session.
+    The job is not touched: it only writes files, and `session.close()` stops reading them.
+    Attach as often as you like; every attach reads the files from their start.
 
     Args:
         folder: the job's `--out` folder (on a shared filesystem for a multi-node job).

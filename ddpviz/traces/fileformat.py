@@ -15,10 +15,12 @@ ddpviz.
 from __future__ import annotations
 
 import os
+import re
 import struct
+import unicodedata
 import warnings
 import zlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn, cast
 
@@ -44,8 +46,11 @@ HEADER, EVENTS, CLOCK, END = 1, 2, 3, 4
 # inside an EVENTS frame, failing the whole frame for them (a SCHEMA_VERSION change). It is
 # also a fact about the file (its writer closed it), not about DDP. A rank killed, crashed
 # hard or hung never writes it; one whose script died of an uncaught exception does (the
-# interpreter still runs its exit hooks) and says so in `error`. It is always the last frame,
-# so `read_end` finds it from the file's tail without reading the rest.
+# interpreter still runs its exit hooks) and says so in `error`. It is always the last frame.
+# `read_end` finds it by walking the frame headers from the file's start, never by reading the
+# file's last bytes as a frame: those may be the end of an event's payload (a parameter name
+# can spell a whole END frame, CRC included), and no frame boundary is known from the tail. A
+# record counts only for its own file's rank (See [Note: whose end record counts], source.py).
 
 
 class TraceError(ValueError):
@@ -118,29 +123,81 @@ class End(msgspec.Struct, array_like=True):
 
 
 _END_MAX = 128  # bytes of an End frame's payload at most (writers clip `error` to END_ERROR)
+_WALK_BLOCK = 1 << 16  # bytes read at once by read_end's walk over the frame headers
 END_ERROR = 64
 decode_end = msgspec.msgpack.Decoder(End).decode
 
 
 def read_end(path: str | os.PathLike[str]) -> End | None:
-    """A rank's file's end record, read from its last bytes alone: None when the file does not
-    end with one (its writer still runs, or died; or the file is not a rank's own)."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        start = max(len(MAGIC), size - FRAME.size - _END_MAX)
-        f.seek(start)
-        tail = f.read(size - start)
-    for length in range(1, _END_MAX + 1):  # the frame ends exactly at the end of the file
-        at = len(tail) - FRAME.size - length
-        if at < 0:
-            break
-        kind, claimed, crc = FRAME.unpack_from(tail, at)
-        if kind == END and claimed == length and zlib.crc32(tail[at + FRAME.size:]) == crc:
-            try:
-                return decode_end(tail[at + FRAME.size:])
-            except (msgspec.MsgspecError, ValueError):
+    """A rank's file's end record: None when the file does not end with one (its writer still
+    runs, or died; or the file is not a rank's own).
+
+    The record is taken only where it is a frame: the frame headers are walked from the first
+    (See [Note: a rank's end in its file]), 9 bytes each, read a block at a time, so the cost is
+    linear in the frames and a big file's payloads are mostly skipped. A frame that runs past
+    the end (a torn tail), a first frame that is not a header or a last one that is not a whole
+    END frame with its checksum: None."""
+    with open(path, "rb", buffering=_WALK_BLOCK) as f:
+        size = os.fstat(f.fileno()).st_size
+        if f.read(len(MAGIC)) != MAGIC:
+            return None
+        pos, frames = len(MAGIC), 0
+        while True:
+            if size - pos < FRAME.size:
+                return None  # no frame after the header, or one cut short
+            f.seek(pos)  # (within the block read last: no system call)
+            head = f.read(FRAME.size)
+            if len(head) < FRAME.size:
+                return None  # shrank under the walk
+            kind, length, crc = FRAME.unpack(head)
+            if frames == 0 and kind != HEADER:
                 return None
-    return None
+            frames += 1
+            after = pos + FRAME.size + length
+            if after >= size:
+                break
+            pos = after
+        if after != size or kind != END or frames < 2 or length > _END_MAX:
+            return None
+        payload = f.read(length)
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        return None
+    try:
+        return decode_end(payload)
+    except (msgspec.MsgspecError, ValueError):
+        return None
+
+
+# [Note: text from a file, on a terminal]
+# A string read from a trace or off the wire (a name, an END's `error`, a value msgspec quotes
+# in its error message) is its writer's text. Printed as is, a newline in it starts a line that
+# reads as ddpviz's own ("ddpviz: healthy: no problems found."), C0/C1 controls (ANSI escapes)
+# rewrite what was printed above, and format characters (Unicode category Cf: the bidi
+# overrides U+202A-202E and isolates U+2066-2069, zero-width ones) reorder or hide the text
+# after them. `printable` shows each of these as its escape; text for a terminal built from
+# such values goes through it field by field (or line by line, for ddpviz's own multi-line
+# messages), so ddpviz's lines stay its own (verdict.py, cli.py). Python's `repr`, which
+# messages use for paths, escapes them too.
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")  # printable ASCII never needs a look
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    o = ord(c)
+    if c == "\n":
+        return "\\n"
+    if o < 0x20 or 0x7f <= o <= 0x9f:
+        return f"\\x{o:02x}"
+    if unicodedata.category(c) in ("Cf", "Zl", "Zp"):
+        return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
+    return c  # any other letter, mark or symbol, as is
+
+
+def printable(value: object) -> str:
+    """`str(value)` for a terminal, on one line and in its own order: newlines, controls and
+    format characters shown as escapes (`\\n`, `\\x1b`, `\\u202e`); See [Note: text from a file,
+    on a terminal]."""
+    return _UNPRINTABLE.sub(_escape, str(value))
 
 
 class TraceWriter:
@@ -313,14 +370,41 @@ class _Source:
         got = memoryview(self._window)[:os.preadv(self.fd, [memoryview(self._window)[:want]],
                                                   pos)]
         if len(got) < n:
-            now = os.fstat(self.fd).st_size
-            raise TraceError(
-                f"ddpviz: {str(self.path)!r} changed while it was being read: it was "
-                f"{self.size:,} bytes, a read at byte {pos:,} found {now:,} (another "
-                "process truncated or rewrote it).\nLoad it again once the writer "
-                "is done, or load a copy.")
+            self._changed(pos)
         self.buf, self.base = got, pos
         return self.buf, 0
+
+    def _changed(self, pos: int) -> NoReturn:
+        now = os.fstat(self.fd).st_size
+        raise TraceError(
+            f"ddpviz: {str(self.path)!r} changed while it was being read: it was "
+            f"{self.size:,} bytes, a read at byte {pos:,} found {now:,} (another "
+            "process truncated or rewrote it).\nLoad it again once the writer "
+            "is done, or load a copy.")
+
+    def frame(self, pos: int, n: int, crc: int) -> tuple[memoryview, int] | None:
+        """What get(pos, n) returns if the file holds all n bytes and their CRC is `crc`, else
+        None. A declared length sizes no buffer before its bytes are known to be there: a
+        frame past the end is not read, and one bigger than a window has its CRC checked a
+        window at a time first (a sparse file of 4 KiB on disk whose frame claimed 4 GiB got a
+        4 GiB buffer, MemoryError under a cap, before its checksum failed)."""
+        if n > self.size - pos:
+            if self.fd >= 0 and os.fstat(self.fd).st_size < self.size:
+                self._changed(pos)  # (not a torn tail: the file shrank under the read)
+            return None
+        checked = False
+        step = max(WINDOW, 1 << 20)  # (tests set WINDOW to 0 to read frame by frame)
+        if n > step and not self.has(pos, n):
+            check = 0
+            for at in range(pos, pos + n, step):
+                piece = min(step, pos + n - at)
+                buf, i = self.get(at, piece)
+                check = zlib.crc32(buf[i:i + piece], check)
+            if check != crc:
+                return None
+            checked = True
+        buf, at = self.get(pos, n)
+        return (buf, at) if checked or zlib.crc32(buf[at:at + n]) == crc else None
 
 
 def _walk(src: _Source, partial: Callable[[], Any],
@@ -350,10 +434,16 @@ def _walk(src: _Source, partial: Callable[[], Any],
         pos += FRAME.size
         if batch.frames and not src.has(pos, length):
             events += yield from batch.flush()
-        buf, at = src.get(pos, length)
-        payload = buf[at:at + length]
+        try:
+            got = src.frame(pos, length, crc)
+        except MemoryError:  # (a length checked against the bytes: the buffer is all it costs)
+            raise TraceError(
+                f"ddpviz: {str(path)!r}: the frame at byte {where:,} holds {length:,} bytes, "
+                f"more than this process can allocate; {events:,} events were read before "
+                "it.\nLoad the file where more memory is free, or catch the error and take its "
+                "`.partial` trace (the events before that frame).", partial()) from None
         pos += length
-        if len(payload) < length or zlib.crc32(payload) != crc:
+        if got is None:
             events += yield from batch.flush()
             if pos >= end and header:
                 check_past_end(path, where, length, end - where - FRAME.size, events,
@@ -366,6 +456,8 @@ def _walk(src: _Source, partial: Callable[[], Any],
             raise TraceError(f"ddpviz: {str(path)!r} is corrupt: frame at byte {where} "
                              f"{what}.\nThe file was modified after writing; "
                              "restore it from the original run.")
+        buf, at = got
+        payload = buf[at:at + length]
         if not header:
             with _decoding(path, where):
                 file_header = read_header(path, kind, payload)
@@ -434,9 +526,9 @@ class _decoding:
                  tb: object) -> None:
         if isinstance(e, msgspec.MsgspecError | ValueError | RecursionError):
             raise TraceError(f"ddpviz: {str(self.path)!r}: frame at byte {self.where} does "
-                             f"not decode within ddpviz's limits: {e}.\nThe file is damaged, "
-                             "hostile, or was written by an incompatible ddpviz (limits: "
-                             "ddpviz/limits.py).") from None
+                             f"not decode within ddpviz's limits: {printable(e)}.\nThe file "
+                             "is damaged, hostile, or was written by an incompatible ddpviz "
+                             "(limits: ddpviz/limits.py).") from None
 
 
 def _not_a_trace(path: Path) -> NoReturn:
@@ -468,13 +560,23 @@ def read_header(path: Path, kind: int, payload: bytes | memoryview) -> FileHeade
 MAX_FRAME = 256 << 20  # a frame of a growing file claiming more is damage (a chunk is a few MB)
 TailRecord = FileHeader | list[Event] | Clock | End
 
+# [Note: a bad last frame]
+# A last frame failing its checksum is waited for (its bytes may not all be visible yet), but
+# reading it again at every poll lets one planted file (a sparse one claiming a MAX_FRAME frame)
+# cost a core and MAX_FRAME of memory churn per poll for as long as it is followed. So its
+# reader remembers it with the file's stamp (the caller's: session/follow.py uses inode, size,
+# mtime and ctime once the file's last change is a few seconds old, since timestamps are coarse)
+# and reads it again only once the stamp or the size read to differs: a writer finishing the
+# frame changes the file, so nothing legitimate is missed.
+
 
 class TailReader:
     """A `.ddpviz` file that a running job still appends to, read frame by frame from where the
     last read stopped (`ddpviz.listen(follow=DIR)`, session/follow.py: See [Note: following a
     growing file] there). Only whole frames are taken: one cut short by the file's current end
     is left for the next read, and so is a last frame whose checksum fails (its bytes may not
-    all be visible yet); a bad frame with bytes after it is damage.
+    all be visible yet); a bad frame with bytes after it is damage. Such a last frame is read
+    once per state of the file (its `stamp`), not at every read: See [Note: a bad last frame].
 
     Args:
         path: the file (names it in messages; reads go through the caller's descriptor).
@@ -486,13 +588,23 @@ class TailReader:
         self.events = 0  # events read so far
         self.more = False  # the last read stopped at its budget with whole frames left
         self._header = False
+        self._failed: tuple[int, int, Hashable] | None = None  # (pos, size, stamp) of a bad end
 
-    def read(self, fd: int, size: int, budget: int) -> Iterator[TailRecord]:
+    @property
+    def failed(self) -> int | None:
+        """The offset of the last frame that failed its checksum and is not read again until
+        the file changes (None: no such frame)."""
+        return self._failed[0] if self._failed is not None else None
+
+    def read(self, fd: int, size: int, budget: int, stamp: Hashable = None
+             ) -> Iterator[TailRecord]:
         """The records of the whole frames between `pos` and `size` (the file's size now),
         read with `os.pread` on `fd`: the header first, then event chunks, clock and end
         records in file order (other kinds, of a later minor format, are skipped). `pos` moves
         past each frame before its record is yielded; it stops once about `budget` bytes were
         read (`more`). A file shorter than its magic and first frame header yields nothing.
+        `stamp` says the file's state (None: unknown); a last frame that failed its checksum
+        at the same `size` and `stamp` is not read again (`failed`).
 
         Raises:
             TraceError: no magic, a frame claiming more than MAX_FRAME, a bad checksum before
@@ -500,6 +612,10 @@ class TailReader:
                 yielded before it stay read.
         """
         self.more = False
+        if self._failed is not None:
+            if stamp is not None and self._failed == (self.pos, size, stamp):
+                return  # the same bad last frame, the file unchanged: nothing new to read
+            self._failed = None
         if self.pos == 0:
             if size < len(MAGIC) + FRAME.size:
                 return
@@ -531,8 +647,10 @@ class TailReader:
             if len(payload) < length:
                 break  # shrank under the read
             if zlib.crc32(payload) != crc:
-                if end == size:
-                    break  # the newest frame, perhaps not all there yet: next read
+                if end == size:  # the newest frame, perhaps not all there yet: next read
+                    if stamp is not None:
+                        self._failed = (where, size, stamp)
+                    break
                 raise TraceError(
                     f"ddpviz: {str(self.path)!r} is corrupt: the frame at byte {where:,} fails "
                     f"its checksum.\nThe {self.events:,} events before it are kept; the rest "
@@ -561,9 +679,9 @@ class TailReader:
             if isinstance(e, TraceError):
                 raise
             raise TraceError(f"ddpviz: {str(self.path)!r}: the frame at byte {where:,} does "
-                             f"not decode within ddpviz's limits: {e}.\nThe {self.events:,} "
-                             "events before it are kept; the rest of the file is not read "
-                             "(limits: ddpviz/limits.py).") from None
+                             f"not decode within ddpviz's limits: {printable(e)}.\nThe "
+                             f"{self.events:,} events before it are kept; the rest of the file "
+                             "is not read (limits: ddpviz/limits.py).") from None
 
 
 def _torn(path: Path, where: int, what: str) -> None:

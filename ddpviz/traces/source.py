@@ -1,5 +1,6 @@
 """What counts as a run: the one door every verb (diagnose, report, advise, the dashboard,
-`listen(follow=)`) turns what the user handed over into a run through, with one set of errors.
+`listen(follow=)`) turns what the user handed over into a run through, with one set of errors,
+and which of a run's files' end records count (See [Note: whose end record counts]).
 
 A run is a `.ddpviz` path, a folder of them, several paths (one per rank, merged), a `Trace`,
 a live `Session` or `ddpviz.Run`, anything else with a `.trace`, or an iterable of events. Live
@@ -11,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ddpviz.events import Event
-from ddpviz.traces.fileformat import SUFFIX, End, read_end
+from ddpviz.findings import format_ranges
+from ddpviz.traces.fileformat import SUFFIX, End, TraceError, read_end
 from ddpviz.traces.trace import Trace
 
 Kind = Literal["files", "trace", "session", "run", "events"]
@@ -85,21 +88,36 @@ class RunSource:
     events: Iterable[Event] = ()
     live: Any = None
     files: tuple[Path, ...] = ()
+    file_ranks: tuple[FileRanks, ...] = ()  # per file of `files`: the rank it says it is
     _ended: Mapping[int, End] | None = field(default=None, init=False, repr=False)
+    _end_problems: tuple[str, ...] = field(default=(), init=False, repr=False)
     _collected: Trace | None = field(default=None, init=False, repr=False)
 
     @property
     def ended(self) -> Mapping[int, End] | None:
         """The ranks whose trace file ends with its end record (they finished: none is named
         as hung), by rank: the files' own (kind "files"), a followed folder's as read so far
-        (kind "session"); None where the source cannot tell."""
+        (kind "session"); None where the source cannot tell. A record that does not count
+        (See [Note: whose end record counts]) is warned about once (`end_problems`)."""
         if self.kind == "files":
             if self._ended is None:
-                self._ended = ended_files(self.files)
+                ends = file_ends(self.files, self.file_ranks or None)
+                self._ended, self._end_problems = ends.ended, ends.problems
+                _warn(ends.problems, 4)  # (at the verb's caller)
             return self._ended
         session = self.live.session if self.kind == "run" else self.live
         ended = getattr(getattr(session, "collector", None), "ended", None)
         return ended if isinstance(ended, Mapping) else None
+
+    @property
+    def end_problems(self) -> tuple[str, ...]:
+        """Why end records in the files were not counted, one message each (kind "files"; a
+        followed folder says its own in its `problems`)."""
+        if self.kind == "files" and self._ended is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (returned here instead)
+                _ = self.ended
+        return self._end_problems
 
     def as_trace(self) -> Trace:
         """The run's events as a Trace.
@@ -195,29 +213,147 @@ def _open_files(paths: Sequence[str | os.PathLike[str]]) -> RunSource:
         except OSError as e:
             raise SourceReadError(f"ddpviz: cannot read {str(f)!r}: {e.strerror or e}.\n"
                                   f"Pass a {SUFFIX} trace file or a folder of them.") from e
+    ranks = tuple(FileRanks.of(t) for t in traces)
     trace = traces[0] if len(traces) == 1 else Trace.merge(traces)
     label = (f"trace {Path(paths[0]).name}" if len(paths) == 1
              else f"{len(files)} trace files")
-    return RunSource("files", trace, label, files=tuple(files))
+    return RunSource("files", trace, label, files=tuple(files), file_ranks=ranks)
 
 
-def ended_files(files: Iterable[Path]) -> dict[int, End]:
-    """The end records of the files that have one (See [Note: a rank's end in its file],
-    fileformat.py).
+# [Note: whose end record counts]
+# An END frame says "this file's writer closed it" (See [Note: a rank's end in its file],
+# fileformat.py), and diagnose reads it as "this rank ended cleanly, it is not hung" (See [Note:
+# ranks that ended cleanly], diagnosis.py): a record counted for the wrong rank turns a hang
+# into a clean end. A trace folder is shared (anyone who can write there can plant a file, and
+# files get copied and misplaced), so a record counts only for the rank of its own file: the
+# rank it names must be the rank its file's header says the file is (a Sender writes both),
+# every event in the file must be that rank's, and no other file may say it is that rank's. Of
+# two files claiming one rank only one can be its own, and which cannot be told: neither's
+# record counts, and both are named. A record that does not count is said (a warning; `ddpviz
+# diagnose` prints it), never dropped silently: the rank then reads as having no end record,
+# the verdict ddpviz gives without one. follow.py holds the same rules for a folder followed
+# live.
+
+
+class FileRanks(NamedTuple):
+    """What a trace file says of its rank: its header's `rank` (an int in a rank's own file,
+    as a Sender writes it; absent from a saved or merged trace) and the ranks of its events."""
+
+    header: object
+    events: frozenset[int]
+
+    @classmethod
+    def of(cls, trace: Trace) -> FileRanks:
+        return cls(trace.meta.get("rank"), frozenset(trace.ranks))
+
+
+class FileEnds(NamedTuple):
+    """The end records that count, by rank, and why the others do not (one message each)."""
+
+    ended: dict[int, End]
+    problems: tuple[str, ...]
+
+
+_CHECK = ("\nA rank's file holds only its own events and end record: this one is damaged, "
+          "misplaced or planted; check where it came from.")
+
+
+def file_ends(files: Sequence[Path], ranks: Sequence[FileRanks] | None = None) -> FileEnds:
+    """The end records of the files that count (See [Note: whose end record counts]).
 
     Args:
         files: trace files; one that cannot be read has no end record.
+        ranks: per file, what it says of its rank (`FileRanks.of` its loaded trace); None:
+            each file is loaded here for it.
+
+    Returns:
+        The records that count by rank, and a message for each that does not.
+    """
+    files = list(files)
+    ends: list[End | None] = []
+    for f in files:
+        end = None
+        with contextlib.suppress(OSError):
+            end = read_end(f)
+        ends.append(end)
+    if all(e is None for e in ends):
+        return FileEnds({}, ())  # (nothing to count: no file is loaded for it)
+    said = list(ranks) if ranks is not None else [_ranks_of(f) for f in files]
+    claims: dict[int, list[Path]] = {}  # header rank -> the files saying they are its
+    seen: set[tuple[int, int]] = set()  # (a file named twice is one claim)
+    for f, r in zip(files, said, strict=True):
+        if type(r.header) is int:
+            with contextlib.suppress(OSError):
+                st = os.stat(f)
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            claims.setdefault(r.header, []).append(f)
+    out: dict[int, End] = {}
+    problems: list[str] = []
+    for f, r, end in zip(files, said, ends, strict=True):
+        if end is None:
+            continue
+        rank = r.header
+        if type(rank) is not int:
+            problems.append(f"ddpviz: {str(f)!r} ends with an end record for rank {end.rank}, "
+                            "but its header names no rank (it is not a rank's own file): the "
+                            f"record is not counted.{_CHECK}")
+        elif end.rank != rank:
+            problems.append(f"ddpviz: {str(f)!r} is rank {rank}'s file by its header but ends "
+                            f"with an end record for rank {end.rank}: the record is not "
+                            f"counted, for either rank.{_CHECK}")
+        elif r.events - {rank}:
+            others = format_ranges(r.events - {rank}, most=8)
+            problems.append(f"ddpviz: {str(f)!r} is rank {rank}'s file by its header but holds "
+                            f"events of other ranks ({others}): its end record is not counted."
+                            f"{_CHECK}")
+        elif len(claims.get(rank, ())) == 1:
+            out[rank] = end
+    for rank, paths in claims.items():
+        if len(paths) > 1 and any(e is not None and r.header == rank
+                                  for r, e in zip(said, ends, strict=True)):
+            named = ", ".join(repr(str(p)) for p in paths[:4]) + (", ..." if len(paths) > 4
+                                                                  else "")
+            problems.append(
+                f"ddpviz: {len(paths)} files say they are rank {rank}'s: {named}. Only one can "
+                f"be, and which cannot be told, so no end record counts for rank {rank} (it "
+                "reads as not having ended).\nRemove the files that are not rank "
+                f"{rank}'s (a copy, another run's, a planted one) and read the run again.")
+    return FileEnds(out, tuple(dict.fromkeys(problems)))  # (a file named twice: once)
+
+
+def ended_files(files: Iterable[Path], ranks: Sequence[FileRanks] | None = None
+                ) -> dict[int, End]:
+    """The end records of the files that have one and count for their rank (See [Note: a
+    rank's end in its file], fileformat.py, and [Note: whose end record counts]); each one that
+    does not count is warned about.
+
+    Args:
+        files: trace files; one that cannot be read has no end record.
+        ranks: per file, what it says of its rank (see `file_ends`); None: read here.
 
     Returns:
         The end records by rank.
     """
-    out: dict[int, End] = {}
-    for f in files:
-        with contextlib.suppress(OSError):
-            end = read_end(f)
-            if end is not None:
-                out[end.rank] = end
-    return out
+    ends = file_ends(list(files), ranks)
+    _warn(ends.problems, 3)
+    return ends.ended
+
+
+def _ranks_of(path: Path) -> FileRanks:
+    """What the file at `path` says of its rank, read whole (nothing when it cannot be)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a torn tail: said when the file is loaded)
+        try:
+            return FileRanks.of(Trace.load(path))
+        except (OSError, TraceError):
+            return FileRanks(None, frozenset())
+
+
+def _warn(problems: Iterable[str], stacklevel: int) -> None:
+    for message in problems:
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 def job_folder(folder: str | os.PathLike[str]) -> Path:

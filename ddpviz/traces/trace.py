@@ -312,14 +312,26 @@ class Trace:
             return
         if rank[0] == rank[-1] and bool(np.all(rank == rank[0])):
             with self._lock:
-                self._rank_columns(int(rank[0])).add_columns(block, None)
+                self._rank_columns(int(rank[0])).add_columns(block, None, block.rare)
             return
         order = np.argsort(rank, kind="stable")
         ranks, starts = np.unique(rank[order], return_index=True)
         bounds = [*starts.tolist(), len(order)]
+        # The rare events split by rank once for the block, by their position among their
+        # rank's rows (See [Note: a block of many ranks] in columns.py).
+        rare: list[dict[int, Event]] = [{} for _ in bounds[:-1]]
+        if block.rare:
+            at = np.empty(len(order), dtype=np.int64)
+            at[order] = np.arange(len(order))  # each row's place in rank order
+            place = at[np.fromiter(block.rare, dtype=np.int64, count=len(block.rare))]
+            owner = np.searchsorted(starts, place, side="right") - 1
+            for e, p, i in zip(block.rare.values(), place.tolist(), owner.tolist(),
+                               strict=True):
+                rare[i][p - bounds[i]] = e
         with self._lock:
             for i, r in enumerate(ranks.tolist()):
-                self._rank_columns(r).add_columns(block, order[bounds[i]:bounds[i + 1]])
+                self._rank_columns(r).add_columns(block, order[bounds[i]:bounds[i + 1]],
+                                                  rare[i])
 
     @classmethod
     def merge(cls, traces: Iterable[Trace]) -> Trace:

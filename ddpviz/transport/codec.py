@@ -10,7 +10,8 @@ order, so every rejected message is counted under exactly one reason:
 2. truncated  MAGIC but fewer than four frames (also: a signed header or body cut short)
 3. oversized  more than `max_bytes` in all (checked before hashing anything)
 4. auth       signature missing or wrong: the peer does not hold the session secret (the
-              collector also counts here failed zmq handshakes and replayed messages)
+              collector also counts here failed zmq handshakes, replayed messages, and a bye
+              for a rank its sender never spoke for)
 5. truncated / garbage: signed header or body is cut short / malformed (or invalid UTF-8)
 6. version    header's wire `version` or event `schema` differs from ours
 7. schema     valid msgpack of the wrong shape (header fields, event fields, counts, ranks)
@@ -64,7 +65,9 @@ class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: limits.Name = ""  # hello: sender's hostname
     pid: limits.Pid = 0  # hello: sender's process id
     boot: limits.Name = ""  # hello: kernel boot id: equal boot ids share one monotonic clock
-    batch: limits.Count = 0  # events/bye: the sender's batch number; ack: the last one received
+    batch: limits.Count = 0  # events/bye: the sender's batch number; ack: the last of the
+    #                          sender's batches that all arrived (collector.py: See [Note: one
+    #                          stream per sender])
 
 
 class _Versions(msgspec.Struct):

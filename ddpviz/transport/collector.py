@@ -37,13 +37,15 @@ from ddpviz.transport.codec import (
     boot_id,
     make_header,
 )
-from ddpviz.transport.handshake import MAX_PENDING, PendingGuard, secure_server
+from ddpviz.transport.handshake import MAX_PENDING, PendingGuard, secure_server, watch_link
 from ddpviz.transport.subscribers import Subscribers, deliver
 
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
 END_OF_STREAM = object()  # put on an iterate_queue queue to end the iteration
-_MAX_SENDERS = 1 << 16  # senders whose last frame number is kept (for replay checks)
+_MAX_SENDERS = 1 << 16  # senders whose last frame number is kept (for replay checks), and
+#                         (sender, rank) streams whose numbering is kept
 _MAX_CONFIRMED = 1 << 16  # connections remembered as past their handshake (then forgotten)
+_MAX_AHEAD = 64  # batches a stream may have delivered ahead of a missing one (a Sender: none)
 
 
 class CollectorStats(NamedTuple):
@@ -64,6 +66,8 @@ class CollectorStats(NamedTuple):
     replays: int = 0  #: signed messages refused for a frame number already seen (in "auth")
     handshakes_failed: int = 0  #: connections that failed zmq's handshake (in "auth")
     pending_shut: int = 0  #: connections shut for being over the cap mid-handshake
+    early_batches: int = 0  #: event batches that arrived ahead of a missing one (never from a
+    #                          ddpviz Sender: See [Note: one stream per sender] in collector.py)
 
     @property
     def total_received(self) -> int:
@@ -78,9 +82,7 @@ class CollectorStats(NamedTuple):
 
 @dataclass
 class _RankState:
-    sender: str = ""
-    next_seq: int = 0  # next expected event seq
-    next_frame: int = 0  # next expected frame number from the current sender
+    sender: str = ""  # the sender id of the rank's last message
     received: int = 0
     frames: int = 0
     gaps: int = 0
@@ -90,7 +92,36 @@ class _RankState:
     clock: tuple[int, int] | None = None
     peer: str = ""
     closed: tuple[int, int] | None = None
-    next_batch: int = 0  # next expected batch number: a lower one is a resent duplicate
+
+
+# [Note: one stream per sender]
+# A rank's messages normally come from one Sender (a restarted rank: a new one, with a new id).
+# Its numbers (frames, event seqs, batches) count on from its own previous message, so the
+# collector keeps them per (sender id, rank) stream: a second sender speaking for the same
+# rank, hostile or mistaken, neither resets nor borrows another stream's numbers (it used to
+# reset the rank's, so a batch resent after that was delivered twice). The rank's totals
+# (received, gaps, ...) add up over its streams. An ack confirms a stream's contiguous prefix of
+# batches (cumulative: See [Note: confirmed batches] in sender.py), never a batch that did not
+# arrive: a batch ahead of a missing one (stats.early_batches) is delivered (once: its number is
+# kept) but confirmed only once the missing one has arrived; beyond _MAX_AHEAD such batches a
+# stream's next one is set aside unconfirmed, for its sender to send again. The prefix begins at
+# the stream's first batch: a Sender's first batch on any connection is its oldest unconfirmed
+# one, so a collector started again with the same secret and port takes a running job's senders
+# over where they are. A ddpviz Sender never sends a batch ahead of a missing one: it sends them
+# in order, from the oldest unconfirmed on every new connection, and a frame of an old
+# connection arriving after a newer one is refused as a replay. A `bye` closes a rank only for a
+# sender that spoke for that rank before (others are refused as "auth"); the rank's `closed`
+# resets when another sender speaks for it.
+
+
+@dataclass
+class _Stream:
+    """One sender's numbering as one rank (See [Note: one stream per sender])."""
+
+    next_frame: int  # next expected frame number
+    next_seq: int = 0  # next expected event seq
+    next_batch: int | None = None  # batches below it all arrived; None before the first
+    ahead: set[int] | None = None  # batches above it that arrived (None: none)
 
 
 class Collector:
@@ -123,6 +154,7 @@ class Collector:
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes + MAX_FRAME_SLACK)
         sock.setsockopt(zmq.RCVHWM, 1024)
         secure_server(sock, self.secret.encode())
+        watch_link(sock, client=False)
         self._guard = PendingGuard(sock, max_pending)
         self._confirmed: set[bytes] = set()  # ROUTER identities whose handshake is known over
         host = "127.0.0.1" if host == "localhost" else host
@@ -151,6 +183,8 @@ class Collector:
         self._ranks: dict[int, _RankState] = {}
         self._rejected = dict.fromkeys(REASONS, 0)
         self._senders: dict[str, int] = {}  # sender id -> next frame number it may send
+        self._streams: dict[tuple[str, int], _Stream] = {}  # (sender id, rank), by last use
+        self._early_batches = 0
         self._replays = 0
         self._callback_errors = 0
         self._internal_errors = 0
@@ -205,7 +239,8 @@ class Collector:
                 callback_errors=self._callback_errors,
                 replays=self._replays,
                 handshakes_failed=self._guard.failed,
-                pending_shut=self._guard.shut)
+                pending_shut=self._guard.shut,
+                early_batches=self._early_batches)
 
     def wait(self, predicate: Callable[[CollectorStats], bool], timeout: float = 30.0) -> bool:
         """Block until `predicate(stats)` holds (checked after every message); False on
@@ -303,11 +338,16 @@ class Collector:
             if len(self._senders) > _MAX_SENDERS:
                 del self._senders[next(iter(self._senders))]
         if h.kind == "events":
-            self._accept(h, events)
-            self._ack(identity, h)
+            self._ack(identity, h, self._accept(h, events))
             return
+        confirm: int | None = None
         with self._lock:
-            st = self._state(h)
+            if h.kind == "bye" and (h.sender, h.rank) not in self._streams:
+                # Not a sender of this rank: it cannot close it (See [Note: one stream per
+                # sender]); signed, but without standing.
+                self._rejected["auth"] += 1
+                return
+            st, stream = self._state(h)
             if h.kind == "hello":
                 st.peer = f"{h.host} {h.pid}"
                 if h.boot and h.boot == boot_id():
@@ -320,42 +360,73 @@ class Collector:
                     st.clock = (h.offset_ns, h.error_ns)
             elif h.kind == "bye":
                 st.closed = (h.count, h.dropped)
+                # A bye carries the number after its sender's last batch: confirmed (with every
+                # batch below it) only when all of them arrived.
+                nxt = stream.next_batch
+                confirm = h.batch if nxt is None or nxt == h.batch else nxt - 1
         if h.kind == "bye":
-            self._ack(identity, h)
+            self._ack(identity, h, confirm)
         if h.kind in ("hello", "ping"):
             pong = make_header("pong", h.rank, h.sender, 0, t_ns=h.t_ns, peer_ns=t_recv)
             # If the peer went away the pong is lost; it pings again if it still cares.
             with contextlib.suppress(zmq.ZMQError):
                 self._sock.send_multipart([identity, *self._codec.encode(pong)], zmq.NOBLOCK)
 
-    def _state(self, h: Header) -> _RankState:
-        """The rank's state, reset when a new Sender (a restarted rank) shows up."""
+    def _state(self, h: Header) -> tuple[_RankState, _Stream]:
+        """The rank's state and the sender's stream as that rank (See [Note: one stream per
+        sender]); the rank's `closed` resets when another Sender (a restarted rank) speaks."""
         st = self._ranks.get(h.rank)
         if st is None:
             st = self._ranks[h.rank] = _RankState()
         if st.sender != h.sender:
-            if st.sender:
-                st.next_seq, st.closed, st.next_batch = 0, None, 0
-            st.sender, st.next_frame = h.sender, h.seq
-        if h.seq > st.next_frame:
-            st.lost_frames += h.seq - st.next_frame
-        st.next_frame = max(st.next_frame, h.seq + 1)
-        return st
+            st.sender, st.closed = h.sender, None
+        key = (h.sender, h.rank)
+        stream = self._streams.pop(key, None)  # re-inserted: the dict's order is by last use
+        if stream is None:
+            stream = _Stream(next_frame=h.seq)
+            if len(self._streams) >= _MAX_SENDERS:
+                del self._streams[next(iter(self._streams))]
+        self._streams[key] = stream
+        if h.seq > stream.next_frame:
+            st.lost_frames += h.seq - stream.next_frame
+        stream.next_frame = max(stream.next_frame, h.seq + 1)
+        return st, stream
 
-    def _ack(self, identity: bytes, h: Header) -> None:
-        """Confirm a batch (and every one before it): the sender resends what is unconfirmed
-        when its connection is replaced (See [Note: confirmed batches] in sender.py)."""
-        ack = make_header("ack", h.rank, h.sender, 0, batch=h.batch)
+    def _ack(self, identity: bytes, h: Header, batch: int | None) -> None:
+        """Confirm `batch` and every one before it (None: nothing to confirm): the sender
+        resends what is unconfirmed when its connection is replaced (See [Note: confirmed
+        batches] in sender.py)."""
+        if batch is None:
+            return
+        ack = make_header("ack", h.rank, h.sender, 0, batch=batch)
         with contextlib.suppress(zmq.ZMQError):  # lost with its connection: resent, re-acked
             self._sock.send_multipart([identity, *self._codec.encode(ack)], zmq.NOBLOCK)
 
-    def _accept(self, h: Header, events: list[Event]) -> None:
+    def _accept(self, h: Header, events: list[Event]) -> int:
+        """Deliver a batch that extends its stream's prefix (once); returns the prefix's last
+        batch, what the ack confirms (See [Note: one stream per sender])."""
         with self._lock:
-            st = self._state(h)
-            if h.batch < st.next_batch:
-                return  # resent after a reconnect, but it had arrived: delivered once
-            st.next_batch = h.batch + 1
-            nxt, gaps, dropped, reordered = st.next_seq, 0, 0, 0
+            st, stream = self._state(h)
+            if stream.next_batch is None:
+                stream.next_batch = h.batch  # its oldest unconfirmed: the prefix begins here
+            batch, ahead = h.batch, stream.ahead
+            if batch < stream.next_batch or (ahead is not None and batch in ahead):
+                return stream.next_batch - 1  # resent after a reconnect: delivered once
+            if batch > stream.next_batch:  # one before it is missing: not confirmed yet
+                self._early_batches += 1
+                if ahead is None:
+                    ahead = stream.ahead = set()
+                if len(ahead) >= _MAX_AHEAD:
+                    return stream.next_batch - 1  # set aside: its sender keeps it
+                ahead.add(batch)
+            else:
+                stream.next_batch += 1
+                while ahead is not None and stream.next_batch in ahead:
+                    ahead.discard(stream.next_batch)
+                    stream.next_batch += 1
+                if not ahead:
+                    stream.ahead = None
+            nxt, gaps, dropped, reordered = stream.next_seq, 0, 0, 0
             for e in events:
                 s = e.seq
                 if type(e) is EventsDropped:
@@ -372,7 +443,8 @@ class Collector:
                     nxt = s + 1
                 else:
                     reordered += 1
-            st.next_seq = nxt
+            stream.next_seq = nxt
+            confirmed = stream.next_batch - 1
             st.gaps += gaps
             st.dropped += dropped
             st.reordered += reordered
@@ -380,6 +452,7 @@ class Collector:
             st.frames += 1
             subscribers = self._subscribers.current  # those subscribed when it was counted
         deliver(subscribers, events, self.report_callback_error)
+        return confirmed
 
     def _internal_error(self, exc: Exception) -> None:
         with self._lock:

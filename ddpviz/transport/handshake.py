@@ -1,5 +1,6 @@
 """Who may talk to a collector: CURVE keys from the session secret, and a cap on the peers that
-have connected but not yet proven they hold it.
+have connected but not yet proven they hold it; and how either end notices that a connection
+went silent (See [Note: a silent link]).
 
 [Note: transport authentication]
 Every message is HMAC-signed (codec.py), but a signature is only checked once zmq has handed the
@@ -34,6 +35,34 @@ HANDSHAKE_S = 5.0  # zmq drops a connection whose handshake takes longer
 _MAX_CONFIRMED = 1 << 16  # connections remembered as past their handshake
 MAX_PENDING = 12  # connections allowed mid-handshake at once (the oldest beyond go): with
 #                  4 MiB messages, 12 x 4.125 MiB ~ 50 MiB of unverified data at most
+
+LINK_PING_S = 2.0  # each end pings the other this often, and drops a connection that carried
+LINK_TIMEOUT_S = 15.0  # no byte for this long (See [Note: a silent link])
+
+# [Note: a silent link]
+# A network can cut a connection without a FIN or an RST: a partition, a host that died hard,
+# a NAT mapping or a tunnel dropped. TCP then says nothing for many minutes (and never, for a
+# connection with nothing to send), so a sender waited for confirmations forever (See [Note:
+# confirmed batches] in sender.py) and a collector kept its peers. Both ends therefore ping the
+# other every LINK_PING_S (ZMTP heartbeats, answered by zmq's own I/O thread: a busy Python
+# thread on either end does not count as silence) and drop a connection on which no byte
+# arrived for LINK_TIMEOUT_S; the PING's time-to-live makes the far end drop its side too. The
+# sender then reconnects (a connect or a handshake that hangs in a partition is given up after
+# LINK_TIMEOUT_S and tried again, so the link is found soon after it heals), greets, and
+# resends what is unconfirmed; whatever its close deadline finds unconfirmed counts as dropped.
+
+
+def watch_link(sock: zmq.Socket[bytes], *, client: bool) -> None:
+    """Make `sock` (before bind or connect) drop a connection that went silent (See [Note: a
+    silent link])."""
+    ms = int(LINK_TIMEOUT_S * 1000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(LINK_PING_S * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, ms)
+    if client:  # (a server's handshakes are limited to HANDSHAKE_S by secure_server)
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, ms)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, ms)
+
 
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)

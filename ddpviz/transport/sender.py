@@ -39,7 +39,7 @@ from ddpviz.transport.codec import (
     make_header,
     parse_connect_string,
 )
-from ddpviz.transport.handshake import secure_client
+from ddpviz.transport.handshake import secure_client, watch_link
 
 _REFUSALS = 3  # failed handshakes in a row (none ever succeeded) that mean "refused"
 _HELLO_RETRY_S = 1.0  # a hello not answered by then is sent again (its connection may be gone)
@@ -76,9 +76,14 @@ _WINDOW_BYTES = 16 << 20  # batches]); and their encoded size
 # is confirmed (at most _WINDOW_FRAMES / _WINDOW_BYTES of them; beyond that the shipping thread
 # waits, and events wait in, or overflow counted from, the in-process buffer). When its
 # connection is replaced, the sender greets the new one and resends every unconfirmed batch, in
-# order, under its original batch number; the collector delivers a batch number once and
-# confirms duplicates again. At close the sender waits (up to the close deadline) until every
-# batch and then its "bye" are confirmed; batches still unconfirmed then count as dropped.
+# order, under its original batch number (at once, even with nothing new to send: a job that
+# hangs sends nothing more, and its last events are the ones wanted); the collector delivers a
+# batch number once and confirms duplicates again (See [Note: one stream per sender] in
+# collector.py). A connection that went silent is dropped by heartbeats and replaced like any
+# other (See [Note: a silent link] in handshake.py). At close the sender waits (up to the close
+# deadline, whatever the link does) until every batch and then its "bye" are confirmed; batches
+# still unconfirmed then count as dropped (some may still arrive, if the link comes back after
+# the close: a drop the sender cannot rule out, counted rather than lost silently).
 
 
 def _events(items: list[Event]) -> int:
@@ -376,6 +381,7 @@ class _ZmqSink:
         self._answered = False
         self._hello_at: float | None = None  # when the last unanswered hello went
         self._refusals = 0  # handshakes failed in a row; -1 once one succeeded
+        self.disconnects = 0  # connections lost so far (cut, refused, or dropped as silent)
         self._epoch_ns = 0  # our clock at the last disconnect: older pongs prove nothing
         # See [Note: confirmed batches]: (batch number, encoded body, events, markers) of the
         # batches not yet confirmed, oldest first; the first _on_conn of them went on the
@@ -404,6 +410,7 @@ class _ZmqSink:
         # overflow from) our counted buffer, never in an invisible zmq queue.
         sock.setsockopt(zmq.IMMEDIATE, 1)
         secure_client(sock, self._secret)
+        watch_link(sock, client=True)  # a silent link is noticed, dropped, and connected again
         if ":[" in self.address or self.address.count(":") > 2:
             sock.setsockopt(zmq.IPV6, 1)
         self._monitor = sock.get_monitor_socket(_CLIENT_WATCHED)
@@ -431,6 +438,7 @@ class _ZmqSink:
                 return
             kind = parse_monitor_message(msg)["event"]
             if kind == zmq.EVENT_DISCONNECTED:
+                self.disconnects += 1
                 # A pong still queued from the old connection must not count for the next.
                 self._answered, self._hello_at = False, None
                 self._epoch_ns = self._clock()
@@ -457,16 +465,19 @@ class _ZmqSink:
         """Wait until the collector has answered a hello on this connection (greeting again
         every _HELLO_RETRY_S); False once past the close deadline."""
         while True:
-            self.service()
+            self._service()
             if self._answered:
                 return True
-            deadline = self._deadline()
-            if deadline is not None and time.monotonic() > deadline:
+            if self._past_deadline():
                 return False
             if self._hello_at is None or time.monotonic() - self._hello_at > _HELLO_RETRY_S:
                 self._hello()
             assert self._sock is not None
             self._sock.poll(20, zmq.POLLIN)
+
+    def _past_deadline(self) -> bool:
+        deadline = self._deadline()
+        return deadline is not None and time.monotonic() > deadline
 
     def _send(self, parts: list[bytes], limit_s: float | None = None,
               answered: bool = False) -> bool | None:
@@ -538,9 +549,13 @@ class _ZmqSink:
                 if not ok:
                     return False
                 self._on_conn += 1
-            self.service()
+            self._service()
             if self._answered and done():
                 return True
+            if self._past_deadline():
+                # Answered, all sent, never confirmed: a silent link looks like this until the
+                # heartbeats drop it (See [Note: a silent link] in handshake.py).
+                return False
             if self._answered and self._on_conn >= len(self._unconfirmed):
                 assert self._sock is not None
                 self._sock.poll(20, zmq.POLLIN)
@@ -555,7 +570,21 @@ class _ZmqSink:
             self._bye_confirmed = True  # the bye carries the batch number after the last
 
     def service(self) -> None:
-        """Read pongs; ping again until _PINGS samples are in (See [Note: clock alignment])."""
+        """While idle: read the socket; on a new connection, greet and resend what is
+        unconfirmed (See [Note: confirmed batches]): the batches cut off with the old one would
+        otherwise wait for the next batch, and a job that hangs sends none."""
+        self._service()
+        if not self._unconfirmed:
+            return
+        if not self._answered:
+            if self._hello_at is None or time.monotonic() - self._hello_at > _HELLO_RETRY_S:
+                self._hello()
+        elif self._on_conn < len(self._unconfirmed):
+            self._pump(lambda: True)
+
+    def _service(self) -> None:
+        """Read pongs and acks; ping again until _PINGS samples are in (See [Note: clock
+        alignment])."""
         sock = self._sock
         assert sock is not None
         self._watch()
@@ -605,14 +634,14 @@ class _ZmqSink:
 
         if time.monotonic() > deadline:
             self._send(bye(), 0.0)  # one try: the counts say what was lost
-        # Greeted again and said again on every new connection, until confirmed.
-        while not self._bye_confirmed and self._ready():
+        # Greeted again and said again on every new connection, until confirmed or the deadline.
+        while not self._bye_confirmed and time.monotonic() <= deadline and self._ready():
             if not self._send(bye(), max(0.0, deadline - time.monotonic()), answered=True):
                 continue
             until = min(deadline, time.monotonic() + _HELLO_RETRY_S)
             while not self._bye_confirmed and self._answered and time.monotonic() < until:
                 self._sock.poll(20, zmq.POLLIN)
-                self.service()
+                self._service()
         linger_ms = max(0, int((deadline - time.monotonic()) * 1000)) if not \
             self._bye_confirmed else 0
         self._sock.close(linger=linger_ms)

@@ -78,8 +78,8 @@ def _draw(m: ReplicaMatrix) -> str:
     body = []
     for row in m.rows[:MAX_ROWS]:
         cells = []
-        for _, ranks in columns:
-            letter = row.cells.get(ranks[0], "")
+        for _, spans in columns:
+            letter = row.cells.get(spans[0][0], "")  # the column's ranks share their letters
             cls = "i" if row.severity == "info" and letter != "A" else (
                 "a" if letter == "A" else "o")
             cells.append(markup.tag("td", letter or "·", class_=cls,

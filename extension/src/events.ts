@@ -91,6 +91,9 @@ export interface Finding {
   detail?: string[];
   fix?: string;
   world_size?: number;
+  /** replicas_diverged: per tensor, [name, [[what a group of ranks holds, its ranks as
+   * inclusive [lo, hi] spans], ...]] (the per-tensor detail lines as data). */
+  tensors?: [string, [string, [number, number][]][]][];
 }
 
 /** Step 1: the parameters DDP reduces and the buffers it syncs. */

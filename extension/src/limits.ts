@@ -66,6 +66,19 @@ const rankValues = list(
   MAX_WORLD_SIZE,
   v => Array.isArray(v) && v.length === 2 && name(v[0]) && ranks(v[1])
 );
+// [lo, hi] runs of ranks, lo <= hi (a finding's groups per tensor)
+const rankSpans = list(
+  MAX_WORLD_SIZE,
+  v => Array.isArray(v) && v.length === 2 && rank(v[0]) && rank(v[1]) && v[0] <= v[1]
+);
+const heldBy = list(
+  MAX_WORLD_SIZE,
+  v => Array.isArray(v) && v.length === 2 && name(v[0]) && rankSpans(v[1])
+);
+const tensorGroups = list(
+  MAX_LINES,
+  v => Array.isArray(v) && v.length === 2 && name(v[0]) && heldBy(v[1])
+);
 
 /** Field name -> its check, for every event field with a bound (by name, as in limits.py). */
 const FIELDS: Record<string, Check> = {
@@ -123,7 +136,8 @@ const FINDING_OPTIONAL: Check = struct(
     values: rankValues,
     detail: list(MAX_LINES, str(MAX_TEXT)),
     fix: str(MAX_TEXT),
-    world_size: int(0, MAX_WORLD_SIZE)
+    world_size: int(0, MAX_WORLD_SIZE),
+    tensors: tensorGroups
   },
   true
 );

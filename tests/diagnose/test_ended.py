@@ -97,3 +97,22 @@ def test_diagnose_dir_says_which_ranks_ended(tmp_path: Path) -> None:
     assert json.loads(data.stdout)["trace"]["ended"] == {
         "0": {"events": 9, "dropped": 0, "error": ""},
         "1": {"events": 9, "dropped": 0, "error": "ValueError"}}
+
+
+def test_a_copy_of_a_ranks_file_leaves_the_rank_without_an_end_and_is_named(
+        tmp_path: Path) -> None:
+    # See [Note: whose end record counts] (traces/source.py): two files say they are rank 0's
+    # (a copy left in the folder), so neither's record counts, and the verdict says why.
+    ranks_file(tmp_path, 0, 3)
+    ranks_file(tmp_path, 1, 3)
+    copy = tmp_path / "ddpviz-trace-rank0-copy.ddpviz"
+    copy.write_bytes((tmp_path / "ddpviz-trace-rank0.ddpviz").read_bytes())
+    out = subprocess.run([sys.executable, "-m", "ddpviz", "diagnose", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert ("ddpviz: rank 1 ended cleanly; rank 0 has no end record (still running, or "
+            "killed).") in lines, out
+    said = (f"ddpviz: 2 files say they are rank 0's: {str(copy)!r}, "
+            f"{str(tmp_path / 'ddpviz-trace-rank0.ddpviz')!r}. Only one can be")
+    assert any(line.startswith(said) for line in lines), out
+    assert out.stderr == "", out.stderr  # said in the verdict, not as a Python warning

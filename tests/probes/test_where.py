@@ -256,3 +256,79 @@ def test_a_left_rank_is_named_once_this_rank_runs_a_later_step() -> None:
         finally:
             pulse.close()
     assert pulse.quiet_error is None
+
+
+def secret_keeper(p: Parked) -> None:
+    def load_batch() -> None:
+        p.at = "asleep"
+        time.sleep(30)  # token = "hunter2-SECRET"
+
+    load_batch()
+
+
+def test_without_stack_source_a_stack_has_file_line_and_function_but_no_source() -> None:
+    """Recording(stack_source=False) (issue #37, D1): the pulse thread's stacks and the
+    launcher's keep where a rank is and drop the line's text, which may hold a secret."""
+    from ddpviz.launcher.stacks import format_stack
+
+    p = Parked(secret_keeper)
+    p.wait_at("asleep")
+    stack = wh.frames(p.frame())
+    shown = st.stack_lines(stack)
+    assert any("in load_batch: time.sleep(30)  # token = \"hunter2-SECRET\"" in line
+               for line in shown), shown  # the default, as before
+    hidden = st.stack_lines(stack, source=False)
+    assert not any("hunter2" in line or "time.sleep" in line for line in hidden), hidden
+    assert any(line.startswith("tests/probes/test_where.py:") and line.endswith(" in load_batch")
+               for line in hidden), hidden
+    assert len(hidden) == len(shown)
+    assert p.thread.ident is not None
+    taken = wa.Tracker(p.thread.ident, source=False).take(3)
+    assert taken.stack == tuple(hidden) and " in load_batch <- " in taken.summary
+    frames = [(f.file, f.line, f.func) for f in reversed(stack)]
+    launcher = format_stack(1, [frames], source=False)
+    assert not any("hunter2" in line for line in launcher)
+    assert any(" in load_batch" in line for line in launcher)
+    assert any("hunter2" in line for line in format_stack(1, [frames]))
+
+
+def test_a_hang_finding_without_stack_source_names_the_line_without_its_text() -> None:
+    """Two ranks as threads around one store: rank 1 sleeps in its data loading on a line
+    holding a secret while rank 0 waits in the all-reduce; rank 1's watchdog was built with
+    its recording's stack_source=False, so the hang finding names its file:line and function
+    and leaves the text out."""
+    import torch
+
+    from ddpviz.errors import RankHangError
+    from ddpviz.events import Tap
+    from ddpviz.probes.watchdog import Watchdog
+    from tests.probes.ranks_in_threads import in_threads
+
+    def rank_fn(rank: int, store: dist.Store) -> Any:
+        d = Watchdog(FakeGroup(rank, 2), timeout=0.5, tap=Tap(None, rank=rank),  # type: ignore[arg-type]
+                     store=store, stack_source=rank == 0)
+        d.start()
+
+        def load_batch() -> None:
+            time.sleep(2.5)  # password = "hunter2-SECRET"
+
+        if rank == 1:
+            d.heartbeat(1, "forward")
+            load_batch()
+        d.heartbeat(2, "forward")
+        try:
+            d.wait(torch.futures.Future(), collective="all-reduce", bucket=0, params=["w"])
+        except RankHangError as exc:
+            return exc
+        return None
+
+    results = in_threads(rank_fn, [0, 1], dist.HashStore())
+    err = results[0]
+    assert isinstance(err, RankHangError), results
+    text = str(err)
+    assert "hunter2" not in text and "time.sleep(2.5)" not in text, text
+    detail = [line for f in err.findings for line in f.detail]
+    assert any(line.startswith("rank 1 is at tests/probes/test_where.py:") and
+               " in load_batch <- " in line for line in detail), detail
+    assert any(line.strip().startswith("tests/probes/test_where.py:")
+               and line.endswith(" in load_batch") for line in detail), detail
