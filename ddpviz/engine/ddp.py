@@ -88,16 +88,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             emitter (set by ddpviz.launch / ddpviz.connect), else no events at all.
         hang_timeout: handed to the observers' hang watchdog (ddpviz.DistributedDataParallel
             documents it); the bare twin has none and ignores it.
-        recording: what is recorded of each backward, a `ddpviz.Recording` (See [Note:
-            recording policy] in recording.py): `every=N` (default 100) records a GradReady
-            per parameter on steps 0-2, the rebuild step, every N-th step and around this
-            rank's findings, and a GradsSummarized per bucket (count, bytes, first and last
-            ready time) on the others; `every=1` every step in full, `every=None` summaries
-            only. `guard` changes nothing here: this DDP's all-reduce is Python and always
-            guarded. Default $DDPVIZ_RECORDING (launched and torchrun ranks), else
-            `Recording()`.
-        detail: deprecated (one release): the old level names ("sampled", "full", ...),
-            mapped to `recording=` with a DeprecationWarning naming it.
+        recording: what is recorded of each backward, a `ddpviz.Recording`
+            (ddpviz.DistributedDataParallel documents it; See [Note: recording policy]).
+        detail: deprecated (one release): the old level names, mapped to `recording=`.
     """
 
     # What watches this DDP on its rank: nothing here; ddpviz.DistributedDataParallel plugs in
