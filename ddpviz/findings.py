@@ -316,8 +316,9 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     detail: Lines = ()  #: further lines, printed after the values
     fix: Text = ""  #: the likely fix, one or two sentences
     world_size: WorldSizeOrUnknown = 0  #: 0 when unknown
-    #: replicas_diverged: per differing tensor shown in `detail`, (dotted name, ((what a group
-    #: of ranks holds, its ranks as inclusive (lo, hi) spans), ...)): those lines as data
+    #: For a replicas_diverged finding, per differing tensor shown in `detail`: (dotted name,
+    #: ((what a group of ranks holds, its ranks as inclusive (lo, hi) spans), ...)), those
+    #: lines as data
     tensors: TensorGroups = ()
 
     def text(self, *, header: bool = True) -> str:
