@@ -388,16 +388,13 @@ def format_ranges(numbers: Iterable[int], *, run: int = 3, most: int | None = No
     '0-3, 5, 7, 8'. A run of `run` or more consecutive numbers reads 'a-b'; past `most` items
     '...' follows; '' for none. Every range label in ddpviz is spelled here (its browser twin
     is formatRanges in extension/src/rankGroups.ts), each kind of label with its own `run`."""
-    parts: list[str] = []
-    streak: list[int] = []
-    for n in [*sorted(numbers), None]:
-        if n is not None and streak and n == streak[-1] + 1:
-            streak.append(n)
-            continue
-        if streak:
-            parts += ([f"{streak[0]}-{streak[-1]}"] if len(streak) >= run
-                      else [str(x) for x in streak])
-        streak = [] if n is None else [n]
+    streaks: list[tuple[int, int]] = []  # (first, last) of each run of consecutive numbers
+    for n in sorted(numbers):
+        if streaks and n == streaks[-1][1] + 1:
+            streaks[-1] = (streaks[-1][0], n)
+        else:
+            streaks.append((n, n))
+    parts = _span_labels(streaks, run)
     if most is not None and len(parts) > most:
         return sep.join(parts[:most]) + sep + "..."
     return sep.join(parts)
@@ -486,11 +483,16 @@ def merge_spans(spans: Iterable[tuple[int, int]]) -> Spans:
 def format_spans(spans: Iterable[tuple[int, int]], *, run: int = 3, sep: str = ", ") -> str:
     """`format_ranges` of the ranks that inclusive (lo, hi) spans cover, without listing them
     one by one (a column of 131,072 ranks costs one span): ((0, 3), (5, 5)) -> '0-3, 5'."""
+    return sep.join(_span_labels(merge_spans(spans), run))
+
+
+def _span_labels(spans: Iterable[tuple[int, int]], run: int) -> list[str]:
+    """Each inclusive (lo, hi) span as 'lo-hi' when it holds `run` numbers or more, else as its
+    numbers one by one (fewer than `run`: a short list)."""
     parts: list[str] = []
-    for lo, hi in merge_spans(spans):
-        parts += ([f"{lo}-{hi}"] if hi - lo + 1 >= run
-                  else [str(x) for x in range(lo, hi + 1)])  # fewer than `run` numbers
-    return sep.join(parts)
+    for lo, hi in spans:
+        parts += [f"{lo}-{hi}"] if hi - lo + 1 >= run else [str(x) for x in range(lo, hi + 1)]
+    return parts
 
 
 _RANK_DIGITS = len(str(MAX_WORLD_SIZE))  # more digits: past the rank bound
