@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from ddpviz.traces.fileformat import End
     from ddpviz.traces.source import RunSource
-    from ddpviz.traces.trace import Trace
 
 
 class TargetError(ValueError):
@@ -131,20 +129,6 @@ def open_traces(paths: list[str]) -> RunSource:
         return open_run(paths)
     except (SourceError, TraceError) as e:
         raise TraceArgsError(str(e)) from e
-
-
-def load_traces(paths: list[str]) -> tuple[Trace, list[Path]]:
-    """TRACE arguments as one trace and the files read (see `open_traces`)."""
-    run = open_traces(paths)
-    return run.as_trace(), list(run.files)
-
-
-def ended_files(files: list[Path]) -> dict[int, End]:
-    """The end records of the files that have one and count for their rank, by rank (See
-    [Note: a rank's end in its file], fileformat.py; each one that does not is warned about)."""
-    from ddpviz.traces.source import ended_files as read_ended
-
-    return read_ended(files)
 
 
 def _diagnose(args: argparse.Namespace) -> int:

@@ -257,11 +257,11 @@ def test_the_report_of_a_job_dir_says_which_ranks_ended_as_diagnose_does(
     page = html.read_text()
     assert f"<p id='ended' class='bad'>{said}</p>" in page
     # the same findings as diagnose's, from the same records
-    from ddpviz.cli import ended_files, load_traces
     from ddpviz.report.html import render
+    from ddpviz.traces.source import open_run
 
-    trace, files = load_traces([str(out)])
-    findings = ddpviz.diagnose(trace, ended=ended_files(files))
+    recorded = open_run(str(out))  # the door the CLI reads TRACE arguments through
+    trace, ended = recorded.as_trace(), dict(recorded.ended or {})
+    findings = ddpviz.diagnose(trace, ended=ended)
     assert all(markup.escape(f.title) in page for f in findings)
-    assert render(trace, title="t", ended=ended_files(files)).count("class='finding ") == \
-        len(findings)
+    assert render(trace, title="t", ended=ended).count("class='finding ") == len(findings)
