@@ -35,7 +35,7 @@ Kind = Literal[
     "hook_fired_twice", "graph_changed", "grad_order", "missing_rank", "rank_waiting",
     "rank_hang", "rank_exited", "peer_failed", "uneven_iterations", "collective_mismatch",
     "buffer_reassigned", "events_dropped", "plan_mismatch", "straggler", "nonfinite_gradient",
-    "nonfinite_parameter", "replicas_diverged",
+    "nonfinite_parameter", "replicas_diverged", "unmatched_collective",
 ]
 
 # Every kind of finding, with what its fields mean.
@@ -57,7 +57,10 @@ KINDS: dict[Kind, str] = {
     "rank_exited": "a rank's connection closed while others waited for it (exit or crash)",
     "peer_failed": "this rank stopped because another rank failed",
     "uneven_iterations": "ranks ran different numbers of iterations",
-    "collective_mismatch": "ranks issued different collectives in the same iteration",
+    "collective_mismatch": "ranks issued different collectives in the same iteration, or at "
+                           "the same position of a process group's sequence (op, dtype, size, "
+                           "source rank, group: the job's own collectives, each rank's call "
+                           "site in values)",
     "buffer_reassigned": "a buffer was replaced by a new tensor instead of updated in place",
     "events_dropped": "events were lost on the way, so the diagnosis may be incomplete",
     "plan_mismatch": "a rank's collectives differ from DDP's plan for the given model and "
@@ -75,6 +78,11 @@ KINDS: dict[Kind, str] = {
     "replicas_diverged": "after an optimizer step, ranks hold different bytes for some "
                          "parameters or buffers (field: parameter or buffer; step: the "
                          "checked step; values: which ranks agree with which)",
+    "unmatched_collective": "some ranks issued a collective through torch.distributed at a "
+                            "position of a process group's sequence where the others issued "
+                            "something else (DDP's collectives, or a call ddpviz does not see): "
+                            "ranks = the ranks that issued it; values = what each rank did "
+                            "there, with call sites",
 }
 
 # The model differs across ranks: one fix per differing field ("" for any other field).
@@ -198,6 +206,11 @@ FIXES: dict[Kind, dict[str, str]] = {
         # post-mortem: one sequence id, different collectives
         "sequence": "Ranks launched different collectives under one sequence id: a collective "
                     "was skipped or added on some ranks before this point.",
+        # live: the job's own collectives differ at one position of a group's sequence
+        "job": "Every rank must issue the same collectives, with the same dtype, size, source "
+               "rank and process group, in the same order: make the sizes agree (pad, or "
+               "all_gather the sizes first), use the same src on every rank, and call "
+               "rank-dependent collectives on every rank of the group or on none.",
         # post-mortem: a rank launched collectives beyond DDP's plan
         "extra": "Every rank must launch the same collectives in the same order on a process "
                  "group: move rank-dependent collectives (logging, metrics) out of the training "
@@ -285,6 +298,14 @@ FIXES: dict[Kind, dict[str, str]] = {
         "buffers": "Update buffers inside forward (or on every rank alike): DDP broadcasts "
                    "rank 0's buffers before each forward, and a rank-local change after that "
                    "is not undone until the next one.",
+    },
+    "unmatched_collective": {
+        "": "Every rank of a process group must issue the same collectives in the same order: "
+            "a collective called under a rank condition (if rank == 0: barrier(), a debug "
+            "all_reduce, a checkpoint save that synchronizes) pairs with whatever the other "
+            "ranks issue next, often DDP's bucket all-reduce. Call it on every rank of the "
+            "group, or move it out of the collective (save on rank 0 without a barrier inside "
+            "the condition, then barrier() on every rank).",
     },
 }
 

@@ -24,6 +24,7 @@ from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.events import Emitter, Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for
+from ddpviz.probes import collective_check, collectives
 from ddpviz.probes.nonfinite import NonfiniteCheck
 from ddpviz.probes.optimizer_step import OptimizerStepTap
 from ddpviz.probes.replicas import ReplicaCheck, replica_check
@@ -110,6 +111,8 @@ class Watch:
         self.watchdog = Watchdog(self.group, timeout=timeout, tap=self.tap,
                                  stack_source=self.recording.stack_source)
         self.watchdog.start(where)
+        # the job's own collectives, compared across ranks: See [Note: comparing histories]
+        self._ledger = collective_check.start(self.tap)
         # See [Note: finding where a NaN starts] (probes/nonfinite.py)
         self._nf = NonfiniteCheck(self.params, self.names, self.group.rank(), self.world_size,
                                   self.tap, "guarded" if self.recording.guard else "hook-less")
@@ -250,6 +253,7 @@ class Watch:
         # both made before the wrapper and kept for the watch's life: held here, not looked up
         pulse, nf_open = watchdog.pulse, nf.open_steps
         grad_enabled = torch.is_grad_enabled
+        mark, group = collectives.mark_ddp_step, self.group
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             step = self._forwards
@@ -259,6 +263,7 @@ class Watch:
                 self._forwards = step + 1
                 tap.step = watchdog.step = step
                 watchdog.phase = "forward"
+                mark(group, step)
                 if replicas is not None:
                     replicas.latest = step
                 if tap.enabled:
@@ -318,6 +323,7 @@ class Watch:
         if tap.enabled:
             tap.emit(ev.ForwardStarted)
         self.watchdog.heartbeat(step, "forward")
+        collectives.mark_ddp_step(self.group, step)
         self._arm_step(step)
         if not self._rebuilt_seen and step == self._rebuild_step() and \
                 not self.ddp._has_rebuilt_buckets:
@@ -486,6 +492,8 @@ class Watch:
         remove one) and stop the threads: the replica check's, and the heartbeat's within
         pulse.CLOSE_GRACE_S (it composes the other ranks' last NaN-check posts until then)."""
         self._closed = True
+        if self.__dict__.pop("_ledger", False):
+            collectives.release()
         if "_plan_lock" in self.__dict__:
             self._replan()
         nf = self.__dict__.get("_nf")

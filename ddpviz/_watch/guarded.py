@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 from ddpviz import events as ev
 from ddpviz._watch.base import Watch, _graph_task, _logger, _plain_wait_first
+from ddpviz.engine.comm import LAUNCH
+from ddpviz.probes import collectives
 
 # [Note: transparent by construction]
 # torch's reducer scales gradients itself only when NO comm hook is registered: it copies each
@@ -267,11 +269,14 @@ class GuardedWatch(Watch):
         if self._error is not None:  # failed already: no more collectives, raise at the end
             out.set_result(buffer)
             return out
+        LAUNCH.bucket = b  # the job's collectives ledger names this all-reduce as bucket b's
         try:
             fut, work = self._reduce(bucket, buffer)
         except RuntimeError as exc:  # a peer is gone already: the watchdog names it
             fut, work = torch.futures.Future(), None
             fut.set_exception(exc)
+        finally:
+            LAUNCH.bucket = -1
         item = _Pending(fut, work, out, buffer, b, self.tap.step)
         if in_node:  # settled by _after_hooks; See [Note: settled on the training thread]
             self._pending.append(item)
@@ -333,6 +338,7 @@ class GuardedWatch(Watch):
             self._average(bucket, buffer)
         # What torch's C++ default hook does (reducer._run_allreduce_hook): a SUM all-reduce
         # of the bucket on the DDP's process group; here with its Work, for bounded waits.
+        collectives.mark_bucket(self.group, self.tap.step, LAUNCH.bucket)
         work = self.group.allreduce([buffer])
         return work.get_future(), work
 

@@ -8,6 +8,7 @@ default all-reduce, and how a hook's result is read back (walk-through step 6).
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,6 +59,16 @@ class GradBucket:
     def set_buffer(self, buffer: torch.Tensor) -> None:
         """Replace the tensor `buffer()` returns (torch's hooks use it to swap in results)."""
         self._buffer = buffer
+
+
+class _Launch(threading.local):
+    bucket = -1  # the bucket whose comm hook runs on this thread, else -1
+
+
+# Which DDP bucket's all-reduce is being launched on this thread: the reducer sets it around
+# the comm hook, so that a ledger of the job's collectives (probes/collectives.py) can name
+# the collectives a hook issues as that bucket's. Read, never required.
+LAUNCH = _Launch()
 
 
 def allreduce_sum(process_group: dist.ProcessGroup, bucket: GradBucket) -> torch.futures.Future:

@@ -27,7 +27,7 @@ from ddpviz.engine.bucket_views import (
     make_bucket,
 )
 from ddpviz.engine.buckets import Limits, rebuilt_buckets
-from ddpviz.engine.comm import GradBucket, allreduce_sum, hook_result
+from ddpviz.engine.comm import LAUNCH, GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.observers import Guard, NonfiniteObserver
@@ -504,6 +504,7 @@ class Reducer:
                                   bucket.gradients, lambda: [
                                       bucket.gradients[o:o + n] for o, n in
                                       zip(bucket.offsets, bucket.lengths, strict=True)])
+        LAUNCH.bucket = b
         try:
             bucket.future = self.run_comm_hook(grad_bucket)
         except RuntimeError as exc:  # a peer is gone already
@@ -511,6 +512,8 @@ class Reducer:
                 raise
             raise self.watchdog.failed(exc, collective="all-reduce", bucket=b,
                                        params=self._bucket_names(b)) from exc
+        finally:
+            LAUNCH.bucket = -1
 
     def run_comm_hook(self, grad_bucket: GradBucket) -> torch.futures.Future:
         """The registered comm hook on this bucket, or the built-in SUM all-reduce."""

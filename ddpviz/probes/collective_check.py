@@ -1,0 +1,483 @@
+"""Do all ranks issue the same collectives in the same order? Each rank posts its ledger
+(collectives.py) to the store from a daemon thread; the lowest rank of each process group
+compares the histories position by position and names the first position where they differ,
+live: a collective with a different op, dtype, size or source at the same position
+(`collective_mismatch`), or one that only some ranks issued from Python while the others were
+in DDP's collectives or elsewhere (`unmatched_collective`). It also names ranks blocked in
+different collectives that can never complete. See [Note: comparing histories].
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import msgspec
+import torch.distributed as dist
+
+from ddpviz.events import FindingReported, Tap
+from ddpviz.findings import Finding, fix_for, format_ranks
+from ddpviz.probes import collectives as ledger_mod
+from ddpviz.probes.collectives import Entry, GroupLedger, Mark
+from ddpviz.probes.rendezvous import background_connection
+
+# [Note: comparing histories]
+# Every PERIOD_S each rank posts, per group, the entries and marks it added since its last
+# post (a numbered chunk) and a head: the last chunk's number and how far it got in the
+# group's sequence (its position). A position every rank has passed is final on every rank,
+# so the lowest rank of the group compares positions below the least of the posted positions
+# (the horizon) and never one a rank may still fill. At each position where some rank has an
+# entry: ranks with entries must agree on op and signature; a rank with none issued something
+# else there (DDP's collectives, named by the marks, or a call ddpviz does not see). The first
+# difference is reported once per group; after it, positions no longer pair, so that group's
+# comparison stops. Nothing is read from the user's process group: only the store.
+# Blocked ranks: a rank inside a blocking call posts it as open. When every rank of a set is
+# blocked, each in a collective that some peer of its group is not in, and those peers are
+# blocked too (in the set), none of them can ever return: `collective_mismatch` names each
+# rank's call (different groups or positions), after it lasted STUCK_S.
+
+# [Note: a new call site is posted first]
+# gloo ends a process at once (SIGABRT, no Python runs) when a collective receives more bytes
+# than it expected, which is what a collective issued on one rank only, or with other sizes,
+# usually does: the poster thread would never post it. So the first collective from each call
+# site is posted by the training thread itself, before it runs (two store writes, once per
+# site; a site seen before costs nothing), and every rank compares what the store holds when
+# it exits (`final`, at exit), so a surviving rank names what its dead peer issued.
+
+PERIOD_S = 0.5
+STUCK_S = 2.0
+KEEP_CHUNKS = 64  # chunks a rank keeps in the store; a checker further behind skips ahead
+MAX_CHUNK = 1 << 20  # bytes of one posted chunk read back
+
+
+class Head(msgspec.Struct, array_like=True):
+    chunk: int  # the last chunk posted (-1: none)
+    position: int  # the rank's position in the group's sequence (-1: unknown)
+    open: Entry | None  # a blocking call it is inside, if any
+    open_since: float  # time.time() the open call began (posted by the rank)
+    step: int
+    since: int  # positions below this were not recorded on the rank
+
+
+class Chunk(msgspec.Struct, array_like=True):
+    first: int  # index of the first entry in `entries` in the rank's ledger
+    entries: list[Entry]
+    marks: list[Mark]
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec_head = msgspec.msgpack.Decoder(Head)
+_dec_chunk = msgspec.msgpack.Decoder(Chunk)
+
+
+class _Poster:
+    """What this rank posted of one group's ledger."""
+
+    def __init__(self) -> None:
+        self.chunk = -1
+        self.sent = 0  # entries (by ledger count) posted final
+        self.marks = 0
+        self.open_index = -1
+        self.open_since = 0.0
+
+
+class _History:
+    """One rank's history of one group, as the checker read it."""
+
+    def __init__(self) -> None:
+        self.next_chunk = 0
+        self.by_pos: dict[int, Entry] = {}
+        self.marks: list[Mark] = []
+        self.head: Head | None = None
+        self.gap = False
+
+
+class _Compare:
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.ranks = ranks
+        self.histories = {r: _History() for r in ranks}
+        self.verified = 0  # positions below this were compared
+        self.done = False
+
+
+class CollectiveCheck:
+    """The process's poster and checker thread (one per process, started by `start`)."""
+
+    def __init__(self, tap: Tap, store: dist.Store, rank: int) -> None:
+        self.tap = tap
+        self.store = store
+        self.rank = rank
+        self.posters: dict[str, _Poster] = {}
+        self.compares: dict[str, _Compare] = {}
+        self.stuck_reported = False
+        self.findings: list[Finding] = []
+        self._stop = threading.Event()
+        self._post_lock = threading.Lock()
+        self._tick_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="ddpviz-collectives",
+                                        daemon=True)
+        self._thread.start()
+        ledger_mod.on_new_site = self._post_first
+        atexit.register(self.final)
+
+    def _post_first(self, g: GroupLedger) -> None:
+        """See [Note: a new call site is posted first] (training thread)."""
+        if len(g.ranks) > 1 and g.comparable:
+            with contextlib.suppress(Exception):
+                self._post(g, issuing=True)
+
+    def final(self) -> None:
+        """At exit: post, then compare every group from this rank (See the Note)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            with self._tick_lock:
+                self._final()
+        except Exception:  # the store went with its host: nothing more to say
+            return
+
+    def _final(self) -> None:
+        ledgers = [g for g in ledger_mod.groups() if g.comparable and len(g.ranks) > 1]
+        for g in ledgers:
+            self._post(g)
+        for g in ledgers:
+            self._check(g)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if ledger_mod.on_new_site == self._post_first:
+            ledger_mod.on_new_site = None
+        atexit.unregister(self.final)
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD_S):
+            try:
+                self.tick()
+            except RuntimeError:  # the store is gone (rank 0 exited): nothing more to compare
+                return
+            except Exception as exc:  # never let the check touch the job
+                print(f"ddpviz: the check of the job's collectives stopped ({exc!r}); the "
+                      "job runs on.", file=sys.stderr)
+                return
+
+    # --- posting ----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        with self._tick_lock:
+            ledgers = [g for g in ledger_mod.groups() if g.comparable and len(g.ranks) > 1]
+            for g in ledgers:
+                self._post(g)
+            for g in ledgers:
+                if g.ranks[0] == self.rank:
+                    self._check(g)
+            self._check_blocked(ledgers)
+
+    def _key(self, g: GroupLedger, rank: int, what: str) -> str:
+        return f"ddpviz/coll/{g.name}/{rank}/{what}"
+
+    def _post(self, g: GroupLedger, issuing: bool = False) -> None:
+        """Post `g`'s new entries and head (`issuing`: the last entry is about to run, so the
+        position counts it)."""
+        with self._post_lock:
+            self._post_locked(g, issuing)
+
+    def _post_locked(self, g: GroupLedger, issuing: bool) -> None:
+        p = self.posters.setdefault(g.name, _Poster())
+        position = g.position()  # read before the entries: See [Note: comparing histories]
+        if issuing and position is not None:
+            position += 1
+        with ledger_mod._lock:
+            count = g.count
+            entries = list(g.entries)
+            marks = list(g.marks)
+            n_marks_total = g.marks_count
+        first_kept = count - len(entries)
+        start = max(p.sent, first_kept)
+        new = entries[start - first_kept:]
+        # an entry still open is posted again once it is final
+        final = next((i for i, e in enumerate(new) if e.span < 0), len(new))
+        if issuing:  # the training thread, before the call: a rank's exit ends it as issued
+            final = 0
+        new_marks = marks[len(marks) - min(len(marks), n_marks_total - p.marks):]
+        if new or new_marks:
+            p.chunk += 1
+            self.store.set(self._key(g, self.rank, f"c{p.chunk}"),
+                           _enc.encode(Chunk(start, new, new_marks)))  # type: ignore[arg-type]
+            if p.chunk >= KEEP_CHUNKS:
+                with contextlib.suppress(Exception):
+                    self.store.delete_key(self._key(g, self.rank, f"c{p.chunk - KEEP_CHUNKS}"))
+        p.sent = start + final
+        p.marks = n_marks_total
+        opened = None if issuing else next((e for e in reversed(entries) if e.span < 0), None)
+        if opened is None:
+            p.open_index, p.open_since = -1, 0.0
+        else:
+            index = count - 1 - next(i for i, e in enumerate(reversed(entries)) if e is opened)
+            if index != p.open_index:
+                p.open_index, p.open_since = index, time.time()
+        head = Head(p.chunk, -1 if position is None else position, opened, p.open_since,
+                    ledger_mod._step, g.since)
+        self.store.set(self._key(g, self.rank, "h"), _enc.encode(head))  # type: ignore[arg-type]
+
+    # --- comparing ----------------------------------------------------------------------------
+
+    def _read(self, g: GroupLedger, c: _Compare) -> bool:
+        keys = [self._key(g, r, "h") for r in c.ranks]
+        if not all(self.store.check([k]) for k in keys):
+            return False
+        for r, key in zip(c.ranks, keys, strict=True):
+            raw = self.store.get(key)
+            if len(raw) > MAX_CHUNK:
+                return False
+            h = c.histories[r]
+            h.head = _dec_head.decode(raw)
+            if h.head.chunk - h.next_chunk >= KEEP_CHUNKS:  # fell behind: skip, say nothing
+                h.gap = True
+                h.next_chunk = h.head.chunk - KEEP_CHUNKS + 1
+            while h.next_chunk <= h.head.chunk:
+                data = self.store.get(self._key(g, r, f"c{h.next_chunk}"))
+                h.next_chunk += 1
+                if len(data) > MAX_CHUNK:
+                    h.gap = True
+                    continue
+                chunk = _dec_chunk.decode(data)
+                for e in chunk.entries:
+                    h.by_pos[e.pos] = e
+                h.marks.extend(chunk.marks)
+        return True
+
+    def _check(self, g: GroupLedger) -> None:
+        c = self.compares.get(g.name)
+        if c is None:
+            c = self.compares[g.name] = _Compare(g.ranks)
+        if c.done or not self._read(g, c):
+            return
+        heads = {r: c.histories[r].head for r in c.ranks}
+        if any(h is None or h.position < 0 for h in heads.values()):
+            return
+        horizon = min(h.position for h in heads.values() if h is not None)
+        c.verified = max(c.verified, max(h.since for h in heads.values() if h is not None))
+        positions = sorted({p for r in c.ranks for p in c.histories[r].by_pos
+                            if c.verified <= p < horizon})
+        for pos in positions:
+            finding = self._compare_at(g, c, pos)
+            if finding is not None:
+                c.done = True
+                self._report(finding)
+                return
+        c.verified = max(c.verified, horizon)
+        for r in c.ranks:  # what was compared is not needed again
+            h = c.histories[r]
+            for p in [p for p in h.by_pos if p < c.verified - ledger_mod.MAX_ENTRIES]:
+                del h.by_pos[p]
+
+    def _at(self, h: _History, pos: int) -> Entry | None:
+        """The entry that starts at `pos` on a rank."""
+        e = h.by_pos.get(pos)
+        return e if e is not None and not e.asym else None
+
+    def _covering(self, h: _History, pos: int) -> Entry | None:
+        """An entry that started before `pos` and was still issuing collectives at it (the
+        object collectives issue several)."""
+        for back in range(1, 8):
+            e = h.by_pos.get(pos - back)
+            if e is not None:
+                return e if (e.span < 0 or e.span > back) else None
+        return None
+
+    def _compare_at(self, g: GroupLedger, c: _Compare, pos: int) -> Finding | None:
+        mine: dict[int, Entry] = {}
+        other: dict[int, str] = {}
+        for r in c.ranks:
+            h = c.histories[r]
+            if h.gap:
+                return None  # part of a rank's history was not read: no verdict
+            e = self._at(h, pos)
+            if e is not None:
+                mine[r] = e
+            else:
+                inside = self._covering(h, pos)
+                if inside is not None:
+                    mine[r] = inside
+                else:
+                    other[r] = _not_python(h.marks, pos)
+        if not mine:
+            return None
+        keys = {r: (e.op, e.sig) for r, e in mine.items()}
+        if not other and len(set(keys.values())) == 1:
+            return None
+        return self._finding(g, pos, mine, other)
+
+    def _finding(self, g: GroupLedger, pos: int, mine: dict[int, Entry],
+                 other: dict[int, str]) -> Finding:
+        label = _group_label(g)
+        nth = _ordinal(pos + 1)
+        by_text: dict[str, list[int]] = {}
+        for r in sorted(mine):
+            by_text.setdefault(_entry_text(mine[r]), []).append(r)
+        for r in sorted(other):
+            by_text.setdefault(other[r], []).append(r)
+        values = tuple(sorted(((t, tuple(rs)) for t, rs in by_text.items()),
+                              key=lambda v: (-len(v[1]), v[1])))
+        step = max((e.step for e in mine.values()), default=-1)
+        detail = (f"the {nth} collective on {label} ({format_ranks(g.ranks)}), in the "
+                  "order each rank issued them; what each rank issued there is above",)
+        if other:
+            issued = tuple(sorted(mine))
+            first = mine[issued[0]]
+            title = (f"{format_ranks(issued)} issued {first.op} at {first.site} as the {nth} "
+                     f"collective on {label}; {format_ranks(sorted(other))} issued something "
+                     "else there")
+            return Finding(kind="unmatched_collective", severity="error", title=title,
+                           ranks=issued, step=step, detail=detail, values=values,
+                           fix=fix_for("unmatched_collective"), world_size=len(g.ranks))
+        counts: dict[tuple[str, str], list[int]] = {}
+        for r, e in mine.items():
+            counts.setdefault((e.op, e.sig), []).append(r)
+        sizes = sorted((len(v) for v in counts.values()), reverse=True)
+        if sizes[0] > sizes[1]:  # a majority: the others are the odd ones out
+            common = max(counts.values(), key=len)
+            odd = tuple(sorted(r for r in mine if r not in common))
+        else:  # no rank's call is more common than another's: name them all
+            odd = tuple(sorted(mine))
+        title = (f"ranks issued different collectives as the {nth} collective on {label} "
+                 "(op, dtype, size or source rank differ)")
+        return Finding(kind="collective_mismatch", severity="error", title=title, ranks=odd,
+                       step=step, detail=detail, values=values,
+                       fix=fix_for("collective_mismatch", "job"), world_size=len(g.ranks))
+
+    # --- blocked ranks ---------------------------------------------------------------------
+
+    def _check_blocked(self, ledgers: Sequence[GroupLedger]) -> None:
+        """Ranks blocked in collectives that can never complete (See the Note)."""
+        if self.stuck_reported or not ledgers:
+            return
+        world = [g for g in ledgers if g.ranks[0] == self.rank]
+        if not world:
+            return
+        # every group this rank checks: read every member's head (already read by _check)
+        blocked: dict[int, tuple[str, Entry, float]] = {}
+        members: dict[str, tuple[int, ...]] = {}
+        now = time.time()
+        for g in ledgers:
+            members[g.name] = g.ranks
+            c = self.compares.get(g.name)
+            if c is None:
+                continue
+            for r, h in c.histories.items():
+                head = h.head
+                if head is None or head.open is None or head.open.asym:
+                    continue
+                if now - head.open_since >= STUCK_S:
+                    blocked[r] = (g.name, head.open, head.open_since)
+        if len(blocked) < 2:
+            return
+        stuck = set(blocked)
+        changed = True
+        while changed:
+            changed = False
+            for r in list(stuck):
+                group, entry, _ = blocked[r]
+                peers = [s for s in members.get(group, ()) if s != r]
+                waiting_on = [s for s in peers if not (
+                    s in blocked and blocked[s][0] == group and blocked[s][1].pos == entry.pos)]
+                if not waiting_on or any(s not in stuck for s in waiting_on):
+                    stuck.discard(r)
+                    changed = True
+        if len(stuck) < 2:
+            return
+        calls = {(blocked[r][0], blocked[r][1].pos) for r in stuck}
+        if len(calls) < 2:
+            return
+        self.stuck_reported = True
+        by_text: dict[str, list[int]] = {}
+        for r in sorted(stuck):
+            group, e, since = blocked[r]
+            g = next(x for x in ledgers if x.name == group)
+            by_text.setdefault(f"waits in {_entry_text(e)}, the {_ordinal(e.pos + 1)} "
+                               f"collective on {_group_label(g)}, for {now - since:.0f}s",
+                               []).append(r)
+        values = tuple((t, tuple(rs)) for t, rs in by_text.items())
+        title = ("ranks are blocked in different collectives that cannot complete (different "
+                 "process groups or positions)")
+        step = max(blocked[r][1].step for r in stuck)
+        self._report(Finding(kind="collective_mismatch", severity="error", title=title,
+                             ranks=tuple(sorted(stuck)), step=step, values=values,
+                             fix=fix_for("collective_mismatch", "job"),
+                             world_size=dist.get_world_size()))
+
+    def _report(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        print(finding.text(), file=sys.stderr, flush=True)
+        self.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
+
+
+def _not_python(marks: Sequence[Mark], pos: int) -> str:
+    """What a rank's collective at `pos` was when it was not a call into torch.distributed."""
+    best: Mark | None = None
+    for m in marks:
+        if m.pos <= pos and (best is None or m.pos >= best.pos):
+            best = m
+    if best is None:
+        return "a collective not issued through torch.distributed (DDP's constructor or C++)"
+    if best.bucket >= 0 and best.pos == pos:
+        return f"DDP's all-reduce of bucket {best.bucket} at step {best.step}"
+    return (f"one of DDP's collectives at step {best.step} (its buffer broadcast or bucket "
+            "all-reduces), not a call into torch.distributed")
+
+
+def _entry_text(e: Entry) -> str:
+    what = e.op if not e.sig else f"{e.op}({e.sig})"
+    if e.bucket >= 0:
+        what = f"DDP's all-reduce of bucket {e.bucket} ({e.sig})"
+    return f"{what} at {e.site}"
+
+
+def _group_label(g: GroupLedger) -> str:
+    if g.name in ("0", "default_pg"):
+        return "the default group"
+    return f"group {g.name}"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+_check: CollectiveCheck | None = None
+_check_lock = threading.Lock()
+
+
+def start(tap: Tap) -> bool:
+    """Turn on the ledger (one `collectives.release()` per True returned) and this process's
+    checker (once per process; the first tap given is where its findings go)."""
+    global _check
+    if not ledger_mod.install():
+        return False
+    with _check_lock:
+        if _check is not None:
+            return True
+        from torch.distributed import distributed_c10d as c10d
+
+        try:
+            if dist.get_world_size() < 2:
+                return True
+            store = background_connection(c10d._get_default_store())
+        except Exception:  # no default group or store: the ledger records, nothing compares
+            return True
+        _check = CollectiveCheck(tap, store, dist.get_rank())
+        return True
+
+
+def stop() -> None:
+    """Stop the checker (tests)."""
+    global _check
+    with _check_lock:
+        if _check is not None:
+            _check.stop()
+            _check = None
