@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import torch.distributed as dist
@@ -123,6 +124,16 @@ class CollectiveCheck:
         self._thread.start()
         ledger_mod.on_new_site = self._post_first
         atexit.register(self.final)
+        # an uncaught exception (a peer's abort ends this rank's collective with one) runs
+        # this hook before the traceback is printed, well before atexit, and before torchrun
+        # stops the rank for its peer's failure: compare first, then hand on
+        previous = sys.excepthook
+
+        def excepthook(*args: Any) -> None:
+            self.final()
+            previous(*args)
+
+        sys.excepthook = excepthook
 
     def _post_first(self, g: GroupLedger) -> None:
         """See [Note: a new call site is posted first] (training thread)."""

@@ -1,0 +1,156 @@
+"""The job's own collectives under `ddpviz record`: an unmodified torchrun job
+(train_collectives.py) with one planted defect each is named live, with the right ranks, op,
+call site (function and line, read from the script) and position; a healthy job with many
+collectives of its own reports nothing and trains bitwise as without ddpviz."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import ddpviz
+from tests.dist.harness import free_port
+from tests.record.hooked import ROOT, hooked_python
+from tests.record.test_record import job_env
+
+pytestmark = pytest.mark.dist
+
+SCRIPT = ROOT / "tests" / "record" / "train_collectives.py"
+PG_TIMEOUT = 40.0  # the job's process group timeout: every finding must come well before it
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return hooked_python(tmp_path_factory.mktemp("hooked"))
+
+
+def line_of(marker: str) -> int:
+    lines = SCRIPT.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if f"# <{marker}>" in text)
+
+
+def command(python: str, out: Path, nprocs: int = 2) -> list[str]:
+    return [python, "-m", "ddpviz", "record", "--out", str(out), "--", python, "-m",
+            "torch.distributed.run", "--nproc-per-node", str(nprocs), "--master-port",
+            str(free_port()), str(SCRIPT)]
+
+
+def run_until(args: list[str], env: dict[str, str], pattern: str,
+              deadline: float) -> tuple[str, float | None]:
+    """Run the job until `pattern` shows in its output (then, a second later, stop it), or it
+    ends, or `deadline` seconds pass; the output and when the pattern showed."""
+    proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    start = time.monotonic()
+    seen: float | None = None
+    data = b""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    end = start + deadline
+    try:
+        while time.monotonic() < end:
+            if not sel.select(timeout=0.2):
+                if proc.poll() is not None:
+                    break
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+            if seen is None and re.search(pattern, data.decode(errors="replace")):
+                seen = time.monotonic() - start
+                end = min(end, time.monotonic() + 1.0)  # the rest of the finding's lines
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    return data.decode(errors="replace"), seen
+
+
+def finding_block(output: str, headline: str) -> str:
+    start = output.index(headline)
+    return output[start:start + 1500]
+
+
+CASES = {
+    # defect: (kind, pattern of the headline, ranks, call sites per rank (marker), op)
+    "gather": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
+               (0, 1), "log_metrics", "all_gather"),
+    "reduce_size": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
+                    (0, 1), "reduce_stats", "all_reduce"),
+    "src": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
+            (0, 1), "share_seed", "broadcast"),
+    "barrier": ("unmatched_collective", r"ddpviz: rank 0 issued barrier", (0,),
+                "save_checkpoint", "barrier"),
+    "extra": ("unmatched_collective", r"ddpviz: rank 1 issued all_reduce", (1,),
+              "debug_print", "all_reduce"),
+    "groups": ("collective_mismatch", r"ddpviz: ranks are blocked in different collectives",
+               (0, 1), "sync_group", "all_reduce"),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(CASES))
+def test_a_planted_collective_defect_is_named_live_with_ranks_op_and_call_site(
+        python: str, tmp_path: Path, defect: str) -> None:
+    kind, pattern, ranks, marker, op = CASES[defect]
+    env = job_env(TRAIN_DEFECT=defect, TRAIN_PG_TIMEOUT=str(PG_TIMEOUT),
+                  DDPVIZ_HANG_TIMEOUT="30")
+    output, seen = run_until(command(python, tmp_path / "out"), env, pattern,
+                             deadline=PG_TIMEOUT - 5)
+    assert seen is not None, f"no {kind} finding before the group's timeout:\n{output[-4000:]}"
+    block = finding_block(output, re.search(pattern, output).group(0))  # type: ignore[union-attr]
+    site = f"train_collectives.py:{line_of(marker)} in {marker}"
+    assert site in block, block
+    assert op in block, block
+    position = re.search(r"the (\d+)(st|nd|rd|th) collective on", block)
+    assert position is not None, block
+    for r in ranks:  # each rank's own call is named on its line
+        assert re.search(rf"^  rank[s]? [0-9,]*\b{r}\b.*: ", block, re.M), block
+    if kind == "unmatched_collective":  # the other rank: DDP's collective at that position
+        assert re.search(r"DDP's", block), block
+
+
+def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path) -> None:
+    """A defect that ends the job (gloo aborts a process on a size mismatch): the finding is
+    in the trace that `ddpviz diagnose` reads, on the right ranks."""
+    out = tmp_path / "out"
+    env = job_env(TRAIN_DEFECT="reduce_size", TRAIN_PG_TIMEOUT="8", DDPVIZ_HANG_TIMEOUT="4")
+    done = subprocess.run(command(python, out), env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0  # the job fails as it does without ddpviz
+    findings = [f for f in ddpviz.diagnose(out) if f.kind == "collective_mismatch"]
+    assert findings, done.stdout[-3000:] + done.stderr[-3000:]
+    text = str(findings[0])
+    assert f"train_collectives.py:{line_of('reduce_stats')} in reduce_stats" in text
+    assert "float32 x3" in text and "float32 x4" in text
+
+
+def test_a_healthy_job_with_many_collectives_reports_nothing_and_trains_as_without(
+        python: str, tmp_path: Path) -> None:
+    env = job_env(TRAIN_DEFECT="none", TRAIN_STEPS="13")
+    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                            "--master-port", str(free_port()), str(SCRIPT)], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    out = tmp_path / "out"
+    recorded = subprocess.run(command(python, out), env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    sums = re.findall(r"rank (\d) done (-?\d+\.\d+)", plain.stdout)
+    assert sorted(sums) == sorted(re.findall(r"rank (\d) done (-?\d+\.\d+)", recorded.stdout))
+    assert len(sums) == 2
+    both = recorded.stdout + recorded.stderr
+    assert not re.search(r"ddpviz: (ranks? [0-9,]+ issued|ranks issued|ranks are blocked)",
+                         both), both[-3000:]
+    kinds = {f.kind for f in ddpviz.diagnose(out)}
+    assert not kinds & {"collective_mismatch", "unmatched_collective"}, kinds
