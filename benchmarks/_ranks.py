@@ -71,11 +71,13 @@ class Timings(NamedTuple):
 
 
 def interleaved_blocks(variants: dict[str, Any], rank: int, dims: tuple[int, ...], *, reps: int,
-                       block: int, warmup: int) -> Timings:
+                       block: int, warmup: int,
+                       after_step: dict[str, Any] | None = None) -> Timings:
     """Train each of `variants` (DDP-wrapped models of the same shape: dims[0] in, dims[-1]
     out) for `block` steps in turn, the order rotating every repetition so that drift in the
     machine's load weighs on every variant alike; the first `warmup` repetitions are not kept.
-    Every block starts at a barrier, so the ranks time the same steps."""
+    Every block starts at a barrier, so the ranks time the same steps. `after_step[name]()`,
+    where given, runs after each of that variant's steps (inside the timing)."""
     import time
 
     import torch
@@ -90,6 +92,7 @@ def interleaved_blocks(variants: dict[str, Any], rank: int, dims: tuple[int, ...
     for rep in range(warmup + reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             model, opt = variants[name], opts[name]
+            extra = (after_step or {}).get(name)
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
             start_thread = time.thread_time()
@@ -97,6 +100,8 @@ def interleaved_blocks(variants: dict[str, Any], rank: int, dims: tuple[int, ...
                 nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
                 opt.zero_grad()
+                if extra is not None:
+                    extra()
             if rep >= warmup:
                 out.wall[name].append(time.perf_counter() - start)
                 out.cpu[name].append(time.process_time() - start_cpu)

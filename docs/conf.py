@@ -125,7 +125,7 @@ def _findings_table() -> str:
 # Pages that helpers working beside this site write at docs/NAME.md (issues 24 and 25). Each one
 # present joins the user guide's task list (guide/index.md includes this file), so a merge needs
 # no edit here; a page outside every toctree would fail the build.
-FEATURE_PAGES = ("replicas", "nonfinite", "triage", "triage-straggler", "attach")
+FEATURE_PAGES = ("replicas", "nonfinite", "triage", "triage-straggler", "collectives", "attach")
 _present = [name for name in FEATURE_PAGES if (HERE / f"{name}.md").exists()]
 (GENERATED / "feature_pages.md").write_text(
     "```{toctree}\n:maxdepth: 1\n:caption: More tasks\n\n"

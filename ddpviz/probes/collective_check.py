@@ -204,7 +204,7 @@ class CollectiveCheck:
             position += 1
         with ledger_mod._lock:
             count = g.count
-            entries = list(g.entries)
+            entries = list(g.entries)  # a span set after this is posted next time
             marks = list(g.marks)
             n_marks_total = g.marks_count
         first_kept = count - len(entries)

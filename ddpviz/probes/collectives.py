@@ -44,8 +44,9 @@ MAX_ENTRIES = 4096  # per group: the history kept for comparison (older ones wer
 MAX_SITE = 160  # characters of a call site
 
 
-class Entry(msgspec.Struct, array_like=True, frozen=True):
-    """One collective as this rank issued it (what ranks compare)."""
+class Entry(msgspec.Struct, array_like=True):
+    """One collective as this rank issued it (what ranks compare). `span` is set once, when
+    the call returns (by the thread that issued it)."""
 
     pos: int  # the group's sequence number before the call, less point-to-point shifts
     span: int  # how many sequence numbers it took (-1: still inside the call)
@@ -337,18 +338,9 @@ def _begin(name: str, sigs: Callable[[dict[str, Any]], str], a: dict[str, Any],
 
 def _end(ledger: GroupLedger, seq: int, entry: Entry) -> None:
     after = ledger.seq()
-    span = max(0, (after if after is not None else seq) - seq)
-    done = msgspec.structs.replace(entry, span=span)
-    entries = ledger.entries
-    with _lock:
-        # the entry is almost always the last one; a collective issued from another thread
-        # in between is rare, so look back a little
-        for i in range(len(entries) - 1, max(-1, len(entries) - 64), -1):
-            if entries[i] is entry:
-                entries[i] = done
-                break
+    entry.span = max(0, (after if after is not None else seq) - seq)
     if entry.asym:
-        ledger.shift += span
+        ledger.shift += entry.span
         if ledger.open_asym is entry:
             ledger.open_asym = None
 
@@ -368,9 +360,10 @@ def _wrap(name: str, fn: Callable[..., Any], sigs: Callable[[dict[str, Any]], st
             return fn(*args, **kwargs)
         started = None
         try:
-            bound = dict(defaults)
+            bound = defaults.copy()
             bound.update(zip(order, args, strict=False))
-            bound.update(kwargs)
+            if kwargs:
+                bound.update(kwargs)
             started = _begin(name, sigs, bound, asym, sys._getframe(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{name}: {exc!r}")

@@ -12,11 +12,33 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpviz.engine.observers import Guard, Observers
-from ddpviz.events import Tap
+from ddpviz.events import Phase, Tap
+from ddpviz.probes import collective_check, collectives
 from ddpviz.probes.nonfinite import NonfiniteCheck
 from ddpviz.probes.optimizer_step import OptimizerStepTap
 from ddpviz.probes.replicas import ReplicaCheck, replica_check
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+
+
+class _TwinWatchdog(Watchdog):
+    """The twin's watchdog, which also keeps the ledger of the job's collectives (the twin's
+    forward heartbeat marks each DDP step in it; See [Note: positions] in collectives.py)."""
+
+    def __init__(self, process_group: dist.ProcessGroup, timeout: float | None, tap: Tap,
+                 stack_source: bool) -> None:
+        super().__init__(process_group, timeout=timeout, tap=tap, stack_source=stack_source)
+        self._ledger = collective_check.start(tap)
+
+    def heartbeat(self, step: int, phase: Phase) -> None:
+        if phase == "forward":
+            collectives.mark_ddp_step(self.group, step)
+        super().heartbeat(step, phase)
+
+    def close(self) -> None:
+        if self._ledger:
+            self._ledger = False
+            collectives.release()
+        super().close()
 
 
 class TwinProbes:
@@ -26,8 +48,8 @@ class TwinProbes:
               tap: Tap, *, stack_source: bool = True) -> Watchdog:
         # Names ranks that never arrive or stop coming. See [Note: hang protocol]. Built even
         # when off (timeout None): its waits are then plain waits and it meets no one.
-        return Watchdog(process_group, timeout=resolve_hang_timeout(hang_timeout, process_group),
-                        tap=tap, stack_source=stack_source)
+        return _TwinWatchdog(process_group, resolve_hang_timeout(hang_timeout, process_group),
+                             tap, stack_source)
 
     def replicas(self, period: int | None, guard: Guard | None,
                  params: Sequence[nn.Parameter], names: Sequence[str], module: nn.Module,
