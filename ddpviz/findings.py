@@ -198,6 +198,11 @@ FIXES: dict[Kind, dict[str, str]] = {
         # post-mortem: one sequence id, different collectives
         "sequence": "Ranks launched different collectives under one sequence id: a collective "
                     "was skipped or added on some ranks before this point.",
+        # post-mortem: one line of the job's code, called with other sizes or dtypes per rank
+        "same_site": "Every rank called this collective from the same line with tensors of "
+                     "other sizes or dtypes: pass the same shape and dtype on every rank (pad "
+                     "to a common size, or exchange the sizes first); gloo and NCCL may "
+                     "complete it with garbage instead of failing.",
         # post-mortem: a rank launched collectives beyond DDP's plan
         "extra": "Every rank must launch the same collectives in the same order on a process "
                  "group: move rank-dependent collectives (logging, metrics) out of the training "
