@@ -211,6 +211,11 @@ FIXES: dict[Kind, dict[str, str]] = {
                "rank and process group, in the same order: make the sizes agree (pad, or "
                "all_gather the sizes first), use the same src on every rank, and call "
                "rank-dependent collectives on every rank of the group or on none.",
+        # post-mortem: one line of the job's code, called with other sizes or dtypes per rank
+        "same_site": "Every rank called this collective from the same line with tensors of "
+                     "other sizes or dtypes: pass the same shape and dtype on every rank (pad "
+                     "to a common size, or exchange the sizes first); gloo and NCCL may "
+                     "complete it with garbage instead of failing.",
         # post-mortem: a rank launched collectives beyond DDP's plan
         "extra": "Every rank must launch the same collectives in the same order on a process "
                  "group: move rank-dependent collectives (logging, metrics) out of the training "

@@ -155,14 +155,16 @@ def match_rank(schedule: DdpSchedule, entries: Sequence[FrEntry]) -> list[Labell
     """Walk one rank's collectives (sorted by sequence id) along DDP's schedule. The oldest
     retained entry with sequence id s is taken as DDP's collective s (no foreign collective
     before the ring buffer's window); an entry that differs from DDP's next collective is
-    labelled unplanned and the walk waits for DDP's collective to come."""
+    labelled unplanned and the walk waits for DDP's collective to come. An entry whose stack
+    says the job's code launched it (`FrEntry.origin` "job") is never taken for DDP's, even
+    when its op and size are those of DDP's next collective."""
     out: list[Labelled] = []
     if not entries:
         return out
     pos = max(entries[0].seq - 1, 0)
     for e in entries:
         want = schedule.at(pos)
-        if want.matches(e):
+        if e.origin != "job" and want.matches(e):
             out.append(Labelled(e, want, None))
             pos += 1
         else:

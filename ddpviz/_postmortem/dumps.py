@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpviz._postmortem.callsite import Origin, call_site, origin
 from ddpviz._postmortem.pickle_reader import PickleRefused, load_plain
+from ddpviz.probes.stack_text import Frame
 
 # Bounds on what a dump may hold (a real dump: TORCH_FR_BUFFER_SIZE entries, 2,000 by default).
 MAX_FILE_BYTES = 256 * 2**20
@@ -28,6 +30,7 @@ MAX_GROUP_RANKS = 1 << 20
 MAX_STRING = 4096
 MAX_FRAMES = 256
 KEPT_FRAMES = 8  # innermost frames kept per entry (for the report)
+SHOWN_TENSORS = 8  # shapes of one entry shown in its description
 # Shapes and frames of one dump together; a pickle can repeat one big list by reference, so
 # per-entry bounds alone do not bound what parsing builds.
 MAX_ITEMS_PER_DUMP = 16_000_000
@@ -78,7 +81,11 @@ class FrEntry:
     state: str  # "scheduled" | "started" | "completed" (gloo only ever says "scheduled")
     completed: bool  # state "completed", or retired (gloo retires a work once it finished)
     time_created_ns: int
-    frames: tuple[str, ...]  # "function (file:line)", innermost first
+    frames: tuple[str, ...]  # "function (file:line)", innermost first (KEPT_FRAMES of them)
+    # the user's frame nearest the collective, from the whole stack (callsite.py); None when
+    # the entry has no stack (the JSON form) or no frame of the user's
+    site: Frame | None = None
+    origin: Origin = ""  # "ddp": DDP launched it; "job": the job's code did; "": no stack
 
     @property
     def numel(self) -> int:
@@ -95,9 +102,14 @@ class FrEntry:
                    for s, d in zip(self.input_sizes, self.dtypes, strict=False))
 
     def describe(self) -> str:
-        """'all_reduce of 244 float32' (sizes as the recorder logged them)."""
-        shapes = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in self.input_sizes)
-        return f"{self.op} {shapes} {self.dtype}"
+        """'all_reduce [244] float32' (sizes as the recorder logged them; 'barrier'); the
+        first SHOWN_TENSORS shapes of a coalesced collective, then their number."""
+        shapes = ", ".join("[" + ", ".join(map(str, s)) + "]"
+                           for s in self.input_sizes[:SHOWN_TENSORS])
+        if len(self.input_sizes) > SHOWN_TENSORS:
+            shapes += f", ... ({len(self.input_sizes):,} tensors)"
+        dtype = self.dtype if len(self.dtype) <= 64 else self.dtype[:61] + "..."
+        return " ".join(x for x in (self.op, shapes, dtype) if x)
 
 
 @dataclass(frozen=True)
@@ -393,6 +405,7 @@ def _entry(e: Mapping[str, Any], source: str, i: int, budget: _Budget) -> FrEntr
         raise _fail(source, f"{where}: is_p2p and retired must be booleans.")
     seq_key = "p2p_seq_id" if is_p2p else "collective_seq_id"
     state = _str(e["state"], source, f"{where} state")
+    stack = _frames(e.get("frames"), source, where, budget)
     return FrEntry(
         record_id=_int(e["record_id"], source, f"{where} record_id", 0),
         pg=_str(pg[0], source, f"{where} process group name") or "0",
@@ -402,19 +415,22 @@ def _entry(e: Mapping[str, Any], source: str, i: int, budget: _Budget) -> FrEntr
         output_sizes=out_sizes, state=state,
         completed=state == "completed" or bool(e["retired"]),
         time_created_ns=_int(e["time_created_ns"], source, f"{where} time_created_ns", 0),
-        frames=_frames(e.get("frames"), source, where, budget))
+        frames=tuple(f"{f.func} ({f.file}:{f.line})" for f in stack[:KEPT_FRAMES]),
+        site=call_site(stack), origin=origin(stack))
 
 
-def _frames(v: Any, source: str, where: str, budget: _Budget) -> tuple[str, ...]:
+def _frames(v: Any, source: str, where: str, budget: _Budget) -> tuple[Frame, ...]:
+    """An entry's Python stack, innermost first (the first MAX_FRAMES frames)."""
     if not isinstance(v, (list, tuple)):
         return ()
     budget.take(min(len(v), MAX_FRAMES))
     out = []
-    for f in v[:KEPT_FRAMES]:
+    for f in v[:MAX_FRAMES]:
         if isinstance(f, Mapping):
             name = _str(f.get("name", "?"), source, f"{where} frame name")
             file = _str(f.get("filename", "?"), source, f"{where} frame file")
             line = f.get("line", 0)
-            line = line if isinstance(line, int) and not isinstance(line, bool) else 0
-            out.append(f"{name} ({file}:{line})")
+            line = line if isinstance(line, int) and not isinstance(line, bool) and \
+                0 <= line < 2**31 else 0
+            out.append(Frame(file, line, name))
     return tuple(out)

@@ -6,28 +6,26 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ddpviz._postmortem.align import GroupAlignment, align
-from ddpviz._postmortem.ddp_map import DdpSchedule, Labelled, match_rank, name_span
+from ddpviz._postmortem.callsite import site_text
+from ddpviz._postmortem.ddp_map import DdpSchedule, Labelled, match_rank
 from ddpviz._postmortem.dumps import FrDump, FrEntry, load_dumps
-from ddpviz.findings import (
-    Finding,
-    Findings,
-    fix_for,
-    format_findings,
-    format_ranks,
-    group_ranks,
-)
+from ddpviz._postmortem.group_findings import group_findings
+from ddpviz._postmortem.naming import Namer, group_text
+from ddpviz.findings import Finding, Findings, format_findings, format_ranks
 from ddpviz.plan import BucketPlan, PlanSettings, bucket_plan
 
 if TYPE_CHECKING:
     from ddpviz.traces.trace import Trace
 
+MAX_JOB_LINES = 20  # call sites printed; job_collectives() has them all
 
 
 @dataclass
@@ -41,9 +39,15 @@ class PostMortem:
     labels: dict[int, list[Labelled]] = field(default_factory=dict)  # rank -> DDP labels
     plan: BucketPlan | None = None
     world_size: int = 0
+    ddp_pg: str = ""  # DDP's process group ("" when there is none)
+
+    @cached_property
+    def namer(self) -> Namer:
+        """Names the dumps' entries (naming.py)."""
+        return Namer(self.labels, self.ddp_pg, self.plan is not None)
 
     def label(self, rank: int, seq: int) -> str:
-        """What a recorded collective was in DDP's terms.
+        """What a recorded collective on DDP's process group was, in DDP's terms.
 
         Args:
             rank: the rank whose dump holds the collective.
@@ -51,14 +55,13 @@ class PostMortem:
 
         Returns:
             "bucket 5 of step 812 (layers.10.weight … layers.11.bias, 23.1 MiB)", "the
-            buffer broadcast of step 3 (broadcast of 1,024 float32)", or "OP [SIZES] DTYPE,
-            not DDP's" for a collective of another process group or of the user's own; ""
-            when the post-mortem has no model (no labels) or no such collective.
+            buffer broadcast of step 3 (broadcast of 1,024 float32)"; for a collective that
+            is not DDP's, "the job's OP [SIZES] DTYPE at FILE:LINE in FUNCTION" (the call site
+            where the dump has stacks) or "OP [SIZES] DTYPE, not in DDP's plan"; "" when the
+            post-mortem has no model (no labels) or no such collective.
         """
-        for lab in self.labels.get(rank, ()):
-            if lab.entry.seq == seq:
-                return _describe(lab)
-        return ""
+        e = self.namer.lab(self.ddp_pg, rank, seq)
+        return self.namer.what(self.ddp_pg, rank, e.entry) if e is not None else ""
 
     def to_records(self) -> list[dict[str, Any]]:
         """Every collective of every dump, as plain data.
@@ -66,29 +69,70 @@ class PostMortem:
         Returns:
             One JSON-ready dict per (process group, rank, entry), by group then rank then
             sequence id: "rank", "pg", "seq", "record_id", "op", "numel", "dtype",
-            "input_sizes", "completed", "state" as the recorder logged them, and DDP's view:
-            "ddp_phase" ("bucket", "buffer_broadcast", ...; "not DDP's"; "" without a model),
-            "step" and "bucket" (-1 when none), "params" (a bucket's parameter names) and
-            "label" (see `label`).
+            "input_sizes", "completed", "state" as the recorder logged them; who launched it,
+            "origin" ("ddp", "job", "unplanned" or "" when the dumps cannot tell: see
+            `naming.Who`) and "call_site" ("FILE:LINE in FUNCTION", the user's frame nearest
+            it; "" without a stack); and DDP's view: "ddp_phase" ("bucket",
+            "buffer_broadcast", ...; "not DDP's"; "" without a model), "step" and "bucket" (-1
+            when none), "params" (a bucket's parameter names) and "label" (the collective in
+            words, as in `label`, also without a model).
         """
-        by_rank = {r: {lab.entry.record_id: lab for lab in labs}
-                   for r, labs in self.labels.items()}
+        namer = self.namer
         rows = []
         for g in self.groups:
             for r, entries in g.entries.items():
                 for seq, e in sorted(entries.items()):
-                    lab = by_rank.get(r, {}).get(e.record_id)
+                    lab = namer.lab(g.pg, r, seq)
                     ddp = lab.ddp if lab else None
                     rows.append({
                         "rank": r, "pg": g.pg, "seq": seq, "record_id": e.record_id,
                         "op": e.op, "numel": e.numel, "dtype": e.dtype,
                         "input_sizes": [list(s) for s in e.input_sizes],
                         "completed": e.completed, "state": e.state,
+                        "origin": namer.who(g.pg, r, e),
+                        "call_site": site_text(e.site) if e.site else "",
                         "ddp_phase": ddp.phase if ddp else ("" if lab is None else "not DDP's"),
                         "step": ddp.step if ddp else -1, "bucket": ddp.bucket if ddp else -1,
                         "params": list(ddp.names) if ddp and ddp.phase == "bucket" else [],
-                        "label": _describe(lab) if lab else e.describe()})
+                        "label": namer.what(g.pg, r, e)})
         return rows
+
+    def job_collectives(self) -> list[dict[str, Any]]:
+        """The job's own collectives (not DDP's), one row per process group, call site and op.
+
+        Returns:
+            One JSON-ready dict per (process group, call site, op), by group then call site,
+            with "pg" and "group" (its name, description and ranks in words), "op",
+            "call_site" ("FILE:LINE in FUNCTION"; "" for those without a stack), "file",
+            "line", "function" (None without a stack), "sizes" (the distinct "[SIZES] DTYPE"
+            seen, at most 4), "ranks" (those that launched it), "count" (entries, all ranks
+            together), "first_seq" and "last_seq". Without stacks and without a model the
+            dumps cannot tell the job's from DDP's: then it lists none.
+        """
+        namer = self.namer
+        rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for g in self.groups:
+            for r, entries in sorted(g.entries.items()):
+                for seq, e in sorted(entries.items()):
+                    if namer.who(g.pg, r, e) not in ("job", "unplanned"):
+                        continue
+                    site = site_text(e.site) if e.site else ""
+                    row = rows.setdefault((g.pg, site, e.op), {
+                        "pg": g.pg, "group": group_text(g), "op": e.op, "call_site": site,
+                        "file": e.site.file if e.site else None,
+                        "line": e.site.line if e.site else None,
+                        "function": e.site.func if e.site else None,
+                        "sizes": [], "ranks": [], "count": 0, "first_seq": seq,
+                        "last_seq": seq})
+                    size = e.describe().removeprefix(e.op).strip()
+                    if size not in row["sizes"] and len(row["sizes"]) < 4:
+                        row["sizes"].append(size)
+                    if r not in row["ranks"]:
+                        row["ranks"].append(r)
+                    row["count"] += 1
+                    row["first_seq"] = min(row["first_seq"], seq)
+                    row["last_seq"] = max(row["last_seq"], seq)
+        return [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1] == "", k[1], k[2]))]
 
     def to_json(self) -> str:
         """The whole post-mortem as one JSON document (for a ticket or another tool).
@@ -96,7 +140,8 @@ class PostMortem:
         Returns:
             JSON text of an object with "world_size", "dumps" (rank, source, version and
             entry count of each), "findings" (each finding's fields and its "text"), "ranks"
-            (`rank_rows()`) and "collectives" (`to_records()`).
+            (`rank_rows()`), "job_collectives" (`job_collectives()`) and "collectives"
+            (`to_records()`).
         """
         return json.dumps({
             "world_size": self.world_size,
@@ -104,6 +149,7 @@ class PostMortem:
                        "entries": len(d.entries)} for d in self.dumps],
             "findings": [_finding_dict(f) for f in self.findings],
             "ranks": self.rank_rows(),
+            "job_collectives": self.job_collectives(),
             "collectives": self.to_records()}, indent=1)
 
     def rank_rows(self) -> list[dict[str, Any]]:
@@ -119,15 +165,15 @@ class PostMortem:
             for r, st in sorted(g.states.items()):
                 rows.append({
                     "pg": g.pg, "rank": r,
-                    "last_completed": self._pos(r, st.last_completed),
-                    "first_pending": self._pos(r, st.first_pending),
-                    "last_launched": self._pos(r, st.last_launched)})
+                    "last_completed": self._pos(g.pg, r, st.last_completed),
+                    "first_pending": self._pos(g.pg, r, st.first_pending),
+                    "last_launched": self._pos(g.pg, r, st.last_launched)})
         return rows
 
-    def _pos(self, rank: int, e: FrEntry | None) -> str:
+    def _pos(self, pg: str, rank: int, e: FrEntry | None) -> str:
         if e is None:
             return "-"
-        return f"#{e.seq} {self.label(rank, e.seq) or e.describe()}"
+        return f"#{e.seq} {self.namer.what(pg, rank, e)}"
 
     def __str__(self) -> str:
         lines = [format_findings(self.findings, self.world_size or None), "",
@@ -135,6 +181,12 @@ class PostMortem:
         for row in self.rank_rows():
             lines.append(f"  pg {row['pg']} rank {row['rank']}: last completed "
                          f"{row['last_completed']}; first pending {row['first_pending']}")
+        jobs = self.job_collectives()
+        if jobs:
+            lines += ["", "The job's own collectives (not DDP's), by call site:"]
+            lines += [f"  {job_line(row)}" for row in jobs[:MAX_JOB_LINES]]
+            if len(jobs) > MAX_JOB_LINES:
+                lines.append(f"  ... and {len(jobs) - MAX_JOB_LINES} more (job_collectives())")
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -173,12 +225,16 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
     return out
 
 
-def _describe(lab: Labelled | None) -> str:
-    if lab is None:
-        return ""
-    if lab.ddp is not None:
-        return lab.ddp.label()
-    return f"{lab.entry.describe()}, not DDP's"
+def job_line(row: dict[str, Any]) -> str:
+    """One row of `PostMortem.job_collectives()` in words: "all_gather at train.py:61 in
+    log_metrics: [3] float32, ranks 0,1, 12 times (#5-#49) on process group 0 (...)"."""
+    where = f" at {row['call_site']}" if row["call_site"] else " (no stack in the dumps)"
+    sizes = f": {', '.join(row['sizes'])}" if any(row["sizes"]) else ""
+    seqs = f"#{row['first_seq']}" + (f"-#{row['last_seq']}" if row["last_seq"] > row["first_seq"]
+                                     else "")
+    times = "once" if row["count"] == 1 else f"{row['count']} times"
+    return (f"{row['op']}{where}{sizes}, {format_ranks(row['ranks'])}, {times} ({seqs}) on "
+            f"{row['group']}")
 
 
 def postmortem(dumps: str | os.PathLike[str] | Iterable[Any] | Mapping[int, Any],
@@ -223,9 +279,11 @@ def postmortem(dumps: str | os.PathLike[str] | Iterable[Any] | Mapping[int, Any]
         for r, entries in ddp_group.entries.items():
             labels[r] = match_rank(schedule, [entries[s] for s in sorted(entries)])
     findings = Findings()
+    ddp_pg = ddp_group.pg if ddp_group is not None else ""
+    namer = Namer(labels, ddp_pg, plan is not None)
     for g in groups:
-        findings += _group_findings(g, labels if g is ddp_group else {}, world)
-    return PostMortem(loaded, groups, findings, labels, plan, world)
+        findings += group_findings(g, namer, plan if g is ddp_group else None, world)
+    return PostMortem(loaded, groups, findings, labels, plan, world, ddp_pg)
 
 
 def _settings(given: Mapping[str, Any]) -> PlanSettings:
@@ -247,142 +305,3 @@ def _ddp_group(groups: Sequence[GroupAlignment]) -> GroupAlignment | None:
         return None
     default = [g for g in cands if g.desc == "default_pg" or g.pg == "0"]
     return default[0] if default else max(cands, key=lambda g: sum(map(len, g.entries.values())))
-
-
-def _group_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world: int
-                    ) -> list[Finding]:
-    out: list[Finding] = []
-    by_seq = {r: {lab.entry.seq: lab for lab in labs} for r, labs in labels.items()}
-    pg = "" if g.pg in ("0", "") else f" of process group {g.pg!r}"
-
-    def name(rank: int, seq: int) -> str:
-        lab = by_seq.get(rank, {}).get(seq)
-        if lab is not None:
-            return _describe(lab)
-        e = g.entries.get(rank, {}).get(seq)
-        return f"collective #{seq}{pg} ({e.describe()})" if e else f"collective #{seq}{pg}"
-
-    if g.missing_dumps:
-        out.append(Finding(
-            kind="missing_rank", severity="warning", world_size=world,
-            ranks=g.missing_dumps,
-            title=f"no Flight Recorder dump from {format_ranks(g.missing_dumps)}{pg}",
-            fix=fix_for("missing_rank", "dumps")))
-    st = g.stall
-    if st is not None:
-        waiter = min(st.waiting)
-        lab = by_seq.get(waiter, {}).get(st.seq)
-        ddp = lab.ddp if lab else None
-        what = name(waiter, st.seq)
-        values: dict[int, str] = {}
-        for r in st.waiting:
-            values[r] = f"waiting in it (collective #{st.seq})"
-        for r in st.never_launched:
-            last = g.states[r].last_completed
-            if last is None:
-                values[r] = "last completed: nothing in its dump"
-            else:
-                done = name(r, last.seq)
-                values[r] = "last completed: " + done + (
-                    "" if done.startswith("collective #") else f" (#{last.seq})")
-        for r in st.ahead:
-            values[r] = "completed it"
-        detail = []
-        if ddp is not None and ddp.phase == "bucket":
-            detail.append(f"bucket {ddp.bucket} ({ddp.which} map) holds: {', '.join(ddp.names)}")
-        frames = st.waiting[waiter].frames
-        if frames:
-            detail.append(f"rank {waiter} launched it from: {frames[-1]}")
-        if st.also:
-            later = [name(min((r for r in g.entries if s in g.entries[r]), default=waiter), s)
-                     for s in st.also[:3]]
-            more = f" and {len(st.also) - 3} more" if len(st.also) > 3 else ""
-            detail.append(f"{format_ranks(st.never_launched)} also never launched: "
-                          f"{'; '.join(later)}{more}")
-        if st.never_launched:
-            title = f"{format_ranks(st.never_launched)} never launched {what}; " \
-                    f"{format_ranks(sorted(st.waiting))} {_wait(st.waiting)} in it"
-            ranks = st.never_launched
-        else:
-            title = f"{format_ranks(sorted(st.waiting))} {_wait(st.waiting)} in {what}"
-            ranks = tuple(sorted(st.waiting))
-        out.append(Finding(
-            kind="rank_hang", severity="error", title=title, ranks=ranks, world_size=world,
-            step=ddp.step if ddp else -1, bucket=ddp.bucket if ddp else -1,
-            param=ddp.param_indices[0] if ddp and len(ddp.param_indices) == 1 else -1,
-            name=name_span(ddp.names) if ddp and ddp.names else "",
-            field=ddp.phase if ddp else "collective",
-            values=group_ranks(values), detail=tuple(detail), fix=fix_for("rank_hang", "dumps")))
-    for m in g.mismatches[:8]:
-        values = {r: f"{e.describe()}" + (f" = {_describe(by_seq[r][m.seq])}"
-                                          if m.seq in by_seq.get(r, {}) else "")
-                  for r, e in m.by_rank.items()}
-        grouped = group_ranks(values)
-        odd = tuple(sorted(r for _, rs in grouped[1:] for r in rs))
-        kinds = {(e.op, e.dtypes) for e in m.by_rank.values()}
-        fld = "op" if len({k[0] for k in kinds}) > 1 else \
-            "dtype" if len({k[1] for k in kinds}) > 1 else "size"
-        out.append(Finding(
-            kind="collective_mismatch", severity="error", world_size=world, ranks=odd,
-            field=fld, title=f"collective #{m.seq}{pg} has a different {fld} across ranks",
-            values=grouped, fix=fix_for("collective_mismatch", "sequence")))
-    out += _plan_findings(g, labels, world)
-    return out
-
-
-def _plan_findings(g: GroupAlignment, labels: dict[int, list[Labelled]], world: int
-                   ) -> list[Finding]:
-    """Entries a rank launched that DDP's schedule does not have at that point: a different
-    bucket map (same all-reduced total in other pieces) or an extra collective."""
-    out: list[Finding] = []
-    for r, labs in sorted(labels.items()):
-        i = 0
-        while i < len(labs):
-            if labs[i].ddp is not None:
-                i += 1
-                continue
-            run = [labs[i]]
-            while i + len(run) < len(labs) and labs[i + len(run)].ddp is None:
-                run.append(labs[i + len(run)])
-            i += len(run)
-            want = run[0].expected
-            prev = next((lab.ddp for lab in reversed(labs[:i - len(run)]) if lab.ddp), None)
-            after = f" after {prev.label()}" if prev else ""
-            seqs = ", ".join(f"#{lab.entry.seq}" for lab in run[:8])
-            lead = []  # the run's leading all-reduces of the bucket's dtype
-            for lab in run:
-                if lab.entry.op != "all_reduce" or want is None or \
-                        set(lab.entry.dtypes) != {want.dtype}:
-                    break
-                lead.append(lab)
-            if want is not None and want.phase == "bucket" and len(lead) > 1:
-                got = [lab.entry.numel for lab in lead]
-                out.append(Finding(
-                    kind="plan_mismatch", severity="error", ranks=(r,), world_size=world,
-                    step=want.step, bucket=want.bucket, field="bucket_sizes",
-                    name=name_span(want.names),
-                    title=f"rank {r} all-reduced step {want.step}'s gradients in buckets "
-                          f"that differ from DDP's plan{after}",
-                    values=((f"all_reduce sizes {got} ({seqs})", (r,)),),
-                    detail=(f"DDP's plan ({_settings_text(want)}) has bucket {want.bucket} "
-                            f"next: {want.numel:,} {want.dtype} ({name_span(want.names)})",),
-                    fix=fix_for("plan_mismatch")))
-            else:
-                out.append(Finding(
-                    kind="collective_mismatch", severity="error", ranks=(r,),
-                    world_size=world, field="extra",
-                    title=f"rank {r} launched {len(run)} collective(s) that are not DDP's"
-                          f"{after}",
-                    values=tuple((f"#{lab.entry.seq} {lab.entry.describe()}", (r,))
-                                 for lab in run[:6]),
-                    detail=(f"DDP's next collective there: {want.label()}",) if want else (),
-                    fix=fix_for("collective_mismatch", "extra")))
-    return out
-
-
-def _settings_text(want: Any) -> str:
-    return f"{want.which} map"
-
-
-def _wait(ranks: Sized) -> str:
-    return "waits" if len(ranks) == 1 else "wait"

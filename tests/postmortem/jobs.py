@@ -61,6 +61,7 @@ class _Dumper:
         self.ready = threading.Event()
         self.min_pending = 0
         self.delay = 0.0  # seconds between reaching the fault and dumping
+        self.pickle_all = False  # every rank in the pickle form (the one with stacks)
         threading.Thread(target=self._run, daemon=True).start()
 
     def at_hang(self, min_pending: int) -> None:
@@ -86,7 +87,7 @@ class _Dumper:
             elif pending >= self.min_pending and time.monotonic() - since >= STABLE_S:
                 break
             time.sleep(0.02)
-        data = (c10d._dump_fr_trace(True, True) if self.rank % 2
+        data = (c10d._dump_fr_trace(True, True) if self.rank % 2 or self.pickle_all
                 else c10d._dump_fr_trace_json(True, True))
         path = self.out / f"{PREFIX}{self.rank}"
         tmp = path.with_name(path.name + ".tmp")

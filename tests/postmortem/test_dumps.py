@@ -13,6 +13,7 @@ import pytest
 
 import ddpviz
 from ddpviz._postmortem.dumps import MAX_DIMS, DumpError, load_dumps
+from ddpviz.findings import fix_for
 
 
 def entry(seq: int, op: str = "all_reduce", numel: int = 4, retired: bool = True,
@@ -114,7 +115,10 @@ def test_alignment_on_crafted_dumps() -> None:
     hang = next(f for f in pm.findings if f.kind == "rank_hang")
     assert hang.ranks == (1,) and "never launched collective #3" in hang.title
     mm = next(f for f in pm.findings if f.kind == "collective_mismatch")
-    assert mm.field == "size" and dict(mm.values)["all_reduce [8] float32"] == (1,)
+    # both from train.py:3 (the frames of entry()): one line, other sizes
+    assert mm.field == "size" and mm.ranks == (0, 1)
+    assert dict(mm.values)["all_reduce [8] float32 at train.py:3 in train"] == (1,)
+    assert mm.fix == fix_for("collective_mismatch", "same_site")
     rows = json.loads(pm.to_json())["ranks"]
     assert rows[1]["last_completed"].startswith("#2 ") and rows[1]["first_pending"] == "-"
 

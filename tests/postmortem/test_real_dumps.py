@@ -3,6 +3,7 @@ rank at fault, the step, the bucket and its parameters, from Flight Recorder dum
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import ddpviz
 from ddpviz import events as ev
 from ddpviz.cli import main
+from tests.postmortem import jobs
 from tests.postmortem.jobs import FAULT_STEP, SMALL_CAP_MB, make_model, run_job
 
 pytestmark = pytest.mark.dist
@@ -106,12 +108,23 @@ def test_unused_parameter_on_one_rank(tmp_path: Path) -> None:
 def test_rank_runs_an_extra_collective(tmp_path: Path) -> None:
     run_job("extra_collective", 2, tmp_path)
     pm = ddpviz.postmortem(tmp_path, make_model(), settings={"bucket_cap_mb": SMALL_CAP_MB})
+    # rank 1's dump (the pickle form) has stacks: its all_reduce is named by its call site
+    lines, first = inspect.getsourcelines(jobs._rank)
+    line = first + next(i for i, text in enumerate(lines) if "dist.all_reduce(" in text)
+    site = f"jobs.py:{line} in _rank"
     extra = _one(pm, "collective_mismatch")
     assert extra.ranks == (1,) and extra.field == "extra"
-    assert "all_reduce [1] float32" in extra.text()
+    assert extra.title.startswith("rank 1 launched the job's all_reduce [1] float32 at ")
+    assert site in extra.title and "which rank 0 never launched" in extra.title
     assert f"after bucket 1 of step {FAULT_STEP - 1}" in extra.title
+    assert extra.values[0][0].endswith(site)
     hang = _one(pm, "rank_hang")
-    assert hang.ranks == (0,) and "all_reduce [1] float32, not DDP's" in hang.title
+    assert hang.ranks == (0,) and "(the job's all_reduce [1] float32 at " in hang.title
+    assert site in hang.title
+    # rank 0's dump (the JSON form) has no stacks, so without the model nobody can tell
+    # whether rank 0 ever launched that collective: the hang alone is said
+    bare = ddpviz.postmortem(tmp_path)
+    assert [f.kind for f in bare.findings] == ["rank_hang"], str(bare)
 
 
 def test_ranks_with_different_bucket_caps(tmp_path: Path, capsys: pytest.CaptureFixture[str]
