@@ -424,8 +424,38 @@ class CollectiveCheck:
 
     def _report(self, finding: Finding) -> None:
         self.findings.append(finding)
+        with contextlib.suppress(Exception):  # for the hang findings of every rank
+            self.store.compare_set(VERDICT_KEY, "", "\n".join(_verdict_lines(finding)))
         print(finding.text(), file=sys.stderr, flush=True)
         self.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
+
+
+VERDICT_KEY = "ddpviz/coll/verdict"
+MAX_VERDICT = 4096  # bytes of the posted verdict read back
+
+
+def _verdict_lines(finding: Finding) -> list[str]:
+    lines = [f"the job's collectives: {finding.title}"]
+    lines += [f"  {format_ranks(ranks)}: {text}" for text, ranks in finding.values]
+    return lines
+
+
+def hang_lines() -> tuple[str, ...]:
+    """The first collective mismatch any rank named (posted in the store), as lines for a
+    hang finding's detail: a hang caused by a collective that ranks issued differently then
+    says so. () when none was named or no check runs in this process."""
+    check = _check
+    if check is None:
+        return ()
+    try:
+        if not check.store.check([VERDICT_KEY]):
+            return ()
+        raw = check.store.get(VERDICT_KEY)
+    except Exception:
+        return ()
+    if not raw or len(raw) > MAX_VERDICT:
+        return ()
+    return tuple(raw.decode(errors="replace").splitlines()[:12])
 
 
 def _not_python(marks: Sequence[Mark], pos: int) -> str:

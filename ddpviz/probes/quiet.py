@@ -32,6 +32,7 @@ import msgspec
 
 from ddpviz.events import FindingReported
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
+from ddpviz.probes import collective_check
 from ddpviz.probes.pulse import Beat
 from ddpviz.probes.rendezvous import Board, Position, notice_after
 from ddpviz.probes.whereabouts import hang_detail, left_finding, read
@@ -82,6 +83,7 @@ class QuietGuard:
         finding = self._finding(stage, step, since, behind, positions)
         pulse = getattr(self.dog, "_pulse", None)  # where each rank is, in code
         lines = hang_detail(board, behind, pulse.tracker if pulse else None, step)
+        lines += collective_check.hang_lines()  # the collectives the ranks issued differently
         self._report(msgspec.structs.replace(finding, detail=finding.detail + lines))
 
     def left(self, board: Board, beat: Beat) -> bool:

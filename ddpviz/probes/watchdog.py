@@ -28,7 +28,7 @@ from ddpviz.engine import failure_texts as texts
 from ddpviz.errors import RankHangError, UnusedParametersError
 from ddpviz.events import Collective, FindingReported, Phase, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
-from ddpviz.probes import whereabouts
+from ddpviz.probes import collective_check, whereabouts
 from ddpviz.probes.pulse import Pulse
 from ddpviz.probes.quiet import QuietGuard
 from ddpviz.probes.rendezvous import (
@@ -646,6 +646,7 @@ class Watchdog:
                 lines = whereabouts.hang_detail(  # (within the verdict's time budget)
                     board, behind, tracker, position.step,
                     grace=min(whereabouts.ANSWER_S, max(1.0, self.timeout / 8)))
+                lines += collective_check.hang_lines()
                 finding = msgspec.structs.replace(findings[0],
                                                   detail=findings[0].detail + lines)
                 message, findings = finding.text(), (finding, *findings[1:])

@@ -101,11 +101,14 @@ CASES = {
 def test_a_planted_collective_defect_is_named_live_with_ranks_op_and_call_site(
         python: str, tmp_path: Path, defect: str) -> None:
     kind, pattern, ranks, marker, op = CASES[defect]
+    # the barrier hangs: its hang finding (at the 8 s deadline) must carry the same verdict
+    hang = r"the job's collectives: rank 0 issued barrier" if defect == "barrier" else None
     env = job_env(TRAIN_DEFECT=defect, TRAIN_PG_TIMEOUT=str(PG_TIMEOUT),
-                  DDPVIZ_HANG_TIMEOUT="30")
-    output, seen = run_until(command(python, tmp_path / "out"), env, pattern,
+                  DDPVIZ_HANG_TIMEOUT="8" if hang else "30")
+    output, seen = run_until(command(python, tmp_path / "out"), env, hang or pattern,
                              deadline=PG_TIMEOUT - 5)
     assert seen is not None, f"no {kind} finding before the group's timeout:\n{output[-4000:]}"
+    assert re.search(pattern, output), output[-4000:]
     block = finding_block(output, re.search(pattern, output).group(0))  # type: ignore[union-attr]
     site = f"train_collectives.py:{line_of(marker)} in {marker}"
     assert site in block, block
