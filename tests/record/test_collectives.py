@@ -141,18 +141,19 @@ def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path) 
 
 def test_a_healthy_job_with_many_collectives_reports_nothing_and_trains_as_without(
         python: str, tmp_path: Path) -> None:
+    # 3 ranks: the point-to-point calls between ranks 0 and 1 shift only their positions
     env = job_env(TRAIN_DEFECT="none", TRAIN_STEPS="13")
-    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node", "3",
                             "--master-port", str(free_port()), str(SCRIPT)], env=env,
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plain.returncode == 0, plain.stderr[-3000:]
     out = tmp_path / "out"
-    recorded = subprocess.run(command(python, out), env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
+    recorded = subprocess.run(command(python, out, nprocs=3), env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=180)
     assert recorded.returncode == 0, recorded.stderr[-3000:]
     sums = re.findall(r"rank (\d) done (-?\d+\.\d+)", plain.stdout)
     assert sorted(sums) == sorted(re.findall(r"rank (\d) done (-?\d+\.\d+)", recorded.stdout))
-    assert len(sums) == 2
+    assert len(sums) == 3
     both = recorded.stdout + recorded.stderr
     assert not re.search(r"ddpviz: (ranks? [0-9,]+ issued|ranks issued|ranks are blocked)",
                          both), both[-3000:]

@@ -71,7 +71,7 @@ def healthy_extras(step: int, rank: int, world: int, sub: dist.ProcessGroup,
     dist.all_reduce(torch.ones(5), group=sub)
     work = dist.all_reduce(torch.ones(2), async_op=True)
     work.wait()
-    if world == 2 and step % 5 == 0:  # point-to-point: only the pair takes part
+    if step % 5 == 0 and rank < 2:  # point-to-point: only ranks 0 and 1 take part
         buf = torch.zeros(3)
         if rank == 0:
             dist.send(torch.ones(3), dst=1)
