@@ -1,5 +1,6 @@
-"""The comparison of ranks' collective histories (probes/collective_check.py) on histories made
-by hand: what is a verdict and what is not. The real jobs are in tests/record/test_collectives.py."""
+"""The comparison of ranks' collective histories (probes/collective_check.py) on histories
+made by hand: what is a verdict and what is not. The real jobs are in
+tests/record/test_collectives.py."""
 
 from __future__ import annotations
 
