@@ -493,7 +493,7 @@ class Watch:
         pulse.CLOSE_GRACE_S (it composes the other ranks' last NaN-check posts until then)."""
         self._closed = True
         if self.__dict__.pop("_ledger", False):
-            collectives.release()
+            collective_check.release()
         if "_plan_lock" in self.__dict__:
             self._replan()
         nf = self.__dict__.get("_nf")

@@ -108,10 +108,11 @@ class _Compare:
 class CollectiveCheck:
     """The process's poster and checker thread (one per process, started by `start`)."""
 
-    def __init__(self, tap: Tap, store: dist.Store, rank: int) -> None:
+    def __init__(self, tap: Tap, store: dist.Store, rank: int, epoch: int = 0) -> None:
         self.tap = tap
         self.store = store
         self.rank = rank
+        self.epoch = epoch  # how many checkers this process started before (keys of its own)
         self.posters: dict[str, _Poster] = {}
         self.compares: dict[str, _Compare] = {}
         self.stuck_reported = False
@@ -124,16 +125,7 @@ class CollectiveCheck:
         self._thread.start()
         ledger_mod.on_new_site = self._post_first
         atexit.register(self.final)
-        # an uncaught exception (a peer's abort ends this rank's collective with one) runs
-        # this hook before the traceback is printed, well before atexit, and before torchrun
-        # stops the rank for its peer's failure: compare first, then hand on
-        previous = sys.excepthook
-
-        def excepthook(*args: Any) -> None:
-            self.final()
-            previous(*args)
-
-        sys.excepthook = excepthook
+        _hook_exceptions()
 
     def _post_first(self, g: GroupLedger) -> None:
         """See [Note: a new call site is posted first] (training thread)."""
@@ -164,6 +156,8 @@ class CollectiveCheck:
         if ledger_mod.on_new_site == self._post_first:
             ledger_mod.on_new_site = None
         atexit.unregister(self.final)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * PERIOD_S)
 
     def _run(self) -> None:
         while not self._stop.wait(PERIOD_S):
@@ -189,7 +183,7 @@ class CollectiveCheck:
             self._check_blocked(ledgers)
 
     def _key(self, g: GroupLedger, rank: int, what: str) -> str:
-        return f"ddpviz/coll/{g.name}/{rank}/{what}"
+        return f"ddpviz/coll/{self.epoch}/{g.name}/{rank}/{what}"
 
     def _post(self, g: GroupLedger, issuing: bool = False) -> None:
         """Post `g`'s new entries and head (`issuing`: the last entry is about to run, so the
@@ -492,12 +486,33 @@ def _ordinal(n: int) -> str:
 
 _check: CollectiveCheck | None = None
 _check_lock = threading.Lock()
+_epoch = 0
+_hooked = False
+
+
+def _hook_exceptions() -> None:
+    """An uncaught exception (a peer's abort ends this rank's collective with one) runs
+    sys.excepthook before the traceback prints, well before atexit and before torchrun stops
+    the rank for its peer's failure: compare there first, then hand on (once per process)."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def excepthook(*args: Any) -> None:
+        check = _check
+        if check is not None:
+            check.final()
+        previous(*args)
+
+    sys.excepthook = excepthook
 
 
 def start(tap: Tap) -> bool:
-    """Turn on the ledger (one `collectives.release()` per True returned) and this process's
+    """Turn on the ledger (one `release()` per True returned) and this process's
     checker (once per process; the first tap given is where its findings go)."""
-    global _check
+    global _check, _epoch
     if not ledger_mod.install():
         return False
     with _check_lock:
@@ -511,12 +526,21 @@ def start(tap: Tap) -> bool:
             store = background_connection(c10d._get_default_store())
         except Exception:  # no default group or store: the ledger records, nothing compares
             return True
-        _check = CollectiveCheck(tap, store, dist.get_rank())
+        _check = CollectiveCheck(tap, store, dist.get_rank(), _epoch)
+        _epoch += 1
         return True
 
 
+def release() -> None:
+    """A watch or twin that `start`ed closes: once none uses the ledger, the checker stops
+    (a later `start` begins anew; the positions before it are not compared)."""
+    ledger_mod.release()
+    if not ledger_mod.enabled():
+        stop()
+
+
 def stop() -> None:
-    """Stop the checker (tests)."""
+    """Stop the checker."""
     global _check
     with _check_lock:
         if _check is not None:

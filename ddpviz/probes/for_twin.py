@@ -37,7 +37,7 @@ class _TwinWatchdog(Watchdog):
     def close(self) -> None:
         if self._ledger:
             self._ledger = False
-            collectives.release()
+            collective_check.release()
         super().close()
 
 
