@@ -53,6 +53,15 @@ def owner(file: str) -> str | None:
     return None
 
 
+# the ledger of the job's collectives wraps torch.distributed's functions (collectives.py):
+# its frame stands for the call it wraps, so a folded stack does not show it
+_LEDGER = os.path.join(_DDPVIZ, "probes", "collectives.py")
+
+
+def _ledger_wrapper(f: Frame) -> bool:
+    return f.func == "wrapper" and f.file == _LEDGER
+
+
 def clip(text: str, limit: int = MAX_LINE) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -99,6 +108,7 @@ def stack_lines(stack: list[Frame], *, source: bool = True) -> list[str]:
     run: list[Frame] = []
 
     def fold() -> None:
+        run[:] = [f for f in run if not _ledger_wrapper(f)]
         if run:
             owners = sorted({str(owner(f.file)) for f in run})
             inner = run[-1]
