@@ -84,8 +84,6 @@ def finding_block(output: str, headline: str) -> str:
 
 CASES = {
     # defect: (kind, pattern of the headline, ranks, call sites per rank (marker), op)
-    "gather": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
-               (0, 1), "log_metrics", "all_gather"),
     "src": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
             (0, 1), "share_seed", "broadcast"),
     "barrier": ("unmatched_collective", r"ddpviz: rank 0 issued barrier", (0,),
