@@ -79,8 +79,8 @@ def never_ranks(rank: int, world_size: int, kind: str) -> dict[str, Any]:
     out: dict[str, Any] = {"error": "no error"}
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
-    start = time.monotonic()
-    try:
+    start = time.monotonic()  # gloo's timeout counts from the collective that waits:
+    try:  # the constructor's for ddpviz's DDP, step 0's all-reduce for a watch
         if kind == "engine":
             if odd:
                 time.sleep(PG_TIMEOUT + 4)
@@ -92,6 +92,7 @@ def never_ranks(rank: int, world_size: int, kind: str) -> dict[str, Any]:
             if odd:
                 time.sleep(PG_TIMEOUT + 4)  # stuck outside DDP: never reaches the backward
                 return out
+            start = time.monotonic()  # (DDP's constructor and watch's attach are done)
             try:
                 ddp(torch.randn(4, 8)).sum().backward()
             finally:
