@@ -71,6 +71,7 @@ export type FindingKind =
   | 'replicas_diverged'
   | 'straggler'
   | 'uneven_iterations'
+  | 'unsynced_gradients'
   | 'unused_parameter';
 
 /** How bad a finding is (`ddpviz.findings.Severity`). */
