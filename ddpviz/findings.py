@@ -35,7 +35,7 @@ Kind = Literal[
     "hook_fired_twice", "graph_changed", "grad_order", "missing_rank", "rank_waiting",
     "rank_hang", "rank_exited", "peer_failed", "uneven_iterations", "collective_mismatch",
     "buffer_reassigned", "events_dropped", "plan_mismatch", "straggler", "nonfinite_gradient",
-    "nonfinite_parameter", "replicas_diverged", "unmatched_collective",
+    "nonfinite_parameter", "replicas_diverged", "unmatched_collective", "unsynced_gradients",
 ]
 
 # Every kind of finding, with what its fields mean.
@@ -83,6 +83,12 @@ KINDS: dict[Kind, str] = {
                             "something else (DDP's collectives, or a call ddpviz does not see): "
                             "ranks = the ranks that issued it; values = what each rank did "
                             "there, with call sites",
+    "unsynced_gradients": "an optimizer step used gradients that DDP never all-reduced, so "
+                          "each rank applied its own (field: why: module_forward = the DDP's "
+                          "forward did not run since the last step, no_sync = the last "
+                          "backward ran under no_sync(), unused_ddp = the DDP was never "
+                          "called; step: that optimizer's step count; values: each rank's "
+                          "backward and optimizer-step call sites; docs/errors.md)",
 }
 
 # The model differs across ranks: one fix per differing field ("" for any other field).
@@ -311,6 +317,25 @@ FIXES: dict[Kind, dict[str, str]] = {
             "ranks issue next, often DDP's bucket all-reduce. Call it on every rank of the "
             "group, or move it out of the collective (save on rank 0 without a barrier inside "
             "the condition, then barrier() on every rank).",
+    },
+    "unsynced_gradients": {
+        "": "Step the optimizer only after a backward through the DDP's own forward outside "
+            "no_sync() (loss = ddp(x)), or all-reduce the gradients yourself before the step.",
+        # gradients flowed into the parameters, but the DDP's forward did not run
+        "module_forward": "Compute the training loss through the DDP itself: loss = "
+                          "ddp(x), not ddp.module(x) or the model it wraps (accelerate's "
+                          "unwrap_model returns that model); keep ddp.module for work under "
+                          "torch.no_grad() (evaluation, generation), or all-reduce the "
+                          "gradients yourself before the step.",
+        # the last backward before the step ran under no_sync()
+        "no_sync": "Use no_sync() for the first k-1 micro-batches only and run the last one "
+                   "outside it, so its backward all-reduces everything accumulated: "
+                   "`ctx = ddp.no_sync() if i < k - 1 else contextlib.nullcontext()`; or "
+                   "all-reduce the gradients yourself before optimizer.step().",
+        # the DDP was built but never called
+        "unused_ddp": "Call the DDP in the training step (loss = ddp(x)) instead of the model "
+                      "it wraps; if each rank is meant to train on its own, do not wrap the "
+                      "model in DistributedDataParallel.",
     },
 }
 

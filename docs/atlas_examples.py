@@ -89,6 +89,45 @@ def torch_only_ranks(rank: int, world_size: int, case: str, use_ddpviz: bool,
     return out
 
 
+def train(rank: int, world_size: int, case: str) -> str:
+    """A training loop that breaks DDP's gradient-sync contract, watched: the loss computed on
+    ddp.module after a validation pass through the DDP ("unsynced_module"), or no_sync()
+    around the last of 3 micro-batches ("unsynced_no_sync"). torch says nothing; returns what
+    ddpviz says (its finding)."""
+    import contextlib
+
+    import ddpviz
+    from ddpviz import events as ev
+
+    _init(rank, world_size, 60.0)
+    torch.manual_seed(rank)  # each rank its own batches (DDP broadcasts rank 0's weights)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    found: list[Any] = []
+    watch = ddpviz.watch(ddp, emitter=found.append)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    if case == "unsynced_module":
+        with torch.no_grad():  # a validation pass through the DDP
+            ddp(torch.randn(4, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the same text, on stderr)
+        for _step in range(2):
+            for i in range(3):
+                x = torch.randn(4, 8)
+                if case == "unsynced_module":
+                    loss = ddp.module(x).square().mean()
+                    loss.backward()
+                    break
+                with ddp.no_sync() if i == 2 else contextlib.nullcontext():
+                    loss = ddp(x).square().mean()
+                    loss.backward()
+            opt.step()
+            opt.zero_grad()
+    watch.close()
+    texts = [e.finding.text() for e in found if isinstance(e, ev.FindingReported)]
+    return "\n".join(texts) or "(nothing printed)"
+
+
 def _text(value: Any, key: str = "error") -> str:
     """A rank's outcome as text: its error, or what a crashed rank's process said."""
     if isinstance(value, dict):
@@ -165,6 +204,12 @@ def run_cases(only: set[str] | None) -> dict[str, dict[str, str]]:
                 torch_text = sc.outcome(theirs[1])
             done[case] = {"ddpviz": entry["text"], "torch": torch_text,
                           "kinds": ",".join(f[0] for f in entry["findings"])}
+
+    for case in ("unsynced_module", "unsynced_no_sync"):
+        if want(case):  # torch prints nothing: the replicas drift apart, silently
+            said = run_ranks(train, 2, case, timeout=60, **sc.FAST)
+            done[case] = {"ddpviz": str(said[0]), "torch": "(nothing printed)",
+                          "kinds": "unsynced_gradients"}
 
     for case in ("find_unused_none", "grad_strides"):
         if not want(case):

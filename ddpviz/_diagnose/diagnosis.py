@@ -2,10 +2,11 @@
 no processes, no torch.
 
 What it reads: VerificationFailed (model mismatches), FindingReported (what ranks diagnosed
-themselves: hangs, initial values, reassigned buffers), UnusedParametersFound per rank (diffed
-across ranks), GradReady per rank and step (hooks firing twice; ready order diffed across ranks
-and mapped to buckets through BucketAssigned), the collectives each rank issued per step, each
-rank's last event (missing, lagging and stuck ranks), and EventsDropped.
+themselves: hangs, initial values, reassigned buffers, unsynced gradients),
+UnusedParametersFound per rank (diffed across ranks), GradReady per rank and step (hooks firing
+twice; ready order diffed across ranks and mapped to buckets through BucketAssigned), the
+collectives each rank issued per step, each rank's last event (missing, lagging and stuck
+ranks), and EventsDropped.
 
 It reads the columnar store (ddpviz/traces/columns.py): the hot events (gradient hooks, bucket and
 all-reduce events, phase instants) as numpy columns, never as one object each; the rare ones
@@ -42,6 +43,8 @@ from ddpviz.traces.source import open_run
 if TYPE_CHECKING:
     from ddpviz.traces.trace import Trace
 
+# rank-local findings: the same one from several ranks reads as one naming all of them
+_RANK_LOCAL = ("buffer_reassigned", "unsynced_gradients")
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
@@ -180,7 +183,7 @@ def _reported(per_rank: Mapping[int, Table]) -> list[Finding]:
             if f in out or f.kind == "rank_waiting":  # live-only: the verdict, if any, follows
                 continue
             key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step)
-            if f.kind == "buffer_reassigned" and key in merged:
+            if f.kind in _RANK_LOCAL and key in merged:
                 i = merged[key]
                 old = out[i]
                 values = _merge_values(old.values, f.values)

@@ -28,6 +28,7 @@ from ddpviz.probes import collective_check, collectives
 from ddpviz.probes.nonfinite import NonfiniteCheck
 from ddpviz.probes.optimizer_step import OptimizerStepTap
 from ddpviz.probes.replicas import ReplicaCheck, replica_check
+from ddpviz.probes.sync_contract import SYNCED, SyncContract, adopt
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.recording import DetailPolicy, FindingObserver, GradSummary, Recording
 
@@ -124,6 +125,13 @@ class Watch:
             lambda: bool(ddp.broadcast_buffers), self.tap)
         if self._replicas is not None:
             self._replicas.on_change = self._replan
+        # See [Note: the gradient-sync contract] (probes/sync_contract.py): `ddpviz record`
+        # made one at the DDP's construction; the guarded strategy feeds it from its own hooks
+        source = self.recording.stack_source
+        self._contract: SyncContract = adopt(ddp, self.tap, source=source,
+                                             canaries=self._contract_canaries) or SyncContract(
+            ddp, self.params, self.names, self.tap, world_size=self.world_size,
+            canaries=self._contract_canaries, source=source)
         try:
             self._install(hook, state, existing)
         except BaseException:
@@ -133,6 +141,7 @@ class Watch:
     # --- what the strategies fill in ---------------------------------------------------------
 
     _nf_each_step = False  # the strategy checks local gradients on every step (guarded)
+    _contract_canaries = True  # the sync contract needs hooks of its own (not guarded.py's)
     _armed: Any = ()  # (hookless.py) this step's per-parameter hooks
     _track_views = False  # the guarded strategy's gradient_as_bucket_view bookkeeping
     _grads_before: list[torch.Tensor | None] | None  # (guarded.py) .grad after the forward
@@ -254,6 +263,7 @@ class Watch:
         pulse, nf_open = watchdog.pulse, nf.open_steps
         grad_enabled = torch.is_grad_enabled
         mark, group = collectives.mark_ddp_step, self.group
+        contract_forward = self._contract.forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             step = self._forwards
@@ -270,6 +280,7 @@ class Watch:
                     tap.emit(ev.ForwardStarted)
                 if pulse is not None:
                     pulse.beat(step, "forward")
+                contract_forward(ddp.require_backward_grad_sync)
                 output = inner(*args, **kwargs)
                 nf.last = step
                 return output
@@ -312,6 +323,8 @@ class Watch:
         # CPU time around this call) against 0.9 us in a warm timeit loop. Fewer statements
         # here measured no gain (benchmarks/bench_watch_parts.py takes the default apart).
         self._settle_previous()
+        # (read before the module runs: Lightning's manual optimization turns it off inside)
+        self._contract.forward(bool(self.ddp.require_backward_grad_sync))
         tap = self.tap
         step = tap.step = self._forwards
         self._forwards = step + 1
@@ -412,6 +425,8 @@ class Watch:
     def _check_unused(self) -> None:
         if not self._summary.per_param or not self.ddp.require_backward_grad_sync:
             return
+        if self._contract.last != SYNCED:
+            return  # no synced forward of this DDP since the last step: not its backward
         missing = [i for i in range(len(self.params)) if i not in self._fired
                    and self.params[i].requires_grad]
         if missing:
@@ -513,6 +528,9 @@ class Watch:
         opt = self.__dict__.get("_opt")
         if opt is not None:
             opt.disarm()
+        contract = self.__dict__.get("_contract")
+        if contract is not None:
+            contract.close()
         self._unwrap_forward()
 
     def __repr__(self) -> str:

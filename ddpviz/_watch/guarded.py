@@ -54,6 +54,7 @@ class GuardedWatch(Watch):
     """watch's comm hook around each bucket all-reduce; See the Notes above."""
 
     _nf_each_step = True
+    _contract_canaries = False  # its per-parameter hooks feed the sync contract
 
     def _init_strategy(self) -> None:
         ddp = self.ddp
@@ -206,6 +207,8 @@ class GuardedWatch(Watch):
         task = _graph_task()
         if task != self._task and task != -1:
             self._begin_backward(task)
+            self._contract.accumulated()  # once a backward (See [Note: the gradient-sync
+            # contract] in probes/sync_contract.py)
         summary = self._summary
         if not summary.per_param:  # See [Note: detail levels] (recording.py)
             if self.tap.enabled:  # (nothing to summarize for: no event would carry it)

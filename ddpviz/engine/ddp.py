@@ -125,6 +125,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         resolved = resolve_recording(recording, detail, where="DistributedDataParallel()",
                                      stacklevel=2)
         self._detail = DetailPolicy.of(resolved)
+        self._stack_source = resolved.stack_source
         target = emitter if emitter is not None else default_emitter()
         if target is not None and self._detail.level == "sampled":
             target = FindingObserver(target, _finding_callback(weakref.ref(self)))
@@ -363,6 +364,13 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._opt = self._observers.optimizer_step(tensors, self._tap)
         if self._opt is not None:
             weakref.finalize(self, self._opt.disarm)
+        # The gradient-sync contract (probes/sync_contract.py): told each grad-enabled forward
+        old = self.__dict__.get("_contract")
+        if old is not None:
+            old.close()
+        self._contract = self._observers.sync_contract(
+            self, tensors, [e.name for e in entries], self._tap, self.process_group.size(),
+            self.__dict__.get("_stack_source", True))
         replicas = self.__dict__.get("_replicas")
         if replicas is not None:
             self.reducer.after_finalize = lambda: replicas.after_backward(self._tap.step, True)
@@ -636,6 +644,8 @@ class DistributedDataParallel(nn.Module, Joinable):
                     self._replicas.unsynced(self._tap.step)
             if self._opt is not None:
                 self._opt.set(self._detail.full(self._tap.step))
+            if self._contract is not None:
+                self._contract.forward(self.require_backward_grad_sync)
         if self._tap.enabled:
             self._tap.emit(ForwardStarted)
         if grad_enabled and self.require_backward_grad_sync:
@@ -956,7 +966,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         state = dict(self.__dict__)
         # Everything that holds the process group, a store or a thread is rebuilt on loading.
         for key in ("process_group", "reducer", "_logger", "_tap", "_watchdog",
-                    "_buffer_identity", "_nf", "_replicas", "_opt"):
+                    "_buffer_identity", "_nf", "_replicas", "_opt", "_contract"):
             state.pop(key, None)
         return state
 

@@ -1,7 +1,8 @@
 """What the twin calls on the observers that watch it on its rank (the hang watchdog; the
-replica, NaN and optimizer-step checks), written from the twin's side as protocols, and
-NO_OBSERVERS, the bare twin's: plain waits and no checks. ddpviz/probes/for_twin.py implements
-them for ddpviz.DistributedDataParallel. See [Note: twin and probes].
+replica, NaN and optimizer-step checks; the gradient-sync contract), written from the twin's
+side as protocols, and NO_OBSERVERS, the bare twin's: plain waits and no checks.
+ddpviz/probes/for_twin.py implements them for ddpviz.DistributedDataParallel.
+See [Note: twin and probes].
 """
 
 from __future__ import annotations
@@ -115,6 +116,18 @@ class OptimizerStepObserver(Protocol):
         """The DDP is gone: stop."""
 
 
+class SyncContractObserver(Protocol):
+    """Checks that optimizer steps use all-reduced gradients (probes/sync_contract.py's
+    SyncContract; it sees the backward and the optimizer step through hooks of its own)."""
+
+    def forward(self, synced: bool) -> None:
+        """A grad-enabled forward begins; `synced`: require_backward_grad_sync (False under
+        no_sync())."""
+
+    def close(self) -> None:
+        """The DDP is gone: stop."""
+
+
 class Observers(Protocol):
     """Builds what watches one DDP on its rank, in the constructor's order; a builder that
     returns None leaves that part unwatched."""
@@ -143,6 +156,12 @@ class Observers(Protocol):
         """With each reducer, as nonfinite()."""
         ...
 
+    def sync_contract(self, ddp: nn.Module, params: Sequence[nn.Parameter],
+                      names: Sequence[str], tap: Tap, world_size: int,
+                      source: bool) -> SyncContractObserver | None:
+        """With each reducer, as nonfinite(); `source`: the recording's stack_source."""
+        ...
+
 
 class NoObservers:
     """The bare twin's observers: none (plain waits, no checks)."""
@@ -161,6 +180,11 @@ class NoObservers:
         return None
 
     def optimizer_step(self, params: Sequence[nn.Parameter], tap: Tap) -> None:
+        return None
+
+    def sync_contract(self, ddp: nn.Module, params: Sequence[nn.Parameter],
+                      names: Sequence[str], tap: Tap, world_size: int,
+                      source: bool) -> None:
         return None
 
 

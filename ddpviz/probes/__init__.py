@@ -9,7 +9,9 @@ collective); where.py reads where the training thread is in code, stack_text.py 
 for people (the launcher's stacks too) and whereabouts.py posts it and names a rank that left
 the loop. replicas.py checks that all ranks hold the same bytes after each optimizer step
 (digest.py hashes, replica_verdict.py words the verdict); nonfinite.py finds where a NaN/Inf
-began; optimizer_step.py times the optimizer step.
+began; optimizer_step.py times the optimizer step; sync_contract.py checks that each
+optimizer step uses gradients DDP all-reduced (no loss on ddp.module, no no_sync() around the
+last micro-batch).
 
 watch() (ddpviz/_watch/) builds them around torch's DDP. ddpviz's own DDP gets them through
 the twin's interface (engine/observers.py: the protocols of what the twin calls, and the

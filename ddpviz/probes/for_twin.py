@@ -1,7 +1,7 @@
 """The probes of ddpviz's own DistributedDataParallel: builds the hang watchdog, the replica
-check, the NaN check and the optimizer-step tap for one twin DDP, as the twin's `Observers`
-(engine/observers.py; See [Note: twin and probes] there). watch() builds the same probes
-around torch's DDP itself (_watch/base.py).
+check, the NaN check, the optimizer-step tap and the gradient-sync contract for one twin DDP,
+as the twin's `Observers` (engine/observers.py; See [Note: twin and probes] there). watch()
+builds the same probes around torch's DDP itself (_watch/base.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ddpviz.probes import collective_check, collectives
 from ddpviz.probes.nonfinite import NonfiniteCheck
 from ddpviz.probes.optimizer_step import OptimizerStepTap
 from ddpviz.probes.replicas import ReplicaCheck, replica_check
+from ddpviz.probes.sync_contract import SyncContract
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
 
 
@@ -74,6 +75,12 @@ class TwinProbes:
     def optimizer_step(self, params: Sequence[nn.Parameter], tap: Tap) -> OptimizerStepTap:
         # See [Note: optimizer-step tap] (optimizer_step.py): armed on the sampled steps
         return OptimizerStepTap(tap, params)
+
+    def sync_contract(self, ddp: nn.Module, params: Sequence[nn.Parameter],
+                      names: Sequence[str], tap: Tap, world_size: int,
+                      source: bool) -> SyncContract:
+        # See [Note: the gradient-sync contract] (sync_contract.py): canary hooks of its own
+        return SyncContract(ddp, params, names, tap, world_size=world_size, source=source)
 
 
 PROBES: Observers = TwinProbes()

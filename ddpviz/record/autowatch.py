@@ -3,9 +3,12 @@ unmodified script constructs (the startup hook `ddpviz_autowatch` calls `constru
 
 Per DDP: before torch's constructor (whose first collectives would block on a missing rank
 until the process group's timeout), every rank meets through the store with the hang
-watchdog's deadline, so a rank that never comes is named; then torch's constructor runs; then
+watchdog's deadline, so a rank that never comes is named; then torch's constructor runs, and
+right after it the gradient-sync contract attaches (probes/sync_contract.py: it needs no
+forward, so it sees a DDP that is never called while its module trains); then
 `ddpviz.watch()` attaches, at the first of: the script registering a comm hook (watch wraps
 that hook: torch allows only one, so watch's own is the one registered) or the first forward.
+See [Note: two attach points].
 Events go where `ddpviz.connect()` sends them: the session in $DDPVIZ_CONNECT, else per-rank
 trace files in $DDPVIZ_TRACE_DIR.
 """
@@ -25,10 +28,12 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz._watch import NotObservableError, Watch, new_watch
-from ddpviz.engine.compiler import keep_ddpviz_eager
+from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
+from ddpviz.engine.params import build_params_for_reducer
 from ddpviz.engine.verify import breaks_torch, compare_through_store
 from ddpviz.errors import DiagnosisError
 from ddpviz.events import Tap
+from ddpviz.probes.sync_contract import SyncContract, contract_of, first_user_frame
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
 from ddpviz.recording import stack_source_from_env
 from ddpviz.session.connect import connect
@@ -37,6 +42,19 @@ DDP = nn.parallel.DistributedDataParallel
 _REGISTER = DDP.register_comm_hook  # torch's, before the class patch
 WHAT = "torch's DistributedDataParallel constructor"
 FIRST = "the first forward of torch's DistributedDataParallel"
+
+# [Note: two attach points]
+# Every DDP gets its gradient-sync contract at construction: a loss computed on ddp.module
+# never calls the DDP, and the contract needs no forward to see it. Its Watch still attaches
+# at the first forward or at the script's comm hook registration, whichever comes first, and
+# then takes the contract over (sync_contract.adopt). Attaching the Watch at construction too
+# would lose what that point gives: its meeting through the store names a rank that never
+# reaches the first forward (stuck in setup or data loading) as missing there, before the
+# process group's timeout; a script that calls ddpviz.watch() itself after construction is
+# not refused as "watched already"; a DDP that is built and never called costs no watchdog
+# meeting, heartbeat thread or forward wrapper, only the contract's few hooks; and every form
+# tested with record (comm hooks, torch.compile, replicate(), the frameworks) keeps the attach
+# point it was tested with.
 
 _pending: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 watches: list[Watch] = []  # every Watch this process attached (tests, debugging)
@@ -63,10 +81,32 @@ def construct(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
         if bound is not None and isinstance(bound.get("module"), nn.Module):
             _compare_models(dog, bound["module"], tap)
     names = _replicated_names(args, kwargs)
+    built_at = first_user_frame(sys._getframe(2))  # (1: the startup hook's __init__)
     original(ddp, *args, **kwargs)
     _pending[ddp] = True
+    _contract(ddp, names, built_at)
     if names is not None:
         _drive(ddp, names)
+
+
+def _contract(ddp: Any, names: list[str] | None, built_at: Any) -> None:
+    """The DDP's gradient-sync contract, from now on (See [Note: two attach points]); none for
+    a DDP ddpviz cannot watch. Never fails the job: a contract that cannot be made is said
+    once and the job goes on."""
+    if not_observable(ddp) or getattr(ddp, "_delay_all_reduce_all_params", False):
+        return
+    try:
+        entries = build_params_for_reducer(ddp.module, set(ddp.parameters_to_ignore))
+        params = [e.param for e in entries]
+        if names is None or len(names) != len(params):
+            names = [e.name for e in entries]
+        group = ddp.process_group
+        SyncContract(ddp, params, names, Tap(ev.default_emitter(), rank=group.rank()),
+                     world_size=group.size(), source=stack_source_from_env(),
+                     built_at=built_at)
+    except Exception as exc:  # (never into the job)
+        print(f"ddpviz record: cannot check the gradient sync of this DistributedDataParallel "
+              f"({exc!r}); the job runs on.", file=sys.stderr)
 
 
 def _replicated_names(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str] | None:
@@ -215,6 +255,9 @@ def _builtin_patch(builtin: Callable[..., None]) -> Callable[..., None]:
 def _not_watched(ddp: Any, why: str, *, everywhere: bool = True) -> None:
     """Say once why `ddp` runs unwatched: on its rank 0 only when every rank has the same
     reason (how the DDP was built), else on each rank."""
+    contract = contract_of(ddp)
+    if contract is not None and not contract.adopted:  # unwatched: as without ddpviz
+        contract.close()
     rank = ddp.process_group.rank()
     if everywhere or rank == 0:
         print(f"ddpviz record: rank {rank}: this DistributedDataParallel is not watched: {why}; "

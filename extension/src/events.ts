@@ -72,6 +72,7 @@ export type FindingKind =
   | 'straggler'
   | 'uneven_iterations'
   | 'unmatched_collective'
+  | 'unsynced_gradients'
   | 'unused_parameter';
 
 /** How bad a finding is (`ddpviz.findings.Severity`). */

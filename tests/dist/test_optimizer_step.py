@@ -1,9 +1,10 @@
-"""The optimizer-step tap (probes/optimizer_step.py) on 2 real gloo ranks: under watch()
-(hook-less and guarded) and ddpviz's DDP, OptimizerStepStarted/Finished come on the sampled
-steps only, from the optimizers that hold the DDP's parameters (two DDPs and an unrelated
-optimizer in one process), torch's global hook tables are empty again after an unsampled
-forward and after close(); an error in the tap (an emitter that raises) never reaches the job:
-the tap stops, says so once on stderr, and its hooks are gone at the next unsampled forward."""
+"""The optimizer-step tap (probes/optimizer_step.py) on 2 real gloo ranks: under watch() (hook-less
+and guarded) and ddpviz's DDP, OptimizerStepStarted/Finished come on the sampled steps only,
+from the optimizers that hold the DDP's parameters (two DDPs and an unrelated optimizer in one
+process), torch's global hook tables are empty again after an unsampled forward and after
+close() (the gradient-sync contract's own pair aside); an error in the tap (an emitter that
+raises) never reaches the job: the tap stops, says so once on stderr, and its hooks are gone at
+the next unsampled forward."""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ OPT = (ev.OptimizerStepStarted, ev.OptimizerStepFinished)
 
 
 def _hooks() -> int:
-    return len(torch_optimizer._global_optimizer_pre_hooks) + len(
-        torch_optimizer._global_optimizer_post_hooks)
+    """The tap's global hooks registered now (not the gradient-sync contract's pair, which
+    stays while a DDP is watched: probes/sync_contract.py)."""
+    hooks = [*torch_optimizer._global_optimizer_pre_hooks.values(),
+             *torch_optimizer._global_optimizer_post_hooks.values()]
+    return sum(getattr(h, "__module__", "") != "ddpviz.probes.sync_contract" for h in hooks)
 
 
 def _two_ddps(rank: int, world_size: int, engine: str) -> dict[str, Any]:

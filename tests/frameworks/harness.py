@@ -134,7 +134,8 @@ def assert_same_parameters(recorded: Run, plain: Run) -> None:
 
 def assert_traces(run: Run, *, names: str = "ddp_names") -> None:
     """A trace from every rank with its parameter names (as in the rank's report: `names`)
-    and the bucket map over exactly those parameters; all-reduces done."""
+    and the bucket map over exactly those parameters; all-reduces done; no unsynced gradients
+    named."""
     assert run.traces is not None
     files = sorted(p.name for p in run.traces.glob("ddpviz-trace-rank*.ddpviz"))
     assert files == [f"ddpviz-trace-rank{r}.ddpviz" for r in range(WORLD)], tail(run)
@@ -156,6 +157,9 @@ def assert_traces(run: Run, *, names: str = "ddp_names") -> None:
         assert indices == list(range(len(seen)))
         done = trace.of_type(ev.AllReduceDone)
         assert done, f"rank {rank}: no all-reduce recorded\n{tail(run)}"
+        # the framework keeps DDP's gradient-sync contract (probes/sync_contract.py)
+        broken = [f for f in run.findings(rank) if f.kind == "unsynced_gradients"]
+        assert not broken, f"rank {rank}: {broken}\n{tail(run)}"
 
 
 def python_executable() -> str:

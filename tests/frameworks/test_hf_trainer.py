@@ -1,5 +1,6 @@
 """Hugging Face `Trainer` (jobs/hf_trainer.py: GPT-2 from a tiny config, synthetic tokens)
-under torchrun, recorded by `ddpviz record`; and a planted unused parameter."""
+under torchrun, recorded by `ddpviz record`, with and without gradient accumulation; and a
+planted unused parameter."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ def test_trainer_is_recorded_without_changing_the_job(python: str, tmp_path: Pat
     assert_traces(recorded)
     names = recorded.reports[0]["ddp_names"]
     assert "transformer.h.1.attn.c_attn.weight" in names  # GPT-2's own dotted names
+
+
+def test_gradient_accumulation_keeps_the_sync_contract(python: str, tmp_path: Path) -> None:
+    # accelerate's accumulate(): no_sync() on the first micro-batch, the second all-reduces
+    # both; no unsynced_gradients (assert_traces), bitwise as unrecorded
+    env = job_env(tmp_path, FW_ACCUMULATE="2")
+    recorded = launch(python, torchrun(python, SCRIPT), tmp_path, recorded=True,
+                      name="hf-accumulate", env=env)
+    assert_finished(recorded)
+    plain = launch(python, torchrun(python, SCRIPT), tmp_path, recorded=False,
+                   name="hf-accumulate", env=env)
+    assert_same_parameters(recorded, plain)
+    assert_traces(recorded)
 
 
 def test_an_unused_parameter_is_named(python: str, tmp_path: Path) -> None:

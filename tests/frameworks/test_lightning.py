@@ -1,7 +1,7 @@
 """Lightning (jobs/lightning_job.py, 2 CPU processes launched by Lightning itself) recorded by
 `ddpviz record`: strategy "ddp", "ddp_spawn", "ddp_notebook" (from a script), manual
-optimization and DDPStrategy(static_graph=True); and a rank stuck in its data loader, with
-ddpviz's hang deadline before the group's timeout and after it.
+optimization, DDPStrategy(static_graph=True) and gradient accumulation; and a rank stuck in
+its data loader, with ddpviz's hang deadline before the group's timeout and after it.
 
 The unrecorded reference is one run of strategy="ddp_notebook" (the quickest launch): every
 case trains the same model on the same data with the same DDP arithmetic, so each recorded
@@ -50,6 +50,21 @@ def test_lightning_strategy_is_recorded_without_changing_the_job(
     plain = baselines.get("lightning", lambda folder: launch(
         python, plain_python(python, SCRIPT), folder, recorded=False, name="lightning",
         env=env(folder, FW_STRATEGY="ddp_notebook")))
+    assert_same_parameters(recorded, plain)
+    assert_traces(recorded)
+
+
+def test_lightning_gradient_accumulation_keeps_the_sync_contract(python: str,
+                                                               tmp_path: Path) -> None:
+    # accumulate_grad_batches=2: the first micro-batch under no_sync(), the second inside the
+    # optimizer's closure (judged after it); no unsynced_gradients (assert_traces)
+    recorded = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=True,
+                      name="accumulate", env=env(tmp_path, FW_STRATEGY="ddp",
+                                                 FW_ACCUMULATE="2"))
+    assert_finished(recorded)
+    plain = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=False,
+                   name="accumulate", env=env(tmp_path, FW_STRATEGY="ddp_notebook",
+                                              FW_ACCUMULATE="2"))
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
 

@@ -2,7 +2,8 @@
 torchrun (no ddpviz import). Trainer builds torch's DDP itself (through accelerate).
 
 FW_UNUSED=1 plants a defect: a submodule the forward never uses, with
-ddp_find_unused_parameters=False (Trainer's default for a PreTrainedModel).
+ddp_find_unused_parameters=False (Trainer's default for a PreTrainedModel). FW_ACCUMULATE=K:
+gradient_accumulation_steps=K (accelerate runs the first K-1 micro-batches under no_sync()).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def main() -> None:
             learning_rate=1e-2, use_cpu=True, ddp_backend="gloo", ddp_timeout=60,
             ddp_find_unused_parameters=False, report_to=[], save_strategy="no",
             logging_strategy="no", disable_tqdm=True, seed=0, data_seed=0,
-            dataloader_num_workers=0)
+            dataloader_num_workers=0,
+            gradient_accumulation_steps=int(os.environ.get("FW_ACCUMULATE", "1")))
         trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[clock])
         clock.trainer = trainer
         trainer.train()

@@ -6,7 +6,8 @@ FW_STRATEGY: "ddp" (Lightning re-runs this script per rank), "ddp_spawn"
 (DDPStrategy(static_graph=True)). FW_MANUAL=1: manual optimization. FW_TIMEOUT: the process
 group's timeout in seconds (DDPStrategy(timeout=)). FW_STUCK=K plants a defect: rank 1's
 dataset sleeps FW_STUCK_S seconds when asked for step K's batch. FW_BUFFERS=1 adds
-a BatchNorm1d (buffers, which DDP broadcasts from rank 0 at every forward).
+a BatchNorm1d (buffers, which DDP broadcasts from rank 0 at every forward). FW_ACCUMULATE=K:
+accumulate_grad_batches=K (Lightning runs the first K-1 micro-batches under no_sync()).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def main() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy,
                         max_steps=report.steps(), logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
+                        accumulate_grad_batches=int(os.environ.get("FW_ACCUMULATE", "1")),
                         callbacks=[Report()])
     trainer.fit(Model(manual=os.environ.get("FW_MANUAL") == "1"))
 
