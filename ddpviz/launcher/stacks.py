@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
 from collections.abc import Iterable
@@ -26,7 +25,6 @@ from ddpviz.recording import stack_source_from_env
 STACK_SIGNAL = signal.SIGUSR1
 ENV = "DDPVIZ_STACKS"
 Frame = tuple[str, int, str]  # file, line, function
-_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _OURS = (f"{os.sep}ddpviz{os.sep}launcher{os.sep}", f"{os.sep}ddpviz{os.sep}transport{os.sep}")
 _PLUMBING = ("<frozen runpy>", f"{os.sep}threading.py")
 _SETTLE_S = 1.0  # longest wait for the dumps to be written
@@ -96,21 +94,13 @@ def _read_from(path: Path, offset: int) -> str:
 def parse(text: str) -> list[list[Frame]]:
     """faulthandler's dump -> the user's threads (main thread first), each as frames outermost
     first, with the launcher's threads and frames left out."""
-    threads: list[list[Frame]] = []
-    frames: list[Frame] = []
-    for line in text.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
-            frames = []
-            threads.append(frames)
-            continue
-        match = _FRAME.match(line)
-        if match and threads:
-            frames.append((match["file"], int(match["line"]), match["func"]))
-    # faulthandler prints the most recent call first; the main thread is the one runpy started
+    threads = [[(f.file, f.line, f.func) for f in reversed(frames)]
+               for _, frames in stack_text.faulthandler_threads(text)]
+    # the main thread is the one runpy started
     threads.sort(key=lambda t: not any(f[0] == "<frozen runpy>" for f in t))
     kept = []
     for thread in threads:
-        user = [f for f in reversed(thread) if not any(p in f[0] for p in _OURS + _PLUMBING)]
+        user = [f for f in thread if not any(p in f[0] for p in _OURS + _PLUMBING)]
         if user:
             kept.append(user)
     return kept

@@ -7,7 +7,9 @@ daemon thread and quiet.py names the ranks a step waits for when the wait itself
 rendezvous.py is the notice board they meet on (the process group's store, never a
 collective); where.py reads where the training thread is in code, stack_text.py folds a stack
 for people (the launcher's stacks too) and whereabouts.py posts it and names a rank that left
-the loop. replicas.py checks that all ranks hold the same bytes after each optimizer step
+the loop; stuck_stack.py has a rank's stack dumped by faulthandler when its training thread
+holds the GIL in C code (thread_state.py adds what the kernel says of that thread).
+replicas.py checks that all ranks hold the same bytes after each optimizer step
 (digest.py hashes, replica_verdict.py words the verdict); nonfinite.py finds where a NaN/Inf
 began; optimizer_step.py times the optimizer step; sync_contract.py checks that each
 optimizer step uses gradients DDP all-reduced (no loss on ddp.module, no no_sync() around the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import linecache
 import os
+import re
 from typing import NamedTuple
 
 MAX_SHOWN = 16  # lines of a formatted stack
@@ -60,6 +61,26 @@ _LEDGER = os.path.join(_DDPVIZ, "probes", "collectives.py")
 
 def _ledger_wrapper(f: Frame) -> bool:
     return f.func == "wrapper" and f.file == _LEDGER
+
+
+_DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<id>[0-9a-fA-F]+)")
+_DUMP_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+
+
+def faulthandler_threads(text: str) -> list[tuple[int, list[Frame]]]:
+    """faulthandler's dump of all threads -> (thread id, its frames innermost first) for each
+    thread, in the dump's order. The thread id is `threading.get_ident()` of that thread;
+    frames without a line number ("line ???") are left out."""
+    threads: list[tuple[int, list[Frame]]] = []
+    for line in text.splitlines():
+        head = _DUMP_THREAD.match(line)
+        if head:
+            threads.append((int(head["id"], 16), []))
+            continue
+        frame = _DUMP_FRAME.match(line)
+        if frame and threads:
+            threads[-1][1].append(Frame(frame["file"], int(frame["line"]), frame["func"]))
+    return threads
 
 
 def clip(text: str, limit: int = MAX_LINE) -> str:

@@ -22,6 +22,7 @@ import msgspec
 from ddpviz.findings import Finding, fix_for, format_ranks
 from ddpviz.limits import Lines, Name, Step, Text
 from ddpviz.probes import stack_text as st
+from ddpviz.probes import stuck_stack
 from ddpviz.probes import where as wh
 from ddpviz.probes.rendezvous import LEFT_NEWS, STACK_REQUEST, Board, News, Position
 
@@ -213,15 +214,22 @@ def left_finding(rank: int, step: int, world_size: int, positions: dict[int, Pos
 
 
 def stack_detail(wheres: dict[int, Where], behind: tuple[int, ...] | list[int], rank: int,
-                 own: Where | None, world_size: int) -> tuple[str, ...]:
+                 own: Where | None, world_size: int,
+                 rescued: dict[int, stuck_stack.Rescue] | None = None) -> tuple[str, ...]:
     """A hang finding's lines on where each rank is in code: the full (folded) stack of each
-    rank that is behind, one summary line for the others (this rank's from `own`)."""
+    rank that is behind, one summary line for the others (this rank's from `own`). A rank
+    that did not answer shows the stack faulthandler dumped of it, if `rescued` has one
+    (stuck_stack.py), else why it has none."""
     lines: list[str] = []
     for r in behind:
         w = wheres.get(r)
         if w is None:
-            lines.append(f"rank {r} did not post its stack within {ANSWER_S:g}s (busy in C "
-                         "code holding the GIL, or gone)")
+            got = (rescued or {}).get(r)
+            if got is not None and got.stack:
+                lines += stuck_stack.lines(r, got, ANSWER_S)
+                continue
+            why = got.not_dumped() if got is not None else "busy in C code holding the GIL, or gone"
+            lines.append(f"rank {r} did not post its stack within {ANSWER_S:g}s ({why})")
             continue
         lines.append(f"rank {r} is at {w.summary}")
         lines += [f"  {line}" for line in w.stack]
@@ -234,11 +242,14 @@ def stack_detail(wheres: dict[int, Where], behind: tuple[int, ...] | list[int], 
 
 def hang_detail(board: Board, behind: tuple[int, ...] | list[int], tracker: Tracker | None,
                 step: int, *, shown: int = 8, grace: float = ANSWER_S) -> tuple[str, ...]:
-    """Ask every rank for its stack, wait for those `behind` (up to ANSWER_S), and format
-    `stack_detail` with this rank's own stack from `tracker` and up to `shown` waiting ranks'
-    summaries. () when the store is gone."""
+    """Ask every rank for its stack, wait for those `behind` (up to ANSWER_S), have those that
+    did not answer dumped by faulthandler where they run on this host (stuck_stack.rescue: up
+    to SETTLE_S more), and format `stack_detail` with this rank's own stack from `tracker` and
+    up to `shown` waiting ranks' summaries. () when the store is gone."""
     try:
         wheres = collect(board, list(behind), grace=grace)
+        missing = [r for r in behind if r not in wheres]
+        rescued = stuck_stack.rescue(board, missing) if missing else {}
         others = [r for r in range(board.world_size) if r != board.rank and r not in behind]
         asked = board.news().requests
         wheres.update({r: w for r, w in read(board, others[:shown]).items()
@@ -246,4 +257,4 @@ def hang_detail(board: Board, behind: tuple[int, ...] | list[int], tracker: Trac
     except RuntimeError:
         return ()
     own = tracker.take(step) if tracker is not None else None
-    return stack_detail(wheres, behind, board.rank, own, board.world_size)
+    return stack_detail(wheres, behind, board.rank, own, board.world_size, rescued)

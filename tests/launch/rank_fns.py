@@ -103,6 +103,30 @@ def rank_1_hangs(pid_dir: str) -> str:
     return "rank 0 done"
 
 
+def rank_1_holds_the_gil(hang_timeout: float, hold_s: int) -> str:
+    """ddpviz's DDP on two ranks; at step 1 rank 1 calls C code that keeps the GIL for `hold_s`
+    seconds (libc's sleep() through ctypes.PyDLL) while rank 0 waits in the bucket all-reduce.
+    Returns the RankHangError each rank raised, or "no error"."""
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    import ddpviz
+    from ddpviz.errors import RankHangError
+
+    torch.manual_seed(0)
+    ddp = ddpviz.DistributedDataParallel(torch.nn.Linear(4, 2), hang_timeout=hang_timeout)
+    try:
+        for step in range(3):
+            if dist.get_rank() == 1 and step == 1:
+                ctypes.PyDLL(None).sleep(hold_s)  # PLANTED gil
+            ddp(torch.ones(2, 4)).sum().backward()
+    except RankHangError as exc:
+        return str(exc)
+    return "no error"
+
+
 def rank_1_exits_hard() -> None:
     if os.environ["RANK"] == "1":
         os._exit(3)

@@ -183,6 +183,26 @@ def test_a_hang_times_out_naming_the_rank_still_running(tmp_path: Path) -> None:
     assert still_alive([*run.pids, *recorded_pids(tmp_path, 2)]) == []
 
 
+def test_a_rank_holding_the_gil_in_c_code_is_named_with_its_stack_from_faulthandler() -> None:
+    """A launched rank's training thread holds the GIL in C code (libc's sleep() through
+    ctypes.PyDLL) while its peer waits in ddpviz's DDP: the peer's RankHangError shows its
+    Python stack, dumped by faulthandler (probes/stuck_stack.py), not "did not post its
+    stack"; the C call runs its full time, so the rank then raises the same verdict."""
+    run = ddpviz.launch(rank_fns.rank_1_holds_the_gil, 2, args=(3.0, 15), timeout=150)
+    texts = run.wait()
+    assert texts[0] == texts[1], texts  # one verdict, raised by both ranks
+    text = texts[0]
+    assert text.startswith("ddpviz: rank 1 did not reach the bucket rebuild broadcast at step "
+                           "1 within 3s"), text
+    assert "did not post its stack" not in text, text
+    assert "rank 1's training thread has held the GIL in C code for about " in text, text
+    source = Path(rank_fns.__file__)
+    line = next(n for n, t in enumerate(source.read_text().splitlines(), 1)
+                if t.rstrip().endswith("# PLANTED gil"))
+    assert f"rank 1 is at tests/launch/rank_fns.py:{line} in rank_1_holds_the_gil" in text, text
+    assert "ctypes.PyDLL(None).sleep(hold_s)  # PLANTED gil" in text
+
+
 def test_stop_ends_every_rank_and_grandchild(tmp_path: Path) -> None:
     run = ddpviz.launch(rank_fns.sleep_forever, 2, args=(str(tmp_path),))
     pids = recorded_pids(tmp_path, 2)

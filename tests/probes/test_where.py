@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import torch.distributed as dist
 
 from ddpviz.probes import stack_text as st
@@ -215,6 +216,25 @@ def test_stacks_are_asked_for_and_answered_through_the_board() -> None:
     assert wa.stack_detail(wa.collect(boards[1], [0], grace=0.2), (0,), 1, None, 2) == (
         f"rank 0 did not post its stack within {wa.ANSWER_S:g}s (busy in C code holding the "
         "GIL, or gone)",)
+    # ... and, when its contact says it cannot be dumped by faulthandler from here, why not
+    # (a rank that can is tests/probes/test_stuck_stack.py's)
+    import os
+    import signal
+
+    from ddpviz.probes import stuck_stack, thread_state
+
+    far = stuck_stack.Contact("gpu-node-7 another-boot 1", os.getpid(), "1",
+                              signal=signal.SIGRTMAX, dump="/x", thread=1, tid=1, pulse_tid=1)
+    boards[0].post(stuck_stack.KEY, msgspec.json.encode(far).decode())
+    assert wa.hang_detail(boards[1], (0,), None, 4, grace=0.2) == (
+        f"rank 0 did not post its stack within {wa.ANSWER_S:g}s (busy in C code holding the "
+        "GIL, or gone; it runs on another host (or pid namespace): its stack is dumped only "
+        "from the same one (gpu-node-7))",)
+    gone = msgspec.structs.replace(far, host=thread_state.host_key(), start="not-this-one")
+    boards[0].post(stuck_stack.KEY, msgspec.json.encode(gone).decode())
+    assert wa.hang_detail(boards[1], (0,), None, 4, grace=0.2) == (
+        f"rank 0 did not post its stack within {wa.ANSWER_S:g}s (its process (pid "
+        f"{os.getpid()}) has exited)",)
 
 
 def test_a_left_rank_is_named_once_this_rank_runs_a_later_step() -> None:

@@ -85,6 +85,30 @@ def test_a_rank_blocked_in_a_collective_of_its_own_is_named_with_the_planted_lin
 
 
 @pytest.mark.parametrize("recording", [None, "guard"])
+def test_a_rank_holding_the_gil_in_c_code_is_named_with_its_stack_from_faulthandler(
+        python: str, tmp_path: Path, recording: str | None) -> None:
+    """Rank 1's data loading calls libc's sleep() through ctypes.PyDLL, which keeps the GIL: its
+    pulse thread cannot answer the stack request, so rank 0 has faulthandler dump it (a signal
+    to that thread, stuck_stack.py); the C call is not interrupted."""
+    text, found = record(python, tmp_path, "gil", recording=recording)
+    hang = [f for f in found if f.kind == "rank_hang"]
+    assert [(f.ranks, f.step) for f in hang] == [((1,), 3)], text[-3000:]
+    lines = "\n".join(hang[0].detail)
+    assert "did not post its stack" not in lines, lines
+    assert "rank 1's training thread has held the GIL in C code for about " in lines, lines
+    assert "its Python stack, dumped by faulthandler:" in lines
+    assert f"rank 1 is at tests/record/{planted('gil')} in load_batch <- " in lines
+    assert "libc.sleep(int(os.environ.get(" in lines  # the planted source line itself
+    assert "its training thread, per /proc: sleeping (S)" in lines
+    assert "rank 0 (waiting) is at tests/record/train_stuck.py" in lines
+    if recording == "guard":  # raised from backward(), with the same lines, before gloo's
+        raised = text.index("ddpviz.errors.RankHangError: ddpviz: rank 1 did not reach the "
+                            "all-reduce of bucket 0 at step 3")
+        # own timeout (rank 0 lives on after it: its replica check waits for rank 1 at exit)
+        assert "Timed out" not in text[:raised]
+
+
+@pytest.mark.parametrize("recording", [None, "guard"])
 def test_a_rank_that_breaks_out_of_the_loop_is_named_as_left_with_step_counts(
         python: str, tmp_path: Path, recording: str | None) -> None:
     text, found = record(python, tmp_path, "break", recording=recording)

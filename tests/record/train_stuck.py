@@ -4,7 +4,9 @@ TRAIN_PLANT picks the trouble of rank TRAIN_RANK (default 1) at step TRAIN_AT (d
   sleep    its data loading sleeps TRAIN_SLEEP_S seconds (a stuck loader);
   barrier  it enters a barrier of its own on a side group no other rank joins (stuck in C++);
   break    it leaves the loop (uneven data) and waits in the script's final barrier;
-  quit     it leaves the loop and its script returns (the process exits normally).
+  quit     it leaves the loop and its script returns (the process exits normally);
+  gil      its data loading calls C code that holds the GIL for TRAIN_SLEEP_S seconds (libc's
+           sleep() through ctypes.PyDLL): no Python thread of the rank can run meanwhile.
 TRAIN_STEPS (default 6), TRAIN_PG_TIMEOUT (default 20 s), TRAIN_JOIN=1 runs the loop inside
 `with ddp.join():`, TRAIN_STEP_S sleeps that long in every rank's data loading. The lines
 marked PLANTED are what the tests expect ddpviz to name.
@@ -12,6 +14,7 @@ marked PLANTED are what the tests expect ddpviz to name.
 
 import atexit
 import contextlib
+import ctypes
 import datetime
 import os
 import sys
@@ -30,6 +33,9 @@ WHO = int(os.environ.get("TRAIN_RANK", "1"))
 def load_batch(step: int, rank: int) -> torch.Tensor:
     if PLANT == "sleep" and rank == WHO and step == AT:
         time.sleep(float(os.environ.get("TRAIN_SLEEP_S", "60")))  # PLANTED sleep
+    if PLANT == "gil" and rank == WHO and step == AT:
+        libc = ctypes.PyDLL(None)  # a PyDLL call keeps the GIL
+        libc.sleep(int(os.environ.get("TRAIN_SLEEP_S", "60")))  # PLANTED gil
     time.sleep(float(os.environ.get("TRAIN_STEP_S", "0")))  # a slow loader, on every rank
     g = torch.Generator().manual_seed(100 * step + rank)
     return torch.randn(4, 8, generator=g)
