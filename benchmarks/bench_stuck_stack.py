@@ -22,26 +22,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's ddpviz
 
 import msgspec  # noqa: E402
+from _timing import times_us  # noqa: E402
 
 from ddpviz.probes import stuck_stack as ss  # noqa: E402
 from ddpviz.probes import thread_state as ts  # noqa: E402
-
-
-def _times(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
-    samples = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    samples.sort()
-    return statistics.median(samples) * 1e6, samples[int(0.95 * len(samples))] * 1e6
 
 
 class _Posts:
@@ -67,11 +57,11 @@ def main() -> None:
     starter = threading.Thread(target=beacon.started, args=(_Posts(),), daemon=True)
     starter.start()  # (on another thread, as the pulse thread does)
     starter.join()
-    stamp = _times(beacon.stamp, args.repeat)
-    check = _times(lambda: beacon.check(_Posts()), args.repeat)  # type: ignore[arg-type]
+    stamp = times_us(beacon.stamp, args.repeat)
+    check = times_us(lambda: beacon.check(_Posts()), args.repeat)  # type: ignore[arg-type]
     pid, tid = os.getpid(), threading.get_native_id()
-    state = _times(lambda: ts.thread_state(pid, tid), 2000)
-    masks = _times(lambda: ts.signal_masks(pid), 2000)
+    state = times_us(lambda: ts.thread_state(pid, tid), 2000)
+    masks = times_us(lambda: ts.signal_masks(pid), 2000)
     rescues: list[float] = []
     holds = 0
     for _ in range(args.rescues):

@@ -15,27 +15,17 @@ such as Lightning). Printed: median and p95 per call, in microseconds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 
+from _timing import times_us
+
 from ddpviz.probes import where as wh
 from ddpviz.probes.whereabouts import Tracker
-
-
-def _times(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
-    samples = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    samples.sort()
-    return statistics.median(samples) * 1e6, samples[int(0.95 * len(samples))] * 1e6
 
 
 def _at_depth(depth: int, then: Callable[[], None]) -> None:
@@ -69,9 +59,9 @@ def main() -> None:
             loop = tracker.loop
             assert loop is not None
             ident = threading.get_ident()
-            note = _times(lambda: tracker.note_caller(frame), args.repeat)
-            left = _times(lambda: wh.left_loop(loop, wh.thread_frame(ident)), args.repeat)
-            take = _times(lambda: tracker.take(1), max(50, args.repeat // 20))
+            note = times_us(lambda: tracker.note_caller(frame), args.repeat)
+            left = times_us(lambda: wh.left_loop(loop, wh.thread_frame(ident)), args.repeat)
+            take = times_us(lambda: tracker.take(1), max(50, args.repeat // 20))
             rows.append((depth + 2, note, left, take))
 
         training_loop(depth, measure)
