@@ -84,6 +84,10 @@ def finding_block(output: str, headline: str) -> str:
 
 CASES = {
     # defect: (kind, pattern of the headline, ranks, call sites per rank (marker), op)
+    # gather: at step 0 gloo aborts rank 0 and torchrun SIGTERMs rank 1 at once (named before
+    # the collective runs: See [Note: claiming a position])
+    "gather": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
+               (0, 1), "log_metrics", "all_gather"),
     "src": ("collective_mismatch", r"ddpviz: ranks issued different collectives",
             (0, 1), "share_seed", "broadcast"),
     "barrier": ("unmatched_collective", r"ddpviz: rank 0 issued barrier", (0,),
@@ -119,12 +123,15 @@ def test_a_planted_collective_defect_is_named_live_with_ranks_op_and_call_site(
         assert re.search(r"DDP's", block), block
 
 
-def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path) -> None:
-    """A defect that ends the job (mismatched all_reduce sizes: gloo aborts a process or waits
-    until the group's timeout): named live, and the finding is in the trace that
-    `ddpviz diagnose` reads."""
+@pytest.mark.parametrize(("defect", "marker"), [("reduce_size", "reduce_stats"),
+                                                ("gather", "log_metrics")])
+def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path, defect: str,
+                                                   marker: str) -> None:
+    """A defect that ends the job (mismatched all_reduce sizes at step 5, all_gather sizes at
+    step 0: gloo aborts a process or waits until the group's timeout): named live, and the
+    finding is in the trace that `ddpviz diagnose` reads."""
     out = tmp_path / "out"
-    env = job_env(TRAIN_DEFECT="reduce_size", TRAIN_PG_TIMEOUT="8", DDPVIZ_HANG_TIMEOUT="4")
+    env = job_env(TRAIN_DEFECT=defect, TRAIN_PG_TIMEOUT="8", DDPVIZ_HANG_TIMEOUT="4")
     done = subprocess.run(command(python, out), env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0  # the job fails as it does without ddpviz
@@ -133,7 +140,7 @@ def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path) 
     findings = [f for f in ddpviz.diagnose(out) if f.kind == "collective_mismatch"]
     assert findings, done.stdout[-3000:] + done.stderr[-3000:]
     text = str(findings[0])
-    assert f"train_collectives.py:{line_of('reduce_stats')} in reduce_stats" in text
+    assert f"train_collectives.py:{line_of(marker)} in {marker}" in text
     assert "float32 x3" in text and "float32 x4" in text
 
 
