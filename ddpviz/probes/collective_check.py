@@ -59,15 +59,15 @@ from ddpviz.probes.rendezvous import background_connection
 # [Note: claiming a position]
 # Each rank, posting a new call site's first collective, compare_sets the key of that
 # position in the group with (rank, entry): the first rank there sets it, every later one
-# reads the first one's call. Of two ranks the second always reads the first's (the store
-# serves requests one at a time and each rank posts its history before it claims), and no
-# rank's collective can complete before the last of its peers enters it. A call that differs
-# in op or signature is a mismatch at a position both ranks issued: the rank that reads it
-# compares at once, on its training thread, before it enters its collective (the full
-# comparison of every posted history when every rank has posted that far, else the two calls
-# observed), reports it and ships its events before the collective can end the process. A
-# finding on the group is reported by one rank of the job (a compare_set on the group's
-# `named` key), whichever compares first; the others say nothing more of it.
+# reads the first one's call (the store serves requests one at a time, and each rank posts
+# its history before it claims). A call that differs in op or signature is a mismatch at a
+# position both ranks issued: the rank that reads it compares at once, on its training
+# thread, before it enters its collective (the full comparison of every posted history when
+# every rank has posted that far, else the two calls observed), reports it and ships its
+# events. The mismatch cannot end a process before that rank's call runs: gloo aborts on the
+# data the call sends or receives. A finding on the group is reported by one rank of the job
+# (a compare_set on the group's `named` key), whichever compares first; the others say
+# nothing more of it. No signal handler: the job dies as it would without ddpviz.
 
 PERIOD_S = 0.5
 STUCK_S = 2.0
