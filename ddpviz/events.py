@@ -343,6 +343,13 @@ class Tap:
             return
         self._emitter(cls(self.rank, step, t_ns, next(self._counter), *fields))
 
+    def flush(self, timeout: float = 1.0) -> None:
+        """Wait, at most `timeout` seconds, until what was emitted is shipped, where the
+        emitter can say (a `Sender`): for a fact that must outlive a process about to die."""
+        flush = getattr(self._emitter, "flush", None)
+        if callable(flush):
+            flush(timeout)
+
 
 _default_emitter: Emitter | None = None
 

@@ -376,6 +376,11 @@ class FindingObserver:
         if type(event) is FindingReported:
             self.on_finding(event.step)
 
+    def flush(self, timeout: float = 10.0) -> bool:
+        """The emitter's `flush` (a `Sender`'s), where it has one; True otherwise."""
+        flush = getattr(self.emitter, "flush", None)
+        return bool(flush(timeout)) if callable(flush) else True
+
 
 class GradSummary:
     """One rank's gradient-ready facts of the current backward at the level its policy picks:

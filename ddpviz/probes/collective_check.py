@@ -48,6 +48,26 @@ from ddpviz.probes.rendezvous import background_connection
 # site is posted by the training thread itself, before it runs (two store writes, once per
 # site; a site seen before costs nothing), and every rank compares what the store holds when
 # it exits (`final`, at exit), so a surviving rank names what its dead peer issued.
+# That alone is a race when the mismatch ends the job at once: in an all_gather whose sizes
+# differ at step 0, gloo aborts the rank that receives more bytes than it expected (SIGABRT:
+# neither its checker nor its atexit runs) and the peer, handed uninitialized memory, trains
+# on until its next collective fails; torchrun sees the abort and SIGTERMs that peer (default
+# disposition: it dies without atexit), often before its exception is raised. So the rank
+# also claims the position with its call, before it runs (one compare_set, once per site;
+# See [Note: claiming a position]).
+
+# [Note: claiming a position]
+# Each rank, posting a new call site's first collective, compare_sets the key of that
+# position in the group with (rank, entry): the first rank there sets it, every later one
+# reads the first one's call (the store serves requests one at a time, and each rank posts
+# its history before it claims). A call that differs in op or signature is a mismatch at a
+# position both ranks issued: the rank that reads it compares at once, on its training
+# thread, before it enters its collective (the full comparison of every posted history when
+# every rank has posted that far, else the two calls observed), reports it and ships its
+# events. The mismatch cannot end a process before that rank's call runs: gloo aborts on the
+# data the call sends or receives. A finding on the group is reported by one rank of the job
+# (a compare_set on the group's `named` key), whichever compares first; the others say
+# nothing more of it. No signal handler: the job dies as it would without ddpviz.
 
 PERIOD_S = 0.5
 STUCK_S = 2.0
@@ -70,9 +90,17 @@ class Chunk(msgspec.Struct, array_like=True):
     marks: list[Mark]
 
 
+class Claim(msgspec.Struct, array_like=True):
+    rank: int  # the first rank that issued a collective at the position (from a new site)
+    entry: Entry  # its call there
+
+
 _enc = msgspec.msgpack.Encoder()
 _dec_head = msgspec.msgpack.Decoder(Head)
 _dec_chunk = msgspec.msgpack.Decoder(Chunk)
+_dec_claim = msgspec.msgpack.Decoder(Claim)
+MEET_LOCK_S = 1.0  # the most the training thread waits for the checker's lock, once
+FLUSH_S = 1.0  # the most a report waits for its event to be shipped
 
 
 class _Poster:
@@ -131,7 +159,36 @@ class CollectiveCheck:
         """See [Note: a new call site is posted first] (training thread)."""
         if len(g.ranks) > 1 and g.comparable:
             with contextlib.suppress(Exception):
+                entry = g.entries[-1]  # the call about to run (just appended by this thread)
                 self._post(g, issuing=True)
+                self._claim(g, entry)
+
+    def _claim(self, g: GroupLedger, entry: Entry) -> None:
+        """See [Note: claiming a position] (training thread, before the call runs)."""
+        if self._stop.is_set() or entry.asym:
+            return
+        key = f"ddpviz/coll/{self.epoch}/{g.name}/at{entry.pos}"
+        raw = self.store.compare_set(key, "", _enc.encode(Claim(self.rank, entry)))  # type: ignore[arg-type]
+        if len(raw) > MAX_CHUNK:
+            return
+        first = _dec_claim.decode(raw)
+        if (first.rank == self.rank or first.rank not in g.ranks
+                or (first.entry.op, first.entry.sig) == (entry.op, entry.sig)):
+            return
+        if not self._tick_lock.acquire(timeout=MEET_LOCK_S):
+            return  # the checker is busy past the bound: the ticks and `final` compare
+        try:
+            c = self.compares.get(g.name)
+            if self._stop.is_set() or (c is not None and c.done):
+                return
+            self._check(g)  # every posted history, when every rank has posted this far
+            c = self.compares[g.name]
+            if not c.done:  # some rank has not: the two calls observed
+                c.done = True
+                mine = {first.rank: first.entry, self.rank: entry}
+                self._report_once(g, self._finding(g, entry.pos, mine, {}))
+        finally:
+            self._tick_lock.release()
 
     def final(self) -> None:
         """At exit: post, then compare every group from this rank (See the Note)."""
@@ -273,7 +330,7 @@ class CollectiveCheck:
             finding = self._compare_at(g, c, pos)
             if finding is not None:
                 c.done = True
-                self._report(finding)
+                self._report_once(g, finding)
                 return
         c.verified = max(c.verified, horizon)
         for r in c.ranks:  # what was compared is not needed again
@@ -372,7 +429,7 @@ class CollectiveCheck:
         for g in ledgers:
             members[g.name] = g.ranks
             c = self.compares.get(g.name)
-            if c is None:
+            if c is None or g.ranks[0] != self.rank:  # (a claim's compare: read once, stale)
                 continue
             for r, h in c.histories.items():
                 head = h.head
@@ -416,12 +473,24 @@ class CollectiveCheck:
                              fix=fix_for("collective_mismatch", "job"),
                              world_size=dist.get_world_size()))
 
+    def _report_once(self, g: GroupLedger, finding: Finding) -> None:
+        """Report `g`'s first difference unless another rank did (See [Note: claiming a
+        position]); a store that cannot say lets this rank report."""
+        mine = str(self.rank)
+        try:
+            named = self.store.compare_set(f"ddpviz/coll/{self.epoch}/{g.name}/named", "", mine)
+        except Exception:
+            named = mine.encode()
+        if named == mine.encode():
+            self._report(finding)
+
     def _report(self, finding: Finding) -> None:
         self.findings.append(finding)
         with contextlib.suppress(Exception):  # for the hang findings of every rank
             self.store.compare_set(VERDICT_KEY, "", "\n".join(_verdict_lines(finding)))
         print(finding.text(), file=sys.stderr, flush=True)
         self.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
+        self.tap.flush(FLUSH_S)  # before a collective or a signal can end this process
 
 
 VERDICT_KEY = "ddpviz/coll/verdict"

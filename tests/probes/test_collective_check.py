@@ -1,13 +1,20 @@
 """The comparison of ranks' collective histories (probes/collective_check.py) on histories
-made by hand: what is a verdict and what is not. The real jobs are in
+made by hand: what is a verdict and what is not; the claim of a position a new call site's
+collective takes, by two or three ranks' checkers over one store. The real jobs are in
 tests/record/test_collectives.py."""
 
 from __future__ import annotations
 
+import datetime
+import threading
 from typing import Any
 
+import pytest
+import torch.distributed as dist
+
+from ddpviz.events import Tap
 from ddpviz.probes.collective_check import CollectiveCheck, _Compare
-from ddpviz.probes.collectives import Entry, Mark
+from ddpviz.probes.collectives import Entry, GroupLedger, Mark
 
 
 class _Group:
@@ -89,3 +96,84 @@ def test_a_history_with_a_gap_gives_no_verdict() -> None:
 def test_point_to_point_entries_are_not_compared_by_position() -> None:
     p2p = Entry(10, 1, "send", "float32 x3 to rank 1", "t.py:2 in f", 4, True)
     assert _compare({0: [p2p]}) is None
+
+
+# --- claiming a position (See [Note: claiming a position]): two ranks' checkers, one store ----
+
+
+class _Ledger(GroupLedger):
+    """A group's ledger on one rank, its sequence number set by the test."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        super().__init__(None, "0", ranks)  # type: ignore[arg-type]
+        self.at = 4
+
+    def seq(self) -> int | None:
+        return self.at
+
+
+def _rank_checker(store: dist.Store, rank: int, emitted: list[Any] | None = None) -> Any:
+    """A rank's checker without its thread or hooks: the training thread's side only."""
+    check = CollectiveCheck.__new__(CollectiveCheck)
+    check.tap = Tap((emitted if emitted is not None else []).append, rank=rank)
+    check.store, check.rank, check.epoch = store, rank, 0
+    check.posters, check.compares, check.findings = {}, {}, []
+    check.stuck_reported = False
+    check._stop = threading.Event()
+    check._post_lock, check._tick_lock = threading.Lock(), threading.Lock()
+    return check
+
+
+def _issue(check: Any, g: _Ledger, sig: str, site: str = "t.py:9 in log_metrics") -> None:
+    """What the ledger does for a new call site's first collective: record it, then the hook."""
+    g.entries.append(Entry(g.at, -1, "all_gather", sig, site, 0))
+    g.count += 1
+    check._post_first(g)
+
+
+@pytest.fixture
+def store() -> dist.Store:
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5))
+
+
+def test_the_rank_that_claims_second_names_a_mismatch_before_its_call_runs(
+        store: dist.Store) -> None:
+    ranks = (0, 1)
+    emitted: list[Any] = []
+    checks = {r: _rank_checker(store, r, emitted if r == 0 else None) for r in ranks}
+    ledgers = {r: _Ledger(ranks) for r in ranks}
+    _issue(checks[1], ledgers[1], "float32 x4 into 2")
+    assert checks[1].findings == []  # first there: nothing to compare with yet
+    _issue(checks[0], ledgers[0], "float32 x3 into 2")
+    [f] = checks[0].findings
+    assert f.kind == "collective_mismatch" and f.ranks == (0, 1)
+    texts = {ranks: text for text, ranks in f.values}
+    assert "float32 x3 into 2" in texts[(0,)] and "float32 x4 into 2" in texts[(1,)]
+    assert "t.py:9 in log_metrics" in texts[(0,)]
+    assert "the 5th collective" in f.detail[0]
+    assert [type(x).__name__ for x in emitted] == ["FindingReported"]
+    # rank 1's call returned (rank 0 died in its own): its comparison at exit finds the same
+    # difference, and says nothing more of it
+    ledgers[1].at, ledgers[1].entries[-1].span = 5, 1
+    checks[1]._post(ledgers[1])
+    checks[1]._check(ledgers[1])
+    assert checks[1].compares["0"].done and checks[1].findings == []
+
+
+def test_the_same_call_claimed_by_every_rank_is_no_finding(store: dist.Store) -> None:
+    ranks = (0, 1, 2)
+    checks = {r: _rank_checker(store, r) for r in ranks}
+    for r in (2, 0, 1):
+        _issue(checks[r], _Ledger(ranks), "float32 x3 into 3", site=f"t.py:{r} in f")
+    assert all(c.findings == [] for c in checks.values())
+    assert not store.check(["ddpviz/coll/0/0/named"])
+
+
+def test_a_rank_not_yet_there_leaves_the_two_calls_observed(store: dist.Store) -> None:
+    ranks = (0, 1, 2)
+    checks = {r: _rank_checker(store, r) for r in ranks}
+    _issue(checks[2], _Ledger(ranks), "float32 x3 into 3")
+    _issue(checks[1], _Ledger(ranks), "float32 x4 into 3")  # rank 0 has not posted at all
+    [f] = checks[1].findings
+    assert f.ranks == (1, 2)
+    assert sorted(ranks for _, ranks in f.values) == [(1,), (2,)]

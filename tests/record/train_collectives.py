@@ -90,7 +90,9 @@ def main() -> None:
     torch.manual_seed(0)
     sub = dist.new_group(list(range(world)))
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model)  # (its constructor's collectives: every rank is in)
+    if rank == 0:
+        print("train_collectives: every rank joined", flush=True)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1 + rank)
     for step in range(int(os.environ.get("TRAIN_STEPS", "12"))):
