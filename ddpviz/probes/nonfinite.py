@@ -36,8 +36,10 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, gr
 #   local gradients: the guarded level's comm hook and ddpviz's own reducer see each bucket's
 #     local buffer before its all-reduce (one sum per bucket, every step; per parameter only
 #     when the bucket is non-finite); the hook-less default sees them through its per-parameter
-#     hooks, on the sampled steps only, and on every step for PRECISE_FOR steps after any rank
-#     saw something non-finite ("precise").
+#     hooks on the sampled steps and on every step for PRECISE_FOR steps after any rank saw
+#     something non-finite ("precise"), and on every other step through one post-accumulate-grad
+#     hook a bucket (probes/nonfinite_buckets.py, which also keeps the forward output's sum on
+#     every step: See [Note: every step, one hook a bucket]).
 # On CPU a flag is read at once; on a GPU it stays on the device (no host sync on the
 # training thread): copied to pinned memory behind a CUDA event and read once the event is
 # done, at a later step. So on a GPU a non-finite forward output arms the local checks from
@@ -698,7 +700,7 @@ def _last_finite(step: int, posts: dict[int, _Post]) -> int:
 
 def _why_unchecked(level: str) -> str:
     if level == "hook-less":
-        return (f"the hook-less default checks local gradients on its sampled steps and "
-                f"forward outputs on steps 0-2 and every {OUTPUT_EVERY}th step, until "
-                "something is non-finite")
+        return (f"the hook-less level checks local gradients on every step where its hooks saw "
+                "the whole backward (none with every=None), and forward outputs on steps 0-2 "
+                f"and every {OUTPUT_EVERY}th step, until something is non-finite")
     return "no check ran on that step"
