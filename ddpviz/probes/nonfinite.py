@@ -370,7 +370,10 @@ class NonfiniteCheck:
 
     def step_checked_device(self, step: int, osum: torch.Tensor | None) -> None:
         """Every bucket of `step` checked (GPU); `osum`: its forward output's sum."""
-        rec = self._record(step)
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._record(step)
+            self._opened()
         rec.checked = True
         if osum is not None:
             with self._lock:
