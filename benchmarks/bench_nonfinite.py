@@ -5,9 +5,11 @@ over repetitions of its block time / plain torch DDP's block time.
 
 Rows: torch DDP (and an A/A copy: the noise floor), watch() at the default recording with the
 checks (as shipped) and with them turned off (the check alone = the difference), the default
-in its precise mode (every local gradient checked on every step, as for PRECISE_FOR steps after
-something went non-finite) next to `every=1` without checks (the hooks alone), and the guarded
-level with and without the checks.
+without its every-step checks ("sampled only": the default before them; See [Note: every step,
+one hook a bucket] in probes/nonfinite_buckets.py) and with the bucket hooks but not the forward
+output's sum ("buckets only"), the default in its precise mode (every local gradient checked on
+every step, as for PRECISE_FOR steps after something went non-finite) next to `every=1` without
+checks (the hooks alone), and the guarded level with and without the checks.
 
     PYTHONPATH=. python benchmarks/bench_nonfinite.py [--reps 200] [--block 5] [--worlds 2,3]
 """
@@ -30,7 +32,8 @@ from _ranks import interleaved_blocks, join_gloo, run_ranks
 from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 
 VARIANTS = ["torch DDP", "torch DDP (A/A)", "default", "default, no check",
-            "default, precise", "every=1, no check", "guard", "guard, no check"]
+            "default, sampled only", "default, buckets only", "default, precise",
+            "every=1, no check", "guard", "guard, no check"]
 
 
 def _no_check(w: Any) -> None:
@@ -39,6 +42,23 @@ def _no_check(w: Any) -> None:
     nf.forward = lambda step, output: False
     nf.grad = lambda step, index, grad: None
     nf.bucket = lambda step, indices, buffer, views: None
+    _no_every_step(w)
+
+
+def _no_every_step(w: Any) -> None:
+    """Turn the hook-less default's every-step checks off (its bucket hooks and the output's
+    sum): the default as it was before them, checking on sampled steps only."""
+    each = w.__dict__.get("_buckets_nf")
+    if each is not None:
+        each.close()
+        each.output = lambda step, output: None
+
+
+def _no_output_sum(w: Any) -> None:
+    """The every-step bucket hooks without the forward output's sum."""
+    each = w.__dict__.get("_buckets_nf")
+    if each is not None:
+        each.output = lambda step, output: None
 
 
 def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
@@ -58,6 +78,10 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                 w = ddpviz.watch(ddp, recording=rec)
                 if name.endswith("no check"):
                     _no_check(w)
+                if name.endswith("sampled only"):
+                    _no_every_step(w)
+                if name.endswith("buckets only"):
+                    _no_output_sum(w)
                 if name.endswith("precise"):
                     w._nf._precise_until = 1 << 62
                 watches.append(w)

@@ -264,6 +264,8 @@ class Watch:
         grad_enabled = torch.is_grad_enabled
         mark, group = collectives.mark_ddp_step, self.group
         contract_forward = self._contract.forward
+        # the every-step output sum (hook-less): See [Note: every step, one hook a bucket]
+        each = None if self._driven else self.__dict__.get("_buckets_nf")
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             step = self._forwards
@@ -283,6 +285,8 @@ class Watch:
                 contract_forward(ddp.require_backward_grad_sync)
                 output = inner(*args, **kwargs)
                 nf.last = step
+                if each is not None:
+                    each.output(step, output)
                 return output
             if self._closed:
                 return inner(*args, **kwargs)
@@ -292,6 +296,8 @@ class Watch:
                 self._post_forward(ddp, args, output)
             if grad_enabled():  # (the step _pre_forward counted)
                 step = tap.step
+                if each is not None:
+                    each.output(step, output)
                 if step >= nf.quiet_from and step % nf.output_every and not nf_open \
                         and not self._nf_each_step and not self._armed:
                     nf.last = step  # the usual step: See NonfiniteCheck.quiet_from

@@ -14,6 +14,7 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz._watch.base import Watch, _graph_task
+from ddpviz.probes.nonfinite_buckets import BucketCheck
 from ddpviz.recording import NEVER
 
 
@@ -28,6 +29,15 @@ class HooklessWatch(Watch):
         self._sync = True  # the backward all-reduces (not under no_sync)
         self._left: list[int] = []  # per bucket, gradients not ready yet (0: ready)
         self._next_launch = 0
+        self._order: list[int] = []  # this (armed) backward's ready order
+
+    def _hook_params(self) -> None:
+        # every step's local gradients, one hook a bucket: See [Note: every step, one hook a
+        # bucket] (probes/nonfinite_buckets.py)
+        # (installed once an armed step's hooks have shown the ready order: steps 0-2 are)
+        self._buckets_nf = BucketCheck(
+            self._nf, self.params, self, bool(self.ddp.gradient_as_bucket_view),
+            [i for i, sparse in enumerate(self._sparse) if sparse])
 
     def _take_hook(self, hook: Callable[..., torch.futures.Future] | None, state: Any,
                    existing: list[Any]) -> None:
@@ -58,9 +68,12 @@ class HooklessWatch(Watch):
         self._sync = bool(self.ddp.require_backward_grad_sync)
         self._left = [len(members) for members in self.buckets]
         self._next_launch = 0
+        self._order = []
 
     def _backward_done(self) -> None:
         self._nf.backward_done(self.tap.step)
+        if self._order and not self._learning:
+            self._buckets_nf.learn(self.buckets, self._order)
         if self._learning:  # a sparse bucket: readable once a backward has run
             self._read_buckets(rebuilt=False)
         elif self.tap.enabled:
@@ -79,6 +92,7 @@ class HooklessWatch(Watch):
             return
         if not on:
             self._disarm()
+            self._buckets_nf.apply()  # (hooks learned on the armed step)
             return
         self._fresh = [p for p in self.params if p._backward_hooks is None]
         self._armed = [p.register_hook(functools.partial(self._grad_ready_light, i))
@@ -86,6 +100,8 @@ class HooklessWatch(Watch):
         self._opt.arm()  # See [Note: optimizer-step tap] (probes/optimizer_step.py)
 
     def _disarm(self) -> None:
+        if self._closed and "_buckets_nf" in self.__dict__:
+            self._buckets_nf.close()
         for h in self._armed:
             h.remove()
         self._armed = []
@@ -103,6 +119,7 @@ class HooklessWatch(Watch):
         if task != self._task and task != -1:
             self._begin_backward(task)
         self._fired.add(index)
+        self._order.append(index)
         self._nf.grad(self.tap.step, index, _grad)
         if not self.tap.enabled:
             return
@@ -138,6 +155,9 @@ class HooklessWatch(Watch):
 class ForwardsOnlyWatch(HooklessWatch):
     """No comm hook and no per-parameter hook (`every=None`): each step records its forward;
     no backward callback ever runs."""
+
+    def _hook_params(self) -> None:
+        return
 
     def _arm_step(self, step: int) -> None:
         return

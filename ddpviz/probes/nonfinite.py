@@ -36,8 +36,10 @@ from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, gr
 #   local gradients: the guarded level's comm hook and ddpviz's own reducer see each bucket's
 #     local buffer before its all-reduce (one sum per bucket, every step; per parameter only
 #     when the bucket is non-finite); the hook-less default sees them through its per-parameter
-#     hooks, on the sampled steps only, and on every step for PRECISE_FOR steps after any rank
-#     saw something non-finite ("precise").
+#     hooks on the sampled steps and on every step for PRECISE_FOR steps after any rank saw
+#     something non-finite ("precise"), and on every other step through one post-accumulate-grad
+#     hook a bucket (probes/nonfinite_buckets.py, which also keeps the forward output's sum on
+#     every step: See [Note: every step, one hook a bucket]).
 # On CPU a flag is read at once; on a GPU it stays on the device (no host sync on the
 # training thread): copied to pinned memory behind a CUDA event and read once the event is
 # done, at a later step. So on a GPU a non-finite forward output arms the local checks from
@@ -219,6 +221,9 @@ class NonfiniteCheck:
         self.local = False  # no board: compose from this rank's own state (one rank)
         # called (pulse thread) when quiet_from moved: a plain-steps window is void
         self.on_change: Callable[[], None] | None = None
+        # the every-step bucket check's (nonfinite_buckets.py) run of clean steps: first, last,
+        # forward output checked too; folded into the post's ranges by _sync_last
+        self.run: tuple[int, int, bool] = (0, -1, False)
 
     @property
     def open_steps(self) -> Collection[int]:
@@ -322,6 +327,74 @@ class NonfiniteCheck:
             bad = ~torch.isfinite(torch.stack(torch._foreach_norm(vs, float("inf"))))
             rec.pending.append(("bucket", (indices, bad), _Flag(bad.any())))
 
+    def local_grads(self, step: int, indices: Sequence[int]) -> None:
+        """The every-step bucket check (nonfinite_buckets.py) found these local gradients of
+        `step` non-finite (CPU, read now; ready order)."""
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._record(step)
+            self._opened()
+        rec.grads += indices
+
+    def step_checked(self, step: int, loss: bool | None) -> None:
+        """The every-step bucket check saw every bucket of `step` (CPU); `loss`: its forward
+        output was non-finite (None: not seen)."""
+        rec = self._open.get(step)
+        if rec is None and not loss:  # the usual step: one more in the run
+            first, last, out = self.run
+            if last == step - 1 and out == (loss is not None):
+                self.run = (first, step, out)
+            else:
+                self._fold()
+                self.run = (step, step, loss is not None)
+            return
+        if rec is None:
+            rec = self._record(step)
+            self._opened()
+        rec.checked = True
+        if loss is not None:
+            with self._lock:
+                _add(self._post.ochk, step)
+        if loss:
+            rec.loss = True
+            self._check_params(rec)
+
+    def local_grads_device(self, step: int, indices: list[int], bad: torch.Tensor) -> None:
+        """The every-step bucket check's device flags for these local gradients of `step`
+        (GPU: read at a later step)."""
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._record(step)
+            self._opened()
+        rec.pending.append(("bucket", (lambda: indices, bad), _Flag(bad.any())))
+
+    def step_checked_device(self, step: int, osum: torch.Tensor | None) -> None:
+        """Every bucket of `step` checked (GPU); `osum`: its forward output's sum."""
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._record(step)
+            self._opened()
+        rec.checked = True
+        if osum is not None:
+            with self._lock:
+                _add(self._post.ochk, step)
+            rec.pending.append(("loss", -1, _Flag(~osum.isfinite())))
+
+    def _opened(self) -> None:
+        """A record opened outside forward(): the watch's plain-steps window is void."""
+        self._version += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def _fold(self) -> None:
+        """The run of clean steps into the post's ranges."""
+        first, last, out = self.run
+        if last >= first:
+            with self._lock:
+                _merge(self._post.gchk, first, last)
+                if out:
+                    _merge(self._post.ochk, first, last)
+
     def backward_done(self, step: int) -> None:
         """The backward of `step` is over (its local gradients, if checked, all seen)."""
         self._settle(step + 1)
@@ -373,6 +446,11 @@ class NonfiniteCheck:
         """Steps the fast path saw (`last`) into the post: seen, and final up to the one
         before (unless a step is still open)."""
         post, last = self._post, self.last
+        first, end, out = self.run
+        if end >= first:  # (the lock is held)
+            _merge(post.gchk, first, end)
+            if out:
+                _merge(post.ochk, first, end)
         if last > post.fwd:
             post.fwd = last
             if not self._open:
@@ -483,7 +561,8 @@ class NonfiniteCheck:
         states: dict[int, str] = {}
         for r in sorted(posts):
             b = recs[r]
-            loss = "loss non-finite" if b is not None and b.loss else "loss finite"
+            loss = ("loss non-finite" if b is not None and b.loss else "loss finite" if
+                    _in(step, posts[r].ochk) else "loss not checked at this step")
             if b is not None and b.grads:
                 grads = f"local gradient non-finite: {self._names(b.grads, b.n_grads)}"
             elif (b is not None and b.checked) or _in(step, posts[r].gchk):
@@ -580,13 +659,26 @@ class NonfiniteCheck:
 
 
 def _add(ranges: list[list[int]], step: int) -> None:
-    """Add `step` to sorted [first, last] ranges (steps come in order), keeping the last
-    _MAX_RANGES."""
-    if ranges and ranges[-1][1] >= step - 1:
+    """Add `step` to sorted [first, last] ranges, keeping the last _MAX_RANGES."""
+    if ranges and ranges[-1][0] <= step <= ranges[-1][1] + 1:
         ranges[-1][1] = max(ranges[-1][1], step)
     else:
-        ranges.append([step, step])
-        del ranges[:-_MAX_RANGES]
+        _merge(ranges, step, step)
+
+
+def _merge(ranges: list[list[int]], first: int, last: int) -> None:
+    """Add the steps first..last to sorted [first, last] ranges (in any order: the every-step
+    run is folded after later sampled steps), keeping the last _MAX_RANGES."""
+    if ranges and ranges[-1][0] <= first <= ranges[-1][1] + 1:
+        ranges[-1][1] = max(ranges[-1][1], last)
+        return
+    merged: list[list[int]] = []
+    for a, b in sorted([*ranges, [first, last]]):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    ranges[:] = merged[-_MAX_RANGES:]
 
 
 def _in(step: int, ranges: Sequence[Sequence[int]]) -> bool:
@@ -611,7 +703,7 @@ def _last_finite(step: int, posts: dict[int, _Post]) -> int:
 
 def _why_unchecked(level: str) -> str:
     if level == "hook-less":
-        return (f"the hook-less default checks local gradients on its sampled steps and "
-                f"forward outputs on steps 0-2 and every {OUTPUT_EVERY}th step, until "
-                "something is non-finite")
+        return (f"the hook-less level checks local gradients on every step where its hooks saw "
+                "the whole backward (none with every=None), and forward outputs on steps 0-2 "
+                f"and every {OUTPUT_EVERY}th step, until something is non-finite")
     return "no check ran on that step"

@@ -1,12 +1,15 @@
-"""Where a NaN starts (probes/nonfinite.py): real gloo ranks, torch's DDP watched at the
-default (hook-less) and guarded levels and ddpviz's DDP, each with a NaN planted on one rank:
-in one layer's gradient (a tensor hook) or in the rank's input batch, at a sampled step and at
-an unsampled one. Every case runs in the same rank processes (one launch per world size), each
-on a fresh DDP, and must name the kind, step, rank(s) and parameter; healthy runs (fp32, bf16)
-must post nothing."""
+"""Where a NaN starts (probes/nonfinite.py, nonfinite_buckets.py): real gloo ranks, torch's DDP
+watched at the default (hook-less), forwards-only (`every=None`) and guarded levels and ddpviz's
+DDP, each with a NaN planted on one rank: in one layer's gradient (a tensor hook) or in the
+rank's input batch, at a sampled step and at an unsampled one. Every case runs in the same rank
+processes (one launch per world size), each on a fresh DDP, and must name the kind, step,
+rank(s) and parameter; healthy runs (fp32, bf16, gradient_as_bucket_view, static_graph,
+find_unused_parameters, no_sync accumulation) must post nothing and, at the default, end with
+the parameters bitwise those of an unwatched DDP."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -29,39 +32,51 @@ def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
 
 
 def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
-              dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+              dtype: torch.dtype = torch.float32, **options: Any) -> dict[str, Any]:
     """Train STEPS steps with `plant` ("grad": rank 1's gradient of '2.weight' made NaN;
-    "input": rank 1's batch made NaN; "lr": every rank's learning rate made inf; "": none) at
-    step `at`; return the nonfinite findings and what this rank posted."""
+    "grad0": of '0.weight', the one ready last; "input": rank 1's batch made NaN; "lr": every
+    rank's learning rate made inf; "": none) at step `at`; return the nonfinite findings, what
+    this rank posted and its parameters' bytes. `options`: DDP's (and accumulate=N: no_sync on
+    N-1 of every N steps)."""
     import ddpviz
     from ddpviz import events as ev
 
     events: list[Any] = []
     model = _model(dtype)
-    if engine == "ddpviz":
-        ddp: Any = ddpviz.DistributedDataParallel(model, emitter=events.append)
+    accumulate = options.pop("accumulate", 1)
+    if engine == "plain":
+        ddp: Any = nn.parallel.DistributedDataParallel(model, **options)
+        check: Any = None
+    elif engine == "ddpviz":
+        ddp = ddpviz.DistributedDataParallel(model, emitter=events.append)
         check = ddp._nf
     else:
-        ddp = nn.parallel.DistributedDataParallel(model)
-        w = ddpviz.watch(ddp, emitter=events.append,
-                         recording=ddpviz.Recording(guard=engine == "guarded"))
+        ddp = nn.parallel.DistributedDataParallel(model, **options)
+        w = ddpviz.watch(ddp, emitter=events.append, recording=ddpviz.Recording(
+            guard=engine == "guarded", every=None if engine == "forwards" else 100))
         check = w._nf
     step = {"n": 0}
     bad_steps = {at, at + 1, at + 5, at + 8} if plant == "skip" else {at}
-    if plant in ("grad", "skip") and rank == 1:
-        target = dict(model.named_parameters())["2.weight"]
+    if plant in ("grad", "grad0", "skip") and rank == 1:
+        target = dict(model.named_parameters())["0.weight" if plant == "grad0" else "2.weight"]
         target.register_hook(lambda g: g * float("nan") if step["n"] in bad_steps else g)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
-    steps = HEALTHY_STEPS if not plant else DEFAULT_STEPS if engine == "default" else STEPS
+    steps = HEALTHY_STEPS if not plant else DEFAULT_STEPS if engine in (
+        "default", "forwards") else STEPS
     for i in range(steps):
         step["n"] = i
         x = torch.randn(4, 6, generator=gen).to(dtype)
         if (plant == "input" and rank == 1 and i == at) or (
                 plant == "skip-input" and (rank, i) in ((1, at), (2, at + 2))):
             x[0, 0] = float("nan")
-        opt.zero_grad()
-        ddp(x).float().pow(2).mean().backward()
+        if i % accumulate == 0:
+            opt.zero_grad()
+        sync = (i + 1) % accumulate == 0
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            ddp(x).float().pow(2).mean().backward()
+        if not sync:
+            continue
         if plant == "lr" and i == at:
             opt.param_groups[0]["lr"] = float("inf")
         if plant == "skip-input" and i == at:  # (time passes: the others learn of it)
@@ -72,6 +87,9 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         opt.step()
         if plant == "lr" and i == at:
             opt.param_groups[0]["lr"] = 0.01
+    bits = b"".join(p.detach().float().numpy().tobytes() for p in model.parameters())
+    if engine == "plain":
+        return {"bits": bits}
     if engine != "ddpviz":
         w.close()
     else:
@@ -81,7 +99,8 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         eventually(lambda: check._composed >= steps - 1, limit=90)
     found = [msgspec.to_builtins(e.finding) for e in events
              if isinstance(e, ev.FindingReported) and e.finding.kind.startswith("nonfinite")]
-    out = {"findings": found, "posted": len(check._post.bad), "repeats": check.repeats}
+    out = {"findings": found, "posted": len(check._post.bad), "repeats": check.repeats,
+           "bits": bits}
     if (engine, plant) == ("guarded", "grad"):  # what a trace of this rank holds
         out["events"] = events
     return out
@@ -89,8 +108,12 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
 
 CASES = [  # (engine, plant, step)
     ("default", "grad", 2),  # a sampled step: the hooks see rank 1's gradient
-    ("default", "grad", 5),  # unsampled: seen from step 6's forward, origin not seen
+    ("default", "grad", 5),  # unsampled: the every-step bucket check sees it
+    ("default", "grad0", 7),  # the parameter whose post-accumulate-grad hook checks
+    ("forwards", "grad", 5),  # every=None: seen from step 25's forward, origin not seen
     ("default", "input", 25),  # unsampled, an output-checked step: arms the hooks at once
+    ("default", "input", 9),  # unsampled: the bucket check and the output's sum
+    ("default", "lr", 4),  # the update made the parameters non-finite
     ("guarded", "grad", 5),
     ("guarded", "input", 5),
     ("guarded", "lr", 4),  # finite gradients, the update made the parameters non-finite
@@ -104,11 +127,19 @@ CASES = [  # (engine, plant, step)
 ]
 
 
+HEALTHY_DEFAULT: list[dict[str, Any]] = [  # DDP's options (and accumulate): healthy runs at the default, bitwise
+    {"gradient_as_bucket_view": True}, {"static_graph": True},
+    {"find_unused_parameters": True}, {"accumulate": 2},
+    {"gradient_as_bucket_view": True, "accumulate": 2}]
+
+
 def _all_cases(rank: int, world: int) -> list[dict[str, Any]]:
     warnings.simplefilter("ignore")  # (the one warning per DDP goes to stderr)
     out = [_one_case(rank, world, *case) for case in CASES]
     out += [_one_case(rank, world, engine, "", 0, torch.bfloat16)
             for engine in ("default", "guarded", "ddpviz")]
+    out += [_one_case(rank, world, engine, "", 0, **options)
+            for options in HEALTHY_DEFAULT for engine in ("default", "plain")]
     return out
 
 
@@ -154,11 +185,38 @@ def test_a_nan_in_one_ranks_input_is_named_and_the_loss_flagged(
     assert states[0].startswith("loss finite")
 
 
-def test_an_unsampled_gradient_nan_at_the_default_says_what_was_not_seen(
+@pytest.mark.parametrize(("plant", "at", "name"), [("grad", 5, "2.weight"),
+                                                   ("grad0", 7, "0.weight")])
+def test_an_unsampled_gradient_nan_at_the_default_is_named_at_its_step(
+        results: dict[int, list[dict[str, Any]]], plant: str, at: int, name: str) -> None:
+    # the every-step bucket check: See [Note: every step, one hook a bucket]
+    f = _finding(results, _case("default", plant, at))
+    assert (f["kind"], f["step"], f["ranks"], f["name"], f["field"]) == (
+        "nonfinite_gradient", at, (1,), name, "gradient")
+    states = dict((r, v) for v, rs in f["values"] for r in rs)
+    assert states[0] == states[2] == "loss finite, local gradients finite"
+    assert states[1] == f"loss finite, local gradient non-finite: '{name}'"
+
+
+def test_an_unsampled_input_nan_at_the_default_is_named_at_its_step_with_the_loss(
         results: dict[int, list[dict[str, Any]]]) -> None:
-    # steps 0-2 are sampled; outputs are checked again at step 25, where every rank's
-    # parameters are non-finite: somewhere in steps 3-24, origin not seen
-    f = _finding(results, _case("default", "grad", 5))
+    f = _finding(results, _case("default", "input", 9))
+    assert (f["kind"], f["step"], f["ranks"], f["field"], f["name"]) == (
+        "nonfinite_gradient", 9, (1,), "loss", "2.bias")
+
+
+def test_an_update_that_makes_the_parameters_non_finite_is_named_at_the_default(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    f = _finding(results, _case("default", "lr", 4))
+    assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 4, (0, 1, 2))
+    assert "gradients were finite on every rank" in " ".join(f["detail"])
+
+
+def test_an_unsampled_gradient_nan_without_gradient_hooks_says_what_was_not_seen(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    # every=None: no gradient is checked; outputs on steps 0-2 and at step 25, where every
+    # rank's parameters are non-finite: somewhere in steps 3-24, origin not seen
+    f = _finding(results, _case("forwards", "grad", 5))
     assert (f["kind"], f["step"], f["ranks"]) == ("nonfinite_parameter", 3, (0, 1, 2))
     assert "between step 2's forward and step 25's forward" in f["title"]
     text = " ".join(f["detail"])
@@ -176,9 +234,19 @@ def test_an_update_that_makes_finite_gradients_non_finite_blames_the_update(
 def test_healthy_runs_post_nothing(results: dict[int, list[dict[str, Any]]]) -> None:
     healthy = [i for i, c in enumerate(CASES) if not c[1]]
     healthy += list(range(len(CASES), len(CASES) + 3))  # bf16
+    healthy += list(range(len(CASES) + 3, len(CASES) + 3 + 2 * len(HEALTHY_DEFAULT), 2))
     for r, per_case in results.items():
         for i in healthy:
-            assert per_case[i] == {"findings": [], "posted": 0, "repeats": 0}, (r, i)
+            got = {k: v for k, v in per_case[i].items() if k != "bits"}
+            assert got == {"findings": [], "posted": 0, "repeats": 0}, (r, i)
+
+
+@pytest.mark.parametrize("options", HEALTHY_DEFAULT, ids=str)
+def test_the_default_leaves_the_parameters_bitwise_as_unwatched(
+        results: dict[int, list[dict[str, Any]]], options: dict[str, Any]) -> None:
+    i = len(CASES) + 3 + 2 * HEALTHY_DEFAULT.index(options)
+    for per_case in results.values():
+        assert per_case[i]["bits"] == per_case[i + 1]["bits"]  # watched == plain
 
 
 def test_a_job_that_skips_non_finite_steps_gets_one_finding_and_a_count(
@@ -211,5 +279,4 @@ def test_after_a_non_finite_step_the_default_checks_every_step_and_names_the_nex
         ("nonfinite_gradient", 25, (1,), "loss", "2.bias"),
         ("nonfinite_gradient", 27, (2,), "loss", "2.bias")]  # step 27: not sampled, precise
     first, second = ({r: v for v, rs in f["values"] for r in rs} for f in per_rank[0])
-    assert first[0] == "loss finite, local gradients not checked at this step"
-    assert second[0] == "loss finite, local gradients finite"
+    assert first[0] == second[0] == "loss finite, local gradients finite"

@@ -1,0 +1,75 @@
+"""Where a NaN starts, at the default: real torchrun jobs (tests/record/train_nan.py, 2 gloo
+ranks, 40 steps) under `ddpviz record` with nothing configured. A NaN planted on rank 1 at an
+unsampled step is named at that step with its rank and first parameter in gradient-ready order
+(See [Note: every step, one hook a bucket] in probes/nonfinite_buckets.py); healthy runs report
+nothing and end bitwise as unwatched."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dist.harness import free_port
+from tests.record.hooked import ROOT, hooked_python
+from tests.record.test_record import job_env, run
+
+pytestmark = pytest.mark.dist
+
+SCRIPT = ROOT / "tests" / "record" / "train_nan.py"
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return hooked_python(tmp_path_factory.mktemp("hooked"))
+
+
+def _torchrun(python: str) -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port()), str(SCRIPT)]
+
+
+def _recorded(python: str, out: Path, **env: str) -> tuple[str, list[dict[str, Any]]]:
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *_torchrun(python)],
+               job_env(**env), timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    diagnosed = run([sys.executable, "-m", "ddpviz", "diagnose", "--json", str(out)],
+                    job_env())
+    found = json.loads(diagnosed.stdout)["findings"]
+    return done.stdout, [f for f in found if f["kind"].startswith("nonfinite")]
+
+
+def _bits(stdout: str) -> dict[int, str]:
+    return {int(r): b for r, b in re.findall(r"rank (\d+) bits ([0-9a-f]{20})", stdout)}
+
+
+def test_a_nan_written_by_a_gradient_hook_on_one_rank_is_named_at_its_step(
+        python: str, tmp_path: Path) -> None:
+    _, found = _recorded(python, tmp_path / "t", TRAIN_NAN="grad", TRAIN_NAN_STEP="7")
+    assert [(f["kind"], f["step"], f["ranks"], f["name"], f["field"]) for f in found] == [
+        ("nonfinite_gradient", 7, [1], "fc1.weight", "gradient")], found
+    states = {r: v for v, rs in found[0]["values"] for r in rs}
+    assert states == {0: "loss finite, local gradients finite",
+                      1: "loss finite, local gradient non-finite: 'fc1.weight'"}
+
+
+def test_a_nan_in_one_ranks_input_is_named_at_its_step_with_the_loss(
+        python: str, tmp_path: Path) -> None:
+    _, found = _recorded(python, tmp_path / "t", TRAIN_NAN="input", TRAIN_NAN_STEP="9")
+    assert [(f["kind"], f["step"], f["ranks"], f["field"]) for f in found] == [
+        ("nonfinite_gradient", 9, [1], "loss")], found
+    assert found[0]["name"] == "fc2.bias"  # the first gradient ready: the last layer's bias
+
+
+@pytest.mark.parametrize("mode", ["", "bf16", "bucket_view"])  # (the others: tests/dist)
+def test_healthy_jobs_report_nothing_and_end_as_unwatched(python: str, tmp_path: Path,
+                                                          mode: str) -> None:
+    stdout, found = _recorded(python, tmp_path / "t", TRAIN_MODE=mode, TRAIN_STEPS="120")
+    assert found == []
+    plain = run(_torchrun(python), job_env(TRAIN_MODE=mode, TRAIN_STEPS="120"))
+    assert plain.returncode == 0, plain.stderr
+    assert _bits(stdout) == _bits(plain.stdout) and len(_bits(stdout)) == 2
