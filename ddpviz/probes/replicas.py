@@ -166,6 +166,8 @@ class ReplicaCheck:
         self._judged = 0  # ... and (rank 0) judged so far
         self.group = board.scope.group  # (destroy_process_group of it ends the check)
         self._hooks: list[Any] = []  # the state_dict hook (removed by finish)
+        # (set by watch) whether the DDP's next backward all-reduces, read at a checked forward
+        self.synced: Callable[[], bool] | None = None
         # called (the check's thread) when `precise` changed: a plain-steps window is void
         self.on_change: Callable[[], None] | None = None
 
@@ -174,6 +176,14 @@ class ReplicaCheck:
     def due(self, step: int) -> bool:
         """Whether `step` is checked."""
         return step % self.period == 0 or self.precise[0] <= step < self.precise[1]
+
+    def grads_due(self, step: int) -> bool:
+        """Whether `step`'s reduced gradients are worth a hook at the end of its backward (the
+        hook-less watch arms per-parameter hooks for it): in the precise mode and the
+        every-step window only. A periodic step takes them only when something else armed it
+        (the sampled steps 0-2 and every `every`-th); else its finding says they were not
+        checked. See [Note: replica digests]."""
+        return self.period == 1 or self.precise[0] <= step < self.precise[1]
 
     def plain_until(self, step: int) -> int:
         """Steps from `step` up to the one returned (exclusive) neither are checked nor follow
@@ -216,7 +226,14 @@ class ReplicaCheck:
         previous = step - 1
         if self._closed or previous < 0 or not self.due(previous):
             self._pending = None
-            return
+        else:
+            self._take_previous(previous, broadcasts)
+        if not self._closed and self.synced is not None and self.due(step):
+            # whether this checked step's backward will all-reduce, known now: its gradients
+            # are digested only where the step is armed (grads_due), this tells no_sync apart
+            self._pending = _Capture(step, bool(self.synced()), None)
+
+    def _take_previous(self, previous: int, broadcasts: Callable[[], bool]) -> None:
         cap = self._pending if self._pending is not None and self._pending.step == previous \
             else _Capture(previous, True, None)
         self._pending = None

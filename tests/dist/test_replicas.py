@@ -402,7 +402,7 @@ def _lightning_style(rank: int, replicas: int | None, watched: bool) -> dict[str
 
     gen = torch.Generator().manual_seed(10 + rank)
     for _ in range(60):
-        holder.forward = training_step  # type: ignore[method-assign]
+        holder.forward = training_step
         ddp(torch.randn(6, 8, generator=gen))
         del holder.forward
         ddp.require_backward_grad_sync = True  # on_after_outer_forward
