@@ -5,7 +5,8 @@ DDP's contract: after each optimizer step every rank holds bitwise the same para
 (broadcast_buffers=True) the same buffers right after the next forward's buffer broadcast.
 Nothing in torch checks it after the constructor. On a checked step s (every `period`-th step,
 `Recording(replicas=N)`):
-  - at the end of backward s (after the reduction), each rank digests its gradients;
+  - at the end of backward s (after the reduction), each rank digests its gradients (where
+    the hook-less watch arms that step anyway, or in an every-step mode: `grads_due`);
   - at the start of forward s+1 (after the optimizer step), its parameters, and its buffers
     right after that forward's broadcast (before it, without one).
 A digest (probes/digest.py) is two int64 sums over a tensor's raw bytes, computed on the
@@ -18,6 +19,9 @@ rank for the per-tensor digests and sizes of that step (kept for the last HISTOR
 names the differing tensors, the groups of ranks and the likely cause
 (probes/replica_verdict.py), and emits a `replicas_diverged` finding as a FindingReported
 event, warning once on stderr. It never raises into the job.
+Buffers are compared only right after a broadcast (or with broadcast_buffers=False): a forward
+without one (require_forward_param_sync off) leaves them out. The job's end and checkpoints:
+See [Note: the job's end and checkpoints].
 Narrowing: a divergence first seen at a sampled step lies somewhere after the last step that
 agreed. From then on, every step is checked for `period` steps (the ranks agree on when that
 window starts through the store): parameters that start to differ there, and the gradients of
