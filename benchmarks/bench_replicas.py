@@ -4,9 +4,10 @@ same rank processes, DDP copies of one model train in alternating blocks of step
 copy's block time is divided by plain torch DDP's.
 
 Copies: torch DDP alone, a second unwatched copy (A/A: the noise floor), watch() at the default
-recording without the replica check (`replicas=never`), with it (the default, every 100th
-step), with it every step (`replicas=1`, the precise mode, also what the check does for one
-period after it saw a divergence), and the same three for the guarded recording. Then, per
+recording without the replica check (`replicas=never`), with it every 100th step (the old
+default), every 25th (the default), every 16th, and every step (`replicas=1`, the precise
+mode, also what the check does for one period after it saw a divergence or a checkpoint), and
+the guarded recording without the check and at the default. Then, per
 model, the whole digest work of one checked step (parameters and gradients: the snapshot the
 training thread takes and the digest the check's thread computes), alone in one process.
 
@@ -36,11 +37,12 @@ from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 VARIANTS = {
     "torch DDP": None, "torch DDP (A/A)": None,
     "watch, no check": "every=100,replicas=never",
-    "watch, check /100 (default)": "every=100",
+    "watch, check /100": "every=100,replicas=100",
+    "watch, check /25 (default)": "every=100,replicas=25",
+    "watch, check /16": "every=100,replicas=16",
     "watch, check every step": "every=100,replicas=1",
     "guard, no check": "guard,every=100,replicas=never",
-    "guard, check /100 (default)": "guard,every=100",
-    "guard, check every step": "guard,every=100,replicas=1",
+    "guard, check /25 (default)": "guard,every=100,replicas=25",
 }
 
 

@@ -38,7 +38,7 @@ _now = time.monotonic_ns
 # averages ~120 events per rank and step.
 FIRST_FULL = 3
 EVERY = 100
-REPLICAS_EVERY = 100  # the replica check's default period (See [Note: replica digests])
+REPLICAS_EVERY = 25  # the replica check's default period (See [Note: replica digests])
 
 # [Note: recording policy]
 # Two independent choices, the same words for watch(), ddpviz's DDP, `ddpviz record` and
@@ -77,7 +77,7 @@ class Recording:
         every: which steps record a GradReady per parameter: N (default 100) on steps 0-2,
             the bucket-rebuild step, every N-th step and the step of this rank's finding and
             the next; 1 every step; None no step.
-        replicas: the replica check (docs/replicas.md): every N-th step (default 100) each
+        replicas: the replica check (docs/replicas.md): every N-th step (default 25) each
             rank digests its parameters, reduced gradients and buffers bitwise and the ranks
             compare the digests over the store (no collective); 1 every step (the first
             differing step exactly); None off.

@@ -125,6 +125,7 @@ class Watch:
             lambda: bool(ddp.broadcast_buffers), self.tap)
         if self._replicas is not None:
             self._replicas.on_change = self._replan
+            self._replicas.synced = lambda: bool(ddp.require_backward_grad_sync)
         # See [Note: the gradient-sync contract] (probes/sync_contract.py): `ddpviz record`
         # made one at the DDP's construction; the guarded strategy feeds it from its own hooks
         source = self.recording.stack_source

@@ -48,9 +48,10 @@ class HooklessWatch(Watch):
         self.watchdog.guard_quiet()  # See [Note: the quiet guard] (probes/quiet.py)
 
     def _arm_step(self, step: int) -> None:
-        # a replica check's step needs the end of its backward (the reduced gradients)
+        # a replica check's step needs the end of its backward (the reduced gradients) in
+        # the every-step modes only: the periodic one digests them where a step is armed anyway
         self._arm(self._summary.policy.full(step) or self._nf.precise(step) or (
-            self._replicas is not None and self._replicas.due(step)))
+            self._replicas is not None and self._replicas.grads_due(step)))
 
     def _arm_plain_until(self, step: int) -> int:
         return self._summary.policy.plain_until(step)

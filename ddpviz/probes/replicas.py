@@ -5,7 +5,8 @@ DDP's contract: after each optimizer step every rank holds bitwise the same para
 (broadcast_buffers=True) the same buffers right after the next forward's buffer broadcast.
 Nothing in torch checks it after the constructor. On a checked step s (every `period`-th step,
 `Recording(replicas=N)`):
-  - at the end of backward s (after the reduction), each rank digests its gradients;
+  - at the end of backward s (after the reduction), each rank digests its gradients (where
+    the hook-less watch arms that step anyway, or in an every-step mode: `grads_due`);
   - at the start of forward s+1 (after the optimizer step), its parameters, and its buffers
     right after that forward's broadcast (before it, without one).
 A digest (probes/digest.py) is two int64 sums over a tensor's raw bytes, computed on the
@@ -18,6 +19,9 @@ rank for the per-tensor digests and sizes of that step (kept for the last HISTOR
 names the differing tensors, the groups of ranks and the likely cause
 (probes/replica_verdict.py), and emits a `replicas_diverged` finding as a FindingReported
 event, warning once on stderr. It never raises into the job.
+Buffers are compared only right after a broadcast (or with broadcast_buffers=False): a forward
+without one (require_forward_param_sync off) leaves them out. The job's end and checkpoints:
+See [Note: the job's end and checkpoints].
 Narrowing: a divergence first seen at a sampled step lies somewhere after the last step that
 agreed. From then on, every step is checked for `period` steps (the ranks agree on when that
 window starts through the store): parameters that start to differ there, and the gradients of
@@ -32,6 +36,7 @@ import hashlib
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,7 +59,7 @@ IDLE_S = 0.25  # ... and this often when it has none
 GIVE_UP_S = 120.0  # rank 0 stops waiting for a step's summaries or details after this
 PRECISE_LEAD = 4  # the every-step window starts this many steps after rank 0 saw a divergence
 MAX_FINDINGS = 8  # replicas_diverged findings per DDP (the first is also printed)
-EXIT_S = 5.0  # at interpreter exit, how long the ranks wait for rank 0 to judge what is left
+FINAL_S = 2.0  # at the job's end, how long a rank waits for the final comparison (bounded)
 
 
 class _Capture:
@@ -155,6 +160,18 @@ class ReplicaCheck:
         self._judging: list[int] = []  # rank 0: steps to compare, in order
         self._judged_all = False  # (ranks > 0) rank 0 said it judged everything at exit
         self._idle = False  # the thread found nothing queued in its last look
+        self._last_taken = -1  # the latest step whose parameters this rank took
+        self._checkpoints: list[int] = []  # steps after which a state_dict was taken
+        self._want_window = False  # a checkpoint asks every rank to check a step soon
+        self._final = -1  # the step of the final comparison (finish), once taken
+        self._deadline: float | None = None  # (finish) nothing is waited for past this
+        self._stopping = False  # the thread returns once it has posted what is queued
+        self._submitted = 0  # captures queued so far ...
+        self._judged = 0  # ... and (rank 0) judged so far
+        self.group = board.scope.group  # (destroy_process_group of it ends the check)
+        self._hooks: list[Any] = []  # the state_dict hook (removed by finish)
+        # (set by watch) whether the DDP's next backward all-reduces, read at a checked forward
+        self.synced: Callable[[], bool] | None = None
         # called (the check's thread) when `precise` changed: a plain-steps window is void
         self.on_change: Callable[[], None] | None = None
 
@@ -163,6 +180,14 @@ class ReplicaCheck:
     def due(self, step: int) -> bool:
         """Whether `step` is checked."""
         return step % self.period == 0 or self.precise[0] <= step < self.precise[1]
+
+    def grads_due(self, step: int) -> bool:
+        """Whether `step`'s reduced gradients are worth a hook at the end of its backward (the
+        hook-less watch arms per-parameter hooks for it): in the precise mode and the
+        every-step window only. A periodic step takes them only when something else armed it
+        (the sampled steps 0-2 and every `every`-th); else its finding says they were not
+        checked. See [Note: replica digests]."""
+        return self.period == 1 or self.precise[0] <= step < self.precise[1]
 
     def plain_until(self, step: int) -> int:
         """Steps from `step` up to the one returned (exclusive) neither are checked nor follow
@@ -205,28 +230,41 @@ class ReplicaCheck:
         previous = step - 1
         if self._closed or previous < 0 or not self.due(previous):
             self._pending = None
-            return
+        else:
+            self._take_previous(previous, broadcasts)
+        if not self._closed and self.synced is not None and self.due(step):
+            # whether this checked step's backward will all-reduce, known now: its gradients
+            # are digested only where the step is armed (grads_due), this tells no_sync apart
+            self._pending = _Capture(step, bool(self.synced()), None)
+
+    def _take_previous(self, previous: int, broadcasts: Callable[[], bool]) -> None:
         cap = self._pending if self._pending is not None and self._pending.step == previous \
             else _Capture(previous, True, None)
         self._pending = None
         cap.params = _take(self.params, stats=True)
+        self._last_taken = previous
         self._waiting = cap
         if not broadcasts():
-            self.after_buffer_sync()
+            # buffers agree only right after DDP's broadcast: without one in this forward
+            # (broadcast_buffers=True, but require_forward_param_sync off: Lightning's manual
+            # optimization, the forward after a no_sync() step) they are not compared;
+            # with broadcast_buffers=False they are (each rank's own: an info finding)
+            self.after_buffer_sync(buffers=not self._broadcast_buffers())
 
-    def after_buffer_sync(self) -> None:
-        """The forward's buffer broadcast is done (or there is none): digest the buffers."""
+    def after_buffer_sync(self, buffers: bool = True) -> None:
+        """The forward's buffer broadcast is done (or there is none): digest the buffers
+        (`buffers` False: not compared at this step)."""
         cap, self._waiting = self._waiting, None
         if cap is None:
             return
-        named = self._buffers()
+        named = self._buffers() if buffers else []
         cap.buffer_names = [n for n, _ in named]
         cap.buffers = _take([b for _, b in named], stats=True) if named else None
         self._submit(cap)
 
     def _flush_waiting(self) -> None:
         if self._waiting is not None:  # no broadcast came (e.g. a forward without one)
-            self.after_buffer_sync()
+            self.after_buffer_sync(buffers=not self._broadcast_buffers())
 
     def _submit(self, cap: _Capture) -> None:
         if any(x is not None and not isinstance(x, Snapshot)
@@ -239,34 +277,87 @@ class ReplicaCheck:
             self._thread.start()
             # the last checks of a job that ends now are still judged (before atexit handlers
             # registered earlier, such as the trace's flush, run)
-            atexit.register(self._at_exit)
+            atexit.register(self.finish)
+        self._submitted += 1
         self._queue.append(cap)
 
     def close(self) -> None:
-        self._closed = True
-        atexit.unregister(self._at_exit)
+        """The final comparison (`finish`), then the check stops."""
+        self.finish()
 
-    def _at_exit(self) -> None:
+    def checkpoint(self) -> None:
+        """A state_dict of the DDP's module was taken (a checkpoint, usually): compare the
+        replicas as they are now. This rank digests its parameters now, as of after step
+        `latest`'s optimizer step (unless that step is checked anyway), and asks every rank to
+        check one of the next steps (through the store: ranks that do not save, e.g. all but
+        rank 0, need not call anything). See [Note: the job's end and checkpoints]."""
+        if self._closed or self.latest < 0:
+            return
+        step = self.latest
+        self._checkpoints.append(step)
+        del self._checkpoints[:-HISTORY]
+        self._want_window = True  # (the check's thread posts the window)
+        if not self.due(step) and self._last_taken != step and self._waiting is None:
+            self._capture_now(step)
+
+    def _capture_now(self, step: int) -> None:
+        """Post this rank's parameters as of now as step `step`'s (after its optimizer step);
+        its gradients if the step is checked (taken at its backward); no buffers (they agree
+        only right after a broadcast)."""
+        cap = self._pending if self._pending is not None and self._pending.step == step \
+            else _Capture(step, True, None)
+        self._pending = None
+        cap.params = _take(self.params, stats=True)
+        self._last_taken = step
+        self._submit(cap)
+
+    def finish(self, timeout: float = FINAL_S) -> None:
+        """The job ends (destroy_process_group, interpreter exit, close()): the final
+        comparison of the latest state every rank posts, waiting at most about `timeout`
+        seconds for the other ranks (which may be gone already); then the check stops. Never
+        raises."""
         if self._closed:
             return
+        self._closed = True  # (no more captures; the thread finishes what is queued)
+        _ACTIVE.discard(self)
+        atexit.unregister(self.finish)
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if not _ACTIVE:
+            _unwrap_destroy()
+        end = time.monotonic() + timeout
         with contextlib.suppress(Exception):
-            if self.drain(EXIT_S) and self.rank == 0:
+            self._flush_waiting()
+            step = self.latest
+            if step >= 0 and self._last_taken != step:
+                self._final = step
+                self._capture_now(step)
+            self._deadline = end  # (read by rank 0's thread: nothing waits past it)
+            if self.rank == 0:
+                while self._judged < self._submitted and self.error is None and \
+                        time.monotonic() < end and self._alive():
+                    time.sleep(POLL_S / 5)
                 self._exit_note = True  # the thread tells the others (its store connection)
-                end = time.monotonic() + EXIT_S
-                while getattr(self, "_exit_note", False) and time.monotonic() < end:
-                    time.sleep(POLL_S)
-            elif self.rank != 0:  # answer rank 0's questions until it is done
-                end = time.monotonic() + EXIT_S
-                while not self._judged_all and time.monotonic() < end and self.error is None:
-                    time.sleep(POLL_S)
-        self.close()
+                while getattr(self, "_exit_note", False) and self.error is None and \
+                        time.monotonic() < end + POLL_S * 4 and self._alive():
+                    time.sleep(POLL_S / 5)
+            else:  # answer rank 0's questions until it is done
+                while not self._judged_all and self.error is None and \
+                        time.monotonic() < end and self._alive():
+                    time.sleep(POLL_S / 5)
+        self._stopping = True
         # The thread must be out of torch and the store before the interpreter finalizes: a
         # daemon thread that returns from C++ then is ended by pthread_exit, whose unwinding
         # through C++ frames aborts the process (SIGABRT, "terminate called without an active
         # exception"), changing the job's exit code.
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(EXIT_S)
+            thread.join(max(0.0, end - time.monotonic()) + 2 * IDLE_S)
+
+    def _alive(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
 
     # --- the check's thread -------------------------------------------------------------------
 
@@ -279,12 +370,15 @@ class ReplicaCheck:
         self._started: dict[int, float] = {}
         try:
             while True:
-                time.sleep(POLL_S if self._busy() or self._queue else IDLE_S)
+                time.sleep(POLL_S if self._busy() or self._queue or self._closed else IDLE_S)
                 self._idle = not self._queue
                 while self._queue:
                     self._post(self._queue.popleft())
-                if self._closed and not self._busy() and not self._queue:
+                if self._stopping and not self._queue:
                     return
+                if self._want_window:
+                    self._want_window = False
+                    self._open_window(self.latest + PRECISE_LEAD, self.period)
                 self._serve()
                 if self.rank == 0:
                     self._judge_ready()
@@ -388,7 +482,7 @@ class ReplicaCheck:
                      if not store.check([keys[r]])}
             have = [r for r, k in enumerate(keys) if r not in lasts or store.check([k])]
             missing = [r for r in range(self.world_size) if r not in have]
-            timed_out = time.monotonic() - self._started.get(step, 0) > GIVE_UP_S
+            timed_out = self._late(self._started.get(step, 0))
             if missing and not timed_out and any(lasts[r] < step for r in missing):
                 return  # a rank has not got there yet
             if step in self._asked:
@@ -408,6 +502,7 @@ class ReplicaCheck:
                 with contextlib.suppress(RuntimeError):
                     store.delete_key(k)
             self._judging.pop(0)
+            self._judged += 1
 
     def _agreed(self, step: int) -> None:
         self._last_compared = max(self._last_compared, step)
@@ -418,8 +513,7 @@ class ReplicaCheck:
         store = self._board.scope.store
         keys = {r: f"{self._base}/d/{step}/{r}" for r in have}
         ready = {r: k for r, k in keys.items() if store.check([k])}
-        if len(ready) < len(keys) and not timed_out and \
-                time.monotonic() - self._asked[step] < GIVE_UP_S:
+        if len(ready) < len(keys) and not timed_out and not self._late(self._asked[step]):
             return False
         states: dict[int, RankState] = {}
         for r, k in ready.items():
@@ -431,21 +525,50 @@ class ReplicaCheck:
         del self._asked[step]
         if len(states) < 2:
             return True
+        if len({tuple(x.buffer_names) for x in states.values()}) > 1 and \
+                any(not x.buffer_names for x in states.values()):
+            for x in states.values():  # some ranks took no buffers here (not after a broadcast)
+                x.buffers, x.buffer_stats, x.buffer_names = [], [], []
+        before = self._last_compared
         finding = judge(step, states, param_names=self.names,
                         broadcast_buffers=self._broadcast_buffers(),
-                        last_agreed=self._last_compared, precise=False,
+                        last_agreed=before, precise=False,
                         world_size=self.world_size, exclude=frozenset(self._known))
         self._agreed(step)
         if finding is None or len(self.findings) >= MAX_FINDINGS:
             return True
         self._known |= differing_names(states, self.names)
-        if finding.severity != "info" and self.period > 1 and self.precise[1] <= step:
-            start = self.latest + PRECISE_LEAD  # narrow: every step for one period
-            self.precise = (start, start + self.period)
-            self._changed()
-            store.set(f"{self._base}/precise", f"{start},{start + self.period}")
+        if finding.severity != "info" and self.period > 1 and self.precise[1] <= step and \
+                step != self._final:
+            self._open_window(self.latest + PRECISE_LEAD, self.period)  # narrow
+        saved = [c for c in self._checkpoints if before < c <= step]
+        if saved:
+            finding = msgspec.structs.replace(finding, detail=(*finding.detail, (
+                f"a checkpoint (state_dict) was taken after step {saved[-1]}, "
+                + ("when these replicas already differed" if saved[-1] == step else
+                   f"at or after the last step that agreed ({before}): "
+                   "it may hold one rank's diverged replica") + "; "
+                "compare it with the other ranks' state before resuming from it")))
+        if step == self._final:  # (the job ends: no every-step window follows)
+            finding = msgspec.structs.replace(finding, detail=(*(
+                line for line in finding.detail
+                if not line.startswith("checked every step from now on")), (
+                f"found by the final comparison when the job ended (after step {step}); "
+                f"the checks before it last agreed after step {before}")))
         self._report(finding)
         return True
+
+    def _open_window(self, start: int, length: int) -> None:
+        """Every rank checks every step in [start, start + length) (through the store)."""
+        if self.precise[1] > start:
+            return  # a window already covers it
+        self.precise = (start, start + length)
+        self._changed()
+        self._board.scope.store.set(f"{self._base}/precise", f"{start},{start + length}")
+
+    def _late(self, since: float) -> bool:
+        now = time.monotonic()
+        return now - since > GIVE_UP_S or (self._deadline is not None and now > self._deadline)
 
     def _report(self, finding: Finding) -> None:
         first = not self.findings
@@ -488,6 +611,66 @@ def _state(raw: bytes, n_params: int) -> RankState | None:
                      buffer_names=list(d.buffer_names), synced=d.synced)
 
 
+# [Note: the job's end and checkpoints]
+# A job shorter than the period, or one that diverged after its last checked step, would end
+# unchecked. So each check compares once more when the job ends: at destroy_process_group (of
+# its group, or all), which ddpviz wraps while a check is active; at interpreter exit
+# (atexit); and at close(). Each rank digests its parameters as they are then (after the last
+# optimizer step: the step of its latest forward), posts them like a checked step, and rank
+# 0's thread compares; the waits are bounded by FINAL_S (a peer may be gone already, its store
+# connection with it), and nothing is raised into the job.
+# A checkpoint is a state_dict of the DDP's module (torch.save(ddp.state_dict()), Lightning's,
+# torch.distributed.checkpoint's get_state_dict): a post-hook that never changes what
+# state_dict returns digests this rank's parameters as of then, and asks every rank, through
+# the store, to check one step soon (PRECISE_LEAD steps after the latest forward): ranks that
+# do not save (`if rank == 0: torch.save(...)`) need not call anything. Where every rank
+# saves at the same step, that step itself is compared; else the finding of the next checked
+# step says that a checkpoint was taken between the last agreeing step and it.
+
+_ACTIVE: weakref.WeakSet[ReplicaCheck] = weakref.WeakSet()  # checks not yet finished
+_ORIGINAL: dict[str, Callable[..., Any]] = {}  # torch's destroy_process_group, while wrapped
+
+
+def _destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """torch.distributed.destroy_process_group, after the final replica comparison of the
+    checks on `group` (None: every group). See [Note: the job's end and checkpoints]."""
+    original = _ORIGINAL.get("destroy") or torch.distributed.distributed_c10d.destroy_process_group
+    for check in list(_ACTIVE):
+        if group is None or group is check.group or (
+                check.group is None and group is _world()):
+            with contextlib.suppress(Exception):
+                check.finish()
+    return original(group, *args, **kwargs)
+
+
+def _world() -> Any:
+    with contextlib.suppress(Exception):
+        return torch.distributed.group.WORLD
+    return None
+
+
+def _wrap_destroy() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    if "destroy" in _ORIGINAL:
+        return
+    _ORIGINAL["destroy"] = c10d.destroy_process_group
+    for where in (torch.distributed, c10d):
+        if getattr(where, "destroy_process_group", None) is _ORIGINAL["destroy"]:
+            setattr(where, "destroy_process_group", _destroy_process_group)  # noqa: B010
+
+
+def _unwrap_destroy() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    original = _ORIGINAL.pop("destroy", None)
+    if original is None:
+        return
+    for where in (torch.distributed, c10d):
+        if getattr(where, "destroy_process_group", None) is _destroy_process_group:
+            setattr(where, "destroy_process_group", original)  # noqa: B010
+
+
 def replica_check(period: int | None, board: Board | None, params: Sequence[torch.Tensor],
                   names: Sequence[str], module: torch.nn.Module, ignored: set[str],
                   broadcast_buffers: Callable[[], bool], tap: Tap) -> ReplicaCheck | None:
@@ -499,4 +682,16 @@ def replica_check(period: int | None, board: Board | None, params: Sequence[torc
     def buffers() -> list[tuple[str, torch.Tensor]]:
         return [(n, b) for n, b in module.named_buffers() if n not in ignored]
 
-    return ReplicaCheck(period, params, names, buffers, broadcast_buffers, board, tap)
+    check = ReplicaCheck(period, params, names, buffers, broadcast_buffers, board, tap)
+    ref = weakref.ref(check)
+
+    def saved(*_: Any) -> None:  # (returns None: state_dict's result is not changed)
+        found = ref()
+        if found is not None:
+            with contextlib.suppress(Exception):
+                found.checkpoint()
+
+    check._hooks.append(module.register_state_dict_post_hook(saved))
+    _ACTIVE.add(check)
+    _wrap_destroy()
+    return check

@@ -64,7 +64,7 @@ def _draw(m: ReplicaMatrix) -> str:
     if not m.rows:
         return markup.fmt("<div style='color:#555;font-size:12px'>replicas: no divergence "
                           "reported (the check compares each rank's parameters, gradients and "
-                          "buffers bitwise every 100th step by default)</div>")
+                          "buffers bitwise every 25th step by default)</div>")
     first = min(r.step for r in m.rows)
     errors = sum(r.severity != "info" for r in m.rows)
     verdict = markup.fmt(

@@ -283,3 +283,191 @@ def test_healthy_runs_report_nothing(world_size: int) -> None:
     assert [r["compared"] for r in results] == [HEALTHY_STEPS - 1 for _ in HEALTHY]
     for rank, rows in per_rank.items():
         assert [r["nonfinite_posted"] for r in rows] == [0 for _ in HEALTHY], rank
+
+
+# --- the job's end, checkpoints, and a DDP driven like Lightning's manual optimization ------
+# See [Note: the job's end and checkpoints] (ddpviz/probes/replicas.py)
+
+END_EDIT_STEP = 6  # rank 1 edits fc2.weight after this step's optimizer step
+END_STEPS = 20  # fewer than the default period (25): only the final comparison sees it
+
+
+def _edit_run(rank: int, steps: int, replicas: int | None = None,
+              checkpoint_at: int = -1, edit: bool = True) -> tuple[Any, Any, Any]:
+    """(ddp, watch, check): torch's DDP watched at the default recording (or `replicas`),
+    trained `steps` steps; rank 1 edits a weight after END_EDIT_STEP; rank 0 alone takes a
+    state_dict (a checkpoint) after step `checkpoint_at`."""
+    import ddpviz
+
+    torch.manual_seed(0)
+    model = _Net()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    rec = ddpviz.Recording() if replicas is None else ddpviz.Recording(replicas=replicas)
+    w = ddpviz.watch(ddp, recording=rec)
+    _KEEP.append(w)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(steps):
+        if checkpoint_at >= 0 and step == checkpoint_at + 1:
+            _wait_for_window(w.replicas)  # (the window the checkpoint asked for)
+        ddp(torch.randn(6, 8, generator=gen)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if edit and rank == 1 and step == END_EDIT_STEP:
+            with torch.no_grad():
+                model.fc2.weight[0, 0] += 1e-3
+        if rank == 0 and step == checkpoint_at:
+            ddp.state_dict()  # `if rank == 0: torch.save(ddp.state_dict(), ...)`
+    return ddp, w, w.replicas
+
+
+def _texts(check: Any) -> list[dict[str, Any]]:
+    return [{"step": f.step, "ranks": f.ranks, "name": f.name, "severity": f.severity,
+             "text": f.text()} for f in check.findings]
+
+
+def ended_by_destroy(rank: int, world_size: int, late_rank: int) -> dict[str, Any]:
+    """The job ends with destroy_process_group (ddpviz wraps it while a check is active);
+    `late_rank` (>= 0) comes to it 6 s after the others, past the final comparison's bound."""
+    import time as _time
+
+    _, _, check = _edit_run(rank, END_STEPS, edit=late_rank < 0)
+    if rank == late_rank:
+        _time.sleep(6.0)
+    start = _time.monotonic()
+    dist.destroy_process_group()
+    return {"found": _texts(check), "destroy_s": _time.monotonic() - start,
+            "restored": dist.destroy_process_group.__module__ == "torch.distributed"
+            ".distributed_c10d"}
+
+
+def test_a_divergence_after_the_last_check_is_named_at_destroy_process_group() -> None:
+    per_rank = run_ranks(ended_by_destroy, 2, -1, timeout=300, start_method="forkserver")
+    out = per_rank[0]
+    (f,) = out["found"]
+    assert f["step"] == END_STEPS - 1 and f["ranks"] == (1,) and f["name"] == "fc2.weight"
+    assert f["severity"] == "error"
+    assert f"the first differing step is between 1 and {END_STEPS - 1}" in f["text"]
+    assert "found by the final comparison when the job ended" in f["text"]
+    assert "last agreed after step 0" in f["text"]  # the periodic check (step 0) did not see it
+    assert "checked every step from now on" not in f["text"]  # (the job ends)
+    assert all(r["restored"] for r in per_rank.values())  # torch's own function again
+    assert per_rank[1]["found"] == []  # (rank 0 judges)
+
+
+def test_a_rank_late_to_destroy_process_group_delays_the_others_by_the_bound_only() -> None:
+    # rank 1 comes 6 s late: rank 0's final comparison gives up after FINAL_S (not waiting
+    # for it), reports nothing (a healthy run), and the job ends normally on both ranks
+    per_rank = run_ranks(ended_by_destroy, 2, 1, timeout=300, start_method="forkserver")
+    assert per_rank[0]["found"] == [] and per_rank[1]["found"] == []
+    from ddpviz.probes.replicas import FINAL_S
+    # (not a timing assertion on the job: a bound that a hang would break)
+    assert per_rank[0]["destroy_s"] < FINAL_S + 30
+
+
+def _lightning_style(rank: int, replicas: int | None, watched: bool) -> dict[str, Any]:
+    """torch's DDP driven as Lightning drives it under manual optimization: the training step
+    runs inside DDP's forward (forward redirection), with a manual backward (the reducer
+    prepared by hand, as lightning.pytorch.overrides.distributed.prepare_for_backward does) and
+    two optimizers; a BatchNorm whose buffers DDP would broadcast (broadcast_buffers=True), but
+    does not after the first forward: require_forward_param_sync ends each step off."""
+    import ddpviz
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    holder = nn.Module()
+    holder.net = net
+    ddp = nn.parallel.DistributedDataParallel(holder, broadcast_buffers=True)
+    w = None
+    if watched:
+        rec = ddpviz.Recording() if replicas is None else ddpviz.Recording(replicas=replicas)
+        w = ddpviz.watch(ddp, recording=rec)
+        _KEEP.append(w)
+    opts = [torch.optim.SGD(net[0].parameters(), lr=0.1),
+            torch.optim.Adam([*net[1].parameters(), *net[3].parameters()], lr=0.01)]
+
+    def training_step(x: torch.Tensor) -> torch.Tensor:
+        loss = net(x).square().mean()
+        for o in opts:
+            o.zero_grad()
+        if ddp.require_backward_grad_sync:  # manual_backward
+            ddp.require_forward_param_sync = True
+            ddp.reducer._rebuild_buckets()
+            ddp.reducer.prepare_for_backward([])
+        loss.backward()
+        for o in opts:
+            o.step()
+        ddp.require_backward_grad_sync = False  # Lightning's on_after_inner_forward
+        return loss.detach()
+
+    gen = torch.Generator().manual_seed(10 + rank)
+    for _ in range(60):
+        holder.forward = training_step
+        ddp(torch.randn(6, 8, generator=gen))
+        del holder.forward
+        ddp.require_backward_grad_sync = True  # on_after_outer_forward
+    state = {k: v.clone() for k, v in ddp.state_dict().items()}  # (through the hook)
+    found: list[dict[str, Any]] = []
+    if w is not None:
+        w.close()  # (the final comparison)
+        found = _texts(w.replicas)
+    return {"found": found, "state": state}
+
+
+def ends_and_checkpoints(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # close(): the final comparison too
+    _, w, check = _edit_run(rank, END_STEPS)
+    w.close()
+    out["close"] = _texts(check)
+    # a checkpoint on rank 0 only, with the replica check every 100th step: every rank checks
+    # the steps after it (nothing else would look before step 100)
+    _, w, check = _edit_run(rank, 40, replicas=100, checkpoint_at=10)
+    if rank == 0:
+        assert check.drain(60.0), check.error
+    dist.barrier()
+    out["checkpoint"] = _texts(check)
+    w.close()
+    # a healthy run with a checkpoint: nothing
+    _, w, check = _edit_run(rank, 30, checkpoint_at=10, edit=False)
+    w.close()
+    out["checkpoint_healthy"] = _texts(check)
+    # Lightning's manual optimization, BatchNorm, broadcast_buffers=True: healthy
+    for name, replicas in (("default", None), ("every_step", 1)):
+        got = _lightning_style(rank, replicas, watched=True)
+        plain = _lightning_style(rank, replicas, watched=False)
+        out[f"lightning_{name}"] = got["found"]
+        out[f"lightning_{name}_same"] = list(got["state"]) == list(plain["state"]) and all(
+            torch.equal(got["state"][k], plain["state"][k]) for k in plain["state"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def ends() -> dict[int, dict[str, Any]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_ranks(ends_and_checkpoints, 2, timeout=600, start_method="forkserver")
+
+
+def test_a_divergence_after_the_last_check_is_named_at_close(ends: Any) -> None:
+    (f,) = ends[0]["close"]
+    assert f["step"] == END_STEPS - 1 and f["ranks"] == (1,) and f["name"] == "fc2.weight"
+    assert f"the first differing step is between 1 and {END_STEPS - 1}" in f["text"]
+
+
+def test_a_checkpoint_saved_on_rank_0_only_has_its_replicas_compared(ends: Any) -> None:
+    (f,) = ends[0]["checkpoint"]
+    assert f["ranks"] == (1,) and f["name"] == "fc2.weight" and f["severity"] == "error"
+    assert 10 < f["step"] < 40  # a step of the window the checkpoint opened (not step 100)
+    assert "a checkpoint (state_dict) was taken after step 10" in f["text"]
+    assert ends[0]["checkpoint_healthy"] == []
+
+
+@pytest.mark.parametrize("recording", ["default", "every_step"])
+def test_lightning_style_manual_optimization_with_batchnorm_reports_nothing(
+        ends: Any, recording: str) -> None:
+    # buffers that DDP did not broadcast in a forward are not compared there (they differ
+    # legitimately: each rank's BatchNorm statistics of its own batches)
+    for rank in (0, 1):
+        assert ends[rank][f"lightning_{recording}"] == []
+        assert ends[rank][f"lightning_{recording}_same"]  # bitwise the unwatched run

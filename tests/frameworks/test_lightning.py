@@ -54,6 +54,23 @@ def test_lightning_strategy_is_recorded_without_changing_the_job(
     assert_traces(recorded)
 
 
+def test_lightning_manual_optimization_with_batchnorm_reports_no_replica_divergence(
+        python: str, tmp_path: Path) -> None:
+    # Under manual optimization Lightning leaves require_forward_param_sync off after each
+    # step, so DDP broadcasts the BatchNorm statistics only before the first forward: each
+    # rank's buffers are its own from then on, legitimately (not a replicas_diverged error).
+    # Every step checked, and the final comparison at the end.
+    recorded = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=True,
+                      name="manual-bn", env=env(tmp_path, FW_STRATEGY="ddp", FW_MANUAL="1",
+                                                FW_BUFFERS="1", DDPVIZ_RECORDING="replicas=1"))
+    assert_finished(recorded)
+    assert_traces(recorded)
+    for rank in range(2):
+        found = [f.title for f in recorded.findings(rank) if f.kind == "replicas_diverged"]
+        assert found == [], found
+    assert "replicas diverged" not in recorded.out, tail(recorded)
+
+
 def test_lightning_gradient_accumulation_keeps_the_sync_contract(python: str,
                                                                tmp_path: Path) -> None:
     # accumulate_grad_batches=2: the first micro-batch under no_sync(), the second inside the

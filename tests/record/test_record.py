@@ -239,6 +239,46 @@ def test_replicas_that_drift_apart_are_named_in_the_trace_diagnose_and_report(
     assert "replicas diverged: 1 of 4 parameters" in html.read_text()
 
 
+# The default recording (replicas every 25th step, a final comparison at the job's end) on
+# unmodified 2-rank jobs: (knobs, step, words in the finding; None: a healthy twin, nothing)
+DEFAULT_REPLICAS = {
+    "edit_40_steps": ({"TRAIN_STEPS": "40", "TRAIN_DIVERGE": "6"}, 25,
+                      "1 of 4 parameters differ across ranks after step 25 (last agreed after "
+                      "step 0; the first differing step is between 1 and 25): '2.bias'"),
+    "edit_20_steps_destroy": ({"TRAIN_STEPS": "20", "TRAIN_DIVERGE": "6", "TRAIN_DESTROY": "1"},
+                              19, "the first differing step is between 1 and 19): '2.bias'"),
+    "edit_20_steps_exit": ({"TRAIN_STEPS": "20", "TRAIN_DIVERGE": "6"}, 19,
+                           "the first differing step is between 1 and 19): '2.bias'"),
+    "lr_2x": ({"TRAIN_STEPS": "40", "TRAIN_LR2": "1"}, 0,
+              "4 of 4 parameters differ across ranks first differing after step 0: '0.weight'"),
+    "healthy": ({"TRAIN_STEPS": "40", "TRAIN_DESTROY": "1"}, None, ""),
+}
+
+
+@pytest.mark.parametrize("case", list(DEFAULT_REPLICAS))
+def test_the_default_names_replicas_that_drift_apart_within_25_steps_or_at_the_end(
+        python: str, tmp_path: Path, case: str) -> None:
+    knobs, step, words = DEFAULT_REPLICAS[case]
+    env = job_env(**knobs)
+    done = run([python, "-m", "ddpviz", "record", "--out", str(tmp_path), "--",
+                *torchrun(python)], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trace = ddpviz.Trace.load(tmp_path / "ddpviz-trace-rank0.ddpviz")
+    found = [e.finding for e in trace if isinstance(e, ev.FindingReported)
+             and e.finding.kind == "replicas_diverged"]
+    if step is None:
+        assert found == [] and "replicas diverged" not in done.stderr, done.stderr
+        plain = run(torchrun(python), env)  # bitwise the unwatched job
+        assert plain.returncode == 0 and bits(done.stdout) == bits(plain.stdout), plain.stderr
+        assert len(bits(plain.stdout)) == 2
+        return
+    (f,) = found
+    assert f.step == step and f.ranks == (1,) and f.severity == "error", f.text()
+    assert words in f.title, f.title
+    assert ("found by the final comparison" in f.text()) == (step == 19)
+    assert done.stderr.count("replicas diverged") == 1, done.stderr
+
+
 def test_the_report_of_a_job_dir_says_which_ranks_ended_as_diagnose_does(
         python: str, tmp_path: Path) -> None:
     # rank 1 dies of an uncaught ValueError after its last step, rank 0 ends normally: both

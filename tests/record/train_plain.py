@@ -6,6 +6,8 @@ instead of constructing DDP, TRAIN_PG_TIMEOUT the process group's timeout in sec
 TRAIN_DEVICE=cuda uses NCCL and one GPU per rank. TRAIN_MISMATCH=shape|name builds a different
 model on rank 1 (a layer 17 wide instead of 16 / the same layout under other names).
 TRAIN_DIVERGE=S: rank 1 edits its last layer's bias in place after step S (replicas drift).
+TRAIN_LR2=R: rank R trains with twice the learning rate (replicas drift from step 0).
+TRAIN_DESTROY=1: the job ends with dist.destroy_process_group().
 TRAIN_RAISE=R: rank R dies of an uncaught ValueError after its last step (the others end
 normally).
 (The forms frameworks build, torch.compile and replicate() included: tests/frameworks.)
@@ -58,7 +60,8 @@ def main() -> None:
             return fut.then(lambda f: f.value()[0])
 
         ddp.register_comm_hook(dist.group.WORLD, hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    opt = torch.optim.SGD(ddp.parameters(),
+                          lr=0.2 if os.environ.get("TRAIN_LR2") == str(rank) else 0.1)
     for step in range(int(os.environ.get("TRAIN_STEPS", "3"))):
         g = torch.Generator().manual_seed(100 * step + rank)
         x = torch.randn(4, 8, generator=g).to(device)
@@ -78,6 +81,8 @@ def main() -> None:
     # then os._exit. Tearing gloo down at interpreter exit aborted a rank under load ("terminate
     # called without an active exception", SIGABRT) in watched and unwatched runs alike.
     dist.barrier()
+    if os.environ.get("TRAIN_DESTROY") == "1":
+        dist.destroy_process_group()
     sys.stdout.flush()
     if os.environ.get("TRAIN_RAISE") == str(rank):
         raise ValueError("planted: this rank dies after its last step")
