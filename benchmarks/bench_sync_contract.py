@@ -4,8 +4,8 @@ Part 1, its pieces one by one (one process, a world of one; the best of 7 timeit
 caches): a forward's bookkeeping (synced; under no_sync(), which notes the forward's call
 site), a canary hook called after a synced forward (the usual backward), the collectives count
 read once per backward that leaves dirt, the optimizer-step hook with nothing to judge, and a
-backward of a 4-layer MLP (8 parameter tensors) with the contract's 4 canaries against none
-(what calling them from autograd's C++ costs).
+backward of a 4-layer MLP (8 parameter tensors) with the contract's canaries (CANARIES)
+against none (what calling them from autograd's C++ costs).
 
 Part 2, per step on 2 gloo ranks, bench_watch.py's interleaved blocks: torch's DDP, an A/A
 copy, the default `ddpviz.watch(ddp)`, and the same watch with its contract closed ("no
@@ -103,7 +103,7 @@ def pieces() -> None:
         canaries.drop_canaries()
         without.append(_us(backward, 200))
         canaries.add_canaries()
-    rows.append(("4 canaries in a backward of 8 tensors (min - min of 30)",
+    rows.append((f"{sc.CANARIES} canaries in a backward of 8 tensors (min - min of 30)",
                  min(with_hooks) - min(without)))
     rows.append(("  (that backward, without canaries: min of 30)", min(without)))
     canaries.close()

@@ -159,9 +159,9 @@ class CollectiveCheck:
         """See [Note: a new call site is posted first] (training thread)."""
         if len(g.ranks) > 1 and g.comparable:
             with contextlib.suppress(Exception):
-                entry = g.entries[-1]  # the call about to run (just appended by this thread)
+                call = g.entries[-1]  # the call about to run (just appended by this thread)
                 self._post(g, issuing=True)
-                self._claim(g, entry)
+                self._claim(g, call.entry())  # (its text made once per call site)
 
     def _claim(self, g: GroupLedger, entry: Entry) -> None:
         """See [Note: claiming a position] (training thread, before the call runs)."""
@@ -268,8 +268,9 @@ class CollectiveCheck:
         new_marks = marks[len(marks) - min(len(marks), n_marks_total - p.marks):]
         if new or new_marks:
             p.chunk += 1
+            chunk = Chunk(start, [c.entry() for c in new], new_marks)  # (text made here)
             self.store.set(self._key(g, self.rank, f"c{p.chunk}"),
-                           _enc.encode(Chunk(start, new, new_marks)))  # type: ignore[arg-type]
+                           _enc.encode(chunk))  # type: ignore[arg-type]
             if p.chunk >= KEEP_CHUNKS:
                 with contextlib.suppress(Exception):
                     self.store.delete_key(self._key(g, self.rank, f"c{p.chunk - KEEP_CHUNKS}"))
@@ -282,7 +283,8 @@ class CollectiveCheck:
             index = count - 1 - next(i for i, e in enumerate(reversed(entries)) if e is opened)
             if index != p.open_index:
                 p.open_index, p.open_since = index, time.time()
-        head = Head(p.chunk, -1 if position is None else position, opened, p.open_since,
+        head = Head(p.chunk, -1 if position is None else position,
+                    None if opened is None else opened.entry(), p.open_since,
                     ledger_mod._step, g.since)
         self.store.set(self._key(g, self.rank, "h"), _enc.encode(head))  # type: ignore[arg-type]
 

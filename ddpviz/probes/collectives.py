@@ -11,11 +11,13 @@ The histories are compared across ranks by collective_check.py. See [Note: posit
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any
 
 import msgspec
@@ -58,6 +60,41 @@ class Entry(msgspec.Struct, array_like=True):
     bucket: int = -1  # a DDP bucket's all-reduce (its comm hook ran it): the bucket
 
 
+# [Note: the ledger's hot path]
+# The wrapper runs on the training thread at every collective the job issues, often every step
+# (a metric's all_reduce), so it keeps only what it reads for free and leaves the text to the
+# poster thread (collective_check.py, twice a second): a `Call` holds the raw arguments that
+# must agree (a tensor's dtype object and element count, a list's length, the reduce op and
+# source rank as given) and the user's frame as (code object, line); `entry()` turns it into
+# the `Entry` the ranks compare, with the same text as if it had been written at the call. The
+# user's frame is the first whose code is not torch's, ddpviz's or the standard library's:
+# that is decided once per code object (`_codes`, keyed by id: a code object's own hash reads
+# its bytecode) and a new call site is one (code, line) not seen before. Arguments are picked
+# from `args`/`kwargs` by the positions read once from the function's signature, never bound.
+# Measured in docs/collectives.md (benchmarks/bench_collectives.py).
+
+
+class Call(msgspec.Struct, gc=False):
+    """One collective as this rank issued it, as the training thread recorded it (raw: See
+    [Note: the ledger's hot path]); `entry()` is what ranks compare. `span` is set once, when
+    the call returns (by the thread that issued it)."""
+
+    pos: int
+    span: int
+    op: str
+    raw: tuple[Any, ...]  # the arguments that must agree, as `_SIGS`/`_ASYM` keep them
+    code: CodeType | None  # the user's frame (None: no frame outside torch/ddpviz/stdlib)
+    line: int
+    step: int
+    asym: bool
+    bucket: int
+
+    def entry(self) -> Entry:
+        """The Entry of this call (its text made now; the poster's thread calls this)."""
+        return Entry(self.pos, self.span, self.op, _text(self.op, self.raw),
+                     site_text(self.code, self.line), self.step, self.asym, self.bucket)
+
+
 class Mark(msgspec.Struct, array_like=True, frozen=True):
     """Where a DDP's step began in a group's sequence: positions from here to the next mark
     that no Entry covers are DDP's (its forward's broadcasts, its backward's all-reduces)."""
@@ -74,18 +111,19 @@ class GroupLedger:
         self.group = group
         self.name = name
         self.ranks = ranks  # global ranks, in group-rank order
-        self.entries: deque[Entry] = deque(maxlen=MAX_ENTRIES)
+        self.entries: deque[Call] = deque(maxlen=MAX_ENTRIES)
         self.marks: deque[Mark] = deque(maxlen=MAX_ENTRIES)
         self.count = 0  # entries ever appended
         self.marks_count = 0  # marks ever appended
         self.since = 0  # positions below this were not recorded (before the ledger was on)
         self.shift = 0  # sequence numbers taken by point-to-point calls
-        self.open_asym: Entry | None = None  # a point-to-point call in progress
+        self.open_asym: Call | None = None  # a point-to-point call in progress
         self.comparable = True
+        self._seq = getattr(group, "_get_sequence_number_for_group", None)
 
     def seq(self) -> int | None:
         try:
-            return int(self.group._get_sequence_number_for_group())  # type: ignore[attr-defined]
+            return self._seq()  # type: ignore[misc]
         except Exception:  # a backend without sequence numbers: nothing to compare by
             return None
 
@@ -109,7 +147,6 @@ _step = -1  # the DDP step the training thread is in (set by the watches)
 _installed = False
 _enabled = 0  # watches and twins that asked for the ledger and are still open
 _failed: list[str] = []  # why the ledger stepped aside, said once
-_sites: set[str] = set()  # call sites seen (a new one is posted before its collective runs)
 # collective_check sets this: post `ledger` now, counting the entry being issued
 on_new_site: Callable[[GroupLedger], None] | None = None
 
@@ -153,7 +190,8 @@ def set_step(step: int) -> None:
 
 def mark_ddp_step(group: dist.ProcessGroup, step: int) -> None:
     """A DDP's forward of `step` begins on `group` (its collectives follow)."""
-    set_step(step)
+    global _step
+    _step = step
     if _enabled:
         _mark(group, step, -1)
 
@@ -165,7 +203,9 @@ def mark_bucket(group: dist.ProcessGroup, step: int, bucket: int) -> None:
 
 
 def _mark(group: dist.ProcessGroup, step: int, bucket: int) -> None:
-    ledger = _ledger_of(group)
+    ledger = _groups.get(id(group))
+    if ledger is None or ledger.group is not group:
+        ledger = _ledger_of(group)
     if ledger is None or not ledger.comparable:
         return
     pos = ledger.position()
@@ -177,16 +217,31 @@ def _mark(group: dist.ProcessGroup, step: int, bucket: int) -> None:
 
 # --- what must agree ------------------------------------------------------------------------
 
-def _tensor(t: Any) -> str:
-    if isinstance(t, torch.Tensor):
-        return f"{str(t.dtype).removeprefix('torch.')} x{t.numel()}"
-    return type(t).__name__
+# How the wrapper keeps an argument (See [Note: the ledger's hot path]): "t" a tensor as its
+# (dtype, element count), anything else as its type's name; "ts" a list or tuple as its length
+# and its first element kept as "t" (length -1: not a list, the value kept as "t"); "n" a
+# length (`len(value or ())`); "d" `getattr(value, "dtype", "")`; "" the value as given.
 
 
-def _tensors(ts: Any) -> str:
-    if isinstance(ts, (list, tuple)):
-        return f"{len(ts)} of " + (_tensor(ts[0]) if ts else "-")
-    return _tensor(ts)
+class _Sig:
+    """Which arguments of one function must agree across ranks, and how they read as text."""
+
+    def __init__(self, keep: str, text: Callable[..., str]) -> None:
+        self.keep = tuple(tuple(k.split(":")) if ":" in k else (k, "") for k in keep.split())
+        self.text = text  # the kept values, in `keep`'s order -> text
+
+
+def _t(kept: Any) -> str:
+    if isinstance(kept, tuple):
+        return f"{str(kept[0]).removeprefix('torch.')} x{kept[1]}"
+    return str(kept)
+
+
+def _ts(kept: tuple[int, Any]) -> str:
+    n, first = kept
+    if n < 0:
+        return _t(first)
+    return f"{n} of " + (_t(first) if n else "-")
 
 
 def _reduce_op(op: Any) -> str:
@@ -196,88 +251,145 @@ def _reduce_op(op: Any) -> str:
     return str(name).rsplit(".", 1)[-1].lower()
 
 
-# per function: which arguments must agree across ranks, as text (`a`: the bound arguments)
-_SIGS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "all_reduce": lambda a: f"{_tensor(a['tensor'])} {_reduce_op(a['op'])}",
-    "all_reduce_coalesced": lambda a: f"{_tensors(a['tensors'])} {_reduce_op(a['op'])}",
-    "all_gather": lambda a: f"{_tensor(a['tensor'])} into {len(a['tensor_list'] or ())}",
-    "all_gather_into_tensor": lambda a: _tensor(a["input_tensor"]),
-    "_all_gather_base": lambda a: _tensor(a["input_tensor"]),
-    "all_gather_coalesced": lambda a: _tensors(a["input_tensor_list"]),
-    "reduce_scatter": lambda a: f"{_tensor(a['output'])} {_reduce_op(a['op'])}",
-    "reduce_scatter_tensor": lambda a: f"{_tensor(a['input'])} {_reduce_op(a['op'])}",
-    "_reduce_scatter_base": lambda a: f"{_tensor(a['input'])} {_reduce_op(a['op'])}",
-    "broadcast": lambda a: f"{_tensor(a['tensor'])} from {_src(a, 'src')}",
-    "reduce": lambda a: f"{_tensor(a['tensor'])} {_reduce_op(a['op'])} to {_src(a, 'dst')}",
-    "gather": lambda a: f"{_tensor(a['tensor'])} to {_src(a, 'dst')}",
-    "scatter": lambda a: f"{_tensor(a['tensor'])} from {_src(a, 'src')}",
-    "barrier": lambda a: "",
+def _src(value: Any, group_value: Any) -> str:
+    """A source or destination rank as given: global (`src`) or in the group (`group_src`)."""
+    if value is None:
+        if group_value is None:
+            return "?"
+        return f"group rank {group_value}"
+    return f"rank {value}"
+
+
+_SIGS: dict[str, _Sig] = {
+    "all_reduce": _Sig("tensor:t op", lambda t, op: f"{_t(t)} {_reduce_op(op)}"),
+    "all_reduce_coalesced": _Sig("tensors:ts op", lambda t, op: f"{_ts(t)} {_reduce_op(op)}"),
+    "all_gather": _Sig("tensor:t tensor_list:n", lambda t, n: f"{_t(t)} into {n}"),
+    "all_gather_into_tensor": _Sig("input_tensor:t", _t),
+    "_all_gather_base": _Sig("input_tensor:t", _t),
+    "all_gather_coalesced": _Sig("input_tensor_list:ts", _ts),
+    "reduce_scatter": _Sig("output:t op", lambda t, op: f"{_t(t)} {_reduce_op(op)}"),
+    "reduce_scatter_tensor": _Sig("input:t op", lambda t, op: f"{_t(t)} {_reduce_op(op)}"),
+    "_reduce_scatter_base": _Sig("input:t op", lambda t, op: f"{_t(t)} {_reduce_op(op)}"),
+    "broadcast": _Sig("tensor:t src group_src", lambda t, s, g: f"{_t(t)} from {_src(s, g)}"),
+    "reduce": _Sig("tensor:t op dst group_dst",
+                   lambda t, op, d, g: f"{_t(t)} {_reduce_op(op)} to {_src(d, g)}"),
+    "gather": _Sig("tensor:t dst group_dst", lambda t, d, g: f"{_t(t)} to {_src(d, g)}"),
+    "scatter": _Sig("tensor:t src group_src", lambda t, s, g: f"{_t(t)} from {_src(s, g)}"),
+    "barrier": _Sig("", lambda: ""),
     # sizes may differ across ranks in these: only the dtype must agree
-    "all_to_all": lambda a: _tensors(a["input_tensor_list"]).split(" x")[0],
-    "all_to_all_single": lambda a: str(getattr(a["input"], "dtype", "")).removeprefix(
-        "torch."),
+    "all_to_all": _Sig("input_tensor_list:ts", lambda ts: _ts(ts).split(" x")[0]),
+    "all_to_all_single": _Sig("input:d", lambda d: str(d).removeprefix("torch.")),
     # objects differ in size across ranks by design
-    "all_gather_object": lambda a: "",
-    "broadcast_object_list": lambda a: f"{len(a['object_list'] or ())} from {_src(a, 'src')}",
-    "gather_object": lambda a: f"to {_src(a, 'dst')}",
-    "scatter_object_list": lambda a: f"from {_src(a, 'src')}",
+    "all_gather_object": _Sig("", lambda: ""),
+    "broadcast_object_list": _Sig("object_list:n src group_src",
+                                  lambda n, s, g: f"{n} from {_src(s, g)}"),
+    "gather_object": _Sig("dst group_dst", lambda d, g: f"to {_src(d, g)}"),
+    "scatter_object_list": _Sig("src group_src", lambda s, g: f"from {_src(s, g)}"),
 }
 # point-to-point: only the ranks involved take part (see [Note: positions])
-_ASYM: dict[str, Callable[[dict[str, Any]], str]] = {
-    "send": lambda a: f"{_tensor(a['tensor'])} to {_src(a, 'dst')}",
-    "recv": lambda a: f"{_tensor(a['tensor'])} from {_src(a, 'src')}",
-    "isend": lambda a: f"{_tensor(a['tensor'])} to {_src(a, 'dst')}",
-    "irecv": lambda a: f"{_tensor(a['tensor'])} from {_src(a, 'src')}",
-    "send_object_list": lambda a: f"to {_src(a, 'dst')}",
-    "recv_object_list": lambda a: f"from {_src(a, 'src')}",
-    "batch_isend_irecv": lambda a: f"{len(a['p2p_op_list'] or ())} ops",
-    "monitored_barrier": lambda a: "",
+_ASYM: dict[str, _Sig] = {
+    "send": _Sig("tensor:t dst group_dst", lambda t, d, g: f"{_t(t)} to {_src(d, g)}"),
+    "recv": _Sig("tensor:t src group_src", lambda t, s, g: f"{_t(t)} from {_src(s, g)}"),
+    "isend": _Sig("tensor:t dst group_dst", lambda t, d, g: f"{_t(t)} to {_src(d, g)}"),
+    "irecv": _Sig("tensor:t src group_src", lambda t, s, g: f"{_t(t)} from {_src(s, g)}"),
+    "send_object_list": _Sig("dst group_dst", lambda d, g: f"to {_src(d, g)}"),
+    "recv_object_list": _Sig("src group_src", lambda s, g: f"from {_src(s, g)}"),
+    "batch_isend_irecv": _Sig("p2p_op_list:n", lambda n: f"{n} ops"),
+    "monitored_barrier": _Sig("", lambda: ""),
 }
+_TEXT = {name: sig.text for table in (_SIGS, _ASYM) for name, sig in table.items()}
 
 
-def _src(a: dict[str, Any], name: str) -> str:
-    value = a.get(name)
-    if value is None:
-        value = a.get(f"group_{name}")
-        if value is None:
-            return "?"
-        return f"group rank {value}"
-    return f"rank {value}"
+def _text(op: str, raw: tuple[Any, ...]) -> str:
+    return _TEXT[op](*raw)
+
+
+def _getter(index: int, name: str, default: Any, how: str) -> Callable[[tuple[Any, ...],
+                                                                         dict[str, Any]], Any]:
+    """The argument `name` (positional at `index`) of a call, kept as `how` says."""
+    tensor = torch.Tensor
+
+    def value(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        return a[index] if len(a) > index else k.get(name, default)
+
+    def t(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        v = a[index] if len(a) > index else k.get(name, default)
+        return (v.dtype, v.numel()) if isinstance(v, tensor) else type(v).__name__
+
+    def ts(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        v = a[index] if len(a) > index else k.get(name, default)
+        if not isinstance(v, (list, tuple)):
+            return -1, ((v.dtype, v.numel()) if isinstance(v, tensor) else type(v).__name__)
+        if not v:
+            return 0, None
+        first = v[0]
+        return len(v), ((first.dtype, first.numel()) if isinstance(first, tensor)
+                        else type(first).__name__)
+
+    def n(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        return len((a[index] if len(a) > index else k.get(name, default)) or ())
+
+    def d(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        return getattr(a[index] if len(a) > index else k.get(name, default), "dtype", "")
+
+    return {"": value, "t": t, "ts": ts, "n": n, "d": d}[how]
+
+
+Capture = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+
+
+def _capture(getters: list[Callable[[tuple[Any, ...], dict[str, Any]], Any]]) -> Capture:
+    """One function that keeps every argument of `getters` (one call per argument)."""
+    if not getters:
+        return lambda a, k: ()
+    if len(getters) == 1:
+        (g0,) = getters
+        return lambda a, k: (g0(a, k),)
+    if len(getters) == 2:
+        g0, g1 = getters
+        return lambda a, k: (g0(a, k), g1(a, k))
+    if len(getters) == 3:
+        g0, g1, g2 = getters
+        return lambda a, k: (g0(a, k), g1(a, k), g2(a, k))
+    return lambda a, k: tuple([g(a, k) for g in getters])
 
 
 # --- the call site ----------------------------------------------------------------------------
 
-_site_cache: dict[tuple[Any, int], str] = {}
+# id(code) -> (code, whether it is the user's): decided once per code object, which the entry
+# keeps alive (so its id is not reused while it is here); a code's own hash reads its bytecode
+_codes: dict[int, tuple[CodeType, bool]] = {}
+MAX_CODES = 65536
 
 
-def call_site(frame: Any) -> str:
-    """The first frame outside torch, ddpviz and the standard library: "file.py:54 in fn"."""
+def _user_frame(frame: FrameType | None) -> tuple[CodeType | None, int]:
+    """The first frame outside torch, ddpviz and the standard library, as (code, line)."""
     f = frame
+    codes = _codes
     while f is not None:
         code = f.f_code
-        if owner(code.co_filename) is None:
-            key = (code, f.f_lineno)
-            site = _site_cache.get(key)
-            if site is None:
-                name = code.co_filename.rsplit("/", 1)[-1]
-                site = f"{name}:{f.f_lineno} in {code.co_name}"[:MAX_SITE]
-                if len(_site_cache) < 65536:
-                    _site_cache[key] = site
-            return site
+        hit = codes.get(id(code))
+        if hit is not None and hit[0] is code:
+            mine = hit[1]
+        else:
+            mine = owner(code.co_filename) is None
+            if len(codes) < MAX_CODES:
+                codes[id(code)] = (code, mine)
+        if mine:
+            return code, f.f_lineno
         f = f.f_back
-    return "?"
+    return None, 0
+
+
+def site_text(code: CodeType | None, line: int) -> str:
+    """A call site as text: "file.py:54 in fn" ("?" when there was no user frame)."""
+    if code is None:
+        return "?"
+    name = code.co_filename.rsplit("/", 1)[-1]
+    return f"{name}:{line} in {code.co_name}"[:MAX_SITE]
 
 
 # --- recording --------------------------------------------------------------------------------
-
-def _group_of(a: dict[str, Any], name: str) -> dist.ProcessGroup | None:
-    if name == "batch_isend_irecv":
-        ops = a.get("p2p_op_list") or ()
-        group = getattr(ops[0], "group", None) if ops else None
-    else:
-        group = a.get("group")
-    return group if group is not None else dist.group.WORLD
-
 
 def _ledger_of(group: Any, since_now: bool = False) -> GroupLedger | None:
     """The ledger of `group` (made on first use: a group made while the ledger is on is
@@ -306,72 +418,95 @@ def _ledger_of(group: Any, since_now: bool = False) -> GroupLedger | None:
     return ledger
 
 
-def _bucket() -> int:
-    """The DDP bucket whose comm hook is running on this thread (engine/comm.py's LAUNCH, set
-    by ddpviz's reducer and by watch()'s guard around torch's), else -1."""
-    return comm.LAUNCH.bucket
+# the DDP bucket whose comm hook is running on this thread (`.bucket`, else -1), set by
+# ddpviz's reducer and by watch()'s guard around torch's
+_launch = comm.LAUNCH
+_sites: set[tuple[int, int]] = set()  # (id(code), line) of the call sites seen
+_site_codes: list[CodeType | None] = []  # their code objects, kept (their ids stay theirs)
 
 
-def _begin(name: str, sigs: Callable[[dict[str, Any]], str], a: dict[str, Any],
-           asym: bool, frame: Any) -> tuple[GroupLedger, int, Entry] | None:
+def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
+           kwargs: dict[str, Any], asym: bool,
+           frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
     global _issued
-    ledger = _ledger_of(_group_of(a, name))
-    if ledger is None or not ledger.comparable:
+    if group is None:
+        group = _world.WORLD
+    ledger = _groups.get(id(group))
+    if ledger is None or ledger.group is not group:
+        ledger = _ledger_of(group)
+        if ledger is None:
+            return None
+    if not ledger.comparable:
         return None
     seq = ledger.seq()
     if seq is None:
         return None
-    entry = Entry(seq - ledger.shift, -1, name, sigs(a), call_site(frame), _step, asym,
-                  comm.LAUNCH.bucket)
+    code, line = _user_frame(frame)
+    call = Call(seq - ledger.shift, -1, name, capture(args, kwargs), code, line, _step, asym,
+                _launch.bucket)
     with _lock:
-        ledger.entries.append(entry)
+        ledger.entries.append(call)
         ledger.count += 1
         _issued += 1
     if asym:
-        ledger.open_asym = entry
-    elif entry.site not in _sites and on_new_site is not None:
-        # See [Note: a new call site is posted first] (collective_check.py)
-        _sites.add(entry.site)
-        on_new_site(ledger)
-    return ledger, seq, entry
+        ledger.open_asym = call
+    elif on_new_site is not None:
+        site = (id(code), line)
+        if site not in _sites:
+            # See [Note: a new call site is posted first] (collective_check.py)
+            _sites.add(site)
+            _site_codes.append(code)
+            on_new_site(ledger)
+    return ledger, seq, call
 
 
-def _end(ledger: GroupLedger, seq: int, entry: Entry) -> None:
+def _end(ledger: GroupLedger, seq: int, call: Call) -> None:
     after = ledger.seq()
-    entry.span = max(0, (after if after is not None else seq) - seq)
-    if entry.asym:
-        ledger.shift += entry.span
-        if ledger.open_asym is entry:
+    call.span = max(0, (after if after is not None else seq) - seq)
+    if call.asym:
+        ledger.shift += call.span
+        if ledger.open_asym is call:
             ledger.open_asym = None
 
 
-def _wrap(name: str, fn: Callable[..., Any], sigs: Callable[[dict[str, Any]], str],
-          asym: bool) -> Callable[..., Any]:
-    import inspect
+_world = dist.group  # its WORLD: the default group (None before there is one)
+_FAR = 1 << 30  # the position of an argument the function does not take
 
-    params = list(inspect.signature(fn).parameters.values())
-    defaults = {p.name: (None if p.default is inspect.Parameter.empty else p.default)
-                for p in params}
-    order = [p.name for p in params]
+
+def _wrap(name: str, fn: Callable[..., Any], sig: _Sig, asym: bool) -> Callable[..., Any]:
+    params = inspect.signature(fn).parameters
+    order = list(params)
+    defaults = {p: (None if v.default is inspect.Parameter.empty else v.default)
+                for p, v in params.items()}
+
+    def getter(arg: str, how: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+        return _getter(order.index(arg) if arg in order else _FAR, arg, defaults.get(arg), how)
+
+    capture = _capture([getter(arg, how) for arg, how in sig.keep])
+    group_of = getter("group", "")
+    if name == "batch_isend_irecv":
+        ops = getter("p2p_op_list", "")
+
+        def group_of(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            first = (ops(a, k) or (None,))[0]
+            return getattr(first, "group", None)
+    local, frame_of = _local, sys._getframe
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not _enabled or _local.depth:
+        if not _enabled or local.depth:
             return fn(*args, **kwargs)
         started = None
         try:
-            bound = defaults.copy()
-            bound.update(zip(order, args, strict=False))
-            if kwargs:
-                bound.update(kwargs)
-            started = _begin(name, sigs, bound, asym, sys._getframe(1))
+            started = _begin(name, group_of(args, kwargs), capture, args, kwargs, asym,
+                             frame_of(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{name}: {exc!r}")
-        _local.depth += 1
+        local.depth += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            _local.depth -= 1
+            local.depth -= 1
             if started is not None:
                 try:
                     _end(*started)
@@ -414,11 +549,11 @@ def install() -> bool:
 
     wrapped: dict[Any, Any] = {}
     for table, asym in ((_SIGS, False), (_ASYM, True)):
-        for name, sigs in table.items():
+        for name, sig in table.items():
             original = getattr(c10d, name, None)
             if original is None or hasattr(original, "__ddpviz_original__"):
                 continue
-            wrapper = _wrap(name, original, sigs, asym)
+            wrapper = _wrap(name, original, sig, asym)
             wrapped[original] = wrapper
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is original:

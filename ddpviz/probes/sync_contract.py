@@ -29,18 +29,8 @@ from torch.optim.optimizer import (
 from ddpviz import events as ev
 from ddpviz.events import Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
+from ddpviz.probes import collectives as _ledger
 from ddpviz.probes.stack_text import Frame, clip, owner, where
-
-try:  # the job's own collectives (probes/collectives.py, written beside this module)
-    from ddpviz.probes.collectives import enabled as _ledger_on
-    from ddpviz.probes.collectives import job_collectives_issued
-except ImportError:  # FALLBACK until probes/collectives.py lands: no ledger; the process
-    # groups' sequence numbers (collectives_issued below) still count every collective
-    def job_collectives_issued() -> int:
-        return 0
-
-    def _ledger_on() -> bool:
-        return False
 
 # [Note: the gradient-sync contract]
 # torch's DDP averages gradients only in a backward whose forward ran through the DDP with
@@ -56,14 +46,16 @@ except ImportError:  # FALLBACK until probes/collectives.py lands: no ledger; th
 # - gradients accumulated into its parameters: post-accumulate-grad hooks, which fire only
 #   when a backward adds into `.grad` (not for `torch.autograd.grad`). The guarded watch has
 #   one on every parameter and feeds the contract from them (once per backward); elsewhere
-#   the contract puts its own on a few "canary" parameters spread over the list (at most
-#   CANARIES: autograd calls each from C++, ~1 us a backward on a 2-core box, every step;
-#   benchmarks/bench_sync_contract.py), whatever the recording: the hook-less watch's own
-#   hooks run on sampled steps only. A canary that accumulates while the last forward is not
-#   a synced one is *dirt*, whose cause is that local forward ("no_sync") or no forward at
-#   all since the last step ("module_forward"; "unused_ddp" when the DDP's forward never
-#   ran). A synced forward clears the dirt: its backward reduces everything accumulated
-#   before it;
+#   the contract puts its own on CANARIES "canary" parameters, the first and the last
+#   trainable one (a backward reaches the last first and the first last), whatever the
+#   recording: the hook-less watch's own hooks run on sampled steps only. Each canary costs
+#   every backward: autograd calls it from C++, taking the GIL back inside the backward (where
+#   another thread may hold it), so there are two, not more (4, spread over the list, caught
+#   nothing more in the tests; benchmarks/bench_sync_contract.py). A canary
+#   that accumulates while the last forward is not a synced one is *dirt*, whose cause is
+#   that local forward ("no_sync") or no forward at all since the last step
+#   ("module_forward"; "unused_ddp" when the DDP's forward never ran). A synced forward
+#   clears the dirt: its backward reduces everything accumulated before it;
 # - every optimizer step (torch's global step hooks, one pair for every contract of the
 #   process): an optimizer that holds the DDP's parameters steps while dirt remains and some
 #   of those parameters have gradients -> `unsynced_gradients`, once per DDP and cause, on
@@ -77,10 +69,10 @@ except ImportError:  # FALLBACK until probes/collectives.py lands: no ledger; th
 #   DDP steps itself (`_apply_optimizer_in_backward`).
 # It never reports what it did not see (a miss, never a false alarm): a backward after the
 # synced one of the same step counts as part of it; a backward that accumulates only into
-# parameters without a canary (hook-less) is not seen; a job whose collectives cannot be
-# counted is not judged.
+# parameters without a canary (neither the first nor the last trainable one, hook-less) is
+# not seen; a job whose collectives cannot be counted is not judged.
 
-CANARIES = 4  # parameters with a contract hook of their own: the first, the last, 2 between
+CANARIES = 2  # parameters with a contract hook of their own: the first and the last trainable
 _graph_task = torch._C._current_graph_task_id  # the running backward's id (-1 outside one)
 
 State = Literal[0, 1, 2]
@@ -199,7 +191,7 @@ class SyncContract:
 
     def add_canaries(self) -> None:
         """Post-accumulate-grad hooks on up to CANARIES trainable parameters spread over the
-        list (the first and the last among them)."""
+        list (the first and the last among them; See the Note)."""
         if self._hooks:
             return
         trainable = [p for p in self.params if p.requires_grad]
@@ -390,20 +382,24 @@ def _close(contract: SyncContract) -> None:
         h.remove()
 
 
+# (both run at every optimizer step of the process: `_closure` is written out in them)
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _stepping
     _stepping += 1
-    if not _contracts or _closure(args, kwargs) or _graph_task() != -1:
+    if not _contracts or (len(args) > 1 and args[1] is not None) or \
+            kwargs.get("closure") is not None or _graph_task() != -1:
         return  # nothing open, judged after its closure, or a step applied inside a backward
-    for contract in _contracts[:]:
+    for contract in tuple(_contracts):
         contract.stepped(optimizer)
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _stepping
-    _stepping = max(0, _stepping - 1)
-    if _contracts and _closure(args, kwargs) and _graph_task() == -1:
-        for contract in _contracts[:]:
+    if _stepping:
+        _stepping -= 1
+    if _contracts and ((len(args) > 1 and args[1] is not None) or
+                       kwargs.get("closure") is not None) and _graph_task() == -1:
+        for contract in tuple(_contracts):
             contract.stepped(optimizer)
 
 
@@ -425,24 +421,21 @@ def collectives_issued() -> int | None:
     """A number that grows with every collective this process issues: the ledger's count of
     the job's collectives plus every process group's sequence number (which torch advances
     for collectives that bypass Python too); None when neither can be read here."""
-    ledger = job_collectives_issued() if _ledger_on() else None
+    ledger = _ledger._issued if _ledger._enabled else None  # (job_collectives_issued())
     try:
         sequences = 0
-        for group in _groups():
-            sequences += group._get_sequence_number_for_group()
+        for group in list(c10d._world.pg_map):  # the process groups of this process
+            sequences += group._get_sequence_number_for_group()  # type: ignore[attr-defined]
     except Exception:  # a backend without sequence numbers
         return ledger
     return (ledger or 0) + sequences
 
 
-def _groups() -> list[Any]:
-    """The process groups of this process (torch's map of them)."""
-    return list(c10d._world.pg_map)
-
-
 # --- call sites -----------------------------------------------------------------------------
 
-_PLUMBING: dict[CodeType, bool] = {}  # code -> torch's, ddpviz's or the standard library's
+# id(code) -> (code, whether it is torch's, ddpviz's or the standard library's), decided once
+# per code object (kept here, so its id stays its own; a code's own hash reads its bytecode)
+_PLUMBING: dict[int, tuple[CodeType, bool]] = {}
 _DEPTH = 64
 
 
@@ -453,11 +446,13 @@ def first_user_frame(frame: FrameType | None) -> Frame | None:
         if frame is None:
             return None
         code = frame.f_code
-        plumbing = _PLUMBING.get(code)
-        if plumbing is None:
+        hit = _PLUMBING.get(id(code))
+        if hit is not None and hit[0] is code:
+            plumbing = hit[1]
+        else:
             plumbing = owner(code.co_filename) is not None
             if len(_PLUMBING) < 4096:
-                _PLUMBING[code] = plumbing
+                _PLUMBING[id(code)] = (code, plumbing)
         if not plumbing:
             return Frame(code.co_filename, frame.f_lineno or code.co_firstlineno, code.co_name)
         frame = frame.f_back
