@@ -274,7 +274,7 @@ def healthy(rank: int, world_size: int) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 3])  # 3: rank 0 judges more than one peer
 def test_healthy_runs_report_nothing(world_size: int) -> None:
     per_rank = run_ranks(healthy, world_size, timeout=900)
     results = per_rank[0]  # rank 0 judges the replicas

