@@ -14,6 +14,7 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz._watch.base import Watch, _graph_task
+from ddpviz.probes.backward_marks import BackwardMarks
 from ddpviz.recording import NEVER
 
 
@@ -28,6 +29,11 @@ class HooklessWatch(Watch):
         self._sync = True  # the backward all-reduces (not under no_sync)
         self._left: list[int] = []  # per bucket, gradients not ready yet (0: ready)
         self._next_launch = 0
+        # every synced step's backward, split from its wait: See [Note: backward marks]
+        self._marks = BackwardMarks(self.tap, lambda: bool(self.ddp.require_backward_grad_sync))
+
+    def _hook_params(self) -> None:
+        self._marks.place(self.params, self.buckets, rebuilt=False)
 
     def _take_hook(self, hook: Callable[..., torch.futures.Future] | None, state: Any,
                    existing: list[Any]) -> None:
@@ -52,7 +58,14 @@ class HooklessWatch(Watch):
             self._nf.checking(step)
 
     def _on_rebuild(self) -> None:
+        self._marks.place(self.params, self.buckets, rebuilt=True)  # (ready order now)
         self._arm(True)
+
+    def close(self) -> None:
+        super().close()
+        marks = self.__dict__.get("_marks")
+        if marks is not None:
+            marks.remove()
 
     def _backward_begins(self) -> None:
         self._sync = bool(self.ddp.require_backward_grad_sync)
@@ -144,6 +157,9 @@ class ForwardsOnlyWatch(HooklessWatch):
 
     def _arm_plain_until(self, step: int) -> int:
         return NEVER
+
+    def _hook_params(self) -> None:
+        return  # (no hook ever)
 
     def _on_rebuild(self) -> None:
         return
