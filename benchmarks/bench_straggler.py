@@ -17,7 +17,10 @@ events only on the steps watch's default level samples (0-2 and every `every`-th
 record only the ForwardStarted), 1: every step (the guard). `optimizer`: the gap is after the
 backward (10%), the optimizer step (40%) and data loading (50%), and a sampled step records
 its optimizer step (OptimizerStepStarted/Finished, stamped with that step) in the next gap;
-the slow phase may then be "optimizer" ("data" slows data loading only).
+the slow phase may then be "optimizer" ("data" slows data loading only). `marks`: every step
+records a BackwardComputed (watch's hook-less default: the end of the rank's own backward,
+before the wait, and its first gradient, when its backward began; See [Note: backward
+marks] in ddpviz/probes/backward_marks.py).
 
     python benchmarks/bench_straggler.py [--ranks 2,64,256] [--steps 40] [--buckets 25]
 """
@@ -50,7 +53,7 @@ class Sim(NamedTuple):
 def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
              phase: str = "backward", jitter: float = 0.05, spikes: float = 0.0,
              buckets: int = 8, every: int = 1, seed: int = 0, step_ms: float = 100.0,
-             clock_skew_ns: int = 0, optimizer: bool = False) -> Sim:
+             clock_skew_ns: int = 0, optimizer: bool = False, marks: bool = False) -> Sim:
     """Columns of a simulated run (see the module docstring). Phase shares of a step: gap
     15%, forward 25%, backward compute 45% (spread over the buckets), communication 15%.
     `clock_skew_ns`: every rank's recorded times shifted by a constant in
@@ -103,6 +106,9 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
                 for j in range(buckets):
                     rows.append((ev.BucketReady, ready[r, j], (j,)))
                     rows.append((ev.AllReduceLaunched, ready[r, j], (j, 1 << 20, "float32")))
+            if marks:
+                rows.append((ev.BackwardComputed, ready[r, -1], (0, int(b[r]) + off)))
+            if sampled:
                 rows += [(ev.AllReduceDone, end[r], (j,)) for j in range(buckets)]
                 rows.append((ev.BackwardFinished, end[r], ()))
             out = [cls(r, s - (cls in _PREVIOUS), int(tt) + off, seqs[r] + i,
@@ -153,12 +159,18 @@ def main() -> None:
             ("backward +20%, guard (every step)", args.steps, dict(slow_rank=slow, every=1)),
             ("backward +20%, jitter 10%", args.steps, dict(slow_rank=slow, every=1,
                                                            jitter=0.1)),
-            ("backward +20%, default (every=100)", 410, dict(slow_rank=slow, every=100)),
+            ("backward +20%, default (every=100)", args.steps, dict(slow_rank=slow, every=100,
+                                                                    marks=True)),
+            ("backward +20%, every=100, no marks", 410, dict(slow_rank=slow, every=100)),
             ("data x2 (+15% step), default", args.steps, dict(slow_rank=slow, phase="data",
-                                                              slow=2.0, every=100)),
+                                                              slow=2.0, every=100, marks=True)),
             ("healthy, jitter 10% + stalls", args.steps, dict(every=1, jitter=0.1,
                                                               spikes=0.05)),
+            ("healthy, default, jitter 10% + stalls", args.steps, dict(
+                every=100, jitter=0.1, spikes=0.05, marks=True)),
             ("healthy, clock offsets +-1 ms", args.steps, dict(every=1, clock_skew_ns=MS)),
+            ("healthy, default, clock offsets +-1 ms", args.steps, dict(
+                every=100, clock_skew_ns=MS, marks=True)),
         ]
         for name, steps, kw in cases:
             sim = simulate(n, steps, buckets=args.buckets, **kw)

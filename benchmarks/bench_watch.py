@@ -8,10 +8,12 @@ no comm hook, per-parameter hooks on a few sampled steps only; "full": a GradRea
 tensor; "sampled": full on the same steps, per-bucket summaries otherwise; "buckets": summaries
 only; "steps": no comm hook, per-forward only), with no consumer of the events, plus "light ->
 trace file" and "sampled -> trace file": the level recording into a per-rank trace file through
-a Sender (what `ddpviz record --out` does), and "minimal Python comm hook": no ddpviz at all,
-only torch's averaging and all-reduce in the cheapest Python comm hook watch's design allows
-(completed on the training thread), i.e. the floor under every level that has a comm hook, and
-the same hook completed by a callback on gloo's thread (`.then`, as watch() did until stop 18).
+a Sender (what `ddpviz record --out` does), "light -> file (no marks)": the same with the
+backward marks removed (their cost apart: See [Note: backward marks]), and "minimal Python
+comm hook": no ddpviz at all, only torch's averaging and all-reduce in the cheapest Python
+comm hook watch's design allows (completed on the training thread), i.e. the floor under every
+level that has a comm hook, and the same hook completed by a callback on gloo's thread (`.then`,
+as watch() did until stop 18).
 Printed per world size, threads per rank and model: the median plain step time and the median
 over repetitions of each copy's block time / the plain copy's block time, with a bootstrap 95%
 interval of that median, for elapsed time, for the process's CPU time and for the training
@@ -24,6 +26,7 @@ slow (its TCP loop spins).
 
     PYTHONPATH=. python benchmarks/bench_watch.py [--reps 400] [--block 5]
         [--worlds 2,3] [--threads 1,2] [--baseline-watch OLD_WATCH.py] [--no-pin]
+        [--only "light -> trace file,light -> file (no marks)"]
 
 --baseline-watch loads another watch.py (e.g. `git show <rev>:ddpviz/watch.py > /tmp/w.py`)
 and adds a row for it, to compare against a previous version.
@@ -120,20 +123,24 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
             variants: dict[str, nn.Module] = {}
             names = ["torch DDP", "torch DDP (A/A)", "watch detail=light",
                      "watch detail=full", "watch detail=sampled", "watch detail=buckets",
-                     "watch detail=steps", "light -> trace file", "sampled -> trace file",
-                     "minimal Python comm hook", "minimal hook, .then"]
+                     "watch detail=steps", "light -> trace file", "light -> file (no marks)",
+                     "sampled -> trace file", "minimal Python comm hook", "minimal hook, .then"]
             names += ["baseline watch"] if baseline else []
+            if args.only:
+                names = [n for n in names if n == "torch DDP" or n in args.only]
             watches: list[Any] = []
             senders: list[Any] = []
             for name in names:
                 ddp = nn.parallel.DistributedDataParallel(_model(dims))
-                if name.endswith(" -> trace file"):
+                if " -> " in name:
                     level = name.split()[0]
                     path = os.path.join(trace_dir,
                                         f"{level}-{threads}-{dims[0]}-rank{rank}.ddpviz")
                     senders.append(Sender.to_file(path, rank))
                     watches.append(ddpviz.watch(ddp, emitter=senders[-1], recording=(
                         ddpviz.Recording.parse(RECORDING[level]))))
+                    if name.endswith("(no marks)"):  # See [Note: backward marks]
+                        watches[-1]._marks.remove()
                 elif name.startswith("watch detail="):
                     watches.append(ddpviz.watch(ddp, recording=ddpviz.Recording.parse(
                         RECORDING[name.split("=")[1]])))
@@ -177,7 +184,10 @@ def main() -> None:
     parser.add_argument("--worlds", default="2,3")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--baseline-watch", default=None)
+    parser.add_argument("--only", default="", help="comma-separated variants beside torch "
+                        "DDP (e.g. 'light -> trace file,light -> file (no marks)')")
     args = parser.parse_args()
+    args.only = [v.strip() for v in args.only.split(",") if v.strip()]
     args.threads = [int(t) for t in args.threads.split(",")]
     print(f"watch() cost on torch DDP, gloo on CPU, batch 16, SGD, blocks of {args.block} "
           f"steps, {args.reps} rotated repetitions, rank 0; ratio = median over repetitions of "

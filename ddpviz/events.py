@@ -232,6 +232,18 @@ class BackwardFinished(Event, frozen=True):
     pass
 
 
+class BackwardComputed(Event, frozen=True):
+    """This rank's autograd pass of the step ended: every gradient computed and every bucket
+    handed to its all-reduce, before waiting for them (t_ns). Recorded on every synced step by
+    watch()'s hook-less strategy, from one gradient hook on the parameter whose gradient is
+    ready first (`param`, ready at `first_t_ns`): how the straggler verdict tells the backward
+    from the wait on the steps without per-bucket events. See [Note: backward marks] in
+    probes/backward_marks.py."""
+
+    param: ParamIndex = 0
+    first_t_ns: TimeNs = 0
+
+
 class UnusedParametersFound(Event, frozen=True):
     params: ParamIndices
     names: Names
@@ -276,7 +288,7 @@ ANY_EVENT = (
     ParamsBuilt | VerificationStarted | VerificationPassed | VerificationFailed
     | BroadcastStarted | BroadcastChunkSent | BroadcastChunkDone | BroadcastFinished
     | BucketAssigned | ForwardStarted | BuffersSynced | BackwardStarted | GradReady | BucketReady
-    | GradsSummarized | AllReduceLaunched | AllReduceDone | BackwardFinished
+    | GradsSummarized | AllReduceLaunched | AllReduceDone | BackwardFinished | BackwardComputed
     | UnusedParametersFound | BucketsRebuilt | OptimizerStepStarted | OptimizerStepFinished
     | EventsDropped | FindingReported
 )

@@ -31,9 +31,14 @@ MAX_STEPS = 4096  # the latest steps analysed (per-step arrays are ranks x steps
 MAX_CELLS = 1 << 23  # ranks x steps x buckets of the launch cube (64 MiB of float64)
 MIN_STEPS = 7  # recorded steps before a straggler can be named (P_STEADY needs 7 of 7)
 MIN_SPLIT_STEPS = 3  # steps with optimizer-step events to split the gap before a forward
+# sampled steps with every bucket launched on every rank to place a marked straggler's
+# backward among the buckets (watch's default in a short run: steps 1 and 2, after the
+# constructor's one bucket of step 0)
+MIN_BUCKET_STEPS = 2
 MIN_SHARE = 0.05  # a straggler costs at least this share of the median step time
 P_STEADY = 1e-2  # the chance that a rank is later than the others' median that often
 P_MAX = 1e-4  # the chance that one rank is last this often with every rank equally slow
+MARK_STEADY = 0.75  # from the backward marks: late by the threshold in this share of steps
 
 # [Note: straggler verdict]
 # A rank k is named when, over the n recorded steps that every rank recorded:
@@ -52,6 +57,12 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 #      of the step. (Against the latest other rank instead, 63 ranks' jitter would hide a 20%
 #      straggler at 64 ranks; a healthy rank that had a few long stalls early on has a high
 #      median, but is rarely later than the median rank in 11 of 12 steps: p = 0.003.)
+# From the backward marks (every step of the default recording: more steps than the
+# per-bucket events, so more power to call a small bias significant), k must also be later
+# than the others' median by more than that threshold in MARK_STEADY of the steps: a rank
+# slowed by a hog beside it (preempted in bursts, a quarter of the steps, 1-30 ms at steps of
+# ~18 ms) loses time in some steps and none in the others; a slow rank loses it in nearly
+# every step.
 # The cost reported is x_k clipped at 0 (what the step's last all-reduce waited for k beyond
 # the next-latest rank), median and p90 over the n steps.
 # The clock uncertainty of a rank is the larger of its recorded error and how far its end of
@@ -59,8 +70,12 @@ P_MAX = 1e-4  # the chance that one rank is last this often with every rank equa
 # (median over steps): an offset that is wrong shifts a rank's end of backward too, a straggler
 # does not.
 # Steps with per-bucket events (all steps under the guard, the sampled ones by default) give
-# the phase where k loses the time; steps with only a ForwardStarted (hook-less watch between
-# samples) can still show a rank that arrives late at the forward (data loading, optimizer).
+# the phase where k loses the time. Without enough of them, every synced step's
+# BackwardComputed (hook-less watch: See [Note: backward marks] in probes/backward_marks.py)
+# is asked next, on the end of each rank's own backward: the phase from the forward, the first
+# gradient and that end (data / to_first_grad / backward), and within the backward the bucket
+# the sampled steps' launches name (MIN_BUCKET_STEPS of them). Steps with only a ForwardStarted
+# (every=never, old traces) can still show a rank that arrives late at the forward.
 # Lateness at the forward is added between the previous backward's end (which the last
 # all-reduce makes simultaneous) and the forward. Where the sampled steps recorded the
 # optimizer step (OptimizerStepStarted/Finished, probes/optimizer_step.py), that gap is split
@@ -86,6 +101,11 @@ class Timeline(NamedTuple):
     stated_error_ns: np.ndarray  # (R,) clock error as recorded (unknown: assumed)
     error_ns: np.ndarray  # (R,) max(stated, measured skew at the end of backward)
     t0: int
+    # (R, S) BackwardComputed: the end of the rank's own backward, before the wait, and its
+    # first gradient (every synced step under hook-less watch: See [Note: backward marks])
+    computed: np.ndarray | None = None
+    first_grad: np.ndarray | None = None
+    first_param: int = -1  # the parameter whose gradient `first_grad` times (the latest)
 
 
 class Waits(NamedTuple):
@@ -123,8 +143,9 @@ class Straggler(NamedTuple):
     bucket: int  # with phase "backward": the bucket before whose launch it lost most; else -1
     breakdown: tuple[tuple[str, float], ...]  # (phase, median lateness added there, ns)
     last_step: int
-    evidence: str  # "buckets" | "forward"
+    evidence: str  # "buckets" | "marks" | "forward"
     split_steps: int = 0  # steps whose optimizer-step events split the gap before the forward
+    bucket_steps: int = 0  # (evidence "marks") the sampled steps that placed it among buckets
 
 
 def _aligned(table: Table, clock: Mapping[int, tuple[int, int]], code: int
@@ -159,6 +180,14 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     end = [_aligned(t, clock, col.BACKWARD_END) for t in tables]
     opt = [_aligned(t, clock, col.OPTIMIZER) for t in tables]
     opt_end = [_aligned(t, clock, col.OPTIMIZER_END) for t in tables]
+    computed, first_grad, first_param = [], [], -1
+    for t in tables:
+        rows = np.flatnonzero(t.kind == col.COMPUTED)
+        off = clock.get(t.rank, (0, 0))[0]
+        computed.append((t.step[rows], t.t[rows] + off))
+        first_grad.append((t.step[rows], t.b[rows] + off))
+        if len(rows) and first_param < 0:
+            first_param = int(t.a[rows[-1]])
     launches = []
     for t in tables:
         rows = np.flatnonzero(t.kind == col.LAUNCHED)
@@ -166,20 +195,23 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
             rows = np.flatnonzero(t.kind == col.BUCKET_READY)
         off = clock.get(t.rank, (0, 0))[0]
         launches.append((t.step[rows], t.a[rows], t.t[rows] + off))
-    mins = [int(tt.min()) for _, tt in fwd + bwd + end + opt + opt_end if len(tt)]
+    mins = [int(tt.min()) for _, tt in fwd + bwd + end + opt + opt_end + first_grad
+            if len(tt)]
     mins += [int(tt.min()) for _, _, tt in launches if len(tt)]
     t0 = min(mins, default=0)
 
     all_steps = np.unique(np.concatenate([s for s, _ in fwd] or [np.zeros(0, np.int64)]))
     steps = all_steps[all_steps >= 0][-MAX_STEPS:]
     n_r = len(ranks)
-    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(5)]
+    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(7)]
     for i in range(n_r):
         _fill(grids[0], i, steps, *fwd[i], t0)
         _fill(grids[1], i, steps, *bwd[i], t0)
         _fill(grids[2], i, steps, *end[i], t0, last=True)
         _fill(grids[3], i, steps, *opt[i], t0)
         _fill(grids[4], i, steps, *opt_end[i], t0, last=True)
+        _fill(grids[5], i, steps, *computed[i], t0)
+        _fill(grids[6], i, steps, *first_grad[i], t0)
 
     b_steps = np.unique(np.concatenate([s for s, _, _ in launches] or [np.zeros(0, np.int64)]))
     b_steps = b_steps[b_steps >= 0]
@@ -202,7 +234,8 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     stated = np.array([_stated_error(clock.get(int(r), (0, 0))[1]) for r in ranks],
                       dtype=np.float64)
     return Timeline(ranks, steps, grids[0], grids[1], grids[2], grids[3], grids[4], b_steps,
-                    bucket_ids, cube, stated, np.maximum(stated, _end_skew(grids[2])), t0)
+                    bucket_ids, cube, stated, np.maximum(stated, _end_skew(grids[2])), t0,
+                    grids[5], grids[6], first_param)
 
 
 def _stated_error(error: int) -> float:
@@ -300,10 +333,12 @@ def _step_time(tl: Timeline) -> float:
     return float(np.median(np.median(d, axis=0))) if d.size else math.nan
 
 
-def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float
-             ) -> tuple[int, int, int, np.ndarray, float, float] | None:
+def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float,
+             steady: float = 0.0) -> tuple[int, int, int, np.ndarray, float, float] | None:
     """(rank index, steps, last in, x_k, threshold, error) when [Note: straggler verdict]
-    names a rank in the complete columns of `t`; else None."""
+    names a rank in the complete columns of `t`; else None. `steady`: the share of the steps
+    in which k must be later than the others' median by more than the threshold (the
+    backward marks: See [Note: straggler verdict])."""
     keep = ~np.isnan(t).any(axis=0)
     t, steps = t[:, keep], steps[keep]
     n_r, n = t.shape
@@ -318,7 +353,8 @@ def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float
     typical = t[k] - np.median(np.delete(t, k, axis=0), axis=0)
     if (4 * m < n or float(np.median(typical)) <= threshold
             or _binom_sf(int((typical > error).sum()), n, 0.5) > P_STEADY
-            or _binom_sf(m, n, 1.0 / n_r) > P_MAX):
+            or _binom_sf(m, n, 1.0 / n_r) > P_MAX
+            or float(np.mean(typical > threshold)) < steady):
         return None
     return k, n, m, xk, threshold, error
 
@@ -422,6 +458,34 @@ def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray,
     return phase, (bucket if phase == "backward" else -1), tuple(parts)
 
 
+def _mark_breakdown(tl: Timeline, k: int, cols: np.ndarray,
+                    split: tuple[tuple[str, float], ...] = ()) -> tuple[
+        str, int, tuple[tuple[str, float], ...], int]:
+    """Where rank k (index) adds its lateness on the marked steps `cols` (bool over
+    tl.steps): before the forward, between the forward and its first gradient, and between
+    its first gradient and the end of its backward; within the backward, the bucket the
+    sampled steps' launches name (`_breakdown`, on at least MIN_BUCKET_STEPS of them that
+    also say "backward"), and how many steps that is."""
+    assert tl.computed is not None and tl.first_grad is not None
+
+    def late(a: np.ndarray) -> np.ndarray:
+        return a[k] - _median_others(a, k)
+
+    d_f, d_g, d_c = (late(a[:, cols]) for a in (tl.forward, tl.first_grad, tl.computed))
+    parts = [("data", _nanmedian(d_f)), ("to_first_grad", _nanmedian(d_g - d_f)),
+             ("backward", _nanmedian(d_c - d_g))]
+    parts = [(p, v if v == v else 0.0) for p, v in _split_data(parts, split)]
+    phase = max(parts, key=lambda pv: pv[1])[0]
+    bucket, n_bucket = -1, 0
+    if phase == "backward" and tl.launch.size:
+        b_cols = ~np.isnan(tl.launch).any(axis=(0, 2))
+        if int(b_cols.sum()) >= MIN_BUCKET_STEPS:
+            sampled_phase, bucket, _ = _breakdown(tl, k, b_cols)
+            if sampled_phase == "backward":  # (bucket -1: spread over the buckets)
+                n_bucket = int(b_cols.sum())
+    return phase, bucket, tuple(parts), n_bucket
+
+
 def find_straggler(tl: Timeline) -> Straggler | None:
     """The rank that is persistently last, per [Note: straggler verdict], or None."""
     if len(tl.ranks) < 2:
@@ -443,6 +507,19 @@ def find_straggler(tl: Timeline) -> Straggler | None:
                              float(np.percentile(cost, 90)), threshold, error, phase, bucket,
                              parts, int(tl.bucket_steps[cols][-1]), "buckets",
                              n_split)
+    if tl.computed is not None and not np.isnan(tl.computed).all():
+        marked = np.where(np.isnan(tl.forward) | np.isnan(tl.first_grad), np.nan,
+                          tl.computed) if tl.first_grad is not None else tl.computed
+        got = _verdict(marked, tl.steps, tl, step_time, MARK_STEADY)
+        if got is not None:
+            k, n, m, xk, threshold, error = got
+            cols = np.asarray(~np.isnan(marked).any(axis=0))
+            split, n_split = _gap_split(tl, k)
+            phase, bucket, parts, n_bucket = _mark_breakdown(tl, k, cols, split)
+            cost = np.clip(xk, 0, None)
+            return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
+                             float(np.percentile(cost, 90)), threshold, error, phase, bucket,
+                             parts, int(tl.steps[cols][-1]), "marks", n_split, n_bucket)
     got = _verdict(tl.forward, tl.steps, tl, step_time)
     if got is None:
         return None
@@ -471,6 +548,13 @@ _SPLIT_TEXT = {
                       "logging, a host sync such as loss.item())",
     "optimizer": "in the optimizer step (after the backward)",
     "data": "in data loading (before the forward, after the optimizer step)",
+}
+
+
+# From the backward marks (every step: See [Note: backward marks]), the backward is two phases.
+_MARK_TEXT = {
+    "to_first_grad": "in the forward or its backward before the first gradient ({first})",
+    "backward": "in the backward, between its first gradient ({first}) and its end",
 }
 
 
@@ -503,21 +587,27 @@ def straggler_findings(per_rank: Mapping[int, Table],
     s = find_straggler(tl)
     if s is None:
         return []
-    texts = _SPLIT_TEXT if s.split_steps else _PHASE_TEXT
+    texts = dict(_SPLIT_TEXT if s.split_steps else _PHASE_TEXT)
+    own = (names or {}).get(s.rank) or _param_names(per_rank.get(s.rank))
+    if s.evidence == "marks":
+        first = own.get(tl.first_param, f"#{tl.first_param}") if tl.first_param >= 0 else "?"
+        texts.update({p: t.format(first=first) for p, t in _MARK_TEXT.items()})
     where = texts[s.phase]
-    if s.phase == "backward" and s.bucket < 0:
+    if s.phase == "backward" and s.bucket < 0 and (s.evidence == "buckets" or s.bucket_steps):
         where += ", spread over its buckets"
     if s.bucket >= 0:
         where += f", most of it before bucket {s.bucket} launched"
         members = (bucket_members(per_rank) if bucket_params is None
                    else bucket_params).get(s.bucket, ())
-        own = (names or {}).get(s.rank) or _param_names(per_rank.get(s.rank))
         shown = [own.get(i, f"#{i}") for i in members[:3]]
         if shown:
             where += f" ({', '.join(shown)}{', ...' if len(members) > 3 else ''})"
-    what = ("the step's last all-reduce" if s.evidence == "buckets"
-            else "the other ranks (at the forward)")
-    title = (f"rank {s.rank} is the straggler: {what} waited for it in {s.last_in} of "
+    if s.bucket_steps and s.phase == "backward":
+        where += f" (the {s.bucket_steps} sampled steps with per-bucket events)"
+    what = {"buckets": "the step's last all-reduce waited for it",
+            "marks": "its backward ended last (the step's last all-reduce waited for it)",
+            }.get(s.evidence, "the other ranks (at the forward) waited for it")
+    title = (f"rank {s.rank} is the straggler: {what} in {s.last_in} of "
              f"{s.steps} recorded steps, {ms(s.median_ns)} median, {ms(s.p90_ns)} p90 a step")
     parts = ", ".join(f"{texts[p].split(' (')[0]} {'+' if v >= 0 else ''}{ms(v)}"
                       for p, v in s.breakdown)
@@ -529,8 +619,7 @@ def straggler_findings(per_rank: Mapping[int, Table],
               f"named when slower than the other ranks' median by more than "
               f"{ms(s.threshold_ns)} (the uncertainty or {MIN_SHARE:.0%} of the step, "
               "whichever is larger) and last far more often than chance",
-              f"from the {'per-bucket' if s.evidence == 'buckets' else 'forward'} events of "
-              f"steps up to {s.last_step}{split}")
+              f"from the {_EVIDENCE[s.evidence]} events of steps up to {s.last_step}{split}")
     return [Finding(kind="straggler", severity="warning", title=title, ranks=(s.rank,),
                     field=s.phase, bucket=s.bucket, step=s.last_step,
                     values=((f"last in {s.last_in}/{s.steps} steps, waited for "
@@ -538,6 +627,10 @@ def straggler_findings(per_rank: Mapping[int, Table],
                     detail=detail, fix=fix_for("straggler", "data_loading" if s.split_steps
                                                and s.phase == "data" else s.phase),
                     world_size=world_size)]
+
+
+_EVIDENCE = {"buckets": "per-bucket", "marks": "per-step backward (BackwardComputed)",
+             "forward": "forward"}
 
 
 def _param_names(table: Table | None) -> dict[int, str]:

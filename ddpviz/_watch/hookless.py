@@ -14,6 +14,7 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz._watch.base import Watch, _graph_task
+from ddpviz.probes.backward_marks import BackwardMarks
 from ddpviz.probes.nonfinite_buckets import BucketCheck
 from ddpviz.recording import NEVER
 
@@ -30,6 +31,8 @@ class HooklessWatch(Watch):
         self._left: list[int] = []  # per bucket, gradients not ready yet (0: ready)
         self._next_launch = 0
         self._order: list[int] = []  # this (armed) backward's ready order
+        # every synced step's backward, split from its wait: See [Note: backward marks]
+        self._marks = BackwardMarks(self.tap, lambda: bool(self.ddp.require_backward_grad_sync))
 
     def _hook_params(self) -> None:
         # every step's local gradients, one hook a bucket: See [Note: every step, one hook a
@@ -38,6 +41,7 @@ class HooklessWatch(Watch):
         self._buckets_nf = BucketCheck(
             self._nf, self.params, self, bool(self.ddp.gradient_as_bucket_view),
             [i for i, sparse in enumerate(self._sparse) if sparse])
+        self._marks.place(self.params, self.buckets, rebuilt=False)
 
     def _take_hook(self, hook: Callable[..., torch.futures.Future] | None, state: Any,
                    existing: list[Any]) -> None:
@@ -63,7 +67,14 @@ class HooklessWatch(Watch):
             self._nf.checking(step)
 
     def _on_rebuild(self) -> None:
+        self._marks.place(self.params, self.buckets, rebuilt=True)  # (ready order now)
         self._arm(True)
+
+    def close(self) -> None:
+        super().close()
+        marks = self.__dict__.get("_marks")
+        if marks is not None:
+            marks.remove()
 
     def _backward_begins(self) -> None:
         self._sync = bool(self.ddp.require_backward_grad_sync)

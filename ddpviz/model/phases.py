@@ -48,6 +48,8 @@ PHASES: dict[type[Event], PhaseRow] = {
     ev.AllReduceLaunched: PhaseRow("backward"),
     ev.AllReduceDone: PhaseRow("backward"),
     ev.UnusedParametersFound: PhaseRow("backward", demo="unused parameters found"),
+    # (every step, hook-less watch: See [Note: backward marks] in probes/backward_marks.py)
+    ev.BackwardComputed: PhaseRow("backward"),
     ev.BackwardFinished: PhaseRow("after backward", closes="backward", demo="backward done"),
     # (sampled steps only: See [Note: optimizer-step tap] in probes/optimizer_step.py)
     ev.OptimizerStepStarted: PhaseRow("optimizer step", opens="optimizer step"),

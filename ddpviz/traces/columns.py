@@ -41,7 +41,7 @@ KINDS: tuple[type[Event], ...] = (
     ev.BucketAssigned, ev.ForwardStarted, ev.BuffersSynced, ev.BackwardStarted, ev.GradReady,
     ev.BucketReady, ev.GradsSummarized, ev.AllReduceLaunched, ev.AllReduceDone,
     ev.BackwardFinished, ev.UnusedParametersFound, ev.BucketsRebuilt, ev.EventsDropped,
-    ev.FindingReported, ev.OptimizerStepStarted, ev.OptimizerStepFinished)
+    ev.FindingReported, ev.OptimizerStepStarted, ev.OptimizerStepFinished, ev.BackwardComputed)
 CODE: dict[type[Event], int] = {cls: i for i, cls in enumerate(KINDS)}
 HOT: frozenset[type[Event]] = frozenset({
     ev.GradReady, ev.BucketReady, ev.AllReduceLaunched, ev.AllReduceDone, ev.ForwardStarted,
@@ -57,6 +57,7 @@ _FIELDS: dict[type[Event], tuple[str | None, str | None, str | None]] = {
     ev.AllReduceDone: ("bucket", None, None),
     ev.AllReduceLaunched: ("bucket", "nbytes", "dtype"),
     ev.GradsSummarized: ("bucket", "n_grads", None),
+    ev.BackwardComputed: ("param", "first_t_ns", None),
 }
 DONE = CODE[ev.AllReduceDone]
 FORWARD = CODE[ev.ForwardStarted]
@@ -64,6 +65,7 @@ BACKWARD = CODE[ev.BackwardStarted]
 BACKWARD_END = CODE[ev.BackwardFinished]
 OPTIMIZER = CODE[ev.OptimizerStepStarted]  # rare (sampled steps only): no object per step saved
 OPTIMIZER_END = CODE[ev.OptimizerStepFinished]
+COMPUTED = CODE[ev.BackwardComputed]  # rare (one a step): a=param, b=its gradient's time
 
 SEAL = 4096  # pending events sealed into columns at once
 _INT64 = (-(1 << 63), (1 << 63) - 1)

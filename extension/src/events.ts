@@ -234,6 +234,16 @@ export interface BackwardFinished extends EventBase {
   type: 'BackwardFinished';
 }
 
+/**
+ * This rank's autograd pass ended (every gradient computed, every bucket launched; before the
+ * wait); `param`'s gradient was ready first, at `first_t_ns` (every synced step, hook-less).
+ */
+export interface BackwardComputed extends EventBase {
+  type: 'BackwardComputed';
+  param?: number;
+  first_t_ns?: number;
+}
+
 /** Parameters that got no gradient in this backward. */
 export interface UnusedParametersFound extends EventBase {
   type: 'UnusedParametersFound';
@@ -292,6 +302,7 @@ export type DDPEvent =
   | AllReduceLaunched
   | AllReduceDone
   | BackwardFinished
+  | BackwardComputed
   | UnusedParametersFound
   | BucketsRebuilt
   | OptimizerStepStarted
@@ -345,6 +356,7 @@ export const EVENT_FIELDS = {
   AllReduceLaunched: { bucket: 'int', nbytes: 'int', dtype: 'str' },
   AllReduceDone: { bucket: 'int' },
   BackwardFinished: {},
+  BackwardComputed: { param: 'int', first_t_ns: 'int' },
   UnusedParametersFound: { params: 'array', names: 'array' },
   BucketsRebuilt: { grad_ready_order: 'array' },
   OptimizerStepStarted: {},

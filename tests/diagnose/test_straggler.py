@@ -40,6 +40,49 @@ def test_a_rank_slow_in_data_loading_is_named_from_forwards_at_the_default_level
     assert "data loading" in f.text()
 
 
+@pytest.mark.parametrize(("ranks", "within"), [(2, 30), (64, 10)])
+def test_at_the_default_level_a_rank_slow_in_its_backward_is_named_from_the_marks(
+        ranks: int, within: int) -> None:
+    # every=100: per-bucket events on steps 0-2 only; every step's BackwardComputed (the end
+    # of each rank's own backward and its first gradient) names the rank and the phase.
+    slow = ranks // 3
+    sim = simulate(ranks, 40, slow_rank=slow, slow=1.2, every=100, buckets=8, seed=ranks,
+                   marks=True)
+    after = steps_until_named(sim.tables, 40, slow)
+    assert after is not None and after <= within
+    (f,) = [f for f in diagnose_tables(sim.tables) if f.kind == "straggler"]
+    assert f.ranks == (slow,) and f.field == "backward"
+    # the simulated slowdown is spread over every bucket, as the 3 sampled steps show
+    assert ("in the backward, between its first gradient (#0) and its end, spread over its "
+            "buckets (the 3 sampled steps with per-bucket events)") in f.text()
+    assert "per-step backward (BackwardComputed)" in f.text()
+    # the same run without the marks (a trace from before them): nobody in 40 steps
+    old = {r: col.Table(t.rank, *(c[keep] for c in t[1:8]), {}, t.strings)
+           for r, t in sim.tables.items() for keep in [t.kind != col.COMPUTED]}
+    assert st.find_straggler(st.timeline(old)) is None
+
+
+@pytest.mark.parametrize(("phase", "slow", "field"), [("forward", 1.3, "to_first_grad"),
+                                                       ("data", 2.0, "data")])
+def test_the_marks_tell_the_forward_and_data_loading_from_the_backward(
+        phase: str, slow: float, field: str) -> None:
+    sim = simulate(8, 30, slow_rank=3, phase=phase, slow=slow, every=100, seed=6, marks=True)
+    (f,) = [f for f in diagnose_tables(sim.tables) if f.kind == "straggler"]
+    assert f.ranks == (3,) and f.field == field and f.bucket == -1
+    if field == "to_first_grad":
+        assert "in the forward or its backward before the first gradient (#0)" in f.text()
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 64])
+@pytest.mark.parametrize("seed", range(4))
+def test_healthy_runs_with_marks_at_the_default_level_name_nobody(ranks: int, seed: int) -> None:
+    for kw in ({"jitter": 0.1, "spikes": 0.05}, {"jitter": 0.1, "spikes": 0.2},
+               {"jitter": 0.02, "clock_skew_ns": 3 * MS}):
+        sim = simulate(ranks, 60, every=100, seed=seed, marks=True, **kw)  # type: ignore[arg-type]
+        for n in (8, 16, 32, 60):
+            assert st.find_straggler(st.timeline(prefix(sim.tables, n))) is None
+
+
 @pytest.mark.parametrize("every", [1, 100])
 @pytest.mark.parametrize(("phase", "slow", "where"), [
     ("optimizer", 4.0, "it loses the time in the optimizer step"),

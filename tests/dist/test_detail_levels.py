@@ -102,7 +102,13 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
         # after an unsampled step, light has left nothing installed on the parameters (a
         # removed hook's dict would still be called by every backward): only the user's, and
         # the gradient-sync contract's post-accumulate-grad hooks (probes/sync_contract.py)
-        out["residue-" + level] = ([p._backward_hooks is None for p in tddp.parameters()][1:],
+        # (and the backward marks' one hook, on the parameter ready first, for the watch's
+        # life: See [Note: backward marks] in probes/backward_marks.py)
+        marked = getattr(w, "_marks", None)
+        mine = -1 if marked is None else marked.param
+        out["residue-" + level] = ([p._backward_hooks is None or (
+            i == mine and [getattr(f, "__name__", "") for f in p._backward_hooks.values()]
+            == ["_first"]) for i, p in enumerate(tddp.parameters())][1:],
                                    len(first._backward_hooks), len(user),
                                    [None if h is None else sorted(
                                        type(getattr(f, "__self__", f)).__name__

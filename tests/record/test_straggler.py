@@ -60,6 +60,51 @@ def test_a_rank_slowed_in_its_backward_is_named_with_the_bucket(
     assert "clock offsets exact" in f.text()
 
 
+def test_a_rank_slowed_in_its_backward_is_named_at_the_default_level(
+        python: str, tmp_path: Path) -> None:
+    # Nothing configured (watch's default: per-bucket events on steps 0-2 only in 40 steps):
+    # rank 1 sleeps 40 ms in layer 2's backward hook, steps of ~50 ms. Every step's
+    # BackwardComputed (the end of a rank's own backward, before the wait, and its first
+    # gradient) names it, and the place: after its first gradient (8 layers: 6.bias, ready
+    # first), before the bucket of layer 0 launched (the sampled steps' launches).
+    trace = record(python, tmp_path / "t", 2, None, TRAIN_SLOW_RANK="1",
+                   TRAIN_SLOW_PHASE="backward", TRAIN_SLOW_S="0.04", TRAIN_LOAD_S="0.005",
+                   TRAIN_STEPS="40")
+    (f,) = stragglers(trace)
+    assert f.ranks == (1,) and f.field == "backward", f.text()
+    assert "between its first gradient (6." in f.text(), f.text()
+    assert f.bucket >= 0 and "0.weight" in f.text(), f.text()
+    assert "per-step backward (BackwardComputed)" in f.text()
+    # every synced step is marked on every rank, per-bucket events on the sampled ones only
+    for rank in (0, 1):
+        events = trace.events(rank=rank)
+        assert [e.step for e in events if isinstance(e, ev.BackwardComputed)] == list(
+            range(40))
+        assert sorted({e.step for e in events if isinstance(e, ev.GradReady)}) == [0, 1, 2]
+    # named within 30 steps: the analysis over the first 30 steps' events names it already
+    from ddpviz._diagnose.straggler import find_straggler, timeline
+
+    first = {r: t for r, t in trace.columns().items()}
+    early = find_straggler(timeline(_first_steps(first, 30), trace.clock))
+    assert early is not None and early.rank == 1 and early.phase == "backward"
+
+
+def _first_steps(tables: dict, steps: int) -> dict:
+    from ddpviz.traces.columns import Table
+
+    out = {}
+    for r, t in tables.items():
+        keep = t.step < steps
+        objects = {}  # (rows renumbered: the kept rows' objects)
+        new_row = keep.cumsum() - 1
+        for row, e in t.objects.items():
+            if keep[row]:
+                objects[int(new_row[row])] = e
+        out[r] = Table(r, t.kind[keep], t.step[keep], t.t[keep], t.seq[keep], t.a[keep],
+                       t.b[keep], t.s[keep], objects, t.strings)
+    return out
+
+
 def test_a_rank_slow_in_data_loading_is_named_at_the_default_level(python: str,
                                                                    tmp_path: Path) -> None:
     # 3 ranks, watch's default recording (per-bucket events on steps 0-2 only): the forwards
@@ -94,10 +139,13 @@ def test_the_optimizer_step_is_told_from_data_loading(python: str, tmp_path: Pat
             == len(timed)
 
 
-def test_a_healthy_job_beside_a_cpu_hog_names_nobody(python: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("recording", ["every=2", None])
+def test_a_healthy_job_beside_a_cpu_hog_names_nobody(python: str, tmp_path: Path,
+                                                     recording: str | None) -> None:
+    # (the default: every step's BackwardComputed looked at, 60 steps)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        trace = record(python, tmp_path / "t", 2, "every=2", TRAIN_LOAD_S="0.005")
+        trace = record(python, tmp_path / "t", 2, recording, TRAIN_LOAD_S="0.005")
     finally:
         hog.kill()
         hog.wait()
@@ -106,4 +154,4 @@ def test_a_healthy_job_beside_a_cpu_hog_names_nobody(python: str, tmp_path: Path
     from ddpviz._diagnose.straggler import who_waited
 
     table = who_waited(trace.columns(), trace.clock)
-    assert table.steps >= 20 and table.n_last.sum() + table.unsure > 0
+    assert table.steps >= (20 if recording else 2) and table.n_last.sum() + table.unsure > 0
