@@ -24,6 +24,7 @@ from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks
 from ddpviz.probes import collectives as ledger_mod
 from ddpviz.probes.collectives import Entry, GroupLedger, Mark
+from ddpviz.probes.pulse import ENDING
 from ddpviz.probes.rendezvous import background_connection
 
 # [Note: comparing histories]
@@ -192,6 +193,7 @@ class CollectiveCheck:
 
     def final(self) -> None:
         """At exit: post, then compare every group from this rank (See the Note)."""
+        ENDING.set()  # (the quiet guard names no wait while the job ends: quiet.py)
         if self._stop.is_set():
             return
         self._stop.set()

@@ -42,6 +42,10 @@ from ddpviz.probes.rendezvous import Board, News, Position
 from ddpviz.probes.stuck_stack import Beacon
 from ddpviz.probes.whereabouts import Tracker
 
+# The job is ending on this rank: an atexit handler of ddpviz's or destroy_process_group of the
+# default group began (See quiet.py's `_exiting`). Set once, never cleared.
+ENDING = threading.Event()
+
 Beat = tuple[int, Phase, float]  # step, phase, time.time()
 
 CHECK_S = 0.5  # other ranks' alerts are looked for at most this often

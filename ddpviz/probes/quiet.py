@@ -24,6 +24,7 @@ and raises on its own.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import TYPE_CHECKING
@@ -33,7 +34,7 @@ import msgspec
 from ddpviz.events import FindingReported
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
 from ddpviz.probes import collective_check
-from ddpviz.probes.pulse import Beat
+from ddpviz.probes.pulse import ENDING, Beat
 from ddpviz.probes.rendezvous import Board, Position, notice_after
 from ddpviz.probes.whereabouts import hang_detail, left_finding, read
 
@@ -58,7 +59,7 @@ class QuietGuard:
 
     def __call__(self, board: Board, beat: Beat) -> None:
         step, _phase, since = beat
-        if step < 0 or self.dog.guarding:
+        if step < 0 or self.dog.guarding or _exiting():
             return
         waited = time.time() - since
         stage = 2 if waited >= self.timeout else 1 if waited >= self.notice else 0
@@ -91,6 +92,8 @@ class QuietGuard:
         later step (whereabouts.left_finding), once per rank and step. Returns whether some
         rank left at this rank's step or later (to look again when this rank moves on)."""
         step = beat[0]
+        if _exiting():
+            return False
         try:
             positions = board.positions()
             wheres = read(board, [r for r in range(self.dog.world_size) if r != self.dog.rank])
@@ -138,6 +141,16 @@ class QuietGuard:
         if self.dog.tap.enabled:
             self.dog.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
         warnings.warn(finding.text(), DiagnosisWarning, stacklevel=1)
+
+
+def _exiting() -> bool:
+    """The job is ending on this rank: its main thread ran to the end of the script
+    (threading's shutdown marks it stopped before the atexit handlers run, ddpviz's final
+    comparisons among them), or ddpviz's exit handlers or destroy_process_group began (pulse.
+    ENDING: a script may run the exit handlers itself, as launch()'s ranks do). This rank then
+    waits for nothing in DDP, and what its peers do meanwhile is not named from here (a rank
+    joined by `ddp.join()` and its peer both ending, say)."""
+    return ENDING.is_set() or not threading.main_thread().is_alive()
 
 
 def _where(position: Position | None, step: int, now: float) -> str:

@@ -49,6 +49,7 @@ from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import DiagnosisWarning, Finding
 from ddpviz.limits import MAX_PARAMS
 from ddpviz.probes.digest import Snapshot
+from ddpviz.probes.pulse import ENDING
 from ddpviz.probes.rendezvous import Board, Scope, as_text
 from ddpviz.probes.replica_verdict import RankState, differing_names, judge
 from ddpviz.recording import NEVER
@@ -277,12 +278,16 @@ class ReplicaCheck:
             self._thread.start()
             # the last checks of a job that ends now are still judged (before atexit handlers
             # registered earlier, such as the trace's flush, run)
-            atexit.register(self.finish)
+            atexit.register(self._at_exit)
         self._submitted += 1
         self._queue.append(cap)
 
     def close(self) -> None:
         """The final comparison (`finish`), then the check stops."""
+        self.finish()
+
+    def _at_exit(self) -> None:
+        ENDING.set()  # (the quiet guard names no wait while the job ends: quiet.py)
         self.finish()
 
     def checkpoint(self) -> None:
@@ -320,7 +325,7 @@ class ReplicaCheck:
             return
         self._closed = True  # (no more captures; the thread finishes what is queued)
         _ACTIVE.discard(self)
-        atexit.unregister(self.finish)
+        atexit.unregister(self._at_exit)
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -635,6 +640,8 @@ def _destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
     """torch.distributed.destroy_process_group, after the final replica comparison of the
     checks on `group` (None: every group). See [Note: the job's end and checkpoints]."""
     original = _ORIGINAL.get("destroy") or torch.distributed.distributed_c10d.destroy_process_group
+    if group is None or group is _world():
+        ENDING.set()  # (the job ends: the quiet guard names no wait now, quiet.py)
     for check in list(_ACTIVE):
         if group is None or group is check.group or (
                 check.group is None and group is _world()):
@@ -671,6 +678,33 @@ def _unwrap_destroy() -> None:
             setattr(where, "destroy_process_group", original)  # noqa: B010
 
 
+def _inert(*_: Any) -> None:
+    """What a pickled or deep-copied module gets in place of `_OnStateDict`: nothing."""
+
+
+def _as_inert() -> Any:
+    return _inert
+
+
+class _OnStateDict:
+    """The state_dict post-hook of a checked DDP's module: a checkpoint compares replicas (See
+    ReplicaCheck.checkpoint). Returns None, so state_dict's result is unchanged. The job may
+    pickle or deep-copy its module (torch.save(ddp), copy.deepcopy(model)): the copy holds an
+    inert function instead, never the check."""
+
+    def __init__(self, check: ReplicaCheck) -> None:  # (no __slots__: torch sets an attribute)
+        self._ref = weakref.ref(check)
+
+    def __call__(self, *_: Any) -> None:
+        found = self._ref()
+        if found is not None:
+            with contextlib.suppress(Exception):
+                found.checkpoint()
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _as_inert, ()
+
+
 def replica_check(period: int | None, board: Board | None, params: Sequence[torch.Tensor],
                   names: Sequence[str], module: torch.nn.Module, ignored: set[str],
                   broadcast_buffers: Callable[[], bool], tap: Tap) -> ReplicaCheck | None:
@@ -683,15 +717,7 @@ def replica_check(period: int | None, board: Board | None, params: Sequence[torc
         return [(n, b) for n, b in module.named_buffers() if n not in ignored]
 
     check = ReplicaCheck(period, params, names, buffers, broadcast_buffers, board, tap)
-    ref = weakref.ref(check)
-
-    def saved(*_: Any) -> None:  # (returns None: state_dict's result is not changed)
-        found = ref()
-        if found is not None:
-            with contextlib.suppress(Exception):
-                found.checkpoint()
-
-    check._hooks.append(module.register_state_dict_post_hook(saved))
+    check._hooks.append(module.register_state_dict_post_hook(_OnStateDict(check)))
     _ACTIVE.add(check)
     _wrap_destroy()
     return check

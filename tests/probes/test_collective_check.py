@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ddpviz.events import Tap
 from ddpviz.probes.collective_check import CollectiveCheck, _Compare
-from ddpviz.probes.collectives import Entry, GroupLedger, Mark
+from ddpviz.probes.collectives import Call, Entry, GroupLedger, Mark
 
 
 class _Group:
@@ -124,9 +124,20 @@ def _rank_checker(store: dist.Store, rank: int, emitted: list[Any] | None = None
     return check
 
 
+class _Call(Call):
+    """A recorded call whose signature and site text the test gives."""
+
+    sig: str = ""
+    site: str = ""
+
+    def entry(self) -> Entry:
+        return Entry(self.pos, self.span, self.op, self.sig, self.site, self.step)
+
+
 def _issue(check: Any, g: _Ledger, sig: str, site: str = "t.py:9 in log_metrics") -> None:
     """What the ledger does for a new call site's first collective: record it, then the hook."""
-    g.entries.append(Entry(g.at, -1, "all_gather", sig, site, 0))
+    g.entries.append(_Call(g.at, -1, "all_gather", (), None, 0, 0, False, -1, sig=sig,
+                           site=site))
     g.count += 1
     check._post_first(g)
 
