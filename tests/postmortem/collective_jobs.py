@@ -21,14 +21,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.postmortem.jobs import PREFIX, SMALL_CAP_MB, _Dumper, make_model
+from tests.postmortem.jobs import PREFIX, SMALL_CAP_MB, _Dumper, make_model, run_ranks_until
 
 FAULT_STEP = 3  # steps 0..2 run alike on every rank
 SCENARIOS = ("healthy", "barrier", "debug_print", "metrics")
@@ -145,21 +144,11 @@ def run_job(scenario: str, out: Path, world_size: int = 2, timeout: float = 120
 
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel"])
-    procs = [ctx.Process(target=_rank, args=(scenario, r, world_size, store.port, str(out)),
-                         daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
+    port = store.port
     try:
-        for p in procs:
-            p.join(max(deadline - time.monotonic(), 0.1))
+        procs = run_ranks_until(_rank, lambda r: (scenario, r, world_size, port, str(out)),
+                                world_size, timeout)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
         del store
     files = [out / f"{PREFIX}{r}" for r in range(world_size)]
     missing = [str(f) for f in files if not f.exists()]

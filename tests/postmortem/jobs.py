@@ -176,13 +176,12 @@ def _rank(scenario: str, rank: int, world_size: int, port: int, out: str) -> Non
     time.sleep(600)
 
 
-def run_job(scenario: str, world_size: int, out: Path, timeout: float = 120) -> list[Path]:
-    """Run the scenario on `world_size` ranks; return the dump files (one per rank)."""
+def run_ranks_until(target: Any, args: Any, world_size: int, timeout: float) -> list[Any]:
+    """`target(*args(r))` in one process per rank r, forked from a forkserver; each is killed
+    if it has not ended `timeout` seconds after the start. The ended processes."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel"])
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(scenario, r, world_size, port, str(out)),
-                         daemon=True) for r in range(world_size)]
+    procs = [ctx.Process(target=target, args=args(r), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -194,6 +193,14 @@ def run_job(scenario: str, world_size: int, out: Path, timeout: float = 120) -> 
             if p.is_alive():
                 p.kill()
                 p.join(5)
+    return procs
+
+
+def run_job(scenario: str, world_size: int, out: Path, timeout: float = 120) -> list[Path]:
+    """Run the scenario on `world_size` ranks; return the dump files (one per rank)."""
+    port = free_port()
+    procs = run_ranks_until(_rank, lambda r: (scenario, r, world_size, port, str(out)),
+                            world_size, timeout)
     files = [out / f"{PREFIX}{r}" for r in range(world_size)]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
