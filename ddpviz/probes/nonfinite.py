@@ -349,8 +349,7 @@ class NonfiniteCheck:
                 self.run = (step, step, loss is not None)
             return
         if rec is None:
-            rec = self._record(step)
-            self._opened()
+            rec = self._open_record(step)
         rec.checked = True
         if loss is not None:
             with self._lock:
@@ -362,23 +361,25 @@ class NonfiniteCheck:
     def local_grads_device(self, step: int, indices: list[int], bad: torch.Tensor) -> None:
         """The every-step bucket check's device flags for these local gradients of `step`
         (GPU: read at a later step)."""
-        rec = self._open.get(step)
-        if rec is None:
-            rec = self._record(step)
-            self._opened()
+        rec = self._open_record(step)
         rec.pending.append(("bucket", (lambda: indices, bad), _Flag(bad.any())))
 
     def step_checked_device(self, step: int, osum: torch.Tensor | None) -> None:
         """Every bucket of `step` checked (GPU); `osum`: its forward output's sum."""
-        rec = self._open.get(step)
-        if rec is None:
-            rec = self._record(step)
-            self._opened()
+        rec = self._open_record(step)
         rec.checked = True
         if osum is not None:
             with self._lock:
                 _add(self._post.ochk, step)
             rec.pending.append(("loss", -1, _Flag(~osum.isfinite())))
+
+    def _open_record(self, step: int) -> _Open:
+        """`step`'s open record, opened now (outside forward(): See `_opened`) if none is."""
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._record(step)
+            self._opened()
+        return rec
 
     def _opened(self) -> None:
         """A record opened outside forward(): the watch's plain-steps window is void."""
