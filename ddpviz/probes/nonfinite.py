@@ -117,6 +117,40 @@ class _Flag:
         return self._value
 
 
+class _Late:
+    """Device values (a 1-dim float vector: max-abs of gradients or parameters, a forward
+    output's sum) copied to pinned memory behind a CUDA event, and read on the host once that
+    is done: no host sync, no device op at read time. `value()` is None until readable, then
+    the positions of the non-finite values (usually none)."""
+
+    __slots__ = ("_bad", "_event", "_host")
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._bad: list[int] | None = None
+        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        self._host.copy_(values, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def value(self) -> list[int] | None:
+        if self._bad is None and self._event.query():
+            host = self._host
+            # (a sum of finite values can overflow: confirmed elementwise)
+            self._bad = [] if math.isfinite(float(host.sum())) else \
+                torch.nonzero(~torch.isfinite(host)).flatten().tolist()
+        return self._bad
+
+
+def _max_abs(tensors: Sequence[torch.Tensor], last: torch.Tensor | None = None) -> torch.Tensor:
+    """One fused max-abs per tensor (NaN propagates), stacked in fp32 on their device, with
+    `last` (a 0-dim fp32 value on that device) appended."""
+    values = list(torch._foreach_norm([t.detach() for t in tensors], float("inf"),
+                                      dtype=torch.float32)) if tensors else []
+    if last is not None:
+        values.append(last)
+    return torch.stack(values)
+
+
 def _nonfinite(t: torch.Tensor) -> bool | torch.Tensor:
     """t holds a NaN or Inf: a bool on CPU, a 0-dim bool tensor on t's device otherwise. One
     reduction (the sum, in fp32 for 16-bit types) on the usual path; on CPU a non-finite sum
@@ -154,25 +188,36 @@ class _Open:
         self.grads: list[int] = []
         self.params: list[int] = []
         self.checked = False
-        self.pending: list[tuple[str, Any, _Flag]] = []  # (what, index or indices, flag)
+        self.pending: list[tuple[str, Any, Any]] = []  # (what, where, _Flag or _Late)
 
     def resolve(self, check: NonfiniteCheck) -> bool:
         """Apply the flags readable now; True once none is left."""
-        left = []
+        left: list[tuple[str, Any, Any]] = []
         for what, where, flag in self.pending:
             v = flag.value()
             if v is None:
                 left.append((what, where, flag))
-            elif v:
-                if what == "loss":  # (GPU: read a step or more late; the parameters are
-                    self.loss = True  # checked now, after the updates since)
-                    check._check_params(self)
-                elif what == "grad":
-                    self.grads.append(where)
-                elif what == "bucket":
-                    self.grads += check.locate(where)
+            elif not v:
+                continue
+            elif what == "loss":  # (GPU: read a step or more late; the parameters are
+                self._loss(check, left)  # checked then, after the updates since)
+            elif what == "grad":
+                self.grads.append(where)
+            elif what == "params":
+                self.params = v
+            else:  # "bucket": (its reducer indices, whether the output's sum is last)
+                indices, with_output = where
+                self.grads += [indices[i] for i in v if i < len(indices)]
+                if with_output and len(indices) in v:
+                    self._loss(check, left)
         self.pending = left
         return not left
+
+    def _loss(self, check: NonfiniteCheck, left: list[tuple[str, Any, Any]]) -> None:
+        self.loss = True
+        late = check._check_params(self)
+        if late is not None:
+            left.append(late)
 
 
 class NonfiniteCheck:
@@ -323,9 +368,8 @@ class NonfiniteCheck:
                               if _nonfinite(v)]
             return
         vs = list(views())
-        if vs:  # per-parameter flags on the device: one fused max-abs (NaN propagates)
-            bad = ~torch.isfinite(torch.stack(torch._foreach_norm(vs, float("inf"))))
-            rec.pending.append(("bucket", (indices, bad), _Flag(bad.any())))
+        if vs:  # per-parameter values on the device: one fused max-abs (NaN propagates)
+            rec.pending.append(("bucket", (indices(), False), _Late(_max_abs(vs))))
 
     def local_grads(self, step: int, indices: Sequence[int]) -> None:
         """The every-step bucket check (nonfinite_buckets.py) found these local gradients of
@@ -358,20 +402,22 @@ class NonfiniteCheck:
             rec.loss = True
             self._check_params(rec)
 
-    def local_grads_device(self, step: int, indices: list[int], bad: torch.Tensor) -> None:
-        """The every-step bucket check's device flags for these local gradients of `step`
-        (GPU: read at a later step)."""
+    def local_grads_device(self, step: int, indices: list[int], values: torch.Tensor,
+                           with_output: bool) -> None:
+        """The every-step bucket check's device values for these local gradients of `step`
+        (their max-abs, then the forward output's sum when `with_output`; GPU: read at a later
+        step, with no host sync)."""
         rec = self._open_record(step)
-        rec.pending.append(("bucket", (lambda: indices, bad), _Flag(bad.any())))
+        rec.pending.append(("bucket", (indices, with_output), _Late(values)))
 
-    def step_checked_device(self, step: int, osum: torch.Tensor | None) -> None:
-        """Every bucket of `step` checked (GPU); `osum`: its forward output's sum."""
+    def step_checked_device(self, step: int, output: bool) -> None:
+        """Every bucket of `step` checked (GPU); `output`: its forward output's sum was among
+        the values."""
         rec = self._open_record(step)
         rec.checked = True
-        if osum is not None:
+        if output:
             with self._lock:
                 _add(self._post.ochk, step)
-            rec.pending.append(("loss", -1, _Flag(~osum.isfinite())))
 
     def _open_record(self, step: int) -> _Open:
         """`step`'s open record, opened now (outside forward(): See `_opened`) if none is."""
@@ -400,16 +446,16 @@ class NonfiniteCheck:
         """The backward of `step` is over (its local gradients, if checked, all seen)."""
         self._settle(step + 1)
 
-    def locate(self, where: Any) -> list[int]:
-        """Reducer indices behind a device-side per-parameter flag vector (GPU, read late)."""
-        members, bad = where
-        flags = bad.cpu().tolist()  # (its flag's event is done: no wait)
-        return [i for i, f in zip(members(), flags, strict=False) if f]
-
-    def _check_params(self, rec: _Open) -> None:
-        """The loss is non-finite: are the parameters themselves (once per such step)?"""
-        bad = [i for i, p in enumerate(self.params) if bool(_nonfinite(p))]
-        rec.params = bad
+    def _check_params(self, rec: _Open) -> tuple[str, Any, Any] | None:
+        """The loss is non-finite: are the parameters themselves (once per such step)? On CPU
+        answered now; on a device, one fused max-abs whose values are read later (returned as
+        a pending item: no host sync)."""
+        params = self.params
+        devices = {p.device for p in params}
+        if len(devices) != 1 or next(iter(devices)).type == "cpu":
+            rec.params = [i for i, p in enumerate(params) if bool(_nonfinite(p))]
+            return None
+        return ("params", None, _Late(_max_abs(params)))
 
     def _settle(self, before: int) -> None:
         """Close the open steps before `before` whose flags are all readable."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ddpviz.probes.nonfinite import NonfiniteCheck, _nonfinite, first_tensor
+from ddpviz.probes.nonfinite import NonfiniteCheck, _max_abs, _nonfinite, first_tensor
 
 # [Note: every step, one hook a bucket]
 # torch's reducer launches a bucket's all-reduce when its last parameter is marked ready, in that
@@ -24,8 +24,10 @@ from ddpviz.probes.nonfinite import NonfiniteCheck, _nonfinite, first_tensor
 # finiteness unchanged), the all-reduce not launched. So one hook per bucket sees each bucket's
 # local gradients on every step: on CPU one sum per gradient (fp32 for 16-bit), added up and read at
 # once; per parameter only when the total is non-finite (confirmed elementwise: a finite sum can
-# overflow). On a GPU one fused max-abs per bucket (`_foreach_norm(inf)`, NaN propagates) stays on
-# the device behind a CUDA event, read at a later step (nonfinite._Flag).
+# overflow; one gradient alone is summed in place). On a GPU one fused max-abs per gradient
+# (`_foreach_norm(inf)`, NaN propagates), stacked with the output's sum on the step's last hook,
+# is copied to pinned memory behind a CUDA event and read on the host at a later step
+# (nonfinite._Late): three device ops a hook, no host sync, no device op to read it.
 # Which parameter is ready last is learned from the sampled steps' per-parameter hooks (their firing
 # order; steps 0-2 are sampled, nothing is hooked before). A graph whose order changed makes the
 # hook run earlier than the bucket's last gradient (a gradient not checked: a miss) or not at all
@@ -117,7 +119,8 @@ class BucketCheck:
         if out is None or not out.is_floating_point():
             self.ostep = -1
             return
-        self.osum = out.detach().sum(dtype=torch.float32)
+        out = out.detach()
+        self.osum = out.sum() if out.dtype == torch.float32 else out.sum(dtype=torch.float32)
         self.ostep = step
 
     def _hook(self, g: int, param: torch.Tensor) -> None:
@@ -127,32 +130,39 @@ class BucketCheck:
         step = owner.tap.step
         if step != self.step:
             self.step, self.seen = step, 0
+        self.seen = seen = self.seen + 1
+        last = seen == len(self._members)
+        osum = self.osum if last and self.ostep == step else None
         members, params = self._members[g], self.params
         grads = [t for i in members if (t := params[i].grad) is not None]
+        if param.device.type != "cpu":
+            self._device(step, members, grads, osum)
+            if last:
+                self.check.step_checked_device(step, osum is not None)
+            return
         if grads:
-            if param.device.type != "cpu":
-                self._device(step, members)
-            elif not math.isfinite(_flatten(grads).sum(dtype=torch.float32).item()):
+            flat = grads[0] if len(grads) == 1 else _flatten(grads)
+            if not math.isfinite((flat.sum() if flat.dtype == torch.float32 else
+                                  flat.sum(dtype=torch.float32)).item()):
                 # rare: which ones (confirmed elementwise: a finite sum can overflow)
                 bad = [i for i in members if _bad(params[i].grad)]
                 if bad:
                     self.check.local_grads(step, bad)
-        self.seen += 1
-        if self.seen != len(self._members):
-            return
-        osum = self.osum if self.ostep == step else None
-        if param.device.type != "cpu":
-            self.check.step_checked_device(step, osum)
-        else:
+        if last:
             self.check.step_checked(step, None if osum is None else
                                     not math.isfinite(osum.item()))
 
-    def _device(self, step: int, members: list[int]) -> None:
-        grads = [(i, t) for i in members if (t := self.params[i].grad) is not None]
-        # per-parameter flags on the device, one fused max-abs (NaN propagates)
-        norms = torch._foreach_norm([t for _, t in grads], float("inf"))
-        self.check.local_grads_device(step, [i for i, _ in grads],
-                                      ~torch.isfinite(torch.stack(norms)))
+    def _device(self, step: int, members: list[int], grads: list[torch.Tensor],
+                osum: torch.Tensor | None) -> None:
+        """GPU: one fused max-abs per gradient (NaN propagates), the output's sum appended on
+        the step's last hook, copied to pinned memory behind an event and read at a later
+        step: three device ops and no host sync a hook."""
+        if not grads and osum is None:
+            return
+        indices = [i for i in members if self.params[i].grad is not None]
+        if osum is not None and grads and osum.device != grads[0].device:
+            osum = osum.to(grads[0].device)  # (an output on another device: rare)
+        self.check.local_grads_device(step, indices, _max_abs(grads, osum), osum is not None)
 
 
 _flatten = torch._C._nn.flatten_dense_tensors  # one copy of them all, in C++

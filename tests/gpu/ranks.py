@@ -132,3 +132,48 @@ def launched(device_count: int) -> dict[str, Any]:
     dist.all_reduce(t)
     return {"backend": dist.get_backend(), "device": torch.cuda.current_device(),
             "sum": float(t[0]), "world": dist.get_world_size(), "devices": device_count}
+
+
+def nan_ranks(rank: int, world_size: int, nan_step: int, steps: int) -> dict[str, Any]:
+    """watch()'s default on torch's DDP over NCCL; rank 0 multiplies a NaN into `0.weight`'s
+    gradient at `nan_step`. Returns the findings this rank reported and the steps that made a
+    host sync (torch.cuda.set_sync_debug_mode), the unwatched first step's aside."""
+    import warnings
+
+    import ddpviz
+
+    device = init_nccl(rank, world_size)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    found: list[tuple[str, int, tuple[int, ...], str | None, str | None]] = []
+
+    def emit(e: Any) -> None:
+        if type(e).__name__ == "FindingReported":
+            f = e.finding
+            found.append((f.kind, f.step, tuple(f.ranks), f.name, f.field))
+
+    watch = ddpviz.watch(ddp, emitter=emit)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(16, 64, device=device)
+    at = {"step": 0}
+    model[0].weight.register_hook(
+        lambda g: g * float("nan") if rank == 0 and at["step"] == nan_step else None)
+    synced = []
+    for step in range(steps):
+        at["step"] = step
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                ddp(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        if any("synchroniz" in str(w.message) for w in got):
+            synced.append(step)
+    torch.cuda.synchronize()
+    watch.close()
+    dist.destroy_process_group()
+    return {"found": found, "synced": synced}

@@ -15,7 +15,7 @@ import torch
 import ddpviz
 from tests.dist.harness import free_port, run_ranks
 from tests.gpu.conftest import world_size
-from tests.gpu.ranks import WATCH_DETAILS, fidelity_ranks, launched, watch_ranks
+from tests.gpu.ranks import WATCH_DETAILS, fidelity_ranks, launched, nan_ranks, watch_ranks
 from tests.record.hooked import ROOT, hooked_python
 
 # Dense models only: NCCL has no sparse all-reduce (torch's DDP refuses sparse gradients there).
@@ -90,3 +90,15 @@ def test_record_watches_torchrun_on_nccl(tmp_path: Path) -> None:
 def test_gpu_suite_uses_every_gpu() -> None:
     assert world_size() == torch.cuda.device_count() >= 1
     assert sys.modules["torch"].cuda.is_available()
+
+
+def test_a_nan_is_named_at_its_step_on_the_gpu_with_no_host_sync() -> None:
+    """The default's every-step NaN check on the device: a NaN multiplied into rank 0's
+    `0.weight` gradient at step 40 is named at step 40, and no step makes a host sync (the
+    healthy ones nor the precise steps after the NaN; step 0 is DDP's own first step)."""
+    results = run_ranks(nan_ranks, world_size(), 40, 60, timeout=300, init=False,
+                        start_method="spawn")
+    found = results[0]["found"]
+    assert ("nonfinite_gradient", 40, (0,), "0.weight", "gradient") in found, found
+    for rank, result in results.items():
+        assert [s for s in result["synced"] if s > 0] == [], (rank, result["synced"])
