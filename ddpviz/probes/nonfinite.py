@@ -180,7 +180,7 @@ def first_tensor(output: Any) -> torch.Tensor | None:
 class _Open:
     """A step being checked on this rank."""
 
-    __slots__ = ("checked", "grads", "loss", "params", "pending", "step")
+    __slots__ = ("checked", "grads", "late", "loss", "params", "pending", "step")
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -188,6 +188,7 @@ class _Open:
         self.grads: list[int] = []
         self.params: list[int] = []
         self.checked = False
+        self.late = False  # opened by the every-step device check only (GPU), clean so far
         self.pending: list[tuple[str, Any, Any]] = []  # (what, where, _Flag or _Late)
 
     def resolve(self, check: NonfiniteCheck) -> bool:
@@ -320,7 +321,8 @@ class NonfiniteCheck:
         """Steps from `step` up to the one returned (exclusive) are usual steps here, as far
         as is known now (`on_change` says when that changes): forward() would only write
         `last`. See [Note: plain steps] (_watch/base.py)."""
-        if self._open or self.local or step < self.quiet_from:
+        # (a step whose device values are not read yet is usual: See local_grads_device)
+        if step < self.quiet_from or any(not rec.late for rec in self._open.values()):
             return step
         every = self.output_every
         return -(-step // every) * every  # the next output check
@@ -407,17 +409,27 @@ class NonfiniteCheck:
         """The every-step bucket check's device values for these local gradients of `step`
         (their max-abs, then the forward output's sum when `with_output`; GPU: read at a later
         step, with no host sync)."""
-        rec = self._open_record(step)
+        rec = self._open.get(step)
+        if rec is None:  # (no _opened(): the step stays a plain one until a value reads bad)
+            rec = self._record(step)
+            rec.late = True
+            self._version += 1
         rec.pending.append(("bucket", (indices, with_output), _Late(values)))
 
     def step_checked_device(self, step: int, output: bool) -> None:
         """Every bucket of `step` checked (GPU); `output`: its forward output's sum was among
-        the values."""
-        rec = self._open_record(step)
+        the values. The steps before whose values are readable now are settled (on the plain
+        steps no forward() does it)."""
+        rec = self._open.get(step)
+        if rec is None:
+            rec = self._record(step)
+            rec.late = True
         rec.checked = True
         if output:
             with self._lock:
                 _add(self._post.ochk, step)
+        if len(self._open) > 1:
+            self._settle(step)
 
     def _open_record(self, step: int) -> _Open:
         """`step`'s open record, opened now (outside forward(): See `_opened`) if none is."""
@@ -459,7 +471,7 @@ class NonfiniteCheck:
 
     def _settle(self, before: int) -> None:
         """Close the open steps before `before` whose flags are all readable."""
-        changed = False
+        changed = bad = False
         for step in sorted(self._open):
             if step >= before:
                 break
@@ -467,14 +479,17 @@ class NonfiniteCheck:
             if not rec.resolve(self):
                 break
             del self._open[step]
-            self._close(rec)
+            bad = self._close(rec) or bad
             changed = True
         if changed:
             self._version += 1
             if not self._open:
                 self._post.done = max(self._post.done, min(before - 1, self._post.fwd))
+            if bad and self.on_change is not None:
+                self.on_change()  # (precise steps from here: the watch's plain window is void)
 
-    def _close(self, rec: _Open) -> None:
+    def _close(self, rec: _Open) -> bool:
+        """Post a settled step; True when something in it was non-finite."""
         post = self._post
         with self._lock:
             post.done = rec.step
@@ -488,6 +503,8 @@ class NonfiniteCheck:
                         rec.params[:_MAX_NAMES], len(rec.params), rec.checked))
                 else:
                     post.more += 1
+                return True
+        return False
 
     def _sync_last(self) -> None:
         """Steps the fast path saw (`last`) into the post: seen, and final up to the one

@@ -127,7 +127,8 @@ CASES = [  # (engine, plant, step)
 ]
 
 
-HEALTHY_DEFAULT: list[dict[str, Any]] = [  # DDP's options (and accumulate): healthy runs at the default, bitwise
+# DDP's options (and accumulate): healthy runs at the default, bitwise
+HEALTHY_DEFAULT: list[dict[str, Any]] = [
     {"gradient_as_bucket_view": True}, {"static_graph": True},
     {"find_unused_parameters": True}, {"accumulate": 2},
     {"gradient_as_bucket_view": True, "accumulate": 2}]
@@ -280,3 +281,37 @@ def test_after_a_non_finite_step_the_default_checks_every_step_and_names_the_nex
         ("nonfinite_gradient", 27, (2,), "loss", "2.bias")]  # step 27: not sampled, precise
     first, second = ({r: v for v, rs in f["values"] for r in rs} for f in per_rank[0])
     assert first[0] == second[0] == "loss finite, local gradients finite"
+
+
+def _one_rank(rank: int, world: int) -> dict[str, Any]:
+    """World size 1 (no board: the rank composes alone): a NaN in '0.weight''s gradient at
+    step 7 of 40, at the default. Returns the findings and how many forwards took the short
+    path (See [Note: plain steps])."""
+    import ddpviz
+    from ddpviz import events as ev
+
+    events: list[Any] = []
+    model = _model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    w = ddpviz.watch(ddp, emitter=events.append)
+    step = {"n": 0}
+    model[0].weight.register_hook(lambda g: g * float("nan") if step["n"] == 7 else g)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    plain = 0
+    for i in range(40):
+        step["n"] = i
+        plain += i < w._plain_until
+        ddp(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    w.close()
+    found = [msgspec.to_builtins(e.finding) for e in events
+             if isinstance(e, ev.FindingReported) and e.finding.kind.startswith("nonfinite")]
+    return {"findings": found, "plain": plain}
+
+
+def test_one_rank_names_the_nan_at_its_step_and_runs_plain_steps_until_then() -> None:
+    out = run_ranks(_one_rank, 1, timeout=300)[0]
+    assert [(f["kind"], f["step"], f["ranks"], f["name"], f["field"]) for f in
+            out["findings"]][:1] == [("nonfinite_gradient", 7, (0,), "0.weight", "gradient")]
+    assert out["plain"] >= 3  # (steps 3-6 are usual steps: the short path)
