@@ -272,6 +272,13 @@ FIXES: dict[Kind, dict[str, str]] = {
                 "log/sqrt/division of 0) or an overflow in forward (fp16: autocast with "
                 "torch.amp.GradScaler, a lower learning rate). A finite-check on rank 0 alone "
                 "misses it: every rank gets the NaN from the all-reduce.",
+        # the loss (forward output) was not checked on that rank at that step
+        "unchecked": "{ranks}'s own gradient was non-finite at step {step}; its forward "
+                     "output (the loss) was not checked at that step, so either can be where "
+                     "it began: the batch that rank read (NaN/Inf in the data, log/sqrt/division "
+                     "of 0), an overflow in forward or in that layer's backward (fp16: "
+                     "torch.amp.GradScaler, or bf16), or a gradient hook returning NaN/Inf. "
+                     "Check the loss's finiteness on every rank at that step.",
     },
     "nonfinite_parameter": {
         # the gradients were seen finite on every rank

@@ -303,7 +303,8 @@ class Watch:
                         and not self._nf_each_step and not self._armed:
                     nf.last = step  # the usual step: See NonfiniteCheck.quiet_from
                 else:
-                    self._nf_arm(step, nf.forward(step, None if self._driven else output))
+                    self._nf_arm(step, nf.forward(step, None if self._driven else output,
+                                                  armed=bool(self._armed)))
                 if self._plain_steps:
                     self._plan(step + 1)
             return output

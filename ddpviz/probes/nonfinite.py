@@ -279,15 +279,18 @@ class NonfiniteCheck:
 
     # --- the training thread ------------------------------------------------------------------
 
-    def forward(self, step: int, output: Any) -> bool:
+    def forward(self, step: int, output: Any, *, armed: bool = False) -> bool:
         """After the forward of `step`: check its output. True when this step's local gradients
         must be checked (the output is non-finite, known now, or the checks are precise).
+        `armed`: per-parameter hooks check this step's gradients (a sampled step, every=1):
+        the output is checked with them, so a finding never says less of the loss than of
+        the gradients.
         The usual path (a finite output, nothing open) is one reduction and a few attribute
         writes: no record is made for a step until something is checked in it."""
         post = self._post
         self.last = step
         if step % self.output_every and not self._open and step >= self.quiet_from \
-                and not self.local:  # the usual unchecked step (See quiet_from)
+                and not self.local and not armed:  # the usual unchecked step (quiet_from)
             return False
         if self._open:
             self._settle(step)
@@ -298,7 +301,7 @@ class NonfiniteCheck:
             post.done = step - 1
         self._version += 1
         precise = step < self._precise_until or step < self._remote_precise
-        if step >= _FIRST and step % self.output_every and not precise:
+        if step >= _FIRST and step % self.output_every and not precise and not armed:
             return False
         out = output if type(output) is torch.Tensor else first_tensor(output)
         if out is None or not out.is_floating_point():
@@ -639,6 +642,10 @@ class NonfiniteCheck:
         assert first is not None
         param = first.grads[0] if first.grads else -1
         loss_bad = all(r in l_ranks for r in ranks)
+        # (an origin rank whose loss was not checked at this step: the fix does not presume
+        # the backward)
+        unchecked = not loss_bad and any(r not in l_ranks and not _in(step, posts[r].ochk)
+                                         for r in ranks)
         where = f" '{self.names[param]}'" if param >= 0 else ""
         what = "local gradient" + where if param >= 0 else "forward output (loss)"
         title = (f"non-finite {what} on {format_ranks(ranks)} at step {step}, before the "
@@ -655,7 +662,8 @@ class NonfiniteCheck:
             param=param, name=self.names[param] if param >= 0 else "",
             field="loss" if loss_bad else "gradient", step=step,
             values=group_ranks(states), detail=tuple(detail),
-            fix=fix_for("nonfinite_gradient", "loss" if loss_bad else "", ranks=format_ranks(
+            fix=fix_for("nonfinite_gradient", "loss" if loss_bad else "unchecked" if unchecked
+                        else "", ranks=format_ranks(
                 ranks), step=step), world_size=self.world_size)
 
     def _parameter_finding(self, step: int, recs: dict[int, _Record | None],

@@ -53,7 +53,8 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
     else:
         ddp = nn.parallel.DistributedDataParallel(model, **options)
         w = ddpviz.watch(ddp, emitter=events.append, recording=ddpviz.Recording(
-            guard=engine == "guarded", every=None if engine == "forwards" else 100))
+            guard=engine == "guarded", every=None if engine == "forwards" else
+            1 if engine == "every1" else 100))
         check = w._nf
     step = {"n": 0}
     bad_steps = {at, at + 1, at + 5, at + 8} if plant == "skip" else {at}
@@ -121,6 +122,7 @@ CASES = [  # (engine, plant, step)
     ("guarded", "skip", 3),  # NaN at steps 3, 4, 8, 11; the job skips those updates
     ("default", "skip-input", 25),  # rank 1's input at 25, rank 2's at 27; updates skipped
     ("ddpviz", "input", 5),
+    ("every1", "input", 9),  # every step's hooks armed: the loss is checked with them
     ("default", "", 0),
     ("guarded", "", 0),
     ("ddpviz", "", 0),
@@ -154,6 +156,18 @@ def _finding(results: dict[int, list[dict[str, Any]]], case: int) -> dict[str, A
     assert all(len(f) == 1 for f in per_rank), per_rank
     assert all(f == per_rank[0] for f in per_rank), "every rank composes the same finding"
     return per_rank[0][0]
+
+
+def test_every_step_recording_checks_the_loss_it_names(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    # Recording(every=1): a NaN in rank 1's input at step 9 is named with the loss flagged,
+    # never "loss finite" for a loss that was not checked (issue #36)
+    f = _finding(results, _case("every1", "input", 9))
+    assert (f["kind"], f["step"], f["ranks"], f["field"]) == (
+        "nonfinite_gradient", 9, (1,), "loss")
+    states = dict((r, v) for v, rs in f["values"] for r in rs)
+    assert states[1].startswith("loss non-finite, local gradient non-finite")
+    assert states[0].startswith("loss finite") and states[2].startswith("loss finite")
 
 
 def _case(engine: str, plant: str, at: int) -> int:

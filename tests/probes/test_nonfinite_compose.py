@@ -52,3 +52,19 @@ def test_nothing_is_composed_until_every_rank_is_done_with_the_step() -> None:
     [f] = check.compose()
     assert (f.kind, f.step, f.ranks, f.name, f.field) == (
         "nonfinite_gradient", 4, (0,), "a.weight", "gradient")
+
+
+def test_a_gradient_finding_whose_loss_was_not_checked_says_so_and_presumes_no_cause() -> None:
+    check = _check()
+    rec = _Record(step=7, grads=[1], n_grads=1, checked=True)
+    check._posts = {0: _Post(done=9, ochk=[[0, 2]], gchk=[[0, 9]]),
+                    1: _Post(done=9, ochk=[[0, 2]], gchk=[[0, 9]], bad=[rec])}
+    [f] = check.compose()
+    assert (f.kind, f.step, f.ranks, f.field) == ("nonfinite_gradient", 7, (1,), "gradient")
+    states = dict((r, v) for v, rs in f.values for r in rs)
+    assert states[1].startswith("loss not checked at this step, local gradient non-finite")
+    assert "loss finite" not in f.fix and "either can be where it began" in f.fix
+    check._posts[1].ochk = [[0, 9]]  # the same, with the loss checked (finite) there
+    check._composed, check._origins, check._last_bad = -1, set(), -10
+    [f] = check.compose()
+    assert f.fix.startswith("The loss was finite")
