@@ -108,7 +108,10 @@ def test_each_healthy_twin_reports_nothing(python: str, tmp_path: Path, defect: 
     live = done.stdout + done.stderr
     assert done.returncode == 0, live[-3000:]
     assert "DiagnosisWarning" not in live and "diverged" not in live, live[-3000:]
-    bad = [f for f in ddpviz.diagnose(out) if f.severity in ("error", "warning")]
+    # (a straggler is a timing verdict, spurious under load: #36's straggler item, not these
+    # verdicts' concern; asserted nowhere here either way)
+    bad = [f for f in ddpviz.diagnose(out)
+           if f.severity in ("error", "warning") and f.kind != "straggler"]
     assert not bad, bad
     assert len(re.findall(r"rank \d done bits [0-9a-f]+", done.stdout)) == 2
 
