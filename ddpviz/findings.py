@@ -54,7 +54,9 @@ KINDS: dict[Kind, str] = {
     "rank_waiting": "live, before the hang deadline: ranks wait for others that have not "
                     "arrived yet (who is missing, since when)",
     "rank_hang": "ranks wait in a collective that other ranks did not reach",
-    "rank_exited": "a rank's connection closed while others waited for it (exit or crash)",
+    "rank_exited": "a rank's connection closed while others waited for it (exit or crash), or "
+                   "a rank died of an uncaught exception (field: exception; name: its type; "
+                   "values: its message and where it was raised)",
     "peer_failed": "this rank stopped because another rank failed",
     "uneven_iterations": "ranks ran different numbers of iterations",
     "collective_mismatch": "ranks issued different collectives in the same iteration, or at "
@@ -189,6 +191,9 @@ FIXES: dict[Kind, dict[str, str]] = {
                  "with find_unused_parameters=False, an exception or a rank-dependent branch.",
     },
     "rank_exited": {
+        # the rank's own uncaught exception (probes/exit_error.py)
+        "exception": "Fix the exception on rank {rank} (its traceback is above, and in that "
+                     "rank's output); the other ranks stopped because it did.",
         "": "Read the output of the rank that stopped: it crashed, or returned early (uneven "
             "inputs: use ddp.join(), or the same number of batches on every rank).",
         "store": "Read the output of rank 0 (or the host of MASTER_ADDR): it stopped first.",
@@ -298,10 +303,9 @@ FIXES: dict[Kind, dict[str, str]] = {
             "rates or schedulers, and gradient clipping or loss scaling computed from local "
             "values.",
         "optimizer": "Build the optimizer (learning rate, schedule, state) identically on every "
-                     "rank, and edit "
-                     "parameters (clamping, re-initialization, loading) on every rank or on "
-                     "none: look for rank-conditional code between backward() and the next "
-                     "forward.",
+                     "rank, and edit gradients (clipping, scaling) and parameters (clamping, "
+                     "re-initialization, loading) on every rank or on none: look for "
+                     "rank-conditional code between backward() and the next forward.",
         "grads": "Make every rank reduce every bucket in every step: no no_sync() or extra "
                  "backward on some ranks only, the same parameters used on every rank (or "
                  "find_unused_parameters=True), and a comm hook that returns the same result "

@@ -124,9 +124,48 @@ def diagnose_tables(per_rank: Mapping[int, Table],
     seen = {(f.kind, f.name) for f in reported}
     out = list(reported)
     for f in computed:
-        if (f.kind, f.name) not in seen and f not in out:
+        if _earlier_mismatch(f, reported):
+            out.insert(0, f)  # where the mismatch began leads
+        elif (f.kind, f.name) not in seen and f not in out:
             out.append(f)
-    return Findings(sort_findings(out))
+    return Findings(sort_findings(_crashes_first(out, per_rank, clock or {})))
+
+
+def _earlier_mismatch(f: Finding, reported: Sequence[Finding]) -> bool:
+    """A mismatch of collectives read from the steps' events, at a step before every one the
+    ranks reported live (the live check compares op, dtype and size by position: collectives
+    alike in those pair silently, and it names the mismatch only where they stop being
+    alike): the earlier one is where it began."""
+    live = [g.step for g in reported if g.kind == f.kind]
+    return (f.kind == "collective_mismatch" and f.field == "collectives" and bool(live)
+            and 0 <= f.step < min(live))
+
+
+# [Note: a crash leads]
+# A rank that died of an uncaught exception reported it itself (probes/exit_error.py: a
+# rank_exited finding with field "exception"). Its peers then see a rank that stopped early:
+# fewer steps, a closed connection, "left the loop". Those are the crash seen from outside,
+# not uneven data: findings that name only crashed ranks as having stopped early
+# (uneven_iterations) are dropped, and the crashes come first, the earliest first.
+
+
+def _crashes_first(findings: list[Finding], per_rank: Mapping[int, Table],
+                   clock: Mapping[int, tuple[int, int]]) -> list[Finding]:
+    """See [Note: a crash leads]."""
+    crashes = [f for f in findings if f.kind == "rank_exited" and f.field == "exception"]
+    if not crashes:
+        return findings
+    when: dict[Finding, int] = {}
+    for rank, t in per_rank.items():
+        offset = clock.get(rank, (0, -1))[0]
+        for e in t.rare(ev.FindingReported):
+            if e.finding in crashes:
+                when[e.finding] = min(when.get(e.finding, e.t_ns + offset), e.t_ns + offset)
+    crashes.sort(key=lambda f: when.get(f, 0))
+    crashed = {r for f in crashes for r in f.ranks}
+    rest = [f for f in findings if f not in crashes
+            and not (f.kind == "uneven_iterations" and f.ranks and set(f.ranks) <= crashed)]
+    return [*crashes, *rest]
 
 
 def _straggler(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]] | None,
@@ -643,6 +682,85 @@ def _same(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndarr
     return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
+# [Note: who issued the extra collective]
+# Ranks that issued different collectives in one step are named by what they did, not by
+# which group comes first. With a value most ranks hold, the others are named; when theirs are
+# that value plus some (or less some) collectives, they issued extra ones (or skipped some).
+# With two ranks no value is more common, and one rank's extra collective is the other's
+# skipped one, so what differs decides, by DDP's rules: a missing all-reduce is a backward
+# that did not sync on the rank that lacks it (no_sync() there); an extra buffer broadcast is
+# a forward only that rank ran (an evaluation through the DDP on rank 0 only). That rank is
+# named only when what it issued at this step is unlike every earlier step (where all ranks
+# agreed): a rank that skips its next broadcast after such a forward issues what it always
+# issues at a gradient-accumulation micro-step. An extra broadcast issued after the step's
+# backward began is set apart too, wherever seen before: DDP broadcasts at the start of its
+# forward, so it came from a forward that is not the step's own (DDP counts a step by its
+# training forward; an evaluation's forward under no_grad is none). Otherwise both are named:
+# nothing sets one apart.
+
+
+def _subsequence(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Are the collectives `a` a proper subsequence of `b`?"""
+    it = iter(b)
+    return len(a) < len(b) and all(x in it for x in a)
+
+
+def _who_differs(values: Sequence[tuple[str, tuple[int, ...]]], step: int,
+                 usual: set[str], late: set[int]) -> tuple[tuple[int, ...], str]:
+    """The ranks to name and the title, from each group's collectives at `step` as text and
+    those of the steps before it (`usual`); `late`: the ranks that broadcast buffers after
+    the step's backward (See [Note: who issued the extra collective])."""
+    items = [([] if v == "no collectives" else v.split(", "), rs) for v, rs in values]
+    if len(items[0][1]) > len(items[1][1]):  # a value most ranks hold: the others differ
+        ref = items[0][0]
+        odd = [(seq, rs) for seq, rs in items[1:]]
+        ranks = tuple(sorted(r for _, rs in odd for r in rs))
+        if all(_subsequence(ref, seq) for seq, _ in odd):
+            return ranks, (f"{format_ranks(ranks)} issued collectives at step {step} that "
+                           f"{format_ranks(items[0][1])} did not")
+        if all(_subsequence(seq, ref) for seq, _ in odd):
+            return ranks, (f"{format_ranks(ranks)} skipped collectives at step {step} that "
+                           f"{format_ranks(items[0][1])} issued")
+        return ranks, f"ranks issued different collectives at step {step}"
+    # no value is more common (two ranks): one rank's extra is the other's skip, told apart
+    # by what differs and by what the ranks issued before (See [Note: who issued the extra
+    # collective])
+    if len(items) == 2:
+        (small, few), (large, many) = sorted(items, key=lambda x: len(x[0]))
+        if _subsequence(small, large):
+            extra = list(large)
+            for x in small:
+                extra.remove(x)
+            if all(x.startswith("all-reduce") for x in extra):
+                candidate, word = few, "skipped"  # a backward that did not all-reduce
+            elif all(x == "buffer broadcast" for x in extra):
+                candidate, word = many, "issued"  # a forward only these ranks ran
+            else:
+                candidate, word = (), ""
+            mine = small if candidate == few else large
+            if candidate and (", ".join(mine) not in usual
+                              or (word == "issued" and set(candidate) <= late)):
+                others = many if candidate == few else few
+                tail = "issued" if word == "skipped" else "did not"
+                return candidate, (f"{format_ranks(candidate)} {word} collectives at step "
+                                   f"{step} that {format_ranks(others)} {tail}")
+    return (tuple(sorted(r for _, rs in items for r in rs)),
+            f"ranks issued different collectives at step {step}")
+
+
+_BACKWARD = (col.CODE[ev.BackwardStarted], col.CODE[ev.BackwardComputed],
+             col.CODE[ev.BackwardFinished])
+
+
+def _late_broadcast(t: Table, step: int) -> bool:
+    """Did the rank broadcast buffers after `step`'s backward began (a forward that is not
+    the step's own: DDP broadcasts before its forward)?"""
+    kinds = t.kind[t.step == step]
+    back = np.flatnonzero(np.isin(kinds, _BACKWARD))
+    synced = np.flatnonzero(kinds == col.CODE[ev.BuffersSynced])
+    return bool(len(back) and len(synced) and synced[-1] > back[0])
+
+
 def _collectives(per_rank: Mapping[int, Table], forwards: Mapping[int, set[int]],
                  last_step: Mapping[int, int], world_size: int) -> list[Finding]:
     if len(per_rank) < 2:
@@ -657,10 +775,13 @@ def _collectives(per_rank: Mapping[int, Table], forwards: Mapping[int, set[int]]
             continue
         sigs = {r: _signature_text(s.get(step)) for r, s in sigs_of.items()}
         values = group_ranks(sigs)
-        odd = odd_ranks(values)
+        # what the ranks issued at the steps before, where every rank issued the same
+        usual = {_signature_text(sigs_of[r].get(st)) for r in sigs_of for st in forwards[r]
+                 if 0 <= st < step}
+        late = {r for r, t in per_rank.items() if _late_broadcast(t, step)}
+        odd, title = _who_differs(values, step, usual, late)
         return [Finding(
-            kind="collective_mismatch", severity="error",
-            title=f"ranks issued different collectives at step {step}", ranks=odd,
+            kind="collective_mismatch", severity="error", title=title, ranks=odd,
             field="collectives", step=step, values=values,
             detail=("later collectives pair up with the wrong partners: gradients are "
                     "averaged across different iterations, and the last rank waits forever",),

@@ -112,9 +112,12 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
                    if buffer_names[i] not in exclude]
     if not bad_params and not bad_buffers:
         return None
-    grads = {r: s.grads for r, s in states.items() if s.grads is not None}
-    bad_grads = _differing(grads, n_params) if len(grads) == len(states) else None
     unsynced = tuple(sorted(r for r, s in states.items() if not s.synced))
+    # See [Note: the cause from every rank]
+    micro = len(unsynced) == len(states)
+    grads = {r: s.grads for r, s in states.items() if s.grads is not None}
+    bad_grads = (_differing(grads, n_params) if len(grads) == len(states) and not unsynced
+                 else None)
 
     names = [param_names[i] for i in bad_params] + [buffer_names[i] for i in bad_buffers]
     if bad_params:
@@ -127,7 +130,7 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
         groups = _groups(buffers, bad_buffers, _norm_of(_stats(states, "buffer_stats"), first,
                                                         buffer_names[first]))
         field = "buffer"
-    odd = odd_ranks(groups)
+    odd, alone = _moved(groups)
     exact = precise or last_agreed == step - 1
     when = (f"first differing after step {step}" if exact else
             f"after step {step} (last agreed after step {last_agreed}; the first differing step "
@@ -146,11 +149,26 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
     detail: list[str] = []
     severity = "error"
     variant = ""
-    if bad_params and unsynced:
+    if bad_params and unsynced and not micro:
         variant = "no_sync"
-        detail.append(f"{format_ranks(unsynced)} ran step {step}'s backward under no_sync() "
-                      "(its gradients were not all-reduced), the other ranks did not: each "
-                      "rank then stepped with different gradients")
+        synced = tuple(sorted(r for r in states if r not in unsynced))
+        detail.append(f"{format_ranks(unsynced)} ran step {step}'s backward without gradient "
+                      "sync (no_sync() or require_backward_grad_sync=False: its gradients were "
+                      f"not all-reduced), while {format_ranks(synced)} all-reduced: each rank "
+                      "then stepped with different gradients")
+    elif bad_params and micro:
+        variant = "optimizer"
+        detail.append(f"step {step} ran its backward without gradient sync on every rank (a "
+                      "gradient-accumulation micro-step: no_sync() or "
+                      "require_backward_grad_sync=False), which is normal and not the cause; "
+                      + ("the parameters changed after it, before the next forward: an "
+                         "optimizer step that used those local gradients (step only after the "
+                         "backward that syncs), or gradients or parameters edited on some ranks "
+                         "only (clipping, scaling, clamping under a rank condition)" if exact
+                         else "the parameters changed differently at an optimizer step before "
+                         "it: the optimizer (a different learning rate, schedule or state on "
+                         "some ranks), or gradients or parameters edited on some ranks only "
+                         "(clipping, scaling, clamping under a rank condition)"))
     elif bad_params and bad_grads:
         variant = "grads"
         grad_names = ", ".join(repr(param_names[i]) for i in bad_grads[:SHOWN])
@@ -195,6 +213,12 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
         detail.append(f"{tensor}: {sizes}")
         if held:
             tensors.append((tensor, tuple((what, rank_spans(rs)) for what, rs in held)))
+    if not alone and bad_params:
+        who = "both ranks differ" if len(odd) == 2 else f"{format_ranks(odd)} all differ"
+        detail.append("which rank's parameters moved differently cannot be told from their "
+                      f"bytes: no value is held by more ranks than the others ({who}; with 3 "
+                      "or more ranks, the ranks that differ from the value the others agree "
+                      "on are named)")
     if not exact:
         detail.append("checked every step from now on for a while; set "
                       "DDPVIZ_RECORDING=replicas=1 (or Recording(replicas=1)) to find the "
@@ -205,6 +229,28 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
         name=names[0], field=field, step=step, values=groups, detail=tuple(detail),
         fix=fix_for("replicas_diverged", variant), world_size=world_size,
         tensors=tuple(tensors))
+
+
+# [Note: the cause from every rank]
+# The likely cause is read from what every rank did at the checked step, never from one rank:
+# - some ranks ran its backward without gradient sync and others with it: those ranks stepped
+#   with their own gradients (no_sync on some ranks only);
+# - every rank ran it without sync: a gradient-accumulation micro-step, normal; its gradients
+#   are local by design, so they are no evidence either way, and the parameters that differ
+#   changed at an optimizer step before it;
+# - every rank synced: reduced gradients that differ point at the reduction, equal ones at what
+#   happened after it (the optimizer, a rank-local edit such as clipping on one rank).
+# Which ranks moved differently: the ranks outside the value most ranks hold. With two ranks
+# (or no value held by more ranks than any other) no rank is the odd one: all are named.
+
+
+def _moved(groups: Sequence[tuple[str, tuple[int, ...]]]) -> tuple[tuple[int, ...], bool]:
+    """The ranks whose tensors moved differently, and whether they are set apart (a value
+    held by more ranks than any other); when not, every rank (See [Note: the cause from every
+    rank])."""
+    if len(groups) > 1 and len(groups[0][1]) > len(groups[1][1]):
+        return odd_ranks(groups), True
+    return tuple(sorted(r for _, rs in groups for r in rs)), False
 
 
 def _stats(states: Mapping[int, RankState], attr: str

@@ -28,7 +28,7 @@ from ddpviz.engine import failure_texts as texts
 from ddpviz.errors import RankHangError, UnusedParametersError
 from ddpviz.events import Collective, FindingReported, Phase, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
-from ddpviz.probes import collective_check, whereabouts
+from ddpviz.probes import collective_check, exit_error, whereabouts
 from ddpviz.probes.pulse import Pulse
 from ddpviz.probes.quiet import QuietGuard
 from ddpviz.probes.rendezvous import (
@@ -205,6 +205,7 @@ class Watchdog:
         self._left_seen = 0  # the board's news of ranks that left the loop, looked at
         self._left_warned: set[tuple[int, ...]] = set()
         self.quiet: QuietGuard | None = None
+        exit_error.watch(self)  # this rank's uncaught exception, in its own words
 
     @property
     def enabled(self) -> bool:

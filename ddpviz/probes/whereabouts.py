@@ -131,8 +131,9 @@ class Tracker:
         left = wh.left_loop(loop, frame)
         if left and getattr(threading, "_SHUTTING_DOWN", False):
             # the interpreter is exiting (atexit handlers run, ddpviz's own among them): it
-            # cannot come back, whatever frame its handlers show
-            left = "exited"
+            # cannot come back, whatever frame its handlers show; an uncaught exception ended
+            # it: a crash, which exit_error.py names, not a rank that left the loop
+            left = _how_it_ends()
         blocked = wh.blocked_in(wh.frames(frame)) if left else ""
         if (left, blocked) != self._left and (left or self._left[0]):
             self._left = (left, blocked)
@@ -148,12 +149,16 @@ class Tracker:
         """The process is exiting (atexit): say so, and whether an exception ended it."""
         if step < 0:
             return
-        crashed = getattr(sys, "last_value", None) is not None
         loop = self._loop
         post(board, Where(step, time.time(), "exiting", answers=self._answered,
-                          left="crashed" if crashed else "exited",
+                          left=_how_it_ends(),
                           loop=loop.describe() if loop is not None else ""))
         board.news(LEFT_NEWS)
+
+
+def _how_it_ends() -> str:
+    """At exit: "crashed" when an uncaught exception ends the process, else "exited"."""
+    return "crashed" if getattr(sys, "last_value", None) is not None else "exited"
 
 
 def left_finding(rank: int, step: int, world_size: int, positions: dict[int, Position],

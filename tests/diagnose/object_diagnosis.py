@@ -373,6 +373,50 @@ def _signature(lst: Sequence[Event], step: int) -> str:
     return ", ".join(parts) if parts else "no collectives"
 
 
+def _sub(a: list[str], b: list[str]) -> bool:
+    """a is b with some collectives left out (a proper subsequence)."""
+    i = 0
+    for x in b:
+        if i < len(a) and a[i] == x:
+            i += 1
+    return i == len(a) and len(a) < len(b)
+
+
+def _who_differs(values: Sequence[tuple[str, tuple[int, ...]]], step: int, seen: set[str],
+                 late: set[int]) -> tuple[tuple[int, ...], str]:
+    """Who issued extra collectives or skipped some, by their lists (a majority first; else
+    the one list not `seen` at an earlier step)."""
+    lists = [(v.split(", ") if v != "no collectives" else [], rs) for v, rs in values]
+    every = tuple(sorted(r for _, rs in lists for r in rs))
+    generic = f"ranks issued different collectives at step {step}"
+    if len(lists[0][1]) > len(lists[1][1]):
+        ref, common = lists[0]
+        ranks = tuple(r for r in every if r not in common)
+        if all(_sub(ref, x) for x, _ in lists[1:]):
+            return ranks, (f"{format_ranks(ranks)} issued collectives at step {step} that "
+                           f"{format_ranks(common)} did not")
+        if all(_sub(x, ref) for x, _ in lists[1:]):
+            return ranks, (f"{format_ranks(ranks)} skipped collectives at step {step} that "
+                           f"{format_ranks(common)} issued")
+        return ranks, generic
+    if len(lists) == 2:
+        a, b = lists
+        if len(a[0]) > len(b[0]):
+            a, b = b, a
+        if _sub(a[0], b[0]):
+            extra = list(b[0])
+            for x in a[0]:
+                extra.remove(x)
+            if all(x.startswith("all-reduce") for x in extra) and ", ".join(a[0]) not in seen:
+                return a[1], (f"{format_ranks(a[1])} skipped collectives at step {step} that "
+                              f"{format_ranks(b[1])} issued")
+            if all(x == "buffer broadcast" for x in extra) and (
+                    ", ".join(b[0]) not in seen or set(b[1]) <= late):
+                return b[1], (f"{format_ranks(b[1])} issued collectives at step {step} that "
+                              f"{format_ranks(a[1])} did not")
+    return every, generic
+
+
 def _collectives(per_rank: Mapping[int, list[Event]], world_size: int) -> list[Finding]:
     if len(per_rank) < 2:
         return []
@@ -386,10 +430,19 @@ def _collectives(per_rank: Mapping[int, list[Event]], world_size: int) -> list[F
         sigs = {r: _signature(lst, step) for r, lst in per_rank.items()}
         if len(set(sigs.values())) > 1:
             values = group_ranks(sigs)
-            odd = odd_ranks(values)
+            seen = {_signature(lst, s) for r, lst in per_rank.items() for s in forwards[r]
+                    if s < step}
+            late = set()  # ranks that broadcast buffers after the step's backward began
+            for r, lst in per_rank.items():
+                mine = [e for e in lst if e.step == step]
+                back = [i for i, e in enumerate(mine) if isinstance(
+                    e, (ev.BackwardStarted, ev.BackwardComputed, ev.BackwardFinished))]
+                if back and any(isinstance(e, ev.BuffersSynced) and i > back[0]
+                                for i, e in enumerate(mine)):
+                    late.add(r)
+            odd, title = _who_differs(values, step, seen, late)
             return [Finding(
-                kind="collective_mismatch", severity="error",
-                title=f"ranks issued different collectives at step {step}", ranks=odd,
+                kind="collective_mismatch", severity="error", title=title, ranks=odd,
                 field="collectives", step=step, values=values,
                 detail=("later collectives pair up with the wrong partners: gradients are "
                         "averaged across different iterations, and the last rank waits forever",),

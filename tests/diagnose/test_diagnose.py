@@ -168,6 +168,37 @@ def test_a_rank_skipping_an_all_reduce_is_a_collective_mismatch() -> None:
                            values=(("all-reduce b0", (0,)), ("no collectives", (1,))))
 
 
+def test_an_extra_forward_on_one_rank_names_that_rank() -> None:
+    """An evaluation through the DDP on rank 0 only, after step 1's backward: its buffer
+    broadcast is rank 0's extra collective (rank 1 is not the odd one because it comes later
+    in the values); a broadcast at the start of a step on rank 0 only, seen before at every
+    step, sets no rank apart."""
+    run = clean_run(steps=1)
+    for r in range(2):
+        run.iteration(r, 1)
+    run.emit(0, ev.BuffersSynced, 2, 64)  # rank 0's evaluation forward (no step of its own)
+    for r in range(2):
+        run.iteration(r, 2)
+    finding = only(diagnose(run.events), "collective_mismatch")
+    assert finding.matches(step=1, ranks=(0,), field="collectives")
+    assert finding.title == "rank 0 issued collectives at step 1 that rank 1 did not"
+
+    both = Ranks(2)
+    both.construct()
+    for step in range(3):
+        for r in range(2):
+            both.emit(r, ev.ForwardStarted, step=step)
+            if step < 2 or r == 1:  # rank 0 skips its broadcast at step 2
+                both.emit(r, ev.BuffersSynced, 2, 64)
+            both.emit(r, ev.BackwardStarted)
+            both.emit(r, ev.BackwardFinished)
+    for r in range(2):
+        both.emit(r, ev.ForwardStarted, step=3)
+    finding = only(diagnose(both.events), "collective_mismatch")
+    assert finding.matches(step=2, ranks=(0, 1))
+    assert finding.title == "ranks issued different collectives at step 2"
+
+
 def test_a_rank_with_no_events_is_missing() -> None:
     run = Ranks(3)
     run.construct(ranks=[0, 1], world_size=3)

@@ -96,7 +96,32 @@ def test_differing_gradients_and_no_sync_are_told_apart() -> None:
     grads = _judge({0: _state([1, 2], [3, 4]), 1: _state([1, 9], [3, 8])})
     assert "reduced gradients differed" in grads.text()
     nosync = _judge({0: _state([1, 2], [3, 4]), 1: _state([1, 9], [3, 8], synced=False)})
-    assert "rank 1 ran step 5's backward under no_sync()" in nosync.text()
+    assert "rank 1 ran step 5's backward without gradient sync" in nosync.text()
+    assert "while rank 0 all-reduced" in nosync.text()
+
+
+@pytest.mark.parametrize("precise", [False, True])
+def test_a_micro_step_without_sync_on_every_rank_is_never_the_cause(precise: bool) -> None:
+    """Gradient accumulation: the checked step ran its backward without sync on every rank,
+    so its gradients differ by design; the cause is not no_sync, and with 2 ranks neither rank
+    is named as the odd one."""
+    states = {0: _state([1, 2], [3, 4], synced=False), 1: _state([1, 9], [3, 8], synced=False)}
+    f = judge(5, states, param_names=NAMES, broadcast_buffers=True, last_agreed=4 if precise
+              else 0, precise=precise, world_size=2)
+    assert f is not None
+    text = f.text()
+    assert "no_sync() on" not in text and "ranks 0,1 ran step" not in text
+    assert "reduced gradients differed" not in text
+    assert "without gradient sync on every rank" in text and "not the cause" in text
+    assert f.ranks == (0, 1) and "cannot be told" in text
+    assert "clipping" in text and "clipping" in f.fix
+
+
+def test_with_three_ranks_the_rank_off_the_common_value_is_named() -> None:
+    states = {r: _state([1, 9 if r == 0 else 2], [3, r], synced=False) for r in range(3)}
+    f = _judge(states)
+    assert f.ranks == (0,) and "cannot be told" not in f.text()
+    assert "not the cause" in f.text()
 
 
 def test_per_rank_buffers_without_broadcast_are_info() -> None:

@@ -1,0 +1,118 @@
+"""Verdicts on a gradient-accumulation trainer with buffers (train_accum.py) under
+`ddpviz record`: the right cause and the right rank for a crash between micro-steps, clipping
+on rank 0 only and an evaluation on rank 0 only; each healthy twin reports nothing (#36)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ddpviz
+from tests.dist.harness import free_port
+from tests.record.hooked import ROOT, hooked_python
+from tests.record.test_record import job_env
+
+pytestmark = pytest.mark.dist
+
+SCRIPT = ROOT / "tests" / "record" / "train_accum.py"
+ACCUM = 4  # the script's default micro-steps per optimizer step
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return hooked_python(tmp_path_factory.mktemp("hooked"))
+
+
+def line_of(marker: str) -> int:
+    lines = SCRIPT.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if f"# <{marker}>" in text)
+
+
+def record(python: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    args = [python, "-m", "ddpviz", "record", "--out", str(out), "--", python, "-m",
+            "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+            str(free_port()), str(SCRIPT)]
+    return subprocess.run(args, env=job_env(TRAIN_PG_TIMEOUT="40", **env), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def cli_diagnose(python: str, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-m", "ddpviz", "diagnose", str(out)], env=job_env(),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_crash_between_micro_steps_is_rank_exited_with_its_exception_first(
+        python: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = record(python, out, TRAIN_DEFECT="crash")
+    live = done.stdout + done.stderr
+    assert done.returncode != 0, live[-3000:]  # the job fails as without ddpviz
+    assert "left the training loop" not in live, live[-3000:]  # a crash is no uneven data
+    findings = ddpviz.diagnose(out)
+    first = findings[0]
+    assert first.kind == "rank_exited" and first.severity == "error", findings
+    assert first.ranks == (1,) and first.field == "exception" and first.name == "RuntimeError"
+    text = str(first)
+    assert "RuntimeError: planted: corrupt batch at step 12" in text, text
+    assert f"train_accum.py:{line_of('crash')} in next_batch" in text, text
+    assert not [f for f in findings if f.kind == "uneven_iterations"], findings
+    cli = cli_diagnose(python, out)
+    assert cli.returncode != 0, cli.stdout
+    assert "rank 1 exited on an uncaught exception" in cli.stdout
+
+
+@pytest.mark.parametrize("sync", ["toggle", "no_sync"])
+def test_clipping_on_rank_0_only_is_not_blamed_on_accumulation(python: str, tmp_path: Path,
+                                                               sync: str) -> None:
+    out = tmp_path / "out"
+    done = record(python, out, TRAIN_DEFECT="clip", TRAIN_SYNC=sync)
+    live = done.stdout + done.stderr
+    assert done.returncode == 0, live[-3000:]
+    assert "replicas diverged" in live, live[-3000:]
+    found = [f for f in ddpviz.diagnose(out) if f.kind == "replicas_diverged"]
+    assert found, live[-3000:]
+    f = found[0]
+    text = str(f)
+    # 2 ranks: neither is "the odd one" (rank 0 clipped, so naming rank 1 alone was wrong)
+    assert f.ranks == (0, 1) and "cannot be told" in text, text
+    assert "no_sync() (its gradients" not in text and "ranks 0,1 ran step" not in text, text
+    assert "under no_sync()" not in text, text
+    if f.step % ACCUM != ACCUM - 1:  # the checked step is a micro-step without sync
+        assert "without gradient sync on every rank" in text and "not the cause" in text, text
+    assert "clipping" in text and "clipping" in f.fix
+
+
+def test_an_evaluation_on_rank_0_only_names_rank_0(python: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = record(python, out, TRAIN_DEFECT="eval", DDPVIZ_HANG_TIMEOUT="8")
+    live = done.stdout + done.stderr
+    assert done.returncode != 0, live[-3000:]  # rank 0's last broadcast never pairs
+    mismatch = next(f for f in ddpviz.diagnose(out) if f.kind == "collective_mismatch")
+    assert mismatch.ranks == (0,), mismatch
+    assert mismatch.title.startswith("rank 0 issued collectives at step "), mismatch.title
+    assert mismatch.step % ACCUM == ACCUM - 1  # the evaluation follows an optimizer step
+    assert re.search(r"rank 0: .*buffer broadcast", str(mismatch)), str(mismatch)
+    cli = cli_diagnose(python, out)
+    assert f"(step {mismatch.step}, rank 0)" in cli.stdout, cli.stdout
+
+
+@pytest.mark.parametrize(("defect", "sync"), [("none", "toggle"), ("clip_all", "toggle"),
+                                              ("clip_all", "no_sync"), ("eval_all", "toggle")])
+def test_each_healthy_twin_reports_nothing(python: str, tmp_path: Path, defect: str,
+                                           sync: str) -> None:
+    out = tmp_path / "out"
+    done = record(python, out, TRAIN_DEFECT=defect, TRAIN_SYNC=sync)
+    live = done.stdout + done.stderr
+    assert done.returncode == 0, live[-3000:]
+    assert "DiagnosisWarning" not in live and "diverged" not in live, live[-3000:]
+    # (a straggler is a timing verdict, spurious under load: #36's straggler item, not these
+    # verdicts' concern; asserted nowhere here either way)
+    bad = [f for f in ddpviz.diagnose(out)
+           if f.severity in ("error", "warning") and f.kind != "straggler"]
+    assert not bad, bad
+    assert len(re.findall(r"rank \d done bits [0-9a-f]+", done.stdout)) == 2
+
+
