@@ -21,6 +21,34 @@ def work_unit(nodeid: str) -> str:
     return path
 
 
+# Work units that run long for their number of tests, longest first (CI's durations, roughly:
+# framework launches and notebook kernels ~30 s a test, torchrun jobs 10-40 s a test, torch's
+# own DDP tests ~2 min in 2 tests). xdist starts the units with the most tests first, which
+# left these among the last: one worker ran a long unit while the other had nothing left.
+LONG_UNITS = (
+    "tests/frameworks",
+    "tests/record/test_record.py",
+    "tests/test_notebooks.py",
+    "tests/browser",
+    "tests/record/test_where.py",
+    "tests/record/test_straggler.py",
+    "tests/record/test_collectives.py",
+    "tests/conformance/test_conformance.py",
+    "tests/record/test_nonfinite.py",
+    "tests/dist/test_watch_quiet.py",
+    "tests/record/test_attach.py",
+    "tests/record/test_contract.py",
+)
+
+
+def long_units_first(workqueue: Any) -> None:
+    """Move the LONG_UNITS waiting in xdist's work queue (an OrderedDict of units) to its
+    front, in LONG_UNITS' order; the others keep xdist's order after them."""
+    for unit in reversed(LONG_UNITS):
+        if unit in workqueue:
+            workqueue.move_to_end(unit, last=False)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # (xdist's own --dist loadgroup marks no longer reach its scheduler under pytest 9.2,
@@ -30,5 +58,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ByWorkUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            long_units_first(self.workqueue)
+            super()._assign_work_unit(node)
 
     return ByWorkUnit(config, log)

@@ -6,7 +6,7 @@ by 1/world_size while copying; divide in place when .grad already is the bucket 
 the whole bucket (batched_grad_copy); or leave it to a comm hook. A gradient that takes none of
 them is summed, not averaged: world_size times too large, silently. The matrix here is
 batched_grad_copy x gradient_as_bucket_view x zero_grad(set_to_none=False / True) x
-(plain, static_graph, find_unused_parameters) at world sizes 2 and 3, plus bucket_cap_mb_list,
+(plain, static_graph, find_unused_parameters) at world size 3, plus bucket_cap_mb_list,
 a comm hook on both DDPs, and `watch(recording=Recording(guard=True))` on torch's DDP (whose
 own hook redoes the averaging). Each case trains 4 SGD steps and compares, after every synced
 backward:
@@ -16,7 +16,11 @@ backward:
   (a plain module copy's backward on the same batch, summed across ranks, divided), within
   float tolerance, and the ratio named when it is not 1.
 
-One forkserver run per world size; the tests read its cached results.
+World size 3 only: there multiplying by 1/3 while copying, dividing in place and dividing the
+bucket round differently, and a 3-rank sum depends on its order, so a gradient that takes the
+wrong way shows in the bits; at world size 2 (1/2 exact, a + b == b + a) the same ways give the
+same bits, and no code path of ddpviz's reducer depends on the world size beyond 1 vs more.
+One forkserver run; the tests read its cached results.
 """
 
 from __future__ import annotations
@@ -204,15 +208,16 @@ def _check(world_size: int, case_id: str, check: str) -> None:
     assert not failures, f"{case_id} at world size {world_size}: {failures}"
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("case_id", list(BY_ID))
-def test_gradients_bitwise_equal_to_torch(world_size: int, case_id: str) -> None:
-    _check(world_size, case_id, "bitwise")
+WORLD_SIZE = 3
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("case_id", list(BY_ID))
-def test_gradients_are_the_ranks_mean(world_size: int, case_id: str) -> None:
+def test_gradients_bitwise_equal_to_torch(case_id: str) -> None:
+    _check(WORLD_SIZE, case_id, "bitwise")
+
+
+@pytest.mark.parametrize("case_id", list(BY_ID))
+def test_gradients_are_the_ranks_mean(case_id: str) -> None:
     # torch's own gradients first: the check itself must hold on the reference.
-    _check(world_size, case_id, "reference_division")
-    _check(world_size, case_id, "division")
+    _check(WORLD_SIZE, case_id, "reference_division")
+    _check(WORLD_SIZE, case_id, "division")
