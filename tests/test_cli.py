@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -240,6 +241,29 @@ def test_diagnose_never_prints_a_traces_control_characters(
     out = capsys.readouterr().out
     assert "\\x1b[2K\\x1b[1Ahidden\\x07" in out and "a\\x0db" in out
     assert not any(c in out for c in "\x1b\x07\r")
+
+
+@pytest.mark.parametrize("verb", [["diagnose"], ["diagnose", "--json"], ["--help"]])
+def test_a_reader_that_left_ends_the_command_quietly(tmp_path: Path, verb: list[str]) -> None:
+    # `ddpviz diagnose DIR | head`: head leaves early. The pipe's read end is closed before
+    # the command starts, so every write meets a pipe without a reader (deterministically).
+    from ddpviz import events as ev
+
+    finding = ddpviz.Finding(kind="rank_hang", severity="error", title="a hang",
+                             detail=tuple(f"line {i}" for i in range(1000)))
+    path = tmp_path / "t.ddpviz"
+    Trace([ev.FindingReported(0, 0, 1, 0, finding)]).save(path)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "ddpviz", *verb,
+                            *([str(path)] if verb[0] == "diagnose" else [])],
+                           stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert r.stderr == ""  # no BrokenPipeError traceback
+    if verb[0] == "diagnose":
+        assert r.returncode == 128 + 13  # as a command killed by SIGPIPE
 
 
 def test_the_help_maps_every_command_to_a_python_name_that_exists() -> None:
