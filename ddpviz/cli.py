@@ -334,9 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ddpviz.findings import on_the_command_line
+
     try:
         args = build_parser().parse_args(argv)  # (--help prints)
-        code = int(args.func(args))
+        with on_the_command_line():  # a fix names `ddpviz record --recording ...`
+            code = int(args.func(args))
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
     except BrokenPipeError:
         # The reader left (`ddpviz diagnose DIR | head`): stop quietly, as a command killed by

@@ -25,7 +25,7 @@ from ddpviz import markup
 from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz._diagnose.verdict import SEVERITIES, ended_sentence, trace_facts, verdict_line, where
 from ddpviz.atomic import write_text
-from ddpviz.findings import Finding, sort_findings, value_lines
+from ddpviz.findings import Finding, recording_advice, sort_findings, value_lines
 from ddpviz.model.spans import Span, table_spans
 from ddpviz.traces import columns as col
 from ddpviz.traces.columns import Table
@@ -306,9 +306,8 @@ def _timeline(all_spans: list[Span], steps: list[int]) -> str:
         out.append(markup.fmt(
             "<p>Steps {}: per-bucket summaries: a 'gradients ready' row per rank draws each "
             "bucket from its first to its last gradient ready; per-parameter hooks were not "
-            "recorded on these steps (ddpviz.Recording(every=1) records them on every step)."
-            "</p>",
-            ", ".join(map(str, summarized))))
+            "recorded on these steps ({} records them on every step).</p>",
+            ", ".join(map(str, summarized)), recording_advice("every=1")))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)
     scale = 900.0 / max(t1 - t0, 1)
