@@ -40,7 +40,8 @@ def _recorded(python: str, out: Path, **env: str) -> tuple[str, list[dict[str, A
     diagnosed = run([sys.executable, "-m", "ddpviz", "diagnose", "--json", str(out)],
                     job_env())
     found = json.loads(diagnosed.stdout)["findings"]
-    return done.stdout, [f for f in found if f["kind"].startswith("nonfinite")]
+    # The job's whole output (the ranks share torchrun's stdout and stderr).
+    return done.stdout + done.stderr, [f for f in found if f["kind"].startswith("nonfinite")]
 
 
 def _bits(stdout: str) -> dict[int, str]:
@@ -49,9 +50,14 @@ def _bits(stdout: str) -> dict[int, str]:
 
 def test_a_nan_written_by_a_gradient_hook_on_one_rank_is_named_at_its_step(
         python: str, tmp_path: Path) -> None:
-    _, found = _recorded(python, tmp_path / "t", TRAIN_NAN="grad", TRAIN_NAN_STEP="7")
+    output, found = _recorded(python, tmp_path / "t", TRAIN_NAN="grad", TRAIN_NAN_STEP="7")
     assert [(f["kind"], f["step"], f["ranks"], f["name"], f["field"]) for f in found] == [
         ("nonfinite_gradient", 7, [1], "fc1.weight", "gradient")], found
+    # Said live once for the job, as ddpviz's own line: both ranks hold the finding, and
+    # neither prints it as a Python warning with ddpviz's source line.
+    headline = "ddpviz: non-finite local gradient 'fc1.weight' on rank 1 at step 7"
+    assert output.count(headline) == 1, output
+    assert "DiagnosisWarning" not in output and "warnings.warn(" not in output
     states = {r: v for v, rs in found[0]["values"] for r in rs}
     assert states == {0: "loss finite, local gradients finite",
                       1: "loss finite, local gradient non-finite: 'fc1.weight'"}
