@@ -150,13 +150,14 @@ def test_diagnose_names_the_shape_planted_on_rank_1_and_exits_1(
         recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagnose", str(recorded["planted"])]) == 1  # a folder: its per-rank files
     out = capsys.readouterr().out
-    assert "from ranks 0,1 (world size 2)" in out and "2 findings: 2 errors." in out
+    assert out.startswith("ddpviz: errors: 2 errors.\n")  # the verdict first
+    assert "from ranks 0,1 (world size 2)" in out
     assert "- parameter 4 '4.weight' has a different shape across ranks (rank 1):" in out
     assert re.search(r"rank 0: +\(1, 16\)\n +rank 1: +\(3, 16\)", out)
     assert "fix: All ranks must build the same model" in out
     files = sorted(str(p) for p in recorded["planted"].glob("*.ddpviz"))
     assert main(["diagnose", *files]) == 1  # the files themselves read the same
-    assert capsys.readouterr().out.split("\n", 1)[1] == out.split("\n", 1)[1]
+    assert capsys.readouterr().out.split("\n", 2)[2] == out.split("\n", 2)[2]
 
 
 @pytest.mark.dist
@@ -183,7 +184,7 @@ def test_diagnose_a_healthy_run_says_so_in_one_line_and_exits_0(
         recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagnose", str(recorded["healthy"])]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and out[1] == "ddpviz: healthy: no problems found."
+    assert len(out) == 2 and out[0] == "ddpviz: healthy: no problems found."
     assert main(["diagnose", "--json", str(recorded["healthy"])]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "healthy" and doc["findings"] == []
