@@ -76,6 +76,13 @@ def test_healthy_jobs_report_nothing_and_end_as_unwatched(python: str, tmp_path:
                                                           mode: str) -> None:
     stdout, found = _recorded(python, tmp_path / "t", TRAIN_MODE=mode, TRAIN_STEPS="120")
     assert found == []
+    if not mode:  # diagnose says healthy first; its note on unsampled steps names the flag
+        said = run([sys.executable, "-m", "ddpviz", "diagnose", str(tmp_path / "t")], job_env())
+        assert said.returncode == 0, said.stdout + said.stderr
+        assert said.stdout.startswith("ddpviz: healthy: no problems found (1 note"), said.stdout
+        assert "fix: To check those steps, record every step's gradients: `ddpviz record " \
+            "--recording every=1 -- ...`" in said.stdout
+        assert "Recording(" not in said.stdout and "DDPVIZ_RECORDING" not in said.stdout
     plain = run(_torchrun(python), job_env(TRAIN_MODE=mode, TRAIN_STEPS="120"))
     assert plain.returncode == 0, plain.stderr
     assert _bits(stdout) == _bits(plain.stdout) and len(_bits(stdout)) == 2
