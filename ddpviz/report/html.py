@@ -49,7 +49,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:
 h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em}
 table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:2px 8px;
 text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}.bad{color:#b00020}
-.verdict.errors{color:#b00020}.verdict.warnings{color:#8a5300}.verdict.healthy,.ok{color:#1b7f3b}.muted{color:#777}svg{display:block;margin:.5em 0}
+.verdict.errors{color:#b00020}.verdict.warnings{color:#8a5300}.verdict.healthy,.ok{color:#1b7f3b}
+.muted{color:#777}svg{display:block;margin:.5em 0}
 .finding{border-left:4px solid #ccc;padding:.2em .8em;margin:.6em 0}
 .finding.error{border-color:#b00020}.finding.warning{border-color:#c77c02}
 .finding h4{margin:.2em 0}.sev{font-size:.8em;text-transform:uppercase;margin-right:.5em}
