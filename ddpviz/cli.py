@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -333,8 +334,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    from ddpviz.findings import on_the_command_line
+
+    try:
+        args = build_parser().parse_args(argv)  # (--help prints)
+        with on_the_command_line():  # a fix names `ddpviz record --recording ...`
+            code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+    except BrokenPipeError:
+        # The reader left (`ddpviz diagnose DIR | head`): stop quietly, as a command killed by
+        # SIGPIPE does, and point stdout at /dev/null so the interpreter's last flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
+    return code
 
 
 if __name__ == "__main__":

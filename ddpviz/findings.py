@@ -8,11 +8,14 @@ dotted name, world size), then one line per distinct value with its ranks, then 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
 
+from ddpviz.envvars import ENV_RECORD
 from ddpviz.limits import (
     MAX_WORLD_SIZE,
     BucketIndexOrNone,
@@ -151,9 +154,7 @@ FIXES: dict[Kind, dict[str, str]] = {
             "rank-dependent branches or data-dependent module order).",
         # per-parameter events not recorded at some steps (Recording.every)
         "not_recorded": "To check those steps, record every step's gradients: "
-                        "recording=ddpviz.Recording(every=1) (watch(ddp, recording=...), "
-                        "DistributedDataParallel(recording=...)) or "
-                        "$DDPVIZ_RECORDING=every=1; the default, every=100, records steps 0-2, "
+                        "{recording[every=1]}; the default, every=100, records steps 0-2, "
                         "the rebuild, every 100th step and steps with a finding in full.",
     },
     "missing_rank": {
@@ -293,8 +294,8 @@ FIXES: dict[Kind, dict[str, str]] = {
             "parameters between backward and forward.",
         # the step's local gradients were not checked
         "unseen": "To name the rank and parameter where it began, check every step's local "
-                  "gradients: recording=ddpviz.Recording(guard=True) (one check per bucket) or "
-                  "Recording(every=1); the default checks them on its sampled steps, and on "
+                  "gradients: {recording[guard]} (one check per bucket) or "
+                  "{recording[every=1]}; the default checks them on its sampled steps, and on "
                   "every step for 100 steps after something went non-finite.",
     },
     "replicas_diverged": {
@@ -353,10 +354,66 @@ FIXES: dict[Kind, dict[str, str]] = {
 
 def fix_for(kind: Kind, variant: str = "", **fields: object) -> str:
     """The fix for `kind` in situation `variant` (the kind's usual one when the variant has no
-    text of its own), with {fields} filled in."""
+    text of its own), with {fields} filled in, and each {recording[POLICY]} as
+    `recording_advice(POLICY)` spells it here."""
     table = FIXES[kind]
     text = table.get(variant, table[""])
-    return text.format(**fields) if fields else text
+    if "{" not in text:
+        return text
+    return text.format_map(_Fields(fields, recording=_RecordingWords()))
+
+
+# [Note: a recording policy in the user's words]
+# A fix that asks for another recording policy names it as the person reading it turns it on.
+# A rank of a `ddpviz record` job ($DDPVIZ_RECORD=1, whose findings print on that command's
+# terminal and land in its traces) and the `ddpviz` command line (diagnose, report, advise of
+# those traces) say the flag: `ddpviz record --recording every=1 -- ...`. Python (watch(),
+# ddpviz's DistributedDataParallel, diagnose() in a notebook) says `Recording(every=1)`.
+_command_line = False  # set by `on_the_command_line()`
+
+
+@contextlib.contextmanager
+def on_the_command_line() -> Iterator[None]:
+    """Spell recording policies as `ddpviz record`'s flag inside (cli.main runs a verb in it)."""
+    global _command_line
+    before, _command_line = _command_line, True
+    try:
+        yield
+    finally:
+        _command_line = before
+
+
+def recording_advice(policy: str) -> str:
+    """A recording policy, written as `ddpviz record --recording` takes it ("every=1",
+    "guard", "replicas=1"), in the words of the person reading this process's messages.
+    See [Note: a recording policy in the user's words].
+
+    Args:
+        policy: the policy as the flag spells it.
+
+    Returns:
+        "`ddpviz record --recording every=1 -- ...`" under `ddpviz record` and on the command
+        line, else "recording=ddpviz.Recording(every=1)".
+    """
+    if _command_line or os.environ.get(ENV_RECORD) == "1":
+        return f"`ddpviz record --recording {policy} -- ...`"
+    words = ", ".join(part if "=" in part else f"{part}=True" for part in policy.split(","))
+    return f"recording=ddpviz.Recording({words})"
+
+
+class _RecordingWords:
+    def __getitem__(self, policy: str) -> str:
+        return recording_advice(policy)
+
+
+class _Fields(dict[str, object]):
+    """A fix's {fields}; a field nobody gave stays as written."""
+
+    def __init__(self, fields: Mapping[str, object], **more: object) -> None:
+        super().__init__(fields, **more)
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
 
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}

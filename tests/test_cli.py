@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -149,13 +150,14 @@ def test_diagnose_names_the_shape_planted_on_rank_1_and_exits_1(
         recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagnose", str(recorded["planted"])]) == 1  # a folder: its per-rank files
     out = capsys.readouterr().out
-    assert "from ranks 0,1 (world size 2)" in out and "2 findings: 2 errors." in out
+    assert out.startswith("ddpviz: errors: 2 errors.\n")  # the verdict first
+    assert "from ranks 0,1 (world size 2)" in out
     assert "- parameter 4 '4.weight' has a different shape across ranks (rank 1):" in out
     assert re.search(r"rank 0: +\(1, 16\)\n +rank 1: +\(3, 16\)", out)
     assert "fix: All ranks must build the same model" in out
     files = sorted(str(p) for p in recorded["planted"].glob("*.ddpviz"))
     assert main(["diagnose", *files]) == 1  # the files themselves read the same
-    assert capsys.readouterr().out.split("\n", 1)[1] == out.split("\n", 1)[1]
+    assert capsys.readouterr().out.split("\n", 2)[2] == out.split("\n", 2)[2]
 
 
 @pytest.mark.dist
@@ -182,7 +184,7 @@ def test_diagnose_a_healthy_run_says_so_in_one_line_and_exits_0(
         recorded: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diagnose", str(recorded["healthy"])]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and out[1] == "ddpviz: healthy: no problems found."
+    assert len(out) == 2 and out[0] == "ddpviz: healthy: no problems found."
     assert main(["diagnose", "--json", str(recorded["healthy"])]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "healthy" and doc["findings"] == []
@@ -240,6 +242,29 @@ def test_diagnose_never_prints_a_traces_control_characters(
     out = capsys.readouterr().out
     assert "\\x1b[2K\\x1b[1Ahidden\\x07" in out and "a\\x0db" in out
     assert not any(c in out for c in "\x1b\x07\r")
+
+
+@pytest.mark.parametrize("verb", [["diagnose"], ["diagnose", "--json"], ["--help"]])
+def test_a_reader_that_left_ends_the_command_quietly(tmp_path: Path, verb: list[str]) -> None:
+    # `ddpviz diagnose DIR | head`: head leaves early. The pipe's read end is closed before
+    # the command starts, so every write meets a pipe without a reader (deterministically).
+    from ddpviz import events as ev
+
+    finding = ddpviz.Finding(kind="rank_hang", severity="error", title="a hang",
+                             detail=tuple(f"line {i}" for i in range(1000)))
+    path = tmp_path / "t.ddpviz"
+    Trace([ev.FindingReported(0, 0, 1, 0, finding)]).save(path)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "ddpviz", *verb,
+                            *([str(path)] if verb[0] == "diagnose" else [])],
+                           stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert r.stderr == ""  # no BrokenPipeError traceback
+    if verb[0] == "diagnose":
+        assert r.returncode == 128 + 13  # as a command killed by SIGPIPE
 
 
 def test_the_help_maps_every_command_to_a_python_name_that_exists() -> None:

@@ -8,6 +8,7 @@ import typing
 import msgspec
 import pytest
 
+from ddpviz import findings
 from ddpviz.findings import FIXES, KINDS, Finding, Kind, fix_for
 
 
@@ -37,3 +38,30 @@ def test_a_finding_outside_the_vocabulary_does_not_decode(field: str) -> None:
     msgspec.json.decode(msgspec.json.encode(good), type=Finding)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(msgspec.json.encode({**good, field: "bogus"}), type=Finding)
+
+
+def test_a_fix_names_the_policy_as_the_reader_turns_it_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # In Python: Recording(...); in a rank of `ddpviz record` and on the command line: the flag.
+    monkeypatch.delenv("DDPVIZ_RECORD", raising=False)
+    monkeypatch.setattr(findings, "_command_line", False)
+    python = fix_for("nonfinite_parameter", "unseen")
+    assert "recording=ddpviz.Recording(guard=True)" in python
+    assert "recording=ddpviz.Recording(every=1)" in python and "--recording" not in python
+    assert "DDPVIZ_RECORDING" not in fix_for("grad_order", "not_recorded")
+    monkeypatch.setenv("DDPVIZ_RECORD", "1")
+    for kind, variant in (("nonfinite_parameter", "unseen"), ("grad_order", "not_recorded")):
+        text = fix_for(kind, variant)  # type: ignore[arg-type]
+        assert "`ddpviz record --recording every=1 -- ...`" in text and "Recording(" not in text
+    monkeypatch.delenv("DDPVIZ_RECORD")
+    with findings.on_the_command_line():
+        flag = findings.recording_advice("replicas=1")
+        unseen = fix_for("nonfinite_parameter", "unseen")
+    assert flag == "`ddpviz record --recording replicas=1 -- ...`"
+    assert "`ddpviz record --recording guard -- ...`" in unseen
+    assert "--recording" not in fix_for("nonfinite_parameter", "unseen")  # (and after it, not)
+
+
+def test_a_field_a_fix_was_not_given_stays_as_written() -> None:
+    assert fix_for("peer_failed", rank=3).startswith("Fix the error on rank 3;")
+    assert fix_for("peer_failed").startswith("Fix the error on rank {rank};")

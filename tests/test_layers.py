@@ -2,8 +2,9 @@
 
 Imports are read with `ast`: module-level and lazy (inside functions) imports both count;
 imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up:
-- the vocabulary (events, findings, model_mismatch, errors, limits) imports only itself; the
-  utilities (atomic saves, HTML escaping, the lab dependency list) import nothing from ddpviz;
+- the vocabulary (events, findings, model_mismatch, errors, limits, envvars) imports only
+  itself; the utilities (atomic saves, HTML escaping, the lab dependency list) import nothing
+  from ddpviz;
 - tracefile (the .ddpviz frame format, reader and writer) and framecolumns (its decoder of hot
   events into columns) import only the vocabulary and each other;
 - model/ (the run model: the one fold of the event stream) imports only the vocabulary, the
@@ -32,7 +33,7 @@ import ddpviz
 
 PACKAGE = Path(ddpviz.__file__).parent
 VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limits",
-              "ddpviz.model_mismatch"}
+              "ddpviz.model_mismatch", "ddpviz.envvars"}
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps", "ddpviz.private_dir",
              "ddpviz.units"}
 FORMAT = {"ddpviz.traces.fileformat", "ddpviz.traces.framecolumns"}  # the file format, both ways

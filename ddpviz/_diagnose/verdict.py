@@ -103,14 +103,32 @@ def ended_sentence(ranks: Sequence[int], ended: Mapping[int, End]) -> str:
     return "; ".join(parts) + "."
 
 
+def verdict(findings: Sequence[Finding]) -> str:
+    """The run in one word: "errors" when a finding is an error, else "warnings" when one is a
+    warning, else "healthy" (notes, severity "info", say what was not checked or needs no
+    fix: they leave a run healthy)."""
+    severities = {f.severity for f in findings}
+    return "errors" if "error" in severities else "warnings" if "warning" in severities \
+        else "healthy"
+
+
 def verdict_line(findings: Sequence[Finding]) -> str:
-    """'healthy: no problems found.' or '3 findings: 1 error, 2 warnings.'"""
-    if not findings:
-        return "healthy: no problems found."
-    counts = [(s, sum(f.severity == s for f in findings)) for s in SEVERITIES]
-    told = ", ".join(f"{n} {s}{'s' if n > 1 else ''}" for s, n in counts if n)
-    healthy = "" if any(f.severity == "error" for f in findings) else " (no error)"
-    return f"{len(findings)} finding{'s' if len(findings) > 1 else ''}{healthy}: {told}."
+    """The verdict first, then the counts: 'healthy: no problems found.', 'healthy: no
+    problems found (1 note, last: what was not checked).', 'errors: 1 error, 2 warnings, 1
+    note.'"""
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
+    notes = counts["info"]
+    noted = f"{notes} note{'s' if notes > 1 else ''}"
+    word = verdict(findings)
+    if word == "healthy":
+        return ("healthy: no problems found"
+                + (f" ({noted}, last: what was not checked)" if notes else "") + ".")
+    told = [f"{counts[s]} {s}{'s' if counts[s] > 1 else ''}" for s in ("error", "warning")
+            if counts[s]]
+    return f"{word}: {', '.join(told + ([noted] if notes else []))}."
+
+
+_GROUPS = {"error": "error", "warning": "warning", "info": "note"}  # headings, severity first
 
 
 def finding_lines(f: Finding) -> list[str]:
@@ -128,29 +146,30 @@ def finding_lines(f: Finding) -> list[str]:
 def diagnosis_text(trace: Trace, findings: Sequence[Finding],
                    files: Sequence[Path] = (), ended: Mapping[int, End] | None = None,
                    notes: Sequence[str] = ()) -> str:
-    """`ddpviz diagnose`'s output: the trace in one line, which ranks' files say they ended
-    (`ended`, when any does), `notes` (messages on the files: end records not counted), the
-    verdict, then the findings grouped by severity (errors first), each with where it is, its
-    values, detail and fix. Every line is one line of the output: what a file put in it (a
+    """`ddpviz diagnose`'s output: the verdict (healthy, warnings or errors, with counts), the
+    trace in one line, which ranks' files say they ended (`ended`, when any does), `notes`
+    (messages on the files: end records not counted), then the findings grouped by severity
+    (errors first, notes last: what was not checked), each with where it is, its values,
+    detail and fix. Every line is one line of the output: what a file put in it (a
     name, an error) cannot start another or reorder it (See [Note: text from a file, on a
     terminal], fileformat.py)."""
     facts = trace_facts(trace)
     name = (", ".join(str(f) for f in files) if len(files) <= 2
              else f"{len(files)} files in {files[0].parent}") if files else "trace"
-    lines = [f"ddpviz: {name}: {facts.sentence()}"]
+    lines = [f"ddpviz: {verdict_line(findings)}", f"ddpviz: {name}: {facts.sentence()}"]
     if ended:
         lines.append(f"ddpviz: {ended_sentence(facts.ranks, ended)}")
     lines += [line for note in notes for line in note.split("\n")]
     if facts.truncated:
         lines.append("ddpviz: a file ended in a torn frame: events after the writer's last "
                      "flush are missing, so the diagnosis may be incomplete.")
-    lines.append(f"ddpviz: {verdict_line(findings)}")
     ordered = sort_findings(findings)
     for severity in SEVERITIES:
         group = [f for f in ordered if f.severity == severity]
         if not group:
             continue
-        lines += ["", f"{severity}s ({len(group)}):" if len(group) > 1 else f"{severity}:"]
+        heading = _GROUPS[severity]
+        lines += ["", f"{heading}s ({len(group)}):" if len(group) > 1 else f"{heading}:"]
         for f in group:
             lines += finding_lines(f)
     return "\n".join(printable(line) for line in lines)
@@ -179,10 +198,9 @@ def diagnosis_json(trace: Trace, findings: Sequence[Finding],
     facts = trace_facts(trace)
     ordered = sort_findings(findings)
     counts = {s: sum(f.severity == s for f in ordered) for s in SEVERITIES}
-    verdict = "errors" if counts["error"] else "warnings" if counts["warning"] else "healthy"
     started = (datetime.datetime.fromtimestamp(facts.started_wall_ns / 1e9, tz=datetime.UTC)
                .isoformat() if facts.started_wall_ns is not None else None)
-    doc = {"schema": JSON_SCHEMA, "verdict": verdict,
+    doc = {"schema": JSON_SCHEMA, "verdict": verdict(ordered),
            "trace": {"files": [str(f) for f in files], "ranks": list(facts.ranks),
                      "events": facts.events, "steps": facts.steps,
                      "world_size": facts.world_size, "started": started,

@@ -22,6 +22,7 @@ from ddpviz.advisor.costmodel import CostModel, fit_cost_model
 from ddpviz.advisor.replay import observed_step_s, predict
 from ddpviz.advisor.source import AdviceError, as_trace
 from ddpviz.advisor.timeline import Timeline, build_timeline
+from ddpviz.findings import recording_advice
 from ddpviz.model.event_model import EventModel
 from ddpviz.plan import MB, BucketPlan, PlannedBucket
 
@@ -111,8 +112,8 @@ def advise(source: object, *, candidates: object = None,
             f"ddpviz: the trace holds {n} step(s) but no step after the first that every one of "
             f"the {timeline.world_size} ranks recorded completely with the final bucket map.\n"
             "Record at least 3 training steps (forward, backward, optimizer) with per-parameter "
-            "gradient times (recording=ddpviz.Recording(every=1); the default, every=100, records "
-            "them on steps 0-2 and every 100th only) and pass it again.")
+            f"gradient times ({recording_advice('every=1')}; the default, every=100, "
+            "records them on steps 0-2 and every 100th only) and pass it again.")
     model = fit_cost_model(timeline, cost_model)
     cur_c = current_candidate(timeline)
     observed_map = timeline.current_buckets()

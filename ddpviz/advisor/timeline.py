@@ -20,6 +20,7 @@ import numpy as np
 
 from ddpviz import events as ev
 from ddpviz.advisor.source import AdviceError
+from ddpviz.findings import recording_advice
 from ddpviz.model.event_model import EventModel, GradArray, StepRecord, Timed
 from ddpviz.plan import ObservedMaps, PlannedParam, observed_plan
 from ddpviz.traces.trace import Trace
@@ -223,9 +224,8 @@ def _build(model: EventModel, copy: bool) -> Timeline:
                for rec in recs.values()):
         raise AdviceError(
             "ddpviz: the trace has no GradReady events, so when each gradient became ready is "
-            "unknown.\nRecord with recording=ddpviz.Recording(every=1) (or the default, every=100, "
-            "whose first steps and every 100th are full) for ddpviz.watch or ddpviz's "
-            "DistributedDataParallel.")
+            f"unknown.\nRecord with {recording_advice('every=1')} (or the default, "
+            "every=100, whose first steps and every 100th are full).")
     rebuilt = [rec.rebuilt_order for _, rec in sorted(
         (s, recs[rank0]) for s, recs in history.items() if rank0 in recs)
         if rec.rebuilt_order is not None]

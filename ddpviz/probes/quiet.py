@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ddpviz.events import FindingReported
-from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
+from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, recording_advice
 from ddpviz.probes import collective_check
 from ddpviz.probes.pulse import ENDING, Beat
 from ddpviz.probes.rendezvous import Board, Position, notice_after
@@ -131,9 +131,8 @@ class QuietGuard:
                    f"{self.timeout:g}s; rank {dog.rank} has waited since its forward"),
             ranks=behind, field="all-reduce", step=step, values=values,
             detail=(f"named by rank {dog.rank}'s watcher thread: {after}; "
-                    "watch(recording=ddpviz.Recording(guard=True)) raises this as RankHangError "
-                    "from backward() "
-                    "instead",),
+                    f"{recording_advice('guard')} raises this as RankHangError from "
+                    "backward() instead",),
             fix=fix_for("rank_hang", "behind"), world_size=dog.world_size)
 
     def _report(self, finding: Finding) -> None:

@@ -8,7 +8,15 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks, odd_ranks, rank_spans
+from ddpviz.findings import (
+    Finding,
+    fix_for,
+    format_ranks,
+    group_ranks,
+    odd_ranks,
+    rank_spans,
+    recording_advice,
+)
 
 SHOWN = 8  # differing tensors named in the title and detail lines
 
@@ -220,9 +228,9 @@ def judge(step: int, states: Mapping[int, RankState], *, param_names: Sequence[s
                       "or more ranks, the ranks that differ from the value the others agree "
                       "on are named)")
     if not exact:
-        detail.append("checked every step from now on for a while; set "
-                      "DDPVIZ_RECORDING=replicas=1 (or Recording(replicas=1)) to find the "
-                      "first differing step exactly")
+        detail.append("checked every step from now on for a while; "
+                      f"{recording_advice('replicas=1')} finds the first differing step "
+                      "exactly")
     return Finding(
         kind="replicas_diverged", severity=severity,  # type: ignore[arg-type]
         title=title, ranks=odd, param=first if bad_params else -1,

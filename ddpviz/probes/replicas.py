@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import sys
 import threading
 import time
 import warnings
@@ -288,7 +289,11 @@ class ReplicaCheck:
 
     def _at_exit(self) -> None:
         ENDING.set()  # (the quiet guard names no wait while the job ends: quiet.py)
-        self.finish()
+        # A rank leaving on an uncaught exception waits for no judgement: its peers learn of
+        # the crash when it exits, so every second here is a second later for them. It still
+        # posts its final digests; only its thread's way out is waited for. See [Note: the
+        # job's end and checkpoints].
+        self.finish(0.0 if left_on_an_exception() else FINAL_S)
 
     def checkpoint(self) -> None:
         """A state_dict of the DDP's module was taken (a checkpoint, usually): compare the
@@ -623,7 +628,10 @@ def _state(raw: bytes, n_params: int) -> RankState | None:
 # (atexit); and at close(). Each rank digests its parameters as they are then (after the last
 # optimizer step: the step of its latest forward), posts them like a checked step, and rank
 # 0's thread compares; the waits are bounded by FINAL_S (a peer may be gone already, its store
-# connection with it), and nothing is raised into the job.
+# connection with it), and nothing is raised into the job. A rank waits only while a judgement
+# is pending: rank 0 while a posted step is not judged yet, the others until rank 0 says it
+# judged everything; a rank whose script ended on an uncaught exception waits for none (its
+# peers fail when it exits), only for its thread to leave torch and the store (IDLE_S or so).
 # A checkpoint is a state_dict of the DDP's module (torch.save(ddp.state_dict()), Lightning's,
 # torch.distributed.checkpoint's get_state_dict): a post-hook that never changes what
 # state_dict returns digests this rank's parameters as of then, and asks every rank, through
@@ -631,6 +639,12 @@ def _state(raw: bytes, n_params: int) -> RankState | None:
 # do not save (`if rank == 0: torch.save(...)`) need not call anything. Where every rank
 # saves at the same step, that step itself is compared; else the finding of the next checked
 # step says that a checkpoint was taken between the last agreeing step and it.
+
+def left_on_an_exception() -> bool:
+    """Whether the script ended on an uncaught exception (in an exit handler: Python has then
+    set sys.last_value for the traceback it printed)."""
+    return getattr(sys, "last_value", None) is not None
+
 
 _ACTIVE: weakref.WeakSet[ReplicaCheck] = weakref.WeakSet()  # checks not yet finished
 _ORIGINAL: dict[str, Callable[..., Any]] = {}  # torch's destroy_process_group, while wrapped

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine import failure_texts as texts
+from ddpviz.envvars import ENV_HANG_TIMEOUT
 from ddpviz.errors import RankHangError, UnusedParametersError
 from ddpviz.events import Collective, FindingReported, Phase, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks
@@ -57,7 +58,6 @@ from ddpviz.probes.rendezvous import (
 # The first rank to conclude writes the verdict (Board.decide) and posts it as an alert; every
 # rank raises that same text, including a laggard that arrives later.
 
-ENV_HANG_TIMEOUT = "DDPVIZ_HANG_TIMEOUT"
 DEFAULT_HANG_TIMEOUT = 300.0  # seconds; gloo's and NCCL's own defaults are 30 and 10 minutes
 PG_FRACTION = 0.6  # of the process group's timeout: see default_hang_timeout
 _POLL_S = 0.25

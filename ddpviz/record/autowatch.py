@@ -35,6 +35,7 @@ from ddpviz.errors import DiagnosisError
 from ddpviz.events import Tap
 from ddpviz.probes.sync_contract import SyncContract, contract_of, first_user_frame
 from ddpviz.probes.watchdog import Watchdog, resolve_hang_timeout
+from ddpviz.record import said
 from ddpviz.recording import stack_source_from_env
 from ddpviz.session.connect import connect
 
@@ -74,6 +75,7 @@ def construct(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
         bound = None  # torch's constructor raises its own error for these arguments
     group = _group(bound)
     if group is not None:
+        said.install(group)  # See [Note: one line per finding per job]
         tap = Tap(ev.default_emitter(), rank=group.rank())
         dog = Watchdog(group, timeout=resolve_hang_timeout(None, group), tap=tap,
                        stack_source=stack_source_from_env())

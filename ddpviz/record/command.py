@@ -19,12 +19,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddpviz.probes.watchdog import ENV_HANG_TIMEOUT
+from ddpviz.envvars import ENV_CONNECT, ENV_HANG_TIMEOUT, ENV_RECORD, ENV_TRACE_DIR, TRACE_FILE
 from ddpviz.recording import ENV_RECORDING, Recording
-from ddpviz.session.connect import ENV_CONNECT, ENV_TRACE_DIR
-from ddpviz.traces.fileformat import SUFFIX
 
-ENV_RECORD = "DDPVIZ_RECORD"
 HOOK = "ddpviz_autowatch.pth"
 
 
@@ -103,10 +100,10 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, term)
     if ENV_TRACE_DIR in env:
-        traces = sorted(Path(env[ENV_TRACE_DIR]).glob(f"ddpviz-trace-rank*{SUFFIX}"))
+        traces = sorted(Path(env[ENV_TRACE_DIR]).glob(TRACE_FILE.format(rank="*")))
         if traces:
             print(f"ddpviz: {len(traces)} per-rank trace(s) in {env[ENV_TRACE_DIR]}; "
-                  f"`ddpviz report {env[ENV_TRACE_DIR]}/*{SUFFIX}` writes an HTML report.",
+                  f"`ddpviz report {env[ENV_TRACE_DIR]}` writes an HTML report.",
                   file=sys.stderr)
         else:
             print(f"ddpviz: no trace was written to {env[ENV_TRACE_DIR]}: no torch "

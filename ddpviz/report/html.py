@@ -23,9 +23,16 @@ import numpy as np
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz._diagnose.diagnosis import diagnose
-from ddpviz._diagnose.verdict import SEVERITIES, ended_sentence, trace_facts, verdict_line, where
+from ddpviz._diagnose.verdict import (
+    SEVERITIES,
+    ended_sentence,
+    trace_facts,
+    verdict,
+    verdict_line,
+    where,
+)
 from ddpviz.atomic import write_text
-from ddpviz.findings import Finding, sort_findings, value_lines
+from ddpviz.findings import Finding, recording_advice, sort_findings, value_lines
 from ddpviz.model.spans import Span, table_spans
 from ddpviz.traces import columns as col
 from ddpviz.traces.columns import Table
@@ -42,7 +49,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:
 h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em}
 table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:2px 8px;
 text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}.bad{color:#b00020}
-.ok{color:#1b7f3b}.muted{color:#777}svg{display:block;margin:.5em 0}
+.verdict.errors{color:#b00020}.verdict.warnings{color:#8a5300}.verdict.healthy,.ok{color:#1b7f3b}
+.muted{color:#777}svg{display:block;margin:.5em 0}
 .finding{border-left:4px solid #ccc;padding:.2em .8em;margin:.6em 0}
 .finding.error{border-color:#b00020}.finding.warning{border-color:#c77c02}
 .finding h4{margin:.2em 0}.sev{font-size:.8em;text-transform:uppercase;margin-right:.5em}
@@ -306,9 +314,8 @@ def _timeline(all_spans: list[Span], steps: list[int]) -> str:
         out.append(markup.fmt(
             "<p>Steps {}: per-bucket summaries: a 'gradients ready' row per rank draws each "
             "bucket from its first to its last gradient ready; per-parameter hooks were not "
-            "recorded on these steps (ddpviz.Recording(every=1) records them on every step)."
-            "</p>",
-            ", ".join(map(str, summarized))))
+            "recorded on these steps ({} records them on every step).</p>",
+            ", ".join(map(str, summarized)), recording_advice("every=1")))
     t0 = min(s.start_ns for s in shown)
     t1 = max(s.end_ns for s in shown)
     scale = 900.0 / max(t1 - t0, 1)
@@ -366,7 +373,8 @@ def _timeline(all_spans: list[Span], steps: list[int]) -> str:
 
 # Finding kinds about the model's description, which the verification section lists
 _MODEL_KINDS = ("param_mismatch", "buffer_mismatch", "gpu_shared")
-_HEADINGS = {"error": "Errors", "warning": "Warnings", "info": "Notes"}
+_HEADINGS = {"error": "Errors", "warning": "Warnings",
+             "info": "Notes: what was not checked, or needs no fix"}
 
 
 def _link(f: Finding, maps: dict[tuple[Any, ...], list[tuple[int, int]]],
@@ -404,10 +412,11 @@ def _finding(i: int, f: Finding, anchor: str) -> str:
 def _findings(findings: list[Finding], link: Callable[[Finding], str]) -> str:
     """What diagnose() found, errors first, one block per finding; one line when healthy."""
     if not findings:
-        return ("<section id='findings'><h2>Findings</h2><p class='ok'>Healthy: ddpviz found "
-                "no problem in this run.</p></section>")
-    out: list[str] = [markup.fmt("<section id='findings'><h2>Findings</h2><p>{}</p>",
-                      verdict_line(findings).capitalize())]
+        return ("<section id='findings'><h2>Findings</h2><p class='verdict healthy ok'><b>"
+                "Healthy: no problems found.</b></p></section>")
+    out: list[str] = [markup.fmt("<section id='findings'><h2>Findings</h2>"
+                                 "<p class='verdict {}'><b>{}</b></p>", verdict(findings),
+                                 verdict_line(findings).capitalize())]
     for severity in SEVERITIES:
         group = [(i, f) for i, f in enumerate(findings) if f.severity == severity]
         if group:

@@ -15,12 +15,9 @@ import threading
 from pathlib import Path
 
 from ddpviz import events
-from ddpviz.traces.fileformat import SUFFIX
+from ddpviz.envvars import ENV_CONNECT, ENV_TRACE_DIR, TRACE_FILE
 from ddpviz.transport.codec import parse_connect_string
 from ddpviz.transport.sender import Sender
-
-ENV_CONNECT = "DDPVIZ_CONNECT"
-ENV_TRACE_DIR = "DDPVIZ_TRACE_DIR"
 
 _connected: Sender | None = None
 _previous_emitter: events.Emitter | None = None
@@ -58,7 +55,7 @@ def connect(*, rank: int | None = None, trace_dir: str | os.PathLike[str] | None
         else:
             folder = Path(trace_dir or os.environ.get(ENV_TRACE_DIR) or ".")
             folder.mkdir(parents=True, exist_ok=True)
-            sender = Sender.to_file(folder / f"ddpviz-trace-rank{rank}{SUFFIX}", rank,
+            sender = Sender.to_file(folder / TRACE_FILE.format(rank=rank), rank,
                                     capacity=capacity, batch=max(batch, 4096))
         _previous_emitter = events.set_default_emitter(sender)
         _connected = sender

@@ -14,7 +14,8 @@ from typing import Any
 import ipywidgets as w
 
 from ddpviz import markup
-from ddpviz.findings import format_ranks
+from ddpviz._diagnose.verdict import verdict, verdict_line
+from ddpviz.findings import Finding, format_ranks, sort_findings
 from ddpviz.model.event_model import Status
 from ddpviz.model.verification_matrix import group_ranks
 from ddpviz.widgets.advice_view import AdviceTab
@@ -127,13 +128,15 @@ class Dashboard(EventView):
             dropped = max(dropped, sum(stats.dropped.values()))
             rejected = stats.total_rejected
             gaps = sum(stats.gaps.values())
-        findings = self.model.findings(cursor.as_of)
+        # The ranks' findings lead, as one verdict and the most severe title (a run without
+        # any is not called healthy here: only diagnose() checks the whole run).
+        findings = sort_findings(f for f in self.model.findings(cursor.as_of)
+                                 if isinstance(f, Finding))
         if findings:
-            first = getattr(findings[0], "title", findings[0])
-            parts.append(markup.fmt("<span style='color:#b42318;font-weight:bold'>{} "
-                                    "finding{}: {}{}</span>", len(findings),
-                                    "s" if len(findings) != 1 else "", first,
-                                    " …" if len(findings) > 1 else ""))
+            parts.insert(0, markup.fmt("<span style='color:{};font-weight:bold'>{} · {}{}</span>",
+                                       _VERDICT_COLORS[verdict(findings)],
+                                       verdict_line(findings).rstrip("."), findings[0].title,
+                                       " …" if len(findings) > 1 else ""))
         bad = "color:#b42318;font-weight:bold" if dropped or rejected or gaps else "color:#555"
         parts.append(markup.fmt("<span style='{}'>{:,} dropped · {:,} rejected{}</span>", bad,
                                 dropped, rejected, f" · {gaps:,} lost" if gaps else ""))
@@ -141,6 +144,9 @@ class Dashboard(EventView):
                           "border-radius:3px'>{}</div>", markup.join(parts, " · "))
         if self.status_html.value != text:
             self.status_html.value = text
+
+
+_VERDICT_COLORS = {"errors": "#b42318", "warnings": "#8a5300", "healthy": "#555"}
 
 
 def dashboard(source: object = None, **kwargs: Any) -> Dashboard:

@@ -218,6 +218,19 @@ def test_a_job_without_torch_ddp_says_that_ddpviz_observes_torch_ddp_only(
     assert not list(tmp_path.iterdir())  # no empty trace left behind
 
 
+def test_the_launcher_imports_neither_torch_nor_numpy_nor_zmq(python: str,
+                                                             tmp_path: Path) -> None:
+    # The ranks import torch; `ddpviz record` itself only sets variables and waits, so its
+    # start-up stays a fraction of a second (torch alone takes seconds to import).
+    probe = ("import sys; from ddpviz.cli import main; "
+             f"code = main(['record', '--out', {str(tmp_path)!r}, '--', 'true']); "
+             "print(code, [m for m in ('torch', 'numpy', 'zmq') if m in sys.modules])")
+    done = run([python, "-c", probe], job_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "[]"]
+    assert "no torch DistributedDataParallel was constructed" in done.stderr
+
+
 def test_replicas_that_drift_apart_are_named_in_the_trace_diagnose_and_report(
         python: str, tmp_path: Path) -> None:
     # rank 1 edits '2.bias' after step 2: the check (every step here) names it, on stderr once

@@ -126,7 +126,7 @@ def test_a_healthy_run_says_so_in_one_line() -> None:
     section = re.search(r"<section id='findings'>(.*?)</section>", page, re.S)
     assert section is not None
     assert re.findall(r"<p[^>]*>(.*?)</p>", section.group(1)) == [
-        "Healthy: ddpviz found no problem in this run."]
+        "<b>Healthy: no problems found.</b>"]
 
 
 def test_the_summary_speaks_to_people() -> None:

@@ -127,8 +127,9 @@ def test_findings_reported_by_ranks_show_in_the_header() -> None:
     events.append(ev.FindingReported(0, 0, events[-1].t_ns + 1, 10_000, finding))
     d = Dashboard(events)
     assert d.model.findings() == [finding]
-    assert "1 finding: gradients became ready in a different order on rank 1" \
-        in d.status_html.value
+    header = d.status_html.value
+    assert "errors: 1 error · gradients became ready in a different order on rank 1" in header
+    assert header.index("errors: 1 error") < header.index("ranks 0,1 after backward")  # first
     assert "ranks 0,1 after backward" in d.status_html.value
 
 
