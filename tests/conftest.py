@@ -28,6 +28,7 @@ def work_unit(nodeid: str) -> str:
 LONG_UNITS = (
     "tests/frameworks",
     "tests/record/test_record.py",
+    "tests/record/test_accum.py",
     "tests/test_notebooks.py",
     "tests/browser",
     "tests/record/test_where.py",
