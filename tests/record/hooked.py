@@ -39,3 +39,9 @@ def hooked_python(folder: Path) -> str:
     (purelib / "zz_parent.pth").write_text("".join(f"{p}\n" for p in paths))
     shutil.copy(HOOK, purelib / HOOK.name)
     return str(python)
+
+
+def marked_line(script: Path, marker: str) -> int:
+    """The line number of `# <marker>` in a job script (where a test plants or expects)."""
+    lines = script.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if f"# <{marker}>" in text)

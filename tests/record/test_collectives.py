@@ -17,7 +17,7 @@ import pytest
 
 import ddpviz
 from tests.dist.harness import free_port
-from tests.record.hooked import ROOT, hooked_python
+from tests.record.hooked import ROOT, hooked_python, marked_line
 from tests.record.test_record import job_env
 
 pytestmark = pytest.mark.dist
@@ -34,8 +34,7 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def line_of(marker: str) -> int:
-    lines = SCRIPT.read_text().splitlines()
-    return next(i for i, text in enumerate(lines, 1) if f"# <{marker}>" in text)
+    return marked_line(SCRIPT, marker)
 
 
 def command(python: str, out: Path, nprocs: int = 2) -> list[str]:
