@@ -82,20 +82,29 @@ def quiet_ranks(rank: int, world_size: int, detail: str) -> dict[str, Any]:
 @pytest.mark.parametrize("detail", ["light", "steps"])
 def test_a_waiting_rank_names_the_rank_behind_it_and_the_step_completes(detail: str) -> None:
     # spawn, not the harness's forkserver: forked ranks failed 2 of 3 runs under load ~15-28
-    # (an extra rank_waiting before step 0; the guard not done with the last step in 40 s),
-    # not yet understood
+    # (an extra rank_waiting before step 0, which is attach's true live notice, allowed below;
+    # the guard not done with the last step in 40 s, not yet understood)
     results = run_ranks(quiet_ranks, 2, detail, timeout=150, start_method="spawn")
     waiting, behind = results[0], results[1]
-    kinds = [(f["kind"], f["ranks"], f["step"], f["severity"]) for f in waiting["found"]]
+    for res in results.values():
+        # Under load (CI, xdist) a rank may truly wait a second for the other in watch()'s
+        # attach, and says so live ("rank 1 has waited 1.0s in ddpviz.watch() for rank 0"),
+        # as a warning on the training thread; nothing else happens before the first step.
+        early = [f for f in res["found"] if f["step"] < 0]
+        assert all(f["kind"] == "rank_waiting" and f["severity"] == "warning"
+                   and f["thread"] == "MainThread" for f in early), early
+    lagged = [f for f in waiting["found"] if f["step"] >= 0]
+    kinds = [(f["kind"], f["ranks"], f["step"], f["severity"]) for f in lagged]
     assert kinds == [("rank_waiting", (1,), LAG_STEP, "warning"),
                      ("rank_hang", (1,), LAG_STEP, "error")]
-    assert {f["thread"] for f in waiting["found"]} == {"ddpviz-pulse"}  # training thread: in C++
-    hang = waiting["found"][1]["text"]
+    assert {f["thread"] for f in lagged} == {"ddpviz-pulse"}  # training thread: in C++
+    hang = lagged[1]["text"]
     assert f"rank 1 did not reach step {LAG_STEP} within 4s" in hang
     assert f"at step {LAG_STEP - 1}" in hang and "behind" in hang  # where rank 1 was
     assert "process group's timeout (60s)" in hang
-    assert waiting["warned"] == [f["text"] for f in waiting["found"]]  # on stderr too
-    assert behind["found"] == [] and behind["warned"] == []  # it waits for no one
+    assert waiting["warned"] == [f["text"] for f in lagged]  # on stderr too (not attach's notice)
+    assert [f for f in behind["found"] if f["step"] >= 0] == []  # it waits for no one
+    assert behind["warned"] == []
     for res in results.values():
         assert res["looked"], "the guard never looked at the last step"
         assert len(res["found"]) == res["named"]  # quiet at the same step: nothing reported
