@@ -359,6 +359,20 @@ def _verdict(t: np.ndarray, steps: np.ndarray, tl: Timeline, step_time: float,
     return k, n, m, xk, threshold, error
 
 
+def _aligned_forwards(tl: Timeline) -> np.ndarray:
+    """The forwards that can show a rank late: where the step before ended in an all-reduce
+    on every rank (its BackwardComputed, recorded on synced steps only), which made the ranks
+    leave it together. A forward after a no_sync micro-step is not a meeting point: the ranks
+    drift apart until the next synced backward, and counting each micro-step's forward counts
+    one drift several times. Without marks (every=never, old traces) every forward counts."""
+    if tl.computed is None or np.isnan(tl.computed).all():
+        return tl.forward
+    synced = ~np.isnan(tl.computed).any(axis=0)  # (S,)
+    after = np.zeros(len(tl.steps), dtype=bool)
+    after[1:] = synced[:-1] & (np.diff(tl.steps) == 1)
+    return np.where(after[None], tl.forward, np.nan)
+
+
 def _median_others(a: np.ndarray, k: int) -> np.ndarray:
     others = np.delete(a, k, axis=0)
     with np.errstate(all="ignore"):
@@ -520,12 +534,13 @@ def find_straggler(tl: Timeline) -> Straggler | None:
             return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
                              float(np.percentile(cost, 90)), threshold, error, phase, bucket,
                              parts, int(tl.steps[cols][-1]), "marks", n_split, n_bucket)
-    got = _verdict(tl.forward, tl.steps, tl, step_time)
+    forward = _aligned_forwards(tl)
+    got = _verdict(forward, tl.steps, tl, step_time)
     if got is None:
         return None
     k, n, m, xk, threshold, error = got
     cost = np.clip(xk, 0, None)
-    cols = np.asarray(~np.isnan(tl.forward).any(axis=0))
+    cols = np.asarray(~np.isnan(forward).any(axis=0))
     split, n_split = _gap_split(tl, k)
     gap = _split_data([("data", float(np.median(xk)))], split)
     return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),

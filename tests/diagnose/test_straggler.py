@@ -209,3 +209,30 @@ def test_ddpviz_diagnose_and_the_report_print_the_finding(tmp_path, capsys) -> N
     out = capsys.readouterr().out
     assert "rank 2 is the straggler" in out and "clock offsets exact" in out
     assert "rank 2 is the straggler" in render(trace)
+
+
+def _accumulating(drift_ms: float, late_ms: float, steps: int = 120, accum: int = 4
+                  ) -> st.Timeline:
+    """2 ranks accumulating over `accum` micro-steps (no_sync on all but the last, whose
+    backward all-reduces and is marked): rank 1 drifts `drift_ms` behind per micro-step and
+    arrives `late_ms` late at the forward after each synced step."""
+    nan = np.full((2, steps), np.nan)
+    s = np.arange(steps)
+    t = s * 10 * MS
+    micro = s % accum
+    forward = np.stack([t, t + drift_ms * MS * micro + late_ms * MS * (micro == 0)])
+    computed = np.where((micro == accum - 1)[None], forward + 8 * MS, np.nan)
+    return st.Timeline(np.array([0, 1]), s, forward, nan, nan, nan, nan, np.array([], int),
+                       np.array([], int), np.full((2, 0, 0), np.nan), np.zeros(2), np.zeros(2),
+                       0, computed, computed - 6 * MS, 0)
+
+
+def test_only_forwards_after_a_synced_step_count_as_meeting_points() -> None:
+    # a rank late at the forwards after synced steps (where the ranks met) is named from them
+    tl = _accumulating(drift_ms=0.0, late_ms=3.0)
+    got = st.find_straggler(tl)
+    assert got is not None and got.rank == 1 and got.evidence == "forward"
+    assert got.steps == 29  # the forward after each synced step (steps 4, 8 ... 116), not 120
+    aligned = st._aligned_forwards(tl)
+    assert np.isnan(aligned[:, tl.steps % 4 != 0]).all()
+    assert not np.isnan(aligned[:, 4::4]).any()
