@@ -5,7 +5,6 @@ events (watch's default samples steps 0-2 and every 100th). See [Note: backward 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 
 from ddpviz import events as ev
 from ddpviz.events import Tap
+from ddpviz.probes import step_aside
 
 # [Note: backward marks]
 # Every rank leaves a synced backward together (its last all-reduce waits for the last rank),
@@ -120,6 +120,5 @@ class BackwardMarks:
         self.error = exc
         # (the handle is removed at the next place() or close(): torch may be iterating the
         # hook dict now)
-        print(f"ddpviz: rank {self.tap.rank}: marking the backward failed ({exc!r}); ddpviz "
-              "stops marking it (a rank slow in its backward is then named from the sampled "
-              "steps only), the job goes on.", file=sys.stderr)
+        step_aside.say(self.tap.rank, "marking the backward", exc,
+                       "a rank slow in its backward is then named from the sampled steps only")

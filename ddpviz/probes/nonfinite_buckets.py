@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 
+from ddpviz.probes import step_aside
 from ddpviz.probes.nonfinite import NonfiniteCheck, _max_abs, _nonfinite, first_tensor
 
 # [Note: every step, one hook a bucket]
@@ -132,9 +132,8 @@ class BucketCheck:
         except Exception as exc:  # (never into the job: step aside, said once)
             self.closed = True
             self._plan = None
-            print(f"ddpviz: the every-step NaN check failed ({exc!r}); ddpviz stops it (NaN "
-                  "is then checked on the sampled steps only), the job goes on.",
-                  file=sys.stderr)
+            step_aside.say(None, "the every-step NaN check", exc,
+                           "NaN is then checked on the sampled steps only")
 
     def _check(self, g: int, param: torch.Tensor) -> None:
         owner = self._owner

@@ -6,7 +6,6 @@ watch() (ddpviz/_watch/) and ddpviz's DistributedDataParallel (ddp.py). See
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -18,6 +17,7 @@ from torch.optim.optimizer import (
 )
 
 from ddpviz.events import Event, OptimizerStepFinished, OptimizerStepStarted, Tap
+from ddpviz.probes import step_aside
 
 # [Note: optimizer-step tap]
 # Between a backward and the next forward a rank runs its optimizer step and loads the next
@@ -106,6 +106,5 @@ class OptimizerStepTap:
             return
         self.error = exc
         # (removed later, at the next disarm: the hook dicts may be being iterated now)
-        print(f"ddpviz: rank {self.tap.rank}: timing the optimizer step failed ({exc!r}); "
-              "ddpviz stops timing it (the straggler verdict cannot tell the optimizer step "
-              "from data loading), the job goes on.", file=sys.stderr)
+        step_aside.say(self.tap.rank, "timing the optimizer step", exc,
+                       "the straggler verdict cannot tell the optimizer step from data loading")

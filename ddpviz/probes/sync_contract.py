@@ -30,6 +30,7 @@ from ddpviz import events as ev
 from ddpviz.events import Tap
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
 from ddpviz.probes import collectives as _ledger
+from ddpviz.probes import step_aside
 from ddpviz.probes.stack_text import Frame, clip, owner, where
 
 # [Note: the gradient-sync contract]
@@ -345,9 +346,8 @@ class SyncContract:
             return
         self.error = exc
         self._closed = True
-        print(f"ddpviz: rank {self.tap.rank}: the gradient-sync check failed ({exc!r}); ddpviz "
-              "stops checking that optimizer steps use all-reduced gradients, the job goes "
-              "on.", file=sys.stderr)
+        step_aside.say(self.tap.rank, "the gradient-sync check", exc,
+                        "optimizer steps are no longer checked for all-reduced gradients")
 
 
 # --- the one global optimizer-step hook ---------------------------------------------------
