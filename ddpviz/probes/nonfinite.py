@@ -156,10 +156,16 @@ def _nonfinite(t: torch.Tensor) -> bool | torch.Tensor:
     reduction (the sum, in fp32 for 16-bit types) on the usual path; on CPU a non-finite sum
     is confirmed elementwise (a sum of finite values can overflow)."""
     t = t.detach()
-    s = t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
+    s = wide_sum(t)
     if t.device.type == "cpu":
         return not math.isfinite(s.item()) and not bool(torch.isfinite(t).all())
     return ~(s.isfinite() | torch.isfinite(t).all())  # (no branch on a device value)
+
+
+def wide_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum of t's elements on its device: in fp32 for 16-bit types (whose own sums
+    overflow early), in t's dtype otherwise."""
+    return t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
 
 
 def first_tensor(output: Any) -> torch.Tensor | None:

@@ -14,7 +14,13 @@ from typing import Any
 import torch
 
 from ddpviz.probes import step_aside
-from ddpviz.probes.nonfinite import NonfiniteCheck, _max_abs, _nonfinite, first_tensor
+from ddpviz.probes.nonfinite import (
+    NonfiniteCheck,
+    _max_abs,
+    _nonfinite,
+    first_tensor,
+    wide_sum,
+)
 
 # [Note: every step, one hook a bucket]
 # torch's reducer launches a bucket's all-reduce when its last parameter is marked ready, in that
@@ -120,8 +126,7 @@ class BucketCheck:
         if out is None or not out.is_floating_point():
             self.ostep = -1
             return
-        out = out.detach()
-        self.osum = out.sum() if out.dtype == torch.float32 else out.sum(dtype=torch.float32)
+        self.osum = wide_sum(out.detach())  # (fp64 stays fp64: its sum can exceed fp32's range)
         self.ostep = step
 
     def _hook(self, g: int, param: torch.Tensor) -> None:
@@ -144,9 +149,10 @@ class BucketCheck:
         last = seen == len(self._members)
         osum = self.osum if last and self.ostep == step else None
         members, params = self._members[g], self.params
-        grads = [t for i in members if (t := params[i].grad) is not None]
+        got = [(i, t) for i in members if (t := params[i].grad) is not None]
+        grads = [t for _, t in got]
         if param.device.type != "cpu":
-            self._device(step, members, grads, osum)
+            self._device(step, [i for i, _ in got], grads, osum)
             if last:
                 self.check.step_checked_device(step, osum is not None)
             return
@@ -159,14 +165,15 @@ class BucketCheck:
             self.check.step_checked(step, None if osum is None else
                                     not math.isfinite(osum.item()))
 
-    def _device(self, step: int, members: list[int], grads: list[torch.Tensor],
+    def _device(self, step: int, indices: list[int], grads: list[torch.Tensor],
                 osum: torch.Tensor | None) -> None:
-        """GPU: one fused max-abs per gradient (NaN propagates), the output's sum appended on
-        the step's last hook, copied to pinned memory behind an event and read at a later
-        step: three device ops and no host sync a hook."""
+        """GPU: one fused max-abs per gradient of `indices` (NaN propagates), the output's sum
+        appended on the step's last hook, copied to pinned memory behind an event and read at
+        a later step: three device ops and no host sync a hook."""
         if not grads and osum is None:
             return
-        indices = [i for i in members if self.params[i].grad is not None]
+        if osum is not None and osum.dtype != torch.float32:  # fp64: only its finiteness
+            osum = torch.where(osum.isfinite(), 0.0, math.nan).to(torch.float32)
         if osum is not None and grads and osum.device != grads[0].device:
             osum = osum.to(grads[0].device)  # (an output on another device: rare)
         self.check.local_grads_device(step, indices, _max_abs(grads, osum), osum is not None)
@@ -194,8 +201,7 @@ def _total(grads: list[torch.Tensor]) -> float:
 
 
 def _sum(t: torch.Tensor) -> float:
-    return (t.sum() if t.dtype in (torch.float32, torch.float64) else
-            t.sum(dtype=torch.float32)).item()
+    return wide_sum(t).item()
 
 
 def _bad(t: torch.Tensor | None) -> bool:
