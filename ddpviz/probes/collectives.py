@@ -609,7 +609,10 @@ def _wrap_functional(fn: Callable[..., Any], op: str, keep: str) -> Callable[...
             return fn(*args, **kwargs)
         started = None
         try:
-            ledger = _functional_ledger(group_of(args, kwargs), tag_of(args, kwargs))
+            group = group_of(args, kwargs)
+            ledger = _groups.get(id(group))  # a ProcessGroup seen before: no resolving
+            if ledger is None or ledger.group is not group or not ledger.comparable:
+                ledger = _functional_ledger(group, tag_of(args, kwargs))
             if ledger is not None:
                 raw = capture(args, kwargs)
                 if broadcast:  # funcol's src is the group's rank: kept as dist.broadcast's
@@ -689,9 +692,6 @@ def install() -> bool:
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapper)
     _keep_traceable(wrapped)
-    from ddpviz_autowatch import after_import  # stdlib only, installed with ddpviz
-
-    after_import("torch.distributed._functional_collectives", _wrap_functionals)
     return True
 
 
@@ -722,7 +722,9 @@ def release() -> None:
 def _keep_traceable(wrapped: dict[Any, Any]) -> None:
     """torch.compile traces torch.distributed's collectives inside compiled code by looking
     them up in a table of functional rewrites; the wrappers join that table under the
-    original's rewrite, so compiled code that calls them compiles as without ddpviz."""
+    original's rewrite, so compiled code that calls them compiles as without ddpviz. The
+    functional collectives are wrapped there too (one hook per module: `after_import` keeps
+    the first)."""
     from ddpviz_autowatch import after_import  # stdlib only, installed with ddpviz
 
     def add(module: Any) -> None:
@@ -731,6 +733,7 @@ def _keep_traceable(wrapped: dict[Any, Any]) -> None:
             for original, wrapper in wrapped.items():
                 if original in remaps:
                     remaps[wrapper] = remaps[original]
+        _wrap_functionals(module)
 
     after_import("torch.distributed._functional_collectives", add)
 
