@@ -466,7 +466,8 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
     if seq is None:
         return None
     code, line = _user_frame(frame)
-    call = Call(seq - ledger.shift, -1, name, raw, code, line, _step, asym, _launch.bucket)
+    bucket = _launch.bucket
+    call = Call(seq - ledger.shift, -1, name, raw, code, line, _step, asym, bucket)
     with _lock:
         ledger.entries.append(call)
         ledger.count += 1
@@ -481,8 +482,9 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
             _sites[site] = (name, raw)
             _site_codes.append(code)
             on_new_site(ledger)
-        elif last[1] != raw or last[0] != name:
-            # See [Note: a known call site that changed] (collective_check.py)
+        elif (last[1] != raw or last[0] != name) and bucket < 0:
+            # See [Note: a known call site that changed] (collective_check.py); a DDP comm
+            # hook's all-reduce changes with its bucket by design: DDP's, not met
             _sites[site] = (name, raw)
             if on_changed_site is not None:
                 on_changed_site(ledger)
