@@ -147,8 +147,10 @@ _step = -1  # the DDP step the training thread is in (set by the watches)
 _installed = False
 _enabled = 0  # watches and twins that asked for the ledger and are still open
 _failed: list[str] = []  # why the ledger stepped aside, said once
-# collective_check sets this: post `ledger` now, counting the entry being issued
+# collective_check sets these: post `ledger` now, counting the entry being issued (a new call
+# site's first collective; a known site's collective whose signature differs from its last)
 on_new_site: Callable[[GroupLedger], None] | None = None
+on_changed_site: Callable[[GroupLedger], None] | None = None
 
 
 def job_collectives_issued() -> int:
@@ -297,7 +299,23 @@ _ASYM: dict[str, _Sig] = {
     "batch_isend_irecv": _Sig("p2p_op_list:n", lambda n: f"{n} ops"),
     "monitored_barrier": _Sig("", lambda: ""),
 }
+# the functional collectives (torch.distributed._functional_collectives, See [Note: functional
+# collectives]): their name there -> (the op as ranks compare it, the arguments kept, as in
+# `_Sig`); the group is their argument `group`. Each reads as the torch.distributed call that
+# pairs with it, so a rank that issues one and a rank that issues the other agree.
+_FUNCTIONAL: dict[str, tuple[str, str]] = {
+    "all_reduce": ("all_reduce", "self:t reduceOp"),
+    "broadcast": ("broadcast", "self:t src"),  # src: the group's rank, made global when kept
+    "all_gather_single": ("all_gather_into_tensor", "self:t"),
+    "reduce_scatter_single": ("reduce_scatter_tensor", "self:t reduceOp"),
+    "all_reduce_coalesced": ("all_reduce_coalesced", "self:ts reduceOp"),
+    "all_gather_single_coalesced": ("all_gather_into_tensor_coalesced", "self:ts"),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced", "inputs:ts reduceOp"),
+    "all_to_all_single": ("all_to_all_single", "self:d"),
+}
 _TEXT = {name: sig.text for table in (_SIGS, _ASYM) for name, sig in table.items()}
+_TEXT["all_gather_into_tensor_coalesced"] = _ts
+_TEXT["reduce_scatter_tensor_coalesced"] = lambda ts, op: f"{_ts(ts)} {_reduce_op(op)}"
 
 
 def _text(op: str, raw: tuple[Any, ...]) -> str:
@@ -421,14 +439,14 @@ def _ledger_of(group: Any, since_now: bool = False) -> GroupLedger | None:
 # the DDP bucket whose comm hook is running on this thread (`.bucket`, else -1), set by
 # ddpviz's reducer and by watch()'s guard around torch's
 _launch = comm.LAUNCH
-_sites: set[tuple[int, int]] = set()  # (id(code), line) of the call sites seen
+# (id(code), line) of the call sites seen -> the op and raw arguments of their last call
+_sites: dict[tuple[int, int], tuple[str, tuple[Any, ...]]] = {}
 _site_codes: list[CodeType | None] = []  # their code objects, kept (their ids stay theirs)
 
 
 def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
            kwargs: dict[str, Any], asym: bool,
            frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
-    global _issued
     if group is None:
         group = _world.WORLD
     ledger = _groups.get(id(group))
@@ -438,12 +456,18 @@ def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
             return None
     if not ledger.comparable:
         return None
+    return _record(ledger, name, capture(args, kwargs), asym, frame)
+
+
+def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
+            frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
+    global _issued
     seq = ledger.seq()
     if seq is None:
         return None
     code, line = _user_frame(frame)
-    call = Call(seq - ledger.shift, -1, name, capture(args, kwargs), code, line, _step, asym,
-                _launch.bucket)
+    bucket = _launch.bucket
+    call = Call(seq - ledger.shift, -1, name, raw, code, line, _step, asym, bucket)
     with _lock:
         ledger.entries.append(call)
         ledger.count += 1
@@ -452,11 +476,18 @@ def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
         ledger.open_asym = call
     elif on_new_site is not None:
         site = (id(code), line)
-        if site not in _sites:
+        last = _sites.get(site)
+        if last is None:
             # See [Note: a new call site is posted first] (collective_check.py)
-            _sites.add(site)
+            _sites[site] = (name, raw)
             _site_codes.append(code)
             on_new_site(ledger)
+        elif (last[1] != raw or last[0] != name) and bucket < 0:
+            # See [Note: a known call site that changed] (collective_check.py); a DDP comm
+            # hook's all-reduce changes with its bucket by design: DDP's, not met
+            _sites[site] = (name, raw)
+            if on_changed_site is not None:
+                on_changed_site(ledger)
     return ledger, seq, call
 
 
@@ -515,6 +546,110 @@ def _wrap(name: str, fn: Callable[..., Any], sig: _Sig, asym: bool) -> Callable[
 
     wrapper.__ddpviz_original__ = fn  # type: ignore[attr-defined]
     return wrapper
+
+
+# [Note: functional collectives]
+# torch.distributed._functional_collectives (funcol) issues its collectives through torch ops
+# (torch.ops._c10d_functional.*), not through torch.distributed's functions: they take
+# positions, and the ledger records them at funcol's own functions, wrapped like the others
+# (`_FUNCTIONAL`; the aliases, `_autograd` forms and torch's internal callers reach these
+# through the module, so they are recorded too, once: a nested call is not an entry). In eager
+# mode the op runs its collective when called (gloo) or enqueues it (NCCL) and returns an
+# AsyncCollectiveTensor whose wait comes at its first use: the wrapper reads only the input's
+# dtype and size and the sequence number before and after the call, never the result, so it
+# neither waits nor changes what the job computes. Inside torch.compile the wrapper is the
+# original function (`torch.compiler.is_compiling()` first): dynamo traces funcol as without
+# ddpviz, and what the compiled graph issues is not recorded (See docs/collectives.md).
+
+
+def _functional_ledger(group: Any, tag: Any) -> GroupLedger | None:
+    """The ledger of a functional collective's `group` (a ProcessGroup, a group name, a
+    DeviceMesh, (DeviceMesh, dim) or a list of ranks); None when it cannot be resolved (funcol
+    then says what was wrong with it, not the ledger)."""
+    if not isinstance(group, dist.ProcessGroup):
+        try:
+            from torch.distributed import _functional_collectives as funcol
+            from torch.distributed import distributed_c10d as c10d
+
+            resolved: Any
+            if isinstance(group, list):  # (funcol's own resolution warns: not a second time)
+                resolved = c10d._resolve_group_name_by_ranks_and_tag(group, tag or "")
+            else:
+                resolved = funcol._resolve_group(group, tag or "")
+            group = (resolved if isinstance(resolved, dist.ProcessGroup)
+                     else c10d._resolve_process_group(resolved))
+        except Exception:
+            return None
+    ledger = _groups.get(id(group))
+    if ledger is None or ledger.group is not group:
+        ledger = _ledger_of(group)
+    if ledger is None or not ledger.comparable:
+        return None
+    return ledger
+
+
+def _wrap_functional(fn: Callable[..., Any], op: str, keep: str) -> Callable[..., Any]:
+    """`fn`, a functional collective, recording what it issues as `op` (See [Note: functional
+    collectives])."""
+    params = inspect.signature(fn).parameters
+    order = list(params)
+    defaults = {p: (None if v.default is inspect.Parameter.empty else v.default)
+                for p, v in params.items()}
+
+    def getter(arg: str, how: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+        return _getter(order.index(arg) if arg in order else _FAR, arg, defaults.get(arg), how)
+
+    capture = _capture([getter(*k.split(":")) if ":" in k else getter(k, "")
+                        for k in keep.split()])
+    group_of, tag_of = getter("group", ""), getter("tag", "")
+    broadcast = op == "broadcast"
+    local, frame_of, compiling = _local, sys._getframe, torch.compiler.is_compiling
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if compiling() or not _enabled or local.depth:
+            return fn(*args, **kwargs)
+        started = None
+        try:
+            group = group_of(args, kwargs)
+            ledger = _groups.get(id(group))  # a ProcessGroup seen before: no resolving
+            if ledger is None or ledger.group is not group or not ledger.comparable:
+                ledger = _functional_ledger(group, tag_of(args, kwargs))
+            if ledger is not None:
+                raw = capture(args, kwargs)
+                if broadcast:  # funcol's src is the group's rank: kept as dist.broadcast's
+                    src = raw[1]
+                    ranks = ledger.ranks
+                    raw = (raw[0], ranks[src] if isinstance(src, int) and 0 <= src < len(ranks)
+                           else src, None)
+                started = _record(ledger, op, raw, False, frame_of(1))
+        except Exception as exc:  # never break the job's collective: step aside
+            _step_aside(f"{op}: {exc!r}")
+        local.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
+            if started is not None:
+                try:
+                    _end(*started)
+                except Exception as exc:
+                    _step_aside(f"{op}: {exc!r}")
+
+    wrapper.__ddpviz_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_functionals(module: Any) -> None:
+    """Wrap `_FUNCTIONAL`'s functions in torch.distributed._functional_collectives (once)."""
+    for name, (op, keep) in _FUNCTIONAL.items():
+        original = getattr(module, name, None)
+        if original is None or hasattr(original, "__ddpviz_original__"):
+            continue
+        try:
+            setattr(module, name, _wrap_functional(original, op, keep))
+        except (TypeError, ValueError):  # a signature it cannot read: left as it is
+            continue
 
 
 def _step_aside(why: str) -> None:
@@ -589,7 +724,9 @@ def release() -> None:
 def _keep_traceable(wrapped: dict[Any, Any]) -> None:
     """torch.compile traces torch.distributed's collectives inside compiled code by looking
     them up in a table of functional rewrites; the wrappers join that table under the
-    original's rewrite, so compiled code that calls them compiles as without ddpviz."""
+    original's rewrite, so compiled code that calls them compiles as without ddpviz. The
+    functional collectives are wrapped there too (one hook per module: `after_import` keeps
+    the first)."""
     from ddpviz_autowatch import after_import  # stdlib only, installed with ddpviz
 
     def add(module: Any) -> None:
@@ -598,6 +735,7 @@ def _keep_traceable(wrapped: dict[Any, Any]) -> None:
             for original, wrapper in wrapped.items():
                 if original in remaps:
                     remaps[wrapper] = remaps[original]
+        _wrap_functionals(module)
 
     after_import("torch.distributed._functional_collectives", add)
 

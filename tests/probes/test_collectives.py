@@ -98,3 +98,77 @@ def test_each_call_is_recorded_with_what_must_agree_and_its_call_site() -> None:
                                   "reduce_scatter_tensor"]
     assert [e[:4] for e in results[0]["entries"][:10]] == \
         [e[:4] for e in results[1]["entries"][:10]]
+
+
+def _functional(rank: int, world: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+
+    from ddpviz.probes import collectives
+
+    graphs: list[str] = []
+
+    def backend(gm: Any, example: Any) -> Any:
+        graphs.append(gm.code)
+        return gm.forward
+
+    def step(x: Any) -> Any:
+        y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)  # f_step_reduce
+        return funcol.all_gather_single(y + 1, 0, dist.group.WORLD).sum()  # f_step_gather
+
+    x = torch.arange(4.0) + rank
+    compiled_before = torch.compile(step, backend=backend, fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert collectives.install()
+    compiled_after = torch.compile(step, backend=backend, fullgraph=True)(x)
+    before = len(collectives.groups()[0].entries) if collectives.groups() else 0
+    eager = step(x)  # eager
+    group = dist.group.WORLD
+    out = [funcol.all_reduce(x, "max", group),  # f_all_reduce
+           funcol.broadcast(x, 1, group),  # f_broadcast
+           funcol.all_gather_tensor(x, 0, [0, 1]),  # f_gather_ranks
+           funcol.reduce_scatter_tensor(x, "sum", 0, group),  # f_reduce_scatter
+           funcol.all_to_all_single_autograd(x.double(), None, None, group),  # f_all_to_all
+           *funcol.all_reduce_coalesced([x, x[:2]], "sum", group)]  # f_coalesced
+    kinds = [type(o).__name__ for o in out]  # not waited for by the ledger
+    values = [o.tolist() for o in out]
+    ledger = next(g for g in collectives.groups() if g.group is group)
+    entries = [c.entry() for c in ledger.entries]
+    collectives.release()
+    return {"same_graph": graphs[0] == graphs[1], "compiled_recorded": before,
+            "results": [float(compiled_before), float(compiled_after), float(eager)],
+            "entries": [(e.pos, e.span, e.op, e.sig, e.site) for e in entries],
+            "kinds": kinds, "values": values}
+
+
+def test_functional_collectives_are_recorded_by_name_and_compile_as_without() -> None:
+    results = run_ranks(_functional, 2, timeout=180)
+    site = "test_collectives.py:{} in _functional".format
+    for r in results.values():
+        # compiled code: the same graph as without the ledger, nothing recorded from it
+        assert r["same_graph"]
+        assert r["compiled_recorded"] == 0
+        assert len(set(r["results"])) == 1
+        assert [e[2:] for e in r["entries"]] == [
+            ("all_reduce", "float32 x4 sum",
+             "test_collectives.py:{} in step".format(_line("f_step_reduce"))),
+            ("all_gather_into_tensor", "float32 x4",
+             "test_collectives.py:{} in step".format(_line("f_step_gather"))),
+            ("all_reduce", "float32 x4 max", site(_line("f_all_reduce"))),
+            ("broadcast", "float32 x4 from rank 1", site(_line("f_broadcast"))),
+            ("all_gather_into_tensor", "float32 x4", site(_line("f_gather_ranks"))),
+            ("reduce_scatter_tensor", "float32 x4 sum", site(_line("f_reduce_scatter"))),
+            ("all_to_all_single", "float64", site(_line("f_all_to_all"))),
+            ("all_reduce_coalesced", "2 of float32 x4 sum", site(_line("f_coalesced")))]
+        positions = [e[0] for e in r["entries"]]
+        assert positions == list(range(positions[0], positions[0] + 8))
+        assert all(e[1] == 1 for e in r["entries"])
+        # what funcol returns is returned as it is: async tensors, their wait at first use
+        assert r["kinds"] == ["AsyncCollectiveTensor"] * 7
+    # the same results on both ranks where they must agree (all_reduce, broadcast, all_gather,
+    # the coalesced all_reduce), and the right ones
+    agree = [0, 1, 2, 5, 6]
+    assert [results[0]["values"][i] for i in agree] == [results[1]["values"][i] for i in agree]
+    assert results[0]["values"][0] == [1.0, 2.0, 3.0, 4.0]  # max over ranks of arange + rank
+    assert results[0]["values"][1] == [1.0, 2.0, 3.0, 4.0]  # rank 1's x

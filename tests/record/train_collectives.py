@@ -8,6 +8,10 @@ chosen by TRAIN_DEFECT (tests/record/test_collectives.py):
 - extra: only rank 1 all_reduces its loss (debug_print);
 - groups: rank 0 all_reduces on the default group, rank 1 on a subgroup (sync_group);
 - src: each rank broadcasts from itself (share_seed);
+- gather_late: log_metrics' all_gather (a call site that ran every step before) has 4
+  elements on rank 1 at step TRAIN_AT only, 3 otherwise;
+- funcol_size: a functional all_reduce (torch.distributed._functional_collectives) of 3
+  elements on rank 0 and 4 on rank 1 (funcol_stats);
 - none: healthy, with many collectives of its own every step (metrics, object collectives, a
   periodic barrier, a subgroup, point-to-point), which must report nothing.
 Each call line carries a marker comment (`# <name>`) the test finds the line number by.
@@ -21,6 +25,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,8 +33,8 @@ DEFECT = os.environ.get("TRAIN_DEFECT", "none")
 AT = int(os.environ.get("TRAIN_AT", "5"))
 
 
-def log_metrics(rank: int, loss: float) -> None:
-    n = 4 if DEFECT == "gather" and rank == 1 else 3
+def log_metrics(rank: int, loss: float, step: int) -> None:
+    n = 4 if rank == 1 and (DEFECT == "gather" or (DEFECT == "gather_late" and step == AT)) else 3
     t = torch.full((n,), loss)
     out = [torch.zeros(n) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)  # <log_metrics>
@@ -54,6 +59,26 @@ def sync_group(rank: int, sub: dist.ProcessGroup) -> None:
 
 def share_seed(rank: int) -> None:
     dist.broadcast(torch.zeros(2), src=rank)  # <share_seed>
+
+
+def funcol_stats(rank: int) -> None:
+    out = funcol.all_reduce(torch.ones(3 + rank), "sum", dist.group.WORLD)  # <funcol_stats>
+    float(out.sum())
+
+
+def functional_extras(step: int, rank: int, world: int) -> float:
+    """Functional collectives as healthy jobs (and DTensor) issue them, their sizes changing
+    from step to step alike on every rank; what they return, summed (the same with ddpviz)."""
+    n = world * (1 + step % 3)
+    x = torch.arange(n, dtype=torch.float32) * (rank + 1) + step
+    group = dist.group.WORLD
+    outs = [funcol.all_reduce(x, "sum", group),
+            funcol.all_gather_single(x[:1 + step % 2], 0, group),
+            funcol.reduce_scatter_single(x, "sum", 0, group),
+            funcol.all_to_all_single(x, None, None, group),
+            funcol.broadcast(x, 1, group),
+            *funcol.all_reduce_coalesced([x, x * 2], "max", group)]
+    return sum(float(o.double().sum()) for o in outs)
 
 
 def healthy_extras(step: int, rank: int, world: int, sub: dist.ProcessGroup,
@@ -95,15 +120,17 @@ def main() -> None:
         print("train_collectives: every rank joined", flush=True)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1 + rank)
+    extras = 0.0
     for step in range(int(os.environ.get("TRAIN_STEPS", "12"))):
         x = torch.randn(4, 8, generator=data)
         loss = ddp(x).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
-        log_metrics(rank, float(loss))
+        log_metrics(rank, float(loss), step)
         if DEFECT == "none":
             healthy_extras(step, rank, world, sub, loss)
+            extras += functional_extras(step, rank, world)
         elif step == AT:
             if DEFECT == "reduce_size":
                 reduce_stats(rank)
@@ -115,9 +142,11 @@ def main() -> None:
                 sync_group(rank, sub)
             elif DEFECT == "src":
                 share_seed(rank)
+            elif DEFECT == "funcol_size":
+                funcol_stats(rank)
         time.sleep(0.02)
     checksum = sum(float(p.double().sum()) for p in model.parameters())
-    print(f"rank {rank} done {checksum:.6f}", flush=True)
+    print(f"rank {rank} done {checksum:.6f} {extras!r}", flush=True)
     dist.destroy_process_group()
 
 
