@@ -90,7 +90,7 @@ def test_a_check_that_fails_steps_aside_and_the_backward_runs_on(
 def test_a_float64_output_beyond_fp32s_range_is_finite() -> None:
     # a float64 model whose output sums to ~1e39 (finite in fp64, Inf in fp32): loss finite
     model = nn.Linear(4, 2).double()
-    bc, check, owner = _hooked(model)
+    bc, check, _ = _hooked(model)
     with torch.no_grad():
         model.weight.fill_(1.0)
     out = model(torch.full((3, 4), 1e38, dtype=torch.float64))
