@@ -218,12 +218,17 @@ def _run_parent(tests: list[str], engine: str, world_size: int, timeout: float,
         built = {t: sum(len(p.read_text().splitlines())
                         for p in count_dir.glob(f"{t}.*.count")) for t in tests}
 
-    outcomes = [Outcome(str(r["test"]), engine, world_size, shim, str(r["status"]),
-                        float(r["seconds"]),  # type: ignore[arg-type]
-                        built.get(str(r["test"]), 0),
-                        _last_error_line(str(r["detail"])) if r["status"] == "failed"
-                        else str(r["detail"])[:200])
-                for r in rows]
+    by = {str(r["test"]): r for r in rows}
+    outcomes = []
+    for t in tests:  # the tests in order up to the first without a result (run again after it)
+        if t not in by:
+            break
+        r = by[t]
+        outcomes.append(Outcome(t, engine, world_size, shim, str(r["status"]),
+                                float(r["seconds"]),  # type: ignore[arg-type]
+                                built[t],
+                                _last_error_line(str(r["detail"])) if r["status"] == "failed"
+                                else str(r["detail"])[:200]))
     if len(outcomes) < len(tests):  # the next test hung, or its parent ended without a result
         test = tests[len(outcomes)]
         spent = round(seconds - sum(o.seconds for o in outcomes), 1)
