@@ -52,10 +52,13 @@ docs: $(BIN)/.test
 	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs $(DOCS_OUT)
 
 # The docs are built first so that CI (.ci/run) covers them (tests/browser/test_docs_site.py).
+# The linters and the docs build run side by side (the atlas's ranks mostly wait on timeouts,
+# mypy and eslint want one core): -O keeps each one's output together.
 # Two pytest-xdist workers: a test file (a directory, for tests/browser and tests/frameworks) is
 # one worker's whole (tests/conftest.py); half the suite's time is ranks waiting on each other
 # and on timeouts, so two workers keep both cores busy.
-test: lint docs $(CHROMIUM)
+test: $(BIN)/.test $(CHROMIUM)
+	$(MAKE) --no-print-directory -j2 -Otarget lint docs
 	$(BIN)/python -m pytest -n 2
 
 # On a machine with CUDA GPUs: NCCL with as many ranks as GPUs (tests/gpu, marker gpu). Where

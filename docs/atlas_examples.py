@@ -7,7 +7,8 @@ CASE.ddpviz.txt, which errors.md includes, so the page never shows a message typ
 The runs are the diagnosis scenarios of tests/diagnose/test_scenarios.py (ranks forked from a
 forkserver that imported torch once), plus two cases defined here where torch only warns.
 
-Run by `make docs` (PYTHONPATH=. python docs/atlas_examples.py); about a minute on 2 cores.
+Run by `make docs` (PYTHONPATH=. python docs/atlas_examples.py); about a minute on 2 cores,
+three cases at a time (`--jobs`).
 `--only CASE ...` reruns some cases.
 """
 
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import re
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +148,10 @@ def _scrub(text: str) -> str:
                   text)
 
 
-def run_cases(only: set[str] | None) -> dict[str, dict[str, str]]:
-    """Every case: {case: {"torch": text, "ddpviz": text, "kinds": ...}}."""
+def run_cases(only: set[str] | None, jobs: int = 3) -> dict[str, dict[str, str]]:
+    """Every case: {case: {"torch": text, "ddpviz": text, "kinds": ...}}. The cases' runs are
+    independent (each its own ranks and port) and mostly wait (on hangs, gloo's timeouts,
+    process start-up): `jobs` of them run at a time, in threads."""
     import ddpviz
     from tests.diagnose import test_scenarios as sc
     from tests.dist.harness import run_ranks
@@ -155,32 +161,23 @@ def run_cases(only: set[str] | None) -> dict[str, dict[str, str]]:
     def want(case: str) -> bool:
         return only is None or case in only
 
-    def engine(case: str, situation: str, ddpviz_rank: int, torch_rank: int
-               ) -> dict[int, Any] | None:
-        if not want(case):
-            return None
+    def engine(case: str, situation: str, ddpviz_rank: int, torch_rank: int) -> None:
         mine = sc.run_engine(situation)
         theirs = sc.run_engine(situation, False)
         done[case] = {"ddpviz": _text(mine[ddpviz_rank]), "torch": _text(theirs[torch_rank]),
                       "kinds": ",".join(f[0] for f in mine[ddpviz_rank].get("findings", []))}
-        return mine
+        if situation == "nosync" and want("collective_mismatch"):
+            collective_mismatch(mine)
 
-    engine("unused_parameter", "unused", 0, 1)
-    engine("hook_fired_twice", "twice", 1, 1)
-    engine("graph_changed", "graph_change", 1, 1)
-    nosync = engine("skipped_allreduce", "nosync", 0, 0)
-    engine("uneven_inputs", "uneven", 0, 0)
-    engine("missing_rank", "never", 0, 0)
-    engine("rank_exited", "crash", 0, 0)
-
-    if want("collective_mismatch"):
+    def collective_mismatch(mine: dict[int, Any] | None) -> None:
         # the skipped all-reduce's run, diagnosed after the fact from every rank's events
-        mine = nosync or sc.run_engine("nosync")
+        mine = mine or sc.run_engine("nosync")
         events = [e for r in (0, 1) for e in mine[r]["events"]]
         found = [f for f in ddpviz.diagnose(events) if f.kind == "collective_mismatch"]
         done["collective_mismatch"] = {"ddpviz": str(ddpviz.findings.Findings(found)),
                                        "torch": "", "kinds": "collective_mismatch"}
-    if want("grad_order") or want("buffer_reassigned"):
+
+    def after_the_fact() -> None:
         events = []
         for situation in ("order", "reassign"):
             mine = sc.run_engine(situation)
@@ -190,8 +187,7 @@ def run_cases(only: set[str] | None) -> dict[str, dict[str, str]]:
             done[kind] = {"ddpviz": str(ddpviz.findings.Findings(found)), "torch": "",
                           "kinds": kind}
 
-    if any(want(c) for c in ("param_count", "param_shape", "param_stride", "param_dtype",
-                             "initial_values")):
+    def model_cases() -> None:
         models = sc.run_ranks(sc.model_ranks, 3, timeout=120, start_method="forkserver",
                               init=False)
         for case, defect in (("param_count", "count"), ("param_shape", "shape"),
@@ -205,15 +201,12 @@ def run_cases(only: set[str] | None) -> dict[str, dict[str, str]]:
             done[case] = {"ddpviz": entry["text"], "torch": torch_text,
                           "kinds": ",".join(f[0] for f in entry["findings"])}
 
-    for case in ("unsynced_module", "unsynced_no_sync"):
-        if want(case):  # torch prints nothing: the replicas drift apart, silently
-            said = run_ranks(train, 2, case, timeout=60, **sc.FAST)
-            done[case] = {"ddpviz": str(said[0]), "torch": "(nothing printed)",
-                          "kinds": "unsynced_gradients"}
+    def unsynced(case: str) -> None:  # torch prints nothing: the replicas drift apart, silently
+        said = run_ranks(train, 2, case, timeout=60, **sc.FAST)
+        done[case] = {"ddpviz": str(said[0]), "torch": "(nothing printed)",
+                      "kinds": "unsynced_gradients"}
 
-    for case in ("find_unused_none", "grad_strides"):
-        if not want(case):
-            continue
+    def warned(case: str) -> None:
         texts = {}
         for side, use in (("torch", False), ("ddpviz", True)):
             stderr = str(OUT / f".{case}.{side}.stderr")
@@ -226,12 +219,37 @@ def run_cases(only: set[str] | None) -> dict[str, dict[str, str]]:
             for r in (0, 1):
                 Path(f"{stderr}.{r}").unlink(missing_ok=True)
         done[case] = {**texts, "kinds": ""}
+
+    # the longest first (the hangs wait for their timeouts), so no thread is left alone at the end
+    work: list[Callable[[], None]] = []
+    for case, situation, ddpviz_rank, torch_rank in (
+            ("missing_rank", "never", 0, 0), ("rank_exited", "crash", 0, 0),
+            ("uneven_inputs", "uneven", 0, 0), ("skipped_allreduce", "nosync", 0, 0),
+            ("unused_parameter", "unused", 0, 1), ("hook_fired_twice", "twice", 1, 1),
+            ("graph_changed", "graph_change", 1, 1)):
+        if want(case):
+            work.append(functools.partial(engine, case, situation, ddpviz_rank, torch_rank))
+    if want("collective_mismatch") and not want("skipped_allreduce"):
+        work.append(functools.partial(collective_mismatch, None))
+    if any(want(c) for c in ("param_count", "param_shape", "param_stride", "param_dtype",
+                             "initial_values")):
+        work.insert(0, model_cases)
+    if want("grad_order") or want("buffer_reassigned"):
+        work.append(after_the_fact)
+    work += [functools.partial(unsynced, c) for c in ("unsynced_module", "unsynced_no_sync")
+             if want(c)]
+    work += [functools.partial(warned, c) for c in ("find_unused_none", "grad_strides")
+             if want(c)]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(w) for w in work]:
+            future.result()  # a case's error, raised here
     return done
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", help="cases to rerun (default: all)")
+    p.add_argument("--jobs", type=int, default=3, help="cases run at a time (default: 3)")
     args = p.parse_args(argv)
     start = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -242,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(log, "wb") as sink:
         os.dup2(sink.fileno(), 2)
         try:
-            cases = run_cases(set(args.only) if args.only else None)
+            cases = run_cases(set(args.only) if args.only else None, args.jobs)
         except BaseException:
             os.dup2(saved, 2)
             sys.stderr.write(log.read_text(encoding="utf-8", errors="replace")[-20_000:])

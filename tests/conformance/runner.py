@@ -130,12 +130,29 @@ def _last_error_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def run_one(test: str, engine: str, world_size: int, timeout: float,
-            shim: bool = False) -> Outcome:
-    """Runs one torch test in fresh rank processes (torch's spawn flow) and classifies it."""
+def run_batch(tests: list[str], engine: str, world_size: int, timeout: float,
+              shim: bool = False) -> list[Outcome]:
+    """Runs torch tests one after another in one parent process (torch's spawn flow: each test
+    in its own fresh rank processes) and classifies each. The parent and its import of torch's
+    suite are shared; a test that hangs past `timeout` (+30 s) or ends the parent is named, and
+    the tests after it run again in a new parent."""
+    outcomes: list[Outcome] = []
+    left = list(tests)
+    while left:
+        done = _run_parent(left, engine, world_size, timeout, shim)
+        outcomes += done
+        left = left[len(done):]
+    return outcomes
+
+
+def _run_parent(tests: list[str], engine: str, world_size: int, timeout: float,
+                shim: bool) -> list[Outcome]:
+    """One parent process for `tests`: the outcomes of a prefix of them, at least the first."""
     with tempfile.TemporaryDirectory(prefix="ddpviz-conf-") as tmp:
         count_dir = Path(tmp) / "counts"
         temp_dir = Path(tmp) / "torch"
+        results = Path(tmp) / "results.jsonl"
+        log = Path(tmp) / "output.log"
         count_dir.mkdir()
         temp_dir.mkdir()
         env = dict(os.environ)
@@ -146,6 +163,9 @@ def run_one(test: str, engine: str, world_size: int, timeout: float,
             INIT_METHOD="env://",
             DDPVIZ_CONFORMANCE_ENGINE=engine,
             DDPVIZ_CONFORMANCE_COUNT_DIR=str(count_dir),
+            DDPVIZ_CONFORMANCE_RESULTS=str(results),
+            DDPVIZ_CONFORMANCE_TORCH_TIMING=",".join(
+                t for t in tests if engine == "ddpviz" and t in TORCH_TIMING),
             PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
             OMP_NUM_THREADS="1",
             CUDA_VISIBLE_DEVICES="",
@@ -153,45 +173,72 @@ def run_one(test: str, engine: str, world_size: int, timeout: float,
             DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(int(timeout)),
             DDPVIZ_CONFORMANCE_CPU_SHIM="1" if shim else "0",
         )
-        if engine == "ddpviz" and test in TORCH_TIMING:
-            env["DDPVIZ_UNUSED_ERROR_AT"] = "forward"
+        env.pop("DDPVIZ_UNUSED_ERROR_AT", None)  # per test, in torch_spawn (TORCH_TIMING)
         # torch's test harness reads CI=1 (set by most CI systems) as "write JUnit XML through
         # xmlrunner", a package neither engine needs: the ranks run as on a developer's machine.
         env.pop("CI", None)
+
+        def finished() -> list[dict[str, object]]:
+            if not results.exists():
+                return []
+            lines = results.read_text().splitlines()
+            return [json.loads(ln) for ln in lines[:-1] if ln.strip()] + (
+                [json.loads(lines[-1])] if lines and lines[-1].endswith("}") else [])
+
         start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.conformance.torch_spawn", test],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # the ranks join this session: one killpg ends them all
-        )
-        try:
-            text, _ = proc.communicate(timeout=timeout + 30)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            text, _ = proc.communicate()
-            timed_out = True
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # ranks left by a crashed parent
-                os.killpg(proc.pid, signal.SIGKILL)
+        timed_out = False
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.conformance.torch_spawn", *tests],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # the ranks join this session: one killpg ends them all
+            )
+            try:
+                count, since = 0, time.monotonic()  # each test has timeout + 30 s of its own
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    n = len(finished())
+                    if n != count:
+                        count, since = n, time.monotonic()
+                    elif time.monotonic() - since > timeout + 30:
+                        timed_out = True
+                        break
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # and ranks left by a crash
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         seconds = time.monotonic() - start
-        constructions = sum(
-            len(p.read_text().splitlines()) for p in count_dir.glob("*.count")
-        )
-    summary = re.search(r"^(OK|FAILED)\b(.*)$", text, re.M)
-    if timed_out:
-        status, detail = "timeout", f"no result within {timeout + 30:.0f} s"
-    elif summary and summary.group(1) == "OK" and proc.returncode == 0:
-        skipped = re.search(rf"{test} .*\.\.\. skipped (.*)$", text, re.M)
-        status = "skipped" if skipped or "skipped=" in summary.group(2) else "passed"
-        detail = skipped.group(1)[:200] if skipped else ""
-    else:
-        status, detail = "failed", _last_error_line(text)
-    return Outcome(test, engine, world_size, shim, status, round(seconds, 1), constructions, detail)
+        text = log.read_text(errors="replace")
+        rows = finished()
+
+        built = {t: sum(len(p.read_text().splitlines())
+                        for p in count_dir.glob(f"{t}.*.count")) for t in tests}
+
+    by = {str(r["test"]): r for r in rows}
+    outcomes = []
+    for t in tests:  # the tests in order up to the first without a result (run again after it)
+        if t not in by:
+            break
+        r = by[t]
+        outcomes.append(Outcome(t, engine, world_size, shim, str(r["status"]),
+                                float(r["seconds"]),  # type: ignore[arg-type]
+                                built[t],
+                                _last_error_line(str(r["detail"])) if r["status"] == "failed"
+                                else str(r["detail"])[:200]))
+    if len(outcomes) < len(tests):  # the next test hung, or its parent ended without a result
+        test = tests[len(outcomes)]
+        spent = round(seconds - sum(o.seconds for o in outcomes), 1)
+        if timed_out:
+            status, detail = "timeout", f"no result within {timeout + 30:.0f} s"
+        else:
+            status, detail = "failed", _last_error_line(text)
+        outcomes.append(Outcome(test, engine, world_size, shim, status, spent,
+                                built[test], detail))
+    return outcomes
 
 
 def run(
@@ -203,42 +250,64 @@ def run(
     log: bool = True,
     ddpviz_where_torch_passes: bool = False,
     jsonl: Path | None = None,
+    batch: int = 8,
 ) -> list[Outcome]:
-    """Each (test, world size) runs its engines in order in one job. With
-    `ddpviz_where_torch_passes`, ddpviz runs only where torch's DDP passed (the tests that count),
-    which halves a full run; the others are reported as not run. Each outcome is appended to
-    `jsonl` as it arrives, so an interrupted run keeps what it measured."""
+    """The tests of one world size and shim run in batches of up to `batch` tests, one parent
+    process a batch and engine (each test still in fresh ranks); `jobs` batches at a time, the
+    largest first. With `ddpviz_where_torch_passes`, a batch runs its engines in order and
+    ddpviz only where torch's DDP passed (the tests that count), which halves a full run; the
+    others are reported as not run. Each outcome is appended to `jsonl` as it arrives, so an
+    interrupted run keeps what it measured."""
     engines = list(engines)
-    cases = [(t, w) for w in world_sizes for t in tests]
+    tests = list(tests)
+    world_sizes = list(world_sizes)
+    shims = {t: needs_shim(t) for t in tests}
+    follow = ddpviz_where_torch_passes and "torch" in engines
+    batches: list[tuple[list[str], int, bool, list[str]]] = []
+    for w in world_sizes:
+        for shim in (False, True):
+            group = [t for t in tests if shims[t] == shim]
+            for i in range(0, len(group), batch):
+                for es in [engines] if follow else [[e] for e in engines]:
+                    batches.append((group[i:i + batch], w, shim, es))
+    batches.sort(key=lambda b: -len(b[0]))  # the longest first: no thread left alone at the end
     done: list[Outcome] = []
-    total = len(cases) * len(engines)
+    total = len(tests) * len(world_sizes) * len(engines)
 
-    def one(case: tuple[str, int]) -> list[Outcome]:
-        test, w = case
-        shim = needs_shim(test)
-        outs: list[Outcome] = []
-        for e in engines:
-            if (e == "ddpviz" and ddpviz_where_torch_passes and outs
-                    and outs[0].status != "passed"):
-                o = Outcome(test, e, w, shim, "not run", 0.0, 0, "torch's DDP did not pass")
-            else:
-                o = run_one(test, e, w, timeout=timeout, shim=shim)
-            outs.append(o)
-            done.append(o)
-            if jsonl is not None:
-                with open(jsonl, "a") as f:
-                    f.write(json.dumps(asdict(o)) + "\n")
-            if log:
-                print(
-                    f"[{len(done)}/{total}] w={o.world_size} {o.engine:6} {o.status:7} "
-                    f"{'shim ' if o.shim else ''}{o.seconds:5.1f}s n={o.constructions} "
-                    f"{o.test} {o.detail[:120]}",
-                    flush=True,
-                )
-        return outs
+    def note(o: Outcome) -> None:
+        done.append(o)
+        if jsonl is not None:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(asdict(o)) + "\n")
+        if log:
+            print(
+                f"[{len(done)}/{total}] w={o.world_size} {o.engine:6} {o.status:7} "
+                f"{'shim ' if o.shim else ''}{o.seconds:5.1f}s n={o.constructions} "
+                f"{o.test} {o.detail[:120]}",
+                flush=True,
+            )
+
+    def one(job: tuple[list[str], int, bool, list[str]]) -> list[Outcome]:
+        group, w, shim, es = job
+        outs: dict[tuple[str, str], Outcome] = {}
+        for e in es:
+            runs = group
+            if e == "ddpviz" and follow:
+                runs = [t for t in group if outs[(t, "torch")].status == "passed"]
+                for t in group:
+                    if t not in runs:
+                        outs[(t, e)] = Outcome(t, e, w, shim, "not run", 0.0, 0,
+                                               "torch's DDP did not pass")
+                        note(outs[(t, e)])
+            for o in run_batch(runs, e, w, timeout=timeout, shim=shim) if runs else []:
+                outs[(o.test, e)] = o
+                note(o)
+        return list(outs.values())
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return [o for outs in pool.map(one, cases) for o in outs]
+        found = {(o.test, o.engine, o.world_size): o
+                 for outs in pool.map(one, batches) for o in outs}
+    return [found[(t, e, w)] for w in world_sizes for t in tests for e in engines]
 
 
 def table(outcomes: list[Outcome]) -> str:
