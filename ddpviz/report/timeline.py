@@ -120,12 +120,14 @@ def _ticks(t0: int, t1: int, y: int) -> list[str]:
 def _step_svg(step: int, spans: list[Span], marks: list[Computed], ranks: list[int],
               last_ns: Mapping[int, int], end_ns: Mapping[int, int], stopped: bool) -> str:
     """One step's timeline: a band per rank, phases on top, then gradient summaries and one
-    row per bucket's all-reduce."""
+    row per bucket's all-reduce; `last_ns`: the ranks that stopped in or before this step, at
+    their last activity (drawn as nothing after it)."""
     buckets = sorted({int(s.lane.rsplit(" ", 1)[1]) for s in spans if s.cat == "allreduce"})
     summarized = any(s.cat == "gradients" for s in spans)
     times = [t for s in spans for t in (s.start_ns, s.end_ns)] + [
         t for m in marks for t in (m.first_ns, m.end_ns)]
-    t0, t1 = min(times), max(times)
+    t0 = min(times)
+    t1 = max(times + [t for t in last_ns.values() if t >= t0])
     length = t1 - t0
     if stopped:  # room on the right for what followed: nothing
         t1 += max((t1 - t0) // 3, 1)
@@ -180,21 +182,21 @@ def _step_svg(step: int, spans: list[Span], marks: list[Computed], ranks: list[i
     if stopped:  # each rank's nothing-after, from its last activity to the axis' end
         for r in ranks:
             last = last_ns.get(r)
-            if last is None or last >= t1:
+            if last is None:
                 continue
             x0 = max(x_of(last), float(_LABEL_W))
             y0 = rank_row[r] * band
             quiet = end_ns.get(r, last) - last
+            said = (f"{human_duration(quiet)} until its trace ends" if quiet >= 1_000_000
+                    else "its trace ends here")
             items.append(markup.fmt(
                 "<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='url(#nothing)' "
                 "stroke='#999' stroke-width='.5'><title>rank {}: no further event "
-                "({} until its trace ends)</title></rect>", x0, y0, _LABEL_W + _PLOT_W - x0,
-                band - 12, r, human_duration(quiet)))
+                "({})</title></rect>", x0, y0, _LABEL_W + _PLOT_W - x0, band - 12, r, said))
             text_x = min(x0 + 4, _LABEL_W + _PLOT_W - 260)
             items.append(markup.fmt(
                 "<text x='{:.1f}' y='{}' font-size='10' fill='#444'>rank {}: no further event "
-                "({} until its trace ends)</text>", text_x, y0 + band - 16, r,
-                human_duration(quiet)))
+                "({})</text>", text_x, y0 + band - 16, r, said))
     axis_y = band * len(ranks) + 14
     items += _ticks(t0, t1, axis_y)
     width = int(_LABEL_W + _PLOT_W + 10)
@@ -222,6 +224,9 @@ def timeline_section(all_spans: list[Span], marks: list[Computed], findings: lis
         return "".join(out)
     ranks = sorted({s.rank for s in all_spans} | {m.rank for m in marks})
     stopped = stopped_steps(findings)
+    last_step: dict[int, int] = {}
+    for rank, step in [(s.rank, s.step) for s in all_spans] + [(m.rank, m.step) for m in marks]:
+        last_step[rank] = max(last_step.get(rank, step), step)
     out.append(markup.fmt(
         "<p>One timeline per step, each on its own axis (time from the step's first event, on "
         "the aligned clock); one band per rank. Drawn: steps {}.{}</p>",
@@ -239,8 +244,10 @@ def timeline_section(all_spans: list[Span], marks: list[Computed], findings: lis
                       if s.cat == "allreduce"})
     out.append(_legend(buckets, bool(summarized), bool(stopped & set(drawn))))
     for st in drawn:
-        out.append(_step_svg(st, by_step[st], marks_of[st], ranks, last_ns, end_ns,
-                             st in stopped))
+        # the ranks whose last activity is in this step or before it
+        quiet = {r: t for r, t in last_ns.items() if last_step.get(r, -1) <= st}
+        out.append(_step_svg(st, by_step[st], marks_of[st], ranks,
+                             quiet if st in stopped else {}, end_ns, st in stopped))
     out.append("</section>")
     return "".join(out)
 
