@@ -58,7 +58,7 @@ text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}.bad{color:#b00
 .finding.error{border-color:#b00020}.finding.warning{border-color:#c77c02}
 .finding h4{margin:.2em 0}.sev{font-size:.8em;text-transform:uppercase;margin-right:.5em}
 .finding pre{margin:.2em 0;white-space:pre-wrap}.fix{margin:.2em 0}
-.wide{overflow-x:auto}ol.notes{font-size:.9em;color:#555;margin-top:0}
+.wide{overflow-x:auto}td{white-space:nowrap}ol.notes{font-size:.9em;color:#555;margin-top:0}
 ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:.3em 1.2em;font-size:.9em}
 ul.legend li{display:flex;align-items:center;gap:.4em}ul.legend svg{display:inline;margin:0}
 figure.step{margin:.8em 0}figure.step figcaption{font-weight:600}svg{max-width:100%}

@@ -193,10 +193,10 @@ def _step_svg(step: int, spans: list[Span], marks: list[Computed], ranks: list[i
                 "<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='url(#nothing)' "
                 "stroke='#999' stroke-width='.5'><title>rank {}: no further event "
                 "({})</title></rect>", x0, y0, _LABEL_W + _PLOT_W - x0, band - 12, r, said))
-            text_x = min(x0 + 4, _LABEL_W + _PLOT_W - 260)
+            text_x = min(x0, _LABEL_W + _PLOT_W - 260)
             items.append(markup.fmt(
                 "<text x='{:.1f}' y='{}' font-size='10' fill='#444'>rank {}: no further event "
-                "({})</text>", text_x, y0 + band - 16, r, said))
+                "({})</text>", text_x, y0 + band - 3, r, said))  # under the band's rows
     axis_y = band * len(ranks) + 14
     items += _ticks(t0, t1, axis_y)
     width = int(_LABEL_W + _PLOT_W + 10)
