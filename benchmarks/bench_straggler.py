@@ -53,11 +53,17 @@ class Sim(NamedTuple):
 def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
              phase: str = "backward", jitter: float = 0.05, spikes: float = 0.0,
              buckets: int = 8, every: int = 1, seed: int = 0, step_ms: float = 100.0,
-             clock_skew_ns: int = 0, optimizer: bool = False, marks: bool = False) -> Sim:
+             clock_skew_ns: int = 0, optimizer: bool = False, marks: bool = False,
+             exit_lag_rank: int = -1, exit_lag_ms: float = 0.0,
+             exit_lag_swapped: tuple[int, ...] = ()) -> Sim:
     """Columns of a simulated run (see the module docstring). Phase shares of a step: gap
     15%, forward 25%, backward compute 45% (spread over the buckets), communication 15%.
     `clock_skew_ns`: every rank's recorded times shifted by a constant in
-    [-skew, +skew] (an offset error, as across hosts)."""
+    [-skew, +skew] (an offset error, as across hosts). `exit_lag_rank` leaves every
+    all-reduce `exit_lag_ms` after the others and starts its next step that much later, with
+    every phase of its own as long as theirs (a busy host: See [Note: lateness it did not
+    add] in ddpviz/_diagnose/straggler.py); at the steps `exit_lag_swapped` the next rank
+    lags instead (which rank leaves first flips now and then on a real busy host)."""
     rng = np.random.default_rng(seed)
     gap, fwd, bwd, comm = (step_ms * MS * f for f in (0.15, 0.25, 0.45, 0.15))
     per_bucket = bwd / buckets
@@ -77,7 +83,7 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
     cols = [RankColumns(r) for r in range(ranks)]
     seqs = [0] * ranks
     n_events = 0
-    t = 1_000 * MS
+    t: float | np.ndarray = 1_000 * MS
     was_sampled = False
     for s in range(steps):
         sampled = every == 1 or s < 3 or s % every == 0
@@ -94,6 +100,10 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
         for j in range(buckets):
             done = max(float(ready[:, j].max()), done) + comm / buckets
         end = done + rng.uniform(0, 20_000, ranks)
+        lagging = -1 if exit_lag_rank < 0 else \
+            (exit_lag_rank + (s in exit_lag_swapped)) % ranks
+        if lagging >= 0:
+            end[lagging] += exit_lag_ms * MS
         for r in range(ranks):
             off = int(shift[r])
             rows: list[tuple[type[ev.Event], float, tuple[object, ...]]] = []
@@ -118,6 +128,9 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
             cols[r].add(out)
             n_events += len(out)
         t = float(end.max())
+        if lagging >= 0:  # (the others leave together; the lagging rank later)
+            t = np.full(ranks, float(np.delete(end, lagging).max()))
+            t[lagging] = end[lagging]
         was_sampled = sampled
     return Sim({r: c.table() for r, c in enumerate(cols)}, n_events)
 

@@ -120,7 +120,7 @@ def diagnose_tables(per_rank: Mapping[int, Table],
                 *_collectives(per_rank, forwards, last_step, world_size),
                 *_progress(per_rank, last_step, world_size, reported, ended or {}),
                 *_dropped(per_rank, world_size),
-                *_straggler(per_rank, clock, names, world_size)]
+                *_straggler(per_rank, clock, names, world_size, reported)]
     seen = {(f.kind, f.name) for f in reported}
     out = list(reported)
     for f in computed:
@@ -169,10 +169,13 @@ def _crashes_first(findings: list[Finding], per_rank: Mapping[int, Table],
 
 
 def _straggler(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]] | None,
-               names: Mapping[int, Mapping[int, str]], world_size: int) -> list[Finding]:
+               names: Mapping[int, Mapping[int, str]], world_size: int,
+               reported: Sequence[Finding]) -> list[Finding]:
     from ddpviz._diagnose.straggler import straggler_findings
 
-    return straggler_findings(per_rank, clock, world_size, names)
+    nonfinite = [f.step for f in reported if f.kind.startswith("nonfinite") and f.step >= 0]
+    return straggler_findings(per_rank, clock, world_size, names,
+                              nonfinite_step=min(nonfinite, default=None))
 
 
 # --- context ----------------------------------------------------------------------------------

@@ -84,6 +84,23 @@ MARK_STEADY = 0.75  # from the backward marks: late by the threshold in this sha
 # each the median over at least MIN_SPLIT_STEPS such steps of k's added lateness against the
 # others' median. Without them (old traces, or too few steps) the gap stays one phase, "data".
 
+# [Note: lateness it did not add]
+# Two ranks in lockstep can stay apart by a steady offset that neither adds: on a busy host
+# (2 ranks and two CPU hogs on 2 cores) the ranks leave an all-reduce up to ~1.5 ms apart,
+# and the one that leaves later stays later at every next forward and every end of backward,
+# though each rank's forward, backward, optimizer step and data loading take as long as the
+# other's and each waits as long between its end of backward and its next forward (measured:
+# 92 of 120 steps, 1.36 ms median lateness, every phase within +-30 us). Its lateness at the
+# forward then looks like slow data loading, and its end of backward like a slow backward.
+# Only the sampled steps that recorded the all-reduce's end and the optimizer step
+# (`split_steps`) tell it apart: the lateness is already there when the all-reduce ends. So
+# where they exist, a rank is named only when the lateness it added in its own phases (the
+# positive medians of the breakdown: after the backward, the optimizer step, data loading,
+# and the forward and backward) reaches the threshold; otherwise nobody is named.
+# Steps from the first non-finite value on are not read either (`before`): ddpviz checks
+# that rank's steps in full from there (precise mode), which is ddpviz's own work, and the
+# training has diverged (diagnose passes the first step a nonfinite_* finding names).
+
 
 class Timeline(NamedTuple):
     """Per-rank times on the aligned clock, ns since `t0`, NaN where not recorded."""
@@ -501,7 +518,37 @@ def _mark_breakdown(tl: Timeline, k: int, cols: np.ndarray,
 
 
 def find_straggler(tl: Timeline) -> Straggler | None:
-    """The rank that is persistently last, per [Note: straggler verdict], or None."""
+    """The rank that is persistently last, per [Note: straggler verdict], or None (also when
+    its own phases do not explain its lateness: See [Note: lateness it did not add])."""
+    s = _last_rank(tl)
+    if s is None or (s.split_steps and _own_ns(s) < s.threshold_ns):
+        return None
+    return s
+
+
+def _own_ns(s: Straggler) -> float:
+    """The lateness rank s added in its own phases (the positive medians of the breakdown)."""
+    return sum(v for _, v in s.breakdown if v > 0)
+
+
+def before(tl: Timeline, step: int) -> Timeline:
+    """`tl` with the steps from `step` on not recorded (NaN)."""
+    late = tl.steps >= step
+
+    def cut(a: np.ndarray) -> np.ndarray:
+        return np.where(late[None], np.nan, a)
+
+    end = cut(tl.end)
+    return tl._replace(
+        forward=cut(tl.forward), backward=cut(tl.backward), end=end,
+        optimizer=cut(tl.optimizer), optimizer_end=cut(tl.optimizer_end),
+        computed=None if tl.computed is None else cut(tl.computed),
+        first_grad=None if tl.first_grad is None else cut(tl.first_grad),
+        launch=np.where((tl.bucket_steps >= step)[None, :, None], np.nan, tl.launch),
+        error_ns=np.maximum(tl.stated_error_ns, _end_skew(end)))
+
+
+def _last_rank(tl: Timeline) -> Straggler | None:
     if len(tl.ranks) < 2:
         return None
     step_time = _step_time(tl)
@@ -593,12 +640,17 @@ def straggler_findings(per_rank: Mapping[int, Table],
                        world_size: int = 0,
                        names: Mapping[int, Mapping[int, str]] | None = None,
                        bucket_params: Mapping[int, Sequence[int]] | None = None,
-                       timeline_: Timeline | None = None) -> list[Finding]:
+                       timeline_: Timeline | None = None,
+                       nonfinite_step: int | None = None) -> list[Finding]:
     """The `straggler` finding, when one rank is persistently last (else nothing);
     `names` ({rank: {param: dotted name}}) and `bucket_params` (bucket -> params) name the
     bucket's parameters (read from the tables when not given); `timeline_`: the timeline of
-    these tables when the caller has it already."""
+    these tables when the caller has it already; `nonfinite_step`: the first step a
+    non-finite value was found at (that step and later ones are not read: See [Note:
+    lateness it did not add])."""
     tl = timeline(per_rank, clock) if timeline_ is None else timeline_
+    if nonfinite_step is not None:
+        tl = before(tl, nonfinite_step)
     s = find_straggler(tl)
     if s is None:
         return []
@@ -628,6 +680,9 @@ def straggler_findings(per_rank: Mapping[int, Table],
                       for p, v in s.breakdown)
     split = (f"; the optimizer step told from data loading on the {s.split_steps} steps "
              "that recorded it" if s.split_steps else "")
+    if nonfinite_step is not None:
+        split += (f"; steps from {nonfinite_step} on, after the first non-finite value, "
+                  "not counted")
     detail = (f"it loses the time {where}",
               f"median lateness against the other ranks: {parts}",
               f"{_clock_text(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]), s.error_ns)}",
