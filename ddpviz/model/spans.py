@@ -147,6 +147,7 @@ _SPAN_HANDLERS: dict[type[Event], Any] = {
     ev.BroadcastChunkSent: _RankSpans.chunk_sent,
     ev.BroadcastChunkDone: _RankSpans.chunk_done,
     ev.GradsSummarized: _RankSpans.grads_summarized,
+    ev.BackwardComputed: _RankSpans.backward_computed,
 }
 
 
@@ -167,5 +168,4 @@ def table_spans(table: Table, offset: int) -> list[Span]:
 
 # the event types that are drawn only as spans (BackwardComputed, which may also end a
 # forward, stays an event of its own in the exports)
-SPAN_TYPES = tuple(_SPAN_HANDLERS)
-_SPAN_HANDLERS[ev.BackwardComputed] = _RankSpans.backward_computed
+SPAN_TYPES = tuple(t for t in _SPAN_HANDLERS if t is not ev.BackwardComputed)

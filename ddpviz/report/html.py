@@ -179,8 +179,8 @@ def _verification(trace: Trace, findings: list[Finding]) -> str:
     if failed:
         ranks = sorted({e.rank for e in failed})
         differ = [(i, f) for i, f in enumerate(findings) if f.kind in _MODEL_KINDS]
-        out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): {} difference{}, "
-                              "in the findings above:</p>", ranks, len(differ),
+        out.append(markup.fmt("<p class='bad'>Failed (reported by {}): {} difference{}, "
+                              "in the findings above:</p>", format_ranks(ranks), len(differ),
                               "s" if len(differ) != 1 else ""))
         out.append(markup.fmt("<ul>{}</ul>", markup.join(
             markup.fmt("<li><a href='#finding-{}'>{}</a></li>", i, f.title) for i, f in differ)))
@@ -251,8 +251,9 @@ def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -
         ranks = sorted({r for r, _ in assigned})
         step = min(s for _, s in assigned)
         label = f"rebuilt in step {step}" if rebuilt else "at construction"
-        out.append(markup.fmt("<h3>Bucket map {} (ranks {}), {} buckets, "
-                              "bucket 0 reduced first</h3>", label, ranks, len(buckets)))
+        out.append(markup.fmt("<h3>Bucket map {} ({}), {} bucket{}{}</h3>", label,
+                              format_ranks(ranks), len(buckets), "s" if len(buckets) != 1 else "",
+                              ", bucket 0 reduced first" if len(buckets) > 1 else ""))
         sizes = [sum(params.get(i, ("", 0))[1] for i in b) for b in buckets]
         out.append(_bucket_svg(sizes))
         rows: list[list[object]] = []

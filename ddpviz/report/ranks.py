@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,29 @@ from ddpviz.model.spans import Span
 from ddpviz.traces import columns as col
 from ddpviz.traces.columns import Table
 from ddpviz.units import human_duration
+
+
+class RankCounts(NamedTuple):
+    """One rank's counts, read from its columns."""
+
+    events: int
+    steps: int  # steps run: its highest step + 1
+    in_steps_ns: int  # from its first event in a step to its last event (0: none in a step)
+    dropped: int  # events the recording dropped (EventsDropped)
+    holes: int  # sequence numbers missing (events lost without a note)
+
+
+def rank_counts(table: Table) -> RankCounts:
+    """`RankCounts` of one rank's table."""
+    n = len(table)
+    dropped_code = col.CODE[ev.EventsDropped]
+    seqs = np.unique(table.seq[table.kind != dropped_code])
+    holes = int(seqs[-1]) + 1 - len(seqs) if len(seqs) else 0
+    dropped = sum(e.count for e in table.rare(ev.EventsDropped))
+    steps = (int(table.step.max()) if n else -1) + 1
+    in_steps = table.t[table.step >= 0]
+    span = int(table.t.max() - in_steps.min()) if len(in_steps) else 0
+    return RankCounts(n, steps, span, dropped, holes)
 
 
 def launch_waits(spans_by_rank: Mapping[int, list[Span]]) -> dict[int, list[int]]:
@@ -49,20 +73,14 @@ def _mean(values: list[int]) -> str:
 def ranks_section(tables: Mapping[int, Table], spans_by_rank: Mapping[int, list[Span]],
                   clock: Mapping[int, tuple[int, int]]) -> str:
     """The per-rank table and the notes that say what each column counts."""
-    head = ["rank", "events", "steps run", "steps recorded in full", "duration",
-            "backward mean ¹", "all-reduces recorded ²", "all-reduce launch to done, mean ³",
-            "of which waiting for the last rank's launch ³", "unfinished spans ⁴", "dropped",
+    head = ["rank", "events", "steps run", "steps recorded in full", "time in steps ¹",
+            "backward mean ²", "all-reduces recorded ³", "all-reduce launch to done, mean ⁴",
+            "of which waiting for the last rank's launch ⁴", "unfinished spans ⁵", "dropped",
             "seq holes", "clock offset"]
     waits = launch_waits(spans_by_rank)
     rows: list[list[object]] = []
-    dropped_code = col.CODE[ev.EventsDropped]
     for rank, table in tables.items():
-        n = len(table)
-        seqs = np.unique(table.seq[table.kind != dropped_code])
-        holes = int(seqs[-1]) + 1 - len(seqs) if len(seqs) else 0
-        dropped = sum(e.count for e in table.rare(ev.EventsDropped))
-        steps = (int(table.step.max()) if n else -1) + 1
-        duration = int(table.t[-1] - table.t[0]) if n else 0
+        c = rank_counts(table)
         sp = spans_by_rank.get(rank, [])
         back = [s.end_ns - s.start_ns for s in sp if s.name == "backward" and s.finished]
         ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
@@ -70,9 +88,10 @@ def ranks_section(tables: Mapping[int, Table], spans_by_rank: Mapping[int, list[
         offset, error = clock.get(rank, (0, 0))
         said = (f"{human_duration(offset)} ± {human_duration(error)}" if error >= 0
                 else f"{human_duration(offset)} (wall clock)")
-        rows.append([rank, n, steps, format_ranges(full) or "none", human_duration(duration),
-                     _mean(back), len(ars), _mean(ars), _mean(waits.get(rank, [])),
-                     sum(1 for s in sp if not s.finished), dropped, holes, said])
+        rows.append([rank, c.events, c.steps, format_ranges(full) or "none",
+                     human_duration(c.in_steps_ns) if c.steps else "-", _mean(back), len(ars),
+                     _mean(ars), _mean(waits.get(rank, [])),
+                     sum(1 for s in sp if not s.finished), c.dropped, c.holes, said])
     cls = [markup.Markup(" class='l'" if i == 3 else "") for i in range(len(head))]
     heads = markup.join(markup.fmt("<th{}>{}</th>", c, h) for c, h in zip(cls, head, strict=True))
     body = markup.join(
@@ -81,6 +100,9 @@ def ranks_section(tables: Mapping[int, Table], spans_by_rank: Mapping[int, list[
         for row in rows)
     notes = markup.fmt(
         "<ol class='notes'>"
+        "<li>From this rank's first event in a step to its last event. The time before its "
+        "first step (the model comparison, DDP's construction, the script's setup until its "
+        "first forward) is left out: the summary above says it.</li>"
         "<li>From the backward's start to its end, on the steps recorded in full: it includes "
         "waiting for the all-reduces.</li>"
         "<li>Bucket all-reduces on the steps recorded in full only (the recording samples "

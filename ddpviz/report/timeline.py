@@ -118,10 +118,12 @@ def _ticks(t0: int, t1: int, y: int) -> list[str]:
 
 
 def _step_svg(step: int, spans: list[Span], marks: list[Computed], ranks: list[int],
-              last_ns: Mapping[int, int], end_ns: Mapping[int, int], stopped: bool) -> str:
+              last_ns: Mapping[int, int], end_ns: Mapping[int, int], stopped: bool,
+              last_step: Mapping[int, int]) -> str:
     """One step's timeline: a band per rank, phases on top, then gradient summaries and one
     row per bucket's all-reduce; `last_ns`: the ranks that stopped in or before this step, at
-    their last activity (drawn as nothing after it)."""
+    their last activity (drawn as nothing after it); `last_step`: each rank's last step drawn
+    from."""
     buckets = sorted({int(s.lane.rsplit(" ", 1)[1]) for s in spans if s.cat == "allreduce"})
     summarized = any(s.cat == "gradients" for s in spans)
     times = [t for s in spans for t in (s.start_ns, s.end_ns)] + [
@@ -187,16 +189,21 @@ def _step_svg(step: int, spans: list[Span], marks: list[Computed], ranks: list[i
             x0 = max(x_of(last), float(_LABEL_W))
             y0 = rank_row[r] * band
             quiet = end_ns.get(r, last) - last
-            said = (f"{human_duration(quiet)} until its trace ends" if quiet >= 1_000_000
-                    else "its trace ends here")
+            said = (f" ({human_duration(quiet)} until its trace ends)" if quiet >= 1_000_000
+                    else " in its trace")
+            before = last_step.get(r, step)
+            said = (f"rank {r}: no event in step {step} (its last was in step {before}"
+                    + (f", {human_duration(quiet)} before its trace ends)" if quiet >= 1_000_000
+                       else ", where its trace ends)")
+                    if before < step else f"rank {r}: no further event{said}")
             items.append(markup.fmt(
                 "<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='url(#nothing)' "
-                "stroke='#999' stroke-width='.5'><title>rank {}: no further event "
-                "({})</title></rect>", x0, y0, _LABEL_W + _PLOT_W - x0, band - 12, r, said))
-            text_x = min(x0, _LABEL_W + _PLOT_W - 260)
+                "stroke='#999' stroke-width='.5'><title>{}</title></rect>",
+                x0, y0, _LABEL_W + _PLOT_W - x0, band - 12, said))
+            text_x = max(min(x0, _LABEL_W + _PLOT_W - 5.2 * len(said)), 0.0)
             items.append(markup.fmt(
-                "<text x='{:.1f}' y='{}' font-size='10' fill='#444'>rank {}: no further event "
-                "({})</text>", text_x, y0 + band - 3, r, said))  # under the band's rows
+                "<text x='{:.1f}' y='{}' font-size='10' fill='#444'>{}</text>",
+                text_x, y0 + band - 3, said))  # under the band's rows
     axis_y = band * len(ranks) + 14
     items += _ticks(t0, t1, axis_y)
     width = int(_LABEL_W + _PLOT_W + 10)
@@ -247,7 +254,8 @@ def timeline_section(all_spans: list[Span], marks: list[Computed], findings: lis
         # the ranks whose last activity is in this step or before it
         quiet = {r: t for r, t in last_ns.items() if last_step.get(r, -1) <= st}
         out.append(_step_svg(st, by_step[st], marks_of[st], ranks,
-                             quiet if st in stopped else {}, end_ns, st in stopped))
+                             quiet if st in stopped else {}, end_ns, st in stopped,
+                             last_step))
     out.append("</section>")
     return "".join(out)
 
