@@ -103,7 +103,8 @@ def _render(trace: Trace, title: str, ended: Mapping[int, End] | None = None) ->
              ranks_section(tables, spans, trace.clock), _verification(trace, findings),
              _buckets(trace, maps),
              timeline_section(all_spans, marks, findings, steps, left_out,
-                              last_activity(all_spans, marks), ends), "</body></html>"]
+                              last_activity(all_spans, marks), ends, _not_built(trace)),
+             "</body></html>"]
     return "\n".join(parts)
 
 
@@ -236,7 +237,8 @@ def _bucket_maps(trace: Trace) -> dict[tuple[Any, ...], list[tuple[int, int]]]:
 def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -> str:
     out = ["<section id='buckets'><h2>Bucket maps</h2>"]
     if not maps:
-        out.append("<p class='muted'>No bucket assignment in this trace.</p></section>")
+        out.append(markup.fmt("<p class='muted'>No bucket assignment in this trace.{}</p>"
+                              "</section>", _not_built(trace)))
         return "".join(out)
     params = _param_bytes(trace)
     by_kind: dict[bool, set[tuple[Any, ...]]] = defaultdict(set)
@@ -276,6 +278,16 @@ def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -
         "A parameter larger than the cap gets a bucket of its own. size: the bytes of the "
         "bucket's gradients.</p></section>"))
     return "".join(out)
+
+
+def _not_built(trace: Trace) -> str:
+    """' DDP was not built: ...' where the model comparison failed and no rank built DDP's
+    parameters (the ranks stopped there), else ''."""
+    failed = sorted({e.rank for e in trace.of_type(ev.VerificationFailed)})
+    if not failed or trace.of_type(ev.ParamsBuilt):
+        return ""
+    return (f" DDP was not built: the comparison of the models failed on {format_ranks(failed)}"
+            " (see the findings) and no rank went on to build it.")
 
 
 def _cap(limit: int) -> str:

@@ -217,8 +217,9 @@ def _step_svg(step: int, spans: list[Span], marks: list[Computed], ranks: list[i
 
 def timeline_section(all_spans: list[Span], marks: list[Computed], findings: list[Finding],
                      steps: list[int], left_out: list[int], last_ns: Mapping[int, int],
-                     end_ns: Mapping[int, int]) -> str:
-    """The timeline section: a legend, then one timeline per step in `steps`."""
+                     end_ns: Mapping[int, int], why_empty: str = "") -> str:
+    """The timeline section: a legend, then one timeline per step in `steps`; `why_empty`:
+    what the page says after "No forward ... in this trace." when nothing is drawn."""
     out = ["<section id='timeline'><h2>Timelines</h2>"]
     kept = ("allreduce", "phase", "gradients")
     by_step = {st: [s for s in all_spans if s.step == st and s.cat in kept
@@ -226,8 +227,8 @@ def timeline_section(all_spans: list[Span], marks: list[Computed], findings: lis
     marks_of = {st: [m for m in marks if m.step == st] for st in steps}
     drawn = [st for st in steps if by_step[st] or marks_of[st]]
     if not drawn:
-        out.append("<p class='muted'>No forward, backward or all-reduce in this trace.</p>"
-                   "</section>")
+        out.append(markup.fmt("<p class='muted'>No forward, backward or all-reduce in this "
+                              "trace.{}</p></section>", why_empty))
         return "".join(out)
     ranks = sorted({s.rank for s in all_spans} | {m.rank for m in marks})
     stopped = stopped_steps(findings)

@@ -122,4 +122,5 @@ def test_a_mismatch_report_shows_the_failed_comparison(browser: Any,
     text = page.locator("#verification").inner_text()
     assert "Failed (reported by ranks 0,1): 3 differences" in text
     assert page.locator("#verification a").count() == 3
+    assert "DDP was not built" in page.locator("#buckets").inner_text()
     context.close()

@@ -195,3 +195,13 @@ def test_caps_are_torchs_or_said_not_recorded() -> None:
     assert caps == ["none (one bucket per dtype and device)", "not recorded", "not recorded"]
     assert "1 bucket," not in page and "Bucket map at construction (rank 0), 1 bucket</h3>" in page
     assert "2 buckets, bucket 0 reduced first" in page
+
+
+def test_a_failed_comparison_that_stopped_the_ranks_says_ddp_was_not_built() -> None:
+    mismatch = ev.Mismatch("param", 0, "w", "shape", (("(4,)", (0,)), ("(5,)", (1,))))
+    failed = [ev.VerificationFailed(r, -1, 10, 0, 2, (mismatch,)) for r in (0, 1)]
+    page = render(Trace(failed))
+    said = "DDP was not built: the comparison of the models failed on ranks 0,1"
+    assert page.count(said) == 2  # the bucket maps and the timelines
+    # a difference torch accepts (the job goes on and builds DDP): not said
+    assert said not in render(Trace(failed + _bare_watch()))
