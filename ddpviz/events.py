@@ -176,7 +176,9 @@ class BucketAssigned(Event, frozen=True):
     """The bucket map in force from this step on (reduction order)."""
 
     buckets: BucketMap  # param indices per bucket, bucket 0 reduced first
-    limits: BucketLimits  # per-bucket size limit in bytes
+    # per-bucket size limit (cap) in bytes, as torch used it; () where the recording could not
+    # tell torch's caps (watch(): a map learned from the comm hook, or a replay that differs)
+    limits: BucketLimits
     rebuilt: bool  # False for the constructor's map, True for a gradient-ready-order rebuild
 
 

@@ -484,6 +484,7 @@ def bucket_plan(
 
 MB = 1024 * 1024
 _DEFAULT_FIRST, _DEFAULT_CAP = 1 * MB, 25 * MB  # torch's default first bucket and cap
+NOT_RECORDED = -1  # PlannedBucket.limit of a recorded map whose caps the recording did not know
 
 
 class ObservedMaps(NamedTuple):
@@ -527,6 +528,14 @@ def _cap_of(limits: Sequence[int]) -> float | None:
         if int(mb * MB) == cap:
             return mb
     return cap / MB
+
+
+def recorded_limits(assigned: ev.BucketAssigned) -> tuple[int, ...]:
+    """A recorded map's per-bucket caps; `NOT_RECORDED` for each where the recording did not
+    know them (watch() records none where it cannot tell torch's caps: never guessed)."""
+    if len(assigned.limits) == len(assigned.buckets):
+        return tuple(assigned.limits)
+    return (NOT_RECORDED,) * len(assigned.buckets)
 
 
 def infer_settings(initial: ev.BucketAssigned, rebuilt: ev.BucketAssigned | None,
@@ -573,12 +582,12 @@ def observed_plan(built: ev.ParamsBuilt, maps: Sequence[Timed], *, rank: int = 0
     notes = [f"initial map observed on rank {rank} (BucketAssigned in the constructor)"]
     rebuilt_buckets = predicted.rebuilt
     if rebuilt is not None:
-        rebuilt_buckets = planned_buckets(params, rebuilt.buckets, rebuilt.limits)
+        rebuilt_buckets = planned_buckets(params, rebuilt.buckets, recorded_limits(rebuilt))
         notes.append(f"rebuilt map observed on rank {rank} (iteration {rebuilt_step} on)")
     elif predicted.rebuilt is not None:
         notes.append("rebuilt map predicted by the planner: not rebuilt yet in this run")
     plan = replace(
-        predicted, initial=planned_buckets(params, initial.buckets, initial.limits),
+        predicted, initial=planned_buckets(params, initial.buckets, recorded_limits(initial)),
         rebuilt=rebuilt_buckets, notes=tuple(notes) + tuple(
             n for n in predicted.notes if n.startswith("torch never rebuilds")))
     return ObservedMaps(plan, rank, rebuilt_step, ())
@@ -597,6 +606,13 @@ def _settings_line(plan: BucketPlan) -> str:
     return ", ".join(parts)
 
 
+def limit_text(b: PlannedBucket) -> str:
+    """A bucket's cap in words: 'sparse', 'not recorded', 'unlimited' or bytes."""
+    if b.sparse:
+        return "sparse"
+    return "not recorded" if b.limit == NOT_RECORDED else human_bytes(b.limit)
+
+
 def _bucket_table(buckets: tuple[PlannedBucket, ...], max_params: int) -> list[str]:
     width = min(60, max((len(s.param.name) for b in buckets for s in b.slots), default=10))
     lines = [f"  {'bucket':>6}  {'params':>6}  {'dtype':<9} {'device':<7} {'numel':>11} "
@@ -604,7 +620,7 @@ def _bucket_table(buckets: tuple[PlannedBucket, ...], max_params: int) -> list[s
     for b in buckets:
         lines.append(f"  {b.index:>6}  {len(b.slots):>6}  {b.dtype:<9} {b.device:<7} "
                      f"{b.numel:>11,} {human_bytes(b.nbytes):>10}  "
-                     f"{'sparse' if b.sparse else human_bytes(b.limit):>10}")
+                     f"{limit_text(b):>10}")
         shown = b.slots if len(b.slots) <= max_params else b.slots[: max_params - 1]
         for s in shown:
             shape = "x".join(map(str, s.param.shape)) or "scalar"

@@ -34,6 +34,9 @@ class TraceFacts(NamedTuple):
     world_size: int  # from verification; 0 when the trace does not say
     started_wall_ns: int | None  # wall clock of the first event (or of the session's start)
     duration_ns: int  # first to last event, on the aligned clock
+    # of which before the first event of step 0 or later (the model comparison, DDP's
+    # construction and the script's own setup, where the trace holds them); 0 when none
+    setup_ns: int
     truncated: bool  # a file ended in a torn frame: events after its last flush are lost
     source: str  # meta's "source" ("session", "ddpviz postmortem", ...), "" when unknown
 
@@ -52,13 +55,17 @@ class TraceFacts(NamedTuple):
         steps = f", {self.steps} step{'s' if self.steps != 1 else ''}" if self.steps else ""
         when = f", recorded {self.started()}" if self.started_wall_ns is not None else ""
         span = f" over {human_duration(self.duration_ns)}" if self.events else ""
+        if self.events and 0 < self.setup_ns < self.duration_ns:
+            span += (f" ({human_duration(self.setup_ns)} before the first step: construction "
+                     f"and setup; {human_duration(self.duration_ns - self.setup_ns)} from the "
+                     "first step on)")
         return f"{self.events} events from {ranks}{size}{steps}{when}{span}."
 
 
 def trace_facts(trace: Trace) -> TraceFacts:
     """The facts `TraceFacts` names, from the trace's columns and meta."""
     tables = trace.columns()
-    starts, ends, steps = [], [], 0
+    starts, ends, stepped, steps = [], [], [], 0
     for rank, t in tables.items():
         if not len(t):
             continue
@@ -66,7 +73,12 @@ def trace_facts(trace: Trace) -> TraceFacts:
         starts.append(int(t.t.min()) + offset)
         ends.append(int(t.t.max()) + offset)
         steps = max(steps, int(t.step.max()) + 1)
+        in_steps = t.t[t.step >= 0]
+        if len(in_steps):
+            stepped.append(int(in_steps.min()) + offset)
     sizes = [e.world_size for e in trace.of_type(ev.VerificationStarted)]
+    sizes += [e.world_size for e in trace.of_type(ev.VerificationPassed)]  # ddpviz record
+    sizes += [e.world_size for e in trace.of_type(ev.VerificationFailed)]
     meta = trace.meta
     wall: int | None = None
     if isinstance(meta.get("started_wall_ns"), int):
@@ -77,7 +89,8 @@ def trace_facts(trace: Trace) -> TraceFacts:
     return TraceFacts(
         ranks=tuple(r for r, t in tables.items() if len(t)), events=len(trace), steps=steps,
         world_size=max(sizes, default=0), started_wall_ns=wall,
-        duration_ns=(max(ends) - min(starts)) if starts else 0, truncated=trace.truncated,
+        duration_ns=(max(ends) - min(starts)) if starts else 0,
+        setup_ns=(min(stepped) - min(starts)) if stepped else 0, truncated=trace.truncated,
         source=source if isinstance(source, str) else "")
 
 
@@ -188,7 +201,8 @@ def diagnosis_json(trace: Trace, findings: Sequence[Finding],
     """`ddpviz diagnose --json`: one object,
     {"schema": 1, "verdict": "healthy" | "warnings" | "errors",
      "trace": {"files", "ranks", "events", "steps", "world_size", "started" (ISO 8601 UTC or
-               null), "started_wall_ns", "duration_s", "truncated", "source",
+               null), "started_wall_ns", "duration_s", "setup_s" (of duration_s, the
+               time before the first step: construction and setup), "truncated", "source",
                "ended": {"RANK": {"events", "dropped", "error"}} (the ranks whose file ends
                with its end record: see tracefile.py)},
      "counts": {"error": n, "warning": n, "info": n},
@@ -205,7 +219,8 @@ def diagnosis_json(trace: Trace, findings: Sequence[Finding],
                      "events": facts.events, "steps": facts.steps,
                      "world_size": facts.world_size, "started": started,
                      "started_wall_ns": facts.started_wall_ns,
-                     "duration_s": facts.duration_ns / 1e9, "truncated": facts.truncated,
+                     "duration_s": facts.duration_ns / 1e9,
+                     "setup_s": facts.setup_ns / 1e9, "truncated": facts.truncated,
                      "source": facts.source,
                      "ended": {str(r): {"events": e.events, "dropped": e.dropped,
                                         "error": e.error}

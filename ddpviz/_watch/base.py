@@ -19,6 +19,7 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
+from ddpviz.engine.buckets import BucketCapacity, initial_buckets, rebuilt_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
@@ -232,11 +233,36 @@ class Watch:
             self.buckets = indices
             self._bucket_of = {p: b for b, members in enumerate(indices) for p in members}
         if self.tap.enabled:
-            limits = tuple(nbytes for nbytes, _ in self._bucket_meta)
+            limits = self._caps(indices, rebuilt=rebuilt)
             if rebuilt:
                 order = tuple(p for members in indices for p in members)
                 self.tap.emit(ev.BucketsRebuilt, order)
             self.tap.emit(ev.BucketAssigned, tuple(tuple(b) for b in indices), limits, rebuilt)
+
+    def _caps(self, indices: list[list[int]], *, rebuilt: bool) -> tuple[int, ...]:
+        """Each bucket's byte cap (bucket_cap_mb, and DDP's first-bucket cap), as torch's
+        constructor or rebuild used it: torch's assignment replayed with the DDP's settings
+        (the twin's, exact) and kept where it gives the map torch built. () when it does not,
+        or torch's settings cannot be read: the caps are then not recorded (never the sizes)."""
+        try:
+            ddp, config = self.ddp, self.ddp._bucket_config
+            limits = BucketCapacity(config.bucket_bytes_cap, tuple(config.per_bucket_bytes_caps),
+                                    config.first_bucket_bytes_cap).limits(
+                find_unused_parameters=ddp.find_unused_parameters,
+                static_graph=ddp.static_graph)
+            if rebuilt:
+                if limits.rebuild is None:
+                    return ()
+                order = [p for members in indices for p in members]
+                _, buckets, caps = rebuilt_buckets(self.params, order, limits.rebuild,
+                                                   self._sparse, limits.set_last_bucket_cap)
+            else:
+                _, buckets, caps = initial_buckets(self.params, limits.initial, self._sparse)
+        except Exception:  # another torch's attributes: the caps are left out, never guessed
+            return ()
+        if [list(b) for b in buckets] != indices:
+            return ()
+        return tuple(int(c) for c in caps)
 
     # --- forward ------------------------------------------------------------------------------
 

@@ -150,8 +150,9 @@ class GuardedWatch(Watch):
         if self._learning and self.buckets:
             self._learning = False
             if self.tap.enabled:
-                self.tap.emit(ev.BucketAssigned, tuple(tuple(b) for b in self.buckets),
-                              tuple(-1 for _ in self.buckets), False)
+                # learned from the comm hook's buckets: their caps are not known (none said)
+                self.tap.emit(ev.BucketAssigned, tuple(tuple(b) for b in self.buckets), (),
+                              False)
         self._grads_before = None
 
     def _after_reducer(self) -> None:

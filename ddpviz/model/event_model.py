@@ -227,7 +227,7 @@ class Status(NamedTuple):
     phases: dict[int, str]  # rank -> phase of its latest event
     steps: dict[int, int]  # rank -> highest iteration seen
     events: int
-    events_per_s: float  # arrival rate over the last second (live), else over the trace
+    events_per_s: float  # arrival rate over the last second (live), else over the steps
     dropped: int  # reported by EventsDropped markers
     t_first: int | None
     t_last: int | None
@@ -710,9 +710,15 @@ class EventModel:
             now = time.monotonic()
             recent = sum(n for t, n in self._arrivals if t >= now - 1.0)
             total = self._total
+            # the rate of a finished run is over its steps: the time before (the model
+            # comparison, construction, the script's setup) has few events and may be long
+            starts = [b[0] for s, b in self._step_bounds.items() if s >= 0]
+            in_steps = sum(n for s, n in self._step_versions.items() if s >= 0)
         rate = float(recent)
         if (as_of is not None or not recent) and span and span[1] > span[0]:
             rate = total / ((span[1] - span[0]) / 1e9)
+            if starts and span[1] > min(starts):
+                rate = in_steps / ((span[1] - min(starts)) / 1e9)
         if as_of is not None:
             with self._lock:
                 phases, steps = self._phases_at(as_of)

@@ -72,6 +72,17 @@ class _RankSpans:
         if opened is not None:
             self.open_phase[opened] = e
 
+    def backward_computed(self, e: ev.BackwardComputed) -> None:
+        """A step recorded without BackwardStarted (hook-less watch(), unsampled): its forward
+        ended before its first gradient (`first_t_ns`), so the forward span ends there, not at
+        the next forward (the last step's would never end, and read as unfinished)."""
+        s = self.open_phase.get("forward")
+        if s is not None and s.step == e.step:
+            del self.open_phase["forward"]
+            end = e.first_t_ns if s.t_ns <= e.first_t_ns <= e.t_ns else e.t_ns
+            self.close(s, end, "forward", "phase", "phases", True,
+                       {"ended_by": "BackwardComputed (its first gradient)"})
+
     def allreduce_launched(self, e: ev.AllReduceLaunched) -> None:
         self.open_ar.setdefault(e.bucket, []).append(e)
 
@@ -136,6 +147,7 @@ _SPAN_HANDLERS: dict[type[Event], Any] = {
     ev.BroadcastChunkSent: _RankSpans.chunk_sent,
     ev.BroadcastChunkDone: _RankSpans.chunk_done,
     ev.GradsSummarized: _RankSpans.grads_summarized,
+    ev.BackwardComputed: _RankSpans.backward_computed,
 }
 
 
@@ -154,4 +166,6 @@ def table_spans(table: Table, offset: int) -> list[Span]:
     return _rank_spans(table.rank, events, offset, int(table.t[-1]) if len(table) else 0)
 
 
-SPAN_TYPES = tuple(_SPAN_HANDLERS)  # the event types that open or close a span
+# the event types that are drawn only as spans (BackwardComputed, which may also end a
+# forward, stays an event of its own in the exports)
+SPAN_TYPES = tuple(t for t in _SPAN_HANDLERS if t is not ev.BackwardComputed)

@@ -153,7 +153,9 @@ def _compare_models(dog: Watchdog, module: nn.Module, tap: Tap) -> None:
     report = compare_through_store(
         module, dog.rank, dog.world_size,
         lambda name, payload: dog.exchange(name, payload, f"the model comparison ({WHAT})"))
-    if report.ok:
+    if report.ok:  # recorded as the twin's check is: the report shows it as it happened
+        if tap.enabled:
+            tap.emit(ev.VerificationPassed, report.world_size, report.digest)
         return
     if tap.enabled:  # diagnosis turns it into one finding per difference
         tap.emit(ev.VerificationFailed, report.world_size, report.mismatches)

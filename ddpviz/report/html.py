@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ddpviz import events as ev
 from ddpviz import markup
 from ddpviz._diagnose.diagnosis import diagnose
@@ -32,16 +30,21 @@ from ddpviz._diagnose.verdict import (
     where,
 )
 from ddpviz.atomic import write_text
-from ddpviz.findings import Finding, recording_advice, sort_findings, value_lines
-from ddpviz.model.spans import Span, table_spans
-from ddpviz.traces import columns as col
-from ddpviz.traces.columns import Table
+from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
+from ddpviz.model.spans import table_spans
+from ddpviz.report.ranks import ranks_section
+from ddpviz.report.timeline import (
+    COLORS,
+    computed_marks,
+    last_activity,
+    timeline_section,
+    timeline_steps,
+)
 from ddpviz.traces.fileformat import End
 from ddpviz.traces.source import open_run
 from ddpviz.traces.trace import Trace, gc_paused
-from ddpviz.units import human_bytes, human_duration
+from ddpviz.units import UNLIMITED, human_bytes
 
-_TIMELINE_STEPS = 3  # the timeline shows the last few steps that have a backward pass
 _MAX_ROWS = 64
 
 _CSS = """
@@ -55,10 +58,11 @@ text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}.bad{color:#b00
 .finding.error{border-color:#b00020}.finding.warning{border-color:#c77c02}
 .finding h4{margin:.2em 0}.sev{font-size:.8em;text-transform:uppercase;margin-right:.5em}
 .finding pre{margin:.2em 0;white-space:pre-wrap}.fix{margin:.2em 0}
+.wide{overflow-x:auto}td{white-space:nowrap}ol.notes{font-size:.9em;color:#555;margin-top:0}
+ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:.3em 1.2em;font-size:.9em}
+ul.legend li{display:flex;align-items:center;gap:.4em}ul.legend svg{display:inline;margin:0}
+figure.step{margin:.8em 0}figure.step figcaption{font-weight:600}svg{max-width:100%}
 """
-_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac")
-
 
 def render(trace: object, *, title: str = "ddpviz report",
            ended: Mapping[int, End] | None = None) -> str:
@@ -87,14 +91,20 @@ def _render(trace: Trace, title: str, ended: Mapping[int, End] | None = None) ->
     all_spans = [s for sp in spans.values() for s in sp]
     findings = sort_findings(diagnose(trace, ended=ended))
     maps = _bucket_maps(trace)
-    steps = _timeline_steps(all_spans)
+    offsets = {r: trace.clock.get(r, (0, 0))[0] for r in tables}
+    marks = computed_marks(tables, offsets)
+    steps, left_out = timeline_steps(all_spans, marks, findings)
+    ends = {r: int(t.t[-1]) + offsets[r] for r, t in tables.items() if len(t)}
     parts = [markup.fmt("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
                         "<title>{}</title><style>{}</style></head><body>", title,
                         markup.Markup(_CSS)),
              markup.fmt("<h1>{}</h1>", title),
              _findings(findings, lambda f: _link(f, maps, steps)), _summary(trace, ended),
-             _ranks(trace, tables, spans), _verification(trace, findings), _buckets(trace, maps),
-             _timeline(all_spans, steps), "</body></html>"]
+             ranks_section(tables, spans, trace.clock), _verification(trace, findings),
+             _buckets(trace, maps),
+             timeline_section(all_spans, marks, findings, steps, left_out,
+                              last_activity(all_spans, marks), ends, _not_built(trace)),
+             "</body></html>"]
     return "\n".join(parts)
 
 
@@ -153,55 +163,51 @@ def _summary(trace: Trace, ended: Mapping[int, End] | None = None) -> str:
                       markup.Markup(truncated))
 
 
-def _ranks(trace: Trace, tables: dict[int, Table], spans_by_rank: dict[int, list[Span]]
-           ) -> str:
-    rows: list[list[object]] = []
-    dropped_code = col.CODE[ev.EventsDropped]
-    for rank, table in tables.items():
-        n = len(table)
-        seqs = np.unique(table.seq[table.kind != dropped_code])
-        holes = int(seqs[-1]) + 1 - len(seqs) if len(seqs) else 0
-        dropped = sum(e.count for e in table.rare(ev.EventsDropped))
-        steps = (int(table.step.max()) if n else -1) + 1
-        duration = int(table.t[-1] - table.t[0]) if n else 0
-        sp = spans_by_rank[rank]
-        back = [s.end_ns - s.start_ns for s in sp if s.name == "backward" and s.finished]
-        ars = [s.end_ns - s.start_ns for s in sp if s.cat == "allreduce" and s.finished]
-        unfinished = sum(1 for s in sp if not s.finished)
-        offset, error = trace.clock.get(rank, (0, 0))
-        clock = (f"{human_duration(offset)} ± {human_duration(error)}" if error >= 0
-                 else f"{human_duration(offset)} (wall clock)")
-        rows.append([rank, n, steps, human_duration(duration),
-                     human_duration(sum(back) / len(back)) if back else "-", len(ars),
-                     human_duration(sum(ars) / len(ars)) if ars else "-", unfinished, dropped,
-                     holes, clock])
-    html = _table(["rank", "events", "steps", "span", "backward mean", "all-reduces",
-                   "all-reduce mean", "unfinished spans", "dropped", "seq holes",
-                   "clock offset"], rows)
-    return markup.fmt("<section id='ranks'><h2>Per-rank summary</h2>{}</section>", html)
-
-
 def _verification(trace: Trace, findings: list[Finding]) -> str:
     out = ["<section id='verification'><h2>Model verification across ranks</h2>"]
     passed = trace.of_type(ev.VerificationPassed)
     failed = trace.of_type(ev.VerificationFailed)
     if not passed and not failed:
-        out.append("<p class='muted'>No verification events in this trace.</p>")
+        out.append(_unverified(trace))
     if passed:
         digests = sorted({e.digest for e in passed})
         ranks = sorted({e.rank for e in passed})
-        out.append(markup.fmt("<p class='ok'>Passed on ranks {} (world size {}; digest {}).</p>",
-                              ranks, passed[0].world_size, ", ".join(digests)))
+        out.append(markup.fmt(
+            "<p class='ok'>Compared across ranks before DDP was built (parameter names, order, "
+            "shapes, strides, dtypes, devices, requires_grad, sparse gradients; buffer names, "
+            "order, shapes, dtypes, devices): the same on {} (world size {}; model digest {}).</p>",
+            format_ranks(ranks), passed[0].world_size, ", ".join(digests)))
     if failed:
         ranks = sorted({e.rank for e in failed})
         differ = [(i, f) for i, f in enumerate(findings) if f.kind in _MODEL_KINDS]
-        out.append(markup.fmt("<p class='bad'>Failed (reported by ranks {}): {} difference{}, "
-                              "in the findings above:</p>", ranks, len(differ),
+        out.append(markup.fmt("<p class='bad'>Failed (reported by {}): {} difference{}, "
+                              "in the findings above:</p>", format_ranks(ranks), len(differ),
                               "s" if len(differ) != 1 else ""))
         out.append(markup.fmt("<ul>{}</ul>", markup.join(
             markup.fmt("<li><a href='#finding-{}'>{}</a></li>", i, f.title) for i, f in differ)))
     out.append("</section>")
     return "".join(out)
+
+
+def _unverified(trace: Trace) -> str:
+    """What was and was not checked when no comparison was recorded."""
+    built = sorted({e.rank for e in trace.of_type(ev.ParamsBuilt)})
+    started = sorted({e.rank for e in trace.of_type(ev.VerificationStarted)})
+    if started:
+        return markup.fmt("<p class='bad'>The comparison of the models across ranks started on "
+                          "{} and no result was recorded: a rank stopped inside it.</p>",
+                          format_ranks(started))
+    if not built:
+        return ("<p class='muted'>No model comparison and no DDP construction were recorded in "
+                "this trace.</p>")
+    return markup.fmt(
+        "<p>No comparison of the models across ranks was recorded (ddpviz compares them "
+        "before DDP is built under <code>ddpviz record</code> and in "
+        "<code>ddpviz.DistributedDataParallel</code>; <code>watch(ddp)</code> attaches to a DDP "
+        "torch had already built). torch's constructor checked, against rank 0, the number of "
+        "parameters and each one's size and stride, and returned on {}. Not compared: "
+        "parameter names and dtypes, requires_grad, buffers.</p>",
+        format_ranks(built))
 
 
 def _param_bytes(trace: Trace) -> dict[int, tuple[str, int]]:
@@ -231,7 +237,8 @@ def _bucket_maps(trace: Trace) -> dict[tuple[Any, ...], list[tuple[int, int]]]:
 def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -> str:
     out = ["<section id='buckets'><h2>Bucket maps</h2>"]
     if not maps:
-        out.append("<p class='muted'>No bucket assignment in this trace.</p></section>")
+        out.append(markup.fmt("<p class='muted'>No bucket assignment in this trace.{}</p>"
+                              "</section>", _not_built(trace)))
         return "".join(out)
     params = _param_bytes(trace)
     by_kind: dict[bool, set[tuple[Any, ...]]] = defaultdict(set)
@@ -246,8 +253,9 @@ def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -
         ranks = sorted({r for r, _ in assigned})
         step = min(s for _, s in assigned)
         label = f"rebuilt in step {step}" if rebuilt else "at construction"
-        out.append(markup.fmt("<h3>Bucket map {} (ranks {}), {} buckets, "
-                              "bucket 0 reduced first</h3>", label, ranks, len(buckets)))
+        out.append(markup.fmt("<h3>Bucket map {} ({}), {} bucket{}{}</h3>", label,
+                              format_ranks(ranks), len(buckets), "s" if len(buckets) != 1 else "",
+                              ", bucket 0 reduced first" if len(buckets) > 1 else ""))
         sizes = [sum(params.get(i, ("", 0))[1] for i in b) for b in buckets]
         out.append(_bucket_svg(sizes))
         rows: list[list[object]] = []
@@ -255,15 +263,37 @@ def _buckets(trace: Trace, maps: dict[tuple[Any, ...], list[tuple[int, int]]]) -
             names = [params.get(p, (str(p), 0))[0] for p in b]
             shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)"
                                             if len(names) > 6 else "")
-            limit = human_bytes(limits[i]) if i < len(limits) else "-"
-            rows.append([i, len(b), human_bytes(sizes[i]) if params else "?", limit, shown])
-        out.append(_table(["bucket", "params", "bytes", "limit", "parameters"], rows[:_MAX_ROWS],
+            rows.append([i, len(b), human_bytes(sizes[i]) if params else "?",
+                         _cap(limits[i]) if i < len(limits) else "not recorded", shown])
+        out.append(_table(["bucket", "params", "size (its gradients)", "cap", "parameters"],
+                          rows[:_MAX_ROWS],
                           text=(4,), ids=[f"bucket-{m}-{i}" for i in range(len(rows))]))
         if len(rows) > _MAX_ROWS:
             out.append(markup.fmt("<p class='muted'>{} more buckets not shown.</p>",
                                   len(rows) - _MAX_ROWS))
-    out.append("</section>")
+    out.append(markup.fmt(
+        "<p class='muted'>cap: the byte limit DDP filled a bucket up to before starting the "
+        "next: bucket_cap_mb (25 MiB by default); with the default, the first bucket of the "
+        "rebuilt map has DDP's first-bucket cap, 1 MiB, so the first all-reduce starts early. "
+        "A parameter larger than the cap gets a bucket of its own. size: the bytes of the "
+        "bucket's gradients.</p></section>"))
     return "".join(out)
+
+
+def _not_built(trace: Trace) -> str:
+    """' DDP was not built: ...' where the model comparison failed and no rank built DDP's
+    parameters (the ranks stopped there), else ''."""
+    failed = sorted({e.rank for e in trace.of_type(ev.VerificationFailed)})
+    if not failed or trace.of_type(ev.ParamsBuilt):
+        return ""
+    return (f" DDP was not built: the comparison of the models failed on {format_ranks(failed)}"
+            " (see the findings) and no rank went on to build it.")
+
+
+def _cap(limit: int) -> str:
+    if limit >= UNLIMITED:
+        return "none (one bucket per dtype and device)"
+    return human_bytes(limit)
 
 
 def _bucket_svg(sizes: list[int]) -> str:
@@ -276,7 +306,7 @@ def _bucket_svg(sizes: list[int]) -> str:
         rects.append(markup.fmt("<rect x='{:.1f}' y='0' width='{:.1f}' height='{}' "
                                 "fill='{}' stroke='#fff'><title>bucket {}: "
                                 "{}</title></rect>", x, max(w, 1), height,
-                                _COLORS[i % len(_COLORS)], i, human_bytes(size)))
+                                COLORS[i % len(COLORS)], i, human_bytes(size)))
         if w > 30:
             rects.append(markup.fmt("<text x='{:.1f}' y='18' font-size='12' fill='#fff'>b{}</text>",
                                     x + 4, i))
@@ -284,89 +314,6 @@ def _bucket_svg(sizes: list[int]) -> str:
     return markup.fmt("<svg width='{:.0f}' height='{}' "
                       "role='img' aria-label='bucket sizes'>{}</svg>", width, height,
                       markup.join(rects))
-
-
-# the phases the timeline draws in each rank's top row, and their fill
-_PHASE_FILL = {"forward": "#eceff3", "backward": "#d0d7e1", "optimizer step": "#e8dcc2"}
-
-
-def _timeline_steps(all_spans: list[Span]) -> list[int]:
-    """The steps the timeline draws: the last few with a backward pass."""
-    return sorted({s.step for s in all_spans if s.name == "backward"})[-_TIMELINE_STEPS:]
-
-
-def _timeline(all_spans: list[Span], steps: list[int]) -> str:
-    out = ["<section id='timeline'><h2>All-reduce timeline</h2>"]
-    spans = [s for s in all_spans if s.cat in ("allreduce", "phase", "gradients")]
-    shown = [s for s in spans if s.step in steps
-             and (s.name in _PHASE_FILL or s.cat in ("allreduce", "gradients"))]
-    if not shown:
-        out.append("<p class='muted'>No backward passes or all-reduces in this trace.</p>"
-                   "</section>")
-        return "".join(out)
-    named = markup.join((markup.fmt("<span id='step-{}'>{}</span>", s, s) for s in steps), ", ")
-    out.append(markup.fmt("<p>Steps {} on the aligned clock; one band per "
-                          "rank: forward, backward and (on sampled steps) the optimizer step on "
-                          "top, one row per bucket's all-reduce below. Hatched: never finished."
-                          "</p>", named))
-    summarized = sorted({s.step for s in shown if s.cat == "gradients"})
-    if summarized:
-        out.append(markup.fmt(
-            "<p>Steps {}: per-bucket summaries: a 'gradients ready' row per rank draws each "
-            "bucket from its first to its last gradient ready; per-parameter hooks were not "
-            "recorded on these steps ({} records them on every step).</p>",
-            ", ".join(map(str, summarized)), recording_advice("every=1")))
-    t0 = min(s.start_ns for s in shown)
-    t1 = max(s.end_ns for s in shown)
-    scale = 900.0 / max(t1 - t0, 1)
-    ranks = sorted({s.rank for s in shown})
-    buckets = sorted({int(s.lane.rsplit(" ", 1)[1]) for s in shown if s.cat == "allreduce"})
-    rank_row = {r: i for i, r in enumerate(ranks)}  # dict lookups: linear in the spans
-    bucket_row = {b: i for i, b in enumerate(buckets)}
-    row_h, label_w = 12, 90
-    grads_row = 1 if summarized else 0  # a row of per-bucket gradient summaries
-    band = (1 + grads_row + len(buckets)) * row_h + 10
-    height = band * len(ranks) + 24
-    items = ["<defs><pattern id='hatch' width='6' height='6' patternUnits='userSpaceOnUse'>"
-             "<path d='M0,6 l6,-6' stroke='#b00020' stroke-width='1'/></pattern></defs>"]
-    for ri, rank in enumerate(ranks):
-        y0 = ri * band
-        items.append(markup.fmt("<text x='0' y='{}' font-size='11'>rank {}</text>", y0 + 10, rank))
-        if grads_row:
-            items.append(markup.fmt("<text x='40' y='{}' font-size='9' fill='#777'>grads"
-                                    "</text>", y0 + 2 * row_h - 2))
-        for bi, b in enumerate(buckets):
-            items.append(markup.fmt("<text x='40' y='{}' font-size='9' fill='#777'>b{}</text>",
-                                    y0 + (bi + 2 + grads_row) * row_h - 2, b))
-    for s in shown:
-        y0 = rank_row[s.rank] * band
-        if s.cat == "allreduce":
-            b = int(s.lane.rsplit(" ", 1)[1])
-            y = y0 + (bucket_row[b] + 1 + grads_row) * row_h
-            color = _COLORS[b % len(_COLORS)]
-        elif s.cat == "gradients":
-            b = s.args["bucket"]
-            y = y0 + row_h
-            color = _COLORS[b % len(_COLORS)]
-        else:
-            y = y0
-            color = _PHASE_FILL[s.name]
-        x = label_w + (s.start_ns - t0) * scale
-        w = max((s.end_ns - s.start_ns) * scale, 1.0)
-        fill = color if s.finished else "url(#hatch)"
-        items.append(markup.fmt("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' "
-                                "fill='{}'><title>rank {} step {} {}: {} ms</title></rect>",
-                                x, y, w, row_h - 2, fill, s.rank, s.step, s.name,
-                                _ms(s.end_ns - s.start_ns)))
-    axis_y = band * len(ranks) + 14
-    for k in range(5):
-        x = label_w + 900 * k / 4
-        items.append(markup.fmt("<text x='{:.0f}' y='{}' font-size='10' fill='#555'>{} ms</text>",
-                                x, axis_y, _ms((t1 - t0) * k / 4)))
-    out.append(markup.fmt("<svg width='{}' height='{}' role='img' "
-                          "aria-label='all-reduce timeline'>{}</svg></section>",
-                          label_w + 960, height, markup.Markup("".join(items))))
-    return "".join(out)
 
 
 # --- findings ----------------------------------------------------------------------------------

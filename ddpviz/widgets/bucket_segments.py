@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ddpviz import markup
-from ddpviz.plan import PlannedBucket
+from ddpviz.plan import PlannedBucket, limit_text
 from ddpviz.units import human_bytes
 
 
@@ -41,8 +41,8 @@ class LimitMarker(NamedTuple):
 
 def bucket_label(bucket: PlannedBucket) -> str:
     """Row label: index, dtype and the limit, so unlimited and sparse buckets read as such."""
-    cap = "sparse" if bucket.sparse else f"cap {human_bytes(bucket.limit)}"
-    return f"{bucket.index} · {bucket.dtype} · {cap}"
+    return f"{bucket.index} · {bucket.dtype} · {'' if bucket.sparse else 'cap '}" \
+        f"{limit_text(bucket)}"
 
 
 def segments(buckets: Sequence[PlannedBucket]) -> list[Segment]:
@@ -58,10 +58,10 @@ def segments(buckets: Sequence[PlannedBucket]) -> list[Segment]:
 
 
 def limit_markers(buckets: Sequence[PlannedBucket]) -> list[LimitMarker]:
-    """One marker per bucket whose limit can be drawn: sys.maxsize ('unlimited') and sparse
-    buckets (limit 0) show their limit in the row label only."""
+    """One marker per bucket whose limit can be drawn: sys.maxsize ('unlimited'), sparse
+    buckets (limit 0) and caps not recorded show their limit in the row label only."""
     return [LimitMarker(b.index, bucket_label(b), b.limit, b.nbytes) for b in buckets
-            if not b.sparse and b.limit < 2**62]
+            if not b.sparse and 0 <= b.limit < 2**62]
 
 
 def hover_text(s: Segment) -> str:

@@ -119,7 +119,7 @@ class Dashboard(EventView):
                 f"{steps[-1]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}")
             parts.append(f"iteration {shown}")
         rate = (f"{status.events_per_s:,.0f} events/s" if src.is_live()
-                else f"{status.events_per_s:,.0f} events/s of run time")
+                else f"{status.events_per_s:,.0f} events/s over the steps")
         parts.append(f"{status.events:,} events ({rate})")
         dropped = status.dropped
         rejected = 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from ddpviz import events as ev
 from ddpviz.events import Event
-from ddpviz.model.spans import _SPAN_HANDLERS, Span, _rank_spans, event_args
+from ddpviz.model.spans import SPAN_TYPES, Span, _rank_spans, event_args
 from ddpviz.traces.trace import Trace
 
 
@@ -22,7 +22,7 @@ def object_spans(trace: Trace) -> list[Span]:
 
 
 _INSTANT_LANES: dict[type[Event], str] = {ev.GradReady: "gradient hooks"}
-_SPAN_EVENTS = set(_SPAN_HANDLERS)
+_SPAN_EVENTS = set(SPAN_TYPES)  # BackwardComputed ends a forward and stays an event
 
 
 def object_chrome(trace: Trace) -> dict[str, Any]:

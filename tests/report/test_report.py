@@ -136,7 +136,9 @@ def test_the_summary_speaks_to_people() -> None:
     text = summary.group(1)
     assert "recorded 2026-11-25 00:28:03 UTC over " in text
     assert "started_wall_ns" not in page and str(WALL_NS) not in page
-    assert re.search(r"over [\d.]+ (s|ms|µs)\.", text)
+    # the time before the first step (the twin's construction) said apart
+    assert re.search(r"over [\d.]+ (s|ms|µs) \([\d.]+ (s|ms|µs) before the first step: "
+                     r"construction and setup; [\d.]+ (s|ms|µs) from the first step on\)\.", text)
     assert "job: &lt;b&gt;demo&lt;/b&gt;" in text  # other metadata, escaped
 
 

@@ -3,10 +3,13 @@ one in force at the cursor's iteration, with per-bucket timing from the all-redu
 
 from __future__ import annotations
 
+import msgspec
+
 from ddpviz import events as ev
-from ddpviz.plan import infer_settings, observed_plan
+from ddpviz.plan import NOT_RECORDED, infer_settings, observed_plan
 from ddpviz.widgets import LiveBucketMap
 from ddpviz.widgets.bucket_figure import bar_traces
+from ddpviz.widgets.bucket_segments import bucket_label, limit_markers
 from tests.widgets.streams import MAXSIZE, synthetic_run
 
 
@@ -109,3 +112,18 @@ def test_observed_plan_needs_the_constructors_map() -> None:
         assert str(e).startswith("ddpviz: rank 0 reported no constructor BucketAssigned")
     else:
         raise AssertionError("observed_plan accepted no maps")
+
+
+def test_maps_recorded_without_caps_are_drawn_with_the_caps_said_not_recorded() -> None:
+    # watch() records no caps where it cannot tell torch's (a learned map, a replay that
+    # differs): the maps are drawn, each bucket's cap "not recorded", no limit marker
+    events = [msgspec.structs.replace(e, limits=()) if isinstance(e, ev.BucketAssigned) else e
+              for e in synthetic_run(2, 8, 3, cap=1100)]
+    m = LiveBucketMap(events)
+    assert m.plan_error is None and m.observed is not None and m.bucket_map is not None
+    plan = m.observed.plan
+    assert plan.rebuilt is not None and len(plan.rebuilt) > 1
+    assert {b.limit for b in (*plan.initial, *plan.rebuilt)} == {NOT_RECORDED}
+    assert all(bucket_label(b).endswith("cap not recorded") for b in plan.rebuilt)
+    assert limit_markers(plan.rebuilt) == []
+    assert "not recorded" in str(plan) and "-1 B" not in str(plan)  # print(plan)
