@@ -36,20 +36,23 @@ from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 CALLS = 200  # per block of the per-call measurement
 
 
-def _per_call(reps: int) -> tuple[float, float]:
+def _per_call(reps: int, sizes: tuple[int, ...] = (1,)) -> tuple[float, float]:
+    """us per call, torch's and recorded; `sizes`: the all_reduce's element counts, cycled
+    call by call (more than one: every call changes its site's signature, See [Note: a known
+    call site that changed] in ddpviz/probes/collective_check.py)."""
     from ddpviz.probes import collectives
 
     recorded = dist.all_reduce
     plain = recorded.__ddpviz_original__  # type: ignore[attr-defined]
-    t = torch.ones(1)
+    ts = [torch.ones(n) for n in sizes]
     times: dict[str, list[float]] = {"plain": [], "recorded": []}
     for rep in range(reps):
         order = [("plain", plain), ("recorded", recorded)]
         for name, fn in order if rep % 2 else order[::-1]:
             dist.barrier()
             start = time.perf_counter()
-            for _ in range(CALLS):
-                fn(t)
+            for i in range(CALLS):
+                fn(ts[i % len(ts)])
             times[name].append((time.perf_counter() - start) / CALLS * 1e6)
     assert collectives.enabled()
     return statistics.median(times["plain"]), statistics.median(times["recorded"])
@@ -97,7 +100,8 @@ def _rank(rank: int, world: int, port: int, args: Any, out: Any) -> None:
                                      warmup=WARMUP_BLOCKS, after_step=extra)
         rows.append((model_name, timings.wall, timings.thread))
         if model_name == list(MODELS)[-1]:
-            per_call = _per_call(max(10, args.reps // 5))
+            per_call = (_per_call(max(10, args.reps // 5)),
+                        _per_call(max(10, args.reps // 5), sizes=(1, 2)))
             ticks = {n: _tick_cost(rank, n) for n in (10, 100, 1000)}
         for w in watches:
             w.close()
@@ -128,10 +132,12 @@ def main() -> None:
         summary.append((world, per_call, ticks))
     print()
     print("| ranks | all_reduce(1 float) us: torch's | recorded | cost of recording one | "
+          "size changing every call (1, 2 floats): torch's | recorded | cost | "
           "one comparison (tick) ms after 10 / 100 / 1000 collectives a rank |")
-    print("|---|---:|---:|---:|---:|")
-    for world, (plain, recorded), ticks in summary:
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for world, ((plain, recorded), (plain_c, recorded_c)), ticks in summary:
         print(f"| {world} | {plain:.1f} | {recorded:.1f} | {recorded - plain:.1f} | "
+              f"{plain_c:.1f} | {recorded_c:.1f} | {recorded_c - plain_c:.1f} | "
               f"{ticks[10]:.2f} / {ticks[100]:.2f} / {ticks[1000]:.2f} |")
 
 

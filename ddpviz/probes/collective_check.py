@@ -70,27 +70,6 @@ from ddpviz.probes.rendezvous import background_connection
 # (a compare_set on the group's `named` key), whichever compares first; the others say
 # nothing more of it. No signal handler: the job dies as it would without ddpviz.
 
-# [Note: a known call site that changed]
-# A mismatch from a call site that ran before (an all_gather whose size on one rank differs
-# only at step 5) is not a new site's first call, so no rank claims its position, and gloo
-# can end the job before the next comparison (the peer that receives more bytes aborts, and
-# torchrun stops the rest). The ledger keeps each site's last op and arguments (a tuple
-# compare per call, nothing posted); a call whose op or arguments differ from the site's last
-# is posted and claims its position like a new site's first call, and the rank then meets its
-# peers there before its call runs (`_meet`): it counts itself in at the position (one
-# store add) and, until every rank of the group counted itself in (the peers' sites changed
-# too: each compared its call with the first claim, so all agree) or its comparison passed
-# the position (the peers' posted histories, which the poster thread posts twice a second
-# with a call still in progress), polls the store, at most MEET_S. A peer that issued
-# something else there has posted it by then: the rank compares and names the mismatch
-# before its own call runs, so before gloo can end a process. A healthy job whose sizes vary
-# from step to step changes on every rank alike: the last rank to count itself in goes on at
-# once, the others wait for it as their collective would. The keys of a position every rank
-# counted itself in are deleted by the last one at its next such claim (its functional
-# collective there may have returned before the others left their wait: a rank that finds
-# the claim gone knows every rank was in; one that reads the count just as it goes leaves
-# that one key behind).
-
 PERIOD_S = 0.5
 STUCK_S = 2.0
 KEEP_CHUNKS = 64  # chunks a rank keeps in the store; a checker further behind skips ahead
@@ -122,9 +101,6 @@ _dec_head = msgspec.msgpack.Decoder(Head)
 _dec_chunk = msgspec.msgpack.Decoder(Chunk)
 _dec_claim = msgspec.msgpack.Decoder(Claim)
 MEET_LOCK_S = 1.0  # the most the training thread waits for the checker's lock, once
-MEET_S = 3.0  # the most a rank waits for its peers at a changed site's position
-MEET_POLL_S = 0.002  # how often it asks the store whether every peer counted itself in
-MEET_CHECK_S = 0.05  # how often it compares the posted histories meanwhile
 FLUSH_S = 1.0  # the most a report waits for its event to be shipped
 
 
@@ -176,9 +152,7 @@ class CollectiveCheck:
         self._thread = threading.Thread(target=self._run, name="ddpviz-collectives",
                                         daemon=True)
         self._thread.start()
-        self._stale: list[str] = []  # keys of a met position, deleted at the next claim
         ledger_mod.on_new_site = self._post_first
-        ledger_mod.on_changed_site = self._post_changed
         atexit.register(self.final)
         _hook_exceptions()
 
@@ -190,33 +164,17 @@ class CollectiveCheck:
                 self._post(g, issuing=True)
                 self._claim(g, call.entry())  # (its text made once per call site)
 
-    def _post_changed(self, g: GroupLedger) -> None:
-        """See [Note: a known call site that changed] (training thread)."""
-        if len(g.ranks) > 1 and g.comparable:
-            with contextlib.suppress(Exception):
-                call = g.entries[-1]
-                self._post(g, issuing=True)
-                self._claim(g, call.entry(), meet=True)
-
-    def _claim(self, g: GroupLedger, entry: Entry, meet: bool = False) -> None:
-        """See [Note: claiming a position] (training thread, before the call runs); `meet`:
-        then wait for the peers there (See [Note: a known call site that changed])."""
+    def _claim(self, g: GroupLedger, entry: Entry) -> None:
+        """See [Note: claiming a position] (training thread, before the call runs)."""
         if self._stop.is_set() or entry.asym:
             return
         key = f"ddpviz/coll/{self.epoch}/{g.name}/at{entry.pos}"
-        if meet:
-            stale, self._stale = self._stale, []
-            for old in stale:
-                with contextlib.suppress(Exception):
-                    self.store.delete_key(old)
         raw = self.store.compare_set(key, "", _enc.encode(Claim(self.rank, entry)))  # type: ignore[arg-type]
         if len(raw) > MAX_CHUNK:
             return
         first = _dec_claim.decode(raw)
         if (first.rank == self.rank or first.rank not in g.ranks
                 or (first.entry.op, first.entry.sig) == (entry.op, entry.sig)):
-            if meet:
-                self._meet(g, entry.pos, key)
             return
         if not self._tick_lock.acquire(timeout=MEET_LOCK_S):
             return  # the checker is busy past the bound: the ticks and `final` compare
@@ -232,38 +190,6 @@ class CollectiveCheck:
                 self._report_once(g, self._finding(g, entry.pos, mine, {}))
         finally:
             self._tick_lock.release()
-
-    def _meet(self, g: GroupLedger, pos: int, key: str) -> None:
-        """Wait, at most MEET_S, until every rank of `g` counted itself in at `pos` or the
-        comparison passed it, comparing the posted histories meanwhile (training thread;
-        See [Note: a known call site that changed])."""
-        count = f"{key}/n"
-        if self.store.add(count, 1) >= len(g.ranks):
-            self._stale = [key, count]  # every rank is in: deleted at this rank's next claim
-            return
-        start = time.monotonic()
-        next_check = start + MEET_CHECK_S
-        while not self._stop.is_set():
-            time.sleep(MEET_POLL_S)
-            # the claim deleted: the last rank in went on and claimed again, so every rank
-            # was in (its collective there may have been async: it need not have completed)
-            if not self.store.check([key]) or self.store.add(count, 0) >= len(g.ranks):
-                return
-            now = time.monotonic()
-            if now - start > MEET_S:
-                return  # the peers are elsewhere for now: the ticks and `final` compare
-            if now < next_check:
-                continue
-            next_check = now + MEET_CHECK_S
-            if not self._tick_lock.acquire(timeout=MEET_LOCK_S):
-                continue
-            try:
-                self._check(g)
-                c = self.compares.get(g.name)
-                if c is None or c.done or c.verified > pos:
-                    return  # named (here or before), or every rank's call there agreed
-            finally:
-                self._tick_lock.release()
 
     def final(self) -> None:
         """At exit: post, then compare every group from this rank (See the Note)."""
@@ -288,8 +214,6 @@ class CollectiveCheck:
         self._stop.set()
         if ledger_mod.on_new_site == self._post_first:
             ledger_mod.on_new_site = None
-        if ledger_mod.on_changed_site == self._post_changed:
-            ledger_mod.on_changed_site = None
         atexit.unregister(self.final)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * PERIOD_S)

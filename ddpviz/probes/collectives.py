@@ -147,10 +147,9 @@ _step = -1  # the DDP step the training thread is in (set by the watches)
 _installed = False
 _enabled = 0  # watches and twins that asked for the ledger and are still open
 _failed: list[str] = []  # why the ledger stepped aside, said once
-# collective_check sets these: post `ledger` now, counting the entry being issued (a new call
-# site's first collective; a known site's collective whose signature differs from its last)
+# collective_check sets this: post `ledger` now, counting the entry being issued (a new call
+# site's first collective)
 on_new_site: Callable[[GroupLedger], None] | None = None
-on_changed_site: Callable[[GroupLedger], None] | None = None
 
 
 def job_collectives_issued() -> int:
@@ -440,7 +439,7 @@ def _ledger_of(group: Any, since_now: bool = False) -> GroupLedger | None:
 # ddpviz's reducer and by watch()'s guard around torch's
 _launch = comm.LAUNCH
 # (id(code), line) of the call sites seen -> the op and raw arguments of their last call
-_sites: dict[tuple[int, int], tuple[str, tuple[Any, ...]]] = {}
+_sites: set[tuple[int, int]] = set()  # (id(code), line) of the call sites seen
 _site_codes: list[CodeType | None] = []  # their code objects, kept (their ids stay theirs)
 
 
@@ -476,18 +475,11 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
         ledger.open_asym = call
     elif on_new_site is not None:
         site = (id(code), line)
-        last = _sites.get(site)
-        if last is None:
+        if site not in _sites:
             # See [Note: a new call site is posted first] (collective_check.py)
-            _sites[site] = (name, raw)
+            _sites.add(site)
             _site_codes.append(code)
             on_new_site(ledger)
-        elif (last[1] != raw or last[0] != name) and bucket < 0:
-            # See [Note: a known call site that changed] (collective_check.py); a DDP comm
-            # hook's all-reduce changes with its bucket by design: DDP's, not met
-            _sites[site] = (name, raw)
-            if on_changed_site is not None:
-                on_changed_site(ledger)
     return ledger, seq, call
 
 
