@@ -715,10 +715,13 @@ class Watchdog:
                       f"before ddpviz's hang_timeout of {self.timeout:g}s: set hang_timeout "
                       "(or $DDPVIZ_HANG_TIMEOUT) below the group's timeout, or leave it "
                       "unset (0.6 x the group's timeout), for the verdict to come first",)
-        verdict = collective_check.hang_verdict() if lagging else None
+        steps = [positions[r].step for r in lagging if r in positions]
+        behind = not steps or min(steps) < me.step
+        verdict = collective_check.hang_verdict() if lagging and not behind else None
         if verdict is not None and verdict.ranks and set(verdict.ranks) <= set(waiting):
             # the job's collectives named the waiting ranks as issuing what the others did
-            # not: the lagging ranks are not behind, the waiting ones are ahead
+            # not, and the others ran as many steps: they are not behind, the waiting ranks
+            # are ahead (a rank a step behind is named as before, the verdict below it)
             title = (f"{format_ranks(verdict.ranks)} issued collectives that "
                      f"{format_ranks(lagging)} did not: {format_ranks(sorted(waiting))} "
                      f"waited {within} in {where} at {at}, which has no partner on "
@@ -729,8 +732,6 @@ class Watchdog:
                 bucket=me.bucket, step=me.step, values=values,
                 detail=(*verdict.lines, *detail), fix=verdict.fix, world_size=self.world_size)
         elif lagging:
-            steps = [positions[r].step for r in lagging if r in positions]
-            behind = not steps or min(steps) < me.step
             title = f"{format_ranks(lagging)} did not reach {where} at {at} within {within}"
             finding = Finding(
                 kind="rank_hang", severity="error", title=title, ranks=lagging,
