@@ -329,6 +329,12 @@ FIXES: dict[Kind, dict[str, str]] = {
             "ranks issue next, often DDP's bucket all-reduce. Call it on every rank of the "
             "group, or move it out of the collective (save on rank 0 without a barrier inside "
             "the condition, then barrier() on every rank).",
+        # a forward without gradients through the DDP on some ranks only
+        "evaluation": "Evaluate on every rank, or on one rank through the module the DDP "
+                      "wraps (ddp.module, under torch.no_grad()): a forward through the DDP "
+                      "broadcasts its buffers from rank 0 (broadcast_buffers=True), and on "
+                      "some ranks only that broadcast pairs with whatever the others issue "
+                      "next.",
     },
     "unsynced_gradients": {
         "": "Step the optimizer only after a backward through the DDP's own forward outside "

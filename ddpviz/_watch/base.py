@@ -21,6 +21,7 @@ from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets, rebuilt_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
+from ddpviz.engine.comm import BUFFERS, EVALUATION, LAUNCH
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.events import Emitter, Tap
@@ -317,11 +318,12 @@ class Watch:
                 return output
             if self._closed:
                 return inner(*args, **kwargs)
+            grad = grad_enabled()
             self._pre_forward(ddp, args)
-            output = inner(*args, **kwargs)
+            output = inner(*args, **kwargs) if grad else evaluation(inner, args, kwargs)
             if self._post_needed:
                 self._post_forward(ddp, args, output)
-            if grad_enabled():  # (the step _pre_forward counted)
+            if grad:  # (the step _pre_forward counted)
                 step = tap.step
                 if each is not None:
                     each.output(step, output)
@@ -334,6 +336,15 @@ class Watch:
                 if self._plain_steps:
                     self._plan(step + 1)
             return output
+
+        def evaluation(inner: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+            # a forward without gradients: its buffer broadcast reads as an evaluation's (See
+            # [Note: an evaluation on some ranks only], probes/collective_check.py)
+            LAUNCH.evaluating = True
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                LAUNCH.evaluating = False
 
         self._own_forward = forward
         self._had_forward = self._wrapped in ddp.__dict__
@@ -512,11 +523,14 @@ class Watch:
             def wait(work: Any) -> None:
                 _plain_wait_first(work)
                 dog.wait(work, collective="buffer broadcast")
+        LAUNCH.forward = EVALUATION if LAUNCH.evaluating else BUFFERS  # (for the ledger)
         try:
             broadcast_coalesced(tensors, self.group, src=0, chunk_bytes=int(
                 getattr(self.ddp, "broadcast_bucket_size", 250 << 20)), tap=self.tap, wait=wait)
         except RuntimeError as exc:
             raise dog.failed(exc, collective="buffer broadcast") from exc
+        finally:
+            LAUNCH.forward = 0
         if self.tap.enabled:
             self.tap.emit(ev.BuffersSynced, len(tensors),
                           sum(t.numel() * t.element_size() for t in tensors))

@@ -63,11 +63,21 @@ class GradBucket:
 
 class _Launch(threading.local):
     bucket = -1  # the bucket whose comm hook runs on this thread, else -1
+    # a DDP's buffer broadcast runs on this thread: BUFFERS, or EVALUATION when it runs for a
+    # forward without gradients (torch.no_grad(): an evaluation or generation); else 0
+    forward = 0
+    evaluating = False  # a DDP forward without gradients runs on this thread (watch() sets it)
+
+
+BUFFERS = 1
+EVALUATION = 2
 
 
 # Which DDP bucket's all-reduce is being launched on this thread: the reducer sets it around
 # the comm hook, so that a ledger of the job's collectives (probes/collectives.py) can name
-# the collectives a hook issues as that bucket's. Read, never required.
+# the collectives a hook issues as that bucket's; and whether a DDP's buffer broadcast runs,
+# for a forward with or without gradients (See [Note: an evaluation on some ranks only],
+# probes/collective_check.py). Read, never required.
 LAUNCH = _Launch()
 
 

@@ -23,7 +23,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
-from ddpviz.engine.comm import check_comm_hook
+from ddpviz.engine.comm import BUFFERS, EVALUATION, LAUNCH, check_comm_hook
 from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
@@ -659,7 +659,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             logger.info("Reducer buckets have been rebuilt in this iteration.")
             self._has_rebuilt_buckets = True
         if self._check_sync_bufs_pre_fwd():
-            self._sync_buffers()
+            self._sync_buffers(grad_enabled)
         if self._join_config.enable:
             self._check_global_requires_backward_grad_sync(is_joined_rank=False)
         if self.device_ids:
@@ -679,7 +679,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._clear_grad_buffer()
             return output
         if self._check_sync_bufs_post_fwd():
-            self._sync_buffers()
+            self._sync_buffers(torch.is_grad_enabled())
         if self._nf is not None and torch.is_grad_enabled():
             self._nf.forward(self._tap.step, output)
             if self.require_backward_grad_sync:
@@ -726,7 +726,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         hook = getattr(self, "_buffer_hook", None)
         return self.will_sync_module_buffers() and hook is not None and hook[2] == "post"
 
-    def _sync_buffers(self) -> None:
+    def _sync_buffers(self, forward: bool | None = None) -> None:
+        # forward: whether the forward it runs for has gradients (None: no forward's)
         with torch.no_grad():
             if self._join_config.enable:
                 src = self._find_common_rank(self._distributed_rank, True)
@@ -736,8 +737,14 @@ class DistributedDataParallel(nn.Module, Joinable):
             for finding in self._buffer_identity.check(self.named_module_buffers,
                                                        self._tap.step):
                 self._warn(finding)
-            with torch.autograd._unsafe_preserve_version_counter(tuple(self.modules_buffers)):
-                self._sync_module_buffers(src)
+            # (for the ledger: See [Note: an evaluation on some ranks only])
+            LAUNCH.forward = EVALUATION if forward is False else BUFFERS
+            try:
+                with torch.autograd._unsafe_preserve_version_counter(
+                        tuple(self.modules_buffers)):
+                    self._sync_module_buffers(src)
+            finally:
+                LAUNCH.forward = 0
         if self._replicas is not None:
             self._replicas.after_buffer_sync()
 

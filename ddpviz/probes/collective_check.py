@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import torch.distributed as dist
 
+from ddpviz.engine.comm import BUFFERS, EVALUATION
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks
 from ddpviz.probes import collectives as ledger_mod
@@ -69,6 +70,26 @@ from ddpviz.probes.rendezvous import background_connection
 # data the call sends or receives. A finding on the group is reported by one rank of the job
 # (a compare_set on the group's `named` key), whichever compares first; the others say
 # nothing more of it. No signal handler: the job dies as it would without ddpviz.
+
+# [Note: an evaluation on some ranks only]
+# A forward through the DDP without gradients (torch.no_grad(): an evaluation, a generation)
+# still broadcasts its buffers (broadcast_buffers=True) when the forward before it synced, and
+# then leaves the next forward's broadcast out (torch's require_forward_param_sync): on the
+# ranks that evaluate, its broadcast takes the position of the next training forward's. A
+# rank that evaluates alone thus pairs its evaluation's broadcast with the others' training
+# forward's (same op, dtype, size and source: nothing else differs), and it has one broadcast
+# more than they do until its next training forward; after its last evaluation the job
+# hangs or mispairs it with whatever the others issue next. The ledger knows which
+# broadcasts are a DDP's (comm.LAUNCH.forward, set by watch() and ddpviz's DDP around their
+# buffer sync) and which of them ran for a forward without gradients: a position where some
+# ranks' call is such a broadcast and the others' is not (their training forward's, or any
+# other call) is an `unmatched_collective` naming the ranks that evaluated, whatever op and
+# signature say. A healthy job whose ranks all evaluate pairs evaluation with evaluation.
+# An evaluation's first call site is posted and claimed like any new site; otherwise the
+# comparison twice a second names it (the mispaired broadcasts carry the same data until the
+# last one, so the job is not harmed before then). (Meeting the peers at that position, to
+# name it before the broadcast runs, was tried: the same wait at changed call sites hung
+# healthy jobs, See docs/collectives.md.)
 
 PERIOD_S = 0.5
 STUCK_S = 2.0
@@ -174,7 +195,7 @@ class CollectiveCheck:
             return
         first = _dec_claim.decode(raw)
         if (first.rank == self.rank or first.rank not in g.ranks
-                or (first.entry.op, first.entry.sig) == (entry.op, entry.sig)):
+                or _agree(first.entry) == _agree(entry)):
             return
         if not self._tick_lock.acquire(timeout=MEET_LOCK_S):
             return  # the checker is busy past the bound: the ticks and `final` compare
@@ -374,8 +395,7 @@ class CollectiveCheck:
                     other[r] = _not_python(h.marks, pos)
         if not mine:
             return None
-        keys = {r: (e.op, e.sig) for r, e in mine.items()}
-        if not other and len(set(keys.values())) == 1:
+        if not other and len({_agree(e) for e in mine.values()}) == 1:
             return None
         return self._finding(g, pos, mine, other)
 
@@ -403,6 +423,8 @@ class CollectiveCheck:
             return Finding(kind="unmatched_collective", severity="error", title=title,
                            ranks=issued, step=step, detail=detail, values=values,
                            fix=fix_for("unmatched_collective"), world_size=len(g.ranks))
+        if len({(e.op, e.sig) for e in mine.values()}) == 1:  # only the forwards differ
+            return self._evaluation_finding(g, pos, mine)
         counts: dict[tuple[str, str], list[int]] = {}
         for r, e in mine.items():
             counts.setdefault((e.op, e.sig), []).append(r)
@@ -417,6 +439,43 @@ class CollectiveCheck:
         return Finding(kind="collective_mismatch", severity="error", title=title, ranks=odd,
                        step=step, detail=detail, values=values,
                        fix=fix_for("collective_mismatch", "job"), world_size=len(g.ranks))
+
+    def _evaluation_finding(self, g: GroupLedger, pos: int,
+                            mine: dict[int, Entry]) -> Finding:
+        """Some ranks' call at `pos` is the buffer broadcast of a forward without gradients,
+        the others' is not (See [Note: an evaluation on some ranks only])."""
+        label, nth = _group_label(g), _ordinal(pos + 1)
+        evaluating = tuple(sorted(r for r, e in mine.items() if e.forward == EVALUATION))
+        others = tuple(sorted(r for r in mine if r not in evaluating))
+        first = mine[evaluating[0]]
+        by_text: dict[str, list[int]] = {}
+        for r in sorted(mine):
+            by_text.setdefault(_forward_text(mine[r]), []).append(r)
+        values = tuple(sorted(((t, tuple(rs)) for t, rs in by_text.items()),
+                              key=lambda v: v[1]))
+        theirs = [mine[r] for r in others]
+        if all(e.forward == BUFFERS for e in theirs):
+            steps = sorted({e.step for e in theirs})
+            what = (f"DDP's buffer broadcast of the training forward at step "
+                    f"{', '.join(map(str, steps))}")
+        else:
+            what = "something else (below)"
+        at_step = f" at step {first.step}" if first.step >= 0 else ""
+        title = (f"{format_ranks(evaluating)} ran a forward through the DDP without gradients "
+                 f"(an evaluation) at {first.site}{at_step} that {format_ranks(others)} did "
+                 f"not: its buffer broadcast is the {nth} collective on {label}, where "
+                 f"{format_ranks(others)} issued {what}")
+        detail = (f"the {nth} collective on {label} ({format_ranks(g.ranks)}), in the order "
+                  "each rank issued them; what each rank issued there is above",
+                  "a forward through the DDP broadcasts its buffers from rank 0 (broadcast_"
+                  "buffers=True) and leaves that out of the next forward, so the evaluating "
+                  "ranks have one broadcast more than the others until their next training "
+                  "forward: the job hangs, or pairs it with another collective, when one is "
+                  "left over (after the last evaluation at the latest)")
+        return Finding(kind="unmatched_collective", severity="error", title=title,
+                       ranks=evaluating, step=first.step, detail=detail, values=values,
+                       fix=fix_for("unmatched_collective", "evaluation"),
+                       world_size=len(g.ranks))
 
     # --- blocked ranks ---------------------------------------------------------------------
 
@@ -492,7 +551,8 @@ class CollectiveCheck:
     def _report(self, finding: Finding) -> None:
         self.findings.append(finding)
         with contextlib.suppress(Exception):  # for the hang findings of every rank
-            self.store.compare_set(VERDICT_KEY, "", "\n".join(_verdict_lines(finding)))
+            verdict = Verdict(finding.ranks, finding.fix, _verdict_lines(finding))
+            self.store.compare_set(VERDICT_KEY, "", _enc.encode(verdict))  # type: ignore[arg-type]
         print(finding.text(), file=sys.stderr, flush=True)
         self.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
         self.tap.flush(FLUSH_S)  # before a collective or a signal can end this process
@@ -508,22 +568,44 @@ def _verdict_lines(finding: Finding) -> list[str]:
     return lines
 
 
-def hang_lines() -> tuple[str, ...]:
-    """The first collective mismatch any rank named (posted in the store), as lines for a
-    hang finding's detail: a hang caused by a collective that ranks issued differently then
-    says so. () when none was named or no check runs in this process."""
+MAX_VERDICT_LINES = 12
+
+
+class Verdict(msgspec.Struct, array_like=True):
+    """The first collective mismatch any rank named, as the store holds it for hang findings."""
+
+    ranks: tuple[int, ...]  # the ranks it names (those that issued what the others did not)
+    fix: str
+    lines: list[str]  # its title and values, as lines of a hang finding's detail
+
+
+_dec_verdict = msgspec.msgpack.Decoder(Verdict)
+
+
+def hang_verdict() -> Verdict | None:
+    """The first collective mismatch any rank named (posted in the store): a hang caused by
+    collectives that ranks issued differently then says so. None when none was named, no
+    check runs in this process or what the store holds is not one."""
     check = _check
     if check is None:
-        return ()
+        return None
     try:
         if not check.store.check([VERDICT_KEY]):
-            return ()
+            return None
         raw = check.store.get(VERDICT_KEY)
+        if not raw or len(raw) > MAX_VERDICT:
+            return None
+        verdict = _dec_verdict.decode(raw)
     except Exception:
-        return ()
-    if not raw or len(raw) > MAX_VERDICT:
-        return ()
-    return tuple(raw.decode(errors="replace").splitlines()[:12])
+        return None
+    verdict.lines = verdict.lines[:MAX_VERDICT_LINES]
+    return verdict
+
+
+def hang_lines() -> tuple[str, ...]:
+    """`hang_verdict()`'s lines, for a hang finding's detail (() when there is none)."""
+    verdict = hang_verdict()
+    return () if verdict is None else tuple(verdict.lines)
 
 
 def _not_python(marks: Sequence[Mark], pos: int) -> str:
@@ -538,6 +620,23 @@ def _not_python(marks: Sequence[Mark], pos: int) -> str:
         return f"DDP's all-reduce of bucket {best.bucket} at step {best.step}"
     return (f"one of DDP's collectives at step {best.step} (its buffer broadcast or bucket "
             "all-reduces), not a call into torch.distributed")
+
+
+def _agree(e: Entry) -> tuple[str, str, bool]:
+    """What ranks' calls at one position must agree on (See [Note: an evaluation on some
+    ranks only])."""
+    return e.op, e.sig, e.forward == EVALUATION
+
+
+def _forward_text(e: Entry) -> str:
+    """A call at a position where some rank's is an evaluation's buffer broadcast."""
+    if e.forward == EVALUATION:
+        return f"the buffer broadcast of a forward without gradients: {_entry_text(e)}"
+    at_step = f" (step {e.step})" if e.step >= 0 else ""
+    if e.forward == BUFFERS:
+        return (f"DDP's buffer broadcast of the training forward at step {e.step}: "
+                f"{_entry_text(e)}")
+    return f"{_entry_text(e)}{at_step}"
 
 
 def _entry_text(e: Entry) -> str:

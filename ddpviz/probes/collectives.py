@@ -58,6 +58,9 @@ class Entry(msgspec.Struct, array_like=True):
     step: int  # the DDP step this rank was in (-1: before any)
     asym: bool = False  # point-to-point: not compared by position
     bucket: int = -1  # a DDP bucket's all-reduce (its comm hook ran it): the bucket
+    # a DDP's buffer broadcast: comm.BUFFERS, or comm.EVALUATION for a forward without
+    # gradients (See [Note: an evaluation on some ranks only], collective_check.py); else 0
+    forward: int = 0
 
 
 # [Note: the ledger's hot path]
@@ -88,11 +91,13 @@ class Call(msgspec.Struct, gc=False):
     step: int
     asym: bool
     bucket: int
+    forward: int = 0
 
     def entry(self) -> Entry:
         """The Entry of this call (its text made now; the poster's thread calls this)."""
         return Entry(self.pos, self.span, self.op, _text(self.op, self.raw),
-                     site_text(self.code, self.line), self.step, self.asym, self.bucket)
+                     site_text(self.code, self.line), self.step, self.asym, self.bucket,
+                     self.forward)
 
 
 class Mark(msgspec.Struct, array_like=True, frozen=True):
@@ -466,7 +471,8 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
         return None
     code, line = _user_frame(frame)
     bucket = _launch.bucket
-    call = Call(seq - ledger.shift, -1, name, raw, code, line, _step, asym, bucket)
+    call = Call(seq - ledger.shift, -1, name, raw, code, line, _step, asym, bucket,
+                _launch.forward)
     with _lock:
         ledger.entries.append(call)
         ledger.count += 1

@@ -647,7 +647,8 @@ class Watchdog:
                 lines = whereabouts.hang_detail(  # (within the verdict's time budget)
                     board, behind, tracker, position.step,
                     grace=min(whereabouts.ANSWER_S, max(1.0, self.timeout / 8)))
-                lines += collective_check.hang_lines()
+                lines += tuple(line for line in collective_check.hang_lines()
+                               if line not in findings[0].detail)
                 finding = msgspec.structs.replace(findings[0],
                                                   detail=findings[0].detail + lines)
                 message, findings = finding.text(), (finding, *findings[1:])
@@ -714,9 +715,23 @@ class Watchdog:
                       f"before ddpviz's hang_timeout of {self.timeout:g}s: set hang_timeout "
                       "(or $DDPVIZ_HANG_TIMEOUT) below the group's timeout, or leave it "
                       "unset (0.6 x the group's timeout), for the verdict to come first",)
-        if lagging:
-            steps = [positions[r].step for r in lagging if r in positions]
-            behind = not steps or min(steps) < me.step
+        steps = [positions[r].step for r in lagging if r in positions]
+        behind = not steps or min(steps) < me.step
+        verdict = collective_check.hang_verdict() if lagging and not behind else None
+        if verdict is not None and verdict.ranks and set(verdict.ranks) <= set(waiting):
+            # the job's collectives named the waiting ranks as issuing what the others did
+            # not, and the others ran as many steps: they are not behind, the waiting ranks
+            # are ahead (a rank a step behind is named as before, the verdict below it)
+            title = (f"{format_ranks(verdict.ranks)} issued collectives that "
+                     f"{format_ranks(lagging)} did not: {format_ranks(sorted(waiting))} "
+                     f"waited {within} in {where} at {at}, which has no partner on "
+                     f"{format_ranks(lagging)}")
+            finding = Finding(
+                kind="rank_hang", severity="error", title=title, ranks=verdict.ranks,
+                param=-1, name=(me.params or ("",))[0], field=str(me.collective),
+                bucket=me.bucket, step=me.step, values=values,
+                detail=(*verdict.lines, *detail), fix=verdict.fix, world_size=self.world_size)
+        elif lagging:
             title = f"{format_ranks(lagging)} did not reach {where} at {at} within {within}"
             finding = Finding(
                 kind="rank_hang", severity="error", title=title, ranks=lagging,

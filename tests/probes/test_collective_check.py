@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from ddpviz.engine.comm import BUFFERS, EVALUATION
 from ddpviz.events import Tap
 from ddpviz.probes.collective_check import CollectiveCheck, _Compare
 from ddpviz.probes.collectives import Call, Entry, GroupLedger, Mark
@@ -79,6 +80,38 @@ def test_a_collective_only_one_rank_issued_names_what_the_others_did_there() -> 
     assert "debug_print" in texts[(1,)]
 
 
+# --- an evaluation on some ranks only (See [Note: an evaluation on some ranks only]) ----------
+
+def bcast(step: int, forward: int, site: str) -> Entry:
+    return Entry(10, 1, "broadcast", "float32 x32 from group rank 0", site, step,
+                 forward=forward)
+
+
+def test_an_evaluation_s_broadcast_paired_with_a_training_forward_s_names_the_evaluating_rank(
+        ) -> None:
+    f = _compare({0: [bcast(39, EVALUATION, "t.py:49 in evaluate")],
+                  1: [bcast(40, BUFFERS, "t.py:72 in main")],
+                  2: [bcast(40, BUFFERS, "t.py:72 in main")]})
+    assert f is not None and f.kind == "unmatched_collective" and f.ranks == (0,)
+    assert f.step == 39
+    assert f.title.startswith("rank 0 ran a forward through the DDP without gradients (an "
+                              "evaluation) at t.py:49 in evaluate at step 39 that ranks 1,2 "
+                              "did not"), f.title
+    assert "ranks 1,2 issued DDP's buffer broadcast of the training forward at step 40" \
+        in f.title
+    texts = {ranks: text for text, ranks in f.values}
+    assert "in evaluate" in texts[(0,)] and "without gradients" in texts[(0,)]
+    assert texts[(1, 2)].startswith("DDP's buffer broadcast of the training forward at step 40")
+    assert "ddp.module" in f.fix
+
+
+def test_every_rank_evaluating_is_no_finding() -> None:
+    assert _compare({r: [bcast(39, EVALUATION, f"t.py:{r} in evaluate")]
+                     for r in range(3)}) is None
+    # (and DDP's own broadcasts paired with each other, from any call site: none either)
+    assert _compare({r: [bcast(39 + r, BUFFERS, f"t.py:{r} in main")] for r in range(3)}) is None
+
+
 def test_a_position_inside_another_rank_s_object_collective_is_covered() -> None:
     # all_gather_object issues two collectives: position 11 is inside it on every rank
     gathered = {r: [e(10, "all_gather_object", "", span=2)] for r in range(3)}
@@ -119,6 +152,7 @@ def _rank_checker(store: dist.Store, rank: int, emitted: list[Any] | None = None
     check.store, check.rank, check.epoch = store, rank, 0
     check.posters, check.compares, check.findings = {}, {}, []
     check.stuck_reported = False
+    check._stale = []
     check._stop = threading.Event()
     check._post_lock, check._tick_lock = threading.Lock(), threading.Lock()
     return check
@@ -131,7 +165,8 @@ class _Call(Call):
     site: str = ""
 
     def entry(self) -> Entry:
-        return Entry(self.pos, self.span, self.op, self.sig, self.site, self.step)
+        return Entry(self.pos, self.span, self.op, self.sig, self.site, self.step,
+                     forward=self.forward)
 
 
 def _issue(check: Any, g: _Ledger, sig: str, site: str = "t.py:9 in log_metrics") -> None:
@@ -188,3 +223,27 @@ def test_a_rank_not_yet_there_leaves_the_two_calls_observed(store: dist.Store) -
     [f] = checks[1].findings
     assert f.ranks == (1, 2)
     assert sorted(ranks for _, ranks in f.values) == [(1,), (2,)]
+
+
+def test_the_rank_that_claims_second_names_an_evaluation_before_its_broadcast_runs(
+        store: dist.Store) -> None:
+    ranks = (0, 1)
+    checks = {r: _rank_checker(store, r) for r in ranks}
+    ledgers = {r: _Ledger(ranks) for r in ranks}
+    # rank 1's training forward claims first (its broadcast's site changed: See [Note: a
+    # known call site that changed]); it would meet rank 0 there: claimed without meeting
+    ledgers[1].entries.append(_Call(4, -1, "broadcast", (), None, 0, 40, False, -1,
+                                    BUFFERS, sig="float32 x32 from group rank 0",
+                                    site="t.py:72 in main"))
+    ledgers[1].count += 1
+    checks[1]._post(ledgers[1], issuing=True)
+    checks[1]._claim(ledgers[1], ledgers[1].entries[-1].entry())
+    assert checks[1].findings == []
+    # rank 0's evaluation: a new site, posted and claimed before its broadcast runs
+    ledgers[0].entries.append(_Call(4, -1, "broadcast", (), None, 0, 39, False, -1,
+                                    EVALUATION, sig="float32 x32 from group rank 0",
+                                    site="t.py:49 in evaluate"))
+    ledgers[0].count += 1
+    checks[0]._post_first(ledgers[0])
+    [f] = checks[0].findings
+    assert f.kind == "unmatched_collective" and f.ranks == (0,) and f.step == 39

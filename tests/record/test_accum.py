@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import ddpviz
+from ddpviz import events as ev
 from tests.dist.harness import free_port
 from tests.record.hooked import ROOT, hooked_python, marked_line
 from tests.record.test_record import job_env
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.dist
 
 SCRIPT = ROOT / "tests" / "record" / "train_accum.py"
 ACCUM = 4  # the script's default micro-steps per optimizer step
+EVAL = 10  # the script's default optimizer steps between evaluations
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +86,53 @@ def test_clipping_on_rank_0_only_is_not_blamed_on_accumulation(python: str, tmp_
     assert "clipping" in text and "clipping" in f.fix
 
 
+def reported_after(out: Path, kind: str) -> list[tuple[int, int]]:
+    """(rank, the step of the last forward that rank had started) at each `kind` finding in
+    the ranks' traces: when, in the job's own steps, it was said live."""
+    said = []
+    for trace_file in sorted(out.glob("ddpviz-trace-rank*.ddpviz")):
+        last = -1
+        for e in ddpviz.Trace.load(trace_file):
+            if isinstance(e, ev.ForwardStarted):
+                last = e.step
+            elif isinstance(e, ev.FindingReported) and e.finding.kind == kind:
+                said.append((e.rank, last))
+    return said
+
+
 def test_an_evaluation_on_rank_0_only_names_rank_0(python: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = record(python, out, TRAIN_DEFECT="eval", DDPVIZ_HANG_TIMEOUT="8")
     live = done.stdout + done.stderr
     assert done.returncode != 0, live[-3000:]  # rank 0's last broadcast never pairs
+    # live, from the job's collectives: rank 0's evaluation (after optimizer step 9, the last
+    # micro-step of which is forward 10 * ACCUM - 1) broadcast its buffers where rank 1 ran its
+    # next training forward's (See [Note: an evaluation on some ranks only])
+    evaluated = EVAL * ACCUM - 1
+    headline = "ddpviz: rank 0 ran a forward through the DDP without gradients (an evaluation)"
+    assert headline in live, live[-3000:]
+    block = live[live.index(headline):][:1500]
+    assert f"at train_accum.py:{line_of('evaluate')} in evaluate at step {evaluated} that " \
+           "rank 1 did not" in block, block
+    assert f"rank 1 issued DDP's buffer broadcast of the training forward at step " \
+           f"{evaluated + 1}" in block, block
+    assert re.search(r"^  rank 0: .*broadcast\(float32 x32 .*in evaluate$", block, re.M), block
+    assert re.search(r"^  rank 1: DDP's buffer broadcast .*in main$", block, re.M), block
+    # said once, by whichever rank compared first: at the next comparison (twice a second),
+    # which in this job of ~3 ms steps is its end (a meeting at the position, which named it one
+    # forward later, was withdrawn: See [Note: an evaluation on some ranks only])
+    [(_, at)] = reported_after(out, "unmatched_collective")
+    assert evaluated <= at, at
+    live_finding = next(f for f in ddpviz.diagnose(out) if f.kind == "unmatched_collective")
+    assert live_finding.ranks == (0,) and live_finding.step == evaluated, live_finding
+    # the hang at the end: rank 0 issued what rank 1 did not, not rank 1 behind
+    assert "rank 1 did not reach" not in live, live[-3000:]
+    hang = next(f for f in ddpviz.diagnose(out) if f.kind == "rank_hang")
+    assert hang.ranks == (0,), hang
+    assert hang.title.startswith("rank 0 issued collectives that rank 1 did not: rank 0 waited"), \
+        hang.title
+    assert hang.detail[0].startswith("the job's collectives: " + headline.removeprefix(
+        "ddpviz: ")), hang.detail
     mismatch = next(f for f in ddpviz.diagnose(out) if f.kind == "collective_mismatch")
     assert mismatch.ranks == (0,), mismatch
     assert mismatch.title.startswith("rank 0 issued collectives at step "), mismatch.title
