@@ -162,7 +162,7 @@ def test_report_and_chrome_export_carry_one_summary_span_per_bucket(
     assert min(e["ts"] for e in xs) - t0 == pytest.approx((firsts[0] - min(
         s.start_ns for s in trace.spans())) / 1000)
     page = render(trace)
-    assert "per-parameter hooks were not recorded on these steps" in page
+    assert "per-parameter hooks were not recorded" in page
     shown = re.findall(r"step (\d+) gradients ready b(\d+) \(summary of (\d+)\)", page)
     assert shown  # the report's timeline covers its last steps: 4 and 5 are aggregated
     for step, b, n in shown:

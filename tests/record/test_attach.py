@@ -83,7 +83,7 @@ def test_attach_mid_run_see_history_and_new_steps_detach_reattach(python: str,
         diagnosed = subprocess.run([python, "-m", "ddpviz", "diagnose", str(out)], cwd=ROOT,
                                    env=job_env(), capture_output=True, text=True, timeout=LIMIT)
         assert diagnosed.returncode == 0, diagnosed.stdout + diagnosed.stderr
-        assert "from ranks 0,1, 5 steps" in diagnosed.stdout
+        assert "from ranks 0,1 (world size 2), 5 steps" in diagnosed.stdout, diagnosed.stdout
         board = session.dashboard()
         assert len(board.model) == history
         # Let it run to step 9: the new steps arrive in the same session and its dashboard.
