@@ -38,7 +38,13 @@ class Run:
 
     def trace(self, rank: int) -> ddpviz.Trace:
         assert self.traces is not None
-        return ddpviz.Trace.load(self.traces / f"ddpviz-trace-rank{rank}.ddpviz")
+        path = self.traces / f"ddpviz-trace-rank{rank}.ddpviz"
+        # (CI once found no file for rank 0 of a Lightning job that gloo's timeout ended: say
+        # what the folder and the job's output held, to find why)
+        assert path.is_file(), (f"no trace file for rank {rank}; the folder holds "
+                                f"{sorted(p.name for p in self.traces.glob('*'))}; exit code "
+                                f"{self.code}:\n{self.out[-6000:]}")
+        return ddpviz.Trace.load(path)
 
     def findings(self, rank: int) -> list[Any]:
         return [e.finding for e in self.trace(rank) if isinstance(e, ev.FindingReported)]
