@@ -5,8 +5,6 @@ the waiting rank waits, and the planted line of the script."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +20,10 @@ pytestmark = pytest.mark.dist
 SCRIPT = ROOT / "tests" / "record" / "train_stuck.py"
 HANG_S = "5"  # ddpviz's hang timeout; the group's own is 4x longer
 
-# The planted jobs the tests below read, (plant, --recording), in the tests' order. Each one
-# spends most of its time waiting (on rank 1, then on the group's 20 s timeout): two run at a
-# time, started by the first test that asks for one.
-PLANTED_JOBS: tuple[tuple[str, str | None], ...] = (
-    ("sleep", None), ("barrier", "guard"), ("gil", None), ("gil", "guard"), ("break", None),
-    ("break", "guard"), ("quit", "guard"))
-JOBS_AT_ONCE = 2
-
 
 @pytest.fixture(scope="module")
 def python(tmp_path_factory: pytest.TempPathFactory) -> str:
     return hooked_python(tmp_path_factory.mktemp("hooked"))
-
-
-Recorded = tuple[str, list[Any]]
-
-
-@pytest.fixture(scope="module")
-def jobs(python: str, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[dict[tuple[str, str | None], Future[Recorded]]]:
-    """Every planted job, JOBS_AT_ONCE at a time, each one's `record` (its error, raised in
-    the test that reads it)."""
-    with ThreadPoolExecutor(max_workers=JOBS_AT_ONCE) as pool:
-        futures = {(plant, recording): pool.submit(
-            record, python, tmp_path_factory.mktemp(f"{plant}-{recording}"), plant, recording)
-            for plant, recording in PLANTED_JOBS}
-        yield futures
-        for f in futures.values():
-            f.cancel()  # a test that failed before reading them: not started, not waited for
 
 
 def planted(tag: str) -> str:
@@ -80,8 +53,8 @@ def record(python: str, tmp_path: Path, plant: str, recording: str | None = None
 
 
 def test_a_rank_sleeping_in_its_data_loading_is_named_with_the_planted_line(
-        jobs: dict[tuple[str, str | None], Future[Recorded]]) -> None:
-    text, found = jobs[("sleep", None)].result()  # watch's default: no comm hook
+        python: str, tmp_path: Path) -> None:
+    text, found = record(python, tmp_path, "sleep")  # watch's default: no comm hook
     hang = [f for f in found if f.kind == "rank_hang"]
     assert [(f.ranks, f.step) for f in hang] == [((1,), 3)], text[-3000:]
     lines = "\n".join(hang[0].detail)
@@ -96,8 +69,8 @@ def test_a_rank_sleeping_in_its_data_loading_is_named_with_the_planted_line(
 
 
 def test_a_rank_blocked_in_a_collective_of_its_own_is_named_with_the_planted_line(
-        jobs: dict[tuple[str, str | None], Future[Recorded]]) -> None:
-    text, found = jobs[("barrier", "guard")].result()
+        python: str, tmp_path: Path) -> None:
+    text, found = record(python, tmp_path, "barrier", recording="guard")
     assert "ddpviz.errors.RankHangError: ddpviz: rank 1 did not reach the all-reduce of " \
            "bucket 0 at step 3" in text, text[-3000:]
     assert "Timed out" not in text  # named before gloo's own timeout
@@ -113,11 +86,11 @@ def test_a_rank_blocked_in_a_collective_of_its_own_is_named_with_the_planted_lin
 
 @pytest.mark.parametrize("recording", [None, "guard"])
 def test_a_rank_holding_the_gil_in_c_code_is_named_with_its_stack_from_faulthandler(
-        jobs: dict[tuple[str, str | None], Future[Recorded]], recording: str | None) -> None:
+        python: str, tmp_path: Path, recording: str | None) -> None:
     """Rank 1's data loading calls libc's sleep() through ctypes.PyDLL, which keeps the GIL: its
     pulse thread cannot answer the stack request, so rank 0 has faulthandler dump it (a signal
     to that thread, stuck_stack.py); the C call is not interrupted."""
-    text, found = jobs[("gil", recording)].result()
+    text, found = record(python, tmp_path, "gil", recording=recording)
     hang = [f for f in found if f.kind == "rank_hang"]
     assert [(f.ranks, f.step) for f in hang] == [((1,), 3)], text[-3000:]
     lines = "\n".join(hang[0].detail)
@@ -137,8 +110,8 @@ def test_a_rank_holding_the_gil_in_c_code_is_named_with_its_stack_from_faulthand
 
 @pytest.mark.parametrize("recording", [None, "guard"])
 def test_a_rank_that_breaks_out_of_the_loop_is_named_as_left_with_step_counts(
-        jobs: dict[tuple[str, str | None], Future[Recorded]], recording: str | None) -> None:
-    text, found = jobs[("break", recording)].result()
+        python: str, tmp_path: Path, recording: str | None) -> None:
+    text, found = record(python, tmp_path, "break", recording=recording)
     left = [f for f in found if f.kind == "uneven_iterations"]
     assert [(f.severity, f.ranks, f.step, f.field) for f in left] == [
         ("error", (1,), 3, "left_loop")], text[-3000:]
@@ -162,8 +135,8 @@ def test_a_rank_that_breaks_out_of_the_loop_is_named_as_left_with_step_counts(
 
 
 def test_a_rank_whose_script_returns_after_fewer_steps_is_named_as_left(
-        jobs: dict[tuple[str, str | None], Future[Recorded]]) -> None:
-    text, found = jobs[("quit", "guard")].result()
+        python: str, tmp_path: Path) -> None:
+    text, found = record(python, tmp_path, "quit", recording="guard")
     left = [f for f in found if f.kind == "uneven_iterations"]
     assert [(f.severity, f.ranks, f.step, f.bucket) for f in left] == [
         ("error", (1,), 3, 0)], text[-3000:]
