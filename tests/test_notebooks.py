@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,43 +103,19 @@ def test_notebook_is_saved_without_outputs(path: Path) -> None:
     assert "widgets" not in nb.metadata
 
 
-# Two notebooks run at a time: much of a run is waiting (rank launches, planted hangs and the
-# timeouts that end them), and each has a kernel of its own.
-NOTEBOOKS_AT_ONCE = 2
-
-
-def execute(path: Path) -> Any:
-    """The notebook at `path`, run top to bottom in a fresh python3 kernel (errors kept as
-    outputs), with the widget state nbclient stored."""
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbclient import NotebookClient
 
+    # the kernel imports this checkout's ddpviz, installed or not
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=True,
                             allow_errors=True, resources={"metadata": {"path": str(path.parent)}})
     client.execute()
-    return nb
-
-
-@pytest.fixture(scope="module")
-def executed() -> Iterator[dict[str, Future[Any]]]:
-    """Every notebook's run (`execute`), NOTEBOOKS_AT_ONCE at a time, started by the first test
-    that asks for one; a run's error is raised in the test that reads it."""
-    with pytest.MonkeyPatch.context() as mp:
-        # the kernels import this checkout's ddpviz, installed or not
-        mp.setenv("PYTHONPATH", os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        mp.setenv("OMP_NUM_THREADS", "1")
-        with ThreadPoolExecutor(max_workers=NOTEBOOKS_AT_ONCE) as pool:
-            futures = {path.name: pool.submit(execute, path) for path in NOTEBOOKS}
-            yield futures
-            for f in futures.values():
-                f.cancel()  # those not started: a test that failed first does not wait on them
-
-
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_top_to_bottom(path: Path, executed: dict[str, Future[Any]]) -> None:
-    nb = executed[path.name].result()
     errors = [f"cell {i}: {o.ename}: {o.evalue}" for i, c in enumerate(nb.cells)
               if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert errors == []
