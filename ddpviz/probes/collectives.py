@@ -531,26 +531,19 @@ def _wrap(name: str, fn: Callable[..., Any], sig: _Sig, asym: bool) -> Callable[
                              frame_of(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{name}: {exc!r}")
-        return _issue(fn, args, kwargs, started, name)
+        local.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
+            if started is not None:
+                try:
+                    _end(*started)
+                except Exception as exc:
+                    _step_aside(f"{name}: {exc!r}")
 
     wrapper.__ddpviz_original__ = fn  # type: ignore[attr-defined]
     return wrapper
-
-
-def _issue(fn: Callable[..., Any], args: Any, kwargs: Any,
-           started: tuple[GroupLedger, int, Call] | None, name: str) -> Any:
-    """Run the job's collective `fn` (ddpviz's own calls inside it unrecorded), then close its
-    entry, if one was `started`."""
-    _local.depth += 1
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _local.depth -= 1
-        if started is not None:
-            try:
-                _end(*started)
-            except Exception as exc:
-                _step_aside(f"{name}: {exc!r}")
 
 
 # [Note: functional collectives]
@@ -630,7 +623,16 @@ def _wrap_functional(fn: Callable[..., Any], op: str, keep: str) -> Callable[...
                 started = _record(ledger, op, raw, False, frame_of(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{op}: {exc!r}")
-        return _issue(fn, args, kwargs, started, op)
+        local.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            local.depth -= 1
+            if started is not None:
+                try:
+                    _end(*started)
+                except Exception as exc:
+                    _step_aside(f"{op}: {exc!r}")
 
     wrapper.__ddpviz_original__ = fn  # type: ignore[attr-defined]
     return wrapper
