@@ -22,6 +22,7 @@ happens from step 0, like a metric whose size differs from the start).
 import datetime
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -147,6 +148,9 @@ def main() -> None:
         time.sleep(0.02)
     checksum = sum(float(p.double().sum()) for p in model.parameters())
     print(f"rank {rank} done {checksum:.6f} {extras!r}", flush=True)
+    if os.environ.get("TRAIN_DONE_DIR"):  # (torchrun's shared stdout can lose a rank's line)
+        Path(os.environ["TRAIN_DONE_DIR"], f"rank{rank}").write_text(
+            f"rank {rank} done {checksum:.6f} {extras!r}\n")
     dist.destroy_process_group()
 
 
