@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpviz.interrupts import interrupts_deferred
 from ddpviz.launcher import channel
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
 from ddpviz.launcher.output import OutputTarget, PipeRelay
@@ -30,15 +31,12 @@ from ddpviz.launcher.process import (
     choose_backend,
     close_fds,
     free_port,
-    interrupts_deferred,
     load_extensions,
     spawn_rank,
     stop_ranks,
 )
 from ddpviz.launcher.rank import CELL_END
-from ddpviz.launcher.stacks import StackFiles
-from ddpviz.launcher.stream import EventStream
-from ddpviz.private_dir import PrivateDir
+from ddpviz.launcher.resources import run_resources
 
 if TYPE_CHECKING:
     from ddpviz.session.live import Session
@@ -71,9 +69,7 @@ class RankPool:
         self._ranks: list[RankProcess] = []
         self._relays: list[PipeRelay] = []
         target = OutputTarget.capture()
-        self._dir = PrivateDir()  # the rendezvous store and stack files; 0700
-        self._stacks = StackFiles(nprocs, self._dir.path)
-        self._events = EventStream(session)
+        self._dir, self._stacks, self._events = run_resources(nprocs, session)
         port = free_port()
         try:
             for rank in range(nprocs):

@@ -14,11 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ddpviz.interrupts import interrupts_deferred
 
 # SIGTERM, then SIGKILL after this long: everything is gone within 5 s of a stop.
 TERM_GRACE_S = 2.0
@@ -138,35 +139,6 @@ def _drop_control_ends_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_drop_control_ends_in_child)
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold a kernel interrupt (SIGINT) back until the block is done, then raise it.
-
-    For short sections that must not be cut in half: a KeyboardInterrupt inside
-    `subprocess.Popen` after the fork would leave a rank nobody knows the pid of, and one
-    inside `stop_ranks` would leave ranks running. Only the main thread can install signal
-    handlers; elsewhere the block runs as is (interrupts only reach the main thread anyway).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    except ValueError:  # not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            if callable(previous):
-                previous(signal.SIGINT, None)  # the kernel's own handler: KeyboardInterrupt
-            elif previous == signal.SIG_DFL:
-                raise KeyboardInterrupt
 
 
 def _has_interface(name: str) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from ddpviz.interrupts import interrupts_deferred
 from ddpviz.launcher import channel
 from ddpviz.launcher.cells import code_origins
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
@@ -30,14 +31,11 @@ from ddpviz.launcher.process import (
     choose_backend,
     close_fds,
     free_port,
-    interrupts_deferred,
     load_extensions,
     spawn_rank,
     stop_ranks,
 )
-from ddpviz.launcher.stacks import StackFiles
-from ddpviz.launcher.stream import EventStream
-from ddpviz.private_dir import PrivateDir
+from ddpviz.launcher.resources import run_resources
 
 if TYPE_CHECKING:
     from ddpviz.session.live import Session
@@ -134,10 +132,8 @@ class Run:
         self._started = time.monotonic()
         self._ranks: list[RankProcess] = []
         self._relays: list[PipeRelay] = []
-        self._dir = PrivateDir()  # the rendezvous store and stack files; 0700
-        self._stacks = StackFiles(nprocs, self._dir.path)
         self._timeout_stacks: dict[int, list[str]] = {}
-        self._events = EventStream(session)
+        self._dir, self._stacks, self._events = run_resources(nprocs, session)
         port = free_port()
         sources = _cell_sources()
         origins = code_origins(fn)

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from ddpviz.events import Event, EventsDropped
+from ddpviz.interrupts import interrupts_deferred
 from ddpviz.transport.codec import (
     MAX_FRAME_SLACK,
     MAX_MESSAGE_BYTES,
@@ -144,6 +145,14 @@ class Collector:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | None = None, *,
                  advertise: str | None = None, max_bytes: int = MAX_MESSAGE_BYTES,
                  max_pending: int = MAX_PENDING) -> None:
+        # An interrupt waits until the socket and its thread exist (or the error is raised): a
+        # half-made collector's socket, closed later by garbage collection under its thread's
+        # poll, hung or crashed the kernel (See interrupts.py).
+        with interrupts_deferred():
+            self._open(host, port, secret, advertise, max_bytes, max_pending)
+
+    def _open(self, host: str, port: int, secret: str | None, advertise: str | None,
+              max_bytes: int, max_pending: int) -> None:
         self.secret = secret or secrets.token_hex(32)
         self._codec = Codec(self.secret.encode(), max_bytes=max_bytes)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -256,14 +265,16 @@ class Collector:
 
     def close(self) -> None:
         """Stop receiving; iterators end. Idempotent."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join(10)
-        self._guard.close()
-        self._sock.close(linger=0)
-        self._ctx.term()
-        self._subscribers.close()
+        with interrupts_deferred():  # the socket closes only after its thread has stopped
+            if self._stop.is_set():
+                return
+            self._stop.set()
+            self._thread.join(10)
+            if not self._thread.is_alive():  # else stuck in a callback: never close under it
+                self._guard.close()
+                self._sock.close(linger=0)
+                self._ctx.term()
+            self._subscribers.close()
 
     def __enter__(self) -> Collector:
         return self

@@ -40,7 +40,7 @@ def test_an_interrupt_at_any_moment_of_launch_or_wait_stops_every_rank_and_raise
     token = secrets.token_hex(8)
     try:
         kernel = subprocess.run(
-            [sys.executable, "-m", "tests.launch.interrupt_sweep", token,
+            [sys.executable, "-X", "faulthandler", "-m", "tests.launch.interrupt_sweep", token,
              *(str(o) for o in OFFSETS)],
             cwd=ROOT, capture_output=True, text=True, timeout=240,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -55,3 +55,16 @@ def test_an_interrupt_at_any_moment_of_launch_or_wait_stops_every_rank_and_raise
     assert [r["raised"] for r in results] == ["KeyboardInterrupt"] * len(OFFSETS)
     assert {r["where"] for r in results} == {"launch", "wait"}  # both were hit
     assert still_alive(_with_token(token), within=10.0) == []
+
+
+def test_interrupts_while_a_launch_opens_or_closes_its_event_stream_never_hang_the_kernel() -> None:
+    # Stop 46's CI: the kernel segfaulted in the sweep above at its 4th interrupt. Reproduced as
+    # a hang: a collector cut short while opening or closing left a zmq socket that garbage
+    # collection later closed beside a live collector thread (term() never returned).
+    kernel = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-m", "tests.launch.interrupt_resources", "1",
+         "200", "0.1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=150,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert kernel.returncode == 0, kernel.stderr[-3000:]
+    assert "survived 200 rounds" in kernel.stdout
