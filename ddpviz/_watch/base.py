@@ -21,7 +21,7 @@ from ddpviz import events as ev
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets, rebuilt_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
-from ddpviz.engine.comm import BUFFERS, EVALUATION, LAUNCH
+from ddpviz.engine.comm import LAUNCH, buffer_sync
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.events import Emitter, Tap
@@ -523,14 +523,13 @@ class Watch:
             def wait(work: Any) -> None:
                 _plain_wait_first(work)
                 dog.wait(work, collective="buffer broadcast")
-        LAUNCH.forward = EVALUATION if LAUNCH.evaluating else BUFFERS  # (for the ledger)
         try:
-            broadcast_coalesced(tensors, self.group, src=0, chunk_bytes=int(
-                getattr(self.ddp, "broadcast_bucket_size", 250 << 20)), tap=self.tap, wait=wait)
+            with buffer_sync(LAUNCH.evaluating):  # (for the ledger)
+                broadcast_coalesced(tensors, self.group, src=0, chunk_bytes=int(
+                    getattr(self.ddp, "broadcast_bucket_size", 250 << 20)), tap=self.tap,
+                    wait=wait)
         except RuntimeError as exc:
             raise dog.failed(exc, collective="buffer broadcast") from exc
-        finally:
-            LAUNCH.forward = 0
         if self.tap.enabled:
             self.tap.emit(ev.BuffersSynced, len(tensors),
                           sum(t.numel() * t.element_size() for t in tensors))

@@ -7,9 +7,10 @@ default all-reduce, and how a hook's result is read back (walk-through step 6).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -79,6 +80,17 @@ EVALUATION = 2
 # for a forward with or without gradients (See [Note: an evaluation on some ranks only],
 # probes/collective_check.py). Read, never required.
 LAUNCH = _Launch()
+
+
+@contextlib.contextmanager
+def buffer_sync(evaluation: bool) -> Iterator[None]:
+    """Mark the collectives this thread issues in the block as a DDP's buffer broadcast, for a
+    forward without gradients (`evaluation`) or a training one."""
+    LAUNCH.forward = EVALUATION if evaluation else BUFFERS
+    try:
+        yield
+    finally:
+        LAUNCH.forward = 0
 
 
 def allreduce_sum(process_group: dist.ProcessGroup, bucket: GradBucket) -> torch.futures.Future:

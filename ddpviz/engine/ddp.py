@@ -23,7 +23,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
-from ddpviz.engine.comm import BUFFERS, EVALUATION, LAUNCH, check_comm_hook
+from ddpviz.engine.comm import buffer_sync, check_comm_hook
 from ddpviz.engine.compiler import keep_ddpviz_eager
 from ddpviz.engine.forward import find_tensors, pass_through_sink
 from ddpviz.engine.initial_values import initial_value_findings
@@ -738,13 +738,9 @@ class DistributedDataParallel(nn.Module, Joinable):
                                                        self._tap.step):
                 self._warn(finding)
             # (for the ledger: See [Note: an evaluation on some ranks only])
-            LAUNCH.forward = EVALUATION if forward is False else BUFFERS
-            try:
-                with torch.autograd._unsafe_preserve_version_counter(
-                        tuple(self.modules_buffers)):
-                    self._sync_module_buffers(src)
-            finally:
-                LAUNCH.forward = 0
+            with buffer_sync(forward is False), torch.autograd._unsafe_preserve_version_counter(
+                    tuple(self.modules_buffers)):
+                self._sync_module_buffers(src)
         if self._replicas is not None:
             self._replicas.after_buffer_sync()
 

@@ -403,17 +403,10 @@ class CollectiveCheck:
                  other: dict[int, str]) -> Finding:
         label = _group_label(g)
         nth = _ordinal(pos + 1)
-        by_text: dict[str, list[int]] = {}
-        for r in sorted(mine):
-            by_text.setdefault(_entry_text(mine[r]), []).append(r)
-        for r in sorted(other):
-            by_text.setdefault(other[r], []).append(r)
-        values = tuple(sorted(((t, tuple(rs)) for t, rs in by_text.items()),
-                              key=lambda v: (-len(v[1]), v[1])))
+        values = _values({**{r: _entry_text(e) for r, e in mine.items()}, **other},
+                         largest_first=True)
         step = max((e.step for e in mine.values()), default=-1)
-        at_step = f" at step {step}" if step >= 0 else ""
-        detail = (f"the {nth} collective on {label} ({format_ranks(g.ranks)}){at_step}, in "
-                  "the order each rank issued them; what each rank issued there is above",)
+        detail = (_place(nth, label, g.ranks, step),)
         if other:
             issued = tuple(sorted(mine))
             first = mine[issued[0]]
@@ -448,11 +441,7 @@ class CollectiveCheck:
         evaluating = tuple(sorted(r for r, e in mine.items() if e.forward == EVALUATION))
         others = tuple(sorted(r for r in mine if r not in evaluating))
         first = mine[evaluating[0]]
-        by_text: dict[str, list[int]] = {}
-        for r in sorted(mine):
-            by_text.setdefault(_forward_text(mine[r]), []).append(r)
-        values = tuple(sorted(((t, tuple(rs)) for t, rs in by_text.items()),
-                              key=lambda v: v[1]))
+        values = _values({r: _forward_text(e) for r, e in mine.items()}, largest_first=False)
         theirs = [mine[r] for r in others]
         if all(e.forward == BUFFERS for e in theirs):
             steps = sorted({e.step for e in theirs})
@@ -465,8 +454,7 @@ class CollectiveCheck:
                  f"(an evaluation) at {first.site}{at_step} that {format_ranks(others)} did "
                  f"not: its buffer broadcast is the {nth} collective on {label}, where "
                  f"{format_ranks(others)} issued {what}")
-        detail = (f"the {nth} collective on {label} ({format_ranks(g.ranks)}), in the order "
-                  "each rank issued them; what each rank issued there is above",
+        detail = (_place(nth, label, g.ranks, -1),
                   "a forward through the DDP broadcasts its buffers from rank 0 (broadcast_"
                   "buffers=True) and leaves that out of the next forward, so the evaluating "
                   "ranks have one broadcast more than the others until their next training "
@@ -644,6 +632,26 @@ def _entry_text(e: Entry) -> str:
     if e.bucket >= 0:
         what = f"DDP's all-reduce of bucket {e.bucket} ({e.sig})"
     return f"{what} at {e.site}"
+
+
+def _values(texts: dict[int, str], *, largest_first: bool
+            ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A finding's values: each distinct text with the ranks that issued it, the most common
+    first (or in rank order)."""
+    by_text: dict[str, list[int]] = {}
+    for r in sorted(texts):
+        by_text.setdefault(texts[r], []).append(r)
+    pairs = [(t, tuple(rs)) for t, rs in by_text.items()]
+    if largest_first:
+        return tuple(sorted(pairs, key=lambda v: (-len(v[1]), v[1])))
+    return tuple(sorted(pairs, key=lambda v: v[1]))
+
+
+def _place(nth: str, label: str, ranks: Sequence[int], step: int) -> str:
+    """The detail line saying which collective of the group the finding is about."""
+    at_step = f" at step {step}" if step >= 0 else ""
+    return (f"the {nth} collective on {label} ({format_ranks(ranks)}){at_step}, in the order "
+            "each rank issued them; what each rank issued there is above")
 
 
 def _group_label(g: GroupLedger) -> str:

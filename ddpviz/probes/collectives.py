@@ -502,6 +502,23 @@ _world = dist.group  # its WORLD: the default group (None before there is one)
 _FAR = 1 << 30  # the position of an argument the function does not take
 
 
+def _issue(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+           started: Any, name: str) -> Any:
+    """Issue the job's collective `fn`, then close its ledger entry (`started`, if one was
+    opened). Collectives it issues inside are not entries of their own."""
+    local = _local
+    local.depth += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        local.depth -= 1
+        if started is not None:
+            try:
+                _end(*started)
+            except Exception as exc:
+                _step_aside(f"{name}: {exc!r}")
+
+
 def _wrap(name: str, fn: Callable[..., Any], sig: _Sig, asym: bool) -> Callable[..., Any]:
     params = inspect.signature(fn).parameters
     order = list(params)
@@ -531,16 +548,7 @@ def _wrap(name: str, fn: Callable[..., Any], sig: _Sig, asym: bool) -> Callable[
                              frame_of(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{name}: {exc!r}")
-        local.depth += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            local.depth -= 1
-            if started is not None:
-                try:
-                    _end(*started)
-                except Exception as exc:
-                    _step_aside(f"{name}: {exc!r}")
+        return _issue(fn, args, kwargs, started, name)
 
     wrapper.__ddpviz_original__ = fn  # type: ignore[attr-defined]
     return wrapper
@@ -623,16 +631,7 @@ def _wrap_functional(fn: Callable[..., Any], op: str, keep: str) -> Callable[...
                 started = _record(ledger, op, raw, False, frame_of(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{op}: {exc!r}")
-        local.depth += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            local.depth -= 1
-            if started is not None:
-                try:
-                    _end(*started)
-                except Exception as exc:
-                    _step_aside(f"{op}: {exc!r}")
+        return _issue(fn, args, kwargs, started, op)
 
     wrapper.__ddpviz_original__ = fn  # type: ignore[attr-defined]
     return wrapper

@@ -59,8 +59,10 @@ def owner(file: str) -> str | None:
 _LEDGER = os.path.join(_DDPVIZ, "probes", "collectives.py")
 
 
-def _ledger_wrapper(f: Frame) -> bool:
-    return f.func == "wrapper" and f.file == _LEDGER
+def _ledger(f: Frame) -> bool:
+    """A frame of the ledger's wrapper around a collective: never what the user's call is
+    inside, nor worth a line of its own."""
+    return f.file == _LEDGER
 
 
 _DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) 0x(?P<id>[0-9a-fA-F]+)")
@@ -109,8 +111,9 @@ def summary(stack: list[Frame]) -> str:
     if inner is not None:
         # the outermost plumbing frame called from the innermost user frame says what it is
         first = next((i for i, f in enumerate(stack) if owner(f.file) is None), len(stack))
-        named = [f for f in reversed(stack[:first]) if f.func not in GENERIC]
-        entry = named[0] if named else stack[first - 1]
+        plumbing = [f for f in reversed(stack[:first]) if not _ledger(f)] or [stack[first - 1]]
+        named = [f for f in plumbing if f.func not in GENERIC]
+        entry = named[0] if named else plumbing[0]
         inside = f"inside {owner(entry.file)}: {entry.func}"
     if not shown:
         return clip(inside or where(stack[0]))
@@ -129,7 +132,7 @@ def stack_lines(stack: list[Frame], *, source: bool = True) -> list[str]:
     run: list[Frame] = []
 
     def fold() -> None:
-        run[:] = [f for f in run if not _ledger_wrapper(f)]
+        run[:] = [f for f in run if not _ledger(f)]
         if run:
             owners = sorted({str(owner(f.file)) for f in run})
             inner = run[-1]
