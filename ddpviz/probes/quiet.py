@@ -36,7 +36,7 @@ from ddpviz.events import FindingReported
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, recording_advice
 from ddpviz.probes import collective_check
 from ddpviz.probes.pulse import ENDING, Beat
-from ddpviz.probes.rendezvous import Board, Position, notice_after
+from ddpviz.probes.rendezvous import Board, Position, notice_after, phase_text
 from ddpviz.probes.whereabouts import hang_detail, left_finding, read
 
 if TYPE_CHECKING:
@@ -216,5 +216,5 @@ def _where(position: Position | None, step: int, now: float, behind: bool = Fals
     if position.step == step and behind:
         return f"at step {step} (in its forward since {ago:.0f}s ago): behind"
     if position.step < step:
-        return f"at step {position.step} ({position.phase}, {ago:.0f}s ago): behind"
-    return f"at step {position.step} ({position.phase}, {ago:.0f}s ago)"
+        return f"at step {position.step} ({phase_text(position)}, {ago:.0f}s ago): behind"
+    return f"at step {position.step} ({phase_text(position)}, {ago:.0f}s ago)"

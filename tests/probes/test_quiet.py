@@ -114,7 +114,8 @@ def test_the_title_says_what_the_collectives_verdict_says(
         f"the job's collectives: rank {ranks[0]} issued a broadcast the others did not"])
     monkeypatch.setattr(collective_check, "hang_verdict", lambda: verdict)
     store = dist.HashStore()
-    mine, events = board(store, 0, 2), []
+    mine = board(store, 0, 2)
+    events: list[Any] = []
     board(store, 1, 2).post_position(running(4))
     g = guard(events, world_size=2)
     with pytest.warns(DiagnosisWarning):
@@ -138,7 +139,8 @@ def test_a_rank_still_in_its_forward_of_the_same_step_is_named_as_not_returned()
     it (user code inside DDP's forward, as Lightning's training_step); one whose forward
     returned is not behind."""
     store = dist.HashStore()
-    mine, events = board(store, 0), []
+    mine = board(store, 0)
+    events: list[Any] = []
     board(store, 1).post_position(Position("running", 5, "forward", time.time() - 9))
     board(store, 2).post_position(Position("running", 5, "backward", time.time() - 9))
     g = guard(events)
@@ -154,7 +156,8 @@ def test_a_rank_still_in_its_forward_of_the_same_step_is_named_as_not_returned()
 
 def test_a_peer_in_its_forward_while_this_rank_is_in_its_own_is_not_behind() -> None:
     store = dist.HashStore()
-    mine, events = board(store, 0, 2), []
+    mine = board(store, 0, 2)
+    events: list[Any] = []
     board(store, 1, 2).post_position(Position("running", 5, "forward", time.time() - 9))
     g = guard(events, world_size=2)
     g(mine, (5, "forward", time.time() - TIMEOUT - 1))  # no return beat here either
