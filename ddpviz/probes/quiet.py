@@ -71,8 +71,7 @@ class QuietGuard:
             positions = board.positions()
         except RuntimeError:
             return  # the store is gone (rank 0 exited): torch's collective reports that
-        behind = tuple(r for r in range(self.dog.world_size) if r != self.dog.rank
-                       and _behind(positions.get(r), step, phase))
+        behind = _behind(positions, self.dog.rank, self.dog.world_size, step, phase)
         if not behind:
             return
         if self._posted != step:  # this rank waits in backward: say so on the board, so
@@ -187,16 +186,24 @@ def _exiting() -> bool:
 # forward: those at an earlier step, and those whose last beat is S's "forward". The latter
 # matters where the user's code runs inside DDP's forward (Lightning calls training_step
 # there): a rank stuck in it has reached step S, and was never named when only the step was
-# compared. A rank whose last beat is a "forward" while this one's is too (both inside their
-# forward: a watch driven by replicate(), which beats no return) is not behind.
+# compared. They are named only when no rank is at an earlier step: a forward also holds the
+# buffer broadcast, where a rank waits for one that never reached the step (the watchdog
+# guards that wait and names the late rank itself). A rank whose last beat is a "forward"
+# while this one's is too (a watch driven by replicate(), which beats no return) is not
+# behind.
 
 
-def _behind(position: Position | None, step: int, phase: str) -> bool:
-    """Has the rank at `position` not returned from `step`'s forward, as this rank (at `phase`
-    of `step`) has? See [Note: a rank still in its forward]."""
-    if position is None or position.step < step:
-        return True
-    return position.step == step and position.phase == "forward" and phase == "backward"
+def _behind(positions: dict[int, Position], rank: int, world_size: int, step: int,
+            phase: str) -> tuple[int, ...]:
+    """The ranks that have not returned from `step`'s forward, as `rank` (at `phase` of
+    `step`) has: those at an earlier step, or else those still in that forward. See [Note: a
+    rank still in its forward]."""
+    others = [r for r in range(world_size) if r != rank]
+    before = tuple(r for r in others if r not in positions or positions[r].step < step)
+    if before or phase != "backward":
+        return before
+    return tuple(r for r in others if positions[r].step == step
+                 and positions[r].phase == "forward")
 
 
 def _lag(behind: tuple[int, ...], positions: dict[int, Position], step: int) -> str:
