@@ -861,7 +861,8 @@ def _progress(per_rank: Mapping[int, Table], last_step: Mapping[int, int], world
         return out
     top = max(last_step.values())
     behind = tuple(sorted(r for r, s in last_step.items() if s < top))
-    if behind and not any(f.kind == "uneven_iterations" for f in reported):
+    if behind and not any(f.kind == "uneven_iterations" for f in reported) \
+            and not _stuck_alive(behind, reported, ended or {}):
         # (a rank named live as having left the loop says more: whereabouts.py)
         states = {r: f"last step {s}" for r, s in last_step.items()}
         out.append(Finding(
@@ -901,6 +902,26 @@ def _progress(per_rank: Mapping[int, Table], last_step: Mapping[int, int], world
             fix=fix_for("uneven_iterations", "left_loop") if left and not outside
             else fix_for("collective_mismatch"), world_size=world_size))
     return out
+
+
+# [Note: a stuck rank is not uneven data]
+# A rank that ran fewer steps than the others is uneven data only if it left the loop. One
+# that a live hang finding named as the rank the others waited for (rank_hang, rank_waiting:
+# it was alive, at its step, its stack taken where it was), that no finding names as exited
+# and whose trace has no clean end was stuck inside its step, not out of data: the hang
+# finding says so, and an uneven_iterations warning beside it would give a wrong cause and
+# the uneven-data fix. A rank that left the loop says so itself (whereabouts.py: a live
+# uneven_iterations finding), and one that ended cleanly after fewer steps keeps the warning.
+
+
+def _stuck_alive(behind: Sequence[int], reported: Sequence[Finding],
+                 ended: Mapping[int, End]) -> bool:
+    """Were all the ranks `behind` named stuck while alive? See [Note: a stuck rank is not
+    uneven data]."""
+    hung = {r for f in reported if f.kind in ("rank_hang", "rank_waiting") for r in f.ranks}
+    gone = {r for f in reported if f.kind == "rank_exited" for r in f.ranks}
+    return all(r in hung and r not in gone and (r not in ended or ended[r].error)
+               for r in behind)
 
 
 def _dropped(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:

@@ -294,6 +294,7 @@ class Watch:
         contract_forward = self._contract.forward
         # the every-step output sum (hook-less): See [Note: every step, one hook a bucket]
         each = None if self._driven else self.__dict__.get("_buckets_nf")
+        driven = self._driven  # (its wrapper returns before the module's forward runs)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             step = self._forwards
@@ -312,6 +313,8 @@ class Watch:
                     pulse.beat(step, "forward")
                 contract_forward(ddp.require_backward_grad_sync)
                 output = inner(*args, **kwargs)
+                if pulse is not None and not driven:  # its forward returned: See [Note: a
+                    pulse.beat(step, "backward")  # rank still in its forward] (quiet.py)
                 nf.last = step
                 if each is not None:
                     each.output(step, output)
@@ -325,6 +328,8 @@ class Watch:
                 self._post_forward(ddp, args, output)
             if grad:  # (the step _pre_forward counted)
                 step = tap.step
+                if pulse is not None and not driven:
+                    pulse.beat(step, "backward")
                 if each is not None:
                     each.output(step, output)
                 if step >= nf.quiet_from and step % nf.output_every and not nf_open \

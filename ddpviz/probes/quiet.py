@@ -9,7 +9,8 @@ by default). What stays visible is each rank's heartbeat: the step whose forward
 long ago this rank's last beat was. A rank whose backward waits for a peer is quiet from that
 forward on; once it has been quiet for notice_after(hang_timeout), and again at hang_timeout, it
 reads the other ranks' positions (one store round trip each time, never in a step that keeps
-moving) and names those that have not reached its step: a live `rank_waiting` finding first,
+moving) and names those that have not reached its step or not returned from its forward
+(See [Note: a rank still in its forward]): a live `rank_waiting` finding first,
 then a `rank_hang` error finding, each emitted (the dashboard, a trace file) and warned on
 stderr. It also posts this rank as waiting in the step's all-reduce, so that a verdict another
 rank reaches in a wait it guards (a buffer broadcast the laggard never came to) counts this rank
@@ -35,7 +36,7 @@ from ddpviz.events import FindingReported
 from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, recording_advice
 from ddpviz.probes import collective_check
 from ddpviz.probes.pulse import ENDING, Beat
-from ddpviz.probes.rendezvous import Board, Position, notice_after
+from ddpviz.probes.rendezvous import Board, Position, notice_after, phase_text
 from ddpviz.probes.whereabouts import hang_detail, left_finding, read
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class QuietGuard:
         self._left_named: set[tuple[tuple[int, ...], int, str]] = set()
 
     def __call__(self, board: Board, beat: Beat) -> None:
-        step, _phase, since = beat
+        step, phase, since = beat
         if step < 0 or self.dog.guarding or _exiting():
             return
         waited = time.time() - since
@@ -70,8 +71,7 @@ class QuietGuard:
             positions = board.positions()
         except RuntimeError:
             return  # the store is gone (rank 0 exited): torch's collective reports that
-        behind = tuple(r for r in range(self.dog.world_size) if r != self.dog.rank
-                       and (r not in positions or positions[r].step < step))
+        behind = _behind(positions, self.dog.rank, self.dog.world_size, step, phase)
         if not behind:
             return
         if self._posted != step:  # this rank waits in backward: say so on the board, so
@@ -112,7 +112,8 @@ class QuietGuard:
     def _finding(self, stage: int, step: int, since: float, behind: tuple[int, ...],
                  positions: dict[int, Position]) -> Finding:
         dog, now = self.dog, time.time()
-        states = {r: _where(positions.get(r), step, now) for r in range(dog.world_size)}
+        states = {r: _where(positions.get(r), step, now, r in behind)
+                  for r in range(dog.world_size)}
         states[dog.rank] = f"quiet since its forward of step {step} ({now - since:.0f}s)"
         values = tuple((states[r], (r,)) for r in range(dog.world_size))
         what = f"step {step} (after its forward: the backward's all-reduces need every rank)"
@@ -125,21 +126,47 @@ class QuietGuard:
                  f"({self.pg_timeout:g}s), which then raises torch's own error"
                  if self.pg_timeout is not None else
                  "torch's reducer waits in C++ until the process group's timeout")
+        title = f"{_lag(behind, positions, step)} within {self.timeout:g}s; rank {dog.rank} " \
+                "has waited since its forward"
+        ranks, fix = behind, fix_for("rank_hang", "behind")
+        verdict = collective_check.hang_verdict()  # See [Note: the quiet guard's verdict]
+        if verdict is not None and verdict.ranks:
+            others = tuple(r for r in range(dog.world_size) if r not in verdict.ranks)
+            waited = (f"rank {dog.rank} has waited {now - since:.0f}s since its forward of "
+                      f"step {step}")
+            if set(verdict.ranks) & set(behind):
+                title = (f"{_lag(behind, positions, step)} after "
+                         f"{format_ranks(verdict.ranks)} issued collectives that "
+                         f"{format_ranks(others)} did not; {waited}")
+            else:
+                title = (f"{format_ranks(verdict.ranks)} issued collectives that "
+                         f"{format_ranks(others)} did not: {waited}, and "
+                         f"{format_ranks(behind)} did not get as far")
+                ranks = verdict.ranks
+            fix = verdict.fix
         return Finding(
-            kind="rank_hang", severity="error",
-            title=(f"{format_ranks(behind)} did not reach step {step} within "
-                   f"{self.timeout:g}s; rank {dog.rank} has waited since its forward"),
-            ranks=behind, field="all-reduce", step=step, values=values,
+            kind="rank_hang", severity="error", title=title,
+            ranks=ranks, field="all-reduce", step=step, values=values,
             detail=(f"named by rank {dog.rank}'s watcher thread: {after}; "
                     f"{recording_advice('guard')} raises this as RankHangError from "
                     "backward() instead",),
-            fix=fix_for("rank_hang", "behind"), world_size=dog.world_size)
+            fix=fix, world_size=dog.world_size)
 
     def _report(self, finding: Finding) -> None:
         self.findings.append(finding)
         if self.dog.tap.enabled:
             self.dog.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
         warnings.warn(finding.text(), DiagnosisWarning, stacklevel=1)
+
+
+# [Note: the quiet guard's verdict]
+# The job's collectives may already have named ranks that issued collectives the others did
+# not (collective_check's Verdict, in the store): the hang's lines then carry its words, and
+# the title says the same, with what this rank saw itself (how long it has waited, which
+# ranks last reported an earlier step), as the watchdog's verdict does. When the ranks it
+# names are the ones behind, they are named both ways; when they are the waiting ones, the
+# others are not called late (they may have run every collective they were given): the
+# finding names the ranks the verdict names, with its fix.
 
 
 def _exiting() -> bool:
@@ -152,10 +179,49 @@ def _exiting() -> bool:
     return ENDING.is_set() or not threading.main_thread().is_alive()
 
 
-def _where(position: Position | None, step: int, now: float) -> str:
+# [Note: a rank still in its forward]
+# Each rank beats twice a step on its pulse: when its forward starts (phase "forward") and when
+# it returns (phase "backward": the backward's all-reduces come next). A rank quiet after its
+# forward of step S waits in S's all-reduces for every rank that has not returned from S's
+# forward: those at an earlier step, and those whose last beat is S's "forward". The latter
+# matters where the user's code runs inside DDP's forward (Lightning calls training_step
+# there): a rank stuck in it has reached step S, and was never named when only the step was
+# compared. They are named only when no rank is at an earlier step: a forward also holds the
+# buffer broadcast, where a rank waits for one that never reached the step (the watchdog
+# guards that wait and names the late rank itself). A rank whose last beat is a "forward"
+# while this one's is too (a watch driven by replicate(), which beats no return) is not
+# behind.
+
+
+def _behind(positions: dict[int, Position], rank: int, world_size: int, step: int,
+            phase: str) -> tuple[int, ...]:
+    """The ranks that have not returned from `step`'s forward, as `rank` (at `phase` of
+    `step`) has: those at an earlier step, or else those still in that forward. See [Note: a
+    rank still in its forward]."""
+    others = [r for r in range(world_size) if r != rank]
+    before = tuple(r for r in others if r not in positions or positions[r].step < step)
+    if before or phase != "backward":
+        return before
+    return tuple(r for r in others if positions[r].step == step
+                 and positions[r].phase == "forward")
+
+
+def _lag(behind: tuple[int, ...], positions: dict[int, Position], step: int) -> str:
+    """What the ranks behind did not do: reach step `step`, or return from its forward."""
+    inside = tuple(r for r in behind if r in positions and positions[r].step == step)
+    before = tuple(r for r in behind if r not in inside)
+    parts = [f"{format_ranks(before)} did not reach step {step}"] if before else []
+    if inside:
+        parts.append(f"{format_ranks(inside)} did not return from step {step}'s forward")
+    return " and ".join(parts)
+
+
+def _where(position: Position | None, step: int, now: float, behind: bool = False) -> str:
     if position is None:
         return "never reported (no DDP step on this rank yet)"
     ago = now - position.t
+    if position.step == step and behind:
+        return f"at step {step} (in its forward since {ago:.0f}s ago): behind"
     if position.step < step:
-        return f"at step {position.step} ({position.phase}, {ago:.0f}s ago): behind"
-    return f"at step {position.step} ({position.phase}, {ago:.0f}s ago)"
+        return f"at step {position.step} ({phase_text(position)}, {ago:.0f}s ago): behind"
+    return f"at step {position.step} ({phase_text(position)}, {ago:.0f}s ago)"

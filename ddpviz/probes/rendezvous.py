@@ -256,6 +256,12 @@ class Position(msgspec.Struct, frozen=True, omit_defaults=True):
     error: Name = ""  # failed: the collective's error, in a few words
 
 
+def phase_text(position: Position) -> str:
+    """A running position's phase in words: watch() beats "forward" when a forward starts and
+    "backward" when it returns (See [Note: a rank still in its forward] in quiet.py)."""
+    return "forward returned" if position.phase == "backward" else position.phase
+
+
 _decode_position = msgspec.json.Decoder(Position).decode
 _T = TypeVar("_T")
 

@@ -39,6 +39,7 @@ from ddpviz.probes.rendezvous import (
     as_text,
     exchange,
     notice_after,
+    phase_text,
     store_lost,
 )
 
@@ -150,7 +151,7 @@ def describe(position: Position, now: float | None = None) -> str:
             return f"failed in {collective_name(position)} {at}{for_}: {position.error}"
         return (f"waiting in {collective_name(position)} {at}{for_} "
                 f"({now - position.since:.1f}s)")
-    return f"last seen {at} ({position.phase}, {now - position.t:.1f}s ago)"
+    return f"last seen {at} ({phase_text(position)}, {now - position.t:.1f}s ago)"
 
 
 def collective_name(position: Position) -> str:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+import ddpviz
 from tests.dist.harness import free_port
 from tests.frameworks.conftest import Baselines
 from tests.frameworks.harness import (
+    JOBS,
     Run,
     assert_finished,
     assert_same_parameters,
@@ -128,3 +130,54 @@ def test_a_stuck_rank_is_not_called_exited_when_the_group_times_out_first(
     assert_rank_1_named_as_behind(run)
     assert "is not below the process group's timeout" in run.out, tail(run)  # said up front
     assert "the process group's own timeout ended the wait first" in run.out, tail(run)
+
+
+def planted_line() -> str:
+    """"lightning_job.py:LINE" of training_step's planted sleep (FW_HANG)."""
+    lines = (JOBS / SCRIPT).read_text().splitlines()
+    n = next(i for i, line in enumerate(lines, 1) if 'os.environ.get("FW_HANG_S"' in line)
+    return f"lightning_job.py:{n}"
+
+
+@pytest.mark.parametrize("recording", [None, "guard"], ids=["default", "guard"])
+def test_a_rank_hanging_in_its_training_step_is_named_before_the_group_timeout(
+        python: str, tmp_path: Path, recording: str | None) -> None:
+    # rank 1 sleeps 30 s in training_step at step 2, which Lightning runs inside DDP's
+    # forward: it has reached step 2 and never returns from that forward. The group's
+    # timeout is 20 s; ddpviz's deadline is left to its default (0.6 x the group's).
+    extra = {"DDPVIZ_RECORDING": recording} if recording else {}
+    run = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=True, name="hang",
+                 env=env(tmp_path, FW_STRATEGY="ddp", FW_HANG="2", FW_HANG_S="30",
+                         FW_TIMEOUT="20", FW_STEPS="4", **extra))
+    assert run.code != 0, tail(run)
+    found = run.findings(0)
+    assert "rank_exited" not in [f.kind for f in found], tail(run)
+    hang = [f for f in found if f.kind == "rank_hang"]
+    assert [(f.ranks, f.step) for f in hang] == [((1,), 2)], (found, tail(run))
+    lines = "\n".join(hang[0].detail)
+    assert f"rank 1 is at tests/frameworks/jobs/{planted_line()} in training_step" in lines, \
+        lines
+    if recording is None:  # the reducer waits in C++: named live, then torch's own error
+        assert hang[0].title.startswith(
+            "rank 1 did not return from step 2's forward within "), hang[0].title
+        named = run.out.index("ddpviz: rank 1 did not return from step 2's forward")
+        assert "Timed out" in run.out[named:] and "Timed out" not in run.out[:named], tail(run)
+    else:  # raised from backward(): ddpviz's error ends the job, not gloo's timeout
+        assert "ddpviz.errors.RankHangError: ddpviz: rank 1 did not reach the all-reduce of " \
+               "bucket 0 at step 2" in run.out, tail(run)
+        assert "Timed out" not in run.out, tail(run)
+
+
+def test_a_rank_briefly_slow_in_its_training_step_is_not_named(python: str,
+                                                                tmp_path: Path) -> None:
+    # the healthy twin: rank 1's training_step sleeps 1 s at step 2 (inside DDP's forward,
+    # below the live notice's 3 s): rank 0 waits for it in its backward, and nothing is named
+    run = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=True, name="slow",
+                 env=env(tmp_path, FW_STRATEGY="ddp", FW_HANG="2", FW_HANG_S="1",
+                         FW_TIMEOUT="20", FW_STEPS="4"))
+    assert_finished(run)
+    for rank in range(2):
+        assert run.findings(rank) == [], tail(run)
+    assert run.traces is not None
+    judged = [f for f in ddpviz.diagnose(run.traces) if f.severity != "info"]
+    assert judged == [], judged

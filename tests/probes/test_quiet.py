@@ -100,3 +100,65 @@ def test_a_guard_that_raises_stops_but_the_heartbeat_goes_on() -> None:
         assert eventually(lambda: 0 in reader.positions() and reader.positions()[0].step == 1)
     finally:
         pulse.close()
+
+
+@pytest.mark.parametrize("named", ["waiting", "behind"])
+def test_the_title_says_what_the_collectives_verdict_says(
+        monkeypatch: pytest.MonkeyPatch, named: str) -> None:
+    """A verdict of the job's collectives in the store (collective_check.Verdict): the title
+    names the ranks it names in its words, not a claim of its own that contradicts it."""
+    from ddpviz.probes import collective_check
+
+    ranks = (0,) if named == "waiting" else (1,)
+    verdict = collective_check.Verdict(ranks, "the verdict's fix", [
+        f"the job's collectives: rank {ranks[0]} issued a broadcast the others did not"])
+    monkeypatch.setattr(collective_check, "hang_verdict", lambda: verdict)
+    store = dist.HashStore()
+    mine = board(store, 0, 2)
+    events: list[Any] = []
+    board(store, 1, 2).post_position(running(4))
+    g = guard(events, world_size=2)
+    with pytest.warns(DiagnosisWarning):
+        g(mine, (5, "forward", time.time() - TIMEOUT - 1))
+    [f] = g.findings
+    assert f.kind == "rank_hang" and f.fix == "the verdict's fix"
+    assert verdict.lines[0] in f.detail
+    if named == "waiting":  # rank 0 issued more: rank 1 is not called late
+        assert f.ranks == (0,)
+        assert f.title.startswith("rank 0 issued collectives that rank 1 did not: rank 0 "
+                                  "has waited "), f.title
+        assert "did not reach" not in f.title
+    else:  # rank 1 issued more and never came: both, as observed
+        assert f.ranks == (1,)
+        assert f.title.startswith("rank 1 did not reach step 5 after rank 1 issued "
+                                  "collectives that rank 0 did not; rank 0 has waited "), f.title
+
+
+def test_a_rank_still_in_its_forward_of_the_same_step_is_named_as_not_returned() -> None:
+    """A rank at this rank's step whose last beat is its forward's start has not returned from
+    it (user code inside DDP's forward, as Lightning's training_step); one whose forward
+    returned is not behind."""
+    store = dist.HashStore()
+    mine = board(store, 0)
+    events: list[Any] = []
+    board(store, 1).post_position(Position("running", 5, "forward", time.time() - 9))
+    board(store, 2).post_position(Position("running", 5, "backward", time.time() - 9))
+    g = guard(events)
+    with pytest.warns(DiagnosisWarning, match="rank 1 did not return from step 5's forward "
+                                              "within 4s"):
+        g(mine, (5, "backward", time.time() - TIMEOUT - 1))
+    [f] = g.findings
+    assert (f.kind, f.ranks, f.step) == ("rank_hang", (1,), 5)
+    where = {r: v for v, rs in f.values for r in rs}
+    assert where[1].startswith("at step 5 (in its forward since ") and where[1].endswith("behind")
+    assert not where[2].endswith("behind")
+
+
+def test_a_peer_in_its_forward_while_this_rank_is_in_its_own_is_not_behind() -> None:
+    store = dist.HashStore()
+    mine = board(store, 0, 2)
+    events: list[Any] = []
+    board(store, 1, 2).post_position(Position("running", 5, "forward", time.time() - 9))
+    g = guard(events, world_size=2)
+    g(mine, (5, "forward", time.time() - TIMEOUT - 1))  # no return beat here either
+    assert g.findings == [] and events == []

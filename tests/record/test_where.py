@@ -66,6 +66,9 @@ def test_a_rank_sleeping_in_its_data_loading_is_named_with_the_planted_line(
     waiting = [f for f in found if f.kind == "rank_waiting"]  # live, before the verdict
     assert waiting and planted("sleep") in "\n".join(waiting[0].detail)
     assert "left the training loop" not in text  # in its loop: not left
+    # stuck, alive, in its step: not uneven data (diagnose read the whole folder)
+    diagnosed = [(f.kind, f.severity, f.ranks) for f in ddpviz.diagnose(tmp_path / "traces")]
+    assert diagnosed == [("rank_hang", "error", (1,))], diagnosed
 
 
 def test_a_rank_blocked_in_a_collective_of_its_own_is_named_with_the_planted_line(
@@ -100,6 +103,8 @@ def test_a_rank_holding_the_gil_in_c_code_is_named_with_its_stack_from_faulthand
     assert f"rank 1 is at tests/record/{planted('gil')} in load_batch <- " in lines
     assert "libc.sleep(int(os.environ.get(" in lines  # the planted source line itself
     assert "its training thread, per /proc: sleeping (S)" in lines
+    uneven = [f for f in ddpviz.diagnose(tmp_path / "traces") if f.kind == "uneven_iterations"]
+    assert uneven == [], uneven  # stuck in C code, alive: not uneven data
     assert "rank 0 (waiting) is at tests/record/train_stuck.py" in lines
     if recording == "guard":  # raised from backward(), with the same lines, before gloo's
         raised = text.index("ddpviz.errors.RankHangError: ddpviz: rank 1 did not reach the "
@@ -143,6 +148,8 @@ def test_a_rank_whose_script_returns_after_fewer_steps_is_named_as_left(
     assert left[0].title == ("rank 1 left the training loop after 3 steps while rank 0 went "
                              "on to step 3: its process exited; this step can never complete")
     assert "closed its connection" not in text  # not "exited or crashed": what it did
+    uneven = [f for f in ddpviz.diagnose(tmp_path / "traces") if f.kind == "uneven_iterations"]
+    assert [(f.severity, f.ranks) for f in uneven] == [("error", (1,))], uneven  # still uneven
 
 
 def test_a_rank_that_breaks_out_inside_join_is_not_named(python: str, tmp_path: Path) -> None:
@@ -160,3 +167,18 @@ def test_a_rank_that_breaks_out_inside_join_is_not_named(python: str, tmp_path: 
         trace = ddpviz.Trace.load(out / f"ddpviz-trace-rank{rank}.ddpviz")
         found = [e.finding for e in trace if isinstance(e, ev.FindingReported)]
         assert found == [], found  # joined: it shadows the all-reduces, nobody waits
+
+
+def test_the_healthy_job_reports_nothing(python: str, tmp_path: Path) -> None:
+    """The twin of the planted jobs: no plant, the same deadline; no finding live, and none
+    but notes from diagnose."""
+    from tests.dist.harness import free_port
+
+    out = tmp_path / "traces"
+    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--hang-timeout", HANG_S,
+                "--", python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(free_port()), str(SCRIPT)],
+               job_env(TRAIN_PG_TIMEOUT="20"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    judged = [f for f in ddpviz.diagnose(out) if f.severity != "info"]
+    assert judged == [], judged

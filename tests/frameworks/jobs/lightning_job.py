@@ -8,6 +8,8 @@ group's timeout in seconds (DDPStrategy(timeout=)). FW_STUCK=K plants a defect: 
 dataset sleeps FW_STUCK_S seconds when asked for step K's batch. FW_BUFFERS=1 adds
 a BatchNorm1d (buffers, which DDP broadcasts from rank 0 at every forward). FW_ACCUMULATE=K:
 accumulate_grad_batches=K (Lightning runs the first K-1 micro-batches under no_sync()).
+FW_HANG=K plants a hang in the training step: rank 1's training_step sleeps FW_HANG_S seconds
+before its forward at step K (it first prints "rank 1 hangs at <time.time()>").
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class Model(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
         x, y = batch
+        hang = os.environ.get("FW_HANG")
+        if hang is not None and self.global_rank == 1 and self.global_step == int(hang):
+            print(f"rank 1 hangs at {time.time():.3f}", flush=True)
+            time.sleep(float(os.environ.get("FW_HANG_S", "60")))
         loss = (self(x) - y).square().mean()
         if not self.automatic_optimization:
             opt = self.optimizers()
