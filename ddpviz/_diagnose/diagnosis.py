@@ -862,7 +862,8 @@ def _progress(per_rank: Mapping[int, Table], last_step: Mapping[int, int], world
     top = max(last_step.values())
     behind = tuple(sorted(r for r, s in last_step.items() if s < top))
     if behind and not any(f.kind == "uneven_iterations" for f in reported) \
-            and not _stuck_alive(behind, reported, ended or {}):
+            and not _stuck_alive(behind, reported, ended or {}) \
+            and not _mispaired(behind, reported, ended or {}):
         # (a rank named live as having left the loop says more: whereabouts.py)
         states = {r: f"last step {s}" for r, s in last_step.items()}
         out.append(Finding(
@@ -910,7 +911,10 @@ def _progress(per_rank: Mapping[int, Table], last_step: Mapping[int, int], world
 # it was alive, at its step, its stack taken where it was), that no finding names as exited
 # and whose trace has no clean end was stuck inside its step, not out of data: the hang
 # finding says so, and an uneven_iterations warning beside it would give a wrong cause and
-# the uneven-data fix. A rank that left the loop says so itself (whereabouts.py: a live
+# the uneven-data fix. Likewise when the ranks issued different collectives (a
+# collective_mismatch or unmatched_collective error): the collectives parted first, and where
+# each rank's steps stopped follows from that (gloo aborts one, the other waits or fails later).
+# A rank that left the loop says so itself (whereabouts.py: a live
 # uneven_iterations finding), and one that ended cleanly after fewer steps keeps the warning.
 
 
@@ -922,6 +926,16 @@ def _stuck_alive(behind: Sequence[int], reported: Sequence[Finding],
     gone = {r for f in reported if f.kind == "rank_exited" for r in f.ranks}
     return all(r in hung and r not in gone and (r not in ended or ended[r].error)
                for r in behind)
+
+
+def _mispaired(behind: Sequence[int], reported: Sequence[Finding],
+               ended: Mapping[int, End]) -> bool:
+    """Did the ranks issue different collectives (an error named live), with no rank `behind`
+    ending cleanly? Then the step counts parted because the collectives did, not because a rank
+    ran out of data. See [Note: a stuck rank is not uneven data]."""
+    return any(f.kind in ("collective_mismatch", "unmatched_collective")
+               and f.severity == "error" for f in reported) \
+        and all(r not in ended or ended[r].error for r in behind)
 
 
 def _dropped(per_rank: Mapping[int, Table], world_size: int) -> list[Finding]:

@@ -161,8 +161,11 @@ def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path, 
     assert "ddpviz: ranks issued different collectives" in live, live[-3000:]
     if defect == "gather":  # named live with its ranks, op, call site and position
         assert_named_live(live, defect)
-    findings = [f for f in ddpviz.diagnose(out) if f.kind == "collective_mismatch"]
+    every = ddpviz.diagnose(out)
+    findings = [f for f in every if f.kind == "collective_mismatch"]
     assert findings, done.stdout[-3000:] + done.stderr[-3000:]
+    # the steps parted because the collectives did: no uneven-data cause beside it
+    assert "uneven_iterations" not in {f.kind for f in every}, [str(f) for f in every]
     text = str(findings[0])
     assert f"train_collectives.py:{line_of(marker)} in {marker}" in text
     assert "float32 x3" in text and "float32 x4" in text
