@@ -504,7 +504,59 @@ class Findings(list[Finding]):
 
 
 class DiagnosisWarning(UserWarning):
-    """A finding of severity "warning" raised as a Python warning (e.g. initial values)."""
+    """A finding raised as a Python warning (e.g. initial values); `finding` is the finding
+    itself when the probe raised it with `warning_of`."""
+
+    finding: Finding | None = None
+
+
+def warning_of(finding: Finding) -> DiagnosisWarning:
+    """The warning that says `finding` (its text), carrying the finding itself, so that
+    `ddpviz record` can say one line for the job (See [Note: one line per finding per job])."""
+    warning = DiagnosisWarning(finding.text())
+    warning.finding = finding
+    return warning
+
+
+# Rank-local findings: each rank reports its own (its own rank in `ranks`, its call sites in
+# `values`); the same one from several ranks reads as one finding naming all of them.
+RANK_LOCAL: tuple[Kind, ...] = ("buffer_reassigned", "unsynced_gradients")
+
+
+def merge_findings(reported: Iterable[tuple[int, Finding]]) -> list[Finding]:
+    """Findings reported by ranks, as (rank, finding) pairs in rank order, de-duplicated: the
+    same finding from several ranks counts once, and a rank-local finding (`RANK_LOCAL`) that
+    several ranks reported with the same facts (its title but for the rank, its name, field,
+    step and detail) is one finding naming all of them, with each rank's values. Findings
+    whose facts differ stay apart: no rank's evidence is dropped."""
+    out: list[Finding] = []
+    merged: dict[tuple[Any, ...], int] = {}
+    for rank, f in reported:
+        if f in out:
+            continue
+        key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step,
+               f.detail)
+        if f.kind in RANK_LOCAL and key in merged:
+            i = merged[key]
+            old = out[i]
+            ranks = tuple(sorted({*old.ranks, *f.ranks}))
+            out[i] = msgspec.structs.replace(
+                old, ranks=ranks, values=_merge_values(old.values, f.values),
+                title=old.title.replace(format_ranks(old.ranks), format_ranks(ranks), 1))
+            continue
+        merged[key] = len(out)
+        out.append(f)
+    return out
+
+
+def _merge_values(a: Sequence[tuple[str, tuple[int, ...]]],
+                  b: Sequence[tuple[str, tuple[int, ...]]]
+                  ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    per: dict[int, str] = {}
+    for value, ranks in (*a, *b):
+        for r in ranks:
+            per[r] = value
+    return group_ranks(per)
 
 
 def format_ranges(numbers: Iterable[int], *, run: int = 3, most: int | None = None,

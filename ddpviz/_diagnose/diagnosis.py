@@ -31,6 +31,7 @@ from ddpviz.findings import (
     format_ranges,
     format_ranks,
     group_ranks,
+    merge_findings,
     odd_ranks,
     sort_findings,
 )
@@ -43,8 +44,6 @@ from ddpviz.traces.source import open_run
 if TYPE_CHECKING:
     from ddpviz.traces.trace import Trace
 
-# rank-local findings: the same one from several ranks reads as one naming all of them
-_RANK_LOCAL = ("buffer_reassigned", "unsynced_gradients")
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
@@ -216,37 +215,11 @@ def _name(names: Mapping[int, Mapping[int, str]], rank: int, index: int) -> str:
 
 def _reported(per_rank: Mapping[int, Table]) -> list[Finding]:
     """FindingReported, de-duplicated: the same finding from several ranks counts once; a
-    rank-local finding seen on several ranks is merged into one naming all of them."""
-    out: list[Finding] = []
-    merged: dict[tuple[Any, ...], int] = {}
-    for rank in sorted(per_rank):
-        for e in per_rank[rank].rare(ev.FindingReported):
-            f = e.finding
-            if f in out or f.kind == "rank_waiting":  # live-only: the verdict, if any, follows
-                continue
-            key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step)
-            if f.kind in _RANK_LOCAL and key in merged:
-                i = merged[key]
-                old = out[i]
-                values = _merge_values(old.values, f.values)
-                out[i] = _replace(old, ranks=tuple(sorted({*old.ranks, *f.ranks})),
-                                  values=values,
-                                  title=old.title.replace(format_ranks(old.ranks),
-                                                          format_ranks((*old.ranks, *f.ranks))))
-                continue
-            merged[key] = len(out)
-            out.append(f)
-    return out
-
-
-def _merge_values(a: Sequence[tuple[str, tuple[int, ...]]],
-                  b: Sequence[tuple[str, tuple[int, ...]]]
-                  ) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    per: dict[int, str] = {}
-    for value, ranks in (*a, *b):
-        for r in ranks:
-            per[r] = value
-    return group_ranks(per)
+    rank-local finding seen on several ranks is merged into one naming all of them
+    (`merge_findings`, which `ddpviz record` says live with, too)."""
+    return merge_findings((rank, e.finding) for rank in sorted(per_rank)
+                          for e in per_rank[rank].rare(ev.FindingReported)
+                          if e.finding.kind != "rank_waiting")  # live-only: the verdict follows
 
 
 def _replace(f: Finding, **changes: Any) -> Finding:

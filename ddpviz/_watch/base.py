@@ -25,7 +25,7 @@ from ddpviz.engine.comm import LAUNCH, buffer_sync
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.events import Emitter, Tap
-from ddpviz.findings import DiagnosisWarning, Finding, fix_for
+from ddpviz.findings import Finding, fix_for, warning_of
 from ddpviz.probes import collective_check, collectives
 from ddpviz.probes.nonfinite import NonfiniteCheck
 from ddpviz.probes.optimizer_step import OptimizerStepTap
@@ -512,7 +512,7 @@ class Watch:
         # The iteration is broken: ranks that used the parameter wait for this bucket forever,
         # and torch fails at the next forward. Post it, so waiting ranks stop now, named.
         self.watchdog.fail(finding.text(), [finding])
-        warnings.warn(finding.text(), DiagnosisWarning, stacklevel=2)
+        warnings.warn(warning_of(finding), stacklevel=2)
 
     def _sync_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
         # torch's own buffer sync (a coalesced broadcast from rank 0 before forward), with the
@@ -520,7 +520,7 @@ class Watch:
         for finding in self._buffer_identity.check(buffers, self.tap.step):
             if self.tap.enabled:
                 self.tap.emit(ev.FindingReported, finding)
-            warnings.warn(finding.text(), DiagnosisWarning, stacklevel=2)
+            warnings.warn(warning_of(finding), stacklevel=2)
         tensors = list(buffers.values())
         dog = self.watchdog
         wait = None

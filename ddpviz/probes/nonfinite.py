@@ -21,7 +21,7 @@ import msgspec
 import torch
 
 from ddpviz.events import FindingReported, Tap
-from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, group_ranks
+from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks, warning_of
 
 # [Note: finding where a NaN starts]
 # One rank's non-finite gradient becomes every rank's after the all-reduce, so the origin can
@@ -725,7 +725,7 @@ class NonfiniteCheck:
             self.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
         if not self._warned:  # once on stderr; later findings go to the events only
             self._warned = True
-            warnings.warn(finding.text(), DiagnosisWarning, stacklevel=1)
+            warnings.warn(warning_of(finding), stacklevel=1)
 
     def compose_local(self) -> None:
         """No board (one rank, or the watchdog off): compose from this rank's own state."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ddpviz.events import FindingReported
-from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks, recording_advice
+from ddpviz.findings import Finding, fix_for, format_ranks, recording_advice, warning_of
 from ddpviz.probes import collective_check
 from ddpviz.probes.pulse import ENDING, Beat
 from ddpviz.probes.rendezvous import Board, Position, notice_after, phase_text
@@ -156,7 +156,7 @@ class QuietGuard:
         self.findings.append(finding)
         if self.dog.tap.enabled:
             self.dog.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
-        warnings.warn(finding.text(), DiagnosisWarning, stacklevel=1)
+        warnings.warn(warning_of(finding), stacklevel=1)
 
 
 # [Note: the quiet guard's verdict]

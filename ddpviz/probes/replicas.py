@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ddpviz.events import FindingReported, Tap
-from ddpviz.findings import DiagnosisWarning, Finding
+from ddpviz.findings import Finding, warning_of
 from ddpviz.limits import MAX_PARAMS
 from ddpviz.probes.digest import Snapshot
 from ddpviz.probes.pulse import ENDING
@@ -587,7 +587,7 @@ class ReplicaCheck:
             self.tap.emit_as(finding.step, time.monotonic_ns(), FindingReported, finding)
         if first:
             with contextlib.suppress(Exception):  # an error filter must not stop the check
-                warnings.warn(finding.text(), DiagnosisWarning, stacklevel=1)
+                warnings.warn(warning_of(finding), stacklevel=1)
 
 
 def _state(raw: bytes, n_params: int) -> RankState | None:

@@ -28,7 +28,7 @@ from torch.optim.optimizer import (
 
 from ddpviz import events as ev
 from ddpviz.events import Tap
-from ddpviz.findings import DiagnosisWarning, Finding, fix_for, format_ranks
+from ddpviz.findings import Finding, fix_for, format_ranks, warning_of
 from ddpviz.probes import collectives as _ledger
 from ddpviz.probes import step_aside
 from ddpviz.probes.stack_text import Frame, clip, owner, where
@@ -282,7 +282,7 @@ class SyncContract:
         self.reported.append(finding)
         if self.tap.enabled:
             self.tap.emit(ev.FindingReported, finding)
-        warnings.warn(finding.text(), DiagnosisWarning, stacklevel=_user_level())
+        warnings.warn(warning_of(finding), stacklevel=_user_level())
 
     # --- the finding ---------------------------------------------------------------------
 

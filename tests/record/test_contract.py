@@ -26,6 +26,8 @@ pytestmark = pytest.mark.dist
 SCRIPT = ROOT / "tests" / "record" / "train_contract.py"
 CAUSES = {"module": "module_forward", "no_sync_last": "no_sync", "unused": "unused_ddp"}
 HEALTHY = ("accumulate", "forced_sync", "teacher")
+WHY = {"module_forward": r"loss computed on ddp\.module\?", "no_sync": r"ran under no_sync\(\)",
+       "unused_ddp": "its module was trained directly"}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,12 @@ def run(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def torchrun(python: str) -> list[str]:
+    return torchrun_of(python, SCRIPT)
+
+
+def torchrun_of(python: str, script: Path) -> list[str]:
     return [python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-            str(free_port()), str(SCRIPT)]
+            str(free_port()), str(script)]
 
 
 def digests(stdout: str) -> dict[tuple[int, str], str]:
@@ -90,8 +96,16 @@ def test_broken_sync_contracts_are_named_live_and_kept_by_diagnose(python: str,
             if cause == "no_sync":
                 assert re.search(rf"under no_sync\(\) at {script}:{at[(phase, 'forward')]} ",
                                  sites), sites
-        # said on the rank's console too, once per phase
-        assert recorded.stderr.count(f"rank {rank}: optimizer step 0 used gradients") == 3
+
+    # said live once for the job per broken contract: one line naming both ranks (each rank
+    # found it on its own side; the first to claim it waits for the other's part)
+    said = recorded.stderr
+    assert said.count("optimizer step 0 used gradients") == 3, said
+    assert said.count("ranks 0,1: optimizer step 0 used gradients") == 3, said
+    for why in WHY.values():
+        assert len(re.findall(rf"ranks 0,1: optimizer step 0 used gradients .*{why}",
+                              said)) == 1, said
+    assert "DiagnosisWarning" not in said and "warnings.warn" not in said, said
 
     findings = ddpviz.diagnose(out)
     contract = [f for f in findings if f.kind == "unsynced_gradients"]
