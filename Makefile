@@ -1,5 +1,5 @@
 # Quick start targets. Each creates .venv on first use and installs torch first (the CPU wheel,
-# torch==2.13.0), so pip never pulls a multi-GB CUDA build through the torch>=2.4 range.
+# torch==2.13.0), so pip never pulls a multi-GB CUDA build through the torch>=2.13 range.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ddpviz.envvars import ENV_CONNECT, ENV_HANG_TIMEOUT, ENV_RECORD, ENV_TRACE_DIR, TRACE_FILE
 from ddpviz.recording import ENV_RECORDING, Recording
+from ddpviz.torch_versions import installed, untested_note
 
 HOOK = "ddpviz_autowatch.pth"
 
@@ -84,6 +85,9 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
             "environment (`pip install ddpviz`, or `pip install -e .` in a checkout): the "
             "hook ships in the wheel.")
     env = record_env(connect=connect, out=out, hang_timeout=hang_timeout, recording=policy)
+    note = untested_note(installed())
+    if note is not None:
+        print(note, file=sys.stderr, flush=True)
     if ENV_TRACE_DIR in env:
         Path(env[ENV_TRACE_DIR]).mkdir(parents=True, exist_ok=True)
     try:
