@@ -220,3 +220,23 @@ def test_manual_finalization_misuse_says_what_torch_says() -> None:
         pytest.skip(f"torch {torch.__version__} has no finalize_backward()")
     for rank, (theirs, ours) in run_ranks(_rank_misuse, 2, timeout=200).items():
         assert ours == theirs, f"rank {rank}"
+
+
+def _rank_guard(rank: int, world_size: int) -> str:
+    import ddpviz
+
+    kwargs: dict[str, Any] = {"lazy_bucket_allocation": True, "gradient_as_bucket_view": True}
+    ddp = TORCH_DDP(ZOO["mlp"].build(seed=SEED), **kwargs)
+    try:
+        ddpviz.watch(ddp, recording=ddpviz.Recording(guard=True))
+    except RuntimeError as e:
+        return f"{type(e).__name__}: {e}"
+    return "watched"
+
+
+def test_guard_steps_aside_for_lazy_buckets_as_views() -> None:
+    if "lazy_bucket_allocation" not in TORCH_ARGS:
+        pytest.skip(f"torch {torch.__version__} has no lazy_bucket_allocation")
+    for rank, said in run_ranks(_rank_guard, 2).items():
+        assert said.startswith("NotObservableError") and "lazy_bucket_allocation" in said, \
+            f"rank {rank}: {said}"
