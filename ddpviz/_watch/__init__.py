@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpviz._watch.base import NotObservableError, Watch
-from ddpviz._watch.guarded import GuardedWatch
+from ddpviz._watch.guarded import LAZY_VIEWS_UNGUARDED, GuardedWatch
 from ddpviz._watch.hookless import ForwardsOnlyWatch, HooklessWatch
 from ddpviz.events import Emitter
 from ddpviz.recording import Recording, resolve_recording
@@ -116,6 +116,9 @@ def new_watch(ddp: nn.parallel.DistributedDataParallel, *, recording: Recording 
                         f"got {type(ddp).__name__}.\nA ddpviz.DistributedDataParallel "
                         "reports its events itself: pass it emitter= instead.")
     rec = resolve_recording(recording, detail, where="watch()", stacklevel=2)
+    if rec.guard and getattr(ddp, "lazy_bucket_allocation", False) and \
+            ddp.gradient_as_bucket_view:
+        raise NotObservableError(f"ddpviz: {NotObservableError.PREFIX}{LAZY_VIEWS_UNGUARDED}.")
     return strategy(rec)(ddp, recording=rec, **options)
 
 

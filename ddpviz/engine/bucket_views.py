@@ -104,10 +104,41 @@ def make_bucket(b: int, indices: list[int], limit: int, params_all: Sequence[tor
     if gradient_as_bucket_view:
         # A rebuild moves gradients that already exist into the new buckets; at
         # construction grads stay undefined (globally unused ones must remain None).
-        with torch.no_grad():
-            for p, view in zip(params, bucket.views_in, strict=True):
-                if p.grad is not None and not is_alias_of(p.grad, view) and \
-                        p.grad.dtype == view.dtype:
-                    view.copy_(p.grad)
-                    p.grad = view
+        _adopt_grads(params, bucket.views_in)
     return bucket
+
+
+def _adopt_grads(params: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, view in zip(params, views, strict=True):
+            if p.grad is not None and not is_alias_of(p.grad, view) and \
+                    p.grad.dtype == view.dtype:
+                view.copy_(p.grad)
+                p.grad = view
+
+
+def allocate(bucket: Bucket, *, adopt_grads: bool) -> None:
+    """lazy_bucket_allocation (torch 2.15): a new flat buffer and views for `bucket`, made when
+    its first gradient of a backward is ready. With gradient_as_bucket_view (`adopt_grads`),
+    every gradient that exists at that moment moves into its new view, as on a rebuild: the
+    gradient that triggered the allocation, gradients of the bucket accumulated before it and,
+    with kept gradients (zero_grad(set_to_none=False)), all the others. Those are then bucket
+    views when marked ready and are divided in place (a true division), while gradients that
+    arrive later as new tensors are multiplied by 1/world_size while copied in: the last bit
+    differs at world size 3, so this order is torch's (measured bitwise on torch 2.15.0)."""
+    old = bucket.gradients
+    flat = torch.empty(sum(bucket.lengths), dtype=old.dtype, device=old.device)
+    bucket.gradients = flat
+    bucket.views_in = [layout_view(flat, p, o)
+                       for p, o in zip(bucket.params, bucket.offsets, strict=True)]
+    bucket.views_out = list(bucket.views_in)
+    if adopt_grads:
+        _adopt_grads(bucket.params, bucket.views_in)
+
+
+def release(bucket: Bucket) -> None:
+    """lazy_bucket_allocation: drop the reducer's hold on the bucket's storage after backward
+    (gradients that are bucket views keep theirs alive)."""
+    bucket.gradients = bucket.gradients.new_empty(0)
+    bucket.views_in = []
+    bucket.views_out = []

@@ -31,6 +31,12 @@ from ddpviz.engine.logger import DDPLogger
 from ddpviz.engine.observers import NO_OBSERVERS, Observers
 from ddpviz.engine.params import build_buffers, build_params_for_reducer
 from ddpviz.engine.reducer import Reducer
+from ddpviz.engine.torch_version import (
+    check_argument,
+    has_method,
+    missing_attribute,
+    since_torch_215,
+)
 from ddpviz.engine.verify import verify_module_across_ranks
 from ddpviz.events import (
     BucketAssigned,
@@ -110,9 +116,11 @@ class DistributedDataParallel(nn.Module, Joinable):
                  skip_all_reduce_unused_params: bool = False,
                  bucket_cap_mb_list: list[float] | None = None,
                  batched_grad_copy: bool = False, forward_sync_buffers: bool | None = None,
-                 *, emitter: Emitter | None = None,
+                 lazy_bucket_allocation: bool | None = None, *, emitter: Emitter | None = None,
                  hang_timeout: float | None = None, recording: Recording | None = None,
                  detail: str | None = None) -> None:
+        # torch 2.15's; None: not given (torch 2.13 and 2.14 have no such argument)
+        check_argument("lazy_bucket_allocation", lazy_bucket_allocation)
         super().__init__()
         Joinable.__init__(self)
         keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile]
@@ -166,6 +174,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_forward_param_sync = True
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.batched_grad_copy = batched_grad_copy
+        if lazy_bucket_allocation is not None:
+            self.lazy_bucket_allocation = lazy_bucket_allocation
+        self._require_manual_backward_finalization = False
         self.mixed_precision = mixed_precision
         if mixed_precision is not None:
             logger.warning("Received mixed precision config %s", mixed_precision)
@@ -353,7 +364,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             find_unused_parameters=self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             skip_all_reduce_unused_params=self.skip_all_reduce_unused_params,
-            batched_grad_copy=self.batched_grad_copy, tap=self._tap, watchdog=self._watchdog,
+            batched_grad_copy=self.batched_grad_copy,
+            lazy_bucket_allocation=bool(getattr(self, "lazy_bucket_allocation", False)),
+            tap=self._tap, watchdog=self._watchdog,
             logger=DDPLogger, detail=self._detail)
         # The NaN check (probes/nonfinite.py): the reducer hands it each bucket's local buffer
         # before its all-reduce, _post_forward the output
@@ -991,6 +1004,58 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._build_reducer(entries, static)
         if static:
             self._set_static_graph()
+        if self.__dict__.setdefault("_require_manual_backward_finalization", False):
+            self.require_manual_backward_finalization = True
+
+    # --- manual backward finalization (torch 2.15) ------------------------------------------
+
+    @property
+    def require_manual_backward_finalization(self) -> bool:
+        """Whether the caller must call :meth:`finalize_backward` after each synced backward
+        (torch 2.15; an AttributeError on older torch, as there)."""
+        if not has_method("require_manual_backward_finalization"):
+            raise missing_attribute("require_manual_backward_finalization")
+        return self._require_manual_backward_finalization
+
+    @require_manual_backward_finalization.setter
+    def require_manual_backward_finalization(self, required: bool) -> None:
+        if not has_method("require_manual_backward_finalization"):
+            raise missing_attribute("require_manual_backward_finalization")
+        if required:
+            self._check_manual_backward_finalization_supported()
+        if self._delay_all_reduce_all_params:
+            return  # no reducer (and manual mode was refused above)
+        self.reducer._set_manual_finalization_required(required)
+        self._require_manual_backward_finalization = required
+
+    def _check_manual_backward_finalization_supported(self) -> None:
+        if self._delay_all_reduce_all_params:
+            raise RuntimeError("Manual backward finalization is not supported when all DDP "
+                               "parameters use delay_all_reduce_named_params.")
+
+    @property
+    def should_finalize_after_backward(self) -> bool:
+        """In manual mode, whether :meth:`finalize_backward` must wait until backward returns
+        (buckets are being rebuilt, or mixed precision), as torch 2.15's."""
+        if not has_method("should_finalize_after_backward"):
+            raise missing_attribute("should_finalize_after_backward")
+        if not self._require_manual_backward_finalization:
+            return False
+        return self.mixed_precision is not None or \
+            self.reducer._should_finalize_after_backward()
+
+    @since_torch_215
+    def finalize_backward(self) -> None:
+        """Finish a synced backward in manual mode: wait for every bucket's all-reduce and
+        write the averaged gradients to ``.grad`` (torch 2.15).
+
+        Raises:
+            AttributeError: the installed torch has no manual backward finalization.
+            RuntimeError: manual finalization is off, nothing awaits finalization (no_sync, or
+                already finalized), or buckets are not all ready yet.
+        """
+        self._check_manual_backward_finalization_supported()
+        self.reducer._finalize_backward_manual()
 
 
 def _finding_callback(ref: weakref.ReferenceType[DistributedDataParallel]

@@ -120,3 +120,26 @@ ALL_PARAMETERS_USED = (
     "ddpviz: find_unused_parameters=True was specified, but this forward used every parameter; "
     "the flag costs a walk of the autograd graph every iteration. Turn it off unless later "
     "iterations leave parameters unused.")
+
+
+# torch 2.15's manual backward finalization (torch's own words; the reducer raises them)
+MANUAL_FINALIZATION_NOT_REQUIRED = (
+    "finalize_backward() called but manual backward finalization is not required. Set "
+    "require_manual_backward_finalization to true first.")
+MANUAL_FINALIZATION_NOTHING = (
+    "finalize_backward() called but no gradient reduction requires finalization. This can "
+    "happen if no_sync() is active or finalize_backward() was already called for this "
+    "backward pass.")
+MANUAL_FINALIZATION_FORGOTTEN = (
+    "Expected to have finalized the prior backward pass before starting a new one. Call "
+    "finalize_backward() after backward() when require_manual_backward_finalization is true.")
+MANUAL_FINALIZATION_MID_ITERATION = (
+    "set_manual_finalization_required cannot be called after forward while a backward pass is "
+    "expected or in progress. Call it before forward or after backward finalization.")
+
+
+def manual_finalization_early(not_ready: int, total: int) -> str:
+    return (f"ddpviz: finalize_backward() called before all gradient buckets are ready "
+            f"({not_ready} of "
+            f"{total} not ready yet). Call it after backward() returns, or from a backward hook "
+            "once every DDP bucket is ready.")

@@ -21,10 +21,12 @@ import torch.distributed as dist
 from ddpviz.engine import failure_texts as texts
 from ddpviz.engine.bucket_views import (
     Bucket,
+    allocate,
     clone_obey_contract,
     is_alias_of,
     layout_view,
     make_bucket,
+    release,
 )
 from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import LAUNCH, GradBucket, allreduce_sum, hook_result
@@ -121,7 +123,7 @@ class Reducer:
         process_group: the group gradients are averaged over.
         limits: the capacity rules (the rebuild uses `limits.rebuild`).
         find_unused_parameters, gradient_as_bucket_view, skip_all_reduce_unused_params,
-        batched_grad_copy: as in DistributedDataParallel.
+        batched_grad_copy, lazy_bucket_allocation: as in DistributedDataParallel.
         tap: where events go.
         detail: which steps get a GradReady per parameter and which a GradsSummarized per
             bucket (recording.py; default: every step in full).
@@ -138,7 +140,8 @@ class Reducer:
                  bucket_limits: list[int], process_group: dist.ProcessGroup, *, limits: Limits,
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = False,
                  skip_all_reduce_unused_params: bool = False, batched_grad_copy: bool = False,
-                 tap: Tap | None = None, watchdog: Guard | None = None,
+                 lazy_bucket_allocation: bool = False, tap: Tap | None = None,
+                 watchdog: Guard | None = None,
                  logger: Callable[[Reducer], DDPLogger] = DDPLogger,
                  detail: DetailPolicy | None = None) -> None:
         self.entries = list(params)
@@ -151,6 +154,10 @@ class Reducer:
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
         self.batched_grad_copy = batched_grad_copy
+        self.lazy_bucket_allocation = lazy_bucket_allocation
+        # torch 2.15's manual backward finalization: the end of backward leaves the reduced
+        # gradients to finalize_backward_manual() (DistributedDataParallel.finalize_backward)
+        self.manual_finalization = False
         self.tap = tap if tap is not None else Tap()
         # See [Note: detail levels] (recording.py).
         self.summary = GradSummary(detail if detail is not None else DetailPolicy("full"),
@@ -362,6 +369,10 @@ class Reducer:
         b, _ = self.locators[index]
         bucket = self.buckets[b]
         self._set_divide_factor()
+        if self.lazy_bucket_allocation and not bucket.sparse and \
+                bucket.pending == len(bucket.variables):
+            allocate(bucket, adopt_grads=self.gradient_as_bucket_view and
+                     self.mixed_precision_param_dtype is None)
         if bucket.sparse:
             self._mark_ready_sparse(index)
         else:
@@ -576,15 +587,45 @@ class Reducer:
             if self.next_bucket == len(self.buckets):
                 if self.logger is not None:
                     self.logger.backward_compute_end = self.logger.now()
-                if self._static_after_first_iteration() and self.should_rebuild_buckets():
-                    self.rebuilt_param_indices.extend(self.unused_parameters)
-                first = not self.checked_first_iteration
-                self.finalize_backward()
-                self.checked_first_iteration = True
-                if first and self._agrees_on_unused():
-                    self._agree_on_unused([])
+                if self.manual_finalization:
+                    return  # DistributedDataParallel.finalize_backward() finishes it
+                self._finish_backward()
             elif not self.checked_first_iteration and not self._dynamic_find_unused():
                 self._fail_missing_gradients()
+
+    def _finish_backward(self) -> None:
+        if self._static_after_first_iteration() and self.should_rebuild_buckets():
+            self.rebuilt_param_indices.extend(self.unused_parameters)
+        first = not self.checked_first_iteration
+        self.finalize_backward()
+        self.checked_first_iteration = True
+        if first and self._agrees_on_unused():
+            self._agree_on_unused([])
+
+    # --- manual finalization (torch 2.15) ---------------------------------------------------
+
+    def _set_manual_finalization_required(self, required: bool) -> None:
+        """torch's name: switch manual backward finalization on or off (not mid-iteration)."""
+        if self.expect_autograd_hooks:
+            raise RuntimeError(texts.MANUAL_FINALIZATION_MID_ITERATION)
+        self.manual_finalization = required
+
+    def _should_finalize_after_backward(self) -> bool:
+        """torch's name: finalization must wait for backward to return (buckets are being
+        rebuilt from this backward's gradient order)."""
+        return self.manual_finalization and self.should_rebuild_buckets()
+
+    def _finalize_backward_manual(self) -> None:
+        """torch's name: finalize this backward now (DistributedDataParallel.finalize_backward)."""
+        with self._lock:
+            if not self.manual_finalization:
+                raise RuntimeError(texts.MANUAL_FINALIZATION_NOT_REQUIRED)
+            if not self.expect_autograd_hooks or not self.require_finalize:
+                raise RuntimeError(texts.MANUAL_FINALIZATION_NOTHING)
+            if self.next_bucket != len(self.buckets):
+                raise RuntimeError(texts.manual_finalization_early(
+                    len(self.buckets) - self.next_bucket, len(self.buckets)))
+            self._finish_backward()
 
     def _missing(self) -> list[int]:
         return [i for i in range(len(self.params)) if i not in self.per_iteration_ready]
@@ -737,6 +778,8 @@ class Reducer:
                 self.tap.emit(AllReduceDone, b)
             if not bucket.sparse:
                 self._finalize_bucket_dense(bucket)
+                if self.lazy_bucket_allocation:
+                    release(bucket)
         self.div_factor = _UNSET  # join may change it for the next backward
         for fut in self.installed_futures:
             fut.wait()
@@ -877,6 +920,11 @@ class Reducer:
         if self.deferred_error is not None:
             error, self.deferred_error = self.deferred_error, None
             raise error
+        if self.require_finalize and self.manual_finalization and \
+                self.next_bucket == len(self.buckets):
+            self.require_finalize = False
+            self.expect_autograd_hooks = False
+            raise RuntimeError(texts.MANUAL_FINALIZATION_FORGOTTEN)
         if self.require_finalize:
             missing = self._missing()
             self.require_finalize = False
@@ -941,7 +989,8 @@ class Reducer:
 
     def zeros_like_grad_buckets(self) -> list[GradBucket]:
         """Join: zero-filled stand-ins for every bucket, in reduction order."""
-        return [GradBucket(b, len(self.buckets), torch.zeros_like(bucket.gradients),
+        return [GradBucket(b, len(self.buckets), torch.zeros_like(bucket.gradients) if
+                           bucket.sparse else bucket.gradients.new_zeros(sum(bucket.lengths)),
                            bucket.offsets, bucket.lengths, bucket.sizes, bucket.params)
                 for b, bucket in enumerate(self.buckets)]
 
