@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ddpviz.envvars import ENV_CONNECT, ENV_HANG_TIMEOUT, ENV_RECORD, ENV_TRACE_DIR, TRACE_FILE
 from ddpviz.recording import ENV_RECORDING, Recording
-from ddpviz.torch_versions import installed, untested_note
+from ddpviz.torch_support import installed, untested_note
 
 HOOK = "ddpviz_autowatch.pth"
 

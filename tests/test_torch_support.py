@@ -6,26 +6,26 @@ from pathlib import Path
 
 import pytest
 
-from ddpviz import torch_versions
+from ddpviz import torch_support
 from ddpviz.record import command
 
 
 @pytest.mark.parametrize("version", ["2.13.0", "2.13.1", "2.13.0+cpu", "2.13.0.dev20260301"])
 def test_a_tested_release_gets_no_note(version: str) -> None:
-    assert torch_versions.untested_note(version) is None
+    assert torch_support.untested_note(version) is None
 
 
 @pytest.mark.parametrize("version", ["2.6.0", "2.15.0+cu132", "3.0.0a0", "garbage"])
 def test_another_release_gets_a_note_naming_it_and_the_tested_ones(version: str) -> None:
-    note = torch_versions.untested_note(version)
+    note = torch_support.untested_note(version)
     assert note is not None and f"torch {version} " in note
-    assert all(v in note for v in torch_versions.TESTED)
+    assert all(v in note for v in torch_support.TESTED)
 
 
 def test_the_installed_torch_is_read_from_metadata_without_importing_it() -> None:
     import torch
 
-    assert torch_versions.installed() == torch.__version__
+    assert torch_support.installed() == torch.__version__
 
 
 def test_record_says_the_note_once_at_start_up_and_runs_the_command(
