@@ -1011,7 +1011,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @property
     def require_manual_backward_finalization(self) -> bool:
-        """Whether the caller must call :meth:`finalize_backward` after each synced backward
+        """Whether the caller must call ``finalize_backward()`` after each synced backward
         (torch 2.15; an AttributeError on older torch, as there)."""
         if not has_method("require_manual_backward_finalization"):
             raise missing_attribute("require_manual_backward_finalization")
@@ -1035,7 +1035,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @property
     def should_finalize_after_backward(self) -> bool:
-        """In manual mode, whether :meth:`finalize_backward` must wait until backward returns
+        """In manual mode, whether ``finalize_backward()`` must wait until backward returns
         (buckets are being rebuilt, or mixed precision), as torch 2.15's."""
         if not has_method("should_finalize_after_backward"):
             raise missing_attribute("should_finalize_after_backward")
