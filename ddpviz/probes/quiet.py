@@ -129,6 +129,7 @@ class QuietGuard:
         title = f"{_lag(behind, positions, step)} within {self.timeout:g}s; rank {dog.rank} " \
                 "has waited since its forward"
         ranks, fix = behind, fix_for("rank_hang", "behind")
+        lines: tuple[str, ...] = ()  # the collectives' verdict, first, when there is one
         verdict = collective_check.hang_verdict()  # See [Note: the quiet guard's verdict]
         if verdict is not None and verdict.ranks:
             others = tuple(r for r in range(dog.world_size) if r not in verdict.ranks)
@@ -144,12 +145,13 @@ class QuietGuard:
                          f"{format_ranks(behind)} did not get as far")
                 ranks = verdict.ranks
             fix = verdict.fix
+            lines = tuple(verdict.lines)
         return Finding(
             kind="rank_hang", severity="error", title=title,
             ranks=ranks, field="all-reduce", step=step, values=values,
-            detail=(f"named by rank {dog.rank}'s watcher thread: {after}; "
+            detail=(*lines, f"named by rank {dog.rank}'s watcher thread: {after}; "
                     f"{recording_advice('guard')} raises this as RankHangError from "
-                    "backward() instead",),
+                    "backward() instead"),
             fix=fix, world_size=dog.world_size)
 
     def _report(self, finding: Finding) -> None:
