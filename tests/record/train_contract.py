@@ -118,12 +118,18 @@ PHASES = {"module": module, "no_sync_last": no_sync_last, "unused": unused,
 
 
 def main() -> None:
+    run_phases(PHASES)
+
+
+def run_phases(phases: dict) -> None:
+    """Run the phases $TRAIN_PHASES names (all by default), print each one's parameter bits,
+    and exit as train_plain.py does (also for train_sides.py)."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
-    names = [p for p in os.environ.get("TRAIN_PHASES", ",".join(PHASES)).split(",") if p]
+    names = [p for p in os.environ.get("TRAIN_PHASES", ",".join(phases)).split(",") if p]
     for name in names:
-        trained = PHASES[name](rank)
+        trained = phases[name](rank)
         raw = b"".join(p.detach().numpy().tobytes() for m in trained for p in m.parameters())
         print(f"rank {rank} phase {name} bits {hashlib.sha256(raw).hexdigest()[:20]}",
               flush=True)

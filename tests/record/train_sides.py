@@ -9,15 +9,12 @@ own) and the healthy twins (every rank trains through the DDP, each from a line 
 Lines marked `# LINE:phase:what` are read by the test.
 """
 
-import atexit
-import hashlib
-import os
-import sys
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from tests.record.train_contract import run_phases
 
 STEPS = 3
 
@@ -74,20 +71,7 @@ PHASES = {"one_rank": one_rank, "two_sites": two_sites, "healthy": healthy}
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.set_num_threads(1)
-    names = [p for p in os.environ.get("TRAIN_PHASES", ",".join(PHASES)).split(",") if p]
-    for name in names:
-        trained = PHASES[name](rank)
-        raw = b"".join(p.detach().numpy().tobytes() for m in trained for p in m.parameters())
-        print(f"rank {rank} phase {name} bits {hashlib.sha256(raw).hexdigest()[:20]}",
-              flush=True)
-    # as train_plain.py: exit handlers, then os._exit (gloo's teardown at exit can abort)
-    dist.barrier()
-    sys.stdout.flush()
-    atexit._run_exitfuncs()
-    os._exit(0)
+    run_phases(PHASES)
 
 
 if __name__ == "__main__":
