@@ -240,10 +240,13 @@ class BackwardComputed(Event, frozen=True):
     watch()'s hook-less strategy, from one gradient hook on the parameter whose gradient is
     ready first (`param`, ready at `first_t_ns`): how the straggler verdict tells the backward
     from the wait on the steps without per-bucket events. See [Note: backward marks] in
-    probes/backward_marks.py."""
+    probes/backward_marks.py. `cpu_wait_ns`: how long the rank's main thread has waited for a
+    CPU since it started (the kernel's run-queue delay, cumulative; -1 where unknown): See
+    [Note: waiting for a CPU] in probes/cpu_wait.py."""
 
     param: ParamIndex = 0
     first_t_ns: TimeNs = 0
+    cpu_wait_ns: TimeNs = -1
 
 
 class UnusedParametersFound(Event, frozen=True):

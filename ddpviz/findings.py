@@ -73,7 +73,9 @@ KINDS: dict[Kind, str] = {
     "straggler": "one rank is persistently the last to launch the all-reduces, so every step "
                  "waits for it (field: where it loses the time: data, forward, backward, "
                  "compute, and with the optimizer step recorded optimizer and after_backward; "
-                 "bucket: the bucket before whose launch it loses most)",
+                 "cpu_wait, severity info, when its main thread's wait for a CPU accounts for "
+                 "the lateness: its host's load, not its code; bucket: the bucket before "
+                 "whose launch it loses most)",
     "nonfinite_gradient": "a rank's local gradient (before the all-reduce spread it) or its "
                           "loss was NaN/Inf: ranks = where it began, name = the first such "
                           "parameter in gradient-ready order, field 'loss' when the loss was "
@@ -258,6 +260,11 @@ FIXES: dict[Kind, dict[str, str]] = {
                      "on this rank, optimizer state offloaded to slower memory, the foreach or "
                      "fused implementation unavailable there, per-rank work in an optimizer "
                      "hook, or a host with fewer free cores.",
+        # its wait for a CPU accounts for it (probes/cpu_wait.py)
+        "cpu_wait": "Look at what else runs on this rank's host (top, or ps -eLf for "
+                    "threads): another job or a CPU hog, more DataLoader workers than free "
+                    "cores, or OpenMP/MKL threads (OMP_NUM_THREADS) oversubscribing them; "
+                    "lower those counts, or give each rank its own cores (taskset, numactl).",
         "after_backward": "Look at what this rank does between backward() and "
                           "optimizer.step(): gradient clipping, logging or metrics on this rank "
                           "only, a host sync (loss.item(), .cpu()), or a checkpoint.",

@@ -101,6 +101,20 @@ MARK_STEADY = 0.75  # from the backward marks: late by the threshold in this sha
 # that rank's steps in full from there (precise mode), which is ddpviz's own work, and the
 # training has diverged (diagnose passes the first step a nonfinite_* finding names).
 
+# [Note: a straggler that waits for a CPU]
+# A rank beside a CPU hog is slower for real: on 2 cores, 2 ranks and a hog, the scheduler
+# can leave the hog beside one rank for most of a run, and that rank was last in 26 of 31
+# steps, 2-10 ms a step (measured here, healthy job, nothing planted). By the timings alone it
+# is a straggler; its code is not slower. Each BackwardComputed carries the main thread's
+# cumulative run-queue delay (See [Note: waiting for a CPU] in probes/cpu_wait.py), so the
+# named rank's wait for a CPU a step beyond the other ranks' median is known (`cpu_wait_ns`,
+# median over consecutive steps): in those runs 9.4 ms of 10.0 ms and 1.2 of 1.8 ms. Where it
+# is at least half of the lateness (`cpu_explained`), the finding says so, as an info with
+# field `cpu_wait` and the host's load as the thing to look at; a rank asleep in its own code
+# (a sleep, a file read, a lock) does not count as waiting for a CPU and stays a warning.
+# Where no BackwardComputed carries it (the guard's comm-hook strategy, old traces, not
+# Linux), the finding says nothing of it and stays a warning.
+
 
 class Timeline(NamedTuple):
     """Per-rank times on the aligned clock, ns since `t0`, NaN where not recorded."""
@@ -123,6 +137,9 @@ class Timeline(NamedTuple):
     computed: np.ndarray | None = None
     first_grad: np.ndarray | None = None
     first_param: int = -1  # the parameter whose gradient `first_grad` times (the latest)
+    # (R, S) the main thread's cumulative wait for a CPU at that BackwardComputed (ns, NaN
+    # where not known: See [Note: waiting for a CPU] in probes/cpu_wait.py)
+    cpu_wait: np.ndarray | None = None
 
 
 class Waits(NamedTuple):
@@ -163,6 +180,10 @@ class Straggler(NamedTuple):
     evidence: str  # "buckets" | "marks" | "forward"
     split_steps: int = 0  # steps whose optimizer-step events split the gap before the forward
     bucket_steps: int = 0  # (evidence "marks") the sampled steps that placed it among buckets
+    # its main thread's wait for a CPU a step beyond the others' median (median over the
+    # steps with it known, ns; NaN: not known), and those steps
+    cpu_wait_ns: float = math.nan
+    cpu_wait_steps: int = 0
 
 
 def _aligned(table: Table, clock: Mapping[int, tuple[int, int]], code: int
@@ -197,12 +218,13 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     end = [_aligned(t, clock, col.BACKWARD_END) for t in tables]
     opt = [_aligned(t, clock, col.OPTIMIZER) for t in tables]
     opt_end = [_aligned(t, clock, col.OPTIMIZER_END) for t in tables]
-    computed, first_grad, first_param = [], [], -1
+    computed, first_grad, first_param, cpu_wait = [], [], -1, []
     for t in tables:
         rows = np.flatnonzero(t.kind == col.COMPUTED)
         off = clock.get(t.rank, (0, 0))[0]
         computed.append((t.step[rows], t.t[rows] + off))
         first_grad.append((t.step[rows], t.b[rows] + off))
+        cpu_wait.append(_cpu_waits(t, rows))
         if len(rows) and first_param < 0:
             first_param = int(t.a[rows[-1]])
     launches = []
@@ -220,7 +242,7 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     all_steps = np.unique(np.concatenate([s for s, _ in fwd] or [np.zeros(0, np.int64)]))
     steps = all_steps[all_steps >= 0][-MAX_STEPS:]
     n_r = len(ranks)
-    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(7)]
+    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(8)]
     for i in range(n_r):
         _fill(grids[0], i, steps, *fwd[i], t0)
         _fill(grids[1], i, steps, *bwd[i], t0)
@@ -229,6 +251,7 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
         _fill(grids[4], i, steps, *opt_end[i], t0, last=True)
         _fill(grids[5], i, steps, *computed[i], t0)
         _fill(grids[6], i, steps, *first_grad[i], t0)
+        _fill(grids[7], i, steps, *cpu_wait[i], 0)
 
     b_steps = np.unique(np.concatenate([s for s, _, _ in launches] or [np.zeros(0, np.int64)]))
     b_steps = b_steps[b_steps >= 0]
@@ -252,7 +275,19 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
                       dtype=np.float64)
     return Timeline(ranks, steps, grids[0], grids[1], grids[2], grids[3], grids[4], b_steps,
                     bucket_ids, cube, stated, np.maximum(stated, _end_skew(grids[2])), t0,
-                    grids[5], grids[6], first_param)
+                    grids[5], grids[6], first_param, grids[7])
+
+
+def _cpu_waits(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, cumulative CPU waits) of the BackwardComputed rows that know theirs."""
+    steps, waits = [], []
+    for row in rows.tolist():
+        e = table.objects.get(row)
+        wait = getattr(e, "cpu_wait_ns", -1)
+        if wait >= 0:
+            steps.append(int(table.step[row]))
+            waits.append(wait)
+    return np.array(steps, dtype=np.int64), np.array(waits, dtype=np.int64)
 
 
 def _stated_error(error: int) -> float:
@@ -523,7 +558,27 @@ def find_straggler(tl: Timeline) -> Straggler | None:
     s = _last_rank(tl)
     if s is None or (s.split_steps and _own_ns(s) < s.threshold_ns):
         return None
-    return s
+    wait, n = _cpu_excess(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]))
+    return s._replace(cpu_wait_ns=wait, cpu_wait_steps=n)
+
+
+def _cpu_excess(tl: Timeline, k: int) -> tuple[float, int]:
+    """Rank index k's wait for a CPU a step beyond the other ranks' median (median over the
+    consecutive steps where every rank's is known, ns) and those steps; (NaN, 0) unknown."""
+    if tl.cpu_wait is None:
+        return math.nan, 0
+    d = np.diff(tl.cpu_wait, axis=1)[:, np.diff(tl.steps) == 1]
+    d = d[:, ~np.isnan(d).any(axis=0)] if d.size else d
+    if d.shape[1] < MIN_STEPS:
+        return math.nan, 0
+    excess = d[k] - np.median(np.delete(d, k, axis=0), axis=0)
+    return float(np.median(excess)), int(d.shape[1])
+
+
+def cpu_explained(s: Straggler) -> bool:
+    """Whether the straggler's wait for a CPU accounts for at least half of its lateness:
+    its host's load, not its own work. See [Note: waiting for a CPU] in probes/cpu_wait.py."""
+    return s.cpu_wait_ns == s.cpu_wait_ns and 2 * s.cpu_wait_ns >= s.median_ns
 
 
 def _own_ns(s: Straggler) -> float:
@@ -544,6 +599,7 @@ def before(tl: Timeline, step: int) -> Timeline:
         optimizer=cut(tl.optimizer), optimizer_end=cut(tl.optimizer_end),
         computed=None if tl.computed is None else cut(tl.computed),
         first_grad=None if tl.first_grad is None else cut(tl.first_grad),
+        cpu_wait=None if tl.cpu_wait is None else cut(tl.cpu_wait),
         launch=np.where((tl.bucket_steps >= step)[None, :, None], np.nan, tl.launch),
         error_ns=np.maximum(tl.stated_error_ns, _end_skew(end)))
 
@@ -683,20 +739,43 @@ def straggler_findings(per_rank: Mapping[int, Table],
     if nonfinite_step is not None:
         split += (f"; steps from {nonfinite_step} on, after the first non-finite value, "
                   "not counted")
-    detail = (f"it loses the time {where}",
+    cpu = _cpu_text(s)
+    if cpu_explained(s):
+        title = (f"rank {s.rank} is slower because it waits for a CPU: its main thread waited "
+                 f"{ms(s.cpu_wait_ns)} a step longer than the other ranks' to be run, and "
+                 f"{what} in {s.last_in} of {s.steps} recorded steps ({ms(s.median_ns)} "
+                 "median): the CPUs it runs on are busy with other work")
+    detail = (*((cpu,) if cpu else ()),
+              f"it loses the time {where}",
               f"median lateness against the other ranks: {parts}",
               f"{_clock_text(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]), s.error_ns)}",
               f"named when slower than the other ranks' median by more than "
               f"{ms(s.threshold_ns)} (the uncertainty or {MIN_SHARE:.0%} of the step, "
               "whichever is larger) and last far more often than chance",
               f"from the {_EVIDENCE[s.evidence]} events of steps up to {s.last_step}{split}")
-    return [Finding(kind="straggler", severity="warning", title=title, ranks=(s.rank,),
-                    field=s.phase, bucket=s.bucket, step=s.last_step,
+    contended = cpu_explained(s)
+    return [Finding(kind="straggler", severity="info" if contended else "warning", title=title,
+                    ranks=(s.rank,), field="cpu_wait" if contended else s.phase,
+                    bucket=s.bucket, step=s.last_step,
                     values=((f"last in {s.last_in}/{s.steps} steps, waited for "
                              f"{ms(s.median_ns)} median", (s.rank,)),),
-                    detail=detail, fix=fix_for("straggler", "data_loading" if s.split_steps
+                    detail=detail, fix=fix_for("straggler", "cpu_wait" if contended else
+                                               "data_loading" if s.split_steps
                                                and s.phase == "data" else s.phase),
                     world_size=world_size)]
+
+
+def _cpu_text(s: Straggler) -> str:
+    """What the straggler's wait for a CPU says, where it was read ('' where not)."""
+    if s.cpu_wait_ns != s.cpu_wait_ns:
+        return ""
+    how = ("at least half of its lateness: the time is lost to other processes or threads "
+           "on its host (a CPU hog, more DataLoader workers or OpenMP threads than cores), "
+           "not in the job's own work" if cpu_explained(s) else
+           "less than half of its lateness: the job's own work on this rank is slower")
+    return (f"its main thread waited {ms(s.cpu_wait_ns)} a step longer for a CPU than the "
+            f"other ranks' (the kernel's run-queue delay, median over {s.cpu_wait_steps} "
+            f"steps): {how}")
 
 
 _EVIDENCE = {"buckets": "per-bucket", "marks": "per-step backward (BackwardComputed)",

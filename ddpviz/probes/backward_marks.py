@@ -14,6 +14,7 @@ import torch
 from ddpviz import events as ev
 from ddpviz.events import Tap
 from ddpviz.probes import step_aside
+from ddpviz.probes.cpu_wait import CpuWait
 
 # [Note: backward marks]
 # Every rank leaves a synced backward together (its last all-reduce waits for the last rank),
@@ -38,8 +39,8 @@ from ddpviz.probes import step_aside
 class BackwardMarks:
     """The backward marks of one watched DDP on this rank (See [Note: backward marks])."""
 
-    __slots__ = ("_created", "_first_ns", "_handle", "_param", "_step", "_sync", "_tensor",
-                 "error", "tap")
+    __slots__ = ("_cpu_wait", "_created", "_first_ns", "_handle", "_param", "_step", "_sync",
+                 "_tensor", "error", "tap")
 
     def __init__(self, tap: Tap, sync: Callable[[], bool]) -> None:
         """`sync`: whether this backward all-reduces (the DDP's require_backward_grad_sync)."""
@@ -51,6 +52,7 @@ class BackwardMarks:
         self._param = -1
         self._step = -1
         self._first_ns = 0
+        self._cpu_wait = CpuWait()
         self.error: BaseException | None = None
 
     @property
@@ -88,6 +90,7 @@ class BackwardMarks:
         """Remove the hook (close(), or before it moves), and the hook dict it created."""
         handle, self._handle = self._handle, None
         p, self._tensor = self._tensor, None
+        self._cpu_wait.close()
         if handle is None or p is None:
             return
         handle.remove()
@@ -109,7 +112,8 @@ class BackwardMarks:
     def _end(self) -> None:
         try:
             if self.tap.enabled:
-                self.tap.emit(ev.BackwardComputed, self._param, self._first_ns)
+                self.tap.emit(ev.BackwardComputed, self._param, self._first_ns,
+                              self._cpu_wait.read())
         except Exception as exc:
             self._stop(exc)
 

@@ -282,3 +282,31 @@ def _joined(a: col.Table, b: col.Table, step: int) -> col.Table:
             for name, ca, cb in zip(("kind", "step", "t", "seq", "a", "b", "s"), a[1:8], b[1:8],
                                     strict=True)]
     return col.Table(a.rank, *cols, {}, a.strings)
+
+
+@pytest.mark.parametrize(("cpu_share", "severity", "field"), [(0.9, "info", "cpu_wait"),
+                                                             (0.1, "warning", "backward"),
+                                                             (None, "warning", "backward")])
+def test_a_straggler_that_waits_for_a_cpu_is_said_to_be_the_hosts_load(
+        cpu_share: float | None, severity: str, field: str) -> None:
+    # A rank 20% slower in its backward (marks on every step); its main thread's run-queue
+    # delay grows by `cpu_share` of its lateness a step (the other ranks' by a little noise),
+    # or is not recorded (None: the guard, old traces)
+    sim = simulate(2, 40, slow_rank=1, slow=1.2, every=100, buckets=8, seed=3, marks=True)
+    tl = st.timeline(sim.tables)
+    if cpu_share is not None:
+        rng = np.random.default_rng(0)
+        late = 0.2 * 0.45 * 100 * MS  # the simulated step's backward share, 20% of it
+        per_step = np.stack([rng.uniform(0, 0.05 * MS, tl.steps.size),
+                             cpu_share * late + rng.uniform(0, 0.05 * MS, tl.steps.size)])
+        tl = tl._replace(cpu_wait=np.cumsum(per_step, axis=1))
+    (f,) = st.straggler_findings(sim.tables, timeline_=tl)
+    assert f.ranks == (1,) and f.severity == severity and f.field == field, f.text()
+    if cpu_share is None:
+        assert "CPU" not in f.title and "run-queue" not in f.text()
+    elif severity == "info":
+        assert f.title.startswith("rank 1 is slower because it waits for a CPU")
+        assert "at least half of its lateness" in f.text() and "OMP_NUM_THREADS" in f.text()
+    else:
+        assert "less than half of its lateness" in f.text()
+        assert f.title.startswith("rank 1 is the straggler")
