@@ -528,11 +528,24 @@ def warning_of(finding: Finding) -> DiagnosisWarning:
 # Rank-local findings: each rank reports its own (its own rank in `ranks`, its call sites in
 # `values`); the same one from several ranks reads as one finding naming all of them.
 RANK_LOCAL: tuple[Kind, ...] = ("buffer_reassigned", "unsynced_gradients")
+# Findings that every waiting rank raises from its own side ("rank 1 did not reach step 3
+# within 5s; rank 0 has waited since its forward", and rank 2's the same with "rank 2"): the
+# same ranks waited for, at the same place and step, are one fact, and each lists every
+# rank's state in its values. The first waiting rank's stands for the job (`waited_key`).
+WAITED_FOR: tuple[Kind, ...] = ("rank_waiting", "rank_hang")
+
+
+def waited_key(f: Finding) -> tuple[Any, ...] | None:
+    """The identity of a wait named from each waiting rank's side (WAITED_FOR), or None."""
+    if f.kind not in WAITED_FOR:
+        return None
+    return ("waited for", f.kind, f.severity, f.ranks, f.field, f.step)
 
 
 def merge_findings(reported: Iterable[tuple[int, Finding]]) -> list[Finding]:
     """Findings reported by ranks, as (rank, finding) pairs in rank order, de-duplicated: the
-    same finding from several ranks counts once, and a rank-local finding (`RANK_LOCAL`) that
+    same finding from several ranks counts once, a wait named from each waiting rank's side
+    (`WAITED_FOR`) once, by the first rank, and a rank-local finding (`RANK_LOCAL`) that
     several ranks reported with the same facts (its title but for the rank, its name, field,
     step and detail) is one finding naming all of them, with each rank's values. Findings
     whose facts differ stay apart: no rank's evidence is dropped."""
@@ -540,6 +553,12 @@ def merge_findings(reported: Iterable[tuple[int, Finding]]) -> list[Finding]:
     merged: dict[tuple[Any, ...], int] = {}
     for rank, f in reported:
         if f in out:
+            continue
+        waited = waited_key(f)
+        if waited is not None:
+            if waited not in merged:
+                merged[waited] = len(out)
+                out.append(f)
             continue
         key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step,
                f.detail)

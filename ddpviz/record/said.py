@@ -20,7 +20,13 @@ from typing import Any, TextIO
 import msgspec
 import torch.distributed as dist
 
-from ddpviz.findings import RANK_LOCAL, DiagnosisWarning, Finding, merge_findings
+from ddpviz.findings import (
+    RANK_LOCAL,
+    DiagnosisWarning,
+    Finding,
+    merge_findings,
+    waited_key,
+)
 from ddpviz.probes.rendezvous import Scope
 
 # [Note: one line per finding per job]
@@ -43,7 +49,11 @@ from ddpviz.probes.rendezvous import Scope
 #   rank whose facts differ (other sites, other parameters) keeps its own value line, or its
 #   own finding when the merge keeps it apart: nothing only one rank saw goes unsaid. A rank
 #   that comes after the close says its own finding; a rank that exits while it waits says
-#   what it holds at once (atexit). Worlds over MAX_MASK_RANKS ranks claim by text.
+#   what it holds at once (atexit). Worlds over MAX_MASK_RANKS ranks claim by text;
+# - a wait that each waiting rank names from its own side (findings.WAITED_FOR: the quiet
+#   guard's and the watchdog's) is claimed by the ranks waited for, the place and the step
+#   (`findings.waited_key`), as diagnose merges them: each lists every rank's state; ranks
+#   that see different ranks behind say each what they see.
 # The claims go through the background connection (the training thread's store calls never
 # wait behind it); when there is no store to ask (a group of one, or its host already gone),
 # the rank says it itself: a line twice is better than none. Outside `ddpviz record` (watch(),
@@ -93,7 +103,8 @@ def _show(message: Warning | str, category: type[Warning], filename: str, lineno
         _claim(finding, file)
         return
     text = str(message)
-    if first_in_job(text):
+    waited = waited_key(finding) if isinstance(finding, Finding) else None
+    if first_in_job(text if waited is None else repr(waited)):
         _say(text, file)
 
 

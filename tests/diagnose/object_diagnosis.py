@@ -120,8 +120,15 @@ def _reported(per_rank: Mapping[int, list[Event]]) -> list[Finding]:
             f = e.finding
             if f in out or f.kind == "rank_waiting":  # live-only: the verdict, if any, follows
                 continue
-            key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step)
-            if f.kind == "buffer_reassigned" and key in merged:
+            if f.kind == "rank_hang":  # each waiting rank's side of one wait: the first's
+                key = ("hang", f.severity, f.ranks, f.field, f.step)
+                if key not in merged:
+                    merged[key] = len(out)
+                    out.append(f)
+                continue
+            key = (f.kind, f.title.replace(f"rank {rank}", "rank ?"), f.name, f.field, f.step,
+                   f.detail)
+            if f.kind in ("buffer_reassigned", "unsynced_gradients") and key in merged:
                 i = merged[key]
                 old = out[i]
                 values = _merge_values(old.values, f.values)

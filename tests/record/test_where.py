@@ -34,8 +34,8 @@ def planted(tag: str) -> str:
     raise AssertionError(tag)
 
 
-def record(python: str, tmp_path: Path, plant: str, recording: str | None = None
-           ) -> tuple[str, list[Any]]:
+def record(python: str, tmp_path: Path, plant: str, recording: str | None = None,
+           nprocs: int = 2) -> tuple[str, list[Any]]:
     """Run the job; its output and the findings rank 0 recorded."""
     from tests.dist.harness import free_port
 
@@ -43,7 +43,7 @@ def record(python: str, tmp_path: Path, plant: str, recording: str | None = None
     args = [python, "-m", "ddpviz", "record", "--out", str(out), "--hang-timeout", HANG_S]
     if recording is not None:
         args += ["--recording", recording]
-    args += ["--", python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    args += ["--", python, "-m", "torch.distributed.run", "--nproc-per-node", str(nprocs),
              "--master-port", str(free_port()), str(SCRIPT)]
     done = run(args, job_env(TRAIN_PLANT=plant, TRAIN_PG_TIMEOUT="20", TRAIN_SLEEP_S="60"))
     text = done.stdout + done.stderr
@@ -54,7 +54,12 @@ def record(python: str, tmp_path: Path, plant: str, recording: str | None = None
 
 def test_a_rank_sleeping_in_its_data_loading_is_named_with_the_planted_line(
         python: str, tmp_path: Path) -> None:
-    text, found = record(python, tmp_path, "sleep")  # watch's default: no comm hook
+    # watch's default (no comm hook), 3 ranks: ranks 0 and 2 both wait for rank 1
+    text, found = record(python, tmp_path, "sleep", nprocs=3)
+    # each waiting rank names the wait from its side; the job says it once
+    said = [line for line in text.splitlines() if line.startswith("ddpviz: rank")]
+    assert len([s for s in said if "did not reach step 3" in s]) == 1, "\n".join(said)
+    assert len([s for s in said if "in step 3" in s and "for rank 1" in s]) <= 1, said
     hang = [f for f in found if f.kind == "rank_hang"]
     assert [(f.ranks, f.step) for f in hang] == [((1,), 3)], text[-3000:]
     lines = "\n".join(hang[0].detail)
