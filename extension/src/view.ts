@@ -14,6 +14,7 @@ import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './eventMod
 import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './hookTimeline';
 import { waitRows } from './straggler';
+import { verdict, verdictLine } from './verdict';
 
 export { humanBytes } from './dom';
 export type { ViewOptions } from './dom';
@@ -37,6 +38,7 @@ export function renderTrace(model: TraceModel, name: string, options: ViewOption
   return h(
     'div',
     { class: 'ddpviz-trace' },
+    guarded('verdict', 'Verdict', () => renderVerdict(model)),
     guarded('summary', 'Summary', () => renderSummary(model, name)),
     guarded('findings', 'Findings', () => renderFindings(model)),
     guarded('buckets', 'Bucket map', () => renderBuckets(model, options)),
@@ -144,6 +146,27 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
     );
   }
   return el;
+}
+
+/**
+ * The verdict first, as `ddpviz diagnose` and the report lead with theirs, of the findings the
+ * ranks reported while the job ran (what this file holds); said as such, since diagnose reads
+ * more from the events (hangs, stragglers, replica checks) than a viewer without a kernel.
+ */
+function renderVerdict(model: TraceModel): HTMLElement {
+  const severities = model.findings.map(f => f.severity);
+  return h(
+    'div',
+    { class: 'ddpviz-verdict', 'data-section': 'verdict', 'data-verdict': verdict(severities) },
+    h('strong', {}, verdictLine(severities)),
+    ' ',
+    h(
+      'span',
+      { class: 'ddpviz-verdict-scope' },
+      'Of the findings the ranks reported while the job ran; `ddpviz diagnose` on the ' +
+        "run's folder also reads hangs, stragglers and replica checks from the events."
+    )
+  );
 }
 
 function renderFindings(model: TraceModel): HTMLElement | null {

@@ -67,6 +67,10 @@ def test_real_trace_opens_from_the_file_browser_and_matches_python(
     double_click_file(page, "run.ddpviz")
     viewer = wait_for_viewer(page, "run.ddpviz")
 
+    verdict = viewer.locator(".ddpviz-verdict")  # first, before the summary
+    assert attr(verdict, "data-verdict") == "healthy"
+    assert verdict.inner_text().startswith("healthy: no problems found.")
+    assert "ddpviz diagnose" in verdict.inner_text()
     summary = viewer.locator(".ddpviz-summary")
     assert attr(summary, "data-ranks") == str(len(trace.ranks)) == "2"
     assert attr(summary, "data-events") == str(len(trace))
@@ -196,6 +200,10 @@ def test_failed_verification_finding_and_torn_file_via_the_open_command(
         assert row.locator("td").nth(5).inner_text() == "1 mismatch"
     assert viewer.locator(".ddpviz-mismatch").all_inner_texts() == [
         "param 1 'fc.weight' differs in shape:\n  rank 0: (4, 8)\n  rank 1: (8, 4)"]
+    # the verdict leads, as diagnose's and the report's do
+    verdict = viewer.locator(".ddpviz-verdict")
+    assert attr(verdict, "data-verdict") == "errors"
+    assert verdict.inner_text().startswith("errors: 1 error.")
     finding = viewer.locator(".ddpviz-finding")
     assert finding.count() == 1  # both ranks reported it: shown once
     assert attr(finding, "data-severity") == "error"

@@ -1,0 +1,36 @@
+/**
+ * The run in one verdict, as ddpviz/_diagnose/verdict.py words it: "errors" when a finding is
+ * an error, else "warnings" when one is a warning, else "healthy" (notes, severity "info",
+ * leave a run healthy). The viewer leads with it.
+ */
+
+export type Verdict = 'errors' | 'warnings' | 'healthy';
+
+/** The verdict of findings of these severities. */
+export function verdict(severities: string[]): Verdict {
+  return severities.includes('error')
+    ? 'errors'
+    : severities.includes('warning')
+      ? 'warnings'
+      : 'healthy';
+}
+
+/**
+ * The verdict first, then the counts: 'healthy: no problems found.', 'healthy: no problems
+ * found (1 note, last: what was not checked).', 'errors: 1 error, 2 warnings, 1 note.'
+ */
+export function verdictLine(severities: string[]): string {
+  const count = (s: string) => severities.filter(x => x === s).length;
+  const notes = count('info');
+  const noted = `${notes} note${notes > 1 ? 's' : ''}`;
+  const word = verdict(severities);
+  if (word === 'healthy') {
+    return (
+      'healthy: no problems found' + (notes ? ` (${noted}, last: what was not checked)` : '') + '.'
+    );
+  }
+  const told = ['error', 'warning']
+    .filter(s => count(s) > 0)
+    .map(s => `${count(s)} ${s}${count(s) > 1 ? 's' : ''}`);
+  return `${word}: ${[...told, ...(notes ? [noted] : [])].join(', ')}.`;
+}
