@@ -526,8 +526,9 @@ def warning_of(finding: Finding) -> DiagnosisWarning:
 
 
 # Rank-local findings: each rank reports its own (its own rank in `ranks`, its call sites in
-# `values`); the same one from several ranks reads as one finding naming all of them.
-RANK_LOCAL: tuple[Kind, ...] = ("buffer_reassigned", "unsynced_gradients")
+# `values`); the same one from several ranks reads as one finding naming all of them. (watch's
+# unused-parameter finding: each rank names the parameters its own backward left out.)
+RANK_LOCAL: tuple[Kind, ...] = ("buffer_reassigned", "unsynced_gradients", "unused_parameter")
 # Findings that every waiting rank raises from its own side ("rank 1 did not reach step 3
 # within 5s; rank 0 has waited since its forward", and rank 2's the same with "rank 2"): the
 # same ranks waited for, at the same place and step, are one fact, and each lists every

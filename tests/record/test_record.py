@@ -231,6 +231,20 @@ def test_the_launcher_imports_neither_torch_nor_numpy_nor_zmq(python: str,
     assert "no torch DistributedDataParallel was constructed" in done.stderr
 
 
+def test_a_parameter_unused_on_every_rank_is_said_once_for_the_job(python: str,
+                                                                   tmp_path: Path) -> None:
+    # each rank finds that its own backward left 'unused.*' out (a rank-local finding): the
+    # job says one line naming both ranks, before torch's error at the next forward
+    done = run([python, "-m", "ddpviz", "record", "--out", str(tmp_path / "t"), "--",
+                *torchrun(python)], job_env(TRAIN_UNUSED="1"))
+    assert done.returncode != 0, done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("ddpviz: ")
+            and "got no gradient" in line]
+    assert len(said) == 1, done.stderr
+    assert said[0].startswith("ddpviz: 2 of 6 parameters got no gradient on ranks 0,1 at step 0")
+    assert "'unused.weight', 'unused.bias'" in said[0]
+
+
 def test_replicas_that_drift_apart_are_named_in_the_trace_diagnose_and_report(
         python: str, tmp_path: Path) -> None:
     # rank 1 edits '2.bias' after step 2: the check (every step here) names it, on stderr once

@@ -8,6 +8,7 @@ model on rank 1 (a layer 17 wide instead of 16 / the same layout under other nam
 TRAIN_DIVERGE=S: rank 1 edits its last layer's bias in place after step S (replicas drift).
 TRAIN_LR2=R: rank R trains with twice the learning rate (replicas drift from step 0).
 TRAIN_DESTROY=1: the job ends with dist.destroy_process_group().
+TRAIN_UNUSED=1: DDP wraps the model beside a layer that its forward never uses.
 TRAIN_RAISE=R: rank R dies of an uncaught ValueError after its last step (the others end
 normally).
 (The forms frameworks build, torch.compile and replicate() included: tests/frameworks.)
@@ -25,6 +26,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+
+class _WithUnused(nn.Module):
+    """The model beside a layer its forward never uses (TRAIN_UNUSED=1)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.unused = model, nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
 
 
 def main() -> None:
@@ -50,7 +62,8 @@ def main() -> None:
                                           out=nn.Linear(width, 2))).to(device)
     else:
         model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2)).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
+    net = _WithUnused(model).to(device) if os.environ.get("TRAIN_UNUSED") == "1" else model
+    ddp = DistributedDataParallel(net, device_ids=[device] if cuda else None)
     calls = []
     if os.environ.get("TRAIN_HOOK") == "1":
         def hook(state, bucket):
