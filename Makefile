@@ -86,9 +86,9 @@ test-torch:
 	test -x .venv-torch-$(V)/bin/python || $(PY) -m venv .venv-torch-$(V)
 	echo torch==$(V) > .venv-torch-$(V)/torch-constraint.txt
 	PIP_CONSTRAINT=.venv-torch-$(V)/torch-constraint.txt .venv-torch-$(V)/bin/python -m pip \
-		install -q "torch==$(V)" -e '.[test]'
+		install -q "torch==$(V)" -e '.[lab,test]'
 	.venv-torch-$(V)/bin/python -c "import torch; print('torch', torch.__version__)"
-	.venv-torch-$(V)/bin/python -m pytest -n 3 -rs -p no:cacheprovider $(TORCH_TESTS)
+	.venv-torch-$(V)/bin/python -m pytest -n 3 -rfEs -p no:cacheprovider $(TORCH_TESTS)
 
 bench: $(BIN)/.test
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
