@@ -576,9 +576,11 @@ def _cpu_excess(tl: Timeline, k: int) -> tuple[float, int]:
 
 
 def cpu_explained(s: Straggler) -> bool:
-    """Whether the straggler's wait for a CPU accounts for at least half of its lateness:
-    its host's load, not its own work. See [Note: waiting for a CPU] in probes/cpu_wait.py."""
-    return s.cpu_wait_ns == s.cpu_wait_ns and 2 * s.cpu_wait_ns >= s.median_ns
+    """Whether the straggler's wait for a CPU accounts for at least half of its lateness (the
+    wait it caused a step, and never less than the threshold it was named by): its host's load,
+    not its own work. See [Note: waiting for a CPU] in probes/cpu_wait.py."""
+    late = max(s.median_ns, s.threshold_ns)
+    return s.cpu_wait_ns == s.cpu_wait_ns and s.cpu_wait_ns > 0 and 2 * s.cpu_wait_ns >= late
 
 
 def _own_ns(s: Straggler) -> float:

@@ -310,3 +310,14 @@ def test_a_straggler_that_waits_for_a_cpu_is_said_to_be_the_hosts_load(
     else:
         assert "less than half of its lateness" in f.text()
         assert f.title.startswith("rank 1 is the straggler")
+
+
+def test_no_wait_for_a_cpu_never_explains_a_straggler() -> None:
+    # a straggler named with a median cost of 0 (last in fewer than half of its steps, as at
+    # many ranks) and no CPU wait beyond the others': not "waits for a CPU"
+    base = st.Straggler(1, 40, 12, 0.0, 3e6, 1e6, 1e4, "backward", -1, (), 39, "marks")
+    assert not st.cpu_explained(base._replace(cpu_wait_ns=0.0, cpu_wait_steps=39))
+    assert not st.cpu_explained(base._replace(cpu_wait_ns=-2e6, cpu_wait_steps=39))
+    assert not st.cpu_explained(base)  # not known
+    assert not st.cpu_explained(base._replace(cpu_wait_ns=0.4e6, cpu_wait_steps=39))
+    assert st.cpu_explained(base._replace(cpu_wait_ns=0.6e6, cpu_wait_steps=39))
