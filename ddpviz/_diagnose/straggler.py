@@ -741,8 +741,9 @@ def straggler_findings(per_rank: Mapping[int, Table],
     if nonfinite_step is not None:
         split += (f"; steps from {nonfinite_step} on, after the first non-finite value, "
                   "not counted")
-    cpu = _cpu_text(s)
-    if cpu_explained(s):
+    contended = cpu_explained(s)
+    cpu = _cpu_text(s, contended)
+    if contended:
         title = (f"rank {s.rank} is slower because it waits for a CPU: its main thread waited "
                  f"{ms(s.cpu_wait_ns)} a step longer than the other ranks' to be run, and "
                  f"{what} in {s.last_in} of {s.steps} recorded steps ({ms(s.median_ns)} "
@@ -755,7 +756,6 @@ def straggler_findings(per_rank: Mapping[int, Table],
               f"{ms(s.threshold_ns)} (the uncertainty or {MIN_SHARE:.0%} of the step, "
               "whichever is larger) and last far more often than chance",
               f"from the {_EVIDENCE[s.evidence]} events of steps up to {s.last_step}{split}")
-    contended = cpu_explained(s)
     return [Finding(kind="straggler", severity="info" if contended else "warning", title=title,
                     ranks=(s.rank,), field="cpu_wait" if contended else s.phase,
                     bucket=s.bucket, step=s.last_step,
@@ -767,13 +767,14 @@ def straggler_findings(per_rank: Mapping[int, Table],
                     world_size=world_size)]
 
 
-def _cpu_text(s: Straggler) -> str:
-    """What the straggler's wait for a CPU says, where it was read ('' where not)."""
+def _cpu_text(s: Straggler, contended: bool) -> str:
+    """What the straggler's wait for a CPU says, where it was read ('' where not);
+    `contended`: `cpu_explained(s)`."""
     if s.cpu_wait_ns != s.cpu_wait_ns:
         return ""
     how = ("at least half of its lateness: the time is lost to other processes or threads "
            "on its host (a CPU hog, more DataLoader workers or OpenMP threads than cores), "
-           "not in the job's own work" if cpu_explained(s) else
+           "not in the job's own work" if contended else
            "less than half of its lateness: the job's own work on this rank is slower")
     return (f"its main thread waited {ms(s.cpu_wait_ns)} a step longer for a CPU than the "
             f"other ranks' (the kernel's run-queue delay, median over {s.cpu_wait_steps} "
