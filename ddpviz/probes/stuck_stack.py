@@ -369,7 +369,11 @@ class _Sent:
             self.cpu.append((time.monotonic(), used))
 
     def seen_asleep(self) -> bool:
-        return any(s.state in ("S", "D") for s in self.pulse)
+        """The pulse thread was read asleep, and on what: a state read as asleep with neither a
+        kernel function nor a system call is not conclusive (it woke between the reads, as a
+        thread waiting for the GIL does every 5 ms), and must not end the sampling before its
+        CPU use can be measured."""
+        return any(s.waits_on_futex or s.asleep_elsewhere for s in self.pulse)
 
     def pulse_cpu(self) -> float | None:
         """The share of a CPU the pulse thread used while sampled (None: too short to say)."""

@@ -238,6 +238,23 @@ def test_the_gil_is_named_only_on_the_evidence() -> None:
     assert not woke.asleep_elsewhere and store.asleep_elsewhere and not futex.asleep_elsewhere
 
 
+def test_the_sampling_ends_early_only_on_a_conclusive_sleep() -> None:
+    """The dump's sampling stops before _WINDOW_S only once the pulse thread was read asleep on
+    something: a state read as asleep that woke between the reads (as a thread waiting for the
+    GIL does every 5 ms) must leave the window open, or under load neither a futex nor a CPU
+    share is known and "held the GIL" is not said (a CI failure: one ambiguous sample ended the
+    window after 50 ms, pulse_cpu None)."""
+    contact = types.SimpleNamespace(pid=1, tid=1, pulse_tid=1)
+    one = ss._Sent(contact, 0, 5.0)  # type: ignore[arg-type]
+    one.pulse = [ts.ThreadState("R", "", ts.NOT_IN_A_SYSCALL), ts.ThreadState("S", "", None),
+                 ts.ThreadState("S", "", ts.NOT_IN_A_SYSCALL)]
+    assert not one.seen_asleep()
+    one.pulse.append(ts.ThreadState("S", "futex_do_wait", None))
+    assert one.seen_asleep()
+    one.pulse = [ts.ThreadState("S", "do_sys_poll", 7)]  # asleep elsewhere: conclusive too
+    assert one.seen_asleep()
+
+
 def test_faulthandler_dumps_parse_into_threads_with_their_ids(tmp_path: Path) -> None:
     path = tmp_path / "dump.txt"
     with path.open("w") as f:
