@@ -161,6 +161,36 @@ def test_recording_sets_the_policy_for_every_rank(python: str, tmp_path: Path) -
     assert counts["GradReady"] == counts["AllReduceDone"] == counts["GradsSummarized"] == 0
 
 
+@pytest.mark.skipif(
+    "lazy_bucket_allocation" not in __import__("inspect").signature(
+        __import__("torch").nn.parallel.DistributedDataParallel.__init__).parameters,
+    reason="the installed torch has no lazy_bucket_allocation (torch 2.15 added it)")
+def test_the_guard_steps_aside_for_lazy_buckets_as_views_and_the_job_ends_as_unwatched(
+        python: str, tmp_path: Path) -> None:
+    """torch 2.15's lazy_bucket_allocation with gradient_as_bucket_view: the guard's comm hook
+    cannot watch it without changing the result (guarded.py), so `ddpviz record` with the guard
+    says so once, on rank 0 (every rank built it alike), and the job ends bitwise as unwatched;
+    the default (hook-less) recording watches it, bitwise too."""
+    env = job_env(TRAIN_LAZY="1", TRAIN_STEPS="4", TRAIN_PORT=str(free_port()))
+    plain = run(torchrun(python), env)
+    assert plain.returncode == 0, plain.stderr
+    assert len(bits(plain.stdout)) == 2
+    for recording in ("guard", None):
+        out = tmp_path / f"traces-{recording}"
+        policy = ["--recording", recording] if recording else []
+        done = run([python, "-m", "ddpviz", "record", *policy, "--out", str(out), "--",
+                    *torchrun(python)], env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert bits(done.stdout) == bits(plain.stdout), done.stderr
+        said = [line for line in done.stderr.splitlines() if "is not watched" in line]
+        if recording == "guard":
+            assert len(said) == 1 and said[0].startswith("ddpviz record: rank 0: "), said
+            assert "lazy_bucket_allocation" in said[0], said
+        else:
+            assert said == [], said
+            assert kinds(ddpviz.Trace.load(out / "ddpviz-trace-rank0.ddpviz"))["ForwardStarted"]
+
+
 def test_record_without_a_command_or_with_both_targets_says_how(
         capsys: pytest.CaptureFixture[str]) -> None:
     from ddpviz.cli import main

@@ -11,6 +11,7 @@ TRAIN_DESTROY=1: the job ends with dist.destroy_process_group().
 TRAIN_UNUSED=1: DDP wraps the model beside a layer that its forward never uses.
 TRAIN_RAISE=R: rank R dies of an uncaught ValueError after its last step (the others end
 normally).
+TRAIN_LAZY=1: DDP(lazy_bucket_allocation=True, gradient_as_bucket_view=True) (torch 2.15).
 (The forms frameworks build, torch.compile and replicate() included: tests/frameworks.)
 """
 
@@ -63,7 +64,9 @@ def main() -> None:
     else:
         model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 2)).to(device)
     net = _WithUnused(model).to(device) if os.environ.get("TRAIN_UNUSED") == "1" else model
-    ddp = DistributedDataParallel(net, device_ids=[device] if cuda else None)
+    lazy = ({"lazy_bucket_allocation": True, "gradient_as_bucket_view": True}
+            if os.environ.get("TRAIN_LAZY") == "1" else {})
+    ddp = DistributedDataParallel(net, device_ids=[device] if cuda else None, **lazy)
     calls = []
     if os.environ.get("TRAIN_HOOK") == "1":
         def hook(state, bucket):
