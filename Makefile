@@ -73,22 +73,25 @@ test-gpu: $(BIN)/.test
 	$(BIN)/python -m pytest tests/gpu -m gpu -rs
 
 # Another torch release beside the CI's 2.13 (issue: the torch users have): `make test-torch
-# V=2.15.0` makes .venv-torch-2.15.0, installs that torch (PyPI's Linux wheels of 2.14/2.15 are
-# CUDA builds of several GB; the machine's pip cap on torch is lifted for this venv only) and
-# ddpviz, then runs what depends on torch's DDP: the twin and watch() against torch
-# (tests/dist, tests/watch, tests/engine), `ddpviz record` jobs (tests/record), the bucket
-# planner's cross-checks (tests/test_plan.py) and the conformance subset (tests/conformance),
-# each version-specific test skipped with its reason where the installed torch lacks it.
+# V=2.15.0` makes .venv-torch-2.15.0, installs that torch through uv from PyPI (Linux wheels of
+# 2.14/2.15 are CUDA builds: 5.2 GB with their nvidia-* packages, about 50 s) and ddpviz, then
+# runs what depends on torch's DDP: the twin and watch() against torch (tests/dist,
+# tests/watch, tests/engine), `ddpviz record` jobs (tests/record), the bucket planner's
+# cross-checks (tests/test_plan.py) and the conformance subset (tests/conformance), each
+# version-specific test skipped with its reason where the installed torch lacks it.
+# TORCH_TESTS=... narrows it (CI runs TORCH_CI_TESTS on the newest release: .ci/run).
 TORCH_TESTS ?= tests/dist tests/watch tests/engine tests/record tests/test_plan.py \
 	tests/conformance tests/test_torch_support.py
-test-torch:
+TORCH_WORKERS ?= 3
+TORCH_VENV = .venv-torch-$(V)
+test-torch: $(BIN)/.base
 	@test -n "$(V)" || { echo "usage: make test-torch V=2.15.0 (the torch release to test)"; exit 2; }
-	test -x .venv-torch-$(V)/bin/python || $(PY) -m venv .venv-torch-$(V)
-	echo torch==$(V) > .venv-torch-$(V)/torch-constraint.txt
-	PIP_CONSTRAINT=.venv-torch-$(V)/torch-constraint.txt .venv-torch-$(V)/bin/python -m pip \
-		install -q "torch==$(V)" -e '.[lab,test]'
-	.venv-torch-$(V)/bin/python -c "import torch; print('torch', torch.__version__)"
-	.venv-torch-$(V)/bin/python -m pytest -n 3 -rfEs -p no:cacheprovider $(TORCH_TESTS)
+	test -x $(TORCH_VENV)/bin/python || $(PY) -m venv $(TORCH_VENV)
+	echo torch==$(V) > $(TORCH_VENV)/torch-constraint.txt
+	$(BIN)/uv pip install -q --python $(TORCH_VENV)/bin/python -c $(TORCH_VENV)/torch-constraint.txt \
+		"torch==$(V)" -e '.[lab,test]'
+	$(TORCH_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+	$(TORCH_VENV)/bin/python -m pytest -n $(TORCH_WORKERS) -rfEs -p no:cacheprovider $(TORCH_TESTS)
 
 bench: $(BIN)/.test
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done

@@ -70,6 +70,12 @@ def install(count: int, ddp_classes: list[type]) -> None:
     torch.cuda.current_device = lambda: 0
     torch.cuda.synchronize = lambda device=None: None
     torch.cuda.empty_cache = lambda: None
+    # A CUDA build of torch (PyPI's 2.14/2.15 wheels) has triton: with the GPUs claimed above,
+    # torch's test harness asks whether triton can run, which reads a real device's properties
+    # ("Found no NVIDIA driver" at every test's setUp). The CPU runs no triton kernel.
+    import torch.utils._triton as triton
+
+    triton.has_triton = lambda: False
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
     module_to = nn.Module.to
