@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-gpu test-torch lint docs bench conformance clean
+.PHONY: demo test test-gpu test-torch torch-venv torch-venv-newest test-torch-newest lint docs bench conformance clean
 
 # torch comes through pip (it honours the machine's pip configuration, where the CPU wheel
 # lies); everything else through uv (in the venv, from PyPI: about 20 s where pip took 160 s),
@@ -79,19 +79,36 @@ test-gpu: $(BIN)/.test
 # tests/watch, tests/engine), `ddpviz record` jobs (tests/record), the bucket planner's
 # cross-checks (tests/test_plan.py) and the conformance subset (tests/conformance), each
 # version-specific test skipped with its reason where the installed torch lacks it.
-# TORCH_TESTS=... narrows it (CI runs TORCH_CI_TESTS on the newest release: .ci/run).
+# TORCH_TESTS=... narrows it. CI (.ci/run) runs TORCH_CI_TESTS on TORCH_NEWEST after `make
+# test`: 2.15's new DDP arguments and methods against torch's, bitwise (tests/dist), `ddpviz
+# record` on them, and the planner's cross-checks (about 70 s on 2 workers; the full set by hand:
+# docs/guide/torch-versions.md). `make torch-venv` only installs (CI: beside the lint and docs).
 TORCH_TESTS ?= tests/dist tests/watch tests/engine tests/record tests/test_plan.py \
 	tests/conformance tests/test_torch_support.py
+TORCH_NEWEST := 2.15.0
+TORCH_CI_TESTS := tests/dist/test_torch_version_arguments.py tests/test_plan.py \
+	tests/test_torch_support.py \
+	tests/record/test_record.py::test_the_guard_steps_aside_for_lazy_buckets_as_views_and_the_job_ends_as_unwatched
 TORCH_WORKERS ?= 3
 TORCH_VENV = .venv-torch-$(V)
-test-torch: $(BIN)/.base
+torch-venv: $(BIN)/.base
 	@test -n "$(V)" || { echo "usage: make test-torch V=2.15.0 (the torch release to test)"; exit 2; }
 	test -x $(TORCH_VENV)/bin/python || $(PY) -m venv $(TORCH_VENV)
 	echo torch==$(V) > $(TORCH_VENV)/torch-constraint.txt
 	$(BIN)/uv pip install -q --python $(TORCH_VENV)/bin/python -c $(TORCH_VENV)/torch-constraint.txt \
 		"torch==$(V)" -e '.[lab,test]'
 	$(TORCH_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+
+test-torch: torch-venv
 	$(TORCH_VENV)/bin/python -m pytest -n $(TORCH_WORKERS) -rfEs -p no:cacheprovider $(TORCH_TESTS)
+
+# CI's run on the newest release (.ci/run installs its venv first, beside `make test`)
+torch-venv-newest:
+	$(MAKE) --no-print-directory torch-venv V=$(TORCH_NEWEST)
+
+test-torch-newest:
+	$(MAKE) --no-print-directory test-torch V=$(TORCH_NEWEST) TORCH_WORKERS=2 \
+		TORCH_TESTS="$(TORCH_CI_TESTS)"
 
 bench: $(BIN)/.test
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done

@@ -10,12 +10,13 @@ from ddpviz import torch_support
 from ddpviz.record import command
 
 
-@pytest.mark.parametrize("version", ["2.13.0", "2.13.1", "2.13.0+cpu", "2.13.0.dev20260301"])
+@pytest.mark.parametrize("version", ["2.13.0", "2.13.1", "2.13.0+cpu", "2.13.0.dev20260301",
+                                     "2.14.1+cu130", "2.15.0+cu132"])
 def test_a_tested_release_gets_no_note(version: str) -> None:
     assert torch_support.untested_note(version) is None
 
 
-@pytest.mark.parametrize("version", ["2.6.0", "2.15.0+cu132", "3.0.0a0", "garbage"])
+@pytest.mark.parametrize("version", ["2.6.0", "2.12.0", "2.16.0+cpu", "3.0.0a0", "garbage"])
 def test_another_release_gets_a_note_naming_it_and_the_tested_ones(version: str) -> None:
     note = torch_support.untested_note(version)
     assert note is not None and f"torch {version} " in note
