@@ -959,6 +959,23 @@ class DistributedDataParallel(nn.Module, Joinable):
 
         return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim)
 
+    def to_kwargs(self, inputs: Any, kwargs: Any, device_id: int) -> Any:
+        """Move inputs and kwargs to device `device_id` of this DDP's device type, as torch's
+        `to_kwargs` (kept there for backward compatibility, and here for torch's API).
+
+        Args:
+            inputs: the positional inputs (a tuple).
+            kwargs: the keyword inputs (a dict).
+            device_id: the device index.
+
+        Returns:
+            torch's pair of one-element tuples: (inputs,) and (kwargs,) on that device.
+        """
+        from torch.distributed.utils import _to_kwargs
+
+        return _to_kwargs(inputs, kwargs, torch.device(self.device_type, device_id),
+                          self.use_side_stream_for_tensor_copies)
+
     def gather(self, outputs: Any, output_device: Any) -> Any:
         """Concatenate per-device outputs along `dim` onto one device, as torch's `gather`
         (kept for torch's API).

@@ -333,3 +333,27 @@ def test_manual_finalization_with_mixed_precision_ends_as_automatic() -> None:
         pytest.skip(f"torch {torch.__version__} has no finalize_backward()")
     for rank, problem in run_ranks(_rank_mixed, 2, timeout=200).items():
         assert problem is None, f"rank {rank}: {problem}"
+
+
+def test_every_public_name_of_torchs_ddp_class_is_on_the_twin() -> None:
+    """A diff of the installed torch's DDP class against the twin: every public method and
+    property (not starting with "_") torch's has, the twin has too (`to_kwargs` was missing)."""
+    import ddpviz
+
+    public = {n for n in dir(TORCH_DDP) if not n.startswith("_")}
+    missing = sorted(public - set(dir(ddpviz.DistributedDataParallel)))
+    assert missing == [], f"torch {torch.__version__}'s DDP has {missing}; the twin does not"
+
+
+def _rank_to_kwargs(rank: int, world_size: int) -> tuple[Any, Any]:
+    import ddpviz
+
+    args, kwargs = (torch.ones(2), [torch.zeros(1)]), {"k": torch.ones(3)}
+    got = [cls(nn.Linear(2, 2)).to_kwargs(args, kwargs, 0)
+           for cls in (TORCH_DDP, ddpviz.DistributedDataParallel)]
+    return tuple(repr(g) for g in got)  # type: ignore[return-value]
+
+
+def test_to_kwargs_moves_inputs_as_torchs() -> None:
+    for rank, (theirs, ours) in run_ranks(_rank_to_kwargs, 1).items():
+        assert ours == theirs, f"rank {rank}"
