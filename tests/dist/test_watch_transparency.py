@@ -21,6 +21,7 @@ One forkserver run per world size; the tests read its cached results.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, NamedTuple
 
 import pytest
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.dist
 
 STEPS = 4
 SEED = 7
+TORCH_ARGS = set(inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters)
 
 
 class Case(NamedTuple):
@@ -46,6 +48,16 @@ class Case(NamedTuple):
     skip_aux: bool = False  # the aux branch is skipped on some ranks/steps
     sparse: bool = False
     detail: str = "params"
+    manual: bool = False  # require_manual_backward_finalization + finalize_backward() (2.15)
+
+    def missing(self) -> str | None:
+        """Why the installed torch cannot run this case (None: it can)."""
+        for name, _ in self.kwargs:
+            if name not in TORCH_ARGS:
+                return f"torch {torch.__version__} has no {name}"
+        if self.manual and not hasattr(nn.parallel.DistributedDataParallel, "finalize_backward"):
+            return f"torch {torch.__version__} has no finalize_backward()"
+        return None
 
 
 def _case(name: str) -> Case:
@@ -92,6 +104,29 @@ CASES.update({
     "float32-static_graph-light-detail": BASE["static_graph"]._replace(detail="light"),
     "float32-no_sync_grad_view-light-detail": BASE["no_sync_grad_view"]._replace(detail="light"),
     "float32-sparse-light-detail": Case(sparse=True, detail="light"),
+})
+# torch 2.15's arguments and manual finalization, with the default recording and the guard
+# (which steps aside for lazy buckets as views: tests/dist/test_torch_version_arguments.py);
+# skipped, saying why, where the installed torch lacks them
+_LAZY = ("lazy_bucket_allocation", True)
+_VIEW = ("gradient_as_bucket_view", True)
+_BATCHED = ("batched_grad_copy", True)
+_CAP = ("bucket_cap_mb", 0.0004)
+for _name, _kw in {"lazy": (_LAZY, _CAP), "lazy_grad_view": (_LAZY, _VIEW, _CAP),
+                   "lazy_batched_grad_view": (_LAZY, _BATCHED, _VIEW, _CAP),
+                   "lazy_static_graph": (_LAZY, ("static_graph", True), _CAP)}.items():
+    CASES[f"float32-{_name}-light-detail"] = Case(kwargs=_kw, detail="light")
+    if _VIEW not in _kw:
+        CASES[f"float32-{_name}"] = Case(kwargs=_kw)
+CASES.update({
+    "float32-manual": Case(kwargs=(_CAP,), manual=True),
+    "float32-manual-light-detail": Case(kwargs=(_CAP,), manual=True, detail="light"),
+    "float32-manual_grad_view-light-detail": Case(kwargs=(_VIEW, _CAP), manual=True,
+                                                  detail="light"),
+    "float32-manual_grad_view": Case(kwargs=(_VIEW, _CAP), manual=True),
+    "float32-lazy_manual-light-detail": Case(kwargs=(_LAZY, _CAP), manual=True, detail="light"),
+    "float32-manual-no_sync-light-detail": Case(kwargs=(_CAP,), manual=True, micro_steps=1,
+                                                detail="light"),
 })
 WORLD4 = ["float32-default-none", "bfloat16-grad_view-none", "float16-no_sync-arg",
           "float32-static_graph-none", "float32-control", "float32-light-detail"]
@@ -175,6 +210,9 @@ def _run_case(rank: int, world_size: int, case: Case) -> str | None:
         watched.register_comm_hook(dist.group.WORLD, allreduce_hook)
     if case.hook == "builtin":
         watched._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    if case.manual:
+        for ddp in (plain, watched):
+            ddp.require_manual_backward_finalization = True
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (plain, watched)]
     try:
         for step in range(STEPS):
@@ -187,6 +225,8 @@ def _run_case(rank: int, world_size: int, case: Case) -> str | None:
                         nn.functional.mse_loss(ddp(x, use_aux).float(), y).backward()
                 x, y = _batch(case, rank, 100 * step)
                 nn.functional.mse_loss(ddp(x, use_aux).float(), y).backward()
+                if case.manual:
+                    ddp.finalize_backward()
                 grads.append({n: (None if p.grad is None else p.grad.clone())
                               for n, p in ddp.module.named_parameters()})
                 opt.step()
@@ -217,11 +257,14 @@ def _run_all(rank: int, world_size: int, names: list[str]) -> dict[str, str | No
 
 @functools.cache
 def _results(world_size: int) -> dict[int, Any]:
-    names = {3: list(CASES), 4: WORLD4}[world_size]
+    names = [n for n in {3: list(CASES), 4: WORLD4}[world_size] if CASES[n].missing() is None]
     return run_ranks(_run_all, world_size, names, timeout=300, start_method="forkserver")
 
 
 def _check(world_size: int, name: str) -> None:
+    reason = CASES[name].missing()
+    if reason is not None:
+        pytest.skip(reason)
     results = _results(world_size)
     outcomes = {r: results[r][name] for r in range(world_size)}
     if name.endswith("control"):
