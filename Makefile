@@ -80,14 +80,15 @@ test-gpu: $(BIN)/.test
 # cross-checks (tests/test_plan.py) and the conformance subset (tests/conformance), each
 # version-specific test skipped with its reason where the installed torch lacks it.
 # TORCH_TESTS=... narrows it. CI (.ci/run) runs TORCH_CI_TESTS on TORCH_NEWEST after `make
-# test`: 2.15's new DDP arguments and methods against torch's, bitwise (tests/dist), `ddpviz
-# record` on them, and the planner's cross-checks (about 70 s on 2 workers; the full set by hand:
+# test`: 2.15's new DDP arguments and methods against torch's, bitwise (tests/dist), watch()'s
+# transparency, `ddpviz record` on them, and the planner's cross-checks (about 2 minutes on 2
+# workers; the full set by hand:
 # docs/guide/torch-versions.md). `make torch-venv` only installs (CI: beside the lint and docs).
 TORCH_TESTS ?= tests/dist tests/watch tests/engine tests/record tests/test_plan.py \
 	tests/conformance tests/test_torch_support.py
 TORCH_NEWEST := 2.15.0
 TORCH_CI_TESTS := tests/dist/test_torch_version_arguments.py tests/test_plan.py \
-	tests/test_torch_support.py \
+	tests/test_torch_support.py tests/dist/test_watch_transparency.py \
 	tests/record/test_record.py::test_the_guard_steps_aside_for_lazy_buckets_as_views_and_the_job_ends_as_unwatched
 TORCH_WORKERS ?= 3
 TORCH_VENV = .venv-torch-$(V)

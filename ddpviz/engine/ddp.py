@@ -969,7 +969,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             device_id: the device index.
 
         Returns:
-            torch's pair of one-element tuples: (inputs,) and (kwargs,) on that device.
+            The inputs and the kwargs on that device, each in a one-element tuple (as torch's).
         """
         from torch.distributed.utils import _to_kwargs
 
