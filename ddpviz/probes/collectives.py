@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine import comm
+from ddpviz.probes.collective_compare import Entry, Mark
 from ddpviz.probes.stack_text import owner
 
 # [Note: positions]
@@ -44,23 +45,6 @@ from ddpviz.probes.stack_text import owner
 
 MAX_ENTRIES = 4096  # per group: the history kept for comparison (older ones were compared)
 MAX_SITE = 160  # characters of a call site
-
-
-class Entry(msgspec.Struct, array_like=True):
-    """One collective as this rank issued it (what ranks compare). `span` is set once, when
-    the call returns (by the thread that issued it)."""
-
-    pos: int  # the group's sequence number before the call, less point-to-point shifts
-    span: int  # how many sequence numbers it took (-1: still inside the call)
-    op: str  # torch.distributed's function name ("all_reduce", "ddp:bucket 2")
-    sig: str  # what must agree across ranks ("float32 x12 sum"); "" when nothing must
-    site: str  # the user's call site: "train.py:54 in save_checkpoint"
-    step: int  # the DDP step this rank was in (-1: before any)
-    asym: bool = False  # point-to-point: not compared by position
-    bucket: int = -1  # a DDP bucket's all-reduce (its comm hook ran it): the bucket
-    # a DDP's buffer broadcast: comm.BUFFERS, or comm.EVALUATION for a forward without
-    # gradients (See [Note: an evaluation on some ranks only], collective_check.py); else 0
-    forward: int = 0
 
 
 # [Note: the ledger's hot path]
@@ -98,15 +82,6 @@ class Call(msgspec.Struct, gc=False):
         return Entry(self.pos, self.span, self.op, _text(self.op, self.raw),
                      site_text(self.code, self.line), self.step, self.asym, self.bucket,
                      self.forward)
-
-
-class Mark(msgspec.Struct, array_like=True, frozen=True):
-    """Where a DDP's step began in a group's sequence: positions from here to the next mark
-    that no Entry covers are DDP's (its forward's broadcasts, its backward's all-reduces)."""
-
-    pos: int
-    step: int
-    bucket: int = -1  # the all-reduce of this bucket starts here (watch()'s guard knows)
 
 
 class GroupLedger:
