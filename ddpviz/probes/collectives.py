@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -25,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine import comm
+from ddpviz.envvars import ENV_TRACE_DIR
+from ddpviz.probes import ledger_ring
 from ddpviz.probes.collective_compare import Entry, Mark
 from ddpviz.probes.stack_text import owner
 
@@ -76,6 +79,7 @@ class Call(msgspec.Struct, gc=False):
     asym: bool
     bucket: int
     forward: int = 0
+    ring: int = -1  # its record in this rank's ring (ledger_ring.py), -1: none
 
     def entry(self) -> Entry:
         """The Entry of this call (its text made now; the poster's thread calls this)."""
@@ -194,6 +198,12 @@ def _mark(group: dist.ProcessGroup, step: int, bucket: int) -> None:
         with _lock:
             ledger.marks.append(Mark(pos, step, bucket))
             ledger.marks_count += 1
+            ring = _ring
+            if ring is not None:
+                try:
+                    ring.write(ledger.name, ledger.ranks, pos, step, bucket)
+                except Exception as exc:
+                    _ring_aside(exc)
 
 
 # --- what must agree ------------------------------------------------------------------------
@@ -423,6 +433,31 @@ _sites: set[tuple[int, int]] = set()  # (id(code), line) of the call sites seen
 _site_codes: list[CodeType | None] = []  # their code objects, kept (their ids stay theirs)
 
 
+# See [Note: the ring] (ledger_ring.py): this rank's ring, when the run has a trace folder
+_ring: ledger_ring.Ring | None = None
+_ring_tried = False
+# (id(code), line) -> (code, its site text): made once per call site (the code kept alive)
+_site_texts: dict[tuple[int, int], tuple[CodeType | None, str]] = {}
+
+
+def _open_ring() -> None:
+    """Open this rank's ring once, when the run has a trace folder (`ddpviz record --out`)
+    and the default process group is up."""
+    global _ring, _ring_tried
+    folder = os.environ.get(ENV_TRACE_DIR)
+    if _ring_tried or not folder or not dist.is_initialized():
+        return
+    _ring_tried = True
+    _ring = ledger_ring.open_ring(folder, dist.get_rank(), dist.get_world_size())
+
+
+def _ring_aside(exc: BaseException) -> None:
+    global _ring
+    ring, _ring = _ring, None
+    if ring is not None:
+        ledger_ring.step_aside(f"{exc!r}")
+
+
 def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
            kwargs: dict[str, Any], asym: bool,
            frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
@@ -452,6 +487,18 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
         ledger.entries.append(call)
         ledger.count += 1
         _issued += 1
+        ring = _ring
+        if ring is not None:  # See [Note: the ring] (ledger_ring.py)
+            try:
+                known = _site_texts.get((id(code), line))
+                if known is None or known[0] is not code:
+                    known = (code, site_text(code, line))
+                    if len(_site_texts) < MAX_CODES:
+                        _site_texts[(id(code), line)] = known
+                call.ring = ring.write(ledger.name, ledger.ranks, call.pos, _step, bucket,
+                                       name, _text(name, raw), known[1], call.forward, asym)
+            except Exception as exc:
+                _ring_aside(exc)
     if asym:
         ledger.open_asym = call
     elif on_new_site is not None:
@@ -467,6 +514,9 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
 def _end(ledger: GroupLedger, seq: int, call: Call) -> None:
     after = ledger.seq()
     call.span = max(0, (after if after is not None else seq) - seq)
+    ring = _ring
+    if call.ring >= 0 and ring is not None:
+        ring.span(call.ring, call.span)
     if call.asym:
         ledger.shift += call.span
         if ledger.open_asym is call:
@@ -678,6 +728,10 @@ def _resume(c10d: Any) -> bool:
     except Exception as exc:
         _step_aside(f"cannot list the process groups: {exc!r}")
         return False
+    try:
+        _open_ring()
+    except Exception as exc:
+        ledger_ring.step_aside(f"cannot make it: {exc!r}")
     for group in existing:
         ledger = _ledger_of(group, since_now=True)
         if ledger is not None and ledger.comparable:
