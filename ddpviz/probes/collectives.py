@@ -201,7 +201,10 @@ def _mark(group: dist.ProcessGroup, step: int, bucket: int) -> None:
             ring = _ring
             if ring is not None:
                 try:
-                    ring.write(ledger.name, ledger.ranks, pos, step, bucket)
+                    text = _mark_texts.get(ledger.name)
+                    if text is None:
+                        text = _mark_texts[ledger.name] = ring.text(ledger.name)
+                    ring.write(ledger.name, ledger.ranks, pos, step, bucket, text)
                 except Exception as exc:
                     _ring_aside(exc)
 
@@ -436,8 +439,11 @@ _site_codes: list[CodeType | None] = []  # their code objects, kept (their ids s
 # See [Note: the ring] (ledger_ring.py): this rank's ring, when the run has a trace folder
 _ring: ledger_ring.Ring | None = None
 _ring_tried = False
-# (id(code), line) -> (code, its site text): made once per call site (the code kept alive)
-_site_texts: dict[tuple[int, int], tuple[CodeType | None, str]] = {}
+# (id(code), line, op, raw, group) -> (code, the record's text for the ring): made once per
+# call site and arguments (the code kept alive, so its id stays its own)
+_ring_texts: dict[tuple[Any, ...], tuple[CodeType | None, bytes]] = {}
+MAX_RING_TEXTS = 4096
+_mark_texts: dict[str, bytes] = {}  # a group's name -> a mark's text
 
 
 def _open_ring() -> None:
@@ -490,13 +496,18 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
         ring = _ring
         if ring is not None:  # See [Note: the ring] (ledger_ring.py)
             try:
-                known = _site_texts.get((id(code), line))
+                key: tuple[Any, ...] | None = (id(code), line, name, raw, ledger.name)
+                try:
+                    known = _ring_texts.get(key)  # type: ignore[arg-type]
+                except TypeError:  # an argument kept as given that does not hash
+                    known, key = None, None
                 if known is None or known[0] is not code:
-                    known = (code, site_text(code, line))
-                    if len(_site_texts) < MAX_CODES:
-                        _site_texts[(id(code), line)] = known
+                    known = (code, ring.text(ledger.name, name, _text(name, raw),
+                                             site_text(code, line)))
+                    if key is not None and len(_ring_texts) < MAX_RING_TEXTS:
+                        _ring_texts[key] = known
                 call.ring = ring.write(ledger.name, ledger.ranks, call.pos, _step, bucket,
-                                       name, _text(name, raw), known[1], call.forward, asym)
+                                       known[1], call.forward, asym)
             except Exception as exc:
                 _ring_aside(exc)
     if asym:

@@ -54,7 +54,10 @@ _WRITTEN_AT = 40
 _GROUPS_LEN_AT = 48
 _WRITTEN = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-_SLOT_HEAD = struct.Struct("<Hi")  # payload length, span (-1: still inside the call)
+# a slot: its text's length, span (-1: still inside the call), the record's index among those
+# the rank wrote, position, step, bucket, forward, asym, kind (1: a collective, 0: a mark);
+# then its text: msgpack [group, op, sig, site] ([group] for a mark)
+_SLOT_HEAD = struct.Struct("<Hiqqii3B")
 _SPAN = struct.Struct("<i")
 # bounds on what a file says (it is untrusted: See read_ring)
 MAX_SLOT = 4096
@@ -63,24 +66,8 @@ MAX_RANK = 1 << 20
 MAX_FILE = HEADER + GROUPS_BYTES + MAX_SLOT * MAX_SLOTS
 MAX_SITE, MAX_SIG = 100, 60  # characters kept when a record does not fit its slot
 
-
-class Record(msgspec.Struct, array_like=True):
-    """One slot's payload: a collective (`op` set) or a DDP mark (`op` "")."""
-
-    i: int  # its index among the records the rank wrote
-    g: str  # the process group's name
-    pos: int
-    step: int
-    bucket: int = -1
-    op: str = ""
-    sig: str = ""
-    site: str = ""
-    forward: int = 0
-    asym: bool = False
-
-
 _enc = msgspec.msgpack.Encoder()
-_dec_record = msgspec.msgpack.Decoder(Record)
+_dec_text = msgspec.msgpack.Decoder(list[str])
 _dec_groups = msgspec.msgpack.Decoder(dict[str, list[int]])
 
 
@@ -122,21 +109,28 @@ class Ring:
         self.mm[HEADER:HEADER + len(data)] = data
         _U32.pack_into(self.mm, _GROUPS_LEN_AT, len(data))
 
+    def text(self, group: str, op: str = "", sig: str = "", site: str = "") -> bytes:
+        """A record's text, encoded (the caller keeps it per call site: See [Note: the ring])."""
+        data = _enc.encode([group, op, sig, site] if op else [group])
+        if len(data) > self.room:
+            data = _enc.encode([group[:40], op[:40], sig[:MAX_SIG], site[-MAX_SITE:]] if op
+                               else [group[:40]])
+        return data[:self.room]
+
     def write(self, group: str, ranks: Sequence[int], pos: int, step: int, bucket: int,
-              op: str = "", sig: str = "", site: str = "", forward: int = 0,
-              asym: bool = False) -> int:
-        """Write one record; returns its index (for `span`)."""
+              text: bytes, forward: int = 0, asym: bool = False) -> int:
+        """Write one record (`text` from `text()`: with an op, a collective, else a mark);
+        returns its index (for `span`)."""
         if group not in self.groups:
             self._group(group, ranks)
         i = self.n
-        data = _enc.encode(Record(i, group, pos, step, bucket, op, sig, site, forward, asym))
-        if len(data) > self.room:
-            data = _enc.encode(Record(i, group[:40], pos, step, bucket, op[:40], sig[:MAX_SIG],
-                                      site[-MAX_SITE:], forward, asym))
         off = HEADER + GROUPS_BYTES + (i % self.slots) * self.slot
         mm = self.mm
-        _SLOT_HEAD.pack_into(mm, off, len(data), -1)
-        mm[off + 6:off + 6 + len(data)] = data
+        n = len(text)
+        _SLOT_HEAD.pack_into(mm, off, n, -1, i, pos, step, bucket, forward, asym,
+                             text[0] == 0x94)  # (msgpack's array of 4: a collective)
+        start = off + _SLOT_HEAD.size
+        mm[start:start + n] = text
         self.n = i + 1
         _WRITTEN.pack_into(mm, _WRITTEN_AT, i + 1)
         return i
@@ -188,7 +182,7 @@ def read_ring(path: Path) -> RankRing:
      groups_len) = _HEAD.unpack_from(data, 0)
     if version != VERSION:
         raise RingError(f"{path} is a ring of format {version}, not {VERSION}")
-    if not (_SLOT_HEAD.size < slot <= MAX_SLOT and 0 < slots <= MAX_SLOTS and rank < MAX_RANK
+    if not (_SLOT_HEAD.size + 8 <= slot <= MAX_SLOT and 0 < slots <= MAX_SLOTS and rank < MAX_RANK
             and 0 < world <= MAX_RANK and rank < world and groups_len <= GROUPS_BYTES):
         raise RingError(f"{path}: sizes out of bounds (slot {slot}, slots {slots}, rank "
                         f"{rank}, world {world})")
@@ -204,22 +198,24 @@ def read_ring(path: Path) -> RankRing:
     base = HEADER + GROUPS_BYTES
     for i in range(max(0, written - slots), written):
         off = base + (i % slots) * slot
-        length, span = _SLOT_HEAD.unpack_from(data, off)
+        length, span, index, pos, step, bucket, forward, asym, kind = _SLOT_HEAD.unpack_from(
+            data, off)
+        start = off + _SLOT_HEAD.size
         try:
-            if length > slot - _SLOT_HEAD.size:
+            if index != i or length > slot - _SLOT_HEAD.size:
                 raise ValueError
-            rec = _dec_record.decode(data[off + 6:off + 6 + length])
-            if rec.i != i:
+            text = _dec_text.decode(data[start:start + length])
+            if len(text) != (4 if kind else 1):
                 raise ValueError
         except (ValueError, msgspec.DecodeError):
             ring.skipped += 1
             continue
-        if rec.op:
-            ring.entries.setdefault(rec.g, []).append(Entry(
-                rec.pos, span, rec.op, rec.sig, rec.site, rec.step, rec.asym, rec.bucket,
-                rec.forward))
+        if kind:
+            group, op, sig, site = text
+            ring.entries.setdefault(group, []).append(Entry(
+                pos, span, op, sig, site, step, bool(asym), bucket, forward))
         else:
-            ring.marks.setdefault(rec.g, []).append(Mark(rec.pos, rec.step, rec.bucket))
+            ring.marks.setdefault(text[0], []).append(Mark(pos, step, bucket))
     return ring
 
 
