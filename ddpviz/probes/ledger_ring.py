@@ -85,6 +85,8 @@ class Ring:
 
     def __init__(self, path: Path, rank: int, world: int, *, slots: int = SLOTS,
                  slot: int = SLOT, job: int | None = None) -> None:
+        if not (64 <= slot <= MAX_SLOT and 0 < slots <= MAX_SLOTS):
+            raise ValueError(f"a ring of {slots} slots of {slot} bytes")
         self.slots, self.slot = slots, slot
         self.room = slot - _SLOT_HEAD.size
         size = HEADER + GROUPS_BYTES + slots * slot
@@ -112,10 +114,14 @@ class Ring:
     def text(self, group: str, op: str = "", sig: str = "", site: str = "") -> bytes:
         """A record's text, encoded (the caller keeps it per call site: See [Note: the ring])."""
         data = _enc.encode([group, op, sig, site] if op else [group])
-        if len(data) > self.room:
-            data = _enc.encode([group[:40], op[:40], sig[:MAX_SIG], site[-MAX_SITE:]] if op
+        keep = MAX_SITE
+        while len(data) > self.room and keep:  # cut to fit: the site's end is kept
+            data = _enc.encode([group[:40], op[:40], sig[:MAX_SIG], site[-keep:]] if op
                                else [group[:40]])
-        return data[:self.room]
+            keep //= 2
+        if len(data) > self.room:
+            data = _enc.encode([group[:8], op[:8], "", ""] if op else [group[:8]])
+        return data
 
     def write(self, group: str, ranks: Sequence[int], pos: int, step: int, bucket: int,
               text: bytes, forward: int = 0, asym: bool = False) -> int:
