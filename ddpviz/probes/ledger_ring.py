@@ -233,17 +233,22 @@ class Rings:
     skipped: list[str]
 
 
-def read_rings(folder: str | os.PathLike[str]) -> Rings:
+def read_rings(folder: str | os.PathLike[str], since: float | None = None) -> Rings:
     """Every rank's ring in `folder` (`ddpviz-ledger-rank*.ring`). A file that is not a ring,
     is damaged, names a rank other than its file name's, or belongs to another job than the
-    newest ring's is left out, said in `skipped`."""
+    newest ring's is left out, said in `skipped`; so is one last changed before `since` (a
+    time.time(): an earlier run's, when the job's own ranks made none)."""
     found: list[tuple[float, Path]] = []
+    skipped: list[str] = []
     for path in Path(folder).glob(RING_FILE.format(rank="*")):
         with contextlib.suppress(OSError):
             if path.is_file() and not path.is_symlink():
-                found.append((path.stat().st_mtime, path))
+                mtime = path.stat().st_mtime
+                if since is not None and mtime < since:
+                    skipped.append(f"{path} is older than the job")
+                else:
+                    found.append((mtime, path))
     rings: dict[int, RankRing] = {}
-    skipped: list[str] = []
     newest = None
     for _, path in sorted(found, reverse=True):
         try:
@@ -313,9 +318,11 @@ def ring_findings(rings: Rings | Mapping[int, RankRing]) -> list[Finding]:
     return out
 
 
-def folder_findings(folder: str | os.PathLike[str]) -> list[Finding]:
-    """`ring_findings` of the rings in `folder` ([] when there are none or none differ)."""
-    return ring_findings(read_rings(folder))
+def folder_findings(folder: str | os.PathLike[str], since: float | None = None
+                    ) -> list[Finding]:
+    """`ring_findings` of the rings in `folder` (`since`: as `read_rings`); [] when there are
+    none or none differ."""
+    return ring_findings(read_rings(folder, since))
 
 
 # --- the writer's life in this process ---------------------------------------------------------

@@ -16,6 +16,7 @@ import signal
 import site
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,6 +91,7 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         print(note, file=sys.stderr, flush=True)
     if ENV_TRACE_DIR in env:
         Path(env[ENV_TRACE_DIR]).mkdir(parents=True, exist_ok=True)
+    started = time.time()
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -104,7 +106,7 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, term)
     if ENV_TRACE_DIR in env and code != 0:
-        say_rings(env[ENV_TRACE_DIR])
+        say_rings(env[ENV_TRACE_DIR], since=started)
     if ENV_TRACE_DIR in env:
         traces = sorted(Path(env[ENV_TRACE_DIR]).glob(TRACE_FILE.format(rank="*")))
         if traces:
@@ -120,15 +122,16 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
     return code if code >= 0 else 128 - code
 
 
-def say_rings(folder: str) -> None:
+def say_rings(folder: str, since: float | None = None) -> None:
     """After a failed job: the first difference in the ranks' rings of last collectives (See
-    [Note: the ring], probes/ledger_ring.py), printed once, unless a rank named a mismatch of
-    the job's collectives live (its trace holds it). Says nothing when the rings agree, and
-    nothing when they cannot be read."""
+    [Note: the ring], probes/ledger_ring.py; `since`: the job's start, older rings are an
+    earlier run's), printed once, unless a rank named a mismatch of the job's collectives live
+    (its trace holds it). Says nothing when the rings agree, and nothing when they cannot be
+    read."""
     try:
         from ddpviz.probes.ledger_ring import folder_findings
 
-        findings = folder_findings(folder)
+        findings = folder_findings(folder, since)
         if not findings or _said_live(folder):
             return
         for finding in findings:

@@ -262,3 +262,12 @@ def test_a_sigkilled_writers_last_record_is_readable(tmp_path: Path) -> None:
     assert got.written == 1001
     last = got.entries["0"][-1]
     assert (last.pos, last.sig, last.span) == (1000, "float32 x1000 into 2", -1)
+
+
+def test_rings_older_than_the_job_are_left_out(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        call(ring(tmp_path, rank), 0, n=3 + rank, span=None)
+    assert len(ring_findings(read_rings(tmp_path))) == 1  # (they differ)
+    later = read_rings(tmp_path, since=time.time() + 60)
+    assert later.rings == {} and all("older than the job" in s for s in later.skipped)
+    assert ring_findings(later) == []
