@@ -61,7 +61,10 @@ MAX_SITE = 160  # characters of a call site
 # that is decided once per code object (`_codes`, keyed by id: a code object's own hash reads
 # its bytecode) and a new call site is one (code, line) not seen before. Arguments are picked
 # from `args`/`kwargs` by the positions read once from the function's signature, never bound.
-# Measured in docs/collectives.md (benchmarks/bench_collectives.py).
+# With a trace folder the call is also written to this rank's ring before it runs (See [Note:
+# the ring], ledger_ring.py): its text (op, signature, site) is encoded once per call site and
+# arguments and kept (`_ring_texts`), so a call seen before costs a dict lookup and one slot's
+# write. Measured in docs/collectives.md (benchmarks/bench_collectives.py).
 
 
 class Call(msgspec.Struct, gc=False):
@@ -499,7 +502,7 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
                 key: tuple[Any, ...] | None = (id(code), line, name, raw, ledger.name)
                 try:
                     known = _ring_texts.get(key)  # type: ignore[arg-type]
-                except TypeError:  # an argument kept as given that does not hash
+                except Exception:  # an argument kept as given that does not hash: no cache
                     known, key = None, None
                 if known is None or known[0] is not code:
                     known = (code, ring.text(ledger.name, name, _text(name, raw),
