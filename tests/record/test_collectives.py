@@ -160,6 +160,7 @@ def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path, 
     assert done.returncode != 0  # the job fails as it does without ddpviz
     live = done.stdout + done.stderr
     assert "ddpviz: ranks issued different collectives" in live, live[-3000:]
+    assert RING_SAID not in live, live[-3000:]  # named live: the rings add nothing
     if defect == "gather":  # named live with its ranks, op, call site and position
         assert_named_live(live, defect)
     every = ddpviz.diagnose(out)
