@@ -271,3 +271,13 @@ def test_rings_older_than_the_job_are_left_out(tmp_path: Path) -> None:
     later = read_rings(tmp_path, since=time.time() + 60)
     assert later.rings == {} and all("older than the job" in s for s in later.skipped)
     assert ring_findings(later) == []
+
+
+def test_a_ring_that_cannot_be_made_steps_aside_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_ring, "_said", [])
+    assert ledger_ring.open_ring(str(tmp_path / "no" / "such"), 0, 2) is None
+    assert ledger_ring.open_ring(str(tmp_path / "no" / "such"), 0, 2) is None
+    err = capsys.readouterr().err
+    assert err.count("ddpviz: stopped writing the ring") == 1 and "job runs on" in err, err
