@@ -145,7 +145,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     # in the verdict's text, or, under --json, on stderr: never a Python warning's traceback.
     notes = run.end_problems
     trace, files, ended = run.as_trace(), list(run.files), dict(run.ended or {})
-    findings = diagnose(trace, ended=ended)
+    findings = diagnose(trace, ended=ended, rings={f.parent for f in files})
     if args.json:
         for note in notes:
             print(_terminal(note), file=sys.stderr)

@@ -16,7 +16,9 @@ all-reduce events, phase instants) as numpy columns, never as one object each; t
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
 _STUCK_KINDS = ("rank_hang", "rank_exited", "missing_rank", "peer_failed", "collective_mismatch")
 
 
-def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings:
+def diagnose(source: Any, *, ended: Mapping[int, End] | None = None,
+             rings: Iterable[str | os.PathLike[str]] | None = None) -> Findings:
     """Findings from a run: a `Run` (from ddpviz.launch), a `Session`, a `Trace`, a path to a
     `.ddpviz` file or a folder of them, or any iterable of events (e.g. a list an emitter
     appended to); see ddpviz/traces/source.py.
@@ -58,6 +61,10 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings
         ended: the ranks whose trace file ends with its end record (`fileformat.read_end`), by
             rank: they finished, so none is named as hung. None: what the source tells (the
             files of a path or folder, a session attached with `listen(follow=)`).
+        rings: the folders whose rings of each rank's last collectives to compare (`ddpviz
+            record --out`'s folder: a mismatch that ended the job before the ranks compared
+            live; See [Note: the ring], probes/ledger_ring.py). None: the folders of a path
+            or folder source, none for other sources.
 
     Returns:
         The findings, errors first, each identical no matter which rank's events reported it;
@@ -79,7 +86,28 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None) -> Findings
     ended = ended if isinstance(ended, Mapping) else None
     if run.trace is None:
         return diagnose_tables(_seq_ordered(col.tables_of(run.events)), ended=ended)
-    return diagnose_tables(_trace_tables(run.trace), clock=dict(run.trace.clock), ended=ended)
+    if rings is None:
+        rings = {f.parent for f in run.files} if run.kind == "files" else ()
+    ring = rings_of(Path(folder) for folder in rings)
+    return diagnose_tables(_trace_tables(run.trace), clock=dict(run.trace.clock), ended=ended,
+                           ring=ring)
+
+
+COLLECTIVE_KINDS = ("collective_mismatch", "unmatched_collective")
+
+
+def said_live(findings: Iterable[Finding]) -> bool:
+    """Whether `findings` hold a mismatch of the job's collectives named by the ranks' own
+    comparison (live: not the per-step counts diagnose reads from the steps' events)."""
+    return any(f.kind in COLLECTIVE_KINDS and f.field != "collectives" for f in findings)
+
+
+def rings_of(folders: Iterable[Path]) -> list[Finding]:
+    """What the ranks' rings of last collectives in `folders` show (See [Note: the ring],
+    probes/ledger_ring.py): [] when there are none or they agree."""
+    from ddpviz.probes.ledger_ring import folder_findings
+
+    return [f for folder in sorted(folders) for f in folder_findings(folder)]
 
 
 def _trace_tables(trace: Trace) -> dict[int, Table]:
@@ -103,13 +131,18 @@ def diagnose_events(events: Iterable[Event]) -> Findings:
 
 def diagnose_tables(per_rank: Mapping[int, Table],
                     clock: Mapping[int, tuple[int, int]] | None = None,
-                    ended: Mapping[int, End] | None = None) -> Findings:
+                    ended: Mapping[int, End] | None = None,
+                    ring: Sequence[Finding] = ()) -> Findings:
     """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/traces/columns.py);
     `clock`: the ranks' offsets onto one clock (Trace.clock), for who is slow; `ended`: the
-    ranks whose file ends with its end record (see `diagnose`)."""
+    ranks whose file ends with its end record (see `diagnose`); `ring`: what the ranks' rings
+    of last collectives show (`rings_of`), counted as reported when no rank named a mismatch
+    of collectives live."""
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
+    if ring and not said_live(reported):
+        reported = [*ring, *reported]
     forwards = {r: set(np.unique(t.step[t.rows(ev.ForwardStarted)]).tolist())
                 for r, t in per_rank.items()}  # rank -> the steps it started a forward in
     last_step = {r: int(t.step.max()) if len(t) else -1 for r, t in per_rank.items()}

@@ -20,11 +20,20 @@ from typing import Any
 import msgspec
 import torch.distributed as dist
 
-from ddpviz.engine.comm import BUFFERS, EVALUATION
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks
 from ddpviz.probes import collectives as ledger_mod
-from ddpviz.probes.collectives import Entry, GroupLedger, Mark
+from ddpviz.probes.collective_compare import (
+    Entry,
+    Mark,
+    _agree,
+    _entry_text,
+    _group_label,
+    _ordinal,
+    compare_at,
+    finding_at,
+)
+from ddpviz.probes.collectives import GroupLedger
 from ddpviz.probes.pulse import ENDING
 from ddpviz.probes.rendezvous import background_connection
 
@@ -363,107 +372,13 @@ class CollectiveCheck:
             for p in [p for p in h.by_pos if p < c.verified - ledger_mod.MAX_ENTRIES]:
                 del h.by_pos[p]
 
-    def _at(self, h: _History, pos: int) -> Entry | None:
-        """The entry that starts at `pos` on a rank."""
-        e = h.by_pos.get(pos)
-        return e if e is not None and not e.asym else None
-
-    def _covering(self, h: _History, pos: int) -> Entry | None:
-        """An entry that started before `pos` and was still issuing collectives at it (the
-        object collectives issue several)."""
-        for back in range(1, 8):
-            e = h.by_pos.get(pos - back)
-            if e is not None:
-                return e if (e.span < 0 or e.span > back) else None
-        return None
 
     def _compare_at(self, g: GroupLedger, c: _Compare, pos: int) -> Finding | None:
-        mine: dict[int, Entry] = {}
-        other: dict[int, str] = {}
-        for r in c.ranks:
-            h = c.histories[r]
-            if h.gap:
-                return None  # part of a rank's history was not read: no verdict
-            e = self._at(h, pos)
-            if e is not None:
-                mine[r] = e
-            else:
-                inside = self._covering(h, pos)
-                if inside is not None:
-                    mine[r] = inside
-                else:
-                    other[r] = _not_python(h.marks, pos)
-        if not mine:
-            return None
-        if not other and len({_agree(e) for e in mine.values()}) == 1:
-            return None
-        return self._finding(g, pos, mine, other)
+        return compare_at(g.name, g.ranks, c.histories, pos)
 
     def _finding(self, g: GroupLedger, pos: int, mine: dict[int, Entry],
                  other: dict[int, str]) -> Finding:
-        label = _group_label(g)
-        nth = _ordinal(pos + 1)
-        values = _values({**{r: _entry_text(e) for r, e in mine.items()}, **other},
-                         largest_first=True)
-        step = max((e.step for e in mine.values()), default=-1)
-        detail = (_place(nth, label, g.ranks, step),)
-        if other:
-            issued = tuple(sorted(mine))
-            first = mine[issued[0]]
-            title = (f"{format_ranks(issued)} issued {first.op} at {first.site} as the {nth} "
-                     f"collective on {label}; {format_ranks(sorted(other))} issued something "
-                     "else there")
-            return Finding(kind="unmatched_collective", severity="error", title=title,
-                           ranks=issued, step=step, detail=detail, values=values,
-                           fix=fix_for("unmatched_collective"), world_size=len(g.ranks))
-        if len({(e.op, e.sig) for e in mine.values()}) == 1:  # only the forwards differ
-            return self._evaluation_finding(g, pos, mine)
-        counts: dict[tuple[str, str], list[int]] = {}
-        for r, e in mine.items():
-            counts.setdefault((e.op, e.sig), []).append(r)
-        sizes = sorted((len(v) for v in counts.values()), reverse=True)
-        if sizes[0] > sizes[1]:  # a majority: the others are the odd ones out
-            common = max(counts.values(), key=len)
-            odd = tuple(sorted(r for r in mine if r not in common))
-        else:  # no rank's call is more common than another's: name them all
-            odd = tuple(sorted(mine))
-        title = (f"ranks issued different collectives as the {nth} collective on {label} "
-                 "(op, dtype, size or source rank differ)")
-        return Finding(kind="collective_mismatch", severity="error", title=title, ranks=odd,
-                       step=step, detail=detail, values=values,
-                       fix=fix_for("collective_mismatch", "job"), world_size=len(g.ranks))
-
-    def _evaluation_finding(self, g: GroupLedger, pos: int,
-                            mine: dict[int, Entry]) -> Finding:
-        """Some ranks' call at `pos` is the buffer broadcast of a forward without gradients,
-        the others' is not (See [Note: an evaluation on some ranks only])."""
-        label, nth = _group_label(g), _ordinal(pos + 1)
-        evaluating = tuple(sorted(r for r, e in mine.items() if e.forward == EVALUATION))
-        others = tuple(sorted(r for r in mine if r not in evaluating))
-        first = mine[evaluating[0]]
-        values = _values({r: _forward_text(e) for r, e in mine.items()}, largest_first=False)
-        theirs = [mine[r] for r in others]
-        if all(e.forward == BUFFERS for e in theirs):
-            steps = sorted({e.step for e in theirs})
-            what = (f"DDP's buffer broadcast of the training forward at step "
-                    f"{', '.join(map(str, steps))}")
-        else:
-            what = "something else (below)"
-        at_step = f" at step {first.step}" if first.step >= 0 else ""
-        title = (f"{format_ranks(evaluating)} ran a forward through the DDP without gradients "
-                 f"(an evaluation) at {first.site}{at_step} that {format_ranks(others)} did "
-                 f"not: its buffer broadcast is the {nth} collective on {label}, where "
-                 f"{format_ranks(others)} issued {what}")
-        detail = (_place(nth, label, g.ranks, -1),
-                  "a forward through the DDP broadcasts its buffers from rank 0 (broadcast_"
-                  "buffers=True) and leaves that out of the next forward, so the evaluating "
-                  "ranks have one broadcast more than the others until their next training "
-                  "forward: the job hangs, or pairs it with another collective, when one is "
-                  "left over (after the last evaluation at the latest)")
-        return Finding(kind="unmatched_collective", severity="error", title=title,
-                       ranks=evaluating, step=first.step, detail=detail, values=values,
-                       fix=fix_for("unmatched_collective", "evaluation"),
-                       world_size=len(g.ranks))
+        return finding_at(g.name, g.ranks, pos, mine, other)
 
     # --- blocked ranks ---------------------------------------------------------------------
 
@@ -514,7 +429,7 @@ class CollectiveCheck:
             group, e, since = blocked[r]
             g = next(x for x in ledgers if x.name == group)
             by_text.setdefault(f"waits in {_entry_text(e)}, the {_ordinal(e.pos + 1)} "
-                               f"collective on {_group_label(g)}, for {now - since:.0f}s",
+                               f"collective on {_group_label(g.name)}, for {now - since:.0f}s",
                                []).append(r)
         values = tuple((t, tuple(rs)) for t, rs in by_text.items())
         title = ("ranks are blocked in different collectives that cannot complete (different "
@@ -596,73 +511,6 @@ def hang_lines() -> tuple[str, ...]:
     return () if verdict is None else tuple(verdict.lines)
 
 
-def _not_python(marks: Sequence[Mark], pos: int) -> str:
-    """What a rank's collective at `pos` was when it was not a call into torch.distributed."""
-    best: Mark | None = None
-    for m in marks:
-        if m.pos <= pos and (best is None or m.pos >= best.pos):
-            best = m
-    if best is None:
-        return "a collective not issued through torch.distributed (DDP's constructor or C++)"
-    if best.bucket >= 0 and best.pos == pos:
-        return f"DDP's all-reduce of bucket {best.bucket} at step {best.step}"
-    return (f"one of DDP's collectives at step {best.step} (its buffer broadcast or bucket "
-            "all-reduces), not a call into torch.distributed")
-
-
-def _agree(e: Entry) -> tuple[str, str, bool]:
-    """What ranks' calls at one position must agree on (See [Note: an evaluation on some
-    ranks only])."""
-    return e.op, e.sig, e.forward == EVALUATION
-
-
-def _forward_text(e: Entry) -> str:
-    """A call at a position where some rank's is an evaluation's buffer broadcast."""
-    if e.forward == EVALUATION:
-        return f"the buffer broadcast of a forward without gradients: {_entry_text(e)}"
-    at_step = f" (step {e.step})" if e.step >= 0 else ""
-    if e.forward == BUFFERS:
-        return (f"DDP's buffer broadcast of the training forward at step {e.step}: "
-                f"{_entry_text(e)}")
-    return f"{_entry_text(e)}{at_step}"
-
-
-def _entry_text(e: Entry) -> str:
-    what = e.op if not e.sig else f"{e.op}({e.sig})"
-    if e.bucket >= 0:
-        what = f"DDP's all-reduce of bucket {e.bucket} ({e.sig})"
-    return f"{what} at {e.site}"
-
-
-def _values(texts: dict[int, str], *, largest_first: bool
-            ) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """A finding's values: each distinct text with the ranks that issued it, the most common
-    first (or in rank order)."""
-    by_text: dict[str, list[int]] = {}
-    for r in sorted(texts):
-        by_text.setdefault(texts[r], []).append(r)
-    pairs = [(t, tuple(rs)) for t, rs in by_text.items()]
-    if largest_first:
-        return tuple(sorted(pairs, key=lambda v: (-len(v[1]), v[1])))
-    return tuple(sorted(pairs, key=lambda v: v[1]))
-
-
-def _place(nth: str, label: str, ranks: Sequence[int], step: int) -> str:
-    """The detail line saying which collective of the group the finding is about."""
-    at_step = f" at step {step}" if step >= 0 else ""
-    return (f"the {nth} collective on {label} ({format_ranks(ranks)}){at_step}, in the order "
-            "each rank issued them; what each rank issued there is above")
-
-
-def _group_label(g: GroupLedger) -> str:
-    if g.name in ("0", "default_pg"):
-        return "the default group"
-    return f"group {g.name}"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 _check: CollectiveCheck | None = None

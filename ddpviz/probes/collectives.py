@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -25,6 +26,9 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine import comm
+from ddpviz.envvars import ENV_TRACE_DIR
+from ddpviz.probes import ledger_ring
+from ddpviz.probes.collective_compare import Entry, Mark
 from ddpviz.probes.stack_text import owner
 
 # [Note: positions]
@@ -46,23 +50,6 @@ MAX_ENTRIES = 4096  # per group: the history kept for comparison (older ones wer
 MAX_SITE = 160  # characters of a call site
 
 
-class Entry(msgspec.Struct, array_like=True):
-    """One collective as this rank issued it (what ranks compare). `span` is set once, when
-    the call returns (by the thread that issued it)."""
-
-    pos: int  # the group's sequence number before the call, less point-to-point shifts
-    span: int  # how many sequence numbers it took (-1: still inside the call)
-    op: str  # torch.distributed's function name ("all_reduce", "ddp:bucket 2")
-    sig: str  # what must agree across ranks ("float32 x12 sum"); "" when nothing must
-    site: str  # the user's call site: "train.py:54 in save_checkpoint"
-    step: int  # the DDP step this rank was in (-1: before any)
-    asym: bool = False  # point-to-point: not compared by position
-    bucket: int = -1  # a DDP bucket's all-reduce (its comm hook ran it): the bucket
-    # a DDP's buffer broadcast: comm.BUFFERS, or comm.EVALUATION for a forward without
-    # gradients (See [Note: an evaluation on some ranks only], collective_check.py); else 0
-    forward: int = 0
-
-
 # [Note: the ledger's hot path]
 # The wrapper runs on the training thread at every collective the job issues, often every step
 # (a metric's all_reduce), so it keeps only what it reads for free and leaves the text to the
@@ -74,7 +61,10 @@ class Entry(msgspec.Struct, array_like=True):
 # that is decided once per code object (`_codes`, keyed by id: a code object's own hash reads
 # its bytecode) and a new call site is one (code, line) not seen before. Arguments are picked
 # from `args`/`kwargs` by the positions read once from the function's signature, never bound.
-# Measured in docs/collectives.md (benchmarks/bench_collectives.py).
+# With a trace folder the call is also written to this rank's ring before it runs (See [Note:
+# the ring], ledger_ring.py): its text (op, signature, site) is encoded once per call site and
+# arguments and kept (`_ring_texts`), so a call seen before costs a dict lookup and one slot's
+# write. Measured in docs/collectives.md (benchmarks/bench_collectives.py).
 
 
 class Call(msgspec.Struct, gc=False):
@@ -92,21 +82,13 @@ class Call(msgspec.Struct, gc=False):
     asym: bool
     bucket: int
     forward: int = 0
+    ring: int = -1  # its record in this rank's ring (ledger_ring.py), -1: none
 
     def entry(self) -> Entry:
         """The Entry of this call (its text made now; the poster's thread calls this)."""
         return Entry(self.pos, self.span, self.op, _text(self.op, self.raw),
                      site_text(self.code, self.line), self.step, self.asym, self.bucket,
                      self.forward)
-
-
-class Mark(msgspec.Struct, array_like=True, frozen=True):
-    """Where a DDP's step began in a group's sequence: positions from here to the next mark
-    that no Entry covers are DDP's (its forward's broadcasts, its backward's all-reduces)."""
-
-    pos: int
-    step: int
-    bucket: int = -1  # the all-reduce of this bucket starts here (watch()'s guard knows)
 
 
 class GroupLedger:
@@ -219,6 +201,15 @@ def _mark(group: dist.ProcessGroup, step: int, bucket: int) -> None:
         with _lock:
             ledger.marks.append(Mark(pos, step, bucket))
             ledger.marks_count += 1
+            ring = _ring
+            if ring is not None:
+                try:
+                    text = _mark_texts.get(ledger.name)
+                    if text is None:
+                        text = _mark_texts[ledger.name] = ring.text(ledger.name)
+                    ring.write(ledger.name, ledger.ranks, pos, step, bucket, text)
+                except Exception as exc:
+                    _ring_aside(exc)
 
 
 # --- what must agree ------------------------------------------------------------------------
@@ -448,6 +439,34 @@ _sites: set[tuple[int, int]] = set()  # (id(code), line) of the call sites seen
 _site_codes: list[CodeType | None] = []  # their code objects, kept (their ids stay theirs)
 
 
+# See [Note: the ring] (ledger_ring.py): this rank's ring, when the run has a trace folder
+_ring: ledger_ring.Ring | None = None
+_ring_tried = False
+# (id(code), line, op, raw, group) -> (code, the record's text for the ring): made once per
+# call site and arguments (the code kept alive, so its id stays its own)
+_ring_texts: dict[tuple[Any, ...], tuple[CodeType | None, bytes]] = {}
+MAX_RING_TEXTS = 4096
+_mark_texts: dict[str, bytes] = {}  # a group's name -> a mark's text
+
+
+def _open_ring() -> None:
+    """Open this rank's ring once, when the run has a trace folder (`ddpviz record --out`)
+    and the default process group is up."""
+    global _ring, _ring_tried
+    folder = os.environ.get(ENV_TRACE_DIR)
+    if _ring_tried or not folder or not dist.is_initialized():
+        return
+    _ring_tried = True
+    _ring = ledger_ring.open_ring(folder, dist.get_rank(), dist.get_world_size())
+
+
+def _ring_aside(exc: BaseException) -> None:
+    global _ring
+    ring, _ring = _ring, None
+    if ring is not None:
+        ledger_ring.step_aside(f"{exc!r}")
+
+
 def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
            kwargs: dict[str, Any], asym: bool,
            frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
@@ -477,6 +496,23 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
         ledger.entries.append(call)
         ledger.count += 1
         _issued += 1
+        ring = _ring
+        if ring is not None:  # See [Note: the ring] (ledger_ring.py)
+            try:
+                key: tuple[Any, ...] | None = (id(code), line, name, raw, ledger.name)
+                try:
+                    known = _ring_texts.get(key)  # type: ignore[arg-type]
+                except Exception:  # an argument kept as given that does not hash: no cache
+                    known, key = None, None
+                if known is None or known[0] is not code:
+                    known = (code, ring.text(ledger.name, name, _text(name, raw),
+                                             site_text(code, line)))
+                    if key is not None and len(_ring_texts) < MAX_RING_TEXTS:
+                        _ring_texts[key] = known
+                call.ring = ring.write(ledger.name, ledger.ranks, call.pos, _step, bucket,
+                                       known[1], call.forward, asym)
+            except Exception as exc:
+                _ring_aside(exc)
     if asym:
         ledger.open_asym = call
     elif on_new_site is not None:
@@ -492,6 +528,9 @@ def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
 def _end(ledger: GroupLedger, seq: int, call: Call) -> None:
     after = ledger.seq()
     call.span = max(0, (after if after is not None else seq) - seq)
+    ring = _ring
+    if call.ring >= 0 and ring is not None:
+        ring.span(call.ring, call.span)
     if call.asym:
         ledger.shift += call.span
         if ledger.open_asym is call:
@@ -703,6 +742,10 @@ def _resume(c10d: Any) -> bool:
     except Exception as exc:
         _step_aside(f"cannot list the process groups: {exc!r}")
         return False
+    try:
+        _open_ring()
+    except Exception as exc:
+        ledger_ring.step_aside(f"cannot make it: {exc!r}")
     for group in existing:
         ledger = _ledger_of(group, since_now=True)
         if ledger is not None and ledger.comparable:

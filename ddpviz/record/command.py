@@ -16,6 +16,7 @@ import signal
 import site
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,6 +91,7 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         print(note, file=sys.stderr, flush=True)
     if ENV_TRACE_DIR in env:
         Path(env[ENV_TRACE_DIR]).mkdir(parents=True, exist_ok=True)
+    started = time.time()
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -103,6 +105,8 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, term)
+    if ENV_TRACE_DIR in env and code != 0:
+        say_rings(env[ENV_TRACE_DIR], since=started)
     if ENV_TRACE_DIR in env:
         traces = sorted(Path(env[ENV_TRACE_DIR]).glob(TRACE_FILE.format(rank="*")))
         if traces:
@@ -116,3 +120,37 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
                   "engine, Megatron's DDP, FSDP/FSDP2 and replicate_with_fsdp are other "
                   "engines.", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+def say_rings(folder: str, since: float | None = None) -> None:
+    """After a failed job: the first difference in the ranks' rings of last collectives (See
+    [Note: the ring], probes/ledger_ring.py; `since`: the job's start, older rings are an
+    earlier run's), printed once, unless a rank named a mismatch of the job's collectives live
+    (its trace holds it). Says nothing when the rings agree, and nothing when they cannot be
+    read."""
+    try:
+        from ddpviz.probes.ledger_ring import folder_findings
+
+        findings = folder_findings(folder, since)
+        if not findings or _said_live(folder):
+            return
+        for finding in findings:
+            print(finding.text(), file=sys.stderr, flush=True)
+    except Exception:  # (the job's own exit status is what counts)
+        return
+
+
+def _said_live(folder: str) -> bool:
+    """Whether a rank's trace in `folder` holds a mismatch of collectives it named live."""
+    from ddpviz import events as ev
+    from ddpviz._diagnose.diagnosis import said_live
+    from ddpviz.traces.source import open_run
+
+    try:
+        run = open_run(folder)
+    except Exception:
+        return False
+    if run.trace is None:
+        return False
+    return said_live(e.finding for t in run.trace.columns().values()
+                     for e in t.rare(ev.FindingReported))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import ddpviz
+from ddpviz.probes.collective_compare import _ordinal
 from tests.dist.harness import free_port
 from tests.record.hooked import ROOT, hooked_python, marked_line
 from tests.record.test_record import job_env
@@ -159,6 +160,7 @@ def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path, 
     assert done.returncode != 0  # the job fails as it does without ddpviz
     live = done.stdout + done.stderr
     assert "ddpviz: ranks issued different collectives" in live, live[-3000:]
+    assert RING_SAID not in live, live[-3000:]  # named live: the rings add nothing
     if defect == "gather":  # named live with its ranks, op, call site and position
         assert_named_live(live, defect)
     every = ddpviz.diagnose(out)
@@ -202,5 +204,75 @@ def test_a_healthy_job_with_many_collectives_reports_nothing_and_trains_as_witho
     both = recorded.stdout + recorded.stderr
     assert not re.search(r"ddpviz: (ranks? [0-9,]+ issued|ranks issued|ranks are blocked)",
                          both), both[-3000:]
+    kinds = {f.kind for f in ddpviz.diagnose(out)}
+    assert not kinds & {"collective_mismatch", "unmatched_collective"}, kinds
+
+
+RING_SAID = "found after the job ended, from each rank's last collectives"
+
+
+def test_a_late_mismatch_that_ends_the_job_is_named_from_the_ranks_rings(
+        python: str, tmp_path: Path) -> None:
+    """log_metrics' all_gather, a call site every rank used at steps 0-2, gets 4 elements on
+    rank 1 at step 3: gloo aborts a rank (SIGABRT) and torchrun SIGTERMs the other before the
+    comparison twice a second sees it (See [Note: the ring], ledger_ring.py). `ddpviz record`
+    says it once, from the rings, and `ddpviz diagnose DIR` names it: both ranks' sizes, the
+    op, the call site and the position torch's own sequence number gives."""
+    out = tmp_path / "out"
+    env = job_env(TRAIN_DEFECT="gather_late", TRAIN_AT="3", TRAIN_PG_TIMEOUT="8",
+                  DDPVIZ_HANG_TIMEOUT="4")
+    done = subprocess.run(command(python, out), env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode != 0  # the job fails as it does without ddpviz
+    seqs = {int(r): int(s) for r, s in re.findall(
+        r"train_collectives: rank (\d) seq (\d+) before log_metrics at step 3", done.stdout)}
+    assert seqs and len(set(seqs.values())) == 1, done.stdout[-3000:]
+    position = f"the {_ordinal(next(iter(seqs.values())) + 1)} collective on the default group"
+    site = f"train_collectives.py:{line_of('log_metrics')} in log_metrics"
+    assert done.stderr.count(RING_SAID) == 1, done.stderr[-4000:]
+    block = finding_block(done.stderr, "ddpviz: ranks issued different collectives")
+    assert RING_SAID in block, block
+    for rank, n in ((0, 3), (1, 4)):
+        assert f"rank {rank}: all_gather(float32 x{n} into 2) at {site}" in block, block
+    assert position in block and "at step 3" in block, block
+    cli = subprocess.run([python, "-m", "ddpviz", "diagnose", "--json", str(out)], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert '"collective_mismatch"' in cli.stdout, cli.stdout[-3000:] + cli.stderr[-2000:]
+    findings = [f for f in ddpviz.diagnose(out) if f.kind == "collective_mismatch"]
+    assert len(findings) == 1, [str(f) for f in ddpviz.diagnose(out)]
+    text = str(findings[0])
+    assert position in text and site in text and RING_SAID in text, text
+    assert "float32 x3" in text and "float32 x4" in text and findings[0].step == 3, text
+
+
+def test_the_healthy_twin_says_nothing_from_its_rings_and_trains_as_without(
+        python: str, tmp_path: Path) -> None:
+    """The same job with the same sizes on every rank (TRAIN_AT=-1) writes its rings, says
+    nothing of them, and ends bitwise as the unwatched job."""
+    done_plain, done_recorded = tmp_path / "done-plain", tmp_path / "done-recorded"
+    done_plain.mkdir()
+    done_recorded.mkdir()
+    env = job_env(TRAIN_DEFECT="gather_late", TRAIN_AT="-1", TRAIN_DONE_DIR=str(done_plain))
+    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                            "--master-port", str(free_port()), str(SCRIPT)], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    out = tmp_path / "out"
+    recorded = subprocess.run(command(python, out),
+                              env={**env, "TRAIN_DONE_DIR": str(done_recorded)}, cwd=ROOT,
+                              capture_output=True, text=True, timeout=180)
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("*.ring")) == [
+        "ddpviz-ledger-rank0.ring", "ddpviz-ledger-rank1.ring"]
+
+    def done(folder: Path) -> list[str]:
+        return sorted(p.read_text() for p in folder.iterdir())
+
+    assert done(done_plain) == done(done_recorded) and len(done(done_plain)) == 2
+    both = recorded.stdout + recorded.stderr
+    assert RING_SAID not in both and "ddpviz: ranks issued" not in both, both[-3000:]
+    from ddpviz.probes.ledger_ring import folder_findings
+
+    assert folder_findings(out) == []
     kinds = {f.kind for f in ddpviz.diagnose(out)}
     assert not kinds & {"collective_mismatch", "unmatched_collective"}, kinds

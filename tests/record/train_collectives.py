@@ -9,7 +9,8 @@ chosen by TRAIN_DEFECT (tests/record/test_collectives.py):
 - groups: rank 0 all_reduces on the default group, rank 1 on a subgroup (sync_group);
 - src: each rank broadcasts from itself (share_seed);
 - gather_late: log_metrics' all_gather (a call site that ran every step before) has 4
-  elements on rank 1 at step TRAIN_AT only, 3 otherwise;
+  elements on rank 1 at step TRAIN_AT only, 3 otherwise (TRAIN_AT=-1: never, a healthy
+  twin); each rank prints torch's sequence number of the default group before that call;
 - funcol_size: a functional all_reduce (torch.distributed._functional_collectives) of 3
   elements on rank 0 and 4 on rank 1 (funcol_stats);
 - none: healthy, with many collectives of its own every step (metrics, object collectives, a
@@ -20,6 +21,7 @@ happens from step 0, like a metric whose size differs from the start).
 """
 
 import datetime
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -38,6 +40,10 @@ def log_metrics(rank: int, loss: float, step: int) -> None:
     n = 4 if rank == 1 and (DEFECT == "gather" or (DEFECT == "gather_late" and step == AT)) else 3
     t = torch.full((n,), loss)
     out = [torch.zeros(n) for _ in range(dist.get_world_size())]
+    if DEFECT == "gather_late" and step == AT:  # torch's own count of the group's collectives
+        seq = dist.group.WORLD._get_sequence_number_for_group()
+        print(f"train_collectives: rank {rank} seq {seq} before log_metrics at step {step}",
+              flush=True)
     dist.all_gather(out, t)  # <log_metrics>
 
 
@@ -149,8 +155,10 @@ def main() -> None:
     checksum = sum(float(p.double().sum()) for p in model.parameters())
     print(f"rank {rank} done {checksum:.6f} {extras!r}", flush=True)
     if os.environ.get("TRAIN_DONE_DIR"):  # (torchrun's shared stdout can lose a rank's line)
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                         for p in model.parameters())).hexdigest()
         Path(os.environ["TRAIN_DONE_DIR"], f"rank{rank}").write_text(
-            f"rank {rank} done {checksum:.6f} {extras!r}\n")
+            f"rank {rank} done {checksum:.6f} {extras!r}\nparameters sha256 {digest}\n")
     dist.destroy_process_group()
 
 
