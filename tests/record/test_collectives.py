@@ -173,24 +173,33 @@ def test_a_mismatch_reaches_the_trace_and_diagnose(python: str, tmp_path: Path, 
     assert "float32 x3" in text and "float32 x4" in text
 
 
-def test_a_healthy_job_with_many_collectives_reports_nothing_and_trains_as_without(
-        python: str, tmp_path: Path) -> None:
-    # 3 ranks: the point-to-point calls between ranks 0 and 1 shift only their positions
-    # (each rank also writes its "done" line to a file: torchrun's shared stdout lost one
-    # rank's line in about 1 of 10 plain runs here, without ddpviz)
+def plain_and_recorded(python: str, tmp_path: Path, nprocs: int, **extra: str
+                       ) -> tuple[Path, Path, Path, subprocess.CompletedProcess[str]]:
+    """The healthy job (TRAIN_DEFECT and the rest from `extra`) run unwatched, then under
+    `ddpviz record --out`: (its unwatched done folder, its recorded one, the trace folder, the
+    recorded run). Each rank writes its "done" line to a file of its own (torchrun's shared
+    stdout lost one rank's line in about 1 of 10 plain runs here, without ddpviz)."""
     done_plain, done_recorded = tmp_path / "done-plain", tmp_path / "done-recorded"
     done_plain.mkdir()
     done_recorded.mkdir()
-    env = job_env(TRAIN_DEFECT="none", TRAIN_STEPS="13", TRAIN_DONE_DIR=str(done_plain))
-    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node", "3",
-                            "--master-port", str(free_port()), str(SCRIPT)], env=env,
-                           cwd=ROOT, capture_output=True, text=True, timeout=180)
+    env = job_env(TRAIN_DONE_DIR=str(done_plain), **extra)
+    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node",
+                            str(nprocs), "--master-port", str(free_port()), str(SCRIPT)],
+                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert plain.returncode == 0, plain.stderr[-3000:]
     out = tmp_path / "out"
-    recorded = subprocess.run(command(python, out, nprocs=3),
+    recorded = subprocess.run(command(python, out, nprocs=nprocs),
                               env={**env, "TRAIN_DONE_DIR": str(done_recorded)}, cwd=ROOT,
                               capture_output=True, text=True, timeout=180)
     assert recorded.returncode == 0, recorded.stderr[-3000:]
+    return done_plain, done_recorded, out, recorded
+
+
+def test_a_healthy_job_with_many_collectives_reports_nothing_and_trains_as_without(
+        python: str, tmp_path: Path) -> None:
+    # 3 ranks: the point-to-point calls between ranks 0 and 1 shift only their positions
+    done_plain, done_recorded, out, recorded = plain_and_recorded(
+        python, tmp_path, 3, TRAIN_DEFECT="none", TRAIN_STEPS="13")
 
     def done(folder: Path) -> list[tuple[str, ...]]:
         text = "".join(p.read_text() for p in sorted(folder.iterdir()))
@@ -249,19 +258,8 @@ def test_the_healthy_twin_says_nothing_from_its_rings_and_trains_as_without(
         python: str, tmp_path: Path) -> None:
     """The same job with the same sizes on every rank (TRAIN_AT=-1) writes its rings, says
     nothing of them, and ends bitwise as the unwatched job."""
-    done_plain, done_recorded = tmp_path / "done-plain", tmp_path / "done-recorded"
-    done_plain.mkdir()
-    done_recorded.mkdir()
-    env = job_env(TRAIN_DEFECT="gather_late", TRAIN_AT="-1", TRAIN_DONE_DIR=str(done_plain))
-    plain = subprocess.run([python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                            "--master-port", str(free_port()), str(SCRIPT)], env=env,
-                           cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    out = tmp_path / "out"
-    recorded = subprocess.run(command(python, out),
-                              env={**env, "TRAIN_DONE_DIR": str(done_recorded)}, cwd=ROOT,
-                              capture_output=True, text=True, timeout=180)
-    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    done_plain, done_recorded, out, recorded = plain_and_recorded(
+        python, tmp_path, 2, TRAIN_DEFECT="gather_late", TRAIN_AT="-1")
     assert sorted(p.name for p in out.glob("*.ring")) == [
         "ddpviz-ledger-rank0.ring", "ddpviz-ledger-rank1.ring"]
 
