@@ -63,7 +63,6 @@ _SPAN = struct.Struct("<i")
 MAX_SLOT = 4096
 MAX_SLOTS = 1 << 16
 MAX_RANK = 1 << 20
-MAX_FILE = HEADER + GROUPS_BYTES + MAX_SLOT * MAX_SLOTS
 MAX_SITE, MAX_SIG = 100, 60  # characters kept when a record does not fit its slot
 
 _enc = msgspec.msgpack.Encoder()
@@ -179,19 +178,23 @@ def read_ring(path: Path) -> RankRing:
     of this format or whose sizes are out of bounds or disagree with its length."""
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_FILE + 1)
+            data = f.read(HEADER)
+            if len(data) < HEADER or data[:8] != MAGIC:
+                raise RingError(f"{path} is not a ddpviz ring (no ring header)")
+            (_, version, rank, world, slot, slots, _, job, written,
+             groups_len) = _HEAD.unpack_from(data, 0)
+            if version != VERSION:
+                raise RingError(f"{path} is a ring of format {version}, not {VERSION}")
+            if not (_SLOT_HEAD.size + 8 <= slot <= MAX_SLOT and 0 < slots <= MAX_SLOTS
+                    and rank < MAX_RANK and 0 < world <= MAX_RANK and rank < world
+                    and groups_len <= GROUPS_BYTES):
+                raise RingError(f"{path}: sizes out of bounds (slot {slot}, slots {slots}, "
+                                f"rank {rank}, world {world})")
+            # the rest is read only as far as the header says it goes (and one byte more, to
+            # tell a padded file): a file's own length never sizes the read
+            data += f.read(GROUPS_BYTES + slot * slots + 1)
     except OSError as exc:
         raise RingError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if len(data) < HEADER or data[:8] != MAGIC:
-        raise RingError(f"{path} is not a ddpviz ring (no ring header)")
-    (_, version, rank, world, slot, slots, _, job, written,
-     groups_len) = _HEAD.unpack_from(data, 0)
-    if version != VERSION:
-        raise RingError(f"{path} is a ring of format {version}, not {VERSION}")
-    if not (_SLOT_HEAD.size + 8 <= slot <= MAX_SLOT and 0 < slots <= MAX_SLOTS and rank < MAX_RANK
-            and 0 < world <= MAX_RANK and rank < world and groups_len <= GROUPS_BYTES):
-        raise RingError(f"{path}: sizes out of bounds (slot {slot}, slots {slots}, rank "
-                        f"{rank}, world {world})")
     if len(data) != HEADER + GROUPS_BYTES + slot * slots:
         raise RingError(f"{path}: {len(data)} bytes, not the {HEADER + GROUPS_BYTES + slot * slots}"
                         " its header says (truncated or padded)")
