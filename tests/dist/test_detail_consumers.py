@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
 
 import msgspec
 import pytest
@@ -17,11 +16,11 @@ import torch
 from torch import nn
 
 from ddpviz import events as ev
+from ddpviz.model.event_model import EventModel
 from ddpviz.report.chrome_trace import chrome_trace_doc
 from ddpviz.report.html import render
 from ddpviz.traces.trace import Trace
 from ddpviz.widgets import HookTimeline
-from ddpviz.model.event_model import EventModel
 from ddpviz.widgets.timeline_svg import LABEL, WIDTH
 from tests.dist.harness import run_ranks
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from typing import Any, NamedTuple
 
 import pytest
@@ -23,13 +22,12 @@ from torch import nn
 
 from tests.dist.harness import run_ranks
 from tests.dist.models import ZOO
+from tests.dist.torch_release import TORCH_ARGS, TORCH_DDP, missing
 
 pytestmark = pytest.mark.dist
 
 STEPS = 4
 SEED = 4321
-TORCH_DDP = torch.nn.parallel.DistributedDataParallel
-TORCH_ARGS = set(inspect.signature(TORCH_DDP.__init__).parameters)
 
 
 class Case(NamedTuple):
@@ -47,12 +45,7 @@ class Case(NamedTuple):
 
     def missing(self) -> str | None:
         """Why the installed torch cannot run this case (None: it can)."""
-        for name, _ in self.kwargs:
-            if name not in TORCH_ARGS:
-                return f"torch {torch.__version__} has no {name}"
-        if self.manual and not hasattr(TORCH_DDP, "finalize_backward"):
-            return f"torch {torch.__version__} has no finalize_backward()"
-        return None
+        return missing(self.kwargs, self.manual)
 
 
 def _cases() -> list[Case]:

@@ -44,8 +44,7 @@ def _settled_threads(within: float = 15.0) -> list[str]:
 
 def close_rounds(rank: int, world_size: int) -> dict[str, Any]:
     import ddpviz
-    from ddpviz.probes import pulse
-    from ddpviz.probes import rendezvous
+    from ddpviz.probes import pulse, rendezvous
 
     # a closed watch's heartbeat runs this long more (composing peers' last posts), then stops
     pulse.CLOSE_GRACE_S = 0.5

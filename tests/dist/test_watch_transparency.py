@@ -21,7 +21,6 @@ One forkserver run per world size; the tests read its cached results.
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, NamedTuple
 
 import pytest
@@ -31,13 +30,13 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from tests.dist.harness import run_ranks
+from tests.dist.torch_release import missing
 from tests.recordings import recording
 
 pytestmark = pytest.mark.dist
 
 STEPS = 4
 SEED = 7
-TORCH_ARGS = set(inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters)
 
 
 class Case(NamedTuple):
@@ -52,12 +51,7 @@ class Case(NamedTuple):
 
     def missing(self) -> str | None:
         """Why the installed torch cannot run this case (None: it can)."""
-        for name, _ in self.kwargs:
-            if name not in TORCH_ARGS:
-                return f"torch {torch.__version__} has no {name}"
-        if self.manual and not hasattr(nn.parallel.DistributedDataParallel, "finalize_backward"):
-            return f"torch {torch.__version__} has no finalize_backward()"
-        return None
+        return missing(self.kwargs, self.manual)
 
 
 def _case(name: str) -> Case:

@@ -18,6 +18,7 @@ import ddpviz
 from ddpviz import events as ev
 from ddpviz import markup
 from tests.dist.harness import free_port
+from tests.dist.torch_release import missing
 from tests.record.hooked import ROOT, hooked_python
 
 pytestmark = pytest.mark.dist
@@ -162,8 +163,7 @@ def test_recording_sets_the_policy_for_every_rank(python: str, tmp_path: Path) -
 
 
 @pytest.mark.skipif(
-    "lazy_bucket_allocation" not in __import__("inspect").signature(
-        __import__("torch").nn.parallel.DistributedDataParallel.__init__).parameters,
+    missing([("lazy_bucket_allocation", True)]) is not None,
     reason="the installed torch has no lazy_bucket_allocation (torch 2.15 added it)")
 def test_the_guard_steps_aside_for_lazy_buckets_as_views_and_the_job_ends_as_unwatched(
         python: str, tmp_path: Path) -> None:
