@@ -528,6 +528,22 @@ def warning_of(finding: Finding) -> DiagnosisWarning:
 # Rank-local findings: each rank reports its own (its own rank in `ranks`, its call sites in
 # `values`); the same one from several ranks reads as one finding naming all of them. (watch's
 # unused-parameter finding: each rank names the parameters its own backward left out.)
+# A mismatch of the job's own collectives (probes/collective_check.py, the rings).
+COLLECTIVE_KINDS: tuple[Kind, ...] = ("collective_mismatch", "unmatched_collective")
+
+
+def named_live(finding: Finding) -> bool:
+    """Whether `finding` is a mismatch of the job's collectives named by the ranks' own
+    comparison (live or from the rings: not the per-step counts diagnose reads from the steps'
+    events)."""
+    return finding.kind in COLLECTIVE_KINDS and finding.field != "collectives"
+
+
+def said_live(findings: Iterable[Finding]) -> bool:
+    """Whether `findings` hold a mismatch of the job's collectives that `named_live` counts."""
+    return any(named_live(f) for f in findings)
+
+
 RANK_LOCAL: tuple[Kind, ...] = ("buffer_reassigned", "unsynced_gradients", "unused_parameter")
 # Findings that every waiting rank raises from its own side ("rank 1 did not reach step 3
 # within 5s; rank 0 has waited since its forward", and rank 2's the same with "rank 2"): the

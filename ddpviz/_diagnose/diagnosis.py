@@ -35,6 +35,7 @@ from ddpviz.findings import (
     group_ranks,
     merge_findings,
     odd_ranks,
+    said_live,
     sort_findings,
 )
 from ddpviz.model_mismatch import mismatch_findings
@@ -93,13 +94,12 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None,
                            ring=ring)
 
 
-COLLECTIVE_KINDS = ("collective_mismatch", "unmatched_collective")
 
-
-def said_live(findings: Iterable[Finding]) -> bool:
-    """Whether `findings` hold a mismatch of the job's collectives named by the ranks' own
-    comparison (live: not the per-step counts diagnose reads from the steps' events)."""
-    return any(f.kind in COLLECTIVE_KINDS and f.field != "collectives" for f in findings)
+def trace_said_live(trace: Trace) -> bool:
+    """Whether a rank of `trace` named a mismatch of the job's collectives live (`said_live`):
+    then the rings' comparison after the job has nothing to add."""
+    return said_live(e.finding for t in trace.columns().values()
+                     for e in t.rare(ev.FindingReported))
 
 
 def rings_of(folders: Iterable[Path]) -> list[Finding]:

@@ -17,10 +17,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from ddpviz.envvars import ENV_RING_DIR
 from ddpviz.interrupts import interrupts_deferred
 from ddpviz.launcher import channel
 from ddpviz.launcher.cells import code_origins
@@ -38,6 +40,7 @@ from ddpviz.launcher.process import (
 from ddpviz.launcher.resources import run_resources
 
 if TYPE_CHECKING:
+    from ddpviz.findings import Finding
     from ddpviz.session.live import Session
     from ddpviz.traces.trace import Trace
     from ddpviz.widgets.dashboard import Dashboard
@@ -133,13 +136,15 @@ class Run:
         self._ranks: list[RankProcess] = []
         self._relays: list[PipeRelay] = []
         self._timeout_stacks: dict[int, list[str]] = {}
+        self._rings: list[Finding] = []  # what the rings show after a failure, unsaid live
         self._dir, self._stacks, self._events = run_resources(nprocs, session)
         port = free_port()
         sources = _cell_sources()
         origins = code_origins(fn)
         try:
             for rank in range(nprocs):
-                rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank)}
+                rank_env = {**(env or {}), **self._events.env, **self._stacks.env(rank),
+                            ENV_RING_DIR: str(self._dir.path)}
                 with interrupts_deferred():  # a rank is started and known, or not started
                     proc = spawn_rank(rank, nprocs, port=port, store=self._dir.file("store"),
                                       backend=self.backend, mode="call", env=rank_env)
@@ -365,15 +370,18 @@ class Run:
         for relay in self._relays:
             relay.join(_RELAY_JOIN_S)
         close_fds(*(p.control for p in self._ranks), *(p.results for p in self._ranks))
+        rings = _ring_findings(self._dir.path) if self._failures else []
         self._dir.remove()
         self._events.settle()
+        if rings and not _said_live(self._events.session):
+            self._rings = rings
         self._events.close()
         self._done.set()
         _live.discard(self)
 
     def _result(self) -> list[Any]:
         if self._failures:
-            raise RankError(list(self._failures), self.nprocs, self._hint())
+            raise RankError(list(self._failures), self.nprocs, self._hint(), self._rings)
         if self._stop_reason == "timeout":
             assert self.timeout is not None
             finished = sorted(r for r in self._outcomes)
@@ -404,6 +412,28 @@ class Run:
             return ("ddpviz.launch already initialised the process group on every rank: remove "
                     f"the init_process_group call from the function{also}.")
         return f"Fix the error on rank {first.rank} and launch again{also}."
+
+
+def _ring_findings(folder: Path) -> list[Finding]:
+    """What the ranks' rings of last collectives in the run's folder show (See [Note: the
+    ring], probes/ledger_ring.py): [] when they agree or cannot be read."""
+    try:
+        from ddpviz.probes.ledger_ring import folder_findings
+
+        return folder_findings(folder)
+    except Exception:  # (the ranks' own failure is what counts)
+        return []
+
+
+def _said_live(session: Session) -> bool:
+    """Whether a rank named a mismatch of the job's collectives live (its event is in the
+    session)."""
+    from ddpviz._diagnose.diagnosis import trace_said_live
+
+    try:
+        return trace_said_live(session.trace)
+    except Exception:
+        return False
 
 
 def _cell_sources() -> dict[str, str]:

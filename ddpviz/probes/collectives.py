@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddpviz.engine import comm
-from ddpviz.envvars import ENV_TRACE_DIR
+from ddpviz.envvars import ENV_RING_DIR, ENV_TRACE_DIR
 from ddpviz.probes import ledger_ring
 from ddpviz.probes.collective_compare import Entry, Mark
 from ddpviz.probes.stack_text import owner
@@ -450,10 +450,11 @@ _mark_texts: dict[str, bytes] = {}  # a group's name -> a mark's text
 
 
 def _open_ring() -> None:
-    """Open this rank's ring once, when the run has a trace folder (`ddpviz record --out`)
+    """Open this rank's ring once, when the run has a folder for it (the trace folder of
+    `ddpviz record --out`, else the private one of `ddpviz record --connect` and `launch()`)
     and the default process group is up."""
     global _ring, _ring_tried
-    folder = os.environ.get(ENV_TRACE_DIR)
+    folder = os.environ.get(ENV_TRACE_DIR) or os.environ.get(ENV_RING_DIR)
     if _ring_tried or not folder or not dist.is_initialized():
         return
     _ring_tried = True

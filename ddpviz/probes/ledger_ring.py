@@ -341,6 +341,25 @@ def open_ring(folder: str, rank: int, world: int) -> Ring | None:
         return None
 
 
+SAID_FILE = "ddpviz-ledger-said"  # made when a rank said a collective mismatch live
+
+
+def mark_said(folder: str | os.PathLike[str]) -> None:
+    """Note in `folder` that a rank of this job named a mismatch of its collectives live, so
+    the rings' comparison after the job does not say it again (`said_since`)."""
+    with contextlib.suppress(OSError):
+        (Path(folder) / SAID_FILE).touch()
+
+
+def said_since(folder: str | os.PathLike[str], since: float | None = None) -> bool:
+    """Whether a rank marked `folder` (`mark_said`) since `since` (the job's start)."""
+    try:
+        made = (Path(folder) / SAID_FILE).stat().st_mtime
+    except OSError:
+        return False
+    return since is None or made >= since
+
+
 _said: list[str] = []
 
 

@@ -20,7 +20,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddpviz.envvars import ENV_CONNECT, ENV_HANG_TIMEOUT, ENV_RECORD, ENV_TRACE_DIR, TRACE_FILE
+from ddpviz.envvars import (
+    ENV_CONNECT,
+    ENV_HANG_TIMEOUT,
+    ENV_RECORD,
+    ENV_RING_DIR,
+    ENV_TRACE_DIR,
+    TRACE_FILE,
+)
+from ddpviz.private_dir import PrivateDir
 from ddpviz.recording import ENV_RECORDING, Recording
 from ddpviz.torch_support import installed, untested_note
 
@@ -91,6 +99,19 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         print(note, file=sys.stderr, flush=True)
     if ENV_TRACE_DIR in env:
         Path(env[ENV_TRACE_DIR]).mkdir(parents=True, exist_ok=True)
+        return _run_child(command, env, env[ENV_TRACE_DIR])
+    # No trace folder (--connect): the rings of last collectives go to a private one, read
+    # after a failed job and removed (See [Note: the ring], probes/ledger_ring.py).
+    rings = PrivateDir()
+    env[ENV_RING_DIR] = str(rings.path)
+    try:
+        return _run_child(command, env, env[ENV_RING_DIR])
+    finally:
+        rings.remove()
+
+
+def _run_child(command: list[str], env: dict[str, str], rings: str) -> int:
+    """Run the recorded command; after it failed, say what its ranks' rings in `rings` show."""
     started = time.time()
     try:
         child = subprocess.Popen(command, env=env)
@@ -105,8 +126,8 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, term)
-    if ENV_TRACE_DIR in env and code != 0:
-        say_rings(env[ENV_TRACE_DIR], since=started)
+    if code != 0:
+        say_rings(rings, since=started)
     if ENV_TRACE_DIR in env:
         traces = sorted(Path(env[ENV_TRACE_DIR]).glob(TRACE_FILE.format(rank="*")))
         if traces:
@@ -126,13 +147,13 @@ def say_rings(folder: str, since: float | None = None) -> None:
     """After a failed job: the first difference in the ranks' rings of last collectives (See
     [Note: the ring], probes/ledger_ring.py; `since`: the job's start, older rings are an
     earlier run's), printed once, unless a rank named a mismatch of the job's collectives live
-    (its trace holds it). Says nothing when the rings agree, and nothing when they cannot be
-    read."""
+    (it marked the folder, or its trace holds it). Says nothing when the rings agree, and
+    nothing when they cannot be read."""
     try:
-        from ddpviz.probes.ledger_ring import folder_findings
+        from ddpviz.probes.ledger_ring import folder_findings, said_since
 
         findings = folder_findings(folder, since)
-        if not findings or _said_live(folder):
+        if not findings or said_since(folder, since) or _said_live(folder):
             return
         for finding in findings:
             print(finding.text(), file=sys.stderr, flush=True)
@@ -142,8 +163,7 @@ def say_rings(folder: str, since: float | None = None) -> None:
 
 def _said_live(folder: str) -> bool:
     """Whether a rank's trace in `folder` holds a mismatch of collectives it named live."""
-    from ddpviz import events as ev
-    from ddpviz._diagnose.diagnosis import said_live
+    from ddpviz._diagnose.diagnosis import trace_said_live
     from ddpviz.traces.source import open_run
 
     try:
@@ -152,5 +172,4 @@ def _said_live(folder: str) -> bool:
         return False
     if run.trace is None:
         return False
-    return said_live(e.finding for t in run.trace.columns().values()
-                     for e in t.rare(ev.FindingReported))
+    return trace_said_live(run.trace)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import os
 import sys
 import threading
 import time
@@ -20,13 +21,16 @@ from typing import Any, TextIO
 import msgspec
 import torch.distributed as dist
 
+from ddpviz.envvars import ENV_RING_DIR, ENV_TRACE_DIR
 from ddpviz.findings import (
     RANK_LOCAL,
     DiagnosisWarning,
     Finding,
     merge_findings,
+    named_live,
     waited_key,
 )
+from ddpviz.probes.ledger_ring import mark_said
 from ddpviz.probes.rendezvous import Scope
 
 # [Note: one line per finding per job]
@@ -99,6 +103,8 @@ def _show(message: Warning | str, category: type[Warning], filename: str, lineno
         _previous(message, category, filename, lineno, file, line)
         return
     finding = getattr(message, "finding", None)
+    if isinstance(finding, Finding) and named_live(finding):
+        _mark_said()
     if isinstance(finding, Finding) and finding.kind in RANK_LOCAL and _mergeable():
         _claim(finding, file)
         return
@@ -106,6 +112,14 @@ def _show(message: Warning | str, category: type[Warning], filename: str, lineno
     waited = waited_key(finding) if isinstance(finding, Finding) else None
     if first_in_job(text if waited is None else repr(waited)):
         _say(text, file)
+
+
+def _mark_said() -> None:
+    """A mismatch of the job's collectives is said live: the rings' comparison after the job
+    (record/command.py) must not say it again."""
+    folder = os.environ.get(ENV_TRACE_DIR) or os.environ.get(ENV_RING_DIR)
+    if folder:
+        mark_said(folder)
 
 
 def _say(text: str, file: TextIO | None) -> None:

@@ -179,3 +179,27 @@ def _address(hex_address: str) -> str:
     # /proc/net stores each 32-bit word in host (little-endian) order
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(words))
+
+
+def late_gather(at: int, live: bool) -> str:
+    """ddpviz's DDP and an all_gather of the job's own every step, 4 elements on rank 1 at step
+    `at` (3 otherwise): gloo ends a rank. `live=False` turns the ranks' live comparison off
+    (its period is an hour), so only the rings can name it."""
+    import torch
+    import torch.distributed as dist
+
+    import ddpviz
+    from ddpviz.probes import collective_check
+
+    if not live:
+        collective_check.PERIOD_S = 3600.0
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    ddp = ddpviz.DistributedDataParallel(torch.nn.Linear(4, 2))
+    for step in range(at + 3):
+        ddp(torch.ones(3, 4)).sum().backward()
+        n = 4 if rank == 1 and step == at else 3
+        out = [torch.zeros(n) for _ in range(world)]
+        dist.all_gather(out, torch.full((n,), float(step)))  # <late_gather>
+    dist.barrier()
+    return "done"

@@ -254,6 +254,38 @@ def test_a_late_mismatch_that_ends_the_job_is_named_from_the_ranks_rings(
     assert "float32 x3" in text and "float32 x4" in text and findings[0].step == 3, text
 
 
+def test_a_late_mismatch_is_named_from_the_rings_without_a_trace_folder(
+        python: str, tmp_path: Path) -> None:
+    """The same late mismatch under `ddpviz record --connect` (events go to a notebook's
+    session, no trace folder): the rings go to a private folder of the record command, which
+    says the first difference once after the failed job and removes the folder."""
+    import tempfile
+
+    from ddpviz.private_dir import PREFIX
+
+    def ring_folders() -> set[Path]:
+        return {p.parent for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*/*.ring")}
+
+    before = ring_folders()
+    env = job_env(TRAIN_DEFECT="gather_late", TRAIN_AT="3", TRAIN_PG_TIMEOUT="8",
+                  DDPVIZ_HANG_TIMEOUT="4")
+    with ddpviz.listen() as session:
+        args = command(python, tmp_path / "unused")
+        args[args.index("--out"):args.index("--out") + 2] = ["--connect",
+                                                             session.connect_string]
+        done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=180)
+    assert done.returncode != 0
+    assert not (tmp_path / "unused").exists()
+    site = f"train_collectives.py:{line_of('log_metrics')} in log_metrics"
+    assert done.stderr.count(RING_SAID) == 1, done.stderr[-4000:]
+    block = finding_block(done.stderr, "ddpviz: ranks issued different collectives")
+    for rank, n in ((0, 3), (1, 4)):
+        assert f"rank {rank}: all_gather(float32 x{n} into 2) at {site}" in block, block
+    assert "at step 3" in block, block
+    assert ring_folders() <= before  # the private folder is gone
+
+
 def test_the_healthy_twin_says_nothing_from_its_rings_and_trains_as_without(
         python: str, tmp_path: Path) -> None:
     """The same job with the same sizes on every rank (TRAIN_AT=-1) writes its rings, says
