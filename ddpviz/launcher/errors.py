@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ddpviz.findings import Finding
 
 
 @dataclass(frozen=True)
@@ -45,12 +41,13 @@ class RankError(LaunchError):
     """A rank raised (or died); `failures` holds every failed rank, the first one first."""
 
     def __init__(self, failures: list[RankFailure], world_size: int, hint: str,
-                 findings: Sequence[Finding] = ()) -> None:
+                 notes: Sequence[str] = ()) -> None:
         self.failures = failures
         self.world_size = world_size
-        # what the ranks' rings of last collectives show (probes/ledger_ring.py), when the
-        # ranks issued different collectives and no rank named it live
-        self.findings = list(findings)
+        # what else ddpviz found after the failure, as text: the ranks' rings of last
+        # collectives (probes/ledger_ring.py) when they issued different collectives and no
+        # rank named it live
+        self.notes = list(notes)
         first = failures[0]
         self.rank = first.rank
         self.traceback = first.traceback
@@ -61,7 +58,7 @@ class RankError(LaunchError):
         first = self.failures[0]
         lines = [f"ddpviz: {first.headline()} (world_size={self.world_size})"]
         lines += [f"  then {f.headline()}" for f in self.failures[1:]]
-        lines += [f.text() for f in self.findings]
+        lines += self.notes
         return lines
 
     def _text(self, *, with_traceback: bool) -> str:

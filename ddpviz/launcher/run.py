@@ -381,7 +381,8 @@ class Run:
 
     def _result(self) -> list[Any]:
         if self._failures:
-            raise RankError(list(self._failures), self.nprocs, self._hint(), self._rings)
+            raise RankError(list(self._failures), self.nprocs, self._hint(),
+                            [f.text() for f in self._rings])
         if self._stop_reason == "timeout":
             assert self.timeout is not None
             finished = sorted(r for r in self._outcomes)
