@@ -775,7 +775,8 @@ def _cpu_text(s: Straggler, contended: bool) -> str:
     how = ("at least half of its lateness: the time is lost to other processes or threads "
            "on its host (a CPU hog, more DataLoader workers or OpenMP threads than cores), "
            "not in the job's own work" if contended else
-           "less than half of its lateness: the job's own work on this rank is slower")
+           "less than half of its lateness: waiting for a CPU does not explain the rest "
+           "(something in this rank's process is slower: the job's own work, or ddpviz's)")
     return (f"its main thread waited {ms(s.cpu_wait_ns)} a step longer for a CPU than the "
             f"other ranks' (the kernel's run-queue delay, median over {s.cpu_wait_steps} "
             f"steps): {how}")
