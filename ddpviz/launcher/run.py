@@ -51,7 +51,8 @@ _live: weakref.WeakSet[Run] = weakref.WeakSet()
 def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = None,
            args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
            timeout: float | None = None, env: Mapping[str, str] | None = None,
-           session: Session | None = None, slow_motion: float | None = None) -> Run:
+           session: Session | None = None, slow_motion: float | None = None,
+           debug: bool = False) -> Run:
     """Run `fn(*args, **kwargs)` on `nprocs` ranks of a fresh process group; returns at once.
 
     Each rank is a new interpreter (spawned, never forked: CUDA-safe) with MASTER_ADDR,
@@ -72,6 +73,9 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         slow_motion: teaching mode: seconds every rank pauses after each event it emits
             (sets DDPVIZ_SLOW_MOTION), so broadcast chunks, hooks and buckets can be watched
             one by one in `run.dashboard()`. None: full speed.
+        debug: arm the ranks for the notebook's debugger (sets DDPVIZ_DEBUG=1): they take
+            pause/inspect/resume commands from the session (ddpviz/debugger/). Until the first
+            command nothing changes; armed, each step costs one store read.
 
     Returns:
         A `Run`, at once (the ranks keep running); `run.wait()` gives the per-rank return
@@ -86,6 +90,8 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         from ddpviz.events import ENV_SLOW_MOTION
 
         env = {**(env or {}), ENV_SLOW_MOTION: repr(float(slow_motion))}
+    if debug:
+        env = {**(env or {}), "DDPVIZ_DEBUG": "1"}
     return Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
                session=session)
 
