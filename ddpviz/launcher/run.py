@@ -92,8 +92,10 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         env = {**(env or {}), ENV_SLOW_MOTION: repr(float(slow_motion))}
     if debug:
         env = {**(env or {}), "DDPVIZ_DEBUG": "1"}
-    return Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
-               session=session)
+    run = Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
+              session=session)
+    run.debug = bool(debug)
+    return run
 
 
 class Run:
@@ -103,6 +105,8 @@ class Run:
                  args: Sequence[Any], kwargs: Mapping[str, Any] | None,
                  timeout: float | None, env: Mapping[str, str] | None,
                  session: Session | None = None) -> None:
+        self.debug = False  # launched with debug=True: the ranks take debugger commands
+        self._debugger: Any = None
         load_extensions()
         if not callable(fn):
             raise TypeError(f"ddpviz: launch() needs a function, got {type(fn).__name__}.\n"
@@ -170,6 +174,22 @@ class Run:
             raise
 
     # --- public -------------------------------------------------------------------------------
+
+    @property
+    def debugger(self) -> Any:
+        """The debugger of this run's ranks (launch(..., debug=True)): pause, inspect, resume
+        (a `ddpviz.debugger.client.Debugger`)."""
+        if not self.debug:
+            from ddpviz.debugger.client import DebuggerError
+
+            raise DebuggerError("ddpviz: this run was launched without debug=True, so its ranks "
+                                "do not take debugger commands.\nLaunch it again with "
+                                "ddpviz.launch(fn, n, debug=True).")
+        if self._debugger is None:  # one per run
+            from ddpviz.debugger.client import Debugger
+
+            self._debugger = Debugger(self.session, world_size=self.nprocs, finished=self.done)
+        return self._debugger
 
     @property
     def session(self) -> Session:
