@@ -278,6 +278,9 @@ class Controller:
 
     def _claim(self, raw: str, step: int) -> None:
         assert self._board is not None
+        if self.att is not None and not getattr(self.att.ddp, "require_backward_grad_sync",
+                                                True):
+            return  # under no_sync() no all-reduce holds the others back: a synced step's
         if self._board.armed() < _world_size():
             return  # a rank not armed yet would not see it: next boundary
         claim_id, kind, reason = self._deferred[0]
