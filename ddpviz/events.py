@@ -19,7 +19,9 @@ import msgspec
 from ddpviz.findings import Finding
 from ddpviz.limits import (
     MAX_PARAMS,
+    Blob,
     BucketIndex,
+    BucketIndexOrNone,
     BucketLimits,
     BucketMap,
     Bytes,
@@ -37,6 +39,7 @@ from ddpviz.limits import (
     Shape,
     Step,
     TensorCount,
+    Text,
     TimeNs,
     WorldSize,
 )
@@ -289,13 +292,128 @@ class FindingReported(Event, frozen=True):
     finding: Finding
 
 
+# --- the debugger (ddpviz/debugger/protocol.py: the commands these answer) --------------------
+
+MAX_NONFINITE_AT = 16  # non-finite positions listed by one Inspected
+FINITENESS_BINS = 64  # bins of an Inspected finiteness map
+MAX_CHUNK_DIGESTS = 256  # chunk digests of one Inspected
+HEAD_VALUES = 8  # first values shown by one Inspected
+
+
+class DebugArmed(Event, frozen=True):
+    """This rank is armed for the debugger (the first control message arms it): from here on it
+    writes its position to the store at every forward. `bucket_points`: whether this DDP has a
+    safe point before each bucket's all-reduce (ddpviz's DDP, watch(guard=True)); `ddp`: which
+    DDP it watches ("ddpviz", "torch-guarded", "torch-hookless", "" not yet known)."""
+
+    request: Count
+    bucket_points: bool
+    ddp: Name
+
+
+class Parked(Event, frozen=True):
+    """This rank stopped at a safe point of `step` and waits for commands (emitted only once it
+    really is parked). `point`: "forward" | "bucket" | "optimizer_step"; `bucket`: the bucket
+    about to be all-reduced (-1 elsewhere); `reason`: why ("break_at", "pause", "step",
+    "finding nonfinite_gradient", "predicate: loss > 10", ...); `request`: the command that
+    asked for it (0: a break set earlier, a finding or a predicate)."""
+
+    point: Name
+    bucket: BucketIndexOrNone
+    reason: Text
+    request: Count
+
+
+class Unparked(Event, frozen=True):
+    """This rank left its park: `how` is "resume" | "step" | "abort" | "advance" (the agreed
+    boundary moved past it: another rank had gone further); `request` the command (0: none)."""
+
+    how: Name
+    request: Count
+
+
+class Inspected(Event, frozen=True):
+    """One tensor's summary on this parked rank, answering `Inspect` (`request`). `error` is
+    non-empty (and the summary empty) when the tensor is not there, saying why. Positions are
+    multi-indices into `shape`. `finiteness[i]`: fraction of non-finite elements in the i-th of
+    up to 64 equal bins of the flat tensor. `digest`: blake2b-128 (hex) of the tensor's bytes;
+    `chunk_digests[i]` of flat elements [i * chunk_elements, (i + 1) * chunk_elements): two
+    ranks' first differing chunk is then fetched alone (Fetch(chunk=i))."""
+
+    request: Count
+    name: Name
+    what: Name
+    error: Text = ""
+    shape: Shape = ()
+    dtype: Name = ""
+    device: Name = ""
+    numel: Count = 0
+    norm: float = 0.0  # L2 norm (over the finite elements when some are not)
+    max_abs: float = 0.0  # over the finite elements
+    n_nan: Count = 0
+    n_posinf: Count = 0
+    n_neginf: Count = 0
+    nonfinite_at: Annotated[tuple[Shape, ...], msgspec.Meta(max_length=MAX_NONFINITE_AT)] = ()
+    finiteness: Annotated[tuple[float, ...], msgspec.Meta(max_length=FINITENESS_BINS)] = ()
+    digest: Name = ""
+    chunk_elements: Count = 0
+    chunk_digests: Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_CHUNK_DIGESTS)] = ()
+    head: Annotated[tuple[float, ...], msgspec.Meta(max_length=HEAD_VALUES)] = ()
+
+
+class Fetched(Event, frozen=True):
+    """Part `part` of `parts` of a tensor's raw bytes (little-endian, C order, base64 in `data`:
+    at most 768 KiB a part), answering `Fetch` (`request`): flat elements from `offset` on, of
+    the whole tensor's `shape` and `dtype` (a torch dtype name, e.g. "float32"). `error` is
+    non-empty (and no data) when refused, saying how to narrow the fetch."""
+
+    request: Count
+    name: Name
+    what: Name
+    error: Text = ""
+    dtype: Name = ""
+    shape: Shape = ()
+    offset: Count = 0
+    part: Count = 0
+    parts: Count = 0
+    data: Blob = ""
+
+
+class CodeRan(Event, frozen=True):
+    """`RunCode` (`request`) ran on this rank: what it printed (the last MAX_TEXT characters),
+    the repr of its last expression's value ("" when none) and the error it raised ("" none)."""
+
+    request: Count
+    stdout: Text
+    result_repr: Text
+    error: Text
+
+
+class StacksTaken(Event, frozen=True):
+    """Every thread's stack on this rank, answering `Stacks` (`request`): one text per thread,
+    `threads[i]` naming it."""
+
+    request: Count
+    threads: Names
+    stacks: Annotated[tuple[Text, ...], msgspec.Meta(max_length=MAX_PARAMS)]
+
+
+class DebugRefused(Event, frozen=True):
+    """This rank did not do what command `request` asked, and says why (a replay, an unknown
+    parameter, a bucket break under the hook-less watch(), a command that needs a park)."""
+
+    request: Count
+    reason: Text
+
+
 ANY_EVENT = (
     ParamsBuilt | VerificationStarted | VerificationPassed | VerificationFailed
     | BroadcastStarted | BroadcastChunkSent | BroadcastChunkDone | BroadcastFinished
     | BucketAssigned | ForwardStarted | BuffersSynced | BackwardStarted | GradReady | BucketReady
     | GradsSummarized | AllReduceLaunched | AllReduceDone | BackwardFinished | BackwardComputed
     | UnusedParametersFound | BucketsRebuilt | OptimizerStepStarted | OptimizerStepFinished
-    | EventsDropped | FindingReported
+    | EventsDropped | FindingReported | DebugArmed | Parked | Unparked | Inspected | Fetched
+    | CodeRan | StacksTaken | DebugRefused
 )
 
 

@@ -32,6 +32,7 @@ MAX_TEXT = 65536  # characters of a finding's title, detail line or fix, or a me
 MAX_LINES = 1024  # detail lines of one finding
 MAX_META_DEPTH = 16  # nesting of lists and maps in a trace's metadata
 MAX_META_ITEMS = 100_000  # values (strings, numbers, lists, maps) in a trace's metadata
+MAX_BLOB = 1 << 20  # base64 characters in one debugger Fetched part (768 KiB of raw bytes)
 
 # Field types: msgspec checks these while decoding (never when code builds an event).
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
@@ -55,6 +56,7 @@ Shape = Annotated[tuple[Dim, ...], msgspec.Meta(max_length=MAX_DIMS)]
 Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
 Pid = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]  # a process id (pid_t is 32 bits)
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+Blob = Annotated[str, msgspec.Meta(max_length=MAX_BLOB)]  # base64 (a string in every viewer)
 Ranks = Annotated[tuple[Rank, ...], msgspec.Meta(max_length=MAX_WORLD_SIZE)]
 ParamIndices = Annotated[tuple[ParamIndex, ...], msgspec.Meta(max_length=MAX_PARAMS)]
 Names = Annotated[tuple[Name, ...], msgspec.Meta(max_length=MAX_PARAMS)]

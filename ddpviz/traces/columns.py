@@ -41,7 +41,9 @@ KINDS: tuple[type[Event], ...] = (
     ev.BucketAssigned, ev.ForwardStarted, ev.BuffersSynced, ev.BackwardStarted, ev.GradReady,
     ev.BucketReady, ev.GradsSummarized, ev.AllReduceLaunched, ev.AllReduceDone,
     ev.BackwardFinished, ev.UnusedParametersFound, ev.BucketsRebuilt, ev.EventsDropped,
-    ev.FindingReported, ev.OptimizerStepStarted, ev.OptimizerStepFinished, ev.BackwardComputed)
+    ev.FindingReported, ev.OptimizerStepStarted, ev.OptimizerStepFinished, ev.BackwardComputed,
+    ev.DebugArmed, ev.Parked, ev.Unparked, ev.Inspected, ev.Fetched, ev.CodeRan, ev.StacksTaken,
+    ev.DebugRefused)
 CODE: dict[type[Event], int] = {cls: i for i, cls in enumerate(KINDS)}
 HOT: frozenset[type[Event]] = frozenset({
     ev.GradReady, ev.BucketReady, ev.AllReduceLaunched, ev.AllReduceDone, ev.ForwardStarted,

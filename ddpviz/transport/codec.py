@@ -2,9 +2,10 @@
 
 A message is four zmq frames, signed like Jupyter's messages (HMAC-SHA256 over the serialized
 parts, hex digest in its own frame): `[MAGIC, signature, header, body]`. The header is a msgpack
-map (`Header`); the body is a msgpack array of tagged events (`ddpviz.events`). `Codec.decode`
-never raises anything but `WireError`, whose `reason` is one of `REASONS`. Checks run in a fixed
-order, so every rejected message is counted under exactly one reason:
+map (`Header`); the body is a msgpack array of tagged events (`ddpviz.events`), or for kind
+"control" (collector -> rank, the debugger) of tagged commands (`ddpviz.debugger.protocol`).
+`Codec.decode` never raises anything but `WireError`, whose `reason` is one of `REASONS`. Checks
+run in a fixed order, so every rejected message is counted under exactly one reason:
 
 1. garbage    first frame is not MAGIC, or more than four frames
 2. truncated  MAGIC but fewer than four frames (also: a signed header or body cut short)
@@ -22,11 +23,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-from typing import Literal, NamedTuple, cast
+from typing import Annotated, Any, Literal, NamedTuple, cast
 
 import msgspec
 
 from ddpviz import limits
+from ddpviz.debugger.protocol import ANY_COMMAND, MAX_COMMANDS, Command
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
 
 WIRE_VERSION = 2
@@ -35,7 +37,7 @@ MAX_MESSAGE_BYTES = 4 << 20  # senders split larger batches (ParamsBuilt of 40k 
 MAX_FRAME_SLACK = 128 << 10  # zmq's per-frame limit is max_bytes + this (see Collector)
 REASONS = ("garbage", "truncated", "oversized", "version", "schema", "auth")
 Reason = Literal["garbage", "truncated", "oversized", "version", "schema", "auth"]
-Kind = Literal["hello", "ping", "pong", "clock", "events", "bye", "ack"]
+Kind = Literal["hello", "ping", "pong", "clock", "events", "bye", "ack", "control"]
 
 
 class WireError(ValueError):
@@ -55,7 +57,7 @@ class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rank: limits.Rank  # bounds (ddpviz.limits) are checked on decode: a "schema" reject
     sender: limits.Name  # random id of one Sender instance; a restarted rank gets a new one
     seq: limits.Count  # frame number from this sender, from 0, every kind counted
-    count: limits.Count = 0  # events: len(body); bye: events shipped in total
+    count: limits.Count = 0  # events/control: len(body); bye: events shipped in total
     dropped: limits.Count = 0  # bye: events dropped by this sender in total
     t_ns: int = 0  # hello/ping: sender's monotonic clock at send; pong: echoed back
     wall_ns: int = 0  # hello: sender's wall clock (time.time_ns) at send
@@ -79,7 +81,8 @@ class _Versions(msgspec.Struct):
 
 class Frame(NamedTuple):
     header: Header
-    events: list[Event]  # empty for control kinds
+    events: list[Event]  # empty for every kind but "events"
+    commands: tuple[Command, ...] = ()  # the debugger's commands of a "control" message
 
 
 class Codec:
@@ -100,6 +103,8 @@ class Codec:
         self._versions = msgspec.msgpack.Decoder(_Versions)
         self._header = msgspec.msgpack.Decoder(Header)
         self._events = msgspec.msgpack.Decoder(list[ANY_EVENT])
+        self._commands = msgspec.msgpack.Decoder(
+            Annotated[list[ANY_COMMAND], msgspec.Meta(max_length=MAX_COMMANDS)])
 
     def sign(self, header: bytes, body: bytes) -> bytes:
         mac = self._mac.copy()
@@ -107,8 +112,9 @@ class Codec:
         mac.update(body)
         return mac.hexdigest().encode()
 
-    def encode(self, header: Header, events: list[Event] | tuple[()] = ()) -> list[bytes]:
-        """The frames of one message: [MAGIC, signature, header, body]."""
+    def encode(self, header: Header, events: list[Any] | tuple[()] = ()) -> list[bytes]:
+        """The frames of one message: [MAGIC, signature, header, body] (body: events, or a
+        control message's commands)."""
         head = self._encoder.encode(header)
         body = self._encoder.encode(events)
         return [MAGIC, self.sign(head, body), head, body]
@@ -152,6 +158,8 @@ class Codec:
             raise WireError("schema", f"header: {err}") from None
         except ValueError as err:
             raise WireError("garbage", f"header: {err}") from None
+        if header.kind == "control":
+            return Frame(header, [], tuple(self._decode_commands(header, body)))
         try:
             events = cast("list[Event]", self._events.decode(body))
         except msgspec.ValidationError as err:
@@ -176,6 +184,20 @@ class Codec:
         elif events:
             raise WireError("schema", f"a {header.kind!r} message carries {len(events)} events")
         return Frame(header, events)
+
+    def _decode_commands(self, header: Header, body: bytes) -> list[Command]:
+        try:
+            commands = cast("list[Command]", self._commands.decode(body))
+        except msgspec.ValidationError as err:
+            raise WireError("schema", f"commands: {err}") from None
+        except msgspec.DecodeError as err:
+            raise _malformed("body", err) from None
+        except ValueError as err:
+            raise WireError("garbage", f"commands: {err}") from None
+        if header.count != len(commands):
+            raise WireError("schema", f"header says {header.count} commands, body has "
+                            f"{len(commands)}")
+        return commands
 
 
 def _malformed(where: str, error: msgspec.DecodeError) -> WireError:

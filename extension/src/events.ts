@@ -284,6 +284,93 @@ export interface FindingReported extends EventBase {
   finding: Finding;
 }
 
+/** The debugger: ddpviz.events.DebugArmed (see ddpviz/debugger/protocol.py). */
+export interface DebugArmed extends EventBase {
+  type: 'DebugArmed';
+  request: number;
+  bucket_points: boolean;
+  ddp: string;
+}
+
+/** The debugger: ddpviz.events.Parked (see ddpviz/debugger/protocol.py). */
+export interface Parked extends EventBase {
+  type: 'Parked';
+  point: string;
+  bucket: number;
+  reason: string;
+  request: number;
+}
+
+/** The debugger: ddpviz.events.Unparked (see ddpviz/debugger/protocol.py). */
+export interface Unparked extends EventBase {
+  type: 'Unparked';
+  how: string;
+  request: number;
+}
+
+/** The debugger: ddpviz.events.Inspected (see ddpviz/debugger/protocol.py). */
+export interface Inspected extends EventBase {
+  type: 'Inspected';
+  request: number;
+  name: string;
+  what: string;
+  error?: string;
+  shape?: number[];
+  dtype?: string;
+  device?: string;
+  numel?: number;
+  norm?: number;
+  max_abs?: number;
+  n_nan?: number;
+  n_posinf?: number;
+  n_neginf?: number;
+  nonfinite_at?: number[][];
+  finiteness?: number[];
+  digest?: string;
+  chunk_elements?: number;
+  chunk_digests?: string[];
+  head?: number[];
+}
+
+/** The debugger: ddpviz.events.Fetched (see ddpviz/debugger/protocol.py). */
+export interface Fetched extends EventBase {
+  type: 'Fetched';
+  request: number;
+  name: string;
+  what: string;
+  error?: string;
+  dtype?: string;
+  shape?: number[];
+  offset?: number;
+  part?: number;
+  parts?: number;
+  data?: string;
+}
+
+/** The debugger: ddpviz.events.CodeRan (see ddpviz/debugger/protocol.py). */
+export interface CodeRan extends EventBase {
+  type: 'CodeRan';
+  request: number;
+  stdout: string;
+  result_repr: string;
+  error: string;
+}
+
+/** The debugger: ddpviz.events.StacksTaken (see ddpviz/debugger/protocol.py). */
+export interface StacksTaken extends EventBase {
+  type: 'StacksTaken';
+  request: number;
+  threads: string[];
+  stacks: string[];
+}
+
+/** The debugger: ddpviz.events.DebugRefused (see ddpviz/debugger/protocol.py). */
+export interface DebugRefused extends EventBase {
+  type: 'DebugRefused';
+  request: number;
+  reason: string;
+}
+
 /** Any event, discriminated by `type`. */
 export type DDPEvent =
   | ParamsBuilt
@@ -310,7 +397,15 @@ export type DDPEvent =
   | OptimizerStepStarted
   | OptimizerStepFinished
   | EventsDropped
-  | FindingReported;
+  | FindingReported
+  | DebugArmed
+  | Parked
+  | Unparked
+  | Inspected
+  | Fetched
+  | CodeRan
+  | StacksTaken
+  | DebugRefused;
 
 /** How a field is checked when a trace is decoded. */
 export type FieldKind = 'int' | 'float' | 'str' | 'bool' | 'array' | 'struct';
@@ -364,7 +459,15 @@ export const EVENT_FIELDS = {
   OptimizerStepStarted: {},
   OptimizerStepFinished: {},
   EventsDropped: { count: 'int' },
-  FindingReported: { finding: 'struct' }
+  FindingReported: { finding: 'struct' },
+  DebugArmed: { request: 'int', bucket_points: 'bool', ddp: 'str' },
+  Parked: { point: 'str', bucket: 'int', reason: 'str', request: 'int' },
+  Unparked: { how: 'str', request: 'int' },
+  Inspected: { request: 'int', name: 'str', what: 'str', error: 'str', shape: 'array', dtype: 'str', device: 'str', numel: 'int', norm: 'float', max_abs: 'float', n_nan: 'int', n_posinf: 'int', n_neginf: 'int', nonfinite_at: 'array', finiteness: 'array', digest: 'str', chunk_elements: 'int', chunk_digests: 'array', head: 'array' },
+  Fetched: { request: 'int', name: 'str', what: 'str', error: 'str', dtype: 'str', shape: 'array', offset: 'int', part: 'int', parts: 'int', data: 'str' },
+  CodeRan: { request: 'int', stdout: 'str', result_repr: 'str', error: 'str' },
+  StacksTaken: { request: 'int', threads: 'array', stacks: 'array' },
+  DebugRefused: { request: 'int', reason: 'str' }
 } as const satisfies Record<string, Readonly<Record<string, FieldKind>>>;
 
 /** The name of an event class. */
