@@ -18,6 +18,7 @@ import secrets
 import socket
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from ddpviz.debugger.protocol import MAX_COMMANDS, Command
 from ddpviz.events import Event, EventsDropped
 from ddpviz.interrupts import interrupts_deferred
 from ddpviz.transport.codec import (
@@ -155,6 +157,7 @@ class Collector:
               max_bytes: int, max_pending: int) -> None:
         self.secret = secret or secrets.token_hex(32)
         self._codec = Codec(self.secret.encode(), max_bytes=max_bytes)
+        self._codec_out = Codec(self.secret.encode())  # send_control's, under self._lock
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -198,6 +201,10 @@ class Collector:
         self._callback_errors = 0
         self._internal_errors = 0
         self._subscribers = Subscribers()
+        self._id = uuid.uuid4().hex  # signed into control headers (the rank's replay check)
+        self._control_seq = 0
+        self._identities: dict[int, bytes] = {}  # rank -> the connection its Sender spoke on
+        self._outbox: queue.SimpleQueue[tuple[bytes, list[bytes]]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddpviz-collector", daemon=True)
         self._thread.start()
@@ -229,6 +236,41 @@ class Collector:
         if self.closed:
             q.put(END_OF_STREAM)
         return iterate_queue(q, unsubscribe, timeout)
+
+    def send_control(self, rank: int | None, commands: list[Command]) -> tuple[int, ...]:
+        """Send the debugger's `commands` (ddpviz.debugger.protocol) to `rank` (None: every rank
+        whose Sender has spoken here and not said goodbye), signed, over the connection that
+        rank's Sender opened (a rank never listens). Returns the ranks it went to; raises
+        ValueError for a rank that never connected or too many commands. Any thread."""
+        if not 0 < len(commands) <= MAX_COMMANDS:
+            raise ValueError(f"ddpviz: send_control takes 1 to {MAX_COMMANDS} commands, got "
+                             f"{len(commands)}; send them in several calls.")
+        with self._lock:
+            if rank is None:
+                closed = {k for k, st in self._ranks.items() if st.closed is not None}
+                targets = {k: i for k, i in self._identities.items() if k not in closed}
+            elif rank in self._identities:
+                targets = {rank: self._identities[rank]}
+            else:
+                raise ValueError(f"ddpviz: rank {rank} has not connected to this collector "
+                                 f"(connected: {sorted(self._identities)}); wait for its first "
+                                 "events, or check the rank number.")
+            for r, identity in sorted(targets.items()):
+                header = make_header("control", r, self._id, self._control_seq,
+                                     count=len(commands))
+                self._control_seq += 1
+                self._outbox.put((identity, self._codec_out.encode(header, list(commands))))
+        return tuple(sorted(targets))
+
+    def _send_outbox(self) -> None:
+        """On the collector's thread (the socket's owner): send what send_control queued."""
+        while True:
+            try:
+                identity, parts = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            with contextlib.suppress(zmq.ZMQError):  # the rank went away: nothing to control
+                self._sock.send_multipart([identity, *parts], zmq.NOBLOCK)
 
     @property
     def stats(self) -> CollectorStats:
@@ -295,7 +337,8 @@ class Collector:
         poller.register(sock, zmq.POLLIN)
         poller.register(guard.monitor, zmq.POLLIN)
         while not self._stop.is_set():
-            ready = dict(poller.poll(50))
+            self._send_outbox()
+            ready = dict(poller.poll(10 if self._outbox.empty() else 0))
             if guard.monitor in ready or guard.pending:
                 # Read the monitor now, apply the cap after this round's messages: a connection
                 # whose first message is waiting has finished its handshake and must not be
@@ -348,6 +391,12 @@ class Collector:
             self._senders[h.sender] = h.seq + 1
             if len(self._senders) > _MAX_SENDERS:
                 del self._senders[next(iter(self._senders))]
+            if h.kind in ("hello", "events", "ping"):
+                self._identities[h.rank] = identity  # where control for this rank goes
+        if h.kind == "control":  # only a collector sends control: a peer has no standing
+            with self._lock:
+                self._rejected["auth"] += 1
+            return
         if h.kind == "events":
             self._ack(identity, h, self._accept(h, events))
             return

@@ -29,6 +29,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from ddpviz.atomic import creating
+from ddpviz.debugger.protocol import Command
 from ddpviz.events import Event, EventsDropped
 from ddpviz.traces.fileformat import End, TraceWriter
 from ddpviz.transport.codec import (
@@ -106,6 +107,7 @@ class _Sink(Protocol):
     def describe(self) -> str: ...
     unreachable: str  # how the drop warning says the sink failed
     fix: str  # what to check when the sink stopped
+    control: Callable[[tuple[Command, ...]], None] | None  # see Sender.on_control
 
 
 class Sender:
@@ -196,6 +198,13 @@ class Sender:
             self._unwarned += n
 
     # --- control ------------------------------------------------------------------------------
+
+    def on_control(self, callback: Callable[[tuple[Command, ...]], None] | None) -> None:
+        """Hand the debugger's commands (signed "control" messages from the collector this
+        Sender connected to, never replayed) to `callback(commands)`, called on the shipping
+        thread: it must only queue them, never block (None: ignore control messages, the
+        default). A callback that raises is dropped, said once; the events go on."""
+        self._sink.control = callback
 
     @property
     def stats(self) -> SenderStats:
@@ -391,6 +400,8 @@ class _ZmqSink:
         self._on_conn = 0
         self._next_batch = 0
         self._bye_confirmed = False
+        self.control: Callable[[tuple[Command, ...]], None] | None = None
+        self._control_seq: dict[str, int] = {}  # per collector id: the next fresh frame number
 
     def describe(self) -> str:
         return self.address
@@ -599,6 +610,9 @@ class _ZmqSink:
             if h.kind == "ack":
                 self._confirmed(h.batch)
                 continue
+            if h.kind == "control":
+                self._control(h.sender, h.seq, h.rank, frame.commands)
+                continue
             if h.kind != "pong":
                 continue
             if h.t_ns >= self._epoch_ns:
@@ -616,6 +630,23 @@ class _ZmqSink:
             ping = make_header("ping", self.rank, self._id, self._next_seq(), t_ns=self._clock())
             self._last_ping = time.monotonic()
             self._send(self._codec.encode(ping), 1.0)
+
+    def _control(self, collector: str, seq: int, rank: int,
+                 commands: tuple[Command, ...]) -> None:
+        """A signed control message: handed on once (a frame number not above the last one
+        from that collector is a replay, ignored), only if it is meant for this rank."""
+        callback = self.control
+        if callback is None or rank != self.rank or seq < self._control_seq.get(collector, 0):
+            return
+        if len(self._control_seq) >= 64:
+            self._control_seq.clear()  # a new collector per notebook restart: few ever
+        self._control_seq[collector] = seq + 1
+        try:
+            callback(commands)
+        except Exception as exc:  # the events must go on: drop the debugger, say so once
+            self.control = None
+            _warn(f"ddpviz: rank {self.rank}: the debugger's control callback failed "
+                  f"({exc!r}); ddpviz stops it (no pausing from the notebook), the job goes on.")
 
     def close(self, sent: int, dropped: int, deadline: float) -> tuple[int, int]:
         """Returns the events and markers shipped but never confirmed (dropped after all)."""
@@ -662,6 +693,7 @@ class _FileSink:
     def __init__(self, path: Path, rank: int) -> None:
         self.path, self.rank = path, rank
         self._writer: TraceWriter | None = None
+        self.control: Callable[[tuple[Command, ...]], None] | None = None  # never called
 
     def describe(self) -> str:
         return str(self.path)
