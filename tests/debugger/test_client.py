@@ -111,7 +111,7 @@ def test_bad_input_says_what_to_pass() -> None:
         dbg.break_when("loss >")
     dbg.pause()
     dbg.wait(timeout=5)
-    with pytest.raises(ValueError, match="did you mean 'fc1.weight'"):
+    with pytest.raises(ValueError, match=r"did you mean 'fc1\.weight'"):
         dbg.inspect("fc1.weigth", "grad")
     with pytest.raises(ValueError, match="does not parse"):
         dbg.run("def (")
