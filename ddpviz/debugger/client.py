@@ -153,6 +153,12 @@ class Debugger:
         with self._cv:
             return dict(self._parked)
 
+    def next_step(self) -> int:
+        """The first step no rank has begun yet (0 before any step): where a break set now
+        surely stops every rank."""
+        with self._cv:
+            return max(self._last_step.values(), default=-1) + 1
+
     @property
     def breaks(self) -> tuple[p.ANY_BREAK, ...]:
         """The break set the ranks were last sent."""
@@ -311,6 +317,13 @@ class Debugger:
         elif bucket is not None:
             raise ValueError(f"ddpviz: bucket= goes with where='bucket' only, not "
                              f"where={where!r}.")
+        with self._cv:
+            ranks = self._ranks()
+            now = min((self._last_step.get(r, -1) for r in ranks), default=-1)
+        if step < now:
+            raise ValueError(f"ddpviz: every rank is past step {step} already (they are at "
+                             f"step {now} or later), so the break would never stop them.\n"
+                             f"Break at step {now + 1} or later (dbg.next_step()).")
         brk = p.BreakAt(step=step, where=where, bucket=-1 if bucket is None else bucket)  # type: ignore[arg-type]
         self._add_break(brk)
         return brk
@@ -398,8 +411,10 @@ class Debugger:
 
     # --- while paused: look -------------------------------------------------------------------
 
-    def _param_names(self) -> set[str]:
-        return {q.name for b in self._params.values() for q in b.params}
+    def param_names(self) -> list[str]:
+        """The names of the parameters the ranks' DDP reduces (from their ParamsBuilt)."""
+        with self._cv:
+            return sorted({q.name for b in self._params.values() for q in b.params})
 
     def _check_name(self, name: str) -> int | None:
         """The bucket holding parameter `name` at the stop (None: unknown); raises for a name
@@ -407,7 +422,7 @@ class Debugger:
         if not isinstance(name, str) or not name:
             raise ValueError(f"ddpviz: name a parameter by its dotted name (as in "
                              f"model.named_parameters()), got {name!r}.")
-        names = self._param_names()
+        names = set(self.param_names())
         if names and name not in names:
             close = difflib.get_close_matches(name, sorted(names), n=3)
             raise ValueError(f"ddpviz: no parameter {name!r} in the run's DDP"
@@ -600,22 +615,26 @@ class Debugger:
         stay set (`clear()` removes them)."""
         self._leave(p.Resume(request=p.next_request()), "resume", timeout)
 
-    def step(self, to: str = "step", *, timeout: float = 30.0) -> Stop:
+    def step(self, to: str = "step", *, timeout: float = 30.0, wait: bool = True) -> Stop | None:
         """Go on to the next safe point and stop there: `to="bucket"` (before the next
         bucket's all-reduce), "step" (before the next forward) or "finding" (the end of the
-        step where the next finding is said). Returns the new `Stop`."""
+        step where the next finding is said). Returns the new `Stop` (None with
+        `wait=False`: the call returns once every rank has left its park)."""
         if to not in p.StepTo.__args__:  # type: ignore[attr-defined]
             raise ValueError(f"ddpviz: step(to={to!r}): use 'bucket', 'step' or 'finding'.")
         self._leave(p.Step(request=p.next_request(), to=to), f"step to the next {to}",  # type: ignore[arg-type]
                     None)
-        return self.wait(timeout)
+        return self.wait(timeout) if wait else None
 
-    def abort(self, *, timeout: float = ABORT_TIMEOUT) -> tuple[int, ...]:
+    def abort(self, *, timeout: float = ABORT_TIMEOUT, wait: bool = True) -> tuple[int, ...]:
         """End every rank: parked ranks raise `ddpviz.debugger.Aborted` out of their park,
         others are ended by their control thread; events are flushed and traces saved first.
-        Returns the ranks that ended; raises `DebuggerTimeout` naming any still running."""
+        Returns the ranks that ended (with `wait=False`: those it was sent to, at once);
+        raises `DebuggerTimeout` naming any still running after `timeout` s."""
         ranks = self._ranks()
-        self._send(p.Abort(request=p.next_request()), keep=False, watch="abort")
+        sent = self._send(p.Abort(request=p.next_request()), keep=False, watch="abort")
+        if not wait:
+            return sent
         deadline = time.monotonic() + timeout
         while True:
             if self._finished is not None and self._finished():
