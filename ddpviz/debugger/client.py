@@ -127,8 +127,15 @@ class Debugger:
                 fn()
 
     def on_change(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback()` (on the collector's thread) whenever a rank parks, leaves its park
-        or refuses a break; returns the function that stops it (the dashboard's panel)."""
+        """Call `callback()` whenever a rank parks, leaves its park or refuses a break (the
+        dashboard's panel redraws so).
+
+        Args:
+            callback: called with no argument on the collector's thread; it must not block.
+
+        Returns:
+            The function that stops the calls (calling it again does nothing).
+        """
         with self._cv:
             self._listeners.append(callback)
 
@@ -149,13 +156,16 @@ class Debugger:
 
     @property
     def parked(self) -> dict[int, RankStop]:
-        """{rank: where it is parked} for the ranks parked now."""
+        """Where each rank parked now is (rank -> RankStop); ranks running are absent."""
         with self._cv:
             return dict(self._parked)
 
     def next_step(self) -> int:
-        """The first step no rank has begun yet (0 before any step): where a break set now
-        surely stops every rank."""
+        """The first step no rank has begun yet: where a break set now surely stops every rank.
+
+        Returns:
+            One past the latest step any rank reported (0 before any step).
+        """
         with self._cv:
             return max(self._last_step.values(), default=-1) + 1
 
@@ -180,7 +190,12 @@ class Debugger:
         return Stop(self._parked, params)
 
     def status(self) -> str:
-        """One line: running, paused where, or which ranks are where."""
+        """Where the ranks are, in one line.
+
+        Returns:
+            "running (ranks ...)", "paused at step s, before bucket k's all-reduce on ranks
+            ...", or which ranks are parked where and which run.
+        """
         with self._cv:
             ranks = self._ranks()
             parked = {r: s for r, s in self._parked.items() if r in ranks or not ranks}
@@ -290,10 +305,22 @@ class Debugger:
 
     def break_at(self, step: int, bucket: int | None = None, *,
                  where: str | None = None) -> p.BreakAt:
-        """Stop every rank at step `step`: before bucket `bucket`'s all-reduce (buckets in
-        launch order, 0 first), or `where="forward"` (before DDP's forward) or
-        `where="optimizer_step"` (after the optimizer step). Adds to the break set; the ranks
-        apply it from a step boundary they all agree on. Returns the break."""
+        """Stop every rank at one safe point of step `step`. Adds to the break set; the ranks
+        apply it from a step boundary they all agree on.
+
+        Args:
+            step: the DDP iteration (0 first); not one every rank has passed.
+            bucket: stop before this bucket's all-reduce (buckets in launch order, 0 first).
+            where: "bucket" (the default with `bucket`), "forward" (before DDP's forward) or
+                "optimizer_step" (after the optimizer step).
+
+        Returns:
+            The break as sent (a protocol BreakAt).
+
+        Raises:
+            ValueError: a bad step, bucket or point, or a step every rank has passed.
+            DebuggerError: the ranks' DDP has no safe point before a bucket's all-reduce.
+        """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"ddpviz: break_at(step=) takes a step number >= 0, got {step!r}.")
         if where is None:
@@ -329,8 +356,15 @@ class Debugger:
         return brk
 
     def break_on(self, kind: str) -> p.BreakOn:
-        """Stop every rank at the next forward after any rank says a finding of `kind` (e.g.
-        "nonfinite_gradient", "replicas_diverged"; see ddpviz.findings.KINDS)."""
+        """Stop every rank at the next forward after any rank says a finding of `kind`.
+
+        Args:
+            kind: a finding kind of `ddpviz.findings.KINDS`, e.g. "nonfinite_gradient",
+                "replicas_diverged".
+
+        Returns:
+            The break as sent (a protocol BreakOn).
+        """
         if kind not in KINDS:
             close = difflib.get_close_matches(str(kind), list(KINDS), n=3)
             raise ValueError(f"ddpviz: {kind!r} is not a finding kind"
@@ -341,8 +375,15 @@ class Debugger:
         return brk
 
     def break_when(self, predicate: str) -> p.BreakWhen:
-        """Stop every rank at the next forward after `predicate` (a Python expression over
-        `loss`, `output`, `step`, `rank`, `model`, ...) is true on any rank after a forward."""
+        """Stop every rank at the next forward after `predicate` is true on any rank.
+
+        Args:
+            predicate: a Python expression over `loss`, `output`, `step`, `rank`, `model`,
+                ..., evaluated on every rank after each forward.
+
+        Returns:
+            The break as sent (a protocol BreakWhen).
+        """
         if not isinstance(predicate, str) or not predicate.strip():
             raise ValueError(f"ddpviz: break_when takes an expression as a string, e.g. "
                              f"'loss > 10'; got {predicate!r}.")
@@ -376,6 +417,12 @@ class Debugger:
 
     def wait(self, timeout: float = 30.0) -> Stop:
         """Block until every rank is parked at the same safe point, and say where.
+
+        Args:
+            timeout: the most seconds to wait.
+
+        Returns:
+            Where every rank parked and why, with the bucket's parameters by name.
 
         Raises:
             DebuggerTimeout: not every rank parked within `timeout` s (names those that did not,
@@ -412,7 +459,11 @@ class Debugger:
     # --- while paused: look -------------------------------------------------------------------
 
     def param_names(self) -> list[str]:
-        """The names of the parameters the ranks' DDP reduces (from their ParamsBuilt)."""
+        """The parameters the ranks' DDP reduces.
+
+        Returns:
+            Their dotted names, sorted (from the ranks' ParamsBuilt; empty before it came).
+        """
         with self._cv:
             return sorted({q.name for b in self._params.values() for q in b.params})
 
@@ -449,6 +500,16 @@ class Debugger:
                 "optimizer_state".
             bucket: the bucket, for "bucket_buffer" / "bucket_grads".
             state_key: the optimizer state's key (e.g. "exp_avg"), for "optimizer_state".
+            locate: where ranks differ, fetch one chunk from two ranks to name the first
+                differing element (bounded: 1/256 of the tensor).
+            timeout: seconds to wait for every rank's answer (default: the Debugger's).
+
+        Returns:
+            Each rank's summary side by side, compared, as `RankValues`.
+
+        Raises:
+            NotPaused: not every rank is parked.
+            DebuggerTimeout: a rank did not answer (named).
         """
         if what not in p.What.__args__:  # type: ignore[attr-defined]
             raise ValueError(f"ddpviz: what={what!r} is not a tensor the ranks can inspect; "
@@ -493,8 +554,17 @@ class Debugger:
 
     def inspect_bucket(self, bucket: int, what: str = "bucket_buffer", *,
                        timeout: float | None = None) -> RankValues:
-        """Bucket `bucket`'s flat buffer ("bucket_buffer") or its parameters' gradients
-        concatenated ("bucket_grads") on every paused rank, compared (see `inspect`)."""
+        """A bucket's tensor on every paused rank, compared (see `inspect`).
+
+        Args:
+            bucket: the bucket (launch order, 0 first).
+            what: "bucket_buffer" (its flat buffer) or "bucket_grads" (its parameters'
+                gradients concatenated).
+            timeout: seconds to wait for every rank's answer.
+
+        Returns:
+            The `RankValues`.
+        """
         if what not in ("bucket_buffer", "bucket_grads"):
             raise ValueError(f"ddpviz: inspect_bucket(what=) is 'bucket_buffer' or "
                              f"'bucket_grads', got {what!r}.")
@@ -502,17 +572,40 @@ class Debugger:
 
     def optimizer_state(self, name: str, key: str = "", *,
                         timeout: float | None = None) -> RankValues:
-        """The optimizer's state tensor `key` (e.g. "exp_avg"; "": the first it holds) of
-        parameter `name` on every paused rank, compared (see `inspect`)."""
+        """An optimizer state tensor of one parameter on every paused rank (see `inspect`).
+
+        Args:
+            name: the parameter's dotted name.
+            key: the state's key, e.g. "exp_avg" ("": the first tensor it holds).
+            timeout: seconds to wait for every rank's answer.
+
+        Returns:
+            The `RankValues`.
+        """
         return self.inspect(name, "optimizer_state", state_key=key, timeout=timeout)
 
     def fetch(self, name: str, what: str = "value", *, bucket: int = -1, state_key: str = "",
               start: int = 0, stop: int = 0, max_elements: int = p.DEFAULT_FETCH_ELEMENTS,
               ranks: Iterable[int] | None = None, timeout: float | None = None
               ) -> dict[int, Any]:
-        """The tensor itself from every paused rank (or `ranks`): {rank: tensor}, whole when
-        `start`/`stop` are 0, else the flat elements [start, stop). Bounded: a rank refuses
-        above `max_elements` (default 1,000,000) and says which slice to ask for instead."""
+        """The tensor itself from every paused rank, bounded.
+
+        Args:
+            name: the parameter's dotted name ("" for a bucket's tensor).
+            what: as for `inspect`.
+            bucket: the bucket, for "bucket_buffer" / "bucket_grads".
+            state_key: the optimizer state's key, for "optimizer_state".
+            start: first flat element of a slice (with `stop`; both 0: the whole tensor).
+            stop: one past the slice's last flat element.
+            max_elements: the most elements a rank sends; above it the rank refuses and
+                says which slice to ask for instead.
+            ranks: only these ranks (default: every paused rank).
+            timeout: seconds to wait for every rank's answer.
+
+        Returns:
+            Each rank's tensor by rank, a torch tensor when torch is installed here (else a
+            numpy array), shaped as on the rank when whole, flat for a slice.
+        """
         if not what.startswith("bucket"):
             self._check_name(name)
         _, paused = self._need_pause("fetch")
@@ -547,7 +640,15 @@ class Debugger:
         return out
 
     def stacks(self, *, timeout: float | None = None) -> RankStacks:
-        """Every thread's stack on every paused rank ({rank: ((thread, stack), ...)})."""
+        """Every thread's stack on every paused rank.
+
+        Args:
+            timeout: seconds to wait for every rank's answer.
+
+        Returns:
+            Each rank's (thread name, stack text) pairs by rank, as `RankStacks` (shown
+            grouped).
+        """
         _, ranks = self._need_pause("stacks")
         cmd = p.Stacks(request=p.next_request())
         self._send(cmd)
@@ -559,9 +660,17 @@ class Debugger:
         return out
 
     def run(self, code: str, *, timeout: float | None = None) -> CodeResults:
-        """Run `code` on every paused rank's training thread ({rank: CodeResult}: what it
-        printed, its last expression's repr, its error). It sees `model`, `ddp`, `step`,
-        `rank`, `loss`, `optimizer`, `torch`...; what it changes stays changed."""
+        """Run code on every paused rank's training thread; what it changes stays changed.
+
+        Args:
+            code: Python statements; the namespace holds `model`, `ddp`, `step`, `rank`,
+                `loss`, `optimizer`, `torch`, ... and persists within one park.
+            timeout: seconds to wait for every rank's answer.
+
+        Returns:
+            What each rank printed, its last expression's repr and its error, by rank, as
+            `CodeResults` (shown grouped).
+        """
         if not isinstance(code, str) or not code.strip():
             raise ValueError(f"ddpviz: run() takes Python code as a string, got {code!r}.")
         try:
@@ -612,14 +721,25 @@ class Debugger:
 
     def resume(self, *, timeout: float | None = None) -> None:
         """Let every rank go on; the run continues exactly as if it had never stopped. Breaks
-        stay set (`clear()` removes them)."""
+        stay set (`clear()` removes them).
+
+        Args:
+            timeout: seconds to wait for every rank to leave its park.
+        """
         self._leave(p.Resume(request=p.next_request()), "resume", timeout)
 
     def step(self, to: str = "step", *, timeout: float = 30.0, wait: bool = True) -> Stop | None:
-        """Go on to the next safe point and stop there: `to="bucket"` (before the next
-        bucket's all-reduce), "step" (before the next forward) or "finding" (the end of the
-        step where the next finding is said). Returns the new `Stop` (None with
-        `wait=False`: the call returns once every rank has left its park)."""
+        """Go on to the next safe point of a kind and stop there.
+
+        Args:
+            to: "bucket" (before the next bucket's all-reduce), "step" (before the next
+                forward) or "finding" (the end of the step where the next finding is said).
+            timeout: the most seconds to wait for the new stop.
+            wait: wait for the new stop; False: return once every rank has left its park.
+
+        Returns:
+            The new `Stop` (None with `wait=False`).
+        """
         if to not in p.StepTo.__args__:  # type: ignore[attr-defined]
             raise ValueError(f"ddpviz: step(to={to!r}): use 'bucket', 'step' or 'finding'.")
         self._leave(p.Step(request=p.next_request(), to=to), f"step to the next {to}",  # type: ignore[arg-type]
@@ -629,8 +749,17 @@ class Debugger:
     def abort(self, *, timeout: float = ABORT_TIMEOUT, wait: bool = True) -> tuple[int, ...]:
         """End every rank: parked ranks raise `ddpviz.debugger.Aborted` out of their park,
         others are ended by their control thread; events are flushed and traces saved first.
-        Returns the ranks that ended (with `wait=False`: those it was sent to, at once);
-        raises `DebuggerTimeout` naming any still running after `timeout` s."""
+
+        Args:
+            timeout: the most seconds to wait for every rank to end.
+            wait: wait for them; False: return once the command is sent.
+
+        Returns:
+            The ranks that ended (with `wait=False`, those the command went to).
+
+        Raises:
+            DebuggerTimeout: ranks still running after `timeout` (named).
+        """
         ranks = self._ranks()
         sent = self._send(p.Abort(request=p.next_request()), keep=False, watch="abort")
         if not wait:

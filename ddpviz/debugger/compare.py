@@ -45,7 +45,14 @@ class Summary(NamedTuple):
 
     @classmethod
     def of(cls, reply: Any) -> Summary:
-        """The summary an `Inspected` reply carries (its rank in `reply.rank`)."""
+        """Read the summary an `Inspected` reply carries.
+
+        Args:
+            reply: an `Inspected` event (its rank in `reply.rank`).
+
+        Returns:
+            The rank's Summary.
+        """
         return cls(reply.rank, tuple(reply.shape), reply.dtype, reply.device, reply.numel,
                    reply.norm, reply.max_abs, reply.n_nan, reply.n_posinf, reply.n_neginf,
                    tuple(tuple(p) for p in reply.nonfinite_at), tuple(reply.finiteness),
@@ -54,11 +61,12 @@ class Summary(NamedTuple):
 
     @property
     def nonfinite(self) -> int:
+        """How many elements are NaN or infinite."""
         return self.n_nan + self.n_posinf + self.n_neginf
 
     @property
     def key(self) -> tuple[str, tuple[int, ...], str]:
-        """What bitwise equality compares: the digest of bytes of one shape and dtype."""
+        """What bitwise equality compares (the digest of bytes of one shape and dtype)."""
         return (self.digest, self.shape, self.dtype)
 
 

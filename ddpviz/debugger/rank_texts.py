@@ -22,10 +22,22 @@ class CodeResult(NamedTuple):
 
     @classmethod
     def of(cls, reply: Any) -> CodeResult:
-        """From a `CodeRan` event."""
+        """Read one rank's result from its event.
+
+        Args:
+            reply: a `CodeRan` event.
+
+        Returns:
+            The rank's CodeResult.
+        """
         return cls(reply.stdout, reply.result_repr, reply.error)
 
     def text(self) -> str:
+        """The result as shown.
+
+        Returns:
+            What was printed, then the value's repr, then the error (each when there is one).
+        """
         parts = [self.stdout.rstrip("\n")] if self.stdout else []
         if self.result:
             parts.append(self.result)
@@ -65,7 +77,7 @@ class CodeResults(dict[int, CodeResult]):
 
     @property
     def errors(self) -> dict[int, str]:
-        """{rank: error} for the ranks where the code raised."""
+        """The error on each rank where the code raised (rank -> formatted exception)."""
         return {r: c.error for r, c in self.items() if c.error}
 
     def __repr__(self) -> str:
@@ -82,6 +94,11 @@ class RankStacks(dict[int, tuple[tuple[str, str], ...]]):
     """{rank: ((thread name, stack text), ...)} of one `Debugger.stacks()`."""
 
     def texts(self) -> dict[int, str]:
+        """Each rank's stacks as one text (rank -> text).
+
+        Returns:
+            The threads' stacks, each headed by its thread's name.
+        """
         return {r: "\n".join(f"thread {name}:\n{stack.rstrip()}" for name, stack in threads)
                 for r, threads in self.items()}
 

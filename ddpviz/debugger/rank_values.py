@@ -68,6 +68,7 @@ class RankValues:
 
     @property
     def summaries(self) -> dict[int, Summary]:
+        """Each rank's summary (rank -> Summary), for the ranks that answered."""
         return self.comparison.summaries
 
     def __getitem__(self, rank: int) -> Summary:
@@ -80,6 +81,7 @@ class RankValues:
 
     @property
     def title(self) -> str:
+        """What this is in DDP's terms (the tensor, its bucket, where the ranks stopped)."""
         if self.what in ("bucket_buffer", "bucket_grads"):
             subject = f"bucket {self.bucket} {self.what.replace('_', ' ')}"
         else:
@@ -134,6 +136,7 @@ class RankValues:
 
     @property
     def columns(self) -> tuple[str, ...]:
+        """The table's column names (a row per rank, or per group above 16 ranks)."""
         many = len(self.comparison.summaries) > MANY_RANKS
         return ("ranks" if many else "rank", "shape", "dtype", "norm", "max |x|",
                 "NaN/+Inf/-Inf", "finiteness (64 bins)", "bitwise group", "first values")

@@ -29,11 +29,19 @@ class RankStop(NamedTuple):
 
     @property
     def where(self) -> tuple[int, str, int]:
+        """The point as (step, point, bucket), equal across ranks stopped at one point."""
         return (self.step, self.point, self.bucket)
 
     @classmethod
     def of(cls, parked: Any) -> RankStop:
-        """From a `Parked` event."""
+        """Read a rank's park from its event.
+
+        Args:
+            parked: a `Parked` event.
+
+        Returns:
+            The rank's RankStop.
+        """
         return cls(parked.rank, parked.step, parked.point, parked.bucket, parked.reason)
 
 
@@ -66,16 +74,18 @@ class Stop:
 
     @property
     def agreed(self) -> bool:
+        """Whether every rank stopped at the same point."""
         return len(self.groups) == 1
 
     @property
     def reasons(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Why the ranks stopped: (reason, ranks), the most common first."""
+        """Why the ranks stopped, as (reason, ranks) pairs, the most common reason first."""
         return [(g.value, g.ranks) for g in
                 value_groups({r: s.reason for r, s in self.ranks.items()})]
 
     @property
     def where(self) -> str:
+        """The point in words, e.g. "step 5, before bucket 1's all-reduce"."""
         return describe_point(self.step, self.point, self.bucket)
 
     def _lines(self) -> list[str]:
