@@ -188,7 +188,8 @@ def _record(args: argparse.Namespace) -> int:
 
     try:
         return run_recorded(args.cmd, connect=args.connect, out=args.out,
-                            hang_timeout=args.hang_timeout, recording=args.recording)
+                            hang_timeout=args.hang_timeout, recording=args.recording,
+                            debug=args.debug)
     except RecordError as e:
         print(e, file=sys.stderr)
         return 2
@@ -297,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a notebook session's connect string (ddpviz.listen())")
     where.add_argument("--out", default=None,
                        help="folder for per-rank trace files (default: the current folder)")
+    w.add_argument("--debug", action="store_true",
+                   help="with --connect: the ranks take the notebook debugger's commands "
+                        "(pause, inspect, resume; ddpviz/debugger/)")
     w.add_argument("--hang-timeout", type=float, default=None,
                    help="seconds before a hang is diagnosed (default: 0.6 x the process "
                         "group's timeout, at most 300; 0: off)")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ddpviz import events as ev
+from ddpviz.debugger import controller as debugger
 from ddpviz.engine.broadcast import broadcast_coalesced
 from ddpviz.engine.buckets import BucketCapacity, initial_buckets, rebuilt_buckets
 from ddpviz.engine.buffer_identity import BufferIdentity
@@ -121,6 +122,11 @@ class Watch:
                                   self.tap, "guarded" if self.recording.guard else "hook-less")
         self._nf.local = not self.watchdog.add_pulse_task(self._nf.pulse)
         self._nf.on_change = self._replan
+        # the debugger's safe points (ddpviz/debugger/): None unless launched for it; bucket
+        # points only where a comm hook wraps each bucket's all-reduce (guard=True)
+        self._debug = debugger.attach(
+            ddp, self.params, self.names, self.tap, bucket_points=bool(self.recording.guard),
+            kind="torch-guarded" if self.recording.guard else "torch-hookless")
         self._replicas: ReplicaCheck | None = replica_check(
             self.recording.replicas, self.watchdog.board, self.params, self.names,
             ddp.module, set(ddp.parameters_to_ignore),
@@ -295,9 +301,12 @@ class Watch:
         # the every-step output sum (hook-less): See [Note: every step, one hook a bucket]
         each = None if self._driven else self.__dict__.get("_buckets_nf")
         driven = self._driven  # (its wrapper returns before the module's forward runs)
+        debug = self._debug
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             step = self._forwards
+            if debug is not None and grad_enabled():  # a safe point: before any collective
+                debug.forward(step)
             # See [Note: plain steps]
             if step < self._plain_until and grad_enabled() and not watchdog.failing and (
                     pulse is None or (pulse.error is None and not pulse.alerted)):
@@ -318,6 +327,8 @@ class Watch:
                 nf.last = step
                 if each is not None:
                     each.output(step, output)
+                if debug is not None:
+                    debug.after_forward(step, output)
                 return output
             if self._closed:
                 return inner(*args, **kwargs)
@@ -340,6 +351,8 @@ class Watch:
                                                   armed=bool(self._armed)))
                 if self._plain_steps:
                     self._plan(step + 1)
+                if debug is not None:
+                    debug.after_forward(step, output)
             return output
 
         def evaluation(inner: Callable[..., Any], args: Any, kwargs: Any) -> Any:

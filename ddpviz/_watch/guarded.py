@@ -277,6 +277,9 @@ class GuardedWatch(Watch):
         # the local buffer, before the all-reduce: See [Note: finding where a NaN starts]
         self._nf.bucket(self.tap.step, lambda: [self._index[id(p)] for p in bucket.parameters()],
                         buffer, bucket.gradients)
+        if self._debug is not None:  # the debugger's safe point: before this all-reduce
+            self._debug.bucket(self.tap.step, b, buffer,
+                               lambda: [self._index[id(p)] for p in bucket.parameters()])
         if self.tap.enabled:
             if not self._summary.per_param:
                 self._summary.emit(b)

@@ -377,6 +377,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._opt = self._observers.optimizer_step(tensors, self._tap)
         if self._opt is not None:
             weakref.finalize(self, self._opt.disarm)
+        # The debugger's safe points (ddpviz/debugger/): None unless the rank was launched for it
+        self._debug = self._observers.debugger(self, tensors, [e.name for e in entries],
+                                               self._tap)
+        self.reducer.debug = self._debug
         # The gradient-sync contract (probes/sync_contract.py): told each grad-enabled forward
         old = self.__dict__.get("_contract")
         if old is not None:
@@ -642,6 +646,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         if grad_enabled:
             self._tap.step = self._forwards
             self._forwards += 1
+            if self._debug is not None:  # a safe point: before this forward's collectives
+                self._debug.forward(self._tap.step)
             if self.require_backward_grad_sync and (self.reducer.require_finalize
                                                     or self.reducer.deferred_error is not None):
                 # The previous backward did not finish: torch raises here, before any
@@ -693,6 +699,8 @@ class DistributedDataParallel(nn.Module, Joinable):
             return output
         if self._check_sync_bufs_post_fwd():
             self._sync_buffers(torch.is_grad_enabled())
+        if self._debug is not None and torch.is_grad_enabled():
+            self._debug.after_forward(self._tap.step, output)
         if self._nf is not None and torch.is_grad_enabled():
             self._nf.forward(self._tap.step, output)
             if self.require_backward_grad_sync:

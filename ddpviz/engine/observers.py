@@ -1,5 +1,6 @@
 """What the twin calls on the observers that watch it on its rank (the hang watchdog; the
-replica, NaN and optimizer-step checks; the gradient-sync contract), written from the twin's
+replica, NaN and optimizer-step checks; the gradient-sync contract; the debugger's safe
+points), written from the twin's
 side as protocols, and NO_OBSERVERS, the bare twin's: plain waits and no checks.
 ddpviz/probes/for_twin.py implements them for ddpviz.DistributedDataParallel.
 See [Note: twin and probes].
@@ -128,6 +129,22 @@ class SyncContractObserver(Protocol):
         """The DDP is gone: stop."""
 
 
+class DebugObserver(Protocol):
+    """The debugger's safe points (ddpviz/debugger/controller.py's Attachment): a rank may park
+    in any of them until the notebook resumes it (none is inside a collective)."""
+
+    def forward(self, step: int) -> None:
+        """A grad-enabled forward `step` begins, before any collective of it."""
+
+    def after_forward(self, step: int, output: Any) -> None:
+        """The forward of `step` returned `output` (break predicates are evaluated here)."""
+
+    def bucket(self, step: int, bucket: int, buffer: torch.Tensor,
+               indices: Callable[[], Sequence[int]]) -> None:
+        """Bucket `bucket`'s flat buffer (local gradients), before its all-reduce is launched;
+        `indices()`: its parameters (reducer indices)."""
+
+
 class Observers(Protocol):
     """Builds what watches one DDP on its rank, in the constructor's order; a builder that
     returns None leaves that part unwatched."""
@@ -162,6 +179,11 @@ class Observers(Protocol):
         """With each reducer, as nonfinite(); `source`: the recording's stack_source."""
         ...
 
+    def debugger(self, ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str],
+                 tap: Tap) -> DebugObserver | None:
+        """With each reducer, as nonfinite(): the debugger's safe points (None: no debugger)."""
+        ...
+
 
 class NoObservers:
     """The bare twin's observers: none (plain waits, no checks)."""
@@ -185,6 +207,10 @@ class NoObservers:
     def sync_contract(self, ddp: nn.Module, params: Sequence[nn.Parameter],
                       names: Sequence[str], tap: Tap, world_size: int,
                       source: bool) -> None:
+        return None
+
+    def debugger(self, ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str],
+                 tap: Tap) -> None:
         return None
 
 

@@ -32,7 +32,7 @@ from ddpviz.engine.buckets import Limits, rebuilt_buckets
 from ddpviz.engine.comm import LAUNCH, GradBucket, allreduce_sum, hook_result
 from ddpviz.engine.forward import unused_parameters
 from ddpviz.engine.logger import DDPLogger
-from ddpviz.engine.observers import Guard, NonfiniteObserver
+from ddpviz.engine.observers import DebugObserver, Guard, NonfiniteObserver
 from ddpviz.engine.params import ParamEntry
 from ddpviz.errors import (
     TORCH_GRAPH_CHANGED,
@@ -220,6 +220,7 @@ class Reducer:
         self.logger: DDPLogger = logger(self)  # reads this reducer's buckets and counters
         self.watchdog = watchdog
         self.nonfinite: NonfiniteObserver | None = None  # the DDP's NaN check, if any
+        self.debug: DebugObserver | None = None  # the debugger's safe points, if any
         if find_unused_parameters:
             self._initialize_local_used_map()
 
@@ -515,6 +516,8 @@ class Reducer:
                                   bucket.gradients, lambda: [
                                       bucket.gradients[o:o + n] for o, n in
                                       zip(bucket.offsets, bucket.lengths, strict=True)])
+        if self.debug is not None:  # a safe point: before this bucket's all-reduce
+            self.debug.bucket(self.tap.step, b, bucket.gradients, lambda: bucket.variables)
         LAUNCH.bucket = b
         try:
             bucket.future = self.run_comm_hook(grad_bucket)

@@ -238,9 +238,12 @@ class _EventLink:
     def open(cls, rank: int, reply: Callable[[Any], None]) -> _EventLink:
         if not os.environ.get("DDPVIZ_CONNECT"):
             return cls(None, reply)
+        from ddpviz.debugger.controller import install_from_env
         from ddpviz.session.connect import connect
 
-        return cls(connect(rank=rank), reply)
+        sender = connect(rank=rank)
+        install_from_env(sender, rank)  # launch(debug=True): the notebook's debugger
+        return cls(sender, reply)
 
     def flush(self, timeout: float = 5.0) -> None:
         """Ship everything emitted so far, then tell the kernel how many events that was (it

@@ -51,7 +51,8 @@ _live: weakref.WeakSet[Run] = weakref.WeakSet()
 def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = None,
            args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
            timeout: float | None = None, env: Mapping[str, str] | None = None,
-           session: Session | None = None, slow_motion: float | None = None) -> Run:
+           session: Session | None = None, slow_motion: float | None = None,
+           debug: bool = False) -> Run:
     """Run `fn(*args, **kwargs)` on `nprocs` ranks of a fresh process group; returns at once.
 
     Each rank is a new interpreter (spawned, never forked: CUDA-safe) with MASTER_ADDR,
@@ -72,6 +73,9 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         slow_motion: teaching mode: seconds every rank pauses after each event it emits
             (sets DDPVIZ_SLOW_MOTION), so broadcast chunks, hooks and buckets can be watched
             one by one in `run.dashboard()`. None: full speed.
+        debug: arm the ranks for the notebook's debugger (sets DDPVIZ_DEBUG=1): they take
+            pause/inspect/resume commands from the session (ddpviz/debugger/). Until the first
+            command nothing changes; armed, each step costs one store read.
 
     Returns:
         A `Run`, at once (the ranks keep running); `run.wait()` gives the per-rank return
@@ -86,8 +90,12 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         from ddpviz.events import ENV_SLOW_MOTION
 
         env = {**(env or {}), ENV_SLOW_MOTION: repr(float(slow_motion))}
-    return Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
-               session=session)
+    if debug:
+        env = {**(env or {}), "DDPVIZ_DEBUG": "1"}
+    run = Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
+              session=session)
+    run.debug = bool(debug)
+    return run
 
 
 class Run:
@@ -97,6 +105,8 @@ class Run:
                  args: Sequence[Any], kwargs: Mapping[str, Any] | None,
                  timeout: float | None, env: Mapping[str, str] | None,
                  session: Session | None = None) -> None:
+        self.debug = False  # launched with debug=True: the ranks take debugger commands
+        self._debugger: Any = None
         load_extensions()
         if not callable(fn):
             raise TypeError(f"ddpviz: launch() needs a function, got {type(fn).__name__}.\n"
@@ -164,6 +174,22 @@ class Run:
             raise
 
     # --- public -------------------------------------------------------------------------------
+
+    @property
+    def debugger(self) -> Any:
+        """The debugger of this run's ranks (launch(..., debug=True)): pause, inspect, resume
+        (a `ddpviz.debugger.client.Debugger`)."""
+        if not self.debug:
+            from ddpviz.debugger.client import DebuggerError
+
+            raise DebuggerError("ddpviz: this run was launched without debug=True, so its ranks "
+                                "do not take debugger commands.\nLaunch it again with "
+                                "ddpviz.launch(fn, n, debug=True).")
+        if self._debugger is None:  # one per run
+            from ddpviz.debugger.client import Debugger
+
+            self._debugger = Debugger(self.session, world_size=self.nprocs, finished=self.done)
+        return self._debugger
 
     @property
     def session(self) -> Session:

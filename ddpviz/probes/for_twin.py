@@ -1,5 +1,6 @@
 """The probes of ddpviz's own DistributedDataParallel: builds the hang watchdog, the replica
-check, the NaN check, the optimizer-step tap and the gradient-sync contract for one twin DDP,
+check, the NaN check, the optimizer-step tap, the gradient-sync contract and the debugger's safe
+points for one twin DDP,
 as the twin's `Observers` (engine/observers.py; See [Note: twin and probes] there). watch()
 builds the same probes around torch's DDP itself (_watch/base.py).
 """
@@ -11,7 +12,8 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 from torch import nn
 
-from ddpviz.engine.observers import Guard, Observers
+from ddpviz.debugger import controller as debugger
+from ddpviz.engine.observers import DebugObserver, Guard, Observers
 from ddpviz.events import Phase, Tap
 from ddpviz.probes import collective_check, collectives
 from ddpviz.probes.nonfinite import NonfiniteCheck
@@ -81,6 +83,11 @@ class TwinProbes:
                       source: bool) -> SyncContract:
         # See [Note: the gradient-sync contract] (sync_contract.py): canary hooks of its own
         return SyncContract(ddp, params, names, tap, world_size=world_size, source=source)
+
+    def debugger(self, ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str],
+                 tap: Tap) -> DebugObserver | None:
+        # ddpviz/debugger/controller.py: None unless this rank was launched for the debugger
+        return debugger.attach(ddp, params, names, tap, kind="ddpviz", bucket_points=True)
 
 
 PROBES: Observers = TwinProbes()

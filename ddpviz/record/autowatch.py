@@ -28,6 +28,7 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz._watch import NotObservableError, Watch, new_watch
+from ddpviz.debugger.controller import install_from_env
 from ddpviz.engine.compiler import keep_ddpviz_eager, not_observable
 from ddpviz.engine.params import build_params_for_reducer
 from ddpviz.engine.verify import breaks_torch, compare_through_store
@@ -68,7 +69,8 @@ def construct(original: Callable[..., None], ddp: Any, args: tuple[Any, ...],
     """torch's DistributedDataParallel.__init__(ddp, *args, **kwargs), recorded."""
     keep_ddpviz_eager()  # See [Note: ddpviz under torch.compile]
     _install_class_patches()
-    connect()
+    sender = connect()
+    install_from_env(sender, sender.rank)  # `ddpviz record --debug`: the notebook's debugger
     try:
         bound = inspect.signature(original).bind(ddp, *args, **kwargs).arguments
     except TypeError:

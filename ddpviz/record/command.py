@@ -43,10 +43,13 @@ def hook_path() -> Path | None:
 
 def record_env(*, connect: str | None, out: str | None, hang_timeout: float | None,
                base: dict[str, str] | None = None,
-               recording: Recording | None = None) -> dict[str, str]:
-    """The environment the command runs with."""
+               recording: Recording | None = None, debug: bool = False) -> dict[str, str]:
+    """The environment the command runs with (`debug`: DDPVIZ_DEBUG=1, the ranks take the
+    notebook's debugger commands over the --connect link)."""
     env = dict(os.environ if base is None else base)
     env[ENV_RECORD] = "1"
+    if debug:
+        env["DDPVIZ_DEBUG"] = "1"
     if connect is not None:
         env[ENV_CONNECT] = connect
         env.pop(ENV_TRACE_DIR, None)
@@ -62,9 +65,10 @@ def record_env(*, connect: str | None, out: str | None, hang_timeout: float | No
 
 def run_recorded(command: Sequence[str], *, connect: str | None = None,
                  out: str | None = None, hang_timeout: float | None = None,
-                 recording: str | None = None) -> int:
+                 recording: str | None = None, debug: bool = False) -> int:
     """Run `command` recorded; returns its exit status (128+N when killed by signal N).
-    `recording`: $DDPVIZ_RECORDING's spelling ("guard,every=100"), checked here."""
+    `recording`: $DDPVIZ_RECORDING's spelling ("guard,every=100"), checked here; `debug`: the
+    ranks take the debugger's commands from the notebook (only with `connect`)."""
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
@@ -75,6 +79,10 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
         raise RecordError("ddpviz: record got both --connect and --out; events go to one "
                           "place.\nPass --connect STRING (a notebook's listen() session) or "
                           "--out DIR (per-rank trace files).")
+    if debug and connect is None:
+        raise RecordError("ddpviz: record --debug takes the debugger's commands from a notebook "
+                          "session, so it needs --connect STRING (the notebook's "
+                          "ddpviz.listen() connect string).")
     try:
         policy = None if recording is None else Recording.parse(recording, where="--recording ")
     except ValueError as exc:
@@ -85,7 +93,8 @@ def run_recorded(command: Sequence[str], *, connect: str | None = None,
             f"({sys.prefix}), so the ranks would run unwatched.\nReinstall ddpviz in this "
             "environment (`pip install ddpviz`, or `pip install -e .` in a checkout): the "
             "hook ships in the wheel.")
-    env = record_env(connect=connect, out=out, hang_timeout=hang_timeout, recording=policy)
+    env = record_env(connect=connect, out=out, hang_timeout=hang_timeout, recording=policy,
+                     debug=debug)
     note = untested_note(installed())
     if note is not None:
         print(note, file=sys.stderr, flush=True)

@@ -1,0 +1,544 @@
+"""The rank side of the debugger: the `Controller` of this process takes the notebook's commands
+(from the Sender's control messages), and at the safe points of the DDP it is attached to
+(`Attachment`: ddpviz's DDP through engine/observers.py, torch's DDP through watch()) it agrees
+with the other ranks where to stop, parks the training thread there and executes commands.
+
+Unarmed it costs one attribute test at each safe point: `install()` runs only on ranks launched
+with DDPVIZ_DEBUG=1, and until the first command arrives nothing else happens. Any failure
+inside it steps aside, said once, and the job runs on (a rank is never left parked by it).
+See [Note: claiming a boundary] in agreement.py for the agreement across ranks.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpviz import events as ev
+from ddpviz.debugger import Aborted, protocol, run_code
+from ddpviz.debugger.agreement import Board, Claim
+from ddpviz.debugger.tensor_summary import fetch_range, parts, summarize
+from ddpviz.probes import step_aside
+
+ENV_DEBUG = "DDPVIZ_DEBUG"
+ABORT_AFTER_S = 4.0  # a rank that is not parked is ended this long after an Abort arrived
+_POLL_S = 0.005  # a parked rank's wait for its next command
+_COMMAND_WAIT_S = 30.0  # an agreed break-set change waits this long for its command
+MAX_SNAPSHOT = 1 << 24  # elements of local gradients a nonfinite_gradient break keeps
+_HOOKLESS_BUCKETS = ("break_at(bucket=...) needs a safe point before each bucket's all-reduce, "
+                     "which the default hook-less ddpviz.watch(ddp) does not have: use "
+                     "ddpviz.watch(ddp, guard=True) (or ddpviz's own DDP), or break at "
+                     "where='forward' / 'optimizer_step'")
+
+
+class Attachment:
+    """The safe points of one DDP on this rank, as its DDP (or watch()) calls them."""
+
+    def __init__(self, controller: Controller, ddp: nn.Module, params: Sequence[nn.Parameter],
+                 names: Sequence[str], tap: ev.Tap, *, kind: str, bucket_points: bool) -> None:
+        self.c = controller
+        self.ddp, self.params, self.names, self.tap = ddp, list(params), list(names), tap
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.kind, self.bucket_points = kind, bucket_points
+        self.buffers: dict[int, torch.Tensor] = {}  # bucket -> its flat buffer, this step
+        self.members: dict[int, list[int]] = {}  # bucket -> its parameters (indices)
+        self.output: Any = None
+
+    # Each safe point: one test when unarmed (the controller's `active`).
+    def forward(self, step: int) -> None:
+        if self.c.active:
+            self.c.guarded(self.c.at_forward, self, step)
+
+    def after_forward(self, step: int, output: Any) -> None:
+        if self.c.active:
+            self.output = output
+            self.c.guarded(self.c.after_forward, self, step)
+
+    def bucket(self, step: int, bucket: int, buffer: torch.Tensor,
+               indices: Callable[[], Sequence[int]]) -> None:
+        if self.c.active:
+            self.c.guarded(self.c.at_bucket, self, step, bucket, buffer, indices)
+
+    def optimizer_step(self, step: int) -> None:
+        if self.c.active:
+            self.c.guarded(self.c.at_optimizer_step, self, step)
+
+
+class Controller:
+    """This process's debugger (one per rank; `install` makes it)."""
+
+    def __init__(self, emitter: ev.Emitter, rank: int) -> None:
+        self.rank = rank
+        self._own_tap = ev.Tap(emitter, rank)
+        self.att: Attachment | None = None
+        self.active = False  # armed, or something to do at the next safe point
+        self.dead = False
+        self.armed = False
+        self.parked = False
+        self._queue: collections.deque[protocol.Command | tuple[int, str]] = \
+            collections.deque()
+        self._last_request = 0
+        self._abort = threading.Event()
+        self._board: Board | None = None
+        self._handled = ""  # the claim last acted on (its raw value)
+        self._deferred: list[tuple[str, str, str]] = []  # claims to make: (id, kind, reason)
+        self._breaks: dict[int, protocol.SetBreaks] = {}  # SetBreaks by request, not applied
+        self._at: set[tuple[int, str, int]] = set()  # (step, point, bucket) of break_at
+        self._kinds: set[str] = set()
+        self._predicates: list[tuple[str, Any]] = []
+        self._step_to: str | None = None  # after a Step: where to park next
+        self._snapshot: dict[str, tuple[int, torch.Tensor]] = {}  # grad_before_allreduce
+        self._namespace: dict[str, Any] = {}
+        self._optimizer: Any = None
+        self.step = -1
+
+    @property
+    def tap(self) -> ev.Tap:
+        return self.att.tap if self.att is not None else self._own_tap
+
+    def _emit(self, cls: type[ev.E], *fields: object) -> None:
+        """An event stamped with the step this rank is at (watch() sets its tap's step only
+        after the forward's safe point)."""
+        self.tap.emit_as(self.step, time.monotonic_ns(), cls, *fields)
+
+    # --- the shipping thread: commands in (queue only, never block) --------------------------
+
+    def receive(self, commands: tuple[protocol.Command, ...]) -> None:
+        """Sender.on_control's callback: refuse replays, queue the rest (an Abort also starts
+        the end of this process)."""
+        for c in commands:
+            if c.request <= self._last_request:
+                self._queue.append((c.request, f"replay: request {c.request} is not above "
+                                    f"{self._last_request}, the last one this rank accepted"))
+                continue
+            self._last_request = c.request
+            if isinstance(c, protocol.Abort):
+                self._start_abort()
+            self._queue.append(c)
+        if not self.dead:
+            self.active = True
+
+    def _start_abort(self) -> None:
+        if self._abort.is_set():
+            return
+        self._abort.set()
+
+        def end() -> None:  # not parked in time (in a collective, or not training): end it
+            time.sleep(ABORT_AFTER_S)
+            self.tap.flush(0.5)
+            os._exit(1)
+
+        threading.Thread(target=end, name="ddpviz-debug-abort", daemon=True).start()
+
+    # --- the training thread: safe points -----------------------------------------------------
+
+    def guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        if self.dead:
+            return
+        try:
+            fn(*args)
+        except Aborted:
+            raise
+        except Exception as exc:
+            self.dead, self.active = True, False
+            step_aside.say(self.rank, "the debugger", exc, "no pausing from the notebook")
+
+    def _attach_state(self, att: Attachment, step: int) -> None:
+        if self.att is not att:
+            self.att = att
+        if step != self.step:
+            self.step = step
+            att.buffers.clear()
+
+    def at_forward(self, att: Attachment, step: int) -> None:
+        self._attach_state(att, step)
+        if self._abort.is_set():
+            self._raise_abort()
+        if not self.armed:
+            self._arm()
+        assert self._board is not None
+        raw, claim = self._board.read()
+        if claim is not None and claim.step == step and raw != self._handled:
+            self._handled = raw
+            if self._act(claim, "forward", -1):
+                return
+        self._serve_unparked(pending=claim is not None and claim.step > step)
+        if self._deferred and (claim is None or claim.step <= step):
+            self._claim(raw, step)
+        if (step, "forward", -1) in self._at:
+            self._park("forward", -1, "break_at", 0)
+        elif self._step_to == "step":
+            self._park("forward", -1, "step", 0)
+
+    def after_forward(self, att: Attachment, step: int) -> None:
+        if not self._predicates or not self.armed:
+            return
+        ns = self._names(att, step)
+        for text, code in list(self._predicates):
+            try:
+                hit = bool(eval(code, ns))  # the notebook's own predicate
+            except Exception as exc:
+                self._predicates.remove((text, code))
+                self._emit(ev.DebugRefused, 0, f"the predicate {text!r} raised "
+                              f"{type(exc).__name__}: {exc}; it is dropped on this rank")
+                continue
+            if hit:
+                self._trigger(step, f"predicate: {text}")
+                return
+
+    def at_bucket(self, att: Attachment, step: int, bucket: int, buffer: torch.Tensor,
+                  indices: Callable[[], Sequence[int]]) -> None:
+        self._attach_state(att, step)
+        if not self.armed:
+            return
+        att.buffers[bucket] = buffer
+        att.members[bucket] = list(indices())
+        if ("nonfinite_gradient" in self._kinds or self._step_to == "finding") \
+                and buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
+            self._keep_snapshot(att, step, att.members[bucket])
+            self._trigger(step, f"finding nonfinite_gradient (rank {self.rank}, bucket "
+                          f"{bucket})")
+        if (step, "bucket", bucket) in self._at:
+            self._park("bucket", bucket, "break_at", 0)
+        elif self._step_to == "bucket":
+            self._park("bucket", bucket, "step", 0)
+
+    def at_optimizer_step(self, att: Attachment, step: int) -> None:
+        if not self.armed:
+            return
+        if (step, "optimizer_step", -1) in self._at:
+            self._park("optimizer_step", -1, "break_at", 0)
+
+    def optimizer_stepped(self, optimizer: Any) -> None:
+        """torch's global optimizer-step post-hook: the attached DDP's optimizer stepped."""
+        att = self.att
+        if att is None or not self.active or self.dead:
+            return
+        if self._optimizer is not optimizer:
+            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            if not any(id(p) in owned for p in att.params):
+                return
+            self._optimizer = optimizer
+        self.guarded(self.at_optimizer_step, att, self.step)
+
+    # --- agreement ----------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        self._board = Board()
+        self._board.arm()
+        self.armed = True
+
+    def _trigger(self, step: int, reason: str) -> None:
+        """A triggered break (a finding, a predicate) on this rank's training thread: claim the
+        next forward now (safe: See [Note: claiming a boundary])."""
+        self._deferred.append((f"t{self.rank}.{step}", "trigger", reason))
+        if self._board is not None:
+            raw, claim = self._board.read()
+            if claim is None or claim.step <= step:
+                self._claim(raw, step)
+
+    def _claim(self, raw: str, step: int) -> None:
+        assert self._board is not None
+        if self._board.armed() < _world_size():
+            return  # a rank not armed yet would not see it: next boundary
+        claim_id, kind, reason = self._deferred[0]
+        got = self._board.claim(raw, claim_id, step + 1, kind, reason)
+        if got is not None and got.id == claim_id:
+            self._deferred.pop(0)
+        elif got is not None and got.kind in ("pause", "trigger") and kind != "breaks":
+            self._deferred.pop(0)  # another rank's pause or trigger stops every rank anyway
+
+    def _act(self, claim: Claim, point: str, bucket: int) -> bool:
+        """An agreed claim for this boundary: park, or apply a break-set change. True when the
+        rank parked (and was resumed)."""
+        self._deferred = [d for d in self._deferred if d[0] != claim.id]
+        if claim.kind == "breaks":
+            self._apply_agreed(int(claim.id) if claim.id.isdigit() else -1)
+            return False
+        self._park(point, bucket, "pause" if claim.kind == "pause" else claim.reason,
+                   int(claim.id) if claim.id.isdigit() else 0)
+        return True
+
+    def _apply_agreed(self, request: int) -> None:
+        deadline = time.monotonic() + _COMMAND_WAIT_S
+        while request not in self._breaks:
+            self._serve_unparked(pending=True)
+            if self._abort.is_set():
+                self._raise_abort()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the break set of request {request} that every rank agreed "
+                                   f"on never arrived here in {_COMMAND_WAIT_S:.0f} s")
+            time.sleep(_POLL_S)
+        self._apply(self._breaks.pop(request))
+
+    def _apply(self, command: protocol.SetBreaks) -> None:
+        at: set[tuple[int, str, int]] = set()
+        kinds: set[str] = set()
+        predicates: list[tuple[str, Any]] = []
+        for b in command.breaks:
+            if isinstance(b, protocol.BreakAt):
+                if b.where == "bucket" and not (self.att is not None and self.att.bucket_points):
+                    self._emit(ev.DebugRefused, command.request, _HOOKLESS_BUCKETS)
+                    continue
+                at.add((b.step, b.where, b.bucket if b.where == "bucket" else -1))
+            elif isinstance(b, protocol.BreakOn):
+                kinds.add(b.kind)
+            else:
+                try:
+                    predicates.append((b.predicate, compile(b.predicate, "<predicate>", "eval")))
+                except SyntaxError as exc:
+                    self._emit(ev.DebugRefused, command.request,
+                                  f"the predicate {b.predicate!r} is not a Python expression: "
+                                  f"{exc.msg}")
+        self._at, self._kinds, self._predicates = at, kinds, predicates
+
+    # --- commands -----------------------------------------------------------------------------
+
+    def _serve_unparked(self, pending: bool) -> None:
+        """Commands that arrived while running: pause and break changes become claims; what
+        needs a park is kept for it when one is agreed (`pending`), else refused."""
+        keep: list[Any] = []
+        while self._queue:
+            c = self._queue.popleft()
+            if isinstance(c, tuple):
+                self._emit(ev.DebugRefused, c[0], c[1])
+            elif isinstance(c, protocol.Arm):
+                self._emit(ev.DebugArmed, c.request, self._bucket_points(), self._kind())
+            elif isinstance(c, protocol.Pause):
+                self._deferred.append((str(c.request), "pause", "pause"))
+            elif isinstance(c, protocol.SetBreaks):
+                self._breaks[c.request] = c
+                if not any(d[0] == str(c.request) for d in self._deferred):
+                    self._deferred.append((str(c.request), "breaks", "breaks"))
+            elif isinstance(c, protocol.Abort):
+                self._raise_abort()
+            elif pending:
+                keep.append(c)
+            else:
+                self._emit(ev.DebugRefused, c.request,
+                              f"rank {self.rank} is not parked (it runs step {self.step}): "
+                              f"{type(c).__name__} needs every rank paused; pause first")
+        self._queue.extendleft(reversed(keep))
+        if not self._queue and not self._deferred and not self._breaks:
+            self.active = self.armed or self._abort.is_set()
+
+    def _park(self, point: str, bucket: int, reason: str, request: int) -> None:
+        att = self.att
+        assert att is not None
+        self.parked = True
+        # Changes that arrived on the way here apply now: every rank applies them in its park.
+        for change in [c for c in self._queue if isinstance(c, protocol.SetBreaks)]:
+            self._queue.remove(change)
+            self._apply(change)
+        for request_id, c in sorted(self._breaks.items()):
+            del self._breaks[request_id]
+            self._apply(c)
+        self._deferred = [d for d in self._deferred if d[1] == "trigger"]
+        self._step_to = None
+        self._namespace = self._names(att, self.step)
+        self._emit(ev.Parked, point, bucket, reason[:4000], request)
+        self.tap.flush(1.0)
+        try:
+            while True:
+                if self._abort.is_set():
+                    self._raise_abort()
+                if not self._queue:
+                    time.sleep(_POLL_S)
+                    continue
+                if self._serve_parked(self._queue.popleft(), point, bucket):
+                    return
+        finally:
+            self.parked = False
+
+    def _serve_parked(self, c: protocol.Command | tuple[int, str], point: str,
+                      bucket: int) -> bool:
+        """One command in the park; True when it ends the park."""
+        tap = self.tap
+        if isinstance(c, tuple):
+            self._emit(ev.DebugRefused, c[0], c[1])
+        elif isinstance(c, protocol.Resume):
+            self._emit(ev.Unparked, "resume", c.request)
+            return True
+        elif isinstance(c, protocol.Step):
+            if c.to == "bucket" and not self._bucket_points():
+                self._emit(ev.DebugRefused, c.request, _HOOKLESS_BUCKETS.replace(
+                    "break_at(bucket=...)", "step('bucket')"))
+                return False
+            self._step_to = c.to
+            self._emit(ev.Unparked, "step", c.request)
+            return True
+        elif isinstance(c, protocol.Abort):
+            self._raise_abort()
+        elif isinstance(c, protocol.SetBreaks):
+            self._apply(c)
+        elif isinstance(c, protocol.Pause):
+            self._emit(ev.Parked, point, bucket, "already parked", c.request)
+        elif isinstance(c, protocol.Arm):
+            self._emit(ev.DebugArmed, c.request, self._bucket_points(), self._kind())
+        elif isinstance(c, protocol.Inspect):
+            self._inspect(c)
+        elif isinstance(c, protocol.Fetch):
+            self._fetch(c)
+        elif isinstance(c, protocol.RunCode):
+            out, result, error = run_code.run(c.code, self._namespace)
+            self._emit(ev.CodeRan, c.request, out, result, error)
+        elif isinstance(c, protocol.Stacks):
+            threads, texts = run_code.stacks()
+            self._emit(ev.StacksTaken, c.request, threads, texts)
+        tap.flush(1.0)
+        return False
+
+    def _raise_abort(self) -> None:
+        if self.parked:
+            self._emit(ev.Unparked, "abort", 0)
+        self.tap.flush(1.0)
+        raise Aborted(f"ddpviz: rank {self.rank} aborted from the notebook's debugger at step "
+                      f"{self.step}")
+
+    def _tensor(self, name: str, what: str, bucket: int, state_key: str) -> torch.Tensor:
+        """The tensor an Inspect/Fetch names; ValueError saying what is missing."""
+        att = self.att
+        assert att is not None
+        if what in ("bucket_buffer", "bucket_grads"):
+            if what == "bucket_buffer":
+                if bucket in att.buffers:
+                    return att.buffers[bucket]
+                raise ValueError(f"bucket {bucket}'s buffer was not seen at step {self.step} "
+                                 f"on rank {self.rank} (seen: {sorted(att.buffers)}); its "
+                                 "buffer is known from its safe point on")
+            members = att.members.get(bucket)
+            if members is None:
+                raise ValueError(f"bucket {bucket} is not known on rank {self.rank} (known: "
+                                 f"{sorted(att.members)})")
+            grads = [att.params[i].grad for i in members]
+            if any(g is None for g in grads):
+                raise ValueError(f"bucket {bucket} has parameters without a gradient")
+            return torch.cat([g.detach().reshape(-1) for g in grads if g is not None])
+        if name not in att.index:
+            close = [n for n in att.names if name.split(".")[-1] in n][:5]
+            raise ValueError(f"no parameter {name!r} in this DDP"
+                             + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        p = att.params[att.index[name]]
+        if what == "value":
+            return p.detach()
+        if what == "grad":
+            if p.grad is None:
+                raise ValueError(f"{name} has no gradient (yet) at step {self.step}")
+            return p.grad
+        if what == "grad_before_allreduce":
+            kept = self._snapshot.get(name)
+            if kept is None:
+                raise ValueError(f"no local gradient of {name} was kept on rank {self.rank}: "
+                                 "one is kept only where a nonfinite_gradient break "
+                                 "(break_on('nonfinite_gradient')) saw it non-finite")
+            return kept[1]
+        if what == "optimizer_state":
+            opt = self._optimizer
+            state = opt.state.get(p, {}) if opt is not None else {}
+            tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+            if not tensors:
+                raise ValueError(f"no optimizer state for {name} on rank {self.rank} (no "
+                                 "optimizer step seen yet, or a stateless optimizer)")
+            if state_key and state_key not in tensors:
+                raise ValueError(f"no state {state_key!r} for {name}; it has "
+                                 f"{sorted(tensors)}")
+            return tensors[state_key or next(iter(tensors))]
+        raise ValueError(f"unknown what={what!r}")
+
+    def _inspect(self, c: protocol.Inspect) -> None:
+        try:
+            t = self._tensor(c.name, c.what, c.bucket, c.state_key)
+        except ValueError as exc:
+            self._emit(ev.Inspected, c.request, c.name, c.what, str(exc))
+            return
+        s = summarize(t)
+        self._emit(ev.Inspected, c.request, c.name, c.what, "", *(s[f] for f in _SUMMARY))
+
+    def _fetch(self, c: protocol.Fetch) -> None:
+        try:
+            t = self._tensor(c.name, c.what, c.bucket, c.state_key)
+            start, stop = fetch_range(t, c.chunk, c.start, c.stop, c.max_elements)
+        except ValueError as exc:
+            self._emit(ev.Fetched, c.request, c.name, c.what, str(exc))
+            return
+        dtype = str(t.dtype).removeprefix("torch.")
+        chunks = parts(t, start, stop)
+        for i, (offset, data) in enumerate(chunks):
+            self._emit(ev.Fetched, c.request, c.name, c.what, "", dtype, tuple(t.shape),
+                          offset, i, len(chunks), data)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _keep_snapshot(self, att: Attachment, step: int, members: Sequence[int]) -> None:
+        kept = sum(t.numel() for _, t in self._snapshot.values())
+        for i in members:
+            g = att.params[i].grad
+            if g is None or bool(torch.isfinite(g).all()) or kept + g.numel() > MAX_SNAPSHOT:
+                continue
+            self._snapshot[att.names[i]] = (step, g.detach().clone())
+            kept += g.numel()
+
+    def _names(self, att: Attachment, step: int) -> dict[str, Any]:
+        ddp = att.ddp
+        return {"ddp": ddp, "model": getattr(ddp, "module", ddp), "step": step,
+                "rank": self.rank, "world_size": _world_size(), "output": att.output,
+                "optimizer": self._optimizer, "torch": torch}
+
+    def _bucket_points(self) -> bool:
+        return self.att is not None and self.att.bucket_points
+
+    def _kind(self) -> str:
+        return self.att.kind if self.att is not None else ""
+
+
+_SUMMARY = ("shape", "dtype", "device", "numel", "norm", "max_abs", "n_nan", "n_posinf",
+            "n_neginf", "nonfinite_at", "finiteness", "digest", "chunk_elements",
+            "chunk_digests", "head")
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+_current: Controller | None = None
+_hook: Any = None
+
+
+def install(sender: Any, rank: int) -> Controller:
+    """Make this process's debugger, fed by `sender`'s control messages (a `Sender` from
+    `ddpviz.connect()`); idempotent. Called on ranks launched with DDPVIZ_DEBUG=1."""
+    global _current, _hook
+    if _current is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _current = Controller(sender, rank)
+        sender.on_control(_current.receive)
+        ctl = _current
+        _hook = register_optimizer_step_post_hook(
+            lambda optimizer, args, kwargs: ctl.optimizer_stepped(optimizer))
+    return _current
+
+
+def install_from_env(sender: Any, rank: int) -> Controller | None:
+    """`install` where DDPVIZ_DEBUG=1 says so (launch(debug=True), `ddpviz record --debug`)."""
+    if os.environ.get(ENV_DEBUG, "") != "1" or not callable(getattr(sender, "on_control", None)):
+        return None
+    return install(sender, rank)
+
+
+def attach(ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str], tap: ev.Tap,
+           *, kind: str, bucket_points: bool) -> Attachment | None:
+    """The safe points of `ddp` for this process's debugger; None when none is installed (the
+    DDP then calls nothing)."""
+    if _current is None or _current.dead:
+        return None
+    return Attachment(_current, ddp, params, names, tap, kind=kind, bucket_points=bucket_points)

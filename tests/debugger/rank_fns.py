@@ -1,0 +1,96 @@
+"""The training the debugger tests run on their ranks (kept light: the ranks import this).
+
+`train` runs a small two-layer model for `steps` steps on per-rank seeded data, with ddpviz's
+DDP ("twin"), torch's DDP under watch(guard=True) ("guard"), under the default watch()
+("hookless"), or torch's DDP alone ("torch", the unpaused reference). It records, per rank,
+what a test compares the paused run with: the local gradient digests of one step (from
+gradient hooks, before any all-reduce), the averaged ones after that step's backward, and the
+final parameters' digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STEP = 3  # the step the tests stop at
+
+
+def digest(t: Any) -> str:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return hashlib.blake2b(flat.view(__import__("torch").uint8).numpy().tobytes(),
+                           digest_size=16).hexdigest()
+
+
+def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
+          sleep: float = 0.0) -> dict[str, str]:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import ddpviz
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(8, 16)
+            self.fc2 = nn.Linear(16, 16)
+            self.fc3 = nn.Linear(16, 4)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+    model = Net()
+    cap = 0.0006  # MB: a few parameters a bucket, so there are several buckets
+    if kind == "twin":
+        ddp: Any = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+        if kind in ("guard", "hookless"):
+            ddpviz.watch(ddp, recording=ddpviz.Recording(guard=kind == "guard"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    names = [n for n, _ in model.named_parameters()]
+    record: dict[str, Any] = {"local": {}, "averaged": {}}
+    step = [0]
+
+    def hook(name: str) -> Any:
+        def on_grad(g: Any) -> Any:
+            if step[0] == nan_at and rank == 1 and name == "fc1.weight":
+                g = g.clone()
+                g[0, 1] = float("nan")
+                g[2, 3] = float("nan")
+            if step[0] == STEP:
+                record["local"][name] = digest(g)
+            return g
+        return on_grad
+
+    for n, p in model.named_parameters():
+        p.register_hook(hook(n))
+    if go:
+        while not os.path.exists(go):
+            time.sleep(0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for s in range(steps):
+        step[0] = s
+        x = torch.randn(16, 8, generator=gen)
+        y = torch.randn(16, 4, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        loss = ((ddp(x) - y) ** 2).mean()
+        loss.backward()
+        if s == STEP:
+            record["averaged"] = {n: digest(p.grad) for n, p in zip(names, model.parameters(),
+                                                                    strict=True)}
+        opt.step()
+        if sleep:
+            time.sleep(sleep)
+    final = {n: digest(p) for n, p in model.named_parameters()}
+    record["final"] = final
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    return final
