@@ -25,11 +25,13 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 STEPS = 6
 
 
-def _launch(tmp: Path, steps: int, sleep: float = 0.0) -> tuple[ddpviz.Run, Path]:
+def _launch(tmp: Path, steps: int, sleep: float = 0.0,
+            nan_at: int = -1) -> tuple[ddpviz.Run, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
     go = tmp / "go"
     run = ddpviz.launch(rank_fns.train, 2, args=("twin", steps, str(tmp)),
-                        kwargs={"go": str(go), "sleep": sleep}, debug=True, timeout=240)
+                        kwargs={"go": str(go), "sleep": sleep, "nan_at": nan_at}, debug=True,
+                        timeout=240)
     # every rank connected before the break goes out (the ranks wait for `go` to train)
     assert run.session.collector.wait(lambda s: len(s.peers) == 2, timeout=120)
     return run, go
