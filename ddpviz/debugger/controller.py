@@ -262,6 +262,10 @@ class Controller:
         if claim.kind == "breaks":
             self._apply_agreed(int(claim.id) if claim.id.isdigit() else -1)
             return False
+        if claim.reason.startswith("finding "):
+            # a finding break stops at the first one: every rank drops it here, at the same
+            # agreed boundary (the NaN it found would stop every later step again)
+            self._kinds.discard(claim.reason.split()[1])
         self._park(point, bucket, "pause" if claim.kind == "pause" else claim.reason,
                    int(claim.id) if claim.id.isdigit() else 0)
         return True
@@ -340,7 +344,7 @@ class Controller:
         for request_id, c in sorted(self._breaks.items()):
             del self._breaks[request_id]
             self._apply(c)
-        self._deferred = [d for d in self._deferred if d[1] == "trigger"]
+        self._deferred = []  # every pause and trigger so far is answered by this park
         self._step_to = None
         self._namespace = self._names(att, self.step)
         self._emit(ev.Parked, point, bucket, reason[:4000], request)
