@@ -89,6 +89,7 @@ class Debugger:
         self._maps: dict[int, list[ev.BucketAssigned]] = {}
         self._last_step: dict[int, int] = {}
         self._breaks: list[p.ANY_BREAK] = []
+        self._unset: dict[int, list[p.ANY_BREAK]] = {}  # SetBreaks request -> the set before
         self._listeners: list[Callable[[], None]] = []
         self._unsubscribe = session.subscribe(self._receive, batch=True, replay=True)
 
@@ -333,7 +334,8 @@ class Debugger:
             if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
                 raise ValueError(f"ddpviz: break_at(bucket=) takes a bucket index >= 0 "
                                  f"(0 is all-reduced first), got {bucket!r}.")
-            no_points = sorted(r for r, a in self._armed.items() if not a.bucket_points)
+            armed = self._arm()  # a rank says whether its DDP has bucket safe points
+            no_points = sorted(r for r, a in armed.items() if a.ddp and not a.bucket_points)
             if no_points:
                 raise DebuggerError(
                     f"ddpviz: {format_ranks(no_points)} watch torch's DDP without a comm hook "
@@ -396,6 +398,19 @@ class Debugger:
         self._add_break(brk)
         return brk
 
+    def _arm(self, timeout: float | None = None) -> dict[int, ev.DebugArmed]:
+        """Arm the ranks not yet armed (`Arm`, answered by `DebugArmed`: which DDP each
+        watches, whether it has bucket safe points); every rank's DebugArmed by rank."""
+        ranks = self._ranks()
+        with self._cv:
+            missing = tuple(r for r in ranks if r not in self._armed)
+        if missing:
+            cmd = p.Arm(request=p.next_request())
+            self._send(cmd)
+            self._collect(cmd, missing, timeout)
+        with self._cv:
+            return {r: self._armed[r] for r in ranks if r in self._armed}
+
     def _add_break(self, brk: p.ANY_BREAK) -> None:
         if brk not in self._breaks:
             self._send_breaks([*self._breaks, brk])
@@ -406,6 +421,7 @@ class Debugger:
 
     def _send_breaks(self, breaks: list[p.ANY_BREAK]) -> None:
         cmd = p.SetBreaks(request=p.next_request(), breaks=tuple(breaks))
+        self._unset[cmd.request] = list(self._breaks)  # what stands if a rank refuses it
         self._send(cmd, keep=False, watch="the break set")
         self._breaks = list(breaks)
 
@@ -435,6 +451,8 @@ class Debugger:
             while True:
                 if self._refusals:
                     rank, request, reason = self._refusals.pop(0)
+                    if request in self._unset:  # the ranks keep the set before it
+                        self._breaks = self._unset.pop(request)
                     what = self._watched.get(request, "a break")
                     raise DebuggerError(f"ddpviz: rank {rank} refused {what}: {reason}",
                                         (rank,))

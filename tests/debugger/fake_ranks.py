@@ -64,6 +64,7 @@ class FakeRank:
     silent: set[str] = field(default_factory=set)  # command class names it never answers
     refuse: dict[str, str] = field(default_factory=dict)  # command class name -> reason
     parked: bool = False
+    bucket_points: bool = True  # what its DebugArmed says
 
     def handle(self, c: p.Command) -> list[ev.Event]:
         kind = type(c).__name__
@@ -71,6 +72,9 @@ class FakeRank:
             return []
         if kind in self.refuse:
             return [event(ev.DebugRefused, self.rank, self.step, c.request, self.refuse[kind])]
+        if isinstance(c, p.Arm):
+            return [event(ev.DebugArmed, self.rank, self.step, c.request, self.bucket_points,
+                          "ddpviz" if self.bucket_points else "torch-hookless")]
         if isinstance(c, p.Pause):
             self.parked = True
             return [event(ev.Parked, self.rank, self.step, "forward", -1, "pause", c.request)]

@@ -33,15 +33,16 @@ def test_break_wait_inspect_resume_round_trip() -> None:
     session, dbg = make(3)
     session.ranks[1].tensors[("fc1.weight", "grad")][4, 2] = 7.0  # rank 1 differs here
     assert dbg.status().startswith("running")
-    dbg.break_at(step=2, bucket=1)
+    dbg.break_at(step=4, bucket=1)
+    assert isinstance(session.collector.sent[0][1][0], p.Arm)  # armed first: bucket points?
     sent = session.collector.sent[-1]
     assert sent[0] is None and isinstance(sent[1][0], p.SetBreaks)
-    assert sent[1][0].breaks == (p.BreakAt(step=2, where="bucket", bucket=1),)
+    assert sent[1][0].breaks == (p.BreakAt(step=4, where="bucket", bucket=1),)
     stop = dbg.wait(timeout=5)
-    assert stop.agreed and (stop.step, stop.point, stop.bucket) == (2, "bucket", 1)
+    assert stop.agreed and (stop.step, stop.point, stop.bucket) == (4, "bucket", 1)
     assert stop.params == ("fc1.weight", "fc1.bias")  # bucket 1 of the map, by name
     assert "before bucket 1's all-reduce" in repr(stop) and "fc1.weight" in repr(stop)
-    assert dbg.status() == "paused at step 2, before bucket 1's all-reduce on ranks 0,1,2"
+    assert dbg.status() == "paused at step 4, before bucket 1's all-reduce on ranks 0,1,2"
     values = dbg.inspect("fc1.weight", "grad")
     assert values.bucket_of_param == 1
     assert [g.ranks for g in values.comparison.groups] == [(1,), (0, 2)]
@@ -93,9 +94,23 @@ def test_not_paused_says_how() -> None:
 def test_refusals_are_raised_with_the_reason() -> None:
     session, dbg = make(2, refuse={"SetBreaks": "watch() without a comm hook has no bucket "
                                                 "safe point"})
-    dbg.break_at(step=1, bucket=0)
+    dbg.break_at(step=5, bucket=0)
+    assert dbg.breaks == (p.BreakAt(step=5, where="bucket", bucket=0),)
     with pytest.raises(DebuggerError, match="rank 0 refused the break set: watch"):
         dbg.wait(timeout=2)
+    assert dbg.breaks == ()  # what the ranks kept
+    session.close()
+
+
+def test_a_bucket_break_without_bucket_safe_points_says_the_fix_at_once() -> None:
+    session, dbg = make(2, bucket_points=False)
+    with pytest.raises(DebuggerError, match=r"guard=True") as err:
+        dbg.break_at(step=5, bucket=0)
+    assert err.value.ranks == (0, 1)
+    assert not any(isinstance(c[0], p.SetBreaks) for _, c in session.collector.sent)
+    assert dbg.breaks == ()
+    dbg.break_at(step=5, where="forward")  # a forward break works there
+    assert dbg.breaks == (p.BreakAt(step=5, where="forward", bucket=-1),)
     session.close()
 
 
