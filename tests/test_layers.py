@@ -224,6 +224,27 @@ def test_the_probes_never_import_ui() -> None:
     assert not bad, "probes/ import UI code:\n" + _show(bad)
 
 
+# The debugger's rank side (what runs inside a rank) and its wire protocol.
+DEBUGGER_RANK_SIDE = ("ddpviz.debugger.protocol", "ddpviz.debugger.controller",
+                      "ddpviz.debugger.agreement", "ddpviz.debugger.tensor_summary",
+                      "ddpviz.debugger.run_code")
+
+
+def test_the_debuggers_rank_side_never_imports_ui_nor_the_notebook_side() -> None:
+    rank_side = [m for m in DEBUGGER_RANK_SIDE if m != "ddpviz.debugger.protocol"]
+    bad = [e for e in EDGES if e[0] in rank_side and (
+        _under(e[1], "ddpviz.widgets", "ddpviz.session", "ddpviz.launcher")
+        or (_under(e[1], "ddpviz.debugger") and e[1] not in DEBUGGER_RANK_SIDE
+            and e[1] != "ddpviz.debugger"))]
+    bad += [(m, t, line, "") for m, line, t in _named_imports("ddpviz.debugger")
+            if m in rank_side and _under(t, "ipywidgets", "plotly", "IPython")]
+    assert not bad, "the debugger's rank side imports UI or notebook code:\n" + _show(bad)
+    # the protocol is shared with the notebook and the transport: the vocabulary only
+    bad = [e for e in EDGES if e[0] == "ddpviz.debugger.protocol" and e[1] not in VOCABULARY]
+    assert not bad, "debugger/protocol.py reaches up:\n" + _show(bad)
+    assert any(e[0] == "ddpviz.debugger.controller" for e in EDGES)  # the rule reads them
+
+
 def test_transport_never_imports_its_consumers() -> None:
     bad = [e for e in EDGES if _under(e[0], "ddpviz.transport") and _under(e[1], *ABOVE_TRANSPORT)]
     assert not bad, "transport/ reaches up:\n" + _show(bad)

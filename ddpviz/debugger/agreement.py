@@ -6,8 +6,9 @@ The key `ddpviz/debug/target` holds the last claim, "ID|STEP|KIND|REASON": every
 (kind "pause", "trigger") or applies a new break set (kind "breaks", ID = the SetBreaks' request)
 at the forward of STEP. A claim is made only on a rank's training thread at one of its safe
 points of step s, and names STEP = s + 1; in DDP no rank can have passed the forward of s + 1
-then (it needs this rank's all-reduces of step s, not launched yet), so every rank still reads
-the claim at that forward: an armed rank reads the key at every forward (one store read a step).
+then (it needs this rank's all-reduces of step s, not launched yet; so claims wait for a step
+whose backward all-reduces, never one under no_sync()), so every rank still reads the claim at
+that forward: an armed rank reads the key at every forward (one store read a step).
 compare_set makes the first claim win; a rank claims only while no claim is pending (its STEP
 already reached), and only once every rank is armed (`ddpviz/debug/armed` counts them), since
 an unarmed rank does not read the key.

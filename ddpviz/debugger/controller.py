@@ -71,6 +71,30 @@ class Attachment:
             self.c.guarded(self.c.at_optimizer_step, self, step)
 
 
+class _FindingSpy:
+    """The DDP's emitter, passing every event on, and telling the controller which findings
+    this rank says (a break on a finding kind, a step to the next finding)."""
+
+    def __init__(self, emitter: ev.Emitter, controller: Controller) -> None:
+        self._emitter, self._controller = emitter, controller
+
+    def __call__(self, event: ev.Event, /) -> None:
+        self._emitter(event)
+        if type(event) is ev.FindingReported:
+            self._controller.finding_said(event.finding.kind, event.step)
+
+    def flush(self, timeout: float = 1.0) -> None:
+        flush = getattr(self._emitter, "flush", None)
+        if callable(flush):
+            flush(timeout)
+
+
+def _spy_on(tap: ev.Tap, controller: Controller) -> None:
+    emitter = tap._emitter
+    if emitter is not None and not isinstance(emitter, _FindingSpy):
+        tap._emitter = _FindingSpy(emitter, controller)
+
+
 class Controller:
     """This process's debugger (one per rank; `install` makes it)."""
 
@@ -123,6 +147,14 @@ class Controller:
                 self._start_abort()
             self._queue.append(c)
         if not self.dead:
+            self.active = True
+
+    def finding_said(self, kind: str, step: int) -> None:
+        """A finding this rank said (any thread): a triggered break claims the next forward
+        from this rank's next safe point (the training thread)."""
+        if self.armed and (kind in self._kinds or self._step_to == "finding"):
+            self._deferred.append((f"t{self.rank}.{step}.{kind}", "trigger",
+                                   f"finding {kind} (rank {self.rank}, step {step})"))
             self.active = True
 
     def _start_abort(self) -> None:
@@ -246,6 +278,9 @@ class Controller:
 
     def _claim(self, raw: str, step: int) -> None:
         assert self._board is not None
+        if self.att is not None and not getattr(self.att.ddp, "require_backward_grad_sync",
+                                                True):
+            return  # under no_sync() no all-reduce holds the others back: a synced step's
         if self._board.armed() < _world_size():
             return  # a rank not armed yet would not see it: next boundary
         claim_id, kind, reason = self._deferred[0]
@@ -545,4 +580,5 @@ def attach(ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str],
     DDP then calls nothing)."""
     if _current is None or _current.dead:
         return None
+    _spy_on(tap, _current)
     return Attachment(_current, ddp, params, names, tap, kind=kind, bucket_points=bucket_points)

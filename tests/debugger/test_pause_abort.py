@@ -116,3 +116,18 @@ def test_a_peer_without_the_secret_cannot_pause_the_job(tmp_path: Path):
         assert collector.stats.rejected["auth"] >= 1
         assert not [e for e in job.replies.events if isinstance(e, ev.Parked)]
     assert values == [ref[0]["final"], ref[1]["final"]]
+
+
+def test_a_finding_said_by_the_hookless_watch_stops_every_rank_at_one_step(tmp_path: Path):
+    """No bucket safe point there: the nonfinite_gradient finding the watch says (its own NaN
+    check) triggers the break, at the next forward every rank can reach."""
+    arm = SetBreaks(request(), (BreakOn("nonfinite_gradient"),))
+    with debug_job("hookless", 12, tmp_path / "run", nan_at=STEP, commands=(arm,)) as job:
+        parked = job.parked(1)
+        steps = {p.step for p in parked}
+        assert len(steps) == 1 and steps.pop() > STEP
+        assert {p.point for p in parked} == {"forward"}
+        assert all("finding nonfinite_gradient" in p.reason for p in parked)
+        job.send(Resume(request()))
+        job.run.wait(timeout=240)
+    assert len([e for e in job.replies.events if isinstance(e, ev.Parked)]) == 2  # only once
