@@ -398,16 +398,23 @@ class Debugger:
         self._add_break(brk)
         return brk
 
-    def _arm(self, timeout: float | None = None) -> dict[int, ev.DebugArmed]:
-        """Arm the ranks not yet armed (`Arm`, answered by `DebugArmed`: which DDP each
-        watches, whether it has bucket safe points); every rank's DebugArmed by rank."""
+    def _arm(self, wait: float = 1.0) -> dict[int, ev.DebugArmed]:
+        """Arm the ranks not yet armed (`Arm`; a rank answers `DebugArmed`, which DDP it
+        watches and whether it has bucket safe points, at its next safe point) and wait up to
+        `wait` s for their answers. Returns the DebugArmed known by rank (a rank not training
+        yet answers later: its refusal of a break then comes through `wait()`)."""
         ranks = self._ranks()
         with self._cv:
-            missing = tuple(r for r in ranks if r not in self._armed)
+            missing = [r for r in ranks if r not in self._armed]
         if missing:
-            cmd = p.Arm(request=p.next_request())
-            self._send(cmd)
-            self._collect(cmd, missing, timeout)
+            self._send(p.Arm(request=p.next_request()), keep=False)
+            deadline = time.monotonic() + wait
+            with self._cv:
+                while any(r not in self._armed for r in missing):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(min(left, 0.05))
         with self._cv:
             return {r: self._armed[r] for r in ranks if r in self._armed}
 
