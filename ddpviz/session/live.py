@@ -31,6 +31,7 @@ from ddpviz.transport.collector import (
 from ddpviz.transport.subscribers import Subscribers
 
 if TYPE_CHECKING:
+    from ddpviz.debugger.client import Debugger
     from ddpviz.session.follow import FolderFeed
     from ddpviz.widgets.dashboard import Dashboard
 
@@ -78,6 +79,7 @@ class Session:
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._closed = False
         self._connect_dir: Any = None  # a PrivateDir holding the connect file (listen())
+        self._debugger: Debugger | None = None
         self._unsubscribe = collector.subscribe(self._receive, batch=True)
 
     # --- facts --------------------------------------------------------------------------------
@@ -331,6 +333,23 @@ class Session:
         from ddpviz.widgets.dashboard import Dashboard
 
         return Dashboard(self, **kwargs)
+
+    @property
+    def debugger(self) -> Debugger:
+        """The debugger of the ranks streaming into this session (a job started with
+        `ddpviz record --debug --connect`): pause, inspect, resume (ddpviz/debugger/client.py).
+        One per session; it sends commands only when called.
+
+        Raises:
+            DebuggerError: the session follows a recording's files (`listen(follow=DIR)`),
+                which reaches no rank.
+        """
+        with self._lock:
+            if self._debugger is None:
+                from ddpviz.debugger.client import Debugger
+
+                self._debugger = Debugger(self)
+            return self._debugger
 
     def describe(self) -> str:
         """How to point ranks at this session (shown by `listen()`). Never shows the secret:

@@ -9,7 +9,7 @@ BucketMap's (~5 MB of plotly.js, shipped once); everything else is light ipywidg
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
@@ -20,6 +20,7 @@ from ddpviz.model.event_model import Status
 from ddpviz.model.verification_matrix import group_ranks
 from ddpviz.widgets.advice_view import AdviceTab
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
+from ddpviz.widgets.debugger_panel import DebuggerPanel
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_timeline import HookTimeline
 from ddpviz.widgets.live_bucket_map import LiveBucketMap
@@ -27,6 +28,9 @@ from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.replica_view import ReplicaView
 from ddpviz.widgets.verification_view import VerificationView
 from ddpviz.widgets.wait_table import WaitTable
+
+if TYPE_CHECKING:
+    from ddpviz.debugger.client import Debugger
 
 
 def _heading(text: str) -> w.HTML:
@@ -45,11 +49,16 @@ class Dashboard(EventView):
         source: a `ddpviz.Run`, a `Session`, a `Trace`, a `.ddpviz` path or a list of events.
         max_hz: live redraws per second at most.
         timeline_bytes_per_s: live byte budget of the hook timeline's redraws.
+        debugger: show the debugger's panel (ddpviz/widgets/debugger_panel.py) for this
+            `Debugger`; True: the source's (`run.debugger`, `session.debugger`); None
+            (default): for a launch with debug=True; False: never.
     """
 
     def __init__(self, source: object = None, *, max_hz: float = 10.0,
-                 timeline_bytes_per_s: int = 30_000, **kwargs: Any) -> None:
+                 timeline_bytes_per_s: int = 30_000, debugger: Debugger | bool | None = None,
+                 **kwargs: Any) -> None:
         self._timeline_budget = timeline_bytes_per_s
+        self._debugger = _debugger_of(source, debugger)
         self.status: Status | None = None
         self._advised = source  # the wait table reads the same source's columns
         super().__init__(source, max_hz=max_hz, **kwargs)
@@ -70,8 +79,11 @@ class Dashboard(EventView):
             # (row and rank pickers) never draw at the same time
             part._render_lock = self._render_lock
         half = w.Layout(flex="1 1 420px", min_width="360px", margin="0 8px 0 0")
+        self.debugger_panel = (DebuggerPanel(self._debugger) if self._debugger is not None
+                               else None)
         return [
             self.status_html,
+            *([self.debugger_panel] if self.debugger_panel is not None else []),
             w.HBox([w.VBox([_heading("1-2 · parameters and verification"), self.verification],
                            layout=half),
                     w.VBox([_heading("2-3 · verification exchange and state broadcast"),
@@ -89,6 +101,8 @@ class Dashboard(EventView):
         for part in (self.verification, self.broadcast, self.buckets, self.timeline,
                      self.replicas):
             deferred |= part.render(cursor)
+        if self.debugger_panel is not None:  # a click on a bucket sets a break there
+            self.debugger_panel.attach_bucket_map(self.buckets.bucket_map)
         self._draw_status(cursor)
         self.waits.update()
         if self.status is not None and self.status.steps:
@@ -144,6 +158,21 @@ class Dashboard(EventView):
                           "border-radius:3px'>{}</div>", markup.join(parts, " · "))
         if self.status_html.value != text:
             self.status_html.value = text
+
+
+def _debugger_of(source: object, debugger: Debugger | bool | None) -> Debugger | None:
+    """The Debugger whose panel the dashboard shows: the one given; True: the source's
+    (`run.debugger`, `session.debugger`); None (default): a launch's with debug=True."""
+    if debugger is None:
+        debugger = bool(getattr(source, "debug", False))
+    if debugger is False:
+        return None
+    if debugger is True:
+        if not hasattr(source, "debugger"):
+            raise ValueError(f"ddpviz: Dashboard(debugger=True) needs a live Run or Session, "
+                             f"not {type(source).__name__}; recorded runs cannot be paused.")
+        return source.debugger
+    return debugger
 
 
 _VERDICT_COLORS = {"errors": "#b42318", "warnings": "#8a5300", "healthy": "#555"}
