@@ -182,8 +182,11 @@ class Run:
 
     @property
     def debugger(self) -> Any:
-        """The debugger of this run's ranks (launch(..., debug=True)): pause, inspect, resume
-        (a `ddpviz.debugger.client.Debugger`)."""
+        """The debugger of this run's ranks, to pause, inspect and resume them (launch with
+        debug=True).
+
+        Returns a `ddpviz.debugger.client.Debugger`, one per run; raises DebuggerError for a
+        run launched without debug=True."""
         if not self.debug:
             from ddpviz.debugger.client import DebuggerError
 
