@@ -107,3 +107,17 @@ def interleaved_blocks(variants: dict[str, Any], rank: int, dims: tuple[int, ...
                 out.cpu[name].append(time.process_time() - start_cpu)
                 out.thread[name].append(time.thread_time() - start_thread)
     return out
+
+
+def mlp(dims: tuple[int, ...]) -> Any:
+    """A seeded MLP of Linear layers `dims` wide with ReLUs between (the benchmarks' model)."""
+    import itertools
+
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(dims):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])

@@ -18,29 +18,23 @@ tap's cost per step in us (on - off, medians of the per-block differences).
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ddpviz
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ranks import interleaved_blocks, join_gloo, run_ranks
+from _ranks import interleaved_blocks, join_gloo, mlp, run_ranks
 
 DIMS = (64, 256, 256, 256, 8)
 
 
 def _model() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for a, b in itertools.pairwise(DIMS):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+    return mlp(DIMS)
 
 
 def _rank(rank: int, world: int, port: int, every: int, reps: int, block: int, out: Any
