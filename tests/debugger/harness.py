@@ -89,7 +89,7 @@ def debug_job(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int 
               sleep: float = 0.0, commands: tuple[protocol.Command, ...] = (),
               debug: bool = True) -> Iterator[Job]:
     """Launch `rank_fns.train` with debug=True; the ranks start training only once every rank
-    is connected and `commands` went out (so a break on step 3 is set in time)."""
+    is connected and has received `commands` (so a break on step 3 is set in time)."""
     tmp.mkdir(parents=True, exist_ok=True)
     go = tmp / "go"
     with listen(show=False) as session:
@@ -102,7 +102,10 @@ def debug_job(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int 
                 "the ranks never connected"
             if commands:
                 job.send(*commands)
-            go.touch()
+            # the ranks wait for the commands to arrive before they train (rank_fns.train)
+            ready = tmp / "go.tmp"  # (renamed: a rank never reads it half written)
+            ready.write_text("commands" if commands else "")
+            ready.replace(go)
             yield job
         finally:
             if not run.done():

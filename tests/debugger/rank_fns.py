@@ -76,6 +76,13 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
     if go:
         while not os.path.exists(go):
             time.sleep(0.01)
+        if Path(go).read_text() == "commands":  # they went out: train once this rank has them
+            from ddpviz.debugger import controller  # (delivered by its Sender's thread, which
+            #                                          a loaded machine can leave behind)
+            deadline = time.monotonic() + 60
+            while (controller._current is None or controller._current._last_request == 0) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
     gen = torch.Generator().manual_seed(100 + rank)
     for s in range(steps):
         step[0] = s

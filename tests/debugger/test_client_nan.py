@@ -19,7 +19,9 @@ def test_break_on_a_planted_nan_shows_the_origin_ranks_positions(tmp_path: Path)
     try:
         dbg = run.debugger
         dbg.break_on("nonfinite_gradient")
-        go.touch()
+        ready = tmp_path / "go.tmp"  # the ranks train once they have the break (rank_fns)
+        ready.write_text("commands")
+        ready.replace(go)
         stop = dbg.wait(timeout=120)
         # the next forward after the step where the NaN was said
         assert stop.agreed and (stop.step, stop.point) == (STEP + 1, "forward")
