@@ -118,14 +118,14 @@ def test_a_peer_without_the_secret_cannot_pause_the_job(tmp_path: Path):
     assert values == [ref[0]["final"], ref[1]["final"]]
 
 
-@pytest.mark.skip(reason="known bug (found by CI after the merge, reproduced every run): the "
-                  "finding is said but no rank parks under the hook-less watch; "
-                  "docs/guide/debugger.md says so")
 def test_a_finding_said_by_the_hookless_watch_stops_every_rank_at_one_step(tmp_path: Path):
     """No bucket safe point there: the nonfinite_gradient finding the watch says (its own NaN
-    check) triggers the break, at the next forward every rank can reach."""
+    check) triggers the break, at the next forward every rank can reach. That check says it
+    from the ranks' gathered states, a pulse (about half a second) after the step: the steps
+    sleep 0.25 s so that the job is still running then (without, all 12 steps were over first)."""
     arm = SetBreaks(request(), (BreakOn("nonfinite_gradient"),))
-    with debug_job("hookless", 12, tmp_path / "run", nan_at=STEP, commands=(arm,)) as job:
+    with debug_job("hookless", 12, tmp_path / "run", nan_at=STEP, commands=(arm,),
+                   sleep=0.25) as job:
         parked = job.parked(1)
         steps = {p.step for p in parked}
         assert len(steps) == 1 and steps.pop() > STEP
