@@ -160,14 +160,7 @@ class Codec:
             raise WireError("garbage", f"header: {err}") from None
         if header.kind == "control":
             return Frame(header, [], tuple(self._decode_commands(header, body)))
-        try:
-            events = cast("list[Event]", self._events.decode(body))
-        except msgspec.ValidationError as err:
-            raise WireError("schema", f"events: {err}") from None
-        except msgspec.DecodeError as err:
-            raise _malformed("body", err) from None
-        except ValueError as err:
-            raise WireError("garbage", f"events: {err}") from None
+        events = cast("list[Event]", _body(self._events, body, "events"))
         try:
             limits.check_events(events)
         except limits.LimitError as err:
@@ -186,18 +179,23 @@ class Codec:
         return Frame(header, events)
 
     def _decode_commands(self, header: Header, body: bytes) -> list[Command]:
-        try:
-            commands = cast("list[Command]", self._commands.decode(body))
-        except msgspec.ValidationError as err:
-            raise WireError("schema", f"commands: {err}") from None
-        except msgspec.DecodeError as err:
-            raise _malformed("body", err) from None
-        except ValueError as err:
-            raise WireError("garbage", f"commands: {err}") from None
+        commands = cast("list[Command]", _body(self._commands, body, "commands"))
         if header.count != len(commands):
             raise WireError("schema", f"header says {header.count} commands, body has "
                             f"{len(commands)}")
         return commands
+
+
+def _body(decoder: msgspec.msgpack.Decoder[Any], body: bytes, what: str) -> object:
+    """A message body decoded (events or commands), its failure as the WireError it counts as."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as err:
+        raise WireError("schema", f"{what}: {err}") from None
+    except msgspec.DecodeError as err:
+        raise _malformed("body", err) from None
+    except ValueError as err:
+        raise WireError("garbage", f"{what}: {err}") from None
 
 
 def _malformed(where: str, error: msgspec.DecodeError) -> WireError:
