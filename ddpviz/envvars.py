@@ -6,5 +6,6 @@ ENV_RECORD = "DDPVIZ_RECORD"  #: "1": watch every torch DDP of the job (ddpviz_a
 ENV_CONNECT = "DDPVIZ_CONNECT"  #: a notebook session's connect string: events go live there
 ENV_TRACE_DIR = "DDPVIZ_TRACE_DIR"  #: else the folder each rank's trace file goes to
 ENV_RING_DIR = "DDPVIZ_RING_DIR"  #: or, with none, where the rings of collectives go
+ENV_DEBUG = "DDPVIZ_DEBUG"  #: "1": the ranks take the notebook's debugger commands
 ENV_HANG_TIMEOUT = "DDPVIZ_HANG_TIMEOUT"  #: seconds before a hang is named; 0: off
 TRACE_FILE = "ddpviz-trace-rank{rank}.ddpviz"  #: a rank's trace file (suffix: fileformat.SUFFIX)

@@ -25,9 +25,9 @@ from ddpviz import events as ev
 from ddpviz.debugger import Aborted, protocol, run_code
 from ddpviz.debugger.agreement import Board, Claim
 from ddpviz.debugger.tensor_summary import fetch_range, parts, summarize
+from ddpviz.envvars import ENV_DEBUG
 from ddpviz.probes import step_aside
 
-ENV_DEBUG = "DDPVIZ_DEBUG"
 ABORT_AFTER_S = 4.0  # a rank that is not parked is ended this long after an Abort arrived
 _POLL_S = 0.005  # a parked rank's wait for its next command
 _COMMAND_WAIT_S = 30.0  # an agreed break-set change waits this long for its command

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from ddpviz.envvars import ENV_RING_DIR
+from ddpviz.envvars import ENV_DEBUG, ENV_RING_DIR
 from ddpviz.interrupts import interrupts_deferred
 from ddpviz.launcher import channel
 from ddpviz.launcher.cells import code_origins
@@ -94,7 +94,7 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
 
         env = {**(env or {}), ENV_SLOW_MOTION: repr(float(slow_motion))}
     if debug:
-        env = {**(env or {}), "DDPVIZ_DEBUG": "1"}
+        env = {**(env or {}), ENV_DEBUG: "1"}
     run = Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
               session=session)
     run.debug = bool(debug)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ddpviz.envvars import (
     ENV_CONNECT,
+    ENV_DEBUG,
     ENV_HANG_TIMEOUT,
     ENV_RECORD,
     ENV_RING_DIR,
@@ -57,7 +58,7 @@ def record_env(*, connect: str | None, out: str | None, hang_timeout: float | No
     env = dict(os.environ if base is None else base)
     env[ENV_RECORD] = "1"
     if debug:
-        env["DDPVIZ_DEBUG"] = "1"
+        env[ENV_DEBUG] = "1"
     if connect is not None:
         env[ENV_CONNECT] = connect
         env.pop(ENV_TRACE_DIR, None)
