@@ -227,7 +227,7 @@ def test_the_probes_never_import_ui() -> None:
 # The debugger's rank side (what runs inside a rank) and its wire protocol.
 DEBUGGER_RANK_SIDE = ("ddpviz.debugger.protocol", "ddpviz.debugger.controller",
                       "ddpviz.debugger.agreement", "ddpviz.debugger.tensor_summary",
-                      "ddpviz.debugger.run_code")
+                      "ddpviz.debugger.run_code", "ddpviz.debugger.predicates")
 
 
 def test_the_debuggers_rank_side_never_imports_ui_nor_the_notebook_side() -> None:

@@ -377,11 +377,17 @@ class Debugger:
         return brk
 
     def break_when(self, predicate: str) -> p.BreakWhen:
-        """Stop every rank at the next forward after `predicate` is true on any rank.
+        """Stop every rank at a forward soon after `predicate` is true on any rank.
 
         Args:
-            predicate: a Python expression over `loss`, `output`, `step`, `rank`, `model`,
-                ..., evaluated on every rank after each forward.
+            predicate: a Python expression over the training loop's own local names (`loss`,
+                the batch, the loop variable: those of the first frame outside torch and
+                ddpviz, read and never written) and ddpviz's (`output`, `step`, `rank`,
+                `world_size`, `model`, `ddp`, `optimizer`, `torch`), evaluated on every rank
+                after each forward and after each optimizer step. True after the forward of
+                step s: every rank stops before the forward of s + 1; true after the optimizer
+                step of s (where the loop's `loss` is step s's): before the forward of s + 2
+                (another rank may already be in step s + 1's forward).
 
         Returns:
             The break as sent (a protocol BreakWhen).

@@ -24,6 +24,7 @@ from torch import nn
 from ddpviz import events as ev
 from ddpviz.debugger import Aborted, protocol, run_code
 from ddpviz.debugger.agreement import Board, Claim
+from ddpviz.debugger.predicates import Predicates, loop_names
 from ddpviz.debugger.tensor_summary import fetch_range, parts, summarize
 from ddpviz.envvars import ENV_DEBUG
 from ddpviz.probes import step_aside
@@ -116,7 +117,7 @@ class Controller:
         self._breaks: dict[int, protocol.SetBreaks] = {}  # SetBreaks by request, not applied
         self._at: set[tuple[int, str, int]] = set()  # (step, point, bucket) of break_at
         self._kinds: set[str] = set()
-        self._predicates: list[tuple[str, Any]] = []
+        self._predicates = Predicates()
         self._step_to: str | None = None  # after a Step: where to park next
         self._snapshot: dict[str, tuple[int, torch.Tensor]] = {}  # grad_before_allreduce
         self._namespace: dict[str, Any] = {}
@@ -210,20 +211,17 @@ class Controller:
             self._park("forward", -1, "step", 0)
 
     def after_forward(self, att: Attachment, step: int) -> None:
+        self._check_predicates(att, step)
+
+    def _check_predicates(self, att: Attachment, step: int, *, claim_now: bool = True) -> None:
+        """break_when: each predicate in the loop's names and ddpviz's (predicates.py)."""
         if not self._predicates or not self.armed:
             return
-        ns = self._names(att, step)
-        for text, code in list(self._predicates):
-            try:
-                hit = bool(eval(code, ns))  # the notebook's own predicate
-            except Exception as exc:
-                self._predicates.remove((text, code))
-                self._emit(ev.DebugRefused, 0, f"the predicate {text!r} raised "
-                              f"{type(exc).__name__}: {exc}; it is dropped on this rank")
-                continue
-            if hit:
-                self._trigger(step, f"predicate: {text}")
-                return
+        hit, dropped = self._predicates.check(self._names(att, step))
+        for reason in dropped:
+            self._emit(ev.DebugRefused, 0, reason)
+        if hit is not None:
+            self._trigger(step, f"predicate: {hit}", claim_now=claim_now)
 
     def at_bucket(self, att: Attachment, step: int, bucket: int, buffer: torch.Tensor,
                   indices: Callable[[], Sequence[int]]) -> None:
@@ -245,6 +243,9 @@ class Controller:
     def at_optimizer_step(self, att: Attachment, step: int) -> None:
         if not self.armed:
             return
+        # the loop's `loss` is this step's here; but this step's all-reduces are done, so
+        # another rank may be past the next forward: claimed at the next forward (for s + 2)
+        self._check_predicates(att, step, claim_now=False)
         if (step, "optimizer_step", -1) in self._at:
             self._park("optimizer_step", -1, "break_at", 0)
 
@@ -267,11 +268,13 @@ class Controller:
         self._board.arm()
         self.armed = True
 
-    def _trigger(self, step: int, reason: str) -> None:
+    def _trigger(self, step: int, reason: str, *, claim_now: bool = True) -> None:
         """A triggered break (a finding, a predicate) on this rank's training thread: claim the
-        next forward now (safe: See [Note: claiming a boundary])."""
+        next forward now (safe before this step's all-reduces: See [Note: claiming a
+        boundary]), else at the next forward's safe point."""
         self._deferred.append((f"t{self.rank}.{step}", "trigger", reason))
-        if self._board is not None:
+        self.active = True
+        if claim_now and self._board is not None:
             raw, claim = self._board.read()
             if claim is None or claim.step <= step:
                 self._claim(raw, step)
@@ -320,7 +323,7 @@ class Controller:
     def _apply(self, command: protocol.SetBreaks) -> None:
         at: set[tuple[int, str, int]] = set()
         kinds: set[str] = set()
-        predicates: list[tuple[str, Any]] = []
+        predicates: list[str] = []
         for b in command.breaks:
             if isinstance(b, protocol.BreakAt):
                 if b.where == "bucket" and not (self.att is not None and self.att.bucket_points):
@@ -331,12 +334,13 @@ class Controller:
                 kinds.add(b.kind)
             else:
                 try:
-                    predicates.append((b.predicate, compile(b.predicate, "<predicate>", "eval")))
+                    compile(b.predicate, "<predicate>", "eval")
+                    predicates.append(b.predicate)
                 except SyntaxError as exc:
                     self._emit(ev.DebugRefused, command.request,
                                   f"the predicate {b.predicate!r} is not a Python expression: "
                                   f"{exc.msg}")
-        self._at, self._kinds, self._predicates = at, kinds, predicates
+        self._at, self._kinds, self._predicates = at, kinds, Predicates(tuple(predicates))
 
     # --- commands -----------------------------------------------------------------------------
 
@@ -525,10 +529,12 @@ class Controller:
             kept += g.numel()
 
     def _names(self, att: Attachment, step: int) -> dict[str, Any]:
+        """A predicate's and a parked rank's namespace: the training loop's local names
+        (`loss`, the batch...; read, never written back) under ddpviz's."""
         ddp = att.ddp
-        return {"ddp": ddp, "model": getattr(ddp, "module", ddp), "step": step,
-                "rank": self.rank, "world_size": _world_size(), "output": att.output,
-                "optimizer": self._optimizer, "torch": torch}
+        return {**loop_names(), "ddp": ddp, "model": getattr(ddp, "module", ddp),
+                "step": step, "rank": self.rank, "world_size": _world_size(),
+                "output": att.output, "optimizer": self._optimizer, "torch": torch}
 
     def _bucket_points(self) -> bool:
         return self.att is not None and self.att.bucket_points

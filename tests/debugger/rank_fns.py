@@ -57,7 +57,7 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
             ddpviz.watch(ddp, recording=ddpviz.Recording(guard=kind == "guard"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     names = [n for n, _ in model.named_parameters()]
-    record: dict[str, Any] = {"local": {}, "averaged": {}}
+    record: dict[str, Any] = {"local": {}, "averaged": {}, "losses": []}
     step = [0]
 
     def hook(name: str) -> Any:
@@ -91,6 +91,7 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
         opt.zero_grad(set_to_none=True)
         loss = ((ddp(x) - y) ** 2).mean()
         loss.backward()
+        record["losses"].append(loss.item())
         if s == STEP:
             record["averaged"] = {n: digest(p.grad) for n, p in zip(names, model.parameters(),
                                                                     strict=True)}

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -27,23 +28,38 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def bits(stdout: str) -> dict[int, str]:
-    return {int(r): b for r, b in re.findall(r"rank (\d+) done \S+ bits ([0-9a-f]+)", stdout)}
+    return {int(r): b for r, b in re.findall(r"rank (\d+) done .*? bits ([0-9a-f]+)", stdout)}
+
+
+def _gated(python: str) -> list[str]:
+    return [*torchrun(python)[:-1], str(ROOT / "tests" / "record" / "train_gated.py")]
 
 
 def test_a_record_debug_job_pauses_steps_and_ends_as_unwatched(python: str,
                                                                tmp_path: Path) -> None:
     env = job_env(TRAIN_STEPS="400")
-    plain = run(torchrun(python), env)
+    plain = run(_gated(python), env)
     assert plain.returncode == 0, plain.stderr
+    # the ranks wait before step 2 until the pause went out (a loaded machine once let all
+    # 400 steps end before it arrived)
+    gate = tmp_path / "gate"
     with ddpviz.listen(show=False) as session:
         proc = subprocess.Popen([python, "-m", "ddpviz", "record", "--debug", "--connect",
-                                 session.connect_string, "--", *torchrun(python)], env=env,
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                 session.connect_string, "--", *_gated(python)],
+                                env={**env, "TRAIN_GATES": f"2:{gate}"}, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         try:
             assert session.collector.wait(lambda s: len(s.peers) == 2, timeout=120)
+            reached = [Path(f"{gate}.reached{r}") for r in (0, 1)]
+            deadline = time.monotonic() + 120
+            while not all(p.exists() for p in reached):
+                assert time.monotonic() < deadline and proc.poll() is None, "no rank at the gate"
+                time.sleep(0.05)
             dbg = session.debugger
             dbg.pause()
+            time.sleep(1.0)  # delivered by each rank's sender thread while its loop waits
+            gate.touch()
             stop = dbg.wait(timeout=60)
             assert stop.agreed and stop.point == "forward" and sorted(stop.ranks) == [0, 1]
             # the hook-less watch() has no safe point before a bucket: said at once, with the fix
