@@ -56,15 +56,26 @@ docs: $(BIN)/.test
 	PYTHONPATH=. $(BIN)/python docs/atlas_examples.py
 	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs $(DOCS_OUT)
 
-# The docs are built first so that CI (.ci/run) covers them (tests/browser/test_docs_site.py).
-# The linters and the docs build run side by side (the atlas's ranks mostly wait on timeouts,
-# mypy and eslint want one core): -O keeps each one's output together.
+# The linters and the docs build run beside pytest (the atlas's ranks mostly wait on timeouts),
+# each into out/NAME.log with its exit status in out/NAME.status; `make test` fails when any of
+# the three does, and prints the two logs at the end. The tests that read the built site
+# (tests/browser/test_docs_site.py, the atlas's examples) wait for out/docs.status
+# (DDPVIZ_DOCS_STATUS) and run last in their unit (tests/conftest.py: marker docs_build).
 # Two pytest-xdist workers: a test file (a directory, for tests/browser and tests/frameworks) is
 # one worker's whole (tests/conftest.py); half the suite's time is ranks waiting on each other
 # and on timeouts, so two workers keep both cores busy.
-test: $(BIN)/.test $(CHROMIUM)
-	$(MAKE) --no-print-directory -j2 -Otarget lint docs
-	$(BIN)/python -m pytest -n 2
+test: $(BIN)/.test $(CHROMIUM) extension/node_modules
+	@mkdir -p out && rm -f out/lint.status out/docs.status
+	@{ $(MAKE) --no-print-directory lint > out/lint.log 2>&1; echo $$? > out/lint.status; } & \
+	{ $(MAKE) --no-print-directory docs > out/docs.log 2>&1; echo $$? > out/docs.status; } & \
+	status=0; DDPVIZ_DOCS_STATUS=$(CURDIR)/out/docs.status $(BIN)/python -m pytest -n 2 || status=$$?; \
+	wait; \
+	for s in lint docs; do \
+	  echo "--- make $$s (out/$$s.log):"; cat out/$$s.log; \
+	  if [ "$$(cat out/$$s.status 2>/dev/null)" != 0 ]; then \
+	    echo "make test: \`make $$s\` failed (out/$$s.log, above)"; status=1; fi; \
+	done; \
+	exit $$status
 
 # On a machine with CUDA GPUs: NCCL with as many ranks as GPUs (tests/gpu, marker gpu). Where
 # torch sees no GPU every test there is skipped, saying so. Install a CUDA build of torch into

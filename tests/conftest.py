@@ -50,6 +50,12 @@ def long_units_first(workqueue: Any) -> None:
             workqueue.move_to_end(unit, last=False)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # `make test` builds the docs beside pytest: the tests that read the build (marker
+    # docs_build, tests/docs_build.py) run last in their work unit, while the build runs
+    items.sort(key=lambda item: item.get_closest_marker("docs_build") is not None)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     # (xdist's own --dist loadgroup marks no longer reach its scheduler under pytest 9.2,

@@ -1,7 +1,7 @@
 """The documentation site (`make docs`, out/docs/html) in Debian's Chromium: pages render with
 the theme, their images load, the navigation reaches the user guide, the atlas and the
 references, and no page logs a console error. Skipped, saying why, when the site was not built
-(`make test` builds it first)."""
+(`make test` builds it beside pytest: these wait for it, tests/docs_build.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT
+from tests.docs_build import MARKS, wait_for_docs_build
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, *MARKS]
 
 SITE = ROOT / "out" / "docs" / "html"
 
@@ -24,6 +25,7 @@ SITE = ROOT / "out" / "docs" / "html"
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
     """The built site over HTTP on 127.0.0.1 (as a reader's browser gets it, not file://)."""
+    wait_for_docs_build()
     if not (SITE / "index.html").exists():
         pytest.skip(f"the docs site is not built ({SITE}/index.html is missing): run `make docs`")
     handler = functools.partial(_QuietHandler, directory=str(SITE))

@@ -13,6 +13,7 @@ import torch
 
 import ddpviz
 from ddpviz.findings import KINDS
+from tests.docs_build import TIMEOUT_S, wait_for_docs_build
 
 ROOT = Path(__file__).resolve().parents[2]
 ATLAS = ROOT / "docs" / "errors.md"
@@ -79,6 +80,8 @@ def test_the_atlas_covers_every_kind_of_finding() -> None:
     assert [k for k in KINDS if f"`{k}`" not in text] == []
 
 
+@pytest.mark.docs_build
+@pytest.mark.timeout(TIMEOUT_S)
 def test_every_example_the_atlas_includes_is_generated_by_a_run() -> None:
     included = re.findall(r"_generated/atlas/([\w.]+\.txt)", ATLAS.read_text(encoding="utf-8"))
     assert included
@@ -86,6 +89,7 @@ def test_every_example_the_atlas_includes_is_generated_by_a_run() -> None:
     for name in included:  # each case is one the script runs
         case = name.split(".")[0]
         assert f'"{case}"' in script, f"{name}: no case {case!r} in docs/atlas_examples.py"
+    wait_for_docs_build()  # `make test` generates them beside pytest
     if not GENERATED.exists():
         pytest.skip("docs/_generated/atlas is absent: run `make docs` to generate the examples")
     absent = [n for n in included if not (GENERATED / n).exists()]
