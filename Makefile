@@ -64,7 +64,7 @@ docs: $(BIN)/.test
 # Two pytest-xdist workers: a test file (a directory, for tests/browser and tests/frameworks) is
 # one worker's whole (tests/conftest.py); half the suite's time is ranks waiting on each other
 # and on timeouts, so two workers keep both cores busy.
-test: $(BIN)/.test $(CHROMIUM) extension/node_modules
+test: $(BIN)/.test $(CHROMIUM)
 	@mkdir -p out && rm -f out/lint.status out/docs.status
 	@{ $(MAKE) --no-print-directory lint > out/lint.log 2>&1; echo $$? > out/lint.status; } & \
 	{ $(MAKE) --no-print-directory docs > out/docs.log 2>&1; echo $$? > out/docs.status; } & \
