@@ -112,9 +112,23 @@ def debug_job(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int 
                 run.stop()
 
 
+# the unpaused runs so far in this process: (kind, steps, nprocs, nan_at) -> records. The
+# training is seeded, so a run with the same arguments is the same run: tests share it.
+_REFERENCES: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
+
+
 def reference(kind: str, steps: int, tmp: Path, *, nprocs: int = 2,
               nan_at: int = -1) -> list[dict[str, Any]]:
-    """The unpaused run's records per rank (launched without the debugger)."""
+    """The unpaused run's records per rank (launched without the debugger; once per process
+    for the same arguments)."""
+    key = (kind, steps, nprocs, nan_at)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _reference(kind, steps, tmp, nprocs=nprocs, nan_at=nan_at)
+    return _REFERENCES[key]
+
+
+def _reference(kind: str, steps: int, tmp: Path, *, nprocs: int,
+               nan_at: int) -> list[dict[str, Any]]:
     tmp.mkdir(parents=True, exist_ok=True)
     run = ddpviz.launch(rank_fns.train, nprocs, args=(kind, steps, str(tmp)),
                         kwargs={"nan_at": nan_at}, timeout=240)
