@@ -67,8 +67,11 @@ def test_each_bucket_before_and_after_its_all_reduce(kind: str, nprocs: int,
             members[k] = stop.params
             before[k] = dbg.fetch("", "bucket_buffer", bucket=k, timeout=60)
             if k > 0:  # the previous bucket's all-reduce was launched: not read in flight
+                busy = dbg.inspect_bucket(k - 1, timeout=60)
+                assert sorted(busy.errors) == list(range(nprocs)) and not busy.all_equal
+                assert all("may still be running" in why for why in busy.errors.values())
                 with pytest.raises(DebuggerError, match="may still be running"):
-                    dbg.inspect_bucket(k - 1, timeout=60)
+                    dbg.fetch("", "bucket_buffer", bucket=k - 1, timeout=60)
             dbg.resume(timeout=60)
             stop = dbg.wait(timeout=120)
         assert stop.agreed and (stop.step, stop.point) == (STEP, "after_backward")
