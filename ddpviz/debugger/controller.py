@@ -111,6 +111,7 @@ class Controller:
         self.dead = False
         self.armed = False
         self.parked = False
+        self.start_paused = False  # park before the first forward (launch(debug="paused"))
         self._queue: collections.deque[protocol.Command | tuple[int, str]] = \
             collections.deque()
         self._last_request = 0
@@ -213,7 +214,10 @@ class Controller:
             self._serve_unparked(pending=claim is not None)
             if self._deferred and claim is None:
                 self._claim(raw, step)
-        if (step, "forward", -1) in self._at:
+        if self.start_paused:  # every rank parks here: breaks can be set before anything runs
+            self.start_paused = False
+            self._park("forward", -1, "start paused", 0)
+        elif (step, "forward", -1) in self._at:
             self._park("forward", -1, "break_at", 0)
         elif self._step_to == "step":
             self._park("forward", -1, "step", 0)
@@ -476,10 +480,10 @@ class Controller:
         busy = max((self._in_flight(s) for s in sources), default=-1)
         if busy >= 0:
             subject = (f"bucket {bucket}'s buffer" if what == "bucket_buffer" else
-                       f"{what} of {name or f'bucket {bucket}'}")
+                       f"the {what} of {name or f'bucket {bucket}'} (in bucket {busy}'s buffer)")
             raise ValueError(
-                f"{subject} is in bucket {busy}'s buffer, whose all-reduce was launched before "
-                f"this park (before bucket {self._where[1]}'s) and may still be running on rank "
+                f"{subject}: its all-reduce was launched before this park (before bucket "
+                f"{self._where[1]}'s) and may still be running on rank "
                 f"{self.rank}: reading it could see half-reduced values. Read it before its "
                 f"all-reduce (break_at(step, bucket={busy})) or once every all-reduce of the "
                 "step is complete (break_at(step, where='after_backward'))")
@@ -625,10 +629,15 @@ def install(sender: Any, rank: int) -> Controller:
 
 
 def install_from_env(sender: Any, rank: int) -> Controller | None:
-    """`install` where DDPVIZ_DEBUG=1 says so (launch(debug=True), `ddpviz record --debug`)."""
-    if os.environ.get(ENV_DEBUG, "") != "1" or not callable(getattr(sender, "on_control", None)):
+    """`install` where DDPVIZ_DEBUG=1 says so (launch(debug=True), `ddpviz record --debug`);
+    DDPVIZ_DEBUG=paused (launch(debug="paused")) also parks the rank before its first forward."""
+    mode = os.environ.get(ENV_DEBUG, "")
+    if mode not in ("1", "paused") or not callable(getattr(sender, "on_control", None)):
         return None
-    return install(sender, rank)
+    ctl = install(sender, rank)
+    if mode == "paused" and ctl.step < 0:
+        ctl.start_paused = ctl.active = True
+    return ctl
 
 
 def attach(ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str], tap: ev.Tap,

@@ -10,8 +10,6 @@ backward, and the final parameters' digests.
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ def as_hex(t: Any) -> str:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes().hex()
 
 
-def train(kind: str, steps: int, out: str, *, go: str = "") -> dict[str, str]:
+def train(kind: str, steps: int, out: str) -> dict[str, str]:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -56,15 +54,6 @@ def train(kind: str, steps: int, out: str, *, go: str = "") -> dict[str, str]:
 
     for n, p in model.named_parameters():
         p.register_hook(hook(n))
-    if go:  # the notebook's breaks went out before this file appeared: train once they are in
-        while not os.path.exists(go):
-            time.sleep(0.01)
-        from ddpviz.debugger import controller
-
-        deadline = time.monotonic() + 60
-        while (controller._current is None or controller._current._last_request == 0) \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
     gen = torch.Generator().manual_seed(100 + rank)
     for s in range(steps):
         step[0] = s

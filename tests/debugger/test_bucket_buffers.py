@@ -47,16 +47,17 @@ def test_each_bucket_before_and_after_its_all_reduce(kind: str, nprocs: int,
     ref = _reference(tmp_path / "ref", nprocs)
     out = tmp_path / "run"
     out.mkdir()
-    go = out / "go"
     run = ddpviz.launch(buffer_fns.train, nprocs, args=(kind, STEPS, str(out)),
-                        kwargs={"go": str(go)}, debug=True, timeout=240)
+                        debug="paused", timeout=240)
     try:
-        assert run.session.collector.wait(lambda s: len(s.peers) == nprocs, timeout=120)
         dbg = run.debugger
+        start = dbg.wait(timeout=120)  # debug="paused": every rank before its first forward
+        assert start.agreed and (start.step, start.point) == (0, "forward")
+        assert {s.reason for s in start.ranks.values()} == {"start paused"}
         for k in range(N_PARAMS):  # a break at a bucket the step does not have never fires
             dbg.break_at(STEP, bucket=k)
         dbg.break_at(STEP, where="after_backward")
-        go.touch()
+        dbg.resume(timeout=60)
         before: dict[int, dict[int, torch.Tensor]] = {}  # bucket -> rank -> its buffer
         members: dict[int, tuple[str, ...]] = {}
         stop = dbg.wait(timeout=120)
