@@ -313,10 +313,10 @@ class DebugArmed(Event, frozen=True):
 
 class Parked(Event, frozen=True):
     """This rank stopped at a safe point of `step` and waits for commands (emitted only once it
-    really is parked). `point`: "forward" | "bucket" | "optimizer_step"; `bucket`: the bucket
-    about to be all-reduced (-1 elsewhere); `reason`: why ("break_at", "pause", "step",
-    "finding nonfinite_gradient", "predicate: loss > 10", ...); `request`: the command that
-    asked for it (0: a break set earlier, a finding or a predicate)."""
+    really is parked). `point`: "forward" | "bucket" | "after_backward" | "optimizer_step";
+    `bucket`: the bucket about to be all-reduced (-1 elsewhere); `reason`: why ("break_at",
+    "pause", "step", "finding nonfinite_gradient", "predicate: loss > 10", ...); `request`:
+    the command that asked for it (0: a break set earlier, a finding or a predicate)."""
 
     point: Name
     bucket: BucketIndexOrNone

@@ -88,8 +88,25 @@ def check_06_postmortem(nb: Any) -> None:
     assert len(views) == 1 and views[0]["state"]["value"].count("background:#f04438") == 2
 
 
+def check_07_debugger(nb: Any) -> None:
+    text = stream_text(nb)
+    # every bucket of step 1 stopped at, its buffer before (each rank's own gradients, scaled)
+    # and after (bitwise equal on both ranks, the mean); a launched bucket refused meanwhile
+    buckets = text.count("before its all-reduce (")
+    assert buckets >= 2
+    assert text.count("each rank's own gradients x 1/world_size: True | the ranks differ: "
+                      "True") == buckets
+    assert text.count("bitwise equal on every rank: True | the mean of the local gradients: "
+                      "True | the sum of the buffers before: True") == buckets
+    assert "may still be running on rank 0" in " ".join(text.split())  # (wrapped)
+    assert "final parameters bitwise equal to the unpaused run's: True" in text
+    assert "and equal on every rank: True" in text
+    assert "False" not in text
+
+
 CHECKS: dict[str, Callable[[Any], None]] = {"00_tour.ipynb": check_00_tour,
                                              "06_postmortem.ipynb": check_06_postmortem,
+                                             "07_debugger.ipynb": check_07_debugger,
                                              "04_debugging.ipynb": check_04_debugging,
                                              "01_buckets.ipynb": check_01_buckets}
 

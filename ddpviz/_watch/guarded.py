@@ -172,6 +172,9 @@ class GuardedWatch(Watch):
     def _after_reducer(self) -> None:
         super()._after_reducer()
         self._deliver()
+        if self._debug is not None and self.ddp.require_backward_grad_sync:
+            # the debugger's safe point: torch's finalize_backward waited for every bucket
+            self._debug.after_backward(self.tap.step)
 
     # --- attach -------------------------------------------------------------------------------
 
@@ -277,9 +280,6 @@ class GuardedWatch(Watch):
         # the local buffer, before the all-reduce: See [Note: finding where a NaN starts]
         self._nf.bucket(self.tap.step, lambda: [self._index[id(p)] for p in bucket.parameters()],
                         buffer, bucket.gradients)
-        if self._debug is not None:  # the debugger's safe point: before this all-reduce
-            self._debug.bucket(self.tap.step, b, buffer,
-                               lambda: [self._index[id(p)] for p in bucket.parameters()])
         if self.tap.enabled:
             if not self._summary.per_param:
                 self._summary.emit(b)
@@ -290,9 +290,18 @@ class GuardedWatch(Watch):
         if self._error is not None:  # failed already: no more collectives, raise at the end
             out.set_result(buffer)
             return out
+        scaled = False
+        if self._debug is not None:  # the debugger's safe point: before this all-reduce, the
+            # buffer as it is all-reduced (torch's averaging done first, as its own reducer
+            # does before its built-in all-reduce; a user's hook gets it unscaled)
+            if self._user_hook is None:
+                self._scale_bucket(bucket, buffer)
+                scaled = True
+            self._debug.bucket(self.tap.step, b, buffer,
+                               lambda: [self._index[id(p)] for p in bucket.parameters()])
         LAUNCH.bucket = b  # the job's collectives ledger names this all-reduce as bucket b's
         try:
-            fut, work = self._reduce(bucket, buffer)
+            fut, work = self._reduce(bucket, buffer, scaled=scaled)
         except RuntimeError as exc:  # a peer is gone already: the watchdog names it
             fut, work = torch.futures.Future(), None
             fut.set_exception(exc)
@@ -346,22 +355,27 @@ class GuardedWatch(Watch):
             members = self.buckets[b] if 0 <= b < len(self.buckets) else []
         return [self.names[i] for i in members]
 
-    def _reduce(self, bucket: dist.GradBucket, buffer: torch.Tensor
+    def _reduce(self, bucket: dist.GradBucket, buffer: torch.Tensor, *, scaled: bool = False
                 ) -> tuple[torch.futures.Future, Any]:
         """The user's hook, or torch's default reduction (see the Note): its future, and the
-        process group's work where watch launched the all-reduce itself (bounded waits)."""
+        process group's work where watch launched the all-reduce itself (bounded waits).
+        `scaled`: the buffer was averaged already (_scale_bucket)."""
         if self._user_hook is not None:
             return self._user_hook(self._user_state, bucket), None
-        if torch.is_grad_enabled():  # backward(create_graph=True): record none of it
-            with torch.no_grad():
-                self._average(bucket, buffer)
-        else:
-            self._average(bucket, buffer)
+        if not scaled:
+            self._scale_bucket(bucket, buffer)
         # What torch's C++ default hook does (reducer._run_allreduce_hook): a SUM all-reduce
         # of the bucket on the DDP's process group; here with its Work, for bounded waits.
         collectives.mark_bucket(self.group, self.tap.step, LAUNCH.bucket)
         work = self.group.allreduce([buffer])
         return work.get_future(), work
+
+    def _scale_bucket(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> None:
+        if torch.is_grad_enabled():  # backward(create_graph=True): record none of it
+            with torch.no_grad():
+                self._average(bucket, buffer)
+        else:
+            self._average(bucket, buffer)
 
     def _average(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> None:
         if buffer.is_sparse:

@@ -2,16 +2,19 @@
 group's store (a notice board, never a collective on the user's group).
 
 [Note: claiming a boundary]
-The key `ddpviz/debug/target` holds the last claim, "ID|STEP|KIND|REASON": every rank parks
-(kind "pause", "trigger") or applies a new break set (kind "breaks", ID = the SetBreaks' request)
-at the forward of STEP. A claim is made only on a rank's training thread at one of its safe
-points of step s, and names STEP = s + 1; in DDP no rank can have passed the forward of s + 1
-then (it needs this rank's all-reduces of step s, not launched yet; so claims wait for a step
-whose backward all-reduces, never one under no_sync()), so every rank still reads the claim at
-that forward: an armed rank reads the key at every forward (one store read a step).
-compare_set makes the first claim win; a rank claims only while no claim is pending (its STEP
-already reached), and only once every rank is armed (`ddpviz/debug/armed` counts them), since
-an unarmed rank does not read the key.
+The key `ddpviz/debug/target/STEP` holds the claim for the forward of STEP, "ID|STEP|KIND|REASON":
+every rank parks (kind "pause", "trigger") or applies a new break set (kind "breaks", ID = the
+SetBreaks' request) at that forward. A claim is made only on a rank's training thread at one of
+its safe points of step s, and names STEP = s + 1; in DDP no rank can have passed the forward of
+s + 1 then (it needs this rank's all-reduces of step s, not launched yet; so claims wait for a
+step whose backward all-reduces, never one under no_sync()), so every rank still reads the claim
+at that forward: an armed rank reads its step's key at every forward (one store read a step).
+compare_set makes the first claim of a step win. One key per step, not one key for the last
+claim: a rank that has read the claim for s + 1 may claim s + 2 at once, while a slower rank
+has yet to read the claim for s + 1 (one key for both lost that claim on the slower rank, and
+the ranks then disagreed on the break set: one parked before a bucket, the other waited in its
+all-reduce). A rank claims only once every rank is armed (`ddpviz/debug/armed` counts them),
+since an unarmed rank does not read the keys.
 """
 
 from __future__ import annotations
@@ -53,17 +56,17 @@ class Board:
             store = c10d._get_default_store()
         self.store = store
 
-    def read(self) -> tuple[str, Claim | None]:
-        """The key's raw value ("" when no claim was ever made) and its claim."""
-        raw = _text(self.store.compare_set(_TARGET, _ABSENT, _ABSENT))
+    def read(self, step: int) -> tuple[str, Claim | None]:
+        """The raw claim for the forward of `step` ("" when none was made) and its claim."""
+        raw = _text(self.store.compare_set(f"{_TARGET}/{step}", _ABSENT, _ABSENT))
         if raw == _ABSENT:
             return "", None
         return raw, Claim.parse(raw)
 
     def claim(self, seen: str, claim_id: str, step: int, kind: str, reason: str) -> Claim | None:
-        """Claim `step` unless the key changed since it read `seen`; the claim now in force."""
+        """Claim `step` unless its key changed since it read `seen`; the claim now in force."""
         value = f"{claim_id}|{step}|{kind}|{reason.replace('|', '/')[:1000]}"
-        got = _text(self.store.compare_set(_TARGET, seen, value))
+        got = _text(self.store.compare_set(f"{_TARGET}/{step}", seen, value))
         if got == _ABSENT:  # torch's compare_set of a missing key with "" set it; never here
             return None
         return Claim.parse(got)

@@ -33,7 +33,7 @@ DEFAULT_TIMEOUT = 10.0  # seconds a call waits for every rank's answer
 ABORT_TIMEOUT = 10.0  # seconds abort() waits for every rank to end (the ranks promise 5)
 _REPLIES = (ev.DebugArmed, ev.Inspected, ev.Fetched, ev.CodeRan, ev.StacksTaken,
             ev.DebugRefused)
-_WHERE = ("forward", "bucket", "optimizer_step")
+_WHERE = ("forward", "bucket", "after_backward", "optimizer_step")
 
 
 class DebuggerError(RuntimeError):
@@ -312,15 +312,18 @@ class Debugger:
         Args:
             step: the DDP iteration (0 first); not one every rank has passed.
             bucket: stop before this bucket's all-reduce (buckets in launch order, 0 first).
-            where: "bucket" (the default with `bucket`), "forward" (before DDP's forward) or
-                "optimizer_step" (after the optimizer step).
+            where: "bucket" (the default with `bucket`), "forward" (before DDP's forward),
+                "after_backward" (every bucket's all-reduce complete, before the optimizer
+                step: each bucket's buffer holds its all-reduced values) or "optimizer_step"
+                (after the optimizer step).
 
         Returns:
             The break as sent (a protocol BreakAt).
 
         Raises:
             ValueError: a bad step, bucket or point, or a step every rank has passed.
-            DebuggerError: the ranks' DDP has no safe point before a bucket's all-reduce.
+            DebuggerError: the ranks' DDP has no safe points around a bucket's all-reduce
+                (bucket, after_backward: the hook-less watch()).
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"ddpviz: break_at(step=) takes a step number >= 0, got {step!r}.")
@@ -329,23 +332,25 @@ class Debugger:
         if where not in _WHERE:
             raise ValueError(f"ddpviz: break_at needs a bucket or a point; got bucket={bucket!r}, "
                              f"where={where!r}.\nPass bucket=K (before bucket K's all-reduce) "
-                             "or where='forward' / where='optimizer_step'.")
-        if where == "bucket":
-            if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
-                raise ValueError(f"ddpviz: break_at(bucket=) takes a bucket index >= 0 "
-                                 f"(0 is all-reduced first), got {bucket!r}.")
+                             "or where='forward' / 'after_backward' / 'optimizer_step'.")
+        if where != "bucket" and bucket is not None:
+            raise ValueError(f"ddpviz: bucket= goes with where='bucket' only, not "
+                             f"where={where!r}.")
+        if where == "bucket" and (isinstance(bucket, bool) or not isinstance(bucket, int)
+                                  or bucket < 0):
+            raise ValueError(f"ddpviz: break_at(bucket=) takes a bucket index >= 0 "
+                             f"(0 is all-reduced first), got {bucket!r}.")
+        if where in ("bucket", "after_backward"):
             armed = self._arm()  # a rank says whether its DDP has bucket safe points
             no_points = sorted(r for r, a in armed.items() if a.ddp and not a.bucket_points)
             if no_points:
                 raise DebuggerError(
                     f"ddpviz: {format_ranks(no_points)} watch torch's DDP without a comm hook "
-                    "(the default hook-less watch()), which has no safe point before a "
-                    "bucket's all-reduce.\nBreak at where='forward' or "
-                    "where='optimizer_step', or watch with ddpviz.watch(ddp, guard=True).",
-                    no_points)
-        elif bucket is not None:
-            raise ValueError(f"ddpviz: bucket= goes with where='bucket' only, not "
-                             f"where={where!r}.")
+                    "(the default hook-less watch()), which has no safe point "
+                    + ("before a bucket's all-reduce" if where == "bucket" else
+                       "where every bucket's all-reduce is complete")
+                    + ".\nBreak at where='forward' or where='optimizer_step', or watch with "
+                    "ddpviz.watch(ddp, guard=True).", no_points)
         with self._cv:
             ranks = self._ranks()
             now = min((self._last_step.get(r, -1) for r in ranks), default=-1)

@@ -33,7 +33,8 @@ ABORT_AFTER_S = 4.0  # a rank that is not parked is ended this long after an Abo
 _POLL_S = 0.005  # a parked rank's wait for its next command
 _COMMAND_WAIT_S = 30.0  # an agreed break-set change waits this long for its command
 MAX_SNAPSHOT = 1 << 24  # elements of local gradients a nonfinite_gradient break keeps
-_HOOKLESS_BUCKETS = ("break_at(bucket=...) needs a safe point before each bucket's all-reduce, "
+_NEEDS_HOOK = ("bucket", "after_backward")  # points only a DDP with bucket points has
+_HOOKLESS_BUCKETS = ("break_at(bucket=...) needs safe points around each bucket's all-reduce, "
                      "which the default hook-less ddpviz.watch(ddp) does not have: use "
                      "ddpviz.watch(ddp, guard=True) (or ddpviz's own DDP), or break at "
                      "where='forward' / 'optimizer_step'")
@@ -66,6 +67,10 @@ class Attachment:
                indices: Callable[[], Sequence[int]]) -> None:
         if self.c.active:
             self.c.guarded(self.c.at_bucket, self, step, bucket, buffer, indices)
+
+    def after_backward(self, step: int) -> None:
+        if self.c.active:
+            self.c.guarded(self.c.at_after_backward, self, step)
 
     def optimizer_step(self, step: int) -> None:
         if self.c.active:
@@ -107,6 +112,7 @@ class Controller:
         self.dead = False
         self.armed = False
         self.parked = False
+        self.start_paused = False  # park before the first forward (launch(debug="paused"))
         self._queue: collections.deque[protocol.Command | tuple[int, str]] = \
             collections.deque()
         self._last_request = 0
@@ -115,10 +121,12 @@ class Controller:
         self._handled = ""  # the claim last acted on (its raw value)
         self._deferred: list[tuple[str, str, str]] = []  # claims to make: (id, kind, reason)
         self._breaks: dict[int, protocol.SetBreaks] = {}  # SetBreaks by request, not applied
+        self._applied = 0  # the last SetBreaks applied (each holds the whole break set)
         self._at: set[tuple[int, str, int]] = set()  # (step, point, bucket) of break_at
         self._kinds: set[str] = set()
         self._predicates = Predicates()
         self._step_to: str | None = None  # after a Step: where to park next
+        self._where: tuple[str, int] = ("", -1)  # the park's point and bucket
         self._snapshot: dict[str, tuple[int, torch.Tensor]] = {}  # grad_before_allreduce
         self._namespace: dict[str, Any] = {}
         self._optimizer: Any = None
@@ -197,15 +205,20 @@ class Controller:
         if not self.armed:
             self._arm()
         assert self._board is not None
-        raw, claim = self._board.read()
+        raw, claim = self._board.read(step)
         if claim is not None and claim.step == step and raw != self._handled:
             self._handled = raw
             if self._act(claim, "forward", -1):
                 return
-        self._serve_unparked(pending=claim is not None and claim.step > step)
-        if self._deferred and (claim is None or claim.step <= step):
-            self._claim(raw, step)
-        if (step, "forward", -1) in self._at:
+        if self._queue or self._deferred:  # (a second read only when there is something)
+            raw, claim = self._board.read(step + 1)
+            self._serve_unparked(pending=claim is not None)
+            if self._deferred and claim is None:
+                self._claim(raw, step)
+        if self.start_paused:  # every rank parks here: breaks can be set before anything runs
+            self.start_paused = False
+            self._park("forward", -1, "start paused", 0)
+        elif (step, "forward", -1) in self._at:
             self._park("forward", -1, "break_at", 0)
         elif self._step_to == "step":
             self._park("forward", -1, "step", 0)
@@ -239,6 +252,13 @@ class Controller:
             self._park("bucket", bucket, "break_at", 0)
         elif self._step_to == "bucket":
             self._park("bucket", bucket, "step", 0)
+
+    def at_after_backward(self, att: Attachment, step: int) -> None:
+        """Every all-reduce of `step` is complete here (the reducer's finalize returned): the
+        buffers kept at the bucket points hold their all-reduced values."""
+        self._attach_state(att, step)
+        if self.armed and (step, "after_backward", -1) in self._at:
+            self._park("after_backward", -1, "break_at", 0)
 
     def at_optimizer_step(self, att: Attachment, step: int) -> None:
         if not self.armed:
@@ -275,8 +295,8 @@ class Controller:
         self._deferred.append((f"t{self.rank}.{step}", "trigger", reason))
         self.active = True
         if claim_now and self._board is not None:
-            raw, claim = self._board.read()
-            if claim is None or claim.step <= step:
+            raw, claim = self._board.read(step + 1)
+            if claim is None:
                 self._claim(raw, step)
 
     def _claim(self, raw: str, step: int) -> None:
@@ -309,6 +329,8 @@ class Controller:
         return True
 
     def _apply_agreed(self, request: int) -> None:
+        if request <= self._applied:
+            return  # a park applied it (or a later whole set) already: every rank parked there
         deadline = time.monotonic() + _COMMAND_WAIT_S
         while request not in self._breaks:
             self._serve_unparked(pending=True)
@@ -321,13 +343,18 @@ class Controller:
         self._apply(self._breaks.pop(request))
 
     def _apply(self, command: protocol.SetBreaks) -> None:
+        if command.request < self._applied:
+            return  # an older whole break set than the one in force (a park applies in any order)
+        self._applied = command.request
         at: set[tuple[int, str, int]] = set()
         kinds: set[str] = set()
         predicates: list[str] = []
         for b in command.breaks:
             if isinstance(b, protocol.BreakAt):
-                if b.where == "bucket" and not (self.att is not None and self.att.bucket_points):
-                    self._emit(ev.DebugRefused, command.request, _HOOKLESS_BUCKETS)
+                if b.where in _NEEDS_HOOK and not (self.att is not None
+                                                   and self.att.bucket_points):
+                    self._emit(ev.DebugRefused, command.request, _HOOKLESS_BUCKETS.replace(
+                        "break_at(bucket=...)", f"break_at(where={b.where!r})"))
                     continue
                 at.add((b.step, b.where, b.bucket if b.where == "bucket" else -1))
             elif isinstance(b, protocol.BreakOn):
@@ -385,6 +412,7 @@ class Controller:
             self._apply(c)
         self._deferred = []  # every pause and trigger so far is answered by this park
         self._step_to = None
+        self._where = (point, bucket)
         self._namespace = self._names(att, self.step)
         self._emit(ev.Parked, point, bucket, reason[:4000], request)
         self.tap.flush(1.0)
@@ -446,7 +474,40 @@ class Controller:
                       f"{self.step}")
 
     def _tensor(self, name: str, what: str, bucket: int, state_key: str) -> torch.Tensor:
-        """The tensor an Inspect/Fetch names; ValueError saying what is missing."""
+        """The tensor an Inspect/Fetch names, never one an all-reduce may be writing; ValueError
+        saying what is missing."""
+        t = self._named_tensor(name, what, bucket, state_key)
+        att, sources = self.att, [t]
+        if what == "bucket_grads" and att is not None:  # (a concatenation: its sources)
+            sources = [g for g in (att.params[i].grad for i in att.members.get(bucket, ()))
+                       if g is not None]
+        busy = max((self._in_flight(s) for s in sources), default=-1)
+        if busy >= 0:
+            subject = (f"bucket {bucket}'s buffer" if what == "bucket_buffer" else
+                       f"the {what} of {name or f'bucket {bucket}'} (in bucket {busy}'s buffer)")
+            raise ValueError(
+                f"{subject}: its all-reduce was launched before this park (before bucket "
+                f"{self._where[1]}'s) and may still be running on rank "
+                f"{self.rank}: reading it could see half-reduced values. Read it before its "
+                f"all-reduce (break_at(step, bucket={busy})) or once every all-reduce of the "
+                "step is complete (break_at(step, where='after_backward'))")
+        return t
+
+    def _in_flight(self, t: torch.Tensor) -> int:
+        """The bucket whose launched all-reduce may still be writing `t`'s storage (-1: none):
+        only in a park before bucket k, where the buckets before k were launched."""
+        att = self.att
+        point, current = self._where
+        if att is None or point != "bucket" or t.is_sparse:
+            return -1
+        ptr = t.untyped_storage().data_ptr()
+        for b, buffer in att.buffers.items():
+            if b != current and not buffer.is_sparse and \
+                    buffer.untyped_storage().data_ptr() == ptr:
+                return b
+        return -1
+
+    def _named_tensor(self, name: str, what: str, bucket: int, state_key: str) -> torch.Tensor:
         att = self.att
         assert att is not None
         if what in ("bucket_buffer", "bucket_grads"):
@@ -574,10 +635,15 @@ def install(sender: Any, rank: int) -> Controller:
 
 
 def install_from_env(sender: Any, rank: int) -> Controller | None:
-    """`install` where DDPVIZ_DEBUG=1 says so (launch(debug=True), `ddpviz record --debug`)."""
-    if os.environ.get(ENV_DEBUG, "") != "1" or not callable(getattr(sender, "on_control", None)):
+    """`install` where DDPVIZ_DEBUG=1 says so (launch(debug=True), `ddpviz record --debug`);
+    DDPVIZ_DEBUG=paused (launch(debug="paused")) also parks the rank before its first forward."""
+    mode = os.environ.get(ENV_DEBUG, "")
+    if mode not in ("1", "paused") or not callable(getattr(sender, "on_control", None)):
         return None
-    return install(sender, rank)
+    ctl = install(sender, rank)
+    if mode == "paused" and ctl.step < 0:
+        ctl.start_paused = ctl.active = True
+    return ctl
 
 
 def attach(ddp: nn.Module, params: Sequence[nn.Parameter], names: Sequence[str], tap: ev.Tap,

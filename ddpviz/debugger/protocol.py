@@ -41,8 +41,10 @@ MAX_CODE = MAX_TEXT  # characters of code in one RunCode
 # What a safe point is (where every rank parks):
 #   forward         before DDP's forward of `step` (before any collective of that forward)
 #   bucket          before bucket `bucket`'s all-reduce of `step` is launched
+#   after_backward  after the synced backward of `step`: every bucket's all-reduce complete,
+#                   its result in .grad, before the optimizer step (no point under no_sync())
 #   optimizer_step  after the optimizer step that follows the backward of `step`
-Point = Literal["forward", "bucket", "optimizer_step"]
+Point = Literal["forward", "bucket", "after_backward", "optimizer_step"]
 
 # What one tensor of `Inspect`/`Fetch` is, for the parameter (or bucket) named:
 #   value                  the parameter's data
@@ -75,7 +77,7 @@ class BreakAt(Break, frozen=True):
 
     step: limits.Step
     where: Point = "bucket"
-    bucket: BucketIndexOrNone = -1  # -1 with where="forward" / "optimizer_step"
+    bucket: BucketIndexOrNone = -1  # -1 at every other point
 
 
 class BreakOn(Break, frozen=True):

@@ -23,7 +23,7 @@ class RankStop(NamedTuple):
 
     rank: int
     step: int
-    point: str  # "forward" | "bucket" | "optimizer_step"
+    point: str  # "forward" | "bucket" | "after_backward" | "optimizer_step"
     bucket: int  # -1 unless point == "bucket"
     reason: str
 
@@ -51,6 +51,8 @@ def describe_point(step: int, point: str, bucket: int) -> str:
         return f"step {step}, before bucket {bucket}'s all-reduce"
     if point == "forward":
         return f"step {step}, before DDP's forward"
+    if point == "after_backward":
+        return f"step {step}, after the backward (every bucket all-reduced)"
     if point == "optimizer_step":
         return f"step {step}, after the optimizer step"
     return f"step {step}, at {point}"

@@ -144,6 +144,11 @@ class DebugObserver(Protocol):
         """Bucket `bucket`'s flat buffer (local gradients), before its all-reduce is launched;
         `indices()`: its parameters (reducer indices)."""
 
+    def after_backward(self, step: int) -> None:
+        """The synced backward of `step` is finalized: every bucket's all-reduce is complete
+        and its result written to .grad (each bucket's buffer now holds the averaged
+        gradients)."""
+
 
 class Observers(Protocol):
     """Builds what watches one DDP on its rank, in the constructor's order; a builder that

@@ -801,6 +801,8 @@ class Reducer:
             self.tap.emit(BackwardFinished)
         if self.after_finalize is not None:
             self.after_finalize()
+        if self.debug is not None:  # a safe point: every all-reduce of this step is complete
+            self.debug.after_backward(self.tap.step)
 
     def _finalize_bucket_dense(self, bucket: Bucket) -> None:
         with torch.no_grad():

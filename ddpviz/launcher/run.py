@@ -55,7 +55,7 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
            args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
            timeout: float | None = None, env: Mapping[str, str] | None = None,
            session: Session | None = None, slow_motion: float | None = None,
-           debug: bool = False) -> Run:
+           debug: bool | str = False) -> Run:
     """Run `fn(*args, **kwargs)` on `nprocs` ranks of a fresh process group; returns at once.
 
     Each rank is a new interpreter (spawned, never forked: CUDA-safe) with MASTER_ADDR,
@@ -78,7 +78,9 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
             one by one in `run.dashboard()`. None: full speed.
         debug: arm the ranks for the notebook's debugger (sets DDPVIZ_DEBUG=1): they take
             pause/inspect/resume commands from the session (ddpviz/debugger/). Until the first
-            command nothing changes; armed, each step costs one store read.
+            command nothing changes; armed, each step costs one store read. "paused": the
+            same, and every rank parks before its first forward (step 0), as a debugger starts
+            a program stopped: set breaks, then `run.debugger.resume()`.
 
     Returns:
         A `Run`, at once (the ranks keep running); `run.wait()` gives the per-rank return
@@ -93,8 +95,12 @@ def launch(fn: Callable[..., Any], nprocs: int = 2, *, backend: str | None = Non
         from ddpviz.events import ENV_SLOW_MOTION
 
         env = {**(env or {}), ENV_SLOW_MOTION: repr(float(slow_motion))}
+    if debug not in (True, False, "paused"):
+        raise ValueError(f"ddpviz: launch(debug=) is True, False or 'paused', got {debug!r}.\n"
+                         "Pass debug=True for ranks that take the debugger's commands, or "
+                         "debug='paused' for ranks that also wait before their first step.")
     if debug:
-        env = {**(env or {}), ENV_DEBUG: "1"}
+        env = {**(env or {}), ENV_DEBUG: "paused" if debug == "paused" else "1"}
     run = Run(fn, nprocs, backend=backend, args=args, kwargs=kwargs, timeout=timeout, env=env,
               session=session)
     run.debug = bool(debug)

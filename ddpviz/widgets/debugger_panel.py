@@ -25,6 +25,7 @@ from ddpviz.widgets.bucket_map import BucketMap
 
 _WHAT = [(label.replace("_", " "), label) for label in p.What.__args__]  # type: ignore[attr-defined]
 _WHERE = [("before bucket's all-reduce", "bucket"), ("before forward", "forward"),
+          ("after backward (all-reduced)", "after_backward"),
           ("after optimizer step", "optimizer_step")]
 
 

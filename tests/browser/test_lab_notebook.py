@@ -2,7 +2,8 @@
 error, and the widgets render in the page holding the kernel's data: 00_tour's verification
 matrix, broadcast progress bars and dashboard bucket map (plotly) agree with what the kernel
 printed; 01_buckets' plotly figure draws the same bar segments the kernel-side figure holds and
-its controls show the kernel's values. No console errors."""
+its controls show the kernel's values; 07_debugger stops two ranks at every bucket and shows
+each buffer before and after its all-reduce, its debugger views rendered. No console errors."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, LabServer
-from tests.browser.ui import error_outputs, open_lab, run_all_cells
+from tests.browser.ui import error_outputs, open_lab, run_all_cells, stream_text
 
 pytestmark = pytest.mark.browser
 
@@ -139,4 +140,35 @@ def test_00_tour_widgets_render_with_the_kernels_data(
     assert sum(width for _, _, width in bars_drawn) == done[0][2]  # every gradient byte
     plot.scroll_into_view_if_needed()
     screenshot(page, "tour_dashboard", page.locator("#jp-main-dock-panel"))
+    assert console.errors == []
+
+
+def test_07_debugger_walks_every_bucket_in_the_lab(
+        page: Any, lab: LabServer, console: ConsoleLog) -> None:
+    open_lab(page, lab, "07_debugger.ipynb")
+    run_all_cells(page)
+    assert error_outputs(page) == []
+    text = stream_text(page)
+    # every bucket of step 1: before its all-reduce each rank's own (scaled) gradients, after
+    # it the same bits on both ranks, the mean; the paused run ends as the unpaused one
+    buckets = text.count("before its all-reduce (")
+    assert buckets >= 2
+    assert text.count("each rank's own gradients x 1/world_size: True | the ranks differ: "
+                      "True") == buckets
+    assert text.count("bitwise equal on every rank: True | the mean of the local gradients: "
+                      "True | the sum of the buffers before: True") == buckets
+    assert "final parameters bitwise equal to the unpaused run's: True" in text
+    # the debugger's HTML views render: where the ranks stopped, and bucket 0's buffer on
+    # both ranks after the backward, one bitwise group
+    start = cell_with(page, 'debug="paused"').locator(".jp-OutputArea-output").last
+    assert "paused at step 0, before DDP's forward on all 2 ranks" in start.inner_text()
+    values = cell_with(page, "dbg.inspect_bucket(0, timeout=60)").locator("table")
+    rows = values.locator("tr").evaluate_all(
+        "rows => rows.slice(1).map(r => [...r.cells].map(c => c.textContent))")
+    assert [row[0] for row in rows] == ["0", "1"]
+    assert len({row[7] for row in rows}) == 1  # the same digest on both ranks
+    assert "bitwise equal on all 2 ranks" in cell_with(
+        page, "dbg.inspect_bucket(0, timeout=60)").inner_text()
+    values.scroll_into_view_if_needed()
+    screenshot(page, "debugger_notebook", page.locator("#jp-main-dock-panel"))
     assert console.errors == []
