@@ -116,6 +116,7 @@ class Controller:
         self._breaks: dict[int, protocol.SetBreaks] = {}  # SetBreaks by request, not applied
         self._at: set[tuple[int, str, int]] = set()  # (step, point, bucket) of break_at
         self._kinds: set[str] = set()
+        self._answered: dict[str, int] = {}  # finding kind -> the step a stop for one parked at
         self._predicates: list[tuple[str, Any]] = []
         self._step_to: str | None = None  # after a Step: where to park next
         self._snapshot: dict[str, tuple[int, torch.Tensor]] = {}  # grad_before_allreduce
@@ -152,6 +153,8 @@ class Controller:
     def finding_said(self, kind: str, step: int) -> None:
         """A finding this rank said (any thread): a triggered break claims the next forward
         from this rank's next safe point (the training thread)."""
+        if step < self._answered.get(kind, -1):
+            return  # said late about a step before the stop it caused: that stop answered it
         if self.armed and (kind in self._kinds or self._step_to == "finding"):
             self._deferred.append((f"t{self.rank}.{step}.{kind}", "trigger",
                                    f"finding {kind} (rank {self.rank}, step {step})"))
@@ -300,7 +303,9 @@ class Controller:
         if claim.reason.startswith("finding "):
             # a finding break stops at the first one: every rank drops it here, at the same
             # agreed boundary (the NaN it found would stop every later step again)
-            self._kinds.discard(claim.reason.split()[1])
+            kind = claim.reason.split()[1]
+            self._kinds.discard(kind)
+            self._answered[kind] = max(self._answered.get(kind, -1), claim.step)
         self._park(point, bucket, "pause" if claim.kind == "pause" else claim.reason,
                    int(claim.id) if claim.id.isdigit() else 0)
         return True
