@@ -19,7 +19,8 @@ stops each: a `break_when` predicate true on rank 1 at a step (from the start of
 forward on rank 1: an upper bound, the predicate is evaluated after the forward), a finding (a
 NaN rank 1 plants in its local gradient: from the planting; the step is skipped, as a
 GradScaler would, so the next stop comes from the next NaN) and `dbg.pause()` (from the
-notebook's call). Printed: median and max over the stops, per trigger.
+notebook's call; the first once the job has trained WARM steps). Printed: median and max
+over the stops, and each, per trigger.
 
 `inspect`: the wall time of `dbg.inspect(name)` (a summary of every rank's tensor: norms,
 NaN/Inf counts, digests) of a 10M-element parameter across `--world` (4) parked ranks, value
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ranks import interleaved_blocks, join_gloo, mlp, run_ranks
 
 DIMS = (64, 256, 256, 256, 8)
+WARM = 20  # steps the `latency` pause job trains before its first pause
 
 
 def _model() -> nn.Module:
@@ -162,6 +164,9 @@ def _latency(mode: str, world: int, runs: int, tmp: str) -> list[float]:
         Path(go).touch()
         seen = 0
         parks: list[tuple[int, list[Any]]] = []
+        if mode == "pause":  # the first pause comes once the job has trained WARM steps
+            while dbg.next_step() < WARM:  # (its first steps are slow: see the docs)
+                time.sleep(0.05)
         for _ in range(runs):
             if mode == "pause":
                 time.sleep(0.5)  # training
