@@ -102,6 +102,11 @@ class Debugger:
                 self._last_step[e.rank] = max(self._last_step.get(e.rank, -1), e.step)
                 if isinstance(e, ev.Parked):
                     self._parked[e.rank] = RankStop.of(e)
+                    if e.reason.startswith("finding "):
+                        # a finding break stops once: the ranks dropped it at this stop, so
+                        # the break set says so and break_on(kind) sets it again
+                        kind = e.reason.split()[1]
+                        self._breaks = [b for b in self._breaks if b != p.BreakOn(kind=kind)]
                     changed = True
                 elif isinstance(e, ev.Unparked):
                     self._parked.pop(e.rank, None)

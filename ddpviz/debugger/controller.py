@@ -124,6 +124,7 @@ class Controller:
         self._applied = 0  # the last SetBreaks applied (each holds the whole break set)
         self._at: set[tuple[int, str, int]] = set()  # (step, point, bucket) of break_at
         self._kinds: set[str] = set()
+        self._answered: dict[str, int] = {}  # finding kind -> the step a stop for one parked at
         self._predicates = Predicates()
         self._step_to: str | None = None  # after a Step: where to park next
         self._where: tuple[str, int] = ("", -1)  # the park's point and bucket
@@ -161,6 +162,8 @@ class Controller:
     def finding_said(self, kind: str, step: int) -> None:
         """A finding this rank said (any thread): a triggered break claims the next forward
         from this rank's next safe point (the training thread)."""
+        if step < self._answered.get(kind, -1):
+            return  # said late about a step before the stop it caused: that stop answered it
         if self.armed and (kind in self._kinds or self._step_to == "finding"):
             self._deferred.append((f"t{self.rank}.{step}.{kind}", "trigger",
                                    f"finding {kind} (rank {self.rank}, step {step})"))
@@ -323,7 +326,9 @@ class Controller:
         if claim.reason.startswith("finding "):
             # a finding break stops at the first one: every rank drops it here, at the same
             # agreed boundary (the NaN it found would stop every later step again)
-            self._kinds.discard(claim.reason.split()[1])
+            kind = claim.reason.split()[1]
+            self._kinds.discard(kind)
+            self._answered[kind] = max(self._answered.get(kind, -1), claim.step)
         self._park(point, bucket, "pause" if claim.kind == "pause" else claim.reason,
                    int(claim.id) if claim.id.isdigit() else 0)
         return True

@@ -87,14 +87,15 @@ def request() -> int:
 @contextmanager
 def debug_job(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int = -1,
               sleep: float = 0.0, commands: tuple[protocol.Command, ...] = (),
-              debug: bool = True) -> Iterator[Job]:
+              debug: bool = True, optim: str = "sgd") -> Iterator[Job]:
     """Launch `rank_fns.train` with debug=True; the ranks start training only once every rank
     is connected and has received `commands` (so a break on step 3 is set in time)."""
     tmp.mkdir(parents=True, exist_ok=True)
     go = tmp / "go"
     with listen(show=False) as session:
         run = ddpviz.launch(rank_fns.train, nprocs, args=(kind, steps, str(tmp)),
-                            kwargs={"nan_at": nan_at, "go": str(go), "sleep": sleep},
+                            kwargs={"nan_at": nan_at, "go": str(go), "sleep": sleep,
+                                    "optim": optim},
                             session=session, debug=debug, timeout=240)
         job = Job(session, run, tmp, nprocs)
         try:
@@ -112,25 +113,56 @@ def debug_job(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int 
                 run.stop()
 
 
-# the unpaused runs so far in this process: (kind, steps, nprocs, nan_at) -> records. The
+# the unpaused runs so far in this process: (kind, steps, nprocs, nan_at, optim) -> records. The
 # training is seeded, so a run with the same arguments is the same run: tests share it.
-_REFERENCES: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
+_REFERENCES: dict[tuple[str, int, int, int, str], list[dict[str, Any]]] = {}
 
 
 def reference(kind: str, steps: int, tmp: Path, *, nprocs: int = 2,
-              nan_at: int = -1) -> list[dict[str, Any]]:
+              nan_at: int = -1, optim: str = "sgd") -> list[dict[str, Any]]:
     """The unpaused run's records per rank (launched without the debugger; once per process
     for the same arguments)."""
-    key = (kind, steps, nprocs, nan_at)
+    key = (kind, steps, nprocs, nan_at, optim)
     if key not in _REFERENCES:
-        _REFERENCES[key] = _reference(kind, steps, tmp, nprocs=nprocs, nan_at=nan_at)
+        _REFERENCES[key] = _reference(kind, steps, tmp, nprocs=nprocs, nan_at=nan_at,
+                                      optim=optim)
     return _REFERENCES[key]
 
 
-def _reference(kind: str, steps: int, tmp: Path, *, nprocs: int,
-               nan_at: int) -> list[dict[str, Any]]:
+def _reference(kind: str, steps: int, tmp: Path, *, nprocs: int, nan_at: int,
+               optim: str) -> list[dict[str, Any]]:
     tmp.mkdir(parents=True, exist_ok=True)
     run = ddpviz.launch(rank_fns.train, nprocs, args=(kind, steps, str(tmp)),
-                        kwargs={"nan_at": nan_at}, timeout=240)
+                        kwargs={"nan_at": nan_at, "optim": optim}, timeout=240)
     run.wait(timeout=240)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(nprocs)]
+
+
+def launch_debug(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int = -1,
+                 sleep: float = 0.0, optim: str = "sgd") -> tuple[ddpviz.Run, Path]:
+    """`rank_fns.train` launched with debug=True for the public `run.debugger`; the ranks wait
+    for `go` (`go_ahead`) to train, so that breaks set first are in place."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    go = tmp / "go"
+    run = ddpviz.launch(rank_fns.train, nprocs, args=(kind, steps, str(tmp)),
+                        kwargs={"go": str(go), "sleep": sleep, "nan_at": nan_at,
+                                "optim": optim}, debug=True, timeout=300)
+    assert run.session.collector.wait(lambda s: len(s.peers) == nprocs, timeout=120), \
+        "the ranks never connected"
+    return run, go
+
+
+def go_ahead(go: Path) -> None:
+    """Let the ranks of `launch_debug` train once each has every command sent so far."""
+    last = protocol.next_request() - 1  # the last request number handed out
+    ready = go.with_name("go.tmp")  # (renamed: a rank never reads it half written)
+    ready.write_text(f"commands {last}")
+    ready.replace(go)
+
+
+def buckets(run: ddpviz.Run, step: int, rank: int = 0) -> int:
+    """How many buckets rank `rank`'s DDP all-reduces at `step` (its bucket map then)."""
+    maps = [e for e in run.trace.events() if isinstance(e, ev.BucketAssigned)
+            and e.rank == rank and e.step <= step]
+    assert maps, "no bucket map was reported"
+    return len(maps[-1].buckets)

@@ -5,7 +5,8 @@ DDP ("twin"), torch's DDP under watch(guard=True) ("guard"), under the default w
 ("hookless"), or torch's DDP alone ("torch", the unpaused reference). It records, per rank,
 what a test compares the paused run with: the local gradient digests of one step (from
 gradient hooks, before any all-reduce), the averaged ones after that step's backward, and the
-final parameters' digests.
+final parameters' digests; with `optim="adam"` (Adam in place of SGD with momentum) also
+each parameter's Adam `exp_avg` after that step's optimizer step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def digest(t: Any) -> str:
 
 
 def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
-          sleep: float = 0.0) -> dict[str, str]:
+          sleep: float = 0.0, optim: str = "sgd") -> dict[str, str]:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -55,7 +56,8 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
         if kind in ("guard", "hookless"):
             ddpviz.watch(ddp, recording=ddpviz.Recording(guard=kind == "guard"))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    opt: Any = (torch.optim.Adam(ddp.parameters(), lr=0.01) if optim == "adam" else
+                torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9))
     names = [n for n, _ in model.named_parameters()]
     record: dict[str, Any] = {"local": {}, "averaged": {}, "losses": []}
     step = [0]
@@ -76,11 +78,15 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
     if go:
         while not os.path.exists(go):
             time.sleep(0.01)
-        if Path(go).read_text() == "commands":  # they went out: train once this rank has them
-            from ddpviz.debugger import controller  # (delivered by its Sender's thread, which
-            #                                          a loaded machine can leave behind)
+        said = Path(go).read_text().split()
+        if said[:1] == ["commands"]:  # they went out: train once this rank has them, up to
+            # request N where "commands N" says so (delivered by its Sender's thread, which a
+            # loaded machine can leave behind)
+            from ddpviz.debugger import controller
+
+            last = int(said[1]) if len(said) > 1 else 1
             deadline = time.monotonic() + 60
-            while (controller._current is None or controller._current._last_request == 0) \
+            while (controller._current is None or controller._current._last_request < last) \
                     and time.monotonic() < deadline:
                 time.sleep(0.01)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -96,6 +102,9 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
             record["averaged"] = {n: digest(p.grad) for n, p in zip(names, model.parameters(),
                                                                     strict=True)}
         opt.step()
+        if s == STEP and optim == "adam":
+            record["exp_avg"] = {n: digest(opt.state[p]["exp_avg"])
+                                 for n, p in zip(names, model.parameters(), strict=True)}
         if sleep:
             time.sleep(sleep)
     final = {n: digest(p) for n, p in model.named_parameters()}

@@ -7,9 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ddpviz import events as ev
 from ddpviz.debugger import protocol as p
 from ddpviz.debugger.client import Debugger, DebuggerError, DebuggerTimeout, NotPaused
-from tests.debugger.fake_ranks import FakeRank, FakeSession, bucket_assigned, params_built
+from tests.debugger.fake_ranks import (
+    FakeRank,
+    FakeSession,
+    bucket_assigned,
+    event,
+    params_built,
+)
 
 NAMES = ["fc1.weight", "fc1.bias", "fc2.weight"]
 SHAPES = [(6, 4), (6,), (2, 6)]
@@ -150,4 +157,21 @@ def test_abort_waits_for_every_rank_to_end() -> None:
     assert dbg.abort(timeout=3) == (0, 1)
     with pytest.raises(DebuggerError, match="no rank is connected"):
         dbg.pause()
+    session.close()
+
+
+def test_a_finding_break_stops_once_and_break_on_sets_it_again() -> None:
+    """The ranks drop a finding break at the stop it caused (a NaN would stop every later step
+    again): the break set shows it gone, and break_on(kind) sends it anew."""
+    session, dbg = make(2)
+    dbg.break_on("nonfinite_gradient")
+    dbg.break_at(step=9, where="forward")
+    why = "finding nonfinite_gradient (rank 1, bucket 0)"
+    session.deliver([event(ev.Parked, r, 5, "forward", -1, why, 0) for r in range(2)])
+    assert dbg.wait(timeout=5).reasons == [(why, (0, 1))]
+    assert dbg.breaks == (p.BreakAt(step=9, where="forward"),)
+    sent = len(session.collector.sent)
+    dbg.break_on("nonfinite_gradient")
+    assert session.collector.sent[sent][1][0].breaks == (
+        p.BreakAt(step=9, where="forward"), p.BreakOn(kind="nonfinite_gradient"))
     session.close()
