@@ -9,8 +9,11 @@ points of step s, and names STEP = s + 1; in DDP no rank can have passed the for
 then (it needs this rank's all-reduces of step s, not launched yet; so claims wait for a step
 whose backward all-reduces, never one under no_sync()), so every rank still reads the claim at
 that forward: an armed rank reads the key at every forward (one store read a step).
-compare_set makes the first claim win; a rank claims only while no claim is pending (its STEP
-already reached), and only once every rank is armed (`ddpviz/debug/armed` counts them), since
+compare_set makes the first claim win; a rank claims only while no claim is pending: its STEP
+is behind the rank's step (at that step itself another rank may not have read it yet: a rank at
+step s has all of step s-1's all-reduces, so every rank has passed the forward of s-1; a claim
+made at STEP's own forward overwrote it unread, and that rank missed a break-set change), and
+only once every rank is armed (`ddpviz/debug/armed` counts them), since
 an unarmed rank does not read the key.
 """
 

@@ -202,7 +202,10 @@ class Controller:
             if self._act(claim, "forward", -1):
                 return
         self._serve_unparked(pending=claim is not None and claim.step > step)
-        if self._deferred and (claim is None or claim.step <= step):
+        # a claim only once every rank read the last one (its step is behind this rank's:
+        # at its own step a slower rank may not have read it yet, and a new claim would
+        # overwrite it unread: See [Note: claiming a boundary])
+        if self._deferred and (claim is None or claim.step < step):
             self._claim(raw, step)
         if (step, "forward", -1) in self._at:
             self._park("forward", -1, "break_at", 0)
@@ -273,7 +276,7 @@ class Controller:
         self._deferred.append((f"t{self.rank}.{step}", "trigger", reason))
         if self._board is not None:
             raw, claim = self._board.read()
-            if claim is None or claim.step <= step:
+            if claim is None or claim.step < step:  # (as at_forward)
                 self._claim(raw, step)
 
     def _claim(self, raw: str, step: int) -> None:
