@@ -33,12 +33,19 @@ class PoolDebugger(Debugger):
         self._pool = pool
         self.sent_to_all = 0  # the last request sent to every rank: a cell starts after it
 
-    def _send(self, command: p.Command, rank: int | None = None, *, keep: bool = True,
-              watch: str = "") -> tuple[int, ...]:
+    def _check_alive(self) -> None:
         if not self._pool.alive:
             raise DebuggerError("ddpviz: the %%ddp ranks this debugger served were stopped.\n"
                                 "Run a %%ddp cell to start fresh ones, then take their "
                                 "debugger: dbg = %ddp_debugger.")
+
+    def _need_pause(self, what: str) -> tuple[Stop, tuple[int, ...]]:
+        self._check_alive()
+        return super()._need_pause(what)
+
+    def _send(self, command: p.Command, rank: int | None = None, *, keep: bool = True,
+              watch: str = "") -> tuple[int, ...]:
+        self._check_alive()
         sent = super()._send(command, rank, keep=keep, watch=watch)
         if rank is None:
             self.sent_to_all = max(self.sent_to_all, command.request)
