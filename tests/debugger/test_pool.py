@@ -36,9 +36,10 @@ _STEP = re.compile(r"^\[rank \d+\] step \d+ loss ")
 
 @pytest.fixture(scope="module")
 def shell() -> Iterator[Any]:
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
-    ip = start_ipython()
+    # the process's one test shell: made here, or by another module's fixture before
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()
     assert ip is not None
     ip.run_line_magic("load_ext", "ddpviz")
     ip.run_line_magic("ddp_stop", "")
