@@ -3,6 +3,10 @@
 `%load_ext ddpviz`, then `%%ddp -n 2 [--backend gloo] [--timeout S]` sends the cell's source to
 every rank of a pool (see ddpviz.launcher.pool); variables persist between cells. `%ddp_stop`
 (or `%%ddp --stop`) ends the pool; it also ends when the kernel exits.
+
+`%%ddp --debug` starts the ranks with the debugger on; `dbg = %ddp_debugger` is its `Debugger`
+(ddpviz.launcher.pool_debugger): a cell returns once every rank has stopped at a break, and
+`dbg.resume()` runs the rest of it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ddpviz.launcher.pool import RankPool
 
 if TYPE_CHECKING:
+    from ddpviz.launcher.pool_debugger import PoolDebugger
     from ddpviz.session.live import Session
 
 _DEFAULT_NPROCS = 2
@@ -37,6 +42,9 @@ class DDPMagics(Magics):
     @argument("--session", default=None, metavar="NAME",
               help="stream the ranks' events into this Session variable (from ddpviz.listen()) "
                    "when the pool starts; default: the pool's own, see %%ddp_session")
+    @argument("--debug", action="store_true",
+              help="start the ranks with the debugger on (restarts a pool started without it); "
+                   "dbg = %%ddp_debugger then pauses, inspects and resumes them")
     @argument("--stop", action="store_true", help="stop the pool instead of running the cell")
     @cell_magic
     def ddp(self, line: str, cell: str) -> None:
@@ -48,7 +56,10 @@ class DDPMagics(Magics):
         if opts.nprocs is not None and opts.nprocs < 1:
             raise ValueError(f"ddpviz: -n must be a positive number of ranks, got {opts.nprocs}."
                              "\nUse e.g. %%ddp -n 2.")
-        pool = self._pool_for(opts.nprocs, opts.backend, self._session(opts.session))
+        if self.pool is not None and self.pool.alive:
+            self.pool.check_not_parked()  # before any restart: the parked cell comes first
+        pool = self._pool_for(opts.nprocs, opts.backend, self._session(opts.session),
+                              opts.debug)
         try:
             pool.run_cell(cell, timeout=opts.timeout)
         except KeyboardInterrupt:
@@ -60,6 +71,22 @@ class DDPMagics(Magics):
     def ddp_session(self, line: str = "") -> Session | None:
         """The live Session the %%ddp ranks stream their events into (None: no ranks yet)."""
         return None if self.pool is None else self.pool.session
+
+    @line_magic
+    def ddp_debugger(self, line: str = "") -> PoolDebugger:
+        """The debugger of the %%ddp ranks (started with %%ddp --debug): dbg = %ddp_debugger."""
+        from ddpviz.debugger.client import DebuggerError
+
+        pool = self.pool
+        if pool is None or not pool.alive:
+            raise DebuggerError("ddpviz: no %%ddp ranks are running, so there is nothing to "
+                                "debug.\nStart them with the debugger on: a cell beginning "
+                                "%%ddp --debug.")
+        if pool.debugger is None:
+            raise DebuggerError("ddpviz: the %%ddp ranks were started without the debugger.\n"
+                                "Restart them with it: a cell beginning %%ddp --debug (variables "
+                                "from earlier cells are lost).")
+        return pool.debugger
 
     @line_magic
     def ddp_stop(self, line: str = "") -> None:
@@ -79,22 +106,27 @@ class DDPMagics(Magics):
         return value
 
     def _pool_for(self, nprocs: int | None, backend: str | None,
-                  session: Session | None) -> RankPool:
+                  session: Session | None, debug: bool = False) -> RankPool:
         pool = self.pool
         if pool is not None and pool.alive:
             same_n = nprocs is None or nprocs == pool.nprocs
             same_backend = backend is None or backend == pool.backend
             same_session = session is None or session is pool.session
-            if same_n and same_backend and same_session:
+            same_debug = not debug or pool.debug
+            if same_n and same_backend and same_session and same_debug:
                 return pool
             print(f"ddpviz: restarting the ranks as {nprocs or pool.nprocs} x "
-                  f"{backend or pool.backend} (was {pool.nprocs} x {pool.backend}"
+                  f"{backend or pool.backend}{' with the debugger' if debug else ''} (was "
+                  f"{pool.nprocs} x {pool.backend}{' with the debugger' if pool.debug else ''}"
                   f"{'' if same_session else ', another session'}); variables from earlier "
                   "%%ddp cells are gone.")
             pool.stop()
+        # a pool that ended (a crash, a timeout, the debugger's abort) comes back as it was
+        debug = debug or (pool is not None and pool.debug)
         self.pool = RankPool(nprocs or (pool.nprocs if pool else _DEFAULT_NPROCS), backend,
-                             session=session)
-        print(f"ddpviz: started {self.pool.nprocs} ranks ({self.pool.backend}), "
+                             session=session, debug=debug)
+        with_debugger = " with the debugger (dbg = %ddp_debugger)" if debug else ""
+        print(f"ddpviz: started {self.pool.nprocs} ranks ({self.pool.backend}){with_debugger}, "
               f"pids {self.pool.pids}")
         return self.pool
 

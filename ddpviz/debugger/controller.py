@@ -639,6 +639,30 @@ def install(sender: Any, rank: int) -> Controller:
     return _current
 
 
+def wait_received(request: int, timeout: float) -> bool:
+    """Wait until this process's debugger has received the notebook's command `request` (or a
+    later one): a %%ddp cell starts only once the breaks set before it are in force on the rank.
+
+    Args:
+        request: the last request the notebook sent to every rank (0: none, returns at once).
+        timeout: the most seconds to wait.
+
+    Returns:
+        Whether it arrived (True with no request to wait for); False without a debugger.
+    """
+    if request <= 0:
+        return True
+    ctl = _current  # installed before the rank takes cells, or never
+    if ctl is None:
+        return False
+    deadline = time.monotonic() + timeout
+    while ctl._last_request < request:
+        if ctl.dead or time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
 def install_from_env(sender: Any, rank: int) -> Controller | None:
     """`install` where DDPVIZ_DEBUG=1 says so (launch(debug=True), `ddpviz record --debug`);
     DDPVIZ_DEBUG=paused (launch(debug="paused")) also parks the rank before its first forward."""

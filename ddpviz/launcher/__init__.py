@@ -4,7 +4,8 @@ process.py starts and ends rank processes; channel.py frames the private pipes t
 is what runs inside a rank; output.py relays rank output into the notebook; stacks.py shows
 where a hung rank waits (a run's files live in a ddpviz.private_dir: 0700, swept after a
 crash); stream.py connects the ranks' events to a Session; run.py is
-`launch`/`Run`; pool.py keeps the long-lived ranks of %%ddp; errors.py is what they raise.
+`launch`/`Run`; pool.py keeps the long-lived ranks of %%ddp, pool_debugger.py is their debugger
+(%%ddp --debug); errors.py is what they raise.
 """
 
 from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError

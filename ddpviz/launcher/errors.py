@@ -102,6 +102,15 @@ class LaunchTimeout(LaunchError, TimeoutError):
         return f"{type(self).__name__}: {self}".split("\n")
 
 
+class CellParked(LaunchError):
+    """A %%ddp cell was run while the ranks are parked in an earlier one (by its debugger);
+    nothing was sent to them."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the message and the way out, not the kernel-side frames."""
+        return f"{type(self).__name__}: {self}".split("\n")
+
+
 def _ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"

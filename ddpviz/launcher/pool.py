@@ -5,6 +5,10 @@ The cell's source text (never a pickle) goes to every rank, which executes it in
 cell, so the cell returns only once all its output is shown. A rank that raises leaves the pool
 running (its state and the others' are kept); a rank that dies, a timeout or an interrupt stops
 the whole pool, and the next cell starts a fresh one.
+
+With the debugger on (`debug=True`, `%%ddp --debug`) a cell also returns once every rank has
+parked in it: the cell stays the pool's parked cell (no other is run) until the debugger
+(pool_debugger.py) resumes it, which collects the rest here (`continue_cell`), or aborts it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpviz.envvars import ENV_DEBUG
 from ddpviz.interrupts import interrupts_deferred
 from ddpviz.launcher import channel
-from ddpviz.launcher.errors import LaunchError, LaunchTimeout, RankError, RankFailure, _ranks
+from ddpviz.launcher.errors import (
+    CellParked,
+    LaunchError,
+    LaunchTimeout,
+    RankError,
+    RankFailure,
+    _ranks,
+)
 from ddpviz.launcher.output import OutputTarget, PipeRelay
 from ddpviz.launcher.process import (
     RankProcess,
@@ -39,6 +51,8 @@ from ddpviz.launcher.rank import CELL_END
 from ddpviz.launcher.resources import run_resources
 
 if TYPE_CHECKING:
+    from ddpviz.debugger.stop import Stop
+    from ddpviz.launcher.pool_debugger import PoolDebugger
     from ddpviz.session.live import Session
 
 _MARKER_WAIT_S = 2.0  # after a rank's reply, how long its cell's output may still trail
@@ -48,18 +62,36 @@ _cell_numbers = itertools.count(1)
 
 @dataclass(frozen=True)
 class CellResult:
-    """What each rank's last expression evaluated to (repr), for the ranks that returned one."""
+    """What each rank's last expression evaluated to (repr), for the ranks that returned one;
+    `parked`: where every rank stopped when the cell returned parked (the debugger), else None."""
 
     values: dict[int, str]
+    parked: Stop | None = None
+
+
+@dataclass
+class _Cell:
+    """The cell the ranks are executing (between run_cell and its end, parks included)."""
+
+    id: str
+    name: str  # as tracebacks name it: <ddp-cell-N>
+    timeout: float | None
+    parked: Stop | None = None
 
 
 class RankPool:
     """`nprocs` rank processes in one process group, executing cell sources on request."""
 
     def __init__(self, nprocs: int, backend: str | None = None,
-                 env: Mapping[str, str] | None = None, session: Session | None = None) -> None:
+                 env: Mapping[str, str] | None = None, session: Session | None = None,
+                 debug: bool = False) -> None:
         load_extensions()
         self.nprocs = nprocs
+        self.debug = bool(debug)  # the ranks take debugger commands (DDPVIZ_DEBUG=1)
+        self.debugger: PoolDebugger | None = None
+        self._cell: _Cell | None = None
+        if debug:
+            env = {**(env or {}), ENV_DEBUG: "1"}
         self.backend = backend or choose_backend(nprocs)
         self._messages: queue.Queue[tuple[int, Any]] = queue.Queue()
         self._markers: set[tuple[int, str, str]] = set()
@@ -87,6 +119,12 @@ class RankPool:
                     threading.Thread(target=self._pump, args=(proc,),
                                      name=f"ddpviz-pool{proc.rank}", daemon=True).start()
                 _live.add(self)
+            if debug:
+                from ddpviz.launcher.pool_debugger import PoolDebugger
+
+                self.debugger = PoolDebugger(self)
+                # a park (or a leave) wakes the running cell's collection to check
+                self.debugger.on_change(lambda: self._messages.put((-1, ("debugger",))))
         except BaseException:  # KeyboardInterrupt included: no rank outlives a failed start
             with interrupts_deferred():
                 self.stop()
@@ -105,6 +143,20 @@ class RankPool:
     def alive(self) -> bool:
         return not self._closed
 
+    @property
+    def parked(self) -> Stop | None:
+        """Where every rank stopped in the parked cell (None: no cell is parked)."""
+        cell = self._cell
+        return None if cell is None else cell.parked
+
+    def check_not_parked(self) -> None:
+        """Raise `CellParked`, saying how to go on, while a cell is parked."""
+        cell = self._cell
+        if cell is not None and not self._closed:
+            from ddpviz.launcher.pool_debugger import parked_refusal
+
+            raise CellParked(parked_refusal(cell.parked, cell.name))
+
     def run_cell(self, source: str, *, timeout: float | None = None) -> CellResult:
         """Execute `source` on every rank; output appears live, prefixed by rank.
 
@@ -117,21 +169,77 @@ class RankPool:
         if self._closed:
             raise LaunchError("ddpviz: this rank pool was stopped.\n"
                               "Run the cell again: %%ddp starts a fresh pool.")
-        target = OutputTarget.capture()
-        for relay in self._relays:
-            relay.retarget(target)
+        self.check_not_parked()
+        target = self._retarget()
         number = next(_cell_numbers)
         cell_id = str(number)
         filename = f"<ddp-cell-{number}>"
         # the kernel knows the cell's lines too: for the stacks of ranks stopped in it
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        # the rank starts the cell once the debugger's commands sent before it have arrived
+        after = self.debugger.sent_to_all if self.debugger is not None else 0
         for proc in self._ranks:
             # a rank that died cannot take it: its EOF is already queued, reported below
             with contextlib.suppress(OSError):
-                channel.send(proc.control, ("exec", cell_id, source, filename))
+                channel.send(proc.control, ("exec", cell_id, source, filename, after))
+        cell = self._cell = _Cell(cell_id, filename, timeout)
+        return self._run(cell, target)
+
+    def continue_cell(self) -> CellResult:
+        """Collect the rest of the parked cell, which the debugger let the ranks go on with:
+        blocks until they finish it or park again; output appears in the current cell.
+
+        Raises:
+            As `run_cell`.
+        """
+        cell = self._cell
+        if cell is None or self._closed:
+            raise LaunchError("ddpviz: no %%ddp cell is parked on these ranks; nothing to go "
+                              "on with.")
+        cell.parked = None
+        return self._run(cell, self._retarget())
+
+    def end_aborted(self, timeout: float) -> None:
+        """After the debugger's abort: wait up to `timeout` s for every rank to leave the
+        parked cell (raising Aborted, its events shipped), then stop the pool."""
+        cell, target = self._cell, self._retarget()
+        stop = None if cell is None else cell.parked
+        if cell is not None:
+            left_cell: set[int] = set()
+            deadline = time.monotonic() + timeout
+            while len(left_cell) < self.nprocs and time.monotonic() < deadline:
+                try:
+                    rank, message = self._messages.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if rank < 0:
+                    continue
+                if message is None or message[0] == "error":
+                    left_cell.add(rank)
+                elif message[0] == "events":
+                    self._events.shipped(rank, message[1])
+                elif message[0] == "done" and message[1] == cell.id:
+                    left_cell.add(rank)
+            self._events.settle(min(timeout, 5.0))
+        pids = self.pids
+        self.stop()
+        from ddpviz.launcher.pool_debugger import aborted_text
+
+        target.write("stdout", aborted_text(stop, self.nprocs, pids))
+
+    def _retarget(self) -> OutputTarget:
+        """The ranks' output goes to the cell running now."""
+        target = OutputTarget.capture()
+        for relay in self._relays:
+            relay.retarget(target)
+        return target
+
+    def _run(self, cell: _Cell, target: OutputTarget) -> CellResult:
+        """Collect `cell` until it ends (the pool forgets it) or every rank parks in it."""
         try:
-            return self._collect(cell_id, target, timeout)
+            result = self._collect(cell.id, target, cell.timeout)
         except KeyboardInterrupt:
+            self._cell = None
             where = self._stacks.take((p.rank, p.pid) for p in self._ranks)
             lines = [line for rank in sorted(where) for line in where[rank]]
             target.write("stderr", "ddpviz: interrupted; where each rank was:\n"
@@ -139,6 +247,24 @@ class RankPool:
             with interrupts_deferred():  # a second interrupt must not cut the stop short
                 self.stop()
             raise
+        except BaseException:
+            self._cell = None
+            raise
+        if result.parked is None:
+            self._cell = None
+        else:
+            from ddpviz.launcher.pool_debugger import parked_text
+
+            cell.parked = result.parked
+            target.write("stdout", parked_text(result.parked, cell.name))
+        return result
+
+    def _all_parked(self) -> Stop | None:
+        """Where every rank is parked at one agreed point, or None."""
+        stop = None if self.debugger is None else self.debugger.stop
+        if stop is None or not stop.agreed or len(stop.ranks) < self.nprocs:
+            return None
+        return stop
 
     def _collect(self, cell_id: str, target: OutputTarget, timeout: float | None) -> CellResult:
         # The clock starts once every rank is up: a fresh pool's start-up is not the cell's.
@@ -162,6 +288,12 @@ class RankPool:
             try:
                 rank, message = self._messages.get(timeout=min(0.25, left or 0.25))
             except queue.Empty:
+                continue
+            if rank < 0:  # the debugger: a rank parked or left its park
+                stop = self._all_parked()
+                if stop is not None and not finished:
+                    self._events.settle()
+                    return CellResult(values, parked=stop)
                 continue
             if message is None or message[0] == "error":  # died, or failed to start
                 failure = self._exit_failure(rank, message)
@@ -248,6 +380,9 @@ class RankPool:
         if self._closed:
             return
         self._closed = True
+        self._cell = None
+        if self.debugger is not None:
+            self.debugger.close()
         stop_ranks(self._ranks)
         for relay in self._relays:
             relay.join(1.0)

@@ -155,7 +155,8 @@ def _serve_cells(rank: int, world_size: int, backend: str, inbox: queue.Queue[An
         message = inbox.get()
         if message[0] == "exit":
             break
-        _, cell_id, source, filename = message
+        _, cell_id, source, filename, after = message
+        _await_commands(after)
         outcome = _run_cell(source, filename, namespace)
         _flush_std()
         for fd in (1, 2):
@@ -166,6 +167,22 @@ def _serve_cells(rank: int, world_size: int, backend: str, inbox: queue.Queue[An
     events.close()
     _destroy_process_group()
     return 0
+
+
+_COMMANDS_WAIT_S = 30.0  # a cell waits this long for the debugger commands sent before it
+
+
+def _await_commands(request: int) -> None:
+    """Under %%ddp --debug: start the cell only once the debugger's commands sent before it
+    (its breaks) reached this rank: they travel on the event link, the cell on the pipe."""
+    if request <= 0:
+        return
+    from ddpviz.debugger.controller import wait_received
+
+    if not wait_received(request, _COMMANDS_WAIT_S):
+        sys.stderr.write(f"ddpviz: the debugger's commands sent before this cell did not reach "
+                         f"this rank within {_COMMANDS_WAIT_S:.0f} s; breaks set just before "
+                         "it may not stop it (dbg.breaks shows the set).\n")
 
 
 def _run_cell(source: str, filename: str, namespace: dict[str, Any]) -> tuple[Any, ...]:
