@@ -261,6 +261,11 @@ class EventModel:
 
     # --- feeding ------------------------------------------------------------------------------
 
+    def aligned_ns(self, rank: int, t_ns: int) -> int:
+        """Rank `rank`'s clock reading `t_ns` on the aligned clock the model's times use."""
+        with self._lock:
+            return t_ns + self._offsets.get(rank, 0)
+
     def set_clock(self, clock: Mapping[int, tuple[int, int]]) -> None:
         """Offsets for ranks not yet seen (events already fed keep their times)."""
         with self._lock:
