@@ -62,7 +62,9 @@ class DebuggerPanel(w.VBox):
                                           "go on to before the next bucket's all-reduce")
         self.step_step_button = _button("step step", "go on to before the next forward")
         self.abort_button = _button("abort", "end every rank (traces saved)", "danger")
-        self.break_step = w.BoundedIntText(value=debugger.next_step(), min=0, max=1 << 40,
+        # A break set now reaches ranks between steps at their next forward and applies from
+        # the step after it (See [Note: claiming a boundary]): the first step it surely stops
+        self.break_step = w.BoundedIntText(value=debugger.next_step() + 1, min=0, max=1 << 40,
                                            description="step", layout=w.Layout(width="150px"))
         self.break_where = w.Dropdown(options=_WHERE, value="bucket",
                                       layout=w.Layout(width="200px"))

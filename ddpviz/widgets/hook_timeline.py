@@ -209,7 +209,9 @@ class HookTimeline(EventView):
         step = self._shown_step(cursor)
         nan = [f for f in self.model.findings(cursor.as_of)
                if isinstance(f, Finding) and f.kind in NONFINITE and f.step == step]
-        stop = self.stop if cursor.step is None or cursor.step == step else None
+        stop = self.stop  # marked on the paused step, or when following the run
+        if stop is not None and cursor.step is not None and step != stop.step:
+            stop = None
         key = (step, self.model.step_version(step) if step is not None else 0, cursor.as_of,
                self.model.versions["construction"], self.chosen, len(nan), stop)
         if key == self._key:

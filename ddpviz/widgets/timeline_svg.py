@@ -135,7 +135,9 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
         (red if pos in bad else cols[b & 1]).append(x(t))
     for shade, c in zip(_TICK_COLOURS, cols, strict=True):
         if c:
-            out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(c), y + 13, 10), shade))
+            # clicks go through to the bucket's target underneath
+            out.append(markup.fmt("<path d='{}' fill='{}' pointer-events='none'/>",
+                                  _path(_runs(c), y + 13, 10), shade))
     if rec.summarized:
         out.append(_summary_spans(rec, y, x))
     if red:
@@ -146,7 +148,7 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
     marks = "".join(f"M{c - 3} {y + 24}h6l-3 4z"
                     for c in sorted({x(t) for t in rec.bucket_ready.values()}))
     if marks:
-        out.append(markup.fmt("<path d='{}' fill='#333'/>", marks))
+        out.append(markup.fmt("<path d='{}' fill='#333' pointer-events='none'/>", marks))
     if len(lane.allreduce) <= MAX_SPANS:
         out.append(_spans(lane, y, x, t_end))
     else:
@@ -204,8 +206,8 @@ def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
                               s.bucket, x0, sy, max(1, x1 - x0), _AR, dash, title))
         if s.exposed_ns and s.end is not None:
             ex0 = x(s.end - s.exposed_ns)
-            out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' fill='{}'/>",
-                                  ex0, sy, max(1, x1 - ex0), _EXPOSED))
+            out.append(markup.fmt("<rect data-bucket='{}' x='{}' y='{}' width='{}' height='8' "
+                                  "fill='{}'/>", s.bucket, ex0, sy, max(1, x1 - ex0), _EXPOSED))
     return "".join(out)
 
 
