@@ -40,6 +40,7 @@ _EXPOSED = "#e45756"
 MAX_SPANS = 48  # all-reduce spans per lane drawn one by one (with tooltips); more are merged
 STOP_COLOUR = "#e36209"  # the debugger's park
 _STOP_BUCKET = "#ffd33d"
+_MIN_HIT = 8  # pixels: the narrowest click target of a bucket
 
 
 class StopMark(NamedTuple):
@@ -154,8 +155,8 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
     else:
         out.append(_merged_spans(lane, y, x, t_end))
     if lane.compute_end is not None and (rec.grads or rec.summaries):
-        out.append(markup.fmt("<path d='M{} {}v36' stroke='#555' stroke-dasharray='1 2'/>",
-                              x(lane.compute_end), y + 11))
+        out.append(markup.fmt("<path d='M{} {}v36' stroke='#555' stroke-dasharray='1 2' "
+                              "pointer-events='none'/>", x(lane.compute_end), y + 11))
     return "".join(out)
 
 
@@ -262,10 +263,16 @@ def _bucket_hits(rec: StepRecord, y: int, x: Callable[[int], int]) -> str:
     extents = _bucket_extents(rec)
     if not extents or len(extents) > MAX_SPANS:
         return ""
-    return "".join(markup.fmt(
-        "<rect class='ddpviz-bucket-hit' data-bucket='{}' x='{}' y='{}' width='{}' height='14' "
-        "fill='#000' fill-opacity='0'><title>bucket {}</title></rect>", b, x(lo) - 1, y + 11,
-        max(3, x(hi) - x(lo) + 2), b) for b, (lo, hi) in sorted(extents.items()))
+    out = []
+    for b, (lo, hi) in sorted(extents.items()):
+        x0, x1 = x(lo), x(hi)
+        # a bucket whose hooks fired all at once is still a few pixels wide, to be hit
+        grow = max(1, (_MIN_HIT - (x1 - x0)) // 2)
+        out.append(markup.fmt(
+            "<rect class='ddpviz-bucket-hit' data-bucket='{}' x='{}' y='{}' width='{}' "
+            "height='14' fill='#000' fill-opacity='0'><title>bucket {}</title></rect>", b,
+            x0 - grow, y + 11, x1 - x0 + 2 * grow, b))
+    return "".join(out)
 
 
 def _stop_svg(lane: Lane, y: int, axis: _Axis, stop: StopMark) -> str:

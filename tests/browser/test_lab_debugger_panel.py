@@ -8,6 +8,7 @@ its pause stops the ranks before the next forward, marked too; resumed, the run 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,14 @@ def _button(page: Any, name: str) -> Any:
     return page.locator(".jp-OutputArea-output").get_by_role("button", name=name, exact=True)
 
 
+def _shapes_become(plot: Any, n: int, timeout_s: float = 60) -> None:
+    """Wait until the bucket map's figure holds `n` shapes (read in the page)."""
+    deadline = time.monotonic() + timeout_s
+    while len(plot.evaluate(_SHAPES)) != n:
+        assert time.monotonic() < deadline, plot.evaluate(_SHAPES)
+        time.sleep(0.2)
+
+
 def _marks(timeline: Any, point: str) -> Any:
     return timeline.locator(f"g.ddpviz-stop[data-point='{point}']")
 
@@ -103,15 +112,14 @@ def test_the_panel_breaks_at_a_clicked_bucket_and_marks_the_park(
         assert marks.nth(i).get_attribute("data-stop-bucket") == str(BUCKET)
     assert timeline.locator("rect.ddpviz-stop-bucket").count() == 2
     assert "⏸ paused at step 3" in page.locator(".ddpviz-paused").first.inner_text()
-    page.wait_for_function(f"gd => ({_SHAPES})(gd).length === 1",
-                           arg=plot.element_handle())
+    _shapes_become(plot, 1)
     assert [s[0] for s in plot.evaluate(_SHAPES)] == ["ddpviz-stop"]
     screenshot(page, "debugger_panel_paused_at_a_bucket", page.locator(".jp-OutputArea").last)
 
     _button(page, "resume").click()
     _said(page, re.compile(r"debugger · running"))
     page.wait_for_function("() => document.querySelectorAll('g.ddpviz-stop').length === 0")
-    page.wait_for_function(f"gd => ({_SHAPES})(gd).length === 0", arg=plot.element_handle())
+    _shapes_become(plot, 0)
     assert page.locator(".ddpviz-paused").count() == 0
 
     _button(page, "pause").click()
@@ -120,7 +128,7 @@ def test_the_panel_breaks_at_a_clicked_bucket_and_marks_the_park(
     page.wait_for_function("n => document.querySelectorAll(\"g.ddpviz-stop[data-point="
                            "'forward']\").length === n", arg=2)
     assert all(m.get_attribute("data-step") == "6" for m in _marks(timeline, "forward").all())
-    page.wait_for_function(f"gd => ({_SHAPES})(gd).length === 0", arg=plot.element_handle())
+    _shapes_become(plot, 0)
     _button(page, "resume").click()
     page.wait_for_function("() => document.querySelectorAll('g.ddpviz-stop').length === 0")
 
