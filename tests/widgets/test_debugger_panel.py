@@ -116,7 +116,9 @@ def test_a_click_on_a_bucket_in_the_timeline_sets_a_break_before_it() -> None:
     # every bucket of every lane is a click target: its hooks and its all-reduce
     for b in buckets:
         assert svg.count(f"class='ddpviz-bucket-hit' data-bucket='{b}'") == 2
-        assert svg.count(f"class='ddpviz-allreduce' data-bucket='{b}'") == 2
+        spans = re.findall(rf"<rect data-bucket='{b}' x='\d+' y='\d+' width='\d+' height='8' "
+                           r"fill='#9ecae9'", svg)
+        assert len(spans) == 2
     assert d.timeline.svg_html.clickable
     d.debugger_panel.break_step.value = 5
     bucket = max(buckets)
