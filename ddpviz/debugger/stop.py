@@ -26,6 +26,7 @@ class RankStop(NamedTuple):
     point: str  # "forward" | "bucket" | "after_backward" | "optimizer_step"
     bucket: int  # -1 unless point == "bucket"
     reason: str
+    t_ns: int = 0  # the rank's monotonic clock when it parked (its Parked event)
 
     @property
     def where(self) -> tuple[int, str, int]:
@@ -42,7 +43,8 @@ class RankStop(NamedTuple):
         Returns:
             The rank's RankStop.
         """
-        return cls(parked.rank, parked.step, parked.point, parked.bucket, parked.reason)
+        return cls(parked.rank, parked.step, parked.point, parked.bucket, parked.reason,
+                   parked.t_ns)
 
 
 def describe_point(step: int, point: str, bucket: int) -> str:

@@ -233,6 +233,14 @@ class Status(NamedTuple):
     t_last: int | None
 
 
+# The debugger's traffic (ddpviz/debugger): not DDP's life. Counted, never folded into a step:
+# a rank parked for a minute and inspected would otherwise stretch its paused step's window
+# (and the hook timeline drawn over it) to the last answer it sent.
+DEBUGGER_EVENTS: frozenset[type[Event]] = frozenset({
+    ev.DebugArmed, ev.Parked, ev.Unparked, ev.Inspected, ev.Fetched, ev.CodeRan,
+    ev.StacksTaken, ev.DebugRefused})
+
+
 def aligned_offset(clock: Mapping[int, tuple[int, int]], rank: int) -> int:
     return clock.get(rank, (0, 0))[0]
 
@@ -261,6 +269,11 @@ class EventModel:
 
     # --- feeding ------------------------------------------------------------------------------
 
+    def aligned_ns(self, rank: int, t_ns: int) -> int:
+        """Rank `rank`'s clock reading `t_ns` on the aligned clock the model's times use."""
+        with self._lock:
+            return t_ns + self._offsets.get(rank, 0)
+
     def set_clock(self, clock: Mapping[int, tuple[int, int]]) -> None:
         """Offsets for ranks not yet seen (events already fed keep their times)."""
         with self._lock:
@@ -284,6 +297,8 @@ class EventModel:
                     offset = self._offsets.get(e.rank, 0)
                 t = e.t_ns + offset
                 state.count += 1
+                if cls in DEBUGGER_EVENTS:
+                    continue
                 if cls in STATUS_OF:
                     state.last_type = cls
                 step = e.step
@@ -322,8 +337,15 @@ class EventModel:
         n = len(table)
         if not n:
             return 0
+        debugger = table.rows(*DEBUGGER_EVENTS)
+        if len(debugger):  # counted below, not folded (as in `feed`)
+            table = _without_rows(table, debugger)
         with self._lock:
             state = self._rank(table.rank)
+            if not len(table):
+                state.count += n
+                self._arrived(n)
+                return n
             t = table.t + self._offsets.get(table.rank, 0)
             kind, step = table.kind, table.step
             # what came right before hooks and BackwardFinished (see [Note: hook gaps])
@@ -807,6 +829,18 @@ class _HookMarks(NamedTuple):
     breaks: dict[int, list[int]]
     launched: dict[int, list[tuple[int, int]]]
     finalized: dict[int, list[int]]
+
+
+def _without_rows(table: Table, rows: np.ndarray) -> Table:
+    """`table` less `rows` (its rare objects renumbered)."""
+    keep = np.ones(len(table), dtype=bool)
+    keep[rows] = False
+    renumbered = np.cumsum(keep) - 1
+    # (not table._replace: a Table's len() is its rows', which namedtuple's _make checks)
+    return Table(table.rank, table.kind[keep], table.step[keep], table.t[keep],
+                 table.seq[keep], table.a[keep], table.b[keep], table.s[keep],
+                 {int(renumbered[r]): e for r, e in table.objects.items() if keep[r]},
+                 table.strings)
 
 
 def _hook_marks(table: Table, t: np.ndarray, before: _Before) -> _HookMarks:

@@ -166,6 +166,15 @@ def _tick_text(n: int) -> str:
     return f"{n} B"
 
 
+def row_highlight(row: int, note: str) -> dict[str, Any]:
+    """A shape over row `row` (a bucket, in reduction order, 0 on top) with `note` on it."""
+    return {"type": "rect", "name": "ddpviz-stop", "xref": "paper", "x0": 0, "x1": 1,
+            "yref": "y", "y0": row - 0.5, "y1": row + 0.5, "layer": "below",
+            "fillcolor": "rgba(255, 211, 61, 0.45)", "line": {"color": "#e36209", "width": 2},
+            "label": {"text": note, "textposition": "top right",
+                      "font": {"color": "#e36209", "size": 12}}}
+
+
 def draw(fig: go.FigureWidget, segs: Sequence[Segment], markers: Sequence[LimitMarker],
          rows: Sequence[str], title: str, message: str | None = None) -> None:
     """Replace everything the figure shows, in one batch.

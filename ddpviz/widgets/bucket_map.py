@@ -79,7 +79,8 @@ class BucketMap(w.VBox):
 
     Kernel-side state (for tests and scripts): `plan` (the BucketPlan shown), `figure` (the one
     plotly FigureWidget), the controls `cap_dropdown`, `find_unused_checkbox`,
-    `static_graph_checkbox`, `map_toggle`, the text `summary_html`, and `segments()`.
+    `static_graph_checkbox`, `map_toggle`, the text `summary_html`, `segments()`, and
+    `marked` (the bucket highlighted by `mark_bucket`, or None).
 
     Args:
         plan: the BucketPlan to show (from `ddpviz.bucket_plan`).
@@ -97,6 +98,8 @@ class BucketMap(w.VBox):
                              "'rebuilt'.")
         self.plan = plan
         self._syncing = False
+        self.marked: int | None = None
+        self._mark_note = ""
         self.cap_dropdown = w.Dropdown(
             options=_cap_options(cap_choices, plan), value=_cap_value(plan),
             description="bucket_cap_mb", style={"description_width": "initial"},
@@ -215,6 +218,22 @@ class BucketMap(w.VBox):
         self._sync_toggle()
         bucket_figure.draw(self.figure, *self._picture())
         self.summary_html.value = self._summary()
+        if self.marked is not None:
+            self._draw_mark()
+
+    def mark_bucket(self, bucket: int | None, note: str = "") -> None:
+        """Highlight bucket `bucket`'s row (e.g. where the debugger's ranks stopped), with
+        `note` written on it; None clears the highlight."""
+        if (bucket, note) == (self.marked, self._mark_note):
+            return
+        self.marked, self._mark_note = bucket, note
+        self._draw_mark()
+
+    def _draw_mark(self) -> None:
+        index = next((i for i, b in enumerate(self.shown_buckets()) if b.index == self.marked),
+                     None)
+        self.figure.layout.shapes = () if index is None else (
+            bucket_figure.row_highlight(index, self._mark_note),)
 
     def _summary(self) -> str:
         plan, which = self.plan, self.which

@@ -4,11 +4,13 @@
 header (source, ranks connected, phase, iteration, events/s, dropped and rejected counts) sits
 above the replay sliders; then DDP's life in the walk-through's order: parameters and
 verification, broadcast, buckets, hooks and all-reduce. The only plotly FigureWidget is the
-BucketMap's (~5 MB of plotly.js, shipped once); everything else is light ipywidgets.
+BucketMap's (~5 MB of plotly.js, shipped once); everything else is light ipywidgets
+and one small anywidget (the hook timeline's SVG, which reports clicks on buckets).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -81,6 +83,12 @@ class Dashboard(EventView):
         half = w.Layout(flex="1 1 420px", min_width="360px", margin="0 8px 0 0")
         self.debugger_panel = (DebuggerPanel(self._debugger) if self._debugger is not None
                                else None)
+        self._stop_listening: Callable[[], None] | None = None
+        if self.debugger_panel is not None:
+            # a click on a bucket in the timeline sets a break there; a park (or its end)
+            # redraws the timeline and the map with the stop marked (or cleared)
+            self.debugger_panel.attach_timeline(self.timeline)
+            self._stop_listening = self.debugger_panel.debugger.on_change(self._request)
         return [
             self.status_html,
             *([self.debugger_panel] if self.debugger_panel is not None else []),
@@ -97,6 +105,12 @@ class Dashboard(EventView):
         ]
 
     def render(self, cursor: Cursor) -> bool:
+        if self.debugger_panel is not None:  # where the ranks are parked, marked (or not)
+            mark = self.debugger_panel.stop_mark(self.model.aligned_ns)
+            self.timeline.mark_stop(mark)
+            self.buckets.mark_bucket(mark.bucket if mark is not None and mark.point == "bucket"
+                                     else None, "⏸ the ranks stopped before this bucket's "
+                                     "all-reduce")
         deferred = False
         for part in (self.verification, self.broadcast, self.buckets, self.timeline,
                      self.replicas):
@@ -158,6 +172,12 @@ class Dashboard(EventView):
                           "border-radius:3px'>{}</div>", markup.join(parts, " · "))
         if self.status_html.value != text:
             self.status_html.value = text
+
+
+    def close(self) -> None:
+        if self._stop_listening is not None:
+            self._stop_listening()
+        super().close()
 
 
 def _debugger_of(source: object, debugger: Debugger | bool | None) -> Debugger | None:

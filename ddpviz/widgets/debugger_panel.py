@@ -4,9 +4,11 @@ Python functions (ddpviz/debugger/client.py), never a second path to the ranks.
 A status line (running; paused at step s before bucket k on every rank; which ranks are where),
 the buttons pause / resume / step bucket / step step / abort, a break-at row (step, where,
 bucket), the break set, and an inspect row (parameter, what, bucket) that shows the per-rank
-values side by side. Clicking a bucket's bar in the bucket map sets a break before that
-bucket's all-reduce at the step in the break row (`attach_bucket_map`). Errors show in the
-panel in words (escaped), as the functions raise them.
+values side by side. Clicking a bucket's bar in the bucket map (`attach_bucket_map`) or a
+bucket in the hook timeline (`attach_timeline`) sets a break before that bucket's all-reduce
+at the step in the break row; `stop_mark` says where the ranks are parked, for the dashboard
+to mark on the timeline and the map. Errors show in the panel in words (escaped), as the
+functions raise them.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import ipywidgets as w
 from ddpviz import markup
 from ddpviz.debugger import protocol as p
 from ddpviz.debugger.client import Debugger
+from ddpviz.findings import format_ranks
 from ddpviz.widgets.bucket_figure import bar_traces
 from ddpviz.widgets.bucket_map import BucketMap
+from ddpviz.widgets.hook_timeline import HookTimeline
+from ddpviz.widgets.timeline_svg import StopMark
 
 _WHAT = [(label.replace("_", " "), label) for label in p.What.__args__]  # type: ignore[attr-defined]
 _WHERE = [("before bucket's all-reduce", "bucket"), ("before forward", "forward"),
@@ -58,7 +63,9 @@ class DebuggerPanel(w.VBox):
                                           "go on to before the next bucket's all-reduce")
         self.step_step_button = _button("step step", "go on to before the next forward")
         self.abort_button = _button("abort", "end every rank (traces saved)", "danger")
-        self.break_step = w.BoundedIntText(value=debugger.next_step(), min=0, max=1 << 40,
+        # A break set now reaches ranks between steps at their next forward and applies from
+        # the step after it (See [Note: claiming a boundary]): the first step it surely stops
+        self.break_step = w.BoundedIntText(value=debugger.next_step() + 1, min=0, max=1 << 40,
                                            description="step", layout=w.Layout(width="150px"))
         self.break_where = w.Dropdown(options=_WHERE, value="bucket",
                                       layout=w.Layout(width="200px"))
@@ -87,8 +94,9 @@ class DebuggerPanel(w.VBox):
         ]
         for button, action in actions:
             button.on_click(self._doing(action))
-        self._hooked: set[int] = set()  # figures whose bars call break_at on a click
+        self._hooked: set[int] = set()  # figures and timelines that call break_at on a click
         self._stop_listening = debugger.on_change(self.refresh)
+        self._stop_hearing: list[Callable[[], None]] = []  # timelines' click listeners
         super().__init__(children=[
             self.status_html,
             w.HBox([self.pause_button, self.resume_button, self.step_bucket_button,
@@ -170,6 +178,19 @@ class DebuggerPanel(w.VBox):
         except ValueError:
             self._say(f"ddpviz: cannot tell which bucket {label!r} is.", error=True)
             return
+        self.bucket_clicked(bucket)
+
+    def attach_timeline(self, timeline: HookTimeline) -> None:
+        """Make a click on a bucket in `timeline` (an all-reduce span or a bucket's hooks)
+        set a break before that bucket's all-reduce at the step in the break row (once)."""
+        if id(timeline) in self._hooked:
+            return
+        self._hooked.add(id(timeline))
+        self._stop_hearing.append(timeline.on_bucket_click(self.bucket_clicked))
+
+    def bucket_clicked(self, bucket: int) -> None:
+        """What a click on bucket `bucket` does: a break before its all-reduce at the step in
+        the break row, said in the panel."""
         self.break_where.value = "bucket"
         self.break_bucket.value = bucket
         if self.run(self._break_at):
@@ -201,8 +222,27 @@ class DebuggerPanel(w.VBox):
             if names:
                 self.inspect_name.options = names
 
+    def stop_mark(self, aligned: Callable[[int, int], int] | None = None) -> StopMark | None:
+        """Where the ranks are parked now, for the timeline and the map to mark (the point
+        most ranks are at); None while none is.
+
+        Args:
+            aligned: (rank, t_ns) -> the time on the drawing's clock (the dashboard's model's
+                `aligned_ns`); None: the marks go at each lane's last event.
+        """
+        stop = self.debugger.stop
+        if stop is None:
+            return None
+        ranks = stop.groups[0].ranks
+        times = tuple((r, aligned(r, stop.ranks[r].t_ns)) for r in ranks
+                      if aligned is not None and stop.ranks[r].t_ns)
+        label = stop.where if stop.agreed else f"{stop.where} ({format_ranks(ranks)})"
+        return StopMark(stop.step, stop.point, stop.bucket, times, label)
+
     def close(self) -> None:
         self._stop_listening()
+        for remove in self._stop_hearing:
+            remove()
         super().close()
 
 

@@ -8,12 +8,16 @@ times across ranks, the slowest ranks named, and one chosen rank's lane against 
 orders and tables are grouped by rank ranges. Live it follows the newest
 iteration; its redraws are rate-limited by bytes (`live_bytes_per_s`) as well as by time, so a
 1,000-parameter model on 8 ranks cannot flood the browser.
+
+The SVG is drawn by an anywidget (svg_view.py): `on_bucket_click` hears a click on a bucket
+(the debugger's panel sets a break there). While the debugger's ranks are parked
+(`mark_stop`), it shows the paused step with the park marked; `mark_stop(None)` clears it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
@@ -29,6 +33,7 @@ from ddpviz.units import human_bytes
 from ddpviz.widgets import timeline_svg
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.replay_controls import Cursor
+from ddpviz.widgets.svg_view import SvgView
 
 MAX_ORDER_GROUPS = 24  # rows of the firing-order table when ranks are grouped by their order
 MAX_BUCKET_ROWS = 1_000  # rows of the per-bucket table; past it a line says how many are left
@@ -61,8 +66,9 @@ class HookTimeline(EventView):
     """The hooks and all-reduces of one iteration on every rank, live or replayed.
 
     Kernel-side state: `view` (an `IterationView`: lanes, firing-order differences, bucket
-    timing, unused parameters), `step` (the iteration shown), `svg_html`, `order_html`,
-    `buckets_html`, `unused_html`, `header_html`.
+    timing, unused parameters), `step` (the iteration shown), `svg_html` (the SvgView; its
+    `value` is the SVG), `order_html`, `buckets_html`, `unused_html`, `header_html`, `stop`
+    (the debugger's park marked, or None).
 
     Args:
         source: a Run, Session, Trace, `.ddpviz` path or list of events (see `EventView`).
@@ -85,6 +91,7 @@ class HookTimeline(EventView):
         self.chosen: int | None = None  # rank picked by hand (None: the slowest)
         self._cursor = Cursor(None, None)
         self.step: int | None = None
+        self.stop: timeline_svg.StopMark | None = None  # the debugger's park, marked
         self.bytes_drawn = 0  # bytes of HTML/SVG changed by the last redraw
         self._key: tuple[Any, ...] | None = None
         self._next_live = 0.0
@@ -97,7 +104,7 @@ class HookTimeline(EventView):
 
     def _build(self) -> list[w.Widget]:
         self.header_html = w.HTML()
-        self.svg_html = w.HTML(layout=w.Layout(overflow="auto"))
+        self.svg_html = SvgView(layout=w.Layout(overflow="auto"))
         self.order_html = w.HTML(layout=w.Layout(overflow="auto"))
         self.buckets_html = w.HTML(layout=w.Layout(overflow="auto"))
         self.unused_html = w.HTML()
@@ -132,7 +139,23 @@ class HookTimeline(EventView):
         if cursor.step is not None:
             return cursor.step
         steps = self.model.steps
+        stop = self.stop
+        if stop is not None:  # parked: the paused step (before its forward: the one before)
+            before = [s for s in steps if s <= stop.step]
+            return before[-1] if before else None
         return steps[-1] if steps else None
+
+    def on_bucket_click(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        """Call `callback(bucket)` when a bucket is clicked in the drawing (an all-reduce
+        span or a bucket's hooks). Returns the function that stops the calls."""
+        return self.svg_html.on_bucket_click(callback)
+
+    def mark_stop(self, stop: timeline_svg.StopMark | None) -> None:
+        """Show the paused step with the debugger's park marked (None: clear the mark and
+        follow the run again); drawn at the next render."""
+        if stop != self.stop:
+            self.stop = stop
+            self._next_live = 0.0  # drawn now, whatever the live bytes budget
 
     def select_rank(self, rank: int | None) -> None:
         """Draw `rank`'s lane against the distribution (None: the slowest rank's), like
@@ -186,8 +209,11 @@ class HookTimeline(EventView):
         step = self._shown_step(cursor)
         nan = [f for f in self.model.findings(cursor.as_of)
                if isinstance(f, Finding) and f.kind in NONFINITE and f.step == step]
+        stop = self.stop  # marked on the paused step, or when following the run
+        if stop is not None and cursor.step is not None and step != stop.step:
+            stop = None
         key = (step, self.model.step_version(step) if step is not None else 0, cursor.as_of,
-               self.model.versions["construction"], self.chosen, len(nan))
+               self.model.versions["construction"], self.chosen, len(nan), stop)
         if key == self._key:
             return False
         following = cursor.step is None
@@ -216,13 +242,13 @@ class HookTimeline(EventView):
         self._sync_rank_select()
         if self.spread is not None:
             svg = timeline_svg.render_spread(self.view, self.spread, self.shown_ranks(), names,
-                                             cursor.as_of)
+                                             cursor.as_of, stop=stop)
             buckets = self._bucket_spreads(self.view, self.spread)
         else:
-            svg = timeline_svg.render(self.view, names, cursor.as_of)
+            svg = timeline_svg.render(self.view, names, cursor.as_of, stop=stop)
             buckets = self._buckets(self.view)
         self.bytes_drawn = self._set(
-            header=self._header(self.view), svg=svg,
+            header=self._header(self.view, stop), svg=svg,
             order=self._order_or_note(self.view, names), buckets=buckets,
             unused=self._unused(self.view, names), nan=_nan_origin(nan))
         if following:
@@ -238,7 +264,7 @@ class HookTimeline(EventView):
                 sent += len(value)
         return sent
 
-    def _header(self, v: IterationView) -> str:
+    def _header(self, v: IterationView, stop: timeline_svg.StopMark | None = None) -> str:
         n = len(v.lanes)
         in_backward = [r for r, lane in v.lanes.items() if lane.record.backward is not None
                        and lane.record.backward_end is None]
@@ -247,6 +273,10 @@ class HookTimeline(EventView):
                     if lane.record.backward is not None and lane.record.backward_end is not None]
         worst = max(v.lanes.values(), key=lambda lane: lane.exposed_ns)
         parts = [markup.fmt("<b>iteration {}</b> · {} rank{}", v.step, n, "s" if n != 1 else "")]
+        if stop is not None:
+            later = f" (drawn: step {v.step}, the last one run)" if stop.step > v.step else ""
+            parts.insert(0, markup.fmt("<b class='ddpviz-paused' style='color:{}'>⏸ paused at {}"
+                                       "{}</b>", timeline_svg.STOP_COLOUR, stop.label, later))
         if backward:
             parts.append(markup.fmt("backward {:,.3f} ms (slowest rank)", max(backward)))
         parts.append(markup.fmt("exposed communication {:,.3f} ms (rank {}, after its last "

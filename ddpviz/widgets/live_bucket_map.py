@@ -45,7 +45,8 @@ class LiveBucketMap(EventView):
 
     Kernel-side state: `observed` (ObservedMaps or None), `bucket_map` (the BucketMap, None
     until the constructor's BucketAssigned arrives), `which` ("initial"/"rebuilt" in force at
-    the cursor), `timing` (per-bucket averages), `header_html`, `timing_html`.
+    the cursor), `timing` (per-bucket averages), `header_html`, `timing_html`, `marked`
+    (the bucket highlighted: where the debugger's ranks stopped, or None).
     """
 
     def __init__(self, source: object = None, **kwargs: Any) -> None:
@@ -53,6 +54,7 @@ class LiveBucketMap(EventView):
         self.plan_error: str | None = None  # why the observed maps cannot be drawn
         self.bucket_map: BucketMap | None = None
         self.which: Which = "initial"
+        self.marked: tuple[int, str] | None = None  # (bucket, note) to highlight
         self.timing: tuple[Any, ...] = ()
         self._plan_key: tuple[Any, ...] | None = None
         self._timing_key: tuple[Any, ...] | None = None
@@ -93,6 +95,13 @@ class LiveBucketMap(EventView):
             "{}{}</div>", where, which, span, obs.rank, warn))
         self._draw_timing(step, which, obs, cursor)
         return False
+
+    def mark_bucket(self, bucket: int | None, note: str = "") -> None:
+        """Highlight bucket `bucket` in the map (now, or once the map is drawn); None clears
+        it."""
+        self.marked = None if bucket is None else (bucket, note)
+        if self.bucket_map is not None:
+            self.bucket_map.mark_bucket(bucket, note)
 
     def _step(self, cursor: Cursor) -> int:
         return cursor.step if cursor.step is not None else (self.model.steps or [-1])[-1]
@@ -141,6 +150,8 @@ class LiveBucketMap(EventView):
             # open on the map in force, so the figure ships its data once, not twice
             self.bucket_map = BucketMap(observed.plan, which=self._which(observed, cursor))
             self.map_box.children = [self.bucket_map]
+            if self.marked is not None:
+                self.bucket_map.mark_bucket(*self.marked)
         else:
             self.bucket_map.set_plan(observed.plan)
 

@@ -12,11 +12,17 @@ bucket) each bucket is one hatched span from its first to its last gradient read
 ticks. Many ranks
 (`render_spread`): the distribution across ranks in a band on top (see hook_spread.py), then
 the lanes of the chosen ranks only.
+
+Buckets are clickable where the view listens (svg_view.py): each all-reduce span, each bucket's
+band of hooks (a transparent rect from its first gradient to its ready mark) and each bucket of
+the distribution band carry `data-bucket`. Where the debugger's ranks are parked (`StopMark`),
+each lane gets an orange line at its park and the bucket it stopped before is highlighted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from ddpviz import markup
 from ddpviz.model.event_model import StepRecord
@@ -32,6 +38,19 @@ _OUT_OF_ORDER = "#d62728"
 _AR = "#9ecae9"
 _EXPOSED = "#e45756"
 MAX_SPANS = 48  # all-reduce spans per lane drawn one by one (with tooltips); more are merged
+STOP_COLOUR = "#e36209"  # the debugger's park
+_STOP_BUCKET = "#ffd33d"
+_MIN_HIT = 8  # pixels: the narrowest click target of a bucket
+
+
+class StopMark(NamedTuple):
+    """Where the debugger's ranks are parked, to mark on the timeline."""
+
+    step: int  # the step they parked in
+    point: str  # "forward" | "bucket" | "optimizer_step"
+    bucket: int  # the bucket they stopped before (-1 unless point == "bucket")
+    times: tuple[tuple[int, int], ...]  # (rank, aligned ns of its park); () when unknown
+    label: str  # the point in words: "step 5, before bucket 1's all-reduce"
 
 
 def _runs(columns: Iterable[int]) -> list[tuple[int, int]]:
@@ -60,8 +79,9 @@ def _ticks_ms(span_ns: int) -> list[float]:
 
 
 def render(view: IterationView, names: Mapping[int, str] | None = None,
-           as_of: int | None = None, width: int = WIDTH) -> str:
-    """The SVG (a string) for one iteration; empty string when there is nothing to draw."""
+           as_of: int | None = None, width: int = WIDTH, stop: StopMark | None = None) -> str:
+    """The SVG (a string) for one iteration; empty string when there is nothing to draw.
+    `stop`: the debugger's park, marked on every lane."""
     if not view.lanes:
         return ""
     names = names or {}
@@ -73,6 +93,8 @@ def render(view: IterationView, names: Mapping[int, str] | None = None,
     for i, (rank, lane) in enumerate(view.lanes.items()):
         out.append(_lane_svg(lane, i * LANE, x, names, view.order.positions.get(rank, ()),
                              t1))
+        if stop is not None:
+            out.append(_stop_svg(lane, i * LANE, axis, stop))
     # time axis, ms since the window's start
     y = LANE * len(view.lanes)
     out += axis.svg(y, as_of)
@@ -103,6 +125,9 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
                               "<title>backward {:,.3f} ms</title></rect>", x(rec.backward),
                               y + 2, max(1, x(b_end) - x(rec.backward)),
                               (b_end - rec.backward) / 1e6))
+    # a click target per bucket under its hooks: first gradient to ready
+    if not rec.summarized:
+        out.append(_bucket_hits(rec, y, x))
     # gradient hooks: merged per pixel column, one path per shade
     bad = set(departures)
     cols: tuple[list[int], list[int]] = ([], [])
@@ -111,7 +136,9 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
         (red if pos in bad else cols[b & 1]).append(x(t))
     for shade, c in zip(_TICK_COLOURS, cols, strict=True):
         if c:
-            out.append(markup.fmt("<path d='{}' fill='{}'/>", _path(_runs(c), y + 13, 10), shade))
+            # clicks go through to the bucket's target underneath
+            out.append(markup.fmt("<path d='{}' fill='{}' pointer-events='none'/>",
+                                  _path(_runs(c), y + 13, 10), shade))
     if rec.summarized:
         out.append(_summary_spans(rec, y, x))
     if red:
@@ -122,14 +149,14 @@ def _lane_svg(lane: Lane, y: int, x: Callable[[int], int], names: Mapping[int, s
     marks = "".join(f"M{c - 3} {y + 24}h6l-3 4z"
                     for c in sorted({x(t) for t in rec.bucket_ready.values()}))
     if marks:
-        out.append(markup.fmt("<path d='{}' fill='#333'/>", marks))
+        out.append(markup.fmt("<path d='{}' fill='#333' pointer-events='none'/>", marks))
     if len(lane.allreduce) <= MAX_SPANS:
         out.append(_spans(lane, y, x, t_end))
     else:
         out.append(_merged_spans(lane, y, x, t_end))
     if lane.compute_end is not None and (rec.grads or rec.summaries):
-        out.append(markup.fmt("<path d='M{} {}v36' stroke='#555' stroke-dasharray='1 2'/>",
-                              x(lane.compute_end), y + 11))
+        out.append(markup.fmt("<path d='M{} {}v36' stroke='#555' stroke-dasharray='1 2' "
+                              "pointer-events='none'/>", x(lane.compute_end), y + 11))
     return "".join(out)
 
 
@@ -175,13 +202,13 @@ def _spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> str:
         title = (f"bucket {s.bucket}: {s.nbytes:,} bytes {s.dtype}, all-reduce {took}, "
                  f"exposed {s.exposed_ns / 1e6:,.3f} ms")
         dash = markup.Markup("" if s.end is not None else " stroke='#333' stroke-dasharray='3 2'")
-        out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' "
-                              "fill='{}'{}><title>{}</title></rect>", x0, sy, max(1, x1 - x0),
-                              _AR, dash, title))
+        out.append(markup.fmt("<rect data-bucket='{}' x='{}' y='{}' "
+                              "width='{}' height='8' fill='{}'{}><title>{}</title></rect>",
+                              s.bucket, x0, sy, max(1, x1 - x0), _AR, dash, title))
         if s.exposed_ns and s.end is not None:
             ex0 = x(s.end - s.exposed_ns)
-            out.append(markup.fmt("<rect x='{}' y='{}' width='{}' height='8' fill='{}'/>",
-                                  ex0, sy, max(1, x1 - ex0), _EXPOSED))
+            out.append(markup.fmt("<rect data-bucket='{}' x='{}' y='{}' width='{}' height='8' "
+                                  "fill='{}'/>", s.bucket, ex0, sy, max(1, x1 - ex0), _EXPOSED))
     return "".join(out)
 
 
@@ -212,6 +239,65 @@ def _merged_spans(lane: Lane, y: int, x: Callable[[int], int], t_end: int) -> st
     return "".join(out)
 
 
+def _bucket_extents(rec: StepRecord) -> dict[int, tuple[int, int]]:
+    """Per bucket, its first gradient ready to its ready mark (or last gradient), aligned ns."""
+    out: dict[int, list[int]] = {}
+    for t, _p, b in rec.grads:
+        span = out.get(b)
+        if span is None:
+            out[b] = [t, t]
+        elif t < span[0]:
+            span[0] = t
+        elif t > span[1]:
+            span[1] = t
+    for b, s in rec.summaries.items():
+        out.setdefault(b, [s.first, s.last])
+    for b, t in rec.bucket_ready.items():
+        span = out.setdefault(b, [t, t])
+        span[1] = max(span[1], t)
+    return {b: (lo, hi) for b, (lo, hi) in out.items()}
+
+
+def _bucket_hits(rec: StepRecord, y: int, x: Callable[[int], int]) -> str:
+    """Transparent click targets, one per bucket over its hooks (few buckets only; bare:
+    they are most of what clickable buckets add, ~90 bytes each)."""
+    extents = _bucket_extents(rec)
+    if not extents or len(extents) > MAX_SPANS:
+        return ""
+    out = []
+    for b, (lo, hi) in sorted(extents.items()):
+        x0, x1 = x(lo), x(hi)
+        # a bucket whose hooks fired all at once is still a few pixels wide, to be hit
+        grow = max(1, (_MIN_HIT - (x1 - x0)) // 2)
+        out.append(markup.fmt(
+            "<rect class='ddpviz-bucket-hit' data-bucket='{}' x='{}' y='{}' width='{}' "
+            "height='14' fill-opacity='0'/>", b, x0 - grow, y + 11, x1 - x0 + 2 * grow))
+    return "".join(out)
+
+
+def _stop_svg(lane: Lane, y: int, axis: _Axis, stop: StopMark) -> str:
+    """The park on one lane: the bucket stopped before highlighted, an orange line at the
+    rank's park (at the window's edge when it parked after it). Clicks pass through."""
+    rec = lane.record
+    t = dict(stop.times).get(lane.rank, rec.last)
+    px = min(max(axis.x(t), LABEL), LABEL + axis.plot)
+    parts: list[str] = []
+    span = _bucket_extents(rec).get(stop.bucket) if stop.point == "bucket" else None
+    if span is not None:
+        x0, x1 = axis.x(span[0]), axis.x(span[1])
+        parts.append(markup.fmt("<rect class='ddpviz-stop-bucket' x='{}' y='{}' width='{}' "
+                                "height='18' fill='{}' fill-opacity='0.5' stroke='{}'/>",
+                                x0 - 3, y + 9, max(6, x1 - x0 + 6), _STOP_BUCKET, STOP_COLOUR))
+    parts.append(markup.fmt("<path d='M{} {}v{}' stroke='{}' stroke-width='2'/>"
+                            "<text x='{}' y='{}' fill='{}' font-weight='bold' "
+                            "text-anchor='end'>⏸</text>", px, y + 2, LANE - 6, STOP_COLOUR, px - 2,
+                            y + 10, STOP_COLOUR))
+    return markup.fmt("<g class='ddpviz-stop' data-rank='{}' data-step='{}' data-point='{}' "
+                      "data-stop-bucket='{}' pointer-events='none'><title>paused at {} (rank {})"
+                      "</title>{}</g>", lane.rank, stop.step, stop.point, stop.bucket,
+                      stop.label, lane.rank, markup.join(parts, ""))
+
+
 SPREAD_ROWS = 72  # height of the distribution band drawn above the chosen ranks' lanes
 _BAND = "#c6dbef"
 _MEDIAN = "#08306b"
@@ -219,7 +305,7 @@ _MEDIAN = "#08306b"
 
 def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[int],
                   names: Mapping[int, str] | None = None, as_of: int | None = None,
-                  width: int = WIDTH) -> str:
+                  width: int = WIDTH, stop: StopMark | None = None) -> str:
     """Many ranks: the distribution across ranks (last hook per rank as a box plot, then per
     bucket the p10-p90 band of ready times and the median all-reduce with its p10-p90 done
     whisker), then one lane per rank in `shown` on the same time axis."""
@@ -262,9 +348,10 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
             lo, hi = xr(b.ready.p10), xr(b.ready.p90)
             if few:
                 out.append(markup.fmt(
-                    "<rect x='{}' y='{}' width='{}' height='7' fill='{}'><title>bucket {} ready "
-                    "(ms): p10 {:,.3f}, median {:,.3f}, p90 {:,.3f}; last on rank {}</title>"
-                    "</rect>", lo, 34 + 8 * row, max(1, hi - lo), _TICK_COLOURS[row], b.bucket,
+                    "<rect data-bucket='{}' x='{}' y='{}' width='{}' height='7' fill='{}'><title>"
+                    "bucket {} ready (ms): p10 {:,.3f}, median {:,.3f}, p90 {:,.3f}; last on rank "
+                    "{}</title></rect>", b.bucket, lo, 34 + 8 * row, max(1, hi - lo),
+                    _TICK_COLOURS[row], b.bucket,
                     b.ready.p10 / 1e6, b.ready.p50 / 1e6, b.ready.p90 / 1e6, b.latest_rank))
             else:
                 bands[row].extend(range(lo, max(lo + 1, hi)))
@@ -275,10 +362,10 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
             if few:
                 took = b.allreduce_ms
                 out.append(markup.fmt(
-                    "<rect x='{}' y='{}' width='{}' height='7' fill='{}'><title>bucket {} "
-                    "all-reduce, median launch to median done; took (ms) median {:,.3f}, p90 "
-                    "{:,.3f}; done p10 {:,.3f} - p90 {:,.3f} ms</title></rect>"
-                    "<path d='M{} {}h{}' stroke='#333'/>", lo, sy, max(1, hi - lo), _AR,
+                    "<rect data-bucket='{}' x='{}' y='{}' width='{}' height='7' fill='{}'><title>"
+                    "bucket {} all-reduce, median launch to median done; took (ms) median "
+                    "{:,.3f}, p90 {:,.3f}; done p10 {:,.3f} - p90 {:,.3f} ms</title></rect>"
+                    "<path d='M{} {}h{}' stroke='#333'/>", b.bucket, lo, sy, max(1, hi - lo), _AR,
                     b.bucket, took.p50 if took else 0.0, took.p90 if took else 0.0,
                     b.done.p10 / 1e6, b.done.p90 / 1e6, xr(b.done.p10), sy + 3,
                     max(1, xr(b.done.p90) - xr(b.done.p10))))
@@ -299,6 +386,8 @@ def render_spread(view: IterationView, spread: IterationSpread, shown: Iterable[
     for i, lane in enumerate(lanes):
         out.append(_lane_svg(lane, SPREAD_ROWS + i * LANE, x, names,
                              view.order.positions.get(lane.rank, ()), t1))
+        if stop is not None:
+            out.append(_stop_svg(lane, SPREAD_ROWS + i * LANE, axis, stop))
     y = SPREAD_ROWS + LANE * len(lanes)
     out += axis.svg(y, as_of)
     return "".join(out)

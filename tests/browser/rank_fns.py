@@ -31,3 +31,32 @@ def train(steps: int, bucket_cap_mb: float) -> float:
         loss.backward()
         opt.step()
     return float(loss.item())
+
+
+def train_in_phases(go: str, phases: tuple[int, ...], bucket_cap_mb: float) -> float:
+    """SGD steps under ddpviz's DDP in phases: before phase i > 0 every rank waits (outside
+    DDP, at a step boundary) until the file `{go}{i}` exists, so a test decides when they
+    go on."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    import ddpviz
+    from ddpviz.events import default_emitter
+
+    torch.set_num_threads(1)
+    ddp = ddpviz.DistributedDataParallel(build_model(), bucket_cap_mb=bucket_cap_mb,
+                                         emitter=default_emitter())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    torch.manual_seed(1 + dist.get_rank())
+    loss = torch.zeros(())
+    for i, steps in enumerate(phases):
+        while i and not os.path.exists(f"{go}{i}"):
+            time.sleep(0.05)
+        for _ in range(steps):
+            loss = ddp(torch.randn(8, 32)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return float(loss.item())

@@ -113,3 +113,40 @@ def test_importing_ddpviz_loads_no_widget_code() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_debuggers_traffic_is_counted_and_never_stretches_a_step() -> None:
+    # A rank parked at step 1 and inspected a minute later: its Parked/Inspected/Unparked
+    # events carry step 1 and late times. Folded like DDP's events they would stretch step
+    # 1's window to the last answer (the hook timeline of the paused step squashed to a pixel).
+    import msgspec
+    import numpy as np
+
+    from ddpviz.traces.trace import Trace
+    from tests.debugger.fake_ranks import summarize
+
+    events = synthetic_run(2, 6, 3)
+    late = max(e.t_ns for e in events) + 60 * 10**9
+    seq = {r: max(e.seq for e in events if e.rank == r) for r in (0, 1)}
+    debugger: list[ev.Event] = []
+    for r in (0, 1):
+        parked = ev.Parked(r, 1, late, seq[r] + 1, "bucket", 1, "break_at", 0)
+        seen = msgspec.structs.replace(summarize(r, 1, 7, "w", "grad", np.ones(3, np.float32)),
+                                       t_ns=late + 10**9, seq=seq[r] + 2)
+        debugger += [parked, seen, ev.Unparked(r, 1, late + 2 * 10**9, seq[r] + 3, "resume", 8)]
+    plain, with_debugger = EventModel(), EventModel()
+    plain.feed(events)
+    with_debugger.feed([*events, *debugger])
+    assert len(with_debugger) == len(plain) + len(debugger)
+    for step in plain.steps:
+        assert with_debugger.step_records(step) == plain.step_records(step)
+        assert with_debugger.step_bounds(step) == plain.step_bounds(step)
+    assert with_debugger.steps == plain.steps and with_debugger.versions == plain.versions
+    # a trace's columns fold the same way
+    columns = EventModel()
+    for table in Trace([*events, *debugger]).columns().values():
+        columns.feed_table(table)
+    assert len(columns) == len(with_debugger)
+    for step in plain.steps:
+        assert columns.step_records(step) == plain.step_records(step)
+        assert columns.step_bounds(step) == plain.step_bounds(step)

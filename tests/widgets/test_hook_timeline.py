@@ -4,12 +4,13 @@ checked against the events that produced them."""
 
 from __future__ import annotations
 
+import html
 import re
 
 from ddpviz import events as ev
 from ddpviz.model.event_model import EventModel
 from ddpviz.model.hook_analysis import analyse, order_diff
-from ddpviz.widgets import HookTimeline
+from ddpviz.widgets import HookTimeline, timeline_svg
 from ddpviz.widgets.replay_controls import Cursor
 from tests.widgets.streams import Plant, synthetic_run
 
@@ -193,3 +194,25 @@ def test_a_nan_origin_is_shown_and_its_rank_and_parameter_marked_in_the_firing_o
     assert "class=n" not in re.findall(r"<tr><th>r0</th>(.*?)</tr>", t.order_html.value)[0]
     t.controls.show_step(2)  # only the iteration where it began
     assert t.nan_html.value == "" and "class=n" not in t.order_html.value
+
+
+def test_a_park_is_marked_on_the_lanes_drawn_and_buckets_are_click_targets_at_scale() -> None:
+    # 24 ranks: the distribution band, then the slowest rank's lane only; the park is marked
+    # on that lane, and the band's buckets are click targets too
+    t = HookTimeline(synthetic_run(24, 8, 2, plant=Plant(slow={5: 400})))
+    assert t.spread is not None and t.shown_ranks() == [5]
+    n_buckets = len(t.spread.buckets)
+    svg = t.svg_html.value
+    for b in range(n_buckets):  # ready band and all-reduce of each bucket, across ranks
+        band = re.findall(rf"<rect data-bucket='{b}' x='\d+' y='\d+' width='\d+' height='7'",
+                          svg)
+        assert len(band) == 2
+    t.mark_stop(timeline_svg.StopMark(1, "bucket", 0, (), "step 1, before bucket 0's all-reduce"))
+    t.refresh()
+    svg = t.svg_html.value
+    assert re.findall(r"<g class='ddpviz-stop' data-rank='(\d+)'", svg) == ["5"]
+    assert svg.count("class='ddpviz-stop-bucket'") == 1
+    assert "⏸ paused at step 1, before bucket 0" in html.unescape(t.header_html.value)
+    t.mark_stop(None)
+    t.refresh()
+    assert "ddpviz-stop" not in t.svg_html.value and "paused" not in t.header_html.value
