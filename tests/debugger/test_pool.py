@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from ddpviz import events as ev
 from ddpviz.debugger.client import DebuggerError
 from ddpviz.launcher.errors import CellParked
 from tests.debugger.rank_fns import STEP, digest
+from tests.launch.magic_shell import magic_shell, pool, run
 from tests.launch.processes import still_alive
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
@@ -34,26 +34,7 @@ _OUT = re.compile(r"^\[rank (\d+)\] Out: (.*)$")
 _STEP = re.compile(r"^\[rank \d+\] step \d+ loss ")
 
 
-@pytest.fixture(scope="module")
-def shell() -> Iterator[Any]:
-    from IPython.testing import globalipapp
-
-    # the process's one test shell: made here, or by another module's fixture before
-    ip = globalipapp.start_ipython() or globalipapp.get_ipython()
-    assert ip is not None
-    ip.run_line_magic("load_ext", "ddpviz")
-    ip.run_line_magic("ddp_stop", "")
-    yield ip
-    ip.run_line_magic("ddp_stop", "")
-
-
-def pool(shell: Any) -> Any:
-    return shell.magics_manager.registry["DDPMagics"].pool
-
-
-def run(shell: Any, capsys: pytest.CaptureFixture[str], cell: str) -> tuple[Any, list[str]]:
-    result = shell.run_cell(cell)
-    return result.error_in_exec, capsys.readouterr().out.splitlines()
+shell = pytest.fixture(scope="module")(magic_shell)
 
 
 def outs(lines: list[str]) -> dict[int, Any]:

@@ -3,36 +3,18 @@ errors, a crashed or timed-out pool replaced on the next cell, %ddp_stop leaving
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddpviz.launcher import LaunchTimeout, RankError
+from tests.launch.magic_shell import magic_shell, pool, run
 from tests.launch.processes import recorded_pids, still_alive
 
 pytestmark = pytest.mark.dist
 
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[Any]:
-    from IPython.testing.globalipapp import start_ipython
-
-    ip = start_ipython()
-    assert ip is not None
-    ip.run_line_magic("load_ext", "ddpviz")
-    yield ip
-    ip.run_line_magic("ddp_stop", "")
-
-
-def pool(shell: Any) -> Any:
-    return shell.magics_manager.registry["DDPMagics"].pool
-
-
-def run(shell: Any, capsys: pytest.CaptureFixture[str], cell: str) -> tuple[Any, list[str]]:
-    result = shell.run_cell(cell)
-    return result.error_in_exec, capsys.readouterr().out.splitlines()
+shell = pytest.fixture(scope="module")(magic_shell)
 
 
 def test_cells_keep_state_per_rank_and_report_errors_per_rank(
