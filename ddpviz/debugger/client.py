@@ -167,7 +167,9 @@ class Debugger:
             return dict(self._parked)
 
     def next_step(self) -> int:
-        """The first step no rank has begun yet: where a break set now surely stops every rank.
+        """The first step no rank has begun yet. While the ranks run, a break set now is agreed
+        at their next forward and applies from the step after it: `next_step() + 1` is the
+        first step it surely stops (parked ranks apply a break set at once).
 
         Returns:
             One past the latest step any rank reported (0 before any step).
@@ -362,7 +364,7 @@ class Debugger:
         if step < now:
             raise ValueError(f"ddpviz: every rank is past step {step} already (they are at "
                              f"step {now} or later), so the break would never stop them.\n"
-                             f"Break at step {now + 1} or later (dbg.next_step()).")
+                             f"Break at step {now + 2} or later (dbg.next_step() + 1).")
         brk = p.BreakAt(step=step, where=where, bucket=-1 if bucket is None else bucket)  # type: ignore[arg-type]
         self._add_break(brk)
         return brk
