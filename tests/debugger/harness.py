@@ -113,40 +113,44 @@ def debug_job(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int 
                 run.stop()
 
 
-# the unpaused runs so far in this process: (kind, steps, nprocs, nan_at, optim) -> records. The
-# training is seeded, so a run with the same arguments is the same run: tests share it.
-_REFERENCES: dict[tuple[str, int, int, int, str], list[dict[str, Any]]] = {}
+# the unpaused runs so far in this process: (kind, steps, nprocs, nan_at, optim, device) ->
+# records. The training is seeded, so a run with the same arguments is the same run: tests
+# share it.
+_REFERENCES: dict[tuple[str, int, int, int, str, str], list[dict[str, Any]]] = {}
 
 
 def reference(kind: str, steps: int, tmp: Path, *, nprocs: int = 2,
-              nan_at: int = -1, optim: str = "sgd") -> list[dict[str, Any]]:
+              nan_at: int = -1, optim: str = "sgd",
+              device: str = "cpu") -> list[dict[str, Any]]:
     """The unpaused run's records per rank (launched without the debugger; once per process
     for the same arguments)."""
-    key = (kind, steps, nprocs, nan_at, optim)
+    key = (kind, steps, nprocs, nan_at, optim, device)
     if key not in _REFERENCES:
         _REFERENCES[key] = _reference(kind, steps, tmp, nprocs=nprocs, nan_at=nan_at,
-                                      optim=optim)
+                                      optim=optim, device=device)
     return _REFERENCES[key]
 
 
 def _reference(kind: str, steps: int, tmp: Path, *, nprocs: int, nan_at: int,
-               optim: str) -> list[dict[str, Any]]:
+               optim: str, device: str) -> list[dict[str, Any]]:
     tmp.mkdir(parents=True, exist_ok=True)
     run = ddpviz.launch(rank_fns.train, nprocs, args=(kind, steps, str(tmp)),
-                        kwargs={"nan_at": nan_at, "optim": optim}, timeout=240)
+                        kwargs={"nan_at": nan_at, "optim": optim, "device": device},
+                        timeout=240)
     run.wait(timeout=240)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(nprocs)]
 
 
 def launch_debug(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: int = -1,
-                 sleep: float = 0.0, optim: str = "sgd") -> tuple[ddpviz.Run, Path]:
+                 sleep: float = 0.0, optim: str = "sgd",
+                 device: str = "cpu") -> tuple[ddpviz.Run, Path]:
     """`rank_fns.train` launched with debug=True for the public `run.debugger`; the ranks wait
     for `go` (`go_ahead`) to train, so that breaks set first are in place."""
     tmp.mkdir(parents=True, exist_ok=True)
     go = tmp / "go"
     run = ddpviz.launch(rank_fns.train, nprocs, args=(kind, steps, str(tmp)),
                         kwargs={"go": str(go), "sleep": sleep, "nan_at": nan_at,
-                                "optim": optim}, debug=True, timeout=300)
+                                "optim": optim, "device": device}, debug=True, timeout=300)
     assert run.session.collector.wait(lambda s: len(s.peers) == nprocs, timeout=120), \
         "the ranks never connected"
     return run, go

@@ -28,7 +28,7 @@ def digest(t: Any) -> str:
 
 
 def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
-          sleep: float = 0.0, optim: str = "sgd") -> dict[str, str]:
+          sleep: float = 0.0, optim: str = "sgd", device: str = "cpu") -> dict[str, str]:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -49,11 +49,15 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
             return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
     model = Net()
+    if device == "cuda":  # tests/gpu: a GPU per rank, NCCL
+        torch.cuda.set_device(rank)
+        model = model.cuda()
     cap = 0.0006  # MB: a few parameters a bucket, so there are several buckets
     if kind == "twin":
         ddp: Any = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap)
     else:
-        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+        ddp = nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=cap, device_ids=[rank] if device == "cuda" else None)
         if kind in ("guard", "hookless"):
             ddpviz.watch(ddp, recording=ddpviz.Recording(guard=kind == "guard"))
     opt: Any = (torch.optim.Adam(ddp.parameters(), lr=0.01) if optim == "adam" else
@@ -92,8 +96,8 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
     gen = torch.Generator().manual_seed(100 + rank)
     for s in range(steps):
         step[0] = s
-        x = torch.randn(16, 8, generator=gen)
-        y = torch.randn(16, 4, generator=gen)
+        x = torch.randn(16, 8, generator=gen).to(device)
+        y = torch.randn(16, 4, generator=gen).to(device)
         opt.zero_grad(set_to_none=True)
         loss = ((ddp(x) - y) ** 2).mean()
         loss.backward()
