@@ -5,7 +5,11 @@ Copies of one model train in alternating blocks of steps (the order rotating eve
 benchmarks/_ranks.py): ddpviz's DDP without a debugger, with one installed but never commanded
 (unarmed: one attribute test at each safe point), and with one armed by an `Arm` command and
 no break set (each forward reads the agreed boundary from the store: one TCPStore round trip a
-step, never met). Events go to an emitter that drops them. Printed: the median over
+step, never met), and armed with a break that is never met: `break_when("step < 0")` (the
+predicate evaluated after each forward in the loop's names; the optimizer-step evaluation,
+through install()'s global optimizer hook, is not in this loop) and
+`break_on("nonfinite_gradient")` (each bucket's flat buffer tested for finiteness before its
+all-reduce). Events go to an emitter that drops them. Printed: the median over
 repetitions of each copy's block wall time / the plain copy's, and the armed copy's extra per
 step in us (median of the per-block differences). Not a test: a measurement to read.
 
@@ -58,7 +62,7 @@ def _model() -> nn.Module:
 def _rank(rank: int, world: int, port: int, reps: int, block: int, out: Any) -> None:
     import ddpviz
     from ddpviz.debugger import controller
-    from ddpviz.debugger.protocol import Arm
+    from ddpviz.debugger.protocol import Arm, BreakOn, BreakWhen, SetBreaks
 
     join_gloo(rank, world, port)
 
@@ -74,6 +78,15 @@ def _rank(rank: int, world: int, port: int, reps: int, block: int, out: Any) -> 
     armed.receive((Arm(1),))  # armed at its first forward
     controller._current = armed
     variants["debugger armed"] = ddpviz.DistributedDataParallel(_model())
+    # breaks never met: a predicate evaluated twice a step in the loop's names, and a finding
+    # break (its bucket points test each flat buffer's finiteness)
+    for name, brk in (("break_when never true", BreakWhen(predicate="step < 0")),
+                      ("break_on nonfinite", BreakOn(kind="nonfinite_gradient"))):
+        c = controller.Controller(drop, rank)
+        c.receive((Arm(1),))
+        c._apply(SetBreaks(2, breaks=(brk,)))  # as every rank does at the agreed boundary
+        controller._current = c
+        variants[name] = ddpviz.DistributedDataParallel(_model())
     controller._current = None
     t = interleaved_blocks(variants, rank, DIMS, reps=reps, block=block, warmup=5)
     assert armed.armed and not unarmed.armed and not armed.parked
@@ -274,10 +287,10 @@ def main() -> None:
     wall = run_ranks(_rank, world, args.reps, args.block)[0]
     base = wall["ddpviz DDP"]
     print(f"{world} gloo ranks, rank 0, {args.reps} blocks of {args.block} steps")
-    print(f"{'copy':<20} {'wall / ddpviz DDP':>18}")
+    print(f"{'copy':<22} {'wall / ddpviz DDP':>18}")
     for name, times in wall.items():
         ratio = statistics.median(a / b for a, b in zip(times, base, strict=True))
-        print(f"{name:<20} {ratio:>18.3f}")
+        print(f"{name:<22} {ratio:>18.3f}")
     d = statistics.median(a - b for a, b in zip(wall["debugger armed"], base, strict=True))
     step_us = statistics.median(base) / args.block * 1e6
     print(f"  armed - plain: {d / args.block * 1e6:+.1f} us a step (wall, median of per-block "

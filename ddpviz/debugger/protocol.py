@@ -90,9 +90,11 @@ class BreakOn(Break, frozen=True):
 
 
 class BreakWhen(Break, frozen=True):
-    """Park at the next forward after `predicate` (a Python expression) is true on any rank,
-    evaluated after each forward with the run-code namespace (`loss`, `output`, `step`, `rank`,
-    `model`, ...). A predicate that raises is reported once (DebugRefused) and dropped."""
+    """Park at a forward soon after `predicate` (a Python expression) is true on any rank,
+    evaluated after each forward and after each optimizer step in the training loop's names
+    under the run-code namespace (`loss`, `output`, `step`, `rank`, `model`, ...;
+    debugger/predicates.py). A predicate that raises is reported once (DebugRefused) and
+    dropped."""
 
     predicate: Text
 
