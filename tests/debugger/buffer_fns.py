@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.debugger.rank_fns import digest
+from tests.debugger.rank_fns import digest, sequential_ddp
 
 STEP = 1  # the step whose buckets the tests (and notebooks/07_debugger.ipynb) walk through
 
@@ -27,21 +27,10 @@ def as_hex(t: Any) -> str:
 def train(kind: str, steps: int, out: str) -> dict[str, str]:
     import torch
     import torch.distributed as dist
-    from torch import nn
 
-    import ddpviz
 
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                          nn.Linear(16, 4))
-    cap = 0.0006  # MB: a few parameters a bucket, so there are several buckets
-    if kind == "twin":
-        ddp: Any = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap)
-    else:
-        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
-        if kind == "guard":
-            ddpviz.watch(ddp, recording=ddpviz.Recording(guard=True))
+    model, ddp = sequential_ddp(kind)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     record: dict[str, Any] = {"local": {}, "averaged": {}}
     step = [0]

@@ -11,27 +11,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from tests.debugger.rank_fns import STEP, digest
+from tests.debugger.rank_fns import STEP, digest, sequential_ddp
 
 
 def build(kind: str) -> SimpleNamespace:
     import torch
     import torch.distributed as dist
-    from torch import nn
 
-    import ddpviz
 
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                          nn.Linear(16, 4))
-    cap = 0.0006  # MB: a few parameters a bucket, so there are several buckets
-    if kind == "twin":
-        ddp: Any = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap)
-    else:
-        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
-        if kind == "guard":
-            ddpviz.watch(ddp, recording=ddpviz.Recording(guard=True))
+    model, ddp = sequential_ddp(kind)
     st = SimpleNamespace(model=model, ddp=ddp, step=0, local={}, averaged={},
                          opt=torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9),
                          gen=torch.Generator().manual_seed(100 + rank))

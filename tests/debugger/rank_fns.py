@@ -115,3 +115,24 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
     record["final"] = final
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     return final
+
+
+def sequential_ddp(kind: str) -> tuple[Any, Any]:
+    """(model, ddp): a seeded five-layer Sequential in ddpviz's DDP ("twin") or torch's
+    ("torch"; "guard": under watch(guard=True)), with a few parameters a bucket."""
+    import torch
+    from torch import nn
+
+    import ddpviz
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    cap = 0.0006  # MB: a few parameters a bucket, so there are several buckets
+    if kind == "twin":
+        ddp: Any = ddpviz.DistributedDataParallel(model, bucket_cap_mb=cap)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+        if kind == "guard":
+            ddpviz.watch(ddp, recording=ddpviz.Recording(guard=True))
+    return model, ddp
