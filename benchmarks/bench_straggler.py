@@ -55,7 +55,7 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
              buckets: int = 8, every: int = 1, seed: int = 0, step_ms: float = 100.0,
              clock_skew_ns: int = 0, optimizer: bool = False, marks: bool = False,
              exit_lag_rank: int = -1, exit_lag_ms: float = 0.0,
-             exit_lag_swapped: tuple[int, ...] = ()) -> Sim:
+             exit_lag_swapped: tuple[int, ...] = (), left: bool = False) -> Sim:
     """Columns of a simulated run (see the module docstring). Phase shares of a step: gap
     15%, forward 25%, backward compute 45% (spread over the buckets), communication 15%.
     `clock_skew_ns`: every rank's recorded times shifted by a constant in
@@ -63,7 +63,8 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
     all-reduce `exit_lag_ms` after the others and starts its next step that much later, with
     every phase of its own as long as theirs (a busy host: See [Note: lateness it did not
     add] in ddpviz/_diagnose/straggler.py); at the steps `exit_lag_swapped` the next rank
-    lags instead (which rank leaves first flips now and then on a real busy host)."""
+    lags instead (which rank leaves first flips now and then on a real busy host). `left`:
+    the marks say when each rank left the previous step's all-reduces (`left_prev_ns`)."""
     rng = np.random.default_rng(seed)
     gap, fwd, bwd, comm = (step_ms * MS * f for f in (0.15, 0.25, 0.45, 0.15))
     per_bucket = bwd / buckets
@@ -85,6 +86,7 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
     n_events = 0
     t: float | np.ndarray = 1_000 * MS
     was_sampled = False
+    left_at = np.full(ranks, -1.0)  # when each rank left the previous step (-1: step 0)
     for s in range(steps):
         sampled = every == 1 or s < 3 or s % every == 0
         if optimizer:
@@ -117,7 +119,8 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
                     rows.append((ev.BucketReady, ready[r, j], (j,)))
                     rows.append((ev.AllReduceLaunched, ready[r, j], (j, 1 << 20, "float32")))
             if marks:
-                rows.append((ev.BackwardComputed, ready[r, -1], (0, int(b[r]) + off)))
+                prev = int(left_at[r]) + off if left and left_at[r] >= 0 else -1
+                rows.append((ev.BackwardComputed, ready[r, -1], (0, int(b[r]) + off, -1, prev)))
             if sampled:
                 rows += [(ev.AllReduceDone, end[r], (j,)) for j in range(buckets)]
                 rows.append((ev.BackwardFinished, end[r], ()))
@@ -131,6 +134,7 @@ def simulate(ranks: int, steps: int, *, slow_rank: int = -1, slow: float = 1.2,
         if lagging >= 0:  # (the others leave together; the lagging rank later)
             t = np.full(ranks, float(np.delete(end, lagging).max()))
             t[lagging] = end[lagging]
+        left_at = np.broadcast_to(t, (ranks,)).astype(np.float64)
         was_sampled = sampled
     return Sim({r: c.table() for r, c in enumerate(cols)}, n_events)
 

@@ -245,11 +245,15 @@ class BackwardComputed(Event, frozen=True):
     from the wait on the steps without per-bucket events. See [Note: backward marks] in
     probes/backward_marks.py. `cpu_wait_ns`: how long the rank's main thread has waited for a
     CPU since it started (the kernel's run-queue delay, cumulative; -1 where unknown): See
-    [Note: waiting for a CPU] in probes/cpu_wait.py."""
+    [Note: waiting for a CPU] in probes/cpu_wait.py. `left_prev_ns`: when this rank left the
+    previous step's backward, its all-reduces waited for (-1: that step was not a synced one
+    here, or not seen): whether a rank late at this step was already late leaving the last
+    all-reduce (See [Note: lateness it did not add] in _diagnose/straggler.py)."""
 
     param: ParamIndex = 0
     first_t_ns: TimeNs = 0
     cpu_wait_ns: TimeNs = -1
+    left_prev_ns: TimeNs = -1
 
 
 class UnusedParametersFound(Event, frozen=True):

@@ -97,6 +97,11 @@ MARK_STEADY = 0.75  # from the backward marks: late by the threshold in this sha
 # where they exist, a rank is named only when the lateness it added in its own phases (the
 # positive medians of the breakdown: after the backward, the optimizer step, data loading,
 # and the forward and backward) reaches the threshold; otherwise nobody is named.
+# The backward marks carry the same evidence on every step (`left`: when the rank left the
+# previous step's all-reduces, See [Note: backward marks]): from them the gap before the
+# forward is counted from that exit, the same test applies, and a steady skew of the exits
+# widens the rank's clock uncertainty as a skew of the ends of backward does. Traces without
+# it (older ones) and jobs without the marks keep the test of the sampled steps alone.
 # Steps from the first non-finite value on are not read either (`before`): ddpviz checks
 # that rank's steps in full from there (precise mode), which is ddpviz's own work, and the
 # training has diverged (diagnose passes the first step a nonfinite_* finding names).
@@ -140,6 +145,9 @@ class Timeline(NamedTuple):
     # (R, S) the main thread's cumulative wait for a CPU at that BackwardComputed (ns, NaN
     # where not known: See [Note: waiting for a CPU] in probes/cpu_wait.py)
     cpu_wait: np.ndarray | None = None
+    # (R, S) when the rank left step s-1's backward, its all-reduces waited for (the
+    # BackwardComputed of s carries it: See [Note: backward marks]); NaN where not known
+    left: np.ndarray | None = None
 
 
 class Waits(NamedTuple):
@@ -184,6 +192,9 @@ class Straggler(NamedTuple):
     # steps with it known, ns; NaN: not known), and those steps
     cpu_wait_ns: float = math.nan
     cpu_wait_steps: int = 0
+    # (evidence "marks") steps whose mark says when the rank left the previous all-reduce:
+    # the lateness it already had there is not its own (See [Note: lateness it did not add])
+    left_steps: int = 0
 
 
 def _aligned(table: Table, clock: Mapping[int, tuple[int, int]], code: int
@@ -218,13 +229,15 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     end = [_aligned(t, clock, col.BACKWARD_END) for t in tables]
     opt = [_aligned(t, clock, col.OPTIMIZER) for t in tables]
     opt_end = [_aligned(t, clock, col.OPTIMIZER_END) for t in tables]
-    computed, first_grad, first_param, cpu_wait = [], [], -1, []
+    computed, first_grad, first_param, cpu_wait, left = [], [], -1, [], []
     for t in tables:
         rows = np.flatnonzero(t.kind == col.COMPUTED)
         off = clock.get(t.rank, (0, 0))[0]
         computed.append((t.step[rows], t.t[rows] + off))
         first_grad.append((t.step[rows], t.b[rows] + off))
-        cpu_wait.append(_cpu_waits(t, rows))
+        cpu_wait.append(_known(t, rows, "cpu_wait_ns"))
+        steps_left, t_left = _known(t, rows, "left_prev_ns")
+        left.append((steps_left, t_left + off))
         if len(rows) and first_param < 0:
             first_param = int(t.a[rows[-1]])
     launches = []
@@ -242,7 +255,7 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
     all_steps = np.unique(np.concatenate([s for s, _ in fwd] or [np.zeros(0, np.int64)]))
     steps = all_steps[all_steps >= 0][-MAX_STEPS:]
     n_r = len(ranks)
-    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(8)]
+    grids = [np.full((n_r, len(steps)), np.nan) for _ in range(9)]
     for i in range(n_r):
         _fill(grids[0], i, steps, *fwd[i], t0)
         _fill(grids[1], i, steps, *bwd[i], t0)
@@ -252,6 +265,7 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
         _fill(grids[5], i, steps, *computed[i], t0)
         _fill(grids[6], i, steps, *first_grad[i], t0)
         _fill(grids[7], i, steps, *cpu_wait[i], 0)
+        _fill(grids[8], i, steps, *left[i], t0)
 
     b_steps = np.unique(np.concatenate([s for s, _, _ in launches] or [np.zeros(0, np.int64)]))
     b_steps = b_steps[b_steps >= 0]
@@ -273,21 +287,23 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
 
     stated = np.array([_stated_error(clock.get(int(r), (0, 0))[1]) for r in ranks],
                       dtype=np.float64)
+    # (the end of backward and the exit from the last all-reduce: every rank leaves both
+    # together, so a steady skew there is clock error, or lateness no rank's own work added)
+    error = np.maximum(stated, np.maximum(_end_skew(grids[2]), _end_skew(grids[8])))
     return Timeline(ranks, steps, grids[0], grids[1], grids[2], grids[3], grids[4], b_steps,
-                    bucket_ids, cube, stated, np.maximum(stated, _end_skew(grids[2])), t0,
-                    grids[5], grids[6], first_param, grids[7])
+                    bucket_ids, cube, stated, error, t0, grids[5], grids[6], first_param,
+                    grids[7], grids[8])
 
 
-def _cpu_waits(table: Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, cumulative CPU waits) of the BackwardComputed rows that know theirs."""
-    steps, waits = [], []
+def _known(table: Table, rows: np.ndarray, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of `field` of the BackwardComputed rows that know it (-1: unknown)."""
+    steps, values = [], []
     for row in rows.tolist():
-        e = table.objects.get(row)
-        wait = getattr(e, "cpu_wait_ns", -1)
-        if wait >= 0:
+        value = getattr(table.objects.get(row), field, -1)
+        if value >= 0:
             steps.append(int(table.step[row]))
-            waits.append(wait)
-    return np.array(steps, dtype=np.int64), np.array(waits, dtype=np.int64)
+            values.append(value)
+    return np.array(steps, dtype=np.int64), np.array(values, dtype=np.int64)
 
 
 def _stated_error(error: int) -> float:
@@ -526,19 +542,27 @@ def _breakdown(tl: Timeline, k: int, b_cols: np.ndarray,
 
 def _mark_breakdown(tl: Timeline, k: int, cols: np.ndarray,
                     split: tuple[tuple[str, float], ...] = ()) -> tuple[
-        str, int, tuple[tuple[str, float], ...], int]:
+        str, int, tuple[tuple[str, float], ...], int, int]:
     """Where rank k (index) adds its lateness on the marked steps `cols` (bool over
-    tl.steps): before the forward, between the forward and its first gradient, and between
-    its first gradient and the end of its backward; within the backward, the bucket the
-    sampled steps' launches name (`_breakdown`, on at least MIN_BUCKET_STEPS of them that
-    also say "backward"), and how many steps that is."""
+    tl.steps): before the forward (from leaving the last all-reduce, where the marks say when
+    on MIN_SPLIT_STEPS steps: the lateness it had there is not its own), between the forward
+    and its first gradient, and between its first gradient and the end of its backward;
+    within the backward, the bucket the sampled steps' launches name (`_breakdown`, on at
+    least MIN_BUCKET_STEPS of them that also say "backward"), how many steps that is, and
+    how many steps timed the exit from the last all-reduce."""
     assert tl.computed is not None and tl.first_grad is not None
 
     def late(a: np.ndarray) -> np.ndarray:
         return a[k] - _median_others(a, k)
 
     d_f, d_g, d_c = (late(a[:, cols]) for a in (tl.forward, tl.first_grad, tl.computed))
-    parts = [("data", _nanmedian(d_f)), ("to_first_grad", _nanmedian(d_g - d_f)),
+    d_data, n_left = d_f, 0
+    if tl.left is not None:
+        d_l = late(tl.left[:, cols])
+        known = ~np.isnan(d_l) & ~np.isnan(d_f)
+        if int(known.sum()) >= MIN_SPLIT_STEPS:
+            d_data, n_left = (d_f - d_l)[known], int(known.sum())
+    parts = [("data", _nanmedian(d_data)), ("to_first_grad", _nanmedian(d_g - d_f)),
              ("backward", _nanmedian(d_c - d_g))]
     parts = [(p, v if v == v else 0.0) for p, v in _split_data(parts, split)]
     phase = max(parts, key=lambda pv: pv[1])[0]
@@ -549,14 +573,14 @@ def _mark_breakdown(tl: Timeline, k: int, cols: np.ndarray,
             sampled_phase, bucket, _ = _breakdown(tl, k, b_cols)
             if sampled_phase == "backward":  # (bucket -1: spread over the buckets)
                 n_bucket = int(b_cols.sum())
-    return phase, bucket, tuple(parts), n_bucket
+    return phase, bucket, tuple(parts), n_bucket, n_left
 
 
 def find_straggler(tl: Timeline) -> Straggler | None:
     """The rank that is persistently last, per [Note: straggler verdict], or None (also when
     its own phases do not explain its lateness: See [Note: lateness it did not add])."""
     s = _last_rank(tl)
-    if s is None or (s.split_steps and _own_ns(s) < s.threshold_ns):
+    if s is None or ((s.split_steps or s.left_steps) and _own_ns(s) < s.threshold_ns):
         return None
     wait, n = _cpu_excess(tl, int(np.flatnonzero(tl.ranks == s.rank)[0]))
     return s._replace(cpu_wait_ns=wait, cpu_wait_steps=n)
@@ -602,8 +626,10 @@ def before(tl: Timeline, step: int) -> Timeline:
         computed=None if tl.computed is None else cut(tl.computed),
         first_grad=None if tl.first_grad is None else cut(tl.first_grad),
         cpu_wait=None if tl.cpu_wait is None else cut(tl.cpu_wait),
+        left=None if tl.left is None else cut(tl.left),
         launch=np.where((tl.bucket_steps >= step)[None, :, None], np.nan, tl.launch),
-        error_ns=np.maximum(tl.stated_error_ns, _end_skew(end)))
+        error_ns=np.maximum(tl.stated_error_ns, np.maximum(
+            _end_skew(end), _end_skew(tl.left) if tl.left is not None else 0.0)))
 
 
 def _last_rank(tl: Timeline) -> Straggler | None:
@@ -634,11 +660,12 @@ def _last_rank(tl: Timeline) -> Straggler | None:
             k, n, m, xk, threshold, error = got
             cols = np.asarray(~np.isnan(marked).any(axis=0))
             split, n_split = _gap_split(tl, k)
-            phase, bucket, parts, n_bucket = _mark_breakdown(tl, k, cols, split)
+            phase, bucket, parts, n_bucket, n_left = _mark_breakdown(tl, k, cols, split)
             cost = np.clip(xk, 0, None)
             return Straggler(int(tl.ranks[k]), n, m, float(np.median(cost)),
                              float(np.percentile(cost, 90)), threshold, error, phase, bucket,
-                             parts, int(tl.steps[cols][-1]), "marks", n_split, n_bucket)
+                             parts, int(tl.steps[cols][-1]), "marks", n_split, n_bucket,
+                             left_steps=n_left)
     forward = _aligned_forwards(tl)
     got = _verdict(forward, tl.steps, tl, step_time)
     if got is None:

@@ -188,6 +188,11 @@ _request_lock = threading.Lock()
 _last_request = 0
 
 
+def last_request() -> int:
+    """The last request number `next_request` handed out in this process (0: none yet)."""
+    return _last_request
+
+
 def next_request() -> int:
     """A request number above every one this process handed out before, and above the wall
     clock in microseconds (See [Note: request numbers])."""

@@ -373,14 +373,16 @@ class Run:
         with self._cond:
             while True:
                 running = self._running()
-                if not running and self._stop_reason != "stop":
-                    break
-                if self._stop_reason == "stop" and len(self._exited) == self.nprocs:
-                    break
+                # failures first: every rank may have failed before this thread woke up (an
+                # abort from the debugger ends them all at once), and that run failed
                 if self._failures and self._stop_reason is None:
                     self._stop_reason = "failure"
                     self._stopped = running
                     to_stop = [p for p in self._ranks if p.rank in running]
+                    break
+                if not running and self._stop_reason != "stop":
+                    break
+                if self._stop_reason == "stop" and len(self._exited) == self.nprocs:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0 and self._stop_reason is None:

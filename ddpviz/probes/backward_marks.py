@@ -29,6 +29,12 @@ from ddpviz.probes.cpu_wait import CpuWait
 #     after this one): every gradient computed and every bucket launched, before the wait.
 # One BackwardComputed (t_ns: the end; param, first_t_ns: the first gradient) is emitted from
 # that callback, once per step and only when the backward all-reduces (not under no_sync).
+# That callback queues one more, which the engine runs after the reducer's finalize_backward
+# (queued after it): the time the rank left the backward, its all-reduces waited for (on CPU;
+# a CUDA backend's finalize does not wait on the host). It is carried by the next step's
+# BackwardComputed (`left_prev_ns`, when that step is the next one): a rank late at a forward
+# was either late already when it left the last all-reduce (not its own doing: See [Note:
+# lateness it did not add] in _diagnose/straggler.py) or became late after it.
 # The hook stays registered (one Python call and one queued callback a backward, ~2-4 us with
 # the emit; benchmarks/bench_watch.py measures it apart), not armed per step: a removed
 # tensor hook's dict would stay installed anyway (hookless.py's `_arm`). It returns None: the
@@ -39,8 +45,8 @@ from ddpviz.probes.cpu_wait import CpuWait
 class BackwardMarks:
     """The backward marks of one watched DDP on this rank (See [Note: backward marks])."""
 
-    __slots__ = ("_cpu_wait", "_created", "_first_ns", "_handle", "_param", "_step", "_sync",
-                 "_tensor", "error", "tap")
+    __slots__ = ("_cpu_wait", "_created", "_first_ns", "_handle", "_left", "_param", "_step",
+                 "_sync", "_tensor", "error", "tap")
 
     def __init__(self, tap: Tap, sync: Callable[[], bool]) -> None:
         """`sync`: whether this backward all-reduces (the DDP's require_backward_grad_sync)."""
@@ -52,6 +58,7 @@ class BackwardMarks:
         self._param = -1
         self._step = -1
         self._first_ns = 0
+        self._left = (-1, -1)  # (step, monotonic ns) the rank last left a synced backward
         self._cpu_wait = CpuWait()
         self.error: BaseException | None = None
 
@@ -112,10 +119,15 @@ class BackwardMarks:
     def _end(self) -> None:
         try:
             if self.tap.enabled:
+                step, left = self._left
                 self.tap.emit(ev.BackwardComputed, self._param, self._first_ns,
-                              self._cpu_wait.read())
+                              self._cpu_wait.read(), left if step == self._step - 1 else -1)
+            torch.autograd.Variable._execution_engine.queue_callback(self._leave)
         except Exception as exc:
             self._stop(exc)
+
+    def _leave(self) -> None:
+        self._left = (self._step, time.monotonic_ns())
 
     def _stop(self, exc: BaseException) -> None:
         """Step aside for good, saying so once; the job goes on."""

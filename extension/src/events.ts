@@ -237,13 +237,15 @@ export interface BackwardFinished extends EventBase {
 /**
  * This rank's autograd pass ended (every gradient computed, every bucket launched; before the
  * wait); `param`'s gradient was ready first, at `first_t_ns` (every synced step, hook-less);
- * `cpu_wait_ns`: the main thread's cumulative wait for a CPU (-1: unknown).
+ * `cpu_wait_ns`: the main thread's cumulative wait for a CPU (-1: unknown); `left_prev_ns`: when
+ * the rank left the previous step's backward, its all-reduces waited for (-1: unknown).
  */
 export interface BackwardComputed extends EventBase {
   type: 'BackwardComputed';
   param?: number;
   first_t_ns?: number;
   cpu_wait_ns?: number;
+  left_prev_ns?: number;
 }
 
 /** Parameters that got no gradient in this backward. */
@@ -453,7 +455,12 @@ export const EVENT_FIELDS = {
   AllReduceLaunched: { bucket: 'int', nbytes: 'int', dtype: 'str' },
   AllReduceDone: { bucket: 'int' },
   BackwardFinished: {},
-  BackwardComputed: { param: 'int', first_t_ns: 'int', cpu_wait_ns: 'int' },
+  BackwardComputed: {
+    param: 'int',
+    first_t_ns: 'int',
+    cpu_wait_ns: 'int',
+    left_prev_ns: 'int',
+  },
   UnusedParametersFound: { params: 'array', names: 'array' },
   BucketsRebuilt: { grad_ready_order: 'array' },
   OptimizerStepStarted: {},

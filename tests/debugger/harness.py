@@ -158,7 +158,7 @@ def launch_debug(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: i
 
 def go_ahead(go: Path) -> None:
     """Let the ranks of `launch_debug` train once each has every command sent so far."""
-    last = protocol.next_request() - 1  # the last request number handed out
+    last = protocol.last_request()  # (next_request() - 1 is not it: numbers follow the clock)
     ready = go.with_name("go.tmp")  # (renamed: a rank never reads it half written)
     ready.write_text(f"commands {last}")
     ready.replace(go)

@@ -90,8 +90,10 @@ def train(kind: str, steps: int, out: str, *, nan_at: int = -1, go: str = "",
 
             last = int(said[1]) if len(said) > 1 else 1
             deadline = time.monotonic() + 60
-            while (controller._current is None or controller._current._last_request < last) \
-                    and time.monotonic() < deadline:
+            while controller._current is None or controller._current._last_request < last:
+                if time.monotonic() > deadline:  # (a test that would run without its breaks)
+                    raise TimeoutError(f"rank {rank}: the commands up to request {last} never "
+                                       "arrived in 60 s")
                 time.sleep(0.01)
     gen = torch.Generator().manual_seed(100 + rank)
     for s in range(steps):

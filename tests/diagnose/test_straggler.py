@@ -261,6 +261,29 @@ def test_a_rank_that_only_leaves_the_all_reduce_later_is_not_named() -> None:
     assert f.ranks == (1,) and f.field == "data"
 
 
+def test_every_steps_exit_from_the_all_reduce_keeps_a_lagging_rank_unnamed() -> None:
+    # the same lag at the default (every=100) with no optimizer events (a custom loop, or
+    # too few sampled steps to split the gap): only the marks' exit from the last all-reduce,
+    # on every step, show that rank 1 was already late there. Without it (older traces) the
+    # lag reads as slow data loading, the false warning a loaded CI host once produced.
+    kw = dict(every=100, seed=3, marks=True, exit_lag_rank=1, exit_lag_ms=10.0,
+              exit_lag_swapped=(1, 2))
+    old = st.find_straggler(st.timeline(simulate(2, 120, **kw).tables))  # type: ignore[arg-type]
+    assert old is not None and old.rank == 1 and old.phase == "data" and not old.left_steps
+    tl = st.timeline(simulate(2, 120, left=True, **kw).tables)  # type: ignore[arg-type]
+    # (the steady skew at the exits widens the clock uncertainty: it is not even last by more)
+    assert tl.error_ns[1] > 4 * MS and st._last_rank(tl) is None
+    assert st.find_straggler(tl) is None
+    # a rank slow for real in its data loading, forward or backward is still named, and where
+    for phase, field in (("data", "data"), ("forward", "to_first_grad"),
+                         ("backward", "backward")):
+        slow = simulate(2, 120, every=100, seed=3, marks=True, left=True, slow_rank=1,
+                        phase=phase, slow=1.5)
+        got = st.find_straggler(st.timeline(slow.tables))
+        assert got is not None and got.rank == 1 and got.phase == field, (phase, got)
+        assert got.left_steps >= 100
+
+
 def test_steps_after_the_first_nonfinite_value_are_not_read() -> None:
     # rank 1 slow in its backward from step 5 on (as ddpviz's precise checks after a NaN
     # there would make it): named from the run, not from the steps before the NaN

@@ -3,7 +3,6 @@ they are made is raised once they are, and leaves nothing open behind it."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -20,7 +19,7 @@ def test_an_interrupt_while_the_resources_are_made_closes_them_before_it_is_rais
     def interrupted(session: object) -> EventStream:
         stream = EventStream(None)  # a private session: a collector with its thread
         made.append(stream)
-        os.kill(os.getpid(), signal.SIGINT)  # held back until the three exist
+        signal.raise_signal(signal.SIGINT)  # on this thread now (os.kill: maybe another, later)
         return stream
 
     monkeypatch.setattr(resources, "EventStream", interrupted)

@@ -65,7 +65,7 @@ def _watched(rank: int, world_size: int, form: str) -> dict[str, Any]:
     after = hooked._backward_hooks if hooked is not None else "none"
     return {"same": all(torch.equal(a, b) for a, b in zip(want, got, strict=True)),
             "events": [(type(e).__name__, e.step, e.t_ns, getattr(e, "first_t_ns", 0),
-                        getattr(e, "param", -1)) for e in log
+                        getattr(e, "param", -1), getattr(e, "left_prev_ns", -1)) for e in log
                        if type(e) in (ev.ForwardStarted, ev.BackwardComputed)],
             "param": param, "ready_first": w.buckets[0][0], "hooks_after_close": after,
             "removed": marks.param}
@@ -73,18 +73,34 @@ def _watched(rank: int, world_size: int, form: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("form", ["eager", "static_graph", "compile"])
 def test_every_synced_step_is_marked_and_the_job_is_unchanged(form: str) -> None:
-    for out in run_ranks(_watched, 2, form, timeout=240).values():
+    outs = run_ranks(_watched, 2, form, timeout=240)
+    # (one host: the ranks' monotonic clocks are one clock) step -> the latest first gradient
+    latest_first: dict[int, int] = {}
+    for out in outs.values():
+        for name, s, _, first, *_ in out["events"]:
+            if name == "BackwardComputed":
+                latest_first[s] = max(latest_first.get(s, first), first)
+    for out in outs.values():
         assert out["same"]
         events = out["events"]
         marked = [s for name, s, *_ in events if name == "BackwardComputed"]
         assert marked == [s for s in range(STEPS) if s != 4]  # (step 4 ran under no_sync)
         forwards = {s: t for name, s, t, *_ in events if name == "ForwardStarted"}
-        for name, s, t, first, param in events:
+        ends = {s: t for name, s, t, *_ in events if name == "BackwardComputed"}
+        for name, s, t, first, param, left_prev in events:
             if name != "BackwardComputed":
                 continue
             assert forwards[s] < first <= t and param == out["param"]
             if s + 1 in forwards:
                 assert t < forwards[s + 1]
+            # left the previous step's backward after its end and before this forward, and
+            # after the first gradient of the latest rank (whose last bucket the all-reduce
+            # waited for; it is launched before that rank's end); unknown after a no_sync step
+            if s - 1 in ends:
+                assert ends[s - 1] < left_prev < forwards[s], (s, left_prev)
+                assert latest_first[s - 1] < left_prev, (s, left_prev, latest_first)
+            else:
+                assert left_prev == -1, s
         # the parameter of the last layer, the first of the rebuilt ready order
         assert out["param"] == out["ready_first"] and out["param"] >= 2
         assert out["hooks_after_close"] is None and out["removed"] == -1
