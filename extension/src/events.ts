@@ -459,7 +459,7 @@ export const EVENT_FIELDS = {
     param: 'int',
     first_t_ns: 'int',
     cpu_wait_ns: 'int',
-    left_prev_ns: 'int',
+    left_prev_ns: 'int'
   },
   UnusedParametersFound: { params: 'array', names: 'array' },
   BucketsRebuilt: { grad_ready_order: 'array' },
