@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from ddpviz.probes.stack_text import owner
+from ddpviz.probes.stack_text import user_frame
 
 MISSES = 4  # NameErrors in a row (two steps' two points) before a predicate is dropped
 _DEPTH = 64  # frames walked outward for the loop's
@@ -26,13 +26,7 @@ _DEPTH = 64  # frames walked outward for the loop's
 def loop_frame(frame: FrameType | None) -> FrameType | None:
     """The first frame from `frame` outward that is the job's own (not torch's, ddpviz's or
     the standard library's); None past _DEPTH frames."""
-    for _ in range(_DEPTH):
-        if frame is None:
-            return None
-        if owner(frame.f_code.co_filename) is None:
-            return frame
-        frame = frame.f_back
-    return None
+    return user_frame(frame, _DEPTH)
 
 
 def loop_names() -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ddpviz.engine import comm
 from ddpviz.envvars import ENV_RING_DIR, ENV_TRACE_DIR
 from ddpviz.probes import ledger_ring
 from ddpviz.probes.collective_compare import Entry, Mark
-from ddpviz.probes.stack_text import owner
+from ddpviz.probes.stack_text import user_frame
 
 # [Note: positions]
 # Every process group counts the collectives issued on it: torch's per-group sequence number
@@ -58,9 +58,10 @@ MAX_SITE = 160  # characters of a call site
 # source rank as given) and the user's frame as (code object, line); `entry()` turns it into
 # the `Entry` the ranks compare, with the same text as if it had been written at the call. The
 # user's frame is the first whose code is not torch's, ddpviz's or the standard library's:
-# that is decided once per code object (`_codes`, keyed by id: a code object's own hash reads
-# its bytecode) and a new call site is one (code, line) not seen before. Arguments are picked
-# from `args`/`kwargs` by the positions read once from the function's signature, never bound.
+# that is decided once per code object (stack_text.user_frame, the rule every "where in the
+# job's code" of ddpviz follows) and a new call site is one (code, line) not seen before.
+# Arguments are picked from `args`/`kwargs` by the positions read once from the function's
+# signature, never bound.
 # With a trace folder the call is also written to this rank's ring before it runs (See [Note:
 # the ring], ledger_ring.py): its text (op, signature, site) is encoded once per call site and
 # arguments and kept (`_ring_texts`), so a call seen before costs a dict lookup and one slot's
@@ -371,27 +372,13 @@ def _capture(getters: list[Callable[[tuple[Any, ...], dict[str, Any]], Any]]) ->
 
 # id(code) -> (code, whether it is the user's): decided once per code object, which the entry
 # keeps alive (so its id is not reused while it is here); a code's own hash reads its bytecode
-_codes: dict[int, tuple[CodeType, bool]] = {}
-MAX_CODES = 65536
+_SITE_DEPTH = 256  # frames walked outward from a collective (torch.compile's can be many)
 
 
 def _user_frame(frame: FrameType | None) -> tuple[CodeType | None, int]:
     """The first frame outside torch, ddpviz and the standard library, as (code, line)."""
-    f = frame
-    codes = _codes
-    while f is not None:
-        code = f.f_code
-        hit = codes.get(id(code))
-        if hit is not None and hit[0] is code:
-            mine = hit[1]
-        else:
-            mine = owner(code.co_filename) is None
-            if len(codes) < MAX_CODES:
-                codes[id(code)] = (code, mine)
-        if mine:
-            return code, f.f_lineno
-        f = f.f_back
-    return None, 0
+    f = user_frame(frame, _SITE_DEPTH)
+    return (None, 0) if f is None else (f.f_code, f.f_lineno)
 
 
 def site_text(code: CodeType | None, line: int) -> str:

@@ -13,6 +13,7 @@ import importlib.util
 import linecache
 import os
 import re
+from types import CodeType, FrameType
 from typing import NamedTuple
 
 MAX_SHOWN = 16  # lines of a formatted stack
@@ -51,6 +52,37 @@ def owner(file: str) -> str | None:
     if file.startswith("<frozen") or (file.startswith(_STDLIB)
                                       and "-packages" + os.sep not in file):
         return "stdlib"
+    return None
+
+
+# Whether a code object is plumbing (`owner` of its file is not None), decided once per code
+# object: keyed by id (a code object's own hash reads its bytecode), the object kept so its id
+# stays its own; bounded (past it, decided again each time).
+_PLUMBING: dict[int, tuple[CodeType, bool]] = {}
+MAX_CODES = 65536
+USER_FRAME_DEPTH = 64  # frames walked outward for the user's, by default
+
+
+def user_frame(frame: FrameType | None, depth: int = USER_FRAME_DEPTH) -> FrameType | None:
+    """The first frame from `frame` outward that is the user's (not torch's, ddpviz's or the
+    standard library's; a framework's counts as the user's: `owner`), None past `depth`
+    frames. The one rule of every "where in the job's code" ddpviz says: the debugger's
+    loop names, the sync contract's call sites, the ledger's collective call sites."""
+    plumbing_of = _PLUMBING
+    for _ in range(depth):
+        if frame is None:
+            return None
+        code = frame.f_code
+        hit = plumbing_of.get(id(code))
+        if hit is not None and hit[0] is code:
+            plumbing = hit[1]
+        else:
+            plumbing = owner(code.co_filename) is not None
+            if len(plumbing_of) < MAX_CODES:
+                plumbing_of[id(code)] = (code, plumbing)
+        if not plumbing:
+            return frame
+        frame = frame.f_back
     return None
 
 

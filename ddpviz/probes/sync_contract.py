@@ -16,7 +16,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Sequence
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -31,7 +31,7 @@ from ddpviz.events import Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, warning_of
 from ddpviz.probes import collectives as _ledger
 from ddpviz.probes import step_aside
-from ddpviz.probes.stack_text import Frame, clip, owner, where
+from ddpviz.probes.stack_text import Frame, clip, owner, user_frame, where
 
 # [Note: the gradient-sync contract]
 # torch's DDP averages gradients only in a backward whose forward ran through the DDP with
@@ -435,28 +435,17 @@ def collectives_issued() -> int | None:
 
 # id(code) -> (code, whether it is torch's, ddpviz's or the standard library's), decided once
 # per code object (kept here, so its id stays its own; a code's own hash reads its bytecode)
-_PLUMBING: dict[int, tuple[CodeType, bool]] = {}
 _DEPTH = 64
 
 
 def first_user_frame(frame: FrameType | None) -> Frame | None:
     """The first frame from `frame` outward that is the user's (not torch's, ddpviz's or the
     standard library's; a framework's counts as the user's); None past _DEPTH frames."""
-    for _ in range(_DEPTH):
-        if frame is None:
-            return None
-        code = frame.f_code
-        hit = _PLUMBING.get(id(code))
-        if hit is not None and hit[0] is code:
-            plumbing = hit[1]
-        else:
-            plumbing = owner(code.co_filename) is not None
-            if len(_PLUMBING) < 4096:
-                _PLUMBING[id(code)] = (code, plumbing)
-        if not plumbing:
-            return Frame(code.co_filename, frame.f_lineno or code.co_firstlineno, code.co_name)
-        frame = frame.f_back
-    return None
+    f = user_frame(frame, _DEPTH)
+    if f is None:
+        return None
+    code = f.f_code
+    return Frame(code.co_filename, f.f_lineno or code.co_firstlineno, code.co_name)
 
 
 def _backward_site() -> Frame | None:
