@@ -189,7 +189,7 @@ def _record(args: argparse.Namespace) -> int:
     try:
         return run_recorded(args.cmd, connect=args.connect, out=args.out,
                             hang_timeout=args.hang_timeout, recording=args.recording,
-                            debug=args.debug)
+                            debug=args.debug or False)
     except RecordError as e:
         print(e, file=sys.stderr)
         return 2
@@ -298,9 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a notebook session's connect string (ddpviz.listen())")
     where.add_argument("--out", default=None,
                        help="folder for per-rank trace files (default: the current folder)")
-    w.add_argument("--debug", action="store_true",
+    w.add_argument("--debug", nargs="?", const="on", default=None, choices=("on", "paused"),
                    help="with --connect: the ranks take the notebook debugger's commands "
-                        "(pause, inspect, resume; ddpviz/debugger/)")
+                        "(pause, inspect, resume; ddpviz/debugger/); --debug=paused: every "
+                        "rank also parks before its first forward, so breaks can be set "
+                        "before anything runs")
     w.add_argument("--hang-timeout", type=float, default=None,
                    help="seconds before a hang is diagnosed (default: 0.6 x the process "
                         "group's timeout, at most 300; 0: off)")

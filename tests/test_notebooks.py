@@ -89,7 +89,12 @@ def check_06_postmortem(nb: Any) -> None:
 
 
 def check_07_debugger(nb: Any) -> None:
-    text = stream_text(nb)
+    check_07_debugger_text(stream_text(nb))
+
+
+def check_07_debugger_text(text: str) -> None:
+    """07_debugger's printed results (run here through nbclient, and in JupyterLab by
+    tests/browser/test_lab_notebook.py)."""
     # every bucket of step 1 stopped at, its buffer before (each rank's own gradients, scaled)
     # and after (bitwise equal on both ranks, the mean); a launched bucket refused meanwhile
     buckets = text.count("before its all-reduce (")

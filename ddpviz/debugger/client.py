@@ -486,10 +486,19 @@ class Debugger:
                 if ranks and stop is not None and stop.agreed and all(
                         r in self._parked for r in ranks):
                     return stop
-                if not ranks or (self._finished is not None and self._finished()):
+                # (a launched run says when it is over; a recorded job's ranks have ended
+                # when every one that connected closed its link: none yet is a job starting)
+                ended = self._finished() or not ranks if self._finished is not None else \
+                    not ranks and bool(self.session.collector.stats.closed)
+                if ended:
                     raise DebuggerError("ddpviz: the ranks ended before every one stopped ("
                                         f"{self.status()}); nothing is paused.")
                 left = deadline - time.monotonic()
+                if left <= 0 and not ranks:  # (a job just started: its ranks connect later)
+                    raise DebuggerTimeout(
+                        f"ddpviz: no rank connected within {timeout:g} s.\nStart the job with "
+                        "`ddpviz record --debug --connect` and this session's connect string "
+                        "(or launch(..., debug=True)), then wait again.", ())
                 if left <= 0:
                     waiting = [r for r in ranks if r not in self._parked] or list(ranks)
                     raise DebuggerTimeout(

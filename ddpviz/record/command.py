@@ -52,13 +52,15 @@ def hook_path() -> Path | None:
 
 def record_env(*, connect: str | None, out: str | None, hang_timeout: float | None,
                base: dict[str, str] | None = None,
-               recording: Recording | None = None, debug: bool = False) -> dict[str, str]:
+               recording: Recording | None = None, debug: bool | str = False
+               ) -> dict[str, str]:
     """The environment the command runs with (`debug`: DDPVIZ_DEBUG=1, the ranks take the
-    notebook's debugger commands over the --connect link)."""
+    notebook's debugger commands over the --connect link; "paused": DDPVIZ_DEBUG=paused, they
+    also park before their first forward)."""
     env = dict(os.environ if base is None else base)
     env[ENV_RECORD] = "1"
     if debug:
-        env[ENV_DEBUG] = "1"
+        env[ENV_DEBUG] = "paused" if debug == "paused" else "1"
     if connect is not None:
         env[ENV_CONNECT] = connect
         env.pop(ENV_TRACE_DIR, None)
@@ -74,10 +76,11 @@ def record_env(*, connect: str | None, out: str | None, hang_timeout: float | No
 
 def run_recorded(command: Sequence[str], *, connect: str | None = None,
                  out: str | None = None, hang_timeout: float | None = None,
-                 recording: str | None = None, debug: bool = False) -> int:
+                 recording: str | None = None, debug: bool | str = False) -> int:
     """Run `command` recorded; returns its exit status (128+N when killed by signal N).
     `recording`: $DDPVIZ_RECORDING's spelling ("guard,every=100"), checked here; `debug`: the
-    ranks take the debugger's commands from the notebook (only with `connect`)."""
+    ranks take the debugger's commands from the notebook (only with `connect`); "paused": and
+    park before their first forward."""
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]

@@ -82,6 +82,19 @@ def test_a_silent_rank_is_named_in_the_timeout() -> None:
     session.close()
 
 
+def test_wait_before_any_rank_connected_waits_for_them_and_says_so() -> None:
+    # `ddpviz record --debug=paused` just started: no rank connected yet is not "ended"
+    session = FakeSession({})
+    dbg = Debugger(session, timeout=2.0)  # type: ignore[arg-type]
+    with pytest.raises(DebuggerTimeout, match="no rank connected within 0.3 s"):
+        dbg.wait(timeout=0.3)
+    session.collector.stats.received[0] = 1  # one connected and ended: the job is over
+    session.collector.stats.closed[0] = (0, 0)
+    with pytest.raises(DebuggerError, match="the ranks ended before every one stopped"):
+        dbg.wait(timeout=5)
+    session.close()
+
+
 def test_not_paused_says_how() -> None:
     session, dbg = make(2)
     with pytest.raises(NotPaused, match=r"dbg.pause\(\) then dbg.wait\(\)"):

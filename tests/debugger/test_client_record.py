@@ -79,3 +79,33 @@ def test_a_record_debug_job_pauses_steps_and_ends_as_unwatched(python: str,
                 proc.communicate()
     assert proc.returncode == 0, err
     assert bits(out) == bits(plain.stdout) and len(bits(out)) == 2
+
+
+def test_record_debug_paused_parks_before_the_first_forward(python: str, tmp_path: Path) -> None:
+    env = job_env(TRAIN_STEPS="8")
+    plain = run(_gated(python), env)
+    assert plain.returncode == 0, plain.stderr
+    with ddpviz.listen(show=False) as session:
+        proc = subprocess.Popen([python, "-m", "ddpviz", "record", "--debug=paused", "--connect",
+                                 session.connect_string, "--", *_gated(python)],
+                                env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            dbg = session.debugger
+            stop = dbg.wait(timeout=120)  # nothing asked: every rank parks before step 0
+            assert stop.agreed and (stop.step, stop.point) == (0, "forward")
+            assert sorted(stop.ranks) == [0, 1]
+            # a break set while parked at the start is in force when the ranks go on
+            dbg.break_at(step=3, where="forward")
+            dbg.resume(timeout=60)
+            stop = dbg.wait(timeout=120)
+            assert stop.agreed and (stop.step, stop.point) == (3, "forward")
+            dbg.clear()
+            dbg.resume(timeout=60)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert bits(out) == bits(plain.stdout) and len(bits(out)) == 2
