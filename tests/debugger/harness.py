@@ -156,6 +156,17 @@ def launch_debug(kind: str, steps: int, tmp: Path, *, nprocs: int = 2, nan_at: i
     return run, go
 
 
+@contextmanager
+def stopping(run: ddpviz.Run) -> Iterator[ddpviz.Run]:
+    """The block with `run`; its ranks stopped after it when they have not ended (a failed
+    assertion never leaves ranks behind)."""
+    try:
+        yield run
+    finally:
+        if not run.done():
+            run.stop()
+
+
 def go_ahead(go: Path) -> None:
     """Let the ranks of `launch_debug` train once each has every command sent so far."""
     last = protocol.last_request()  # (next_request() - 1 is not it: numbers follow the clock)

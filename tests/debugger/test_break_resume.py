@@ -5,18 +5,34 @@ the default watch() with its forward/optimizer-step safe points)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ddpviz import events as ev
 from ddpviz.debugger.protocol import BreakAt, Inspect, Resume, SetBreaks
-from tests.debugger.harness import debug_job, reference, request
+from tests.debugger.harness import Job, debug_job, reference, request
 from tests.debugger.rank_fns import STEP
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
 NAMES = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias")
 STEPS = 6
+
+
+def _on_to_the_optimizer_step_and_the_end(job: Job, ref: list[dict[str, Any]]) -> Any:
+    """Resume to the break after step STEP's optimizer step; there every gradient is averaged,
+    equal across ranks and equal to the unpaused run's; resume to the end: what the ranks
+    returned."""
+    job.send(Resume(request()))
+    second = job.parked(2)[2:]
+    assert {(p.rank, p.step, p.point) for p in second} == {
+        (r, STEP, "optimizer_step") for r in range(2)}
+    for name in NAMES:
+        got = job.ask(Inspect(request(), name, "grad"), ev.Inspected)
+        assert got[0].digest == got[1].digest == ref[0]["averaged"][name], name
+    job.send(Resume(request()))
+    return job.run.wait(timeout=240)
 
 
 @pytest.mark.parametrize("kind", ["twin", "guard"])
@@ -47,17 +63,7 @@ def test_break_at_a_bucket_inspect_and_resume_ends_as_unpaused(kind: str, tmp_pa
             assert not buf[rank].error and buf[rank].numel == grads[rank].numel > 0
             assert buf[rank].n_nan == 0 and len(buf[rank].chunk_digests) > 0
         assert buf[0].digest != buf[1].digest  # unreduced: each rank its own data
-        job.send(Resume(request()))
-        second = job.parked(2)[2:]
-        assert {(p.rank, p.step, p.point) for p in second} == {
-            (r, STEP, "optimizer_step") for r in range(2)}
-        # after the optimizer step: every gradient averaged, equal across ranks, and equal to
-        # the unpaused run's
-        for name in NAMES:
-            got = job.ask(Inspect(request(), name, "grad"), ev.Inspected)
-            assert got[0].digest == got[1].digest == ref[0]["averaged"][name], (kind, name)
-        job.send(Resume(request()))
-        values = job.run.wait(timeout=240)
+        values = _on_to_the_optimizer_step_and_the_end(job, ref)
     assert values == [ref[0]["final"], ref[1]["final"]]
     assert values[0] == values[1]
 
@@ -74,13 +80,5 @@ def test_the_hookless_watch_stops_at_the_forward_and_the_optimizer_step(tmp_path
             (r, STEP, "forward") for r in range(2)}
         value = job.ask(Inspect(request(), "fc2.weight", "value"), ev.Inspected)
         assert value[0].digest == value[1].digest  # replicas agree
-        job.send(Resume(request()))
-        second = job.parked(2)[2:]
-        assert {(p.rank, p.step, p.point) for p in second} == {
-            (r, STEP, "optimizer_step") for r in range(2)}
-        for name in NAMES:
-            got = job.ask(Inspect(request(), name, "grad"), ev.Inspected)
-            assert got[0].digest == got[1].digest == ref[0]["averaged"][name], name
-        job.send(Resume(request()))
-        values = job.run.wait(timeout=240)
+        values = _on_to_the_optimizer_step_and_the_end(job, ref)
     assert values == [ref[0]["final"], ref[1]["final"]]

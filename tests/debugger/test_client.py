@@ -86,7 +86,7 @@ def test_wait_before_any_rank_connected_waits_for_them_and_says_so() -> None:
     # `ddpviz record --debug=paused` just started: no rank connected yet is not "ended"
     session = FakeSession({})
     dbg = Debugger(session, timeout=2.0)  # type: ignore[arg-type]
-    with pytest.raises(DebuggerTimeout, match="no rank connected within 0.3 s"):
+    with pytest.raises(DebuggerTimeout, match=r"no rank connected within 0\.3 s"):
         dbg.wait(timeout=0.3)
     session.collector.stats.received[0] = 1  # one connected and ended: the job is over
     session.collector.stats.closed[0] = (0, 0)

@@ -17,7 +17,7 @@ import ddpviz
 from ddpviz import events as ev
 from ddpviz.debugger.client import DebuggerError
 from tests.debugger import rank_fns
-from tests.debugger.harness import reference
+from tests.debugger.harness import reference, stopping
 from tests.debugger.rank_fns import STEP
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -40,7 +40,7 @@ def _launch(tmp: Path, steps: int, sleep: float = 0.0,
 def test_break_inspect_resume_through_run_debugger(tmp_path: Path) -> None:
     ref = reference("twin", STEPS, tmp_path / "ref")
     run, go = _launch(tmp_path / "run", STEPS)
-    try:
+    with stopping(run):
         dbg = run.debugger
         assert run.debugger is dbg
         with pytest.raises(DebuggerError, match=r"dbg.pause\(\) then dbg.wait\(\)"):
@@ -69,9 +69,6 @@ def test_break_inspect_resume_through_run_debugger(tmp_path: Path) -> None:
         final = run.wait(timeout=240)
         local = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text())["local"]
                  for r in (0, 1)]
-    finally:
-        if not run.done():
-            run.stop()
     # the summaries the ranks sent were of the very gradients an unpaused run's hooks saw
     for r in (0, 1):
         assert values[r].digest == local[r][name] == ref[r]["local"][name]
@@ -81,7 +78,7 @@ def test_break_inspect_resume_through_run_debugger(tmp_path: Path) -> None:
 
 def test_abort_ends_every_rank_within_5_s(tmp_path: Path) -> None:
     run, go = _launch(tmp_path, 10_000, sleep=0.01)
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=2, where="forward")
         go.touch()
@@ -98,6 +95,3 @@ def test_abort_ends_every_rank_within_5_s(tmp_path: Path) -> None:
         for pid in run.pids:  # no rank process is left
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
-    finally:
-        if not run.done():
-            run.stop()

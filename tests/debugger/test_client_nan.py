@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.debugger.harness import stopping
 from tests.debugger.rank_fns import STEP
 from tests.debugger.test_client_e2e import _launch
 
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
 def test_break_on_a_planted_nan_shows_the_origin_ranks_positions(tmp_path: Path) -> None:
     run, go = _launch(tmp_path, 8, nan_at=STEP)
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_on("nonfinite_gradient")
         ready = tmp_path / "go.tmp"  # the ranks train once they have the break (rank_fns)
@@ -34,6 +35,3 @@ def test_break_on_a_planted_nan_shows_the_origin_ranks_positions(tmp_path: Path)
         assert "rank 1: 2 NaN" in repr(kept) and "first at [[0, 1], [2, 3]]" in repr(kept)
         assert 0 in kept.errors  # nothing non-finite there, so nothing was kept
         dbg.abort(timeout=10)
-    finally:
-        if not run.done():
-            run.stop()

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from ddpviz import events as ev
-from tests.debugger.harness import go_ahead, launch_debug, reference
+from tests.debugger.harness import go_ahead, launch_debug, reference, stopping
 from tests.debugger.rank_fns import STEP
 from tests.launch.processes import still_alive
 
@@ -29,7 +29,7 @@ def test_break_at_a_bucket_reads_every_ranks_gradient_and_resumes_as_unpaused(
         kind: str, nprocs: int, tmp_path: Path):
     ref = reference("torch", STEPS, tmp_path / "ref", nprocs=nprocs)
     run, go = launch_debug(kind, STEPS, tmp_path / "run", nprocs=nprocs)
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=STEP, bucket=1)
         go_ahead(go)
@@ -45,15 +45,12 @@ def test_break_at_a_bucket_reads_every_ranks_gradient_and_resumes_as_unpaused(
         assert not values.all_equal and values.difference is not None
         dbg.resume(timeout=WAIT)
         final = run.wait(timeout=300)
-    finally:
-        if not run.done():
-            run.stop()
     assert final == [ref[r]["final"] for r in range(nprocs)]
 
 
 def test_abort_at_4_ranks_ends_every_process_within_5_s(tmp_path: Path):
     run, go = launch_debug("guard", 100_000, tmp_path / "run", nprocs=4, sleep=0.01)
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=2, where="forward")
         go_ahead(go)
@@ -78,6 +75,3 @@ def test_abort_at_4_ranks_ends_every_process_within_5_s(tmp_path: Path):
         for pid in pids:  # no process left in any rank's process group (each leads one)
             with pytest.raises(ProcessLookupError):
                 os.killpg(pid, 0)
-    finally:
-        if not run.done():
-            run.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.debugger.harness import go_ahead, launch_debug, reference
+from tests.debugger.harness import go_ahead, launch_debug, reference, stopping
 from tests.debugger.rank_fns import STEP
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
@@ -23,7 +23,7 @@ NAMES = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.
 def test_adam_exp_avg_at_the_optimizer_step_is_the_unpaused_runs(kind: str, tmp_path: Path):
     ref = reference("torch", STEPS, tmp_path / "ref", optim="adam")
     run, go = launch_debug(kind, STEPS, tmp_path / "run", optim="adam")
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=STEP, where="optimizer_step")
         go_ahead(go)
@@ -40,7 +40,4 @@ def test_adam_exp_avg_at_the_optimizer_step_is_the_unpaused_runs(kind: str, tmp_
         assert all("exp_avg" in missing.errors[r] for r in (0, 1))  # names the keys it has
         dbg.resume(timeout=WAIT)
         final = run.wait(timeout=300)
-    finally:
-        if not run.done():
-            run.stop()
     assert final == [ref[0]["final"], ref[1]["final"]]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpviz import events as ev
-from tests.debugger.harness import reference
+from tests.debugger.harness import reference, stopping
 from tests.debugger.test_client_e2e import _launch
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -27,7 +27,7 @@ def test_a_predicate_on_the_loops_loss_stops_every_rank_and_resume_ends_as_unpau
     loss3 = ref[1]["losses"][3]
     predicate = f"rank == 1 and s == 3 and loss.item() == {loss3!r}"
     run, go = _launch(tmp_path / "run", STEPS)
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_when(predicate)
         go.touch()
@@ -42,9 +42,6 @@ def test_a_predicate_on_the_loops_loss_stops_every_rank_and_resume_ends_as_unpau
         dbg.clear()
         dbg.resume(timeout=60)
         final = run.wait(timeout=240)
-    finally:
-        if not run.done():
-            run.stop()
     assert final == [ref[0]["final"], ref[1]["final"]]
 
 
@@ -55,13 +52,10 @@ def test_a_predicate_naming_nothing_the_loop_has_is_dropped_saying_so(tmp_path: 
     run.session.collector.subscribe(
         lambda batch: refused.extend(e for e in batch if isinstance(e, ev.DebugRefused)),
         batch=True)
-    try:
+    with stopping(run):
         run.debugger.break_when("lost > 1")  # a typo of the loop's `loss`
         go.touch()
         final = run.wait(timeout=240)
-    finally:
-        if not run.done():
-            run.stop()
     assert final == [ref[0]["final"], ref[1]["final"]]  # never stopped, untouched
     assert sorted(e.rank for e in refused) == [0, 1], refused  # once per rank
     for e in refused:

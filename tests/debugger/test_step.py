@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpviz.debugger.client import DebuggerError
-from tests.debugger.harness import buckets, go_ahead, launch_debug, reference
+from tests.debugger.harness import buckets, go_ahead, launch_debug, reference, stopping
 from tests.debugger.rank_fns import STEP
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
@@ -26,7 +26,7 @@ def test_step_bucket_walks_the_buckets_then_step_goes_to_the_next_forward(kind: 
                                                                           tmp_path: Path):
     ref = reference("torch", STEPS, tmp_path / "ref")
     run, go = launch_debug(kind, STEPS, tmp_path / "run")
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=STEP, bucket=0)
         go_ahead(go)
@@ -57,9 +57,6 @@ def test_step_bucket_walks_the_buckets_then_step_goes_to_the_next_forward(kind: 
         assert stop.agreed and (stop.step, stop.point) == (STEP + 3, "forward")
         dbg.resume(timeout=WAIT)
         final = run.wait(timeout=300)
-    finally:
-        if not run.done():
-            run.stop()
     assert final == [ref[0]["final"], ref[1]["final"]]
 
 
@@ -67,7 +64,7 @@ def test_step_bucket_from_the_last_bucket_of_the_last_step_says_the_ranks_ended(
     steps = STEP + 1
     ref = reference("torch", steps, tmp_path / "ref")
     run, go = launch_debug("twin", steps, tmp_path / "run")
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=STEP, where="forward")  # the bucket map is known from here on
         go_ahead(go)
@@ -83,9 +80,6 @@ def test_step_bucket_from_the_last_bucket_of_the_last_step_says_the_ranks_ended(
         with pytest.raises(DebuggerError, match="ended before every one stopped"):
             dbg.step("bucket", timeout=WAIT)
         final = run.wait(timeout=300)
-    finally:
-        if not run.done():
-            run.stop()
     assert final == [ref[0]["final"], ref[1]["final"]]
 
 
@@ -93,7 +87,7 @@ def test_step_finding_goes_to_the_forward_after_the_nan(tmp_path: Path):
     nan_at = STEP + 2  # rank 1 plants two NaNs in its local fc1.weight gradient there
     ref = reference("twin", STEPS, tmp_path / "ref", nan_at=nan_at)
     run, go = launch_debug("twin", STEPS, tmp_path / "run", nan_at=nan_at)
-    try:
+    with stopping(run):
         dbg = run.debugger
         dbg.break_at(step=STEP, where="forward")
         go_ahead(go)
@@ -111,8 +105,5 @@ def test_step_finding_goes_to_the_forward_after_the_nan(tmp_path: Path):
         assert values.all_equal and all(values[r].n_nan > 0 for r in (0, 1))
         dbg.resume(timeout=WAIT)
         final = run.wait(timeout=300)
-    finally:
-        if not run.done():
-            run.stop()
     # NaN parameters in both runs, bitwise the same bytes
     assert final == [ref[0]["final"], ref[1]["final"]]
