@@ -28,6 +28,7 @@ from ddpviz.debugger.predicates import Predicates, loop_names
 from ddpviz.debugger.tensor_summary import fetch_range, parts, summarize
 from ddpviz.envvars import ENV_DEBUG
 from ddpviz.probes import step_aside
+from ddpviz.probes.nonfinite import nonfinite
 
 ABORT_AFTER_S = 4.0  # a rank that is not parked is ended this long after an Abort arrived
 _POLL_S = 0.005  # a parked rank's wait for its next command
@@ -247,7 +248,7 @@ class Controller:
         att.buffers[bucket] = buffer
         att.members[bucket] = list(indices())
         if ("nonfinite_gradient" in self._kinds or self._step_to == "finding") \
-                and buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
+                and buffer.is_floating_point() and bool(nonfinite(buffer)):
             self._keep_snapshot(att, step, att.members[bucket])
             self._trigger(step, f"finding nonfinite_gradient (rank {self.rank}, bucket "
                           f"{bucket})")

@@ -151,7 +151,7 @@ def _max_abs(tensors: Sequence[torch.Tensor], last: torch.Tensor | None = None) 
     return torch.stack(values)
 
 
-def _nonfinite(t: torch.Tensor) -> bool | torch.Tensor:
+def nonfinite(t: torch.Tensor) -> bool | torch.Tensor:
     """t holds a NaN or Inf: a bool on CPU, a 0-dim bool tensor on t's device otherwise. One
     reduction (the sum, in fp32 for 16-bit types) on the usual path; on CPU a non-finite sum
     is confirmed elementwise (a sum of finite values can overflow)."""
@@ -312,7 +312,7 @@ class NonfiniteCheck:
         out = output if type(output) is torch.Tensor else first_tensor(output)
         if out is None or not out.is_floating_point():
             return precise
-        bad = _nonfinite(out)
+        bad = nonfinite(out)
         with self._lock:
             _add(post.ochk, step)
         if bad is False:
@@ -360,7 +360,7 @@ class NonfiniteCheck:
         rec = self._open.get(step)
         if rec is None or grad is None:
             return
-        bad = _nonfinite(grad)
+        bad = nonfinite(grad)
         if bad is True:
             rec.grads.append(index)
         elif bad is not False:
@@ -374,9 +374,9 @@ class NonfiniteCheck:
         if rec is None:
             return
         if buffer.device.type == "cpu":
-            if _nonfinite(buffer):
+            if nonfinite(buffer):
                 rec.grads += [i for i, v in zip(indices(), views(), strict=False)
-                              if _nonfinite(v)]
+                              if nonfinite(v)]
             return
         vs = list(views())
         if vs:  # per-parameter values on the device: one fused max-abs (NaN propagates)
@@ -474,7 +474,7 @@ class NonfiniteCheck:
         params = self.params
         devices = {p.device for p in params}
         if len(devices) != 1 or next(iter(devices)).type == "cpu":
-            rec.params = [i for i, p in enumerate(params) if bool(_nonfinite(p))]
+            rec.params = [i for i, p in enumerate(params) if bool(nonfinite(p))]
             return None
         return ("params", None, _Late(_max_abs(params)))
 

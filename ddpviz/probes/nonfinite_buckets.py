@@ -17,8 +17,8 @@ from ddpviz.probes import step_aside
 from ddpviz.probes.nonfinite import (
     NonfiniteCheck,
     _max_abs,
-    _nonfinite,
     first_tensor,
+    nonfinite,
     wide_sum,
 )
 
@@ -205,4 +205,4 @@ def _sum(t: torch.Tensor) -> float:
 
 
 def _bad(t: torch.Tensor | None) -> bool:
-    return t is not None and bool(_nonfinite(t))
+    return t is not None and bool(nonfinite(t))
