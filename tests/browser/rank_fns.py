@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -51,9 +53,23 @@ def train_in_phases(go: str, phases: tuple[int, ...], bucket_cap_mb: float) -> f
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     torch.manual_seed(1 + dist.get_rank())
     loss = torch.zeros(())
+    from ddpviz.debugger import controller
+
     for i, steps in enumerate(phases):
+        ctl = controller._current
+        seen = ctl._last_request if ctl is not None else 0
         while i and not os.path.exists(f"{go}{i}"):
             time.sleep(0.05)
+        if i and Path(f"{go}{i}").read_text().strip() == "after-command":
+            # the test clicked (a break, a pause) before it let the ranks go on: wait until
+            # that command reached this rank (its Sender's thread, which a loaded machine can
+            # leave behind while the steps of the phase would run past the point meant)
+            deadline = time.monotonic() + 60
+            while (ctl := controller._current) is None or ctl._last_request <= seen:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no debugger command reached this rank in 60 s "
+                                       f"before phase {i}")
+                time.sleep(0.01)
         for _ in range(steps):
             loss = ddp(torch.randn(8, 32)).pow(2).mean()
             opt.zero_grad()

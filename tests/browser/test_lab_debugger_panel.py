@@ -63,6 +63,14 @@ def _run_new_cell(page: Any, code: str) -> None:
     page.keyboard.press("Shift+Enter")
 
 
+def _go_after_command(path: Path) -> None:
+    """Let the ranks' next phase go, once the command just sent reached each of them
+    (rank_fns.train_in_phases); renamed in place, never read half written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("after-command")
+    tmp.replace(path)
+
+
 def _said(page: Any, text: str | re.Pattern[str], timeout_s: float = 120) -> None:
     """Wait until the page shows `text` (the panel's status or message, the break set)."""
     page.get_by_text(text).first.wait_for(timeout=timeout_s * 1000)
@@ -102,7 +110,7 @@ def test_the_panel_breaks_at_a_clicked_bucket_and_marks_the_park(
     hit.click()  # the break row's step: the first a break set now surely stops (3)
     _said(page, f"break set before bucket {BUCKET}'s all-reduce at step 3")
     _said(page, f"breaks: step 3 bucket {BUCKET}")
-    go.with_name("go1").touch()  # the ranks go on and stop there
+    _go_after_command(go.with_name("go1"))  # on once the break reached them
     _said(page, f"paused at step 3, before bucket {BUCKET}'s all-reduce on ranks 0,1")
     marks = _marks(timeline, "bucket")
     page.wait_for_function("n => document.querySelectorAll(\"g.ddpviz-stop[data-point='bucket']"
@@ -123,7 +131,8 @@ def test_the_panel_breaks_at_a_clicked_bucket_and_marks_the_park(
     assert page.locator(".ddpviz-paused").count() == 0
 
     _button(page, "pause").click()
-    go.with_name("go2").touch()  # after steps 3-4: at step 5's forward they agree on step 6
+    # after steps 3-4, once the pause reached them: at step 5's forward they agree on step 6
+    _go_after_command(go.with_name("go2"))
     _said(page, "paused at step 6, before DDP's forward on ranks 0,1")
     page.wait_for_function("n => document.querySelectorAll(\"g.ddpviz-stop[data-point="
                            "'forward']\").length === n", arg=2)
