@@ -287,12 +287,9 @@ def timeline(per_rank: Mapping[int, Table], clock: Mapping[int, tuple[int, int]]
 
     stated = np.array([_stated_error(clock.get(int(r), (0, 0))[1]) for r in ranks],
                       dtype=np.float64)
-    # (the end of backward and the exit from the last all-reduce: every rank leaves both
-    # together, so a steady skew there is clock error, or lateness no rank's own work added)
-    error = np.maximum(stated, np.maximum(_end_skew(grids[2]), _end_skew(grids[8])))
     return Timeline(ranks, steps, grids[0], grids[1], grids[2], grids[3], grids[4], b_steps,
-                    bucket_ids, cube, stated, error, t0, grids[5], grids[6], first_param,
-                    grids[7], grids[8])
+                    bucket_ids, cube, stated, _clock_error(stated, grids[2], grids[8]), t0,
+                    grids[5], grids[6], first_param, grids[7], grids[8])
 
 
 def _known(table: Table, rows: np.ndarray, field: str) -> tuple[np.ndarray, np.ndarray]:
@@ -304,6 +301,14 @@ def _known(table: Table, rows: np.ndarray, field: str) -> tuple[np.ndarray, np.n
             steps.append(int(table.step[row]))
             values.append(value)
     return np.array(steps, dtype=np.int64), np.array(values, dtype=np.int64)
+
+
+def _clock_error(stated: np.ndarray, end: np.ndarray, left: np.ndarray | None) -> np.ndarray:
+    """Per rank: the larger of its stated clock error and the skew of its ends of backward and
+    of its exits from the last all-reduce (every rank leaves both together, so a steady skew
+    there is clock error, or lateness no rank's own work added)."""
+    skew = _end_skew(end) if left is None else np.maximum(_end_skew(end), _end_skew(left))
+    return np.maximum(stated, skew)
 
 
 def _stated_error(error: int) -> float:
@@ -628,8 +633,7 @@ def before(tl: Timeline, step: int) -> Timeline:
         cpu_wait=None if tl.cpu_wait is None else cut(tl.cpu_wait),
         left=None if tl.left is None else cut(tl.left),
         launch=np.where((tl.bucket_steps >= step)[None, :, None], np.nan, tl.launch),
-        error_ns=np.maximum(tl.stated_error_ns, np.maximum(
-            _end_skew(end), _end_skew(tl.left) if tl.left is not None else 0.0)))
+        error_ns=_clock_error(tl.stated_error_ns, end, tl.left))
 
 
 def _last_rank(tl: Timeline) -> Straggler | None:
