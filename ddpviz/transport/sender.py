@@ -53,6 +53,8 @@ _MAX_IDLE_S = 0.02
 _PINGS = 5  # clock samples per connection; the one with the shortest round trip wins
 _PING_RETRY_S = 1.0
 _WARN_EVERY_S = 5.0
+_EARLY_CONTROL = 16  # control messages kept for a callback not set yet (a debugger installed
+# just after the rank connected); more are dropped
 _WINDOW_FRAMES = 32  # batches shipped but not yet confirmed, at most (See [Note: confirmed
 _WINDOW_BYTES = 16 << 20  # batches]); and their encoded size
 
@@ -203,8 +205,12 @@ class Sender:
         """Hand the debugger's commands (signed "control" messages from the collector this
         Sender connected to, never replayed) to `callback(commands)`, called on the shipping
         thread: it must only queue them, never block (None: ignore control messages, the
-        default). A callback that raises is dropped, said once; the events go on."""
+        default). A callback that raises is dropped, said once; the events go on. Commands
+        that came before a callback was set are kept (a few) and handed to the first one: the
+        notebook may send them as soon as this rank connects, before its debugger is
+        installed."""
         self._sink.control = callback
+        self._wake.set()  # hand on the commands kept so far without waiting for an event
 
     @property
     def stats(self) -> SenderStats:
@@ -402,6 +408,7 @@ class _ZmqSink:
         self._bye_confirmed = False
         self.control: Callable[[tuple[Command, ...]], None] | None = None
         self._control_seq: dict[str, int] = {}  # per collector id: the next fresh frame number
+        self._early: list[tuple[Command, ...]] = []  # control messages before a callback
 
     def describe(self) -> str:
         return self.address
@@ -599,6 +606,10 @@ class _ZmqSink:
         sock = self._sock
         assert sock is not None
         self._watch()
+        if self._early and self.control is not None:
+            early, self._early = self._early, []
+            for commands in early:
+                self._hand_on(commands)
         while sock.poll(0, zmq.POLLIN):
             parts = sock.recv_multipart()
             t4 = self._clock()
@@ -634,13 +645,23 @@ class _ZmqSink:
     def _control(self, collector: str, seq: int, rank: int,
                  commands: tuple[Command, ...]) -> None:
         """A signed control message: handed on once (a frame number not above the last one
-        from that collector is a replay, ignored), only if it is meant for this rank."""
-        callback = self.control
-        if callback is None or rank != self.rank or seq < self._control_seq.get(collector, 0):
+        from that collector is a replay, ignored), only if it is meant for this rank; kept
+        (up to _EARLY_CONTROL messages) while no callback is set yet."""
+        if rank != self.rank or seq < self._control_seq.get(collector, 0):
             return
         if len(self._control_seq) >= 64:
             self._control_seq.clear()  # a new collector per notebook restart: few ever
         self._control_seq[collector] = seq + 1
+        if self.control is None:
+            if len(self._early) < _EARLY_CONTROL:
+                self._early.append(commands)
+            return
+        self._hand_on(commands)
+
+    def _hand_on(self, commands: tuple[Command, ...]) -> None:
+        callback = self.control
+        if callback is None:
+            return
         try:
             callback(commands)
         except Exception as exc:  # the events must go on: drop the debugger, say so once

@@ -22,7 +22,7 @@ from ddpviz.debugger.protocol import (
 from ddpviz.transport.codec import MAGIC, Codec, WireError, make_header
 from ddpviz.transport.collector import Collector
 from ddpviz.transport.handshake import secure_client
-from ddpviz.transport.sender import Sender
+from ddpviz.transport.sender import _EARLY_CONTROL, Sender
 from tests.polling import eventually
 
 
@@ -71,6 +71,29 @@ def test_a_control_message_is_handed_on_once_and_only_to_its_rank():
         sink._control("c", 6, 0, (Resume(13),))  # type: ignore[attr-defined]
         assert got.get(timeout=5) == (Pause(10),)
         assert got.get(timeout=5) == (Resume(13),)
+        assert got.empty()
+        sender.close()
+
+
+def test_commands_sent_before_the_debugger_is_installed_reach_it():
+    """A rank connects, then installs its debugger (launch(debug=True), `ddpviz record
+    --debug`); a notebook that sends a break as soon as the rank connected must not lose it in
+    between. A few are kept; beyond _EARLY_CONTROL they are dropped, not piled up."""
+    with Collector() as collector:
+        sender = Sender(collector.connect_string, 0)
+        _connected(collector, sender, 0)
+        early = [Pause(20 + i) for i in range(_EARLY_CONTROL + 3)]
+        for c in early:
+            assert collector.send_control(0, [c]) == (0,)
+        sink = sender._sink
+        assert eventually(lambda: len(sink._early) == _EARLY_CONTROL,  # type: ignore[attr-defined]
+                          limit=10)
+        got: queue.SimpleQueue[tuple[object, ...]] = queue.SimpleQueue()
+        sender.on_control(got.put)
+        for c in early[:_EARLY_CONTROL]:
+            assert got.get(timeout=10) == (c,)
+        assert collector.send_control(0, [Resume(99)]) == (0,)
+        assert got.get(timeout=10) == (Resume(99),)  # the rest dropped: never handed on
         assert got.empty()
         sender.close()
 
