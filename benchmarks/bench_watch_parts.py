@@ -1,11 +1,14 @@
 """Where watch()'s default recording spends its per-step cost (issue #24's cost item).
 
 bench_watch.py's models, step sizes and interleaved blocks, with the default recording taken
-apart: torch's DDP alone, an A/A copy, the default `ddpviz.watch(ddp)`, and the default less
-one piece at a time ("no replicas": Recording(replicas=None); "no sampling": every=None too;
-"no pulse": hang_timeout=0 too, i.e. no heartbeat thread either). Printed for rank 0: the
-training thread's CPU time ratio to torch's DDP (median over repetitions, bootstrap 95%
-interval of that median) and the process's CPU ratio (all threads: the daemon threads' cost).
+apart: torch's DDP alone, an A/A copy, the default `ddpviz.watch(ddp)`, the default without
+its every-step NaN check ("no NaN check": See [Note: every step, one hook a bucket] in
+probes/nonfinite_buckets.py) or without its backward marks ("no marks": See [Note: backward
+marks]), each alone, and the default less one piece after another ("no replicas":
+Recording(replicas=None); "no sampling": every=None too; "no pulse": hang_timeout=0 too, i.e.
+no heartbeat thread either). Printed for rank 0: the training thread's CPU time ratio to
+torch's DDP (median over repetitions, bootstrap 95% interval of that median), the process's
+CPU ratio (all threads: the daemon threads' cost) and the elapsed time's ratio.
 
     PYTHONPATH=. python benchmarks/bench_watch_parts.py [--reps 200] [--worlds 2]
 """
@@ -27,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from _ranks import interleaved_blocks, join_gloo, run_ranks
 from bench_watch import MODELS, WARMUP_BLOCKS, _median_interval, _model
 
-VARIANTS = ["torch DDP", "torch DDP (A/A)", "default", "no replicas", "no sampling", "no pulse"]
+VARIANTS = ["torch DDP", "torch DDP (A/A)", "default", "no NaN check", "no marks", "no replicas",
+            "no sampling", "no pulse"]
 
 
 def _watch(ddp: nn.parallel.DistributedDataParallel, name: str) -> Any:
@@ -35,6 +39,14 @@ def _watch(ddp: nn.parallel.DistributedDataParallel, name: str) -> Any:
 
     if name == "default":
         return ddpviz.watch(ddp)
+    if name in ("no NaN check", "no marks"):
+        w = ddpviz.watch(ddp)  # (its every-step check and marks are built by now)
+        if name == "no marks":  # (their hook removed for good: an error stops them)
+            w._marks.remove()
+            w._marks.error = RuntimeError("bench_watch_parts: no marks")
+        else:
+            w._buckets_nf.close()
+        return w
     if name == "no replicas":
         return ddpviz.watch(ddp, recording=ddpviz.Recording(replicas=None))
     if name == "no sampling":
@@ -71,18 +83,18 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
     args.variants = args.variants.split(",")
-    print(f"{'ranks':>5}  {'model':12} {'variant':18}{'step us':>9}{'thread':>8}"
-          f"{'95% interval':>15}{'cpu':>8}{'95% interval':>15}")
+    print(f"{'ranks':>5}  {'model':12} {'variant':22}{'step us':>9}{'thread':>8}"
+          f"{'95% interval':>15}{'cpu':>8}{'95% interval':>15}{'wall':>8}{'95% interval':>15}")
     for world in (int(w) for w in args.worlds.split(",")):
         for model_name, wall, cpu, thread in run_ranks(_rank, world, args)[0]:
             for name in args.variants:
                 step_us = statistics.median(wall[name]) / args.block * 1e6
                 cells = []
-                for kind in (thread, cpu):
+                for kind in (thread, cpu, wall):
                     ratios = np.array(kind[name]) / np.array(kind["torch DDP"])
                     lo, hi = _median_interval(ratios)
                     cells.append(f"{np.median(ratios):>8.3f}{lo:>9.3f}-{hi:.3f}")
-                print(f"{world:>5}  {model_name:12} {name:18}{step_us:>9.0f}{''.join(cells)}")
+                print(f"{world:>5}  {model_name:12} {name:22}{step_us:>9.0f}{''.join(cells)}")
 
 
 if __name__ == "__main__":
