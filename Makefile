@@ -68,7 +68,7 @@ test: $(BIN)/.test $(CHROMIUM)
 	@mkdir -p out && rm -f out/lint.status out/docs.status
 	@{ $(MAKE) --no-print-directory lint > out/lint.log 2>&1; echo $$? > out/lint.status; } & \
 	{ $(MAKE) --no-print-directory docs > out/docs.log 2>&1; echo $$? > out/docs.status; } & \
-	status=0; DDPVIZ_DOCS_STATUS=$(CURDIR)/out/docs.status $(BIN)/python -m pytest -n 2 || status=$$?; \
+	status=0; DDPVIZ_DOCS_STATUS=$(CURDIR)/out/docs.status $(BIN)/python -m pytest -n 2 --junitxml=out/junit.xml || status=$$?; \
 	wait; \
 	for s in lint docs; do \
 	  echo "--- make $$s (out/$$s.log):"; cat out/$$s.log; \
