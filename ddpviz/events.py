@@ -341,8 +341,9 @@ class Inspected(Event, frozen=True):
     non-empty (and the summary empty) when the tensor is not there, saying why. Positions are
     multi-indices into `shape`. `finiteness[i]`: fraction of non-finite elements in the i-th of
     up to 64 equal bins of the flat tensor. `digest`: blake2b-128 (hex) of the tensor's bytes;
-    `chunk_digests[i]` of flat elements [i * chunk_elements, (i + 1) * chunk_elements): two
-    ranks' first differing chunk is then fetched alone (Fetch(chunk=i))."""
+    `chunk_digests[i]` (SHA-1 cut to 128 bits, hex) of flat elements [i * chunk_elements,
+    (i + 1) * chunk_elements): two ranks' first differing chunk is then fetched alone
+    (Fetch(chunk=i))."""
 
     request: Count
     name: Name

@@ -12,6 +12,7 @@ import torch
 
 from ddpviz.events import FINITENESS_BINS, HEAD_VALUES, MAX_CHUNK_DIGESTS, MAX_NONFINITE_AT
 from ddpviz.limits import MAX_BLOB
+from ddpviz.probes.nonfinite import nonfinite
 
 PART_BYTES = MAX_BLOB // 4 * 3  # raw bytes of one Fetched part (base64 fits MAX_BLOB)
 
@@ -33,34 +34,31 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def summarize(t: torch.Tensor) -> dict[str, Any]:
-    """The `Inspected` fields of `t` (see ddpviz.events.Inspected)."""
+    """The `Inspected` fields of `t` (see ddpviz.events.Inspected). An all-finite fp32/fp64
+    tensor (the usual case) costs a sum, a min/max, a norm and the digests, with no copy (10M
+    elements: see benchmarks/bench_debugger.py inspect)."""
     shape = tuple(t.shape)
     flat = _flat(t)
     n = flat.numel()
-    if flat.is_floating_point() or flat.is_complex():
+    n_nan = n_pos = n_neg = 0
+    bad: torch.Tensor | None = None
+    if flat.is_complex() or (flat.is_floating_point() and bool(nonfinite(flat))):
         bad = ~torch.isfinite(flat)
-        real = flat.real if flat.is_complex() else flat
-        if flat.is_complex() or bool(bad.any()):
-            n_nan = int(torch.isnan(flat).sum())
-            n_pos = int(torch.isposinf(real).sum()) if not flat.is_complex() else 0
-            n_neg = int(torch.isneginf(real).sum()) if not flat.is_complex() else 0
-        else:  # all finite (the usual case): one pass over the tensor, not four
-            n_nan = n_pos = n_neg = 0
-        finite = flat[~bad] if n_nan + n_pos + n_neg or flat.is_complex() else flat
-    else:
-        bad = torch.zeros(n, dtype=torch.bool)
-        n_nan = n_pos = n_neg = 0
-        finite = flat
-    values = finite.abs().double() if finite.numel() else torch.zeros(1, dtype=torch.float64)
-    norm = float(torch.linalg.vector_norm(values)) if finite.numel() else 0.0
-    max_abs = float(values.max()) if finite.numel() else 0.0
+        n_nan = int(torch.isnan(flat).sum())
+        if not flat.is_complex():
+            n_pos = int(torch.isposinf(flat).sum())
+            n_neg = int(torch.isneginf(flat).sum())
+    finite = flat if bad is None else flat[~bad]
+    norm, max_abs = _norm_max(finite)
+    nonfinite_n = n_nan + n_pos + n_neg
     at = [_unravel(int(i), shape) for i in torch.nonzero(bad)[:MAX_NONFINITE_AT, 0].tolist()] \
-        if n_nan + n_pos + n_neg else []
+        if bad is not None and nonfinite_n else []
     bins = min(FINITENESS_BINS, n)
     finiteness: tuple[float, ...] = ()
     if bins:
         edges = [n * i // bins for i in range(bins + 1)]
-        counts = torch.cumsum(bad.to(torch.int64), 0) if n_nan + n_pos + n_neg else None
+        counts = torch.cumsum(bad.to(torch.int64), 0) if bad is not None and nonfinite_n \
+            else None
         finiteness = tuple(
             0.0 if counts is None else
             float(int(counts[edges[i + 1] - 1]) - (int(counts[edges[i] - 1]) if edges[i] else 0))
@@ -69,8 +67,7 @@ def summarize(t: torch.Tensor) -> dict[str, Any]:
     raw = _bytes(flat)
     chunk = max(1, math.ceil(n / MAX_CHUNK_DIGESTS)) if n else 0
     size = flat.element_size()
-    chunk_digests = tuple(hashlib.blake2b(raw[i * size:(i + chunk) * size],
-                                          digest_size=16).hexdigest()
+    chunk_digests = tuple(_chunk_digest(raw[i * size:(i + chunk) * size])
                           for i in range(0, n, chunk)) if n else ()
     head = tuple(float(v.real) if flat.is_complex() else float(v)
                  for v in flat[:HEAD_VALUES].tolist())
@@ -80,6 +77,27 @@ def summarize(t: torch.Tensor) -> dict[str, Any]:
             "finiteness": finiteness,
             "digest": hashlib.blake2b(raw, digest_size=16).hexdigest(),
             "chunk_elements": chunk, "chunk_digests": chunk_digests, "head": head}
+
+
+def _chunk_digest(data: memoryview) -> str:
+    """A chunk's digest (compared across ranks only, to find the first differing chunk):
+    SHA-1, which OpenSSL computes at 2-3x blake2b's speed here, cut to 128 bits."""
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:32]
+
+
+def _norm_max(finite: torch.Tensor) -> tuple[float, float]:
+    """The L2 norm and the largest |x| of these finite values, in fp64 (0.0 for none). fp32 and
+    fp64 in place: torch reduces them on the CPU with a double accumulator; the others (and a
+    norm too large for the tensor's own type) through an fp64 copy of |x|."""
+    if not finite.numel():
+        return 0.0, 0.0
+    if finite.dtype in (torch.float32, torch.float64):
+        lo, hi = torch.aminmax(finite)
+        norm = float(torch.linalg.vector_norm(finite))
+        if math.isfinite(norm):
+            return norm, max(-float(lo), float(hi))
+    values = finite.abs().double()
+    return float(torch.linalg.vector_norm(values)), float(values.max())
 
 
 def fetch_range(t: torch.Tensor, chunk: int, start: int, stop: int,

@@ -17,6 +17,7 @@ import numpy as np
 
 from ddpviz import events as ev
 from ddpviz.debugger import protocol as p
+from ddpviz.debugger.tensor_summary import _chunk_digest
 
 _seq = itertools.count()
 
@@ -46,7 +47,8 @@ def summarize(rank: int, step: int, request: int, name: str, what: str,
                  tuple(tuple(int(i) for i in np.unravel_index(int(j), a.shape)) for j in bad),
                  tuple(float(b.mean()) if b.size else 0.0 for b in bins),
                  _digest(a.tobytes()), chunk,
-                 tuple(_digest(flat[i:i + chunk].tobytes()) for i in range(0, flat.size, chunk)),
+                 tuple(_chunk_digest(memoryview(flat[i:i + chunk].tobytes()))
+                       for i in range(0, flat.size, chunk)),
                  tuple(float(x) for x in flat[:8]))
 
 
