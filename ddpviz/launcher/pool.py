@@ -227,6 +227,12 @@ class RankPool:
 
         target.write("stdout", aborted_text(stop, self.nprocs, pids))
 
+    def output_here(self) -> None:
+        """From now on the ranks' output goes to the cell (or widget output) running now: the
+        debugger calls it before it lets parked ranks go on, so none of their lines lands in
+        the cell they parked in."""
+        self._retarget()
+
     def _retarget(self) -> OutputTarget:
         """The ranks' output goes to the cell running now."""
         target = OutputTarget.capture()

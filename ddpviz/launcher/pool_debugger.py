@@ -81,6 +81,7 @@ class PoolDebugger(Debugger):
         Raises:
             RankError, LaunchTimeout: as the %%ddp cell itself would.
         """
+        self._pool.output_here()  # (before the ranks go on: their next lines come here too)
         super().resume(timeout=timeout)
         self._pool.continue_cell()
 
@@ -99,6 +100,7 @@ class PoolDebugger(Debugger):
             The new `Stop`, or None when the cell finished first (the ranks then stop at that
             point of a later cell).
         """
+        self._pool.output_here()
         super().step(to, timeout=timeout, wait=False)
         return self._pool.continue_cell().parked
 

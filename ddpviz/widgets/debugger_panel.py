@@ -8,7 +8,10 @@ values side by side. Clicking a bucket's bar in the bucket map (`attach_bucket_m
 bucket in the hook timeline (`attach_timeline`) sets a break before that bucket's all-reduce
 at the step in the break row; `stop_mark` says where the ranks are parked, for the dashboard
 to mark on the timeline and the map. Errors show in the panel in words (escaped), as the
-functions raise them.
+functions raise them. What an action prints lands in the panel's `output` area: for a %%ddp
+pool's debugger, resume and step run the rest of the parked cell (blocking the kernel until
+the ranks finish it or park again, as a resume typed in a cell does), so its output and result
+show there, the latest continuation only.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ _WHERE = [("before bucket's all-reduce", "bucket"), ("before forward", "forward"
           ("after optimizer step", "optimizer_step")]
 
 
+def _calling(action: Callable[[], object], failed: list[BaseException]) -> None:
+    """`action()`; the error a Debugger function raises for the user goes into `failed`."""
+    try:
+        action()
+    except (ValueError, RuntimeError, TimeoutError) as exc:  # DebuggerError included
+        failed.append(exc)
+
+
 def _button(text: str, tip: str, style: str = "") -> w.Button:
     return w.Button(description=text, tooltip=tip, button_style=style,
                     layout=w.Layout(width="auto"))
@@ -47,7 +58,8 @@ class DebuggerPanel(w.VBox):
     `abort_button`, `break_button`, `clear_button`, `inspect_button`), the inputs
     (`break_step`, `break_where`, `break_bucket`, `inspect_name`, `inspect_what`,
     `inspect_bucket`), `message_html` (the last error or confirmation), `result_html` (the
-    last inspect's table), `result` (the last RankValues).
+    last inspect's table), `result` (the last RankValues), `output` (what the last resume or
+    step printed: a %%ddp pool's parked cell goes on there).
     """
 
     def __init__(self, debugger: Debugger) -> None:
@@ -57,6 +69,7 @@ class DebuggerPanel(w.VBox):
         self.message_html = w.HTML()
         self.result_html = w.HTML()
         self.breaks_html = w.HTML()
+        self.output = w.Output()
         self.pause_button = _button("pause", "stop every rank at the next step", "warning")
         self.resume_button = _button("resume", "let every rank go on", "success")
         self.step_bucket_button = _button("step bucket",
@@ -84,9 +97,10 @@ class DebuggerPanel(w.VBox):
         self.inspect_button = _button("inspect", "the tensor on every paused rank")
         actions: list[tuple[w.Button, Callable[[], object]]] = [
             (self.pause_button, debugger.pause),
-            (self.resume_button, debugger.resume),
-            (self.step_bucket_button, lambda: debugger.step("bucket", wait=False)),
-            (self.step_step_button, lambda: debugger.step("step", wait=False)),
+            (self.resume_button, self._going_on(debugger.resume)),
+            (self.step_bucket_button, self._going_on(lambda: debugger.step("bucket",
+                                                                          wait=False))),
+            (self.step_step_button, self._going_on(lambda: debugger.step("step", wait=False))),
             (self.abort_button, self._abort),
             (self.break_button, self._break_at),
             (self.clear_button, debugger.clear),
@@ -106,7 +120,7 @@ class DebuggerPanel(w.VBox):
             self.breaks_html,
             w.HBox([self.inspect_name, self.inspect_what, self.inspect_bucket,
                     self.inspect_button]),
-            self.message_html, self.result_html])
+            self.message_html, self.result_html, self.output])
         self.refresh()
 
     # --- what the buttons do ------------------------------------------------------------------
@@ -116,13 +130,26 @@ class DebuggerPanel(w.VBox):
             self.run(action)
         return clicked
 
+    def _going_on(self, action: Callable[[], object]) -> Callable[[], object]:
+        """`action` (resume, step), with the output area cleared first: it shows the latest
+        continuation of a pool's parked cell."""
+        def go_on() -> object:
+            self.output.clear_output()
+            return action()
+        return go_on
+
     def run(self, action: Callable[[], object]) -> bool:
-        """Call one of the Debugger's functions; show its error, if any, in the panel.
-        Returns whether it succeeded."""
-        try:
-            action()
-        except (ValueError, RuntimeError, TimeoutError) as exc:  # DebuggerError included
-            self._say(str(exc), error=True)
+        """Call one of the Debugger's functions; show its error, if any, in the panel, and
+        what it prints in `output` (on the kernel's main thread: a widget's capture follows the
+        message being handled). Returns whether it succeeded."""
+        failed: list[BaseException] = []
+        if threading.current_thread() is threading.main_thread():
+            with self.output:  # (inside: an Output shows and swallows what escapes it)
+                _calling(action, failed)
+        else:
+            _calling(action, failed)
+        if failed:
+            self._say(str(failed[0]), error=True)
             return False
         self._say("")
         self.refresh()
