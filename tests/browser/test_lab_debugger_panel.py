@@ -122,7 +122,7 @@ def test_the_panel_breaks_at_a_clicked_bucket_and_marks_the_park(
     assert "⏸ paused at step 3" in page.locator(".ddpviz-paused").first.inner_text()
     _shapes_become(plot, 1)
     assert [s[0] for s in plot.evaluate(_SHAPES)] == ["ddpviz-stop"]
-    screenshot(page, "debugger_panel_paused_at_a_bucket", page.locator(".jp-OutputArea").last)
+    screenshot(page, "debugger_panel_paused_at_a_bucket", page.locator(".jp-Cell-outputArea").last)
 
     _button(page, "resume").click()
     _said(page, re.compile(r"debugger · running"))

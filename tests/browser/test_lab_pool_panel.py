@@ -73,6 +73,6 @@ def test_the_panels_resume_runs_the_rest_of_the_parked_cell_into_the_panel(
     # and not in the notebook's own cell outputs
     assert f"[rank 0] step {STEPS - 1} loss" not in stream_text(page).replace(got, "")
     page.get_by_text(re.compile(r"debugger · running")).first.wait_for(timeout=60_000)
-    screenshot(page, "pool_panel_resumed", page.locator(".jp-OutputArea").nth(2))
+    screenshot(page, "pool_panel_resumed", page.locator(".jp-Cell-outputArea").nth(2))
     assert error_outputs(page) == []
     assert console.errors == []
