@@ -32,8 +32,14 @@ def test_an_interrupt_while_the_resources_are_made_closes_them_before_it_is_rais
         return d
 
     monkeypatch.setattr(resources, "PrivateDir", tracked)
-    with pytest.raises(KeyboardInterrupt):
-        resources.run_resources(2, None)
+    # as in a kernel: SIGINT raises KeyboardInterrupt (a test process started in the background
+    # by a non-interactive shell inherits SIGINT ignored, and then an interrupt raises nothing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            resources.run_resources(2, None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     (stream,) = made
     collector = stream.session.collector
     assert collector.closed  # its socket closed and its thread joined, not left to the GC
