@@ -8,13 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 
 from ddpviz.report import html as report
 from tests.browser.conftest import ConsoleLog
 from tests.browser.lab import LabServer
-from tests.browser.ui import error_outputs, open_lab, run_all_cells, wait_for_viewer
+from tests.browser.ui import (
+    error_outputs,
+    open_lab,
+    run_all_cells,
+    wait_for_viewer,
+    write_notebook,
+)
 from tests.security.hostile import hostile_trace
 
 pytestmark = pytest.mark.browser
@@ -71,16 +76,12 @@ def test_the_trace_viewer_shows_the_payloads_as_text(
 
 def test_the_dashboard_in_a_notebook_shows_the_payloads_as_text(
         page: Any, lab: LabServer, lab_root: Path, hostile: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
+    write_notebook(lab_root / "hostile.ipynb", [
         "from ddpviz.traces.trace import Trace\n"
         f"dash = Trace.load({NAME!r}).dashboard()\n"
         "for step in dash.model.steps:\n"
         "    dash.controls.show_step(step)\n"
-        "dash")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, lab_root / "hostile.ipynb")
+        "dash"])
     dialogs = _dialogs(page)
     open_lab(page, lab, "hostile.ipynb")
     run_all_cells(page)

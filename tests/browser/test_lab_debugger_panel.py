@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import LabServer
-from tests.browser.ui import error_outputs, open_lab, run_all_cells
+from tests.browser.ui import error_outputs, open_lab, run_all_cells, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.dist, pytest.mark.timeout(900)]
 
@@ -41,15 +40,6 @@ CHECK = ("final = run.wait(timeout=300)\n"
          "print('KERNEL', [(b.step, b.where, b.bucket) for b in dbg.breaks], len(final))")
 # the bucket map's plotly shapes (our highlight is named ddpviz-stop)
 _SHAPES = "gd => (gd.layout.shapes || []).map(s => [s.name, s.y0, s.y1])"
-
-
-def _notebook(path: Path, go: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(LAUNCH.format(go=str(go))),
-                nbformat.v4.new_code_cell(SHOW)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, path)
 
 
 def _run_new_cell(page: Any, code: str) -> None:
@@ -96,7 +86,7 @@ def test_the_panel_breaks_at_a_clicked_bucket_and_marks_the_park(
         page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog,
         tmp_path: Path) -> None:
     go = tmp_path / "go"
-    _notebook(lab_root / NAME, go)
+    write_notebook(lab_root / NAME, [LAUNCH.format(go=str(go)), SHOW])
     page.set_viewport_size({"width": 1280, "height": 1400})
     open_lab(page, lab, NAME)
     run_all_cells(page, timeout_s=400)

@@ -9,12 +9,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import LabServer
-from tests.browser.ui import error_outputs, open_lab, run_all_cells, stream_text
+from tests.browser.ui import (
+    error_outputs,
+    open_lab,
+    run_all_cells,
+    stream_text,
+    write_notebook,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.dist, pytest.mark.timeout(900)]
 
@@ -37,17 +42,9 @@ CELLS = [
 ]
 
 
-def _notebook(path: Path) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, path)
-
-
 def test_the_panels_resume_runs_the_rest_of_the_parked_cell_into_the_panel(
         page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog) -> None:
-    _notebook(lab_root / NAME)
+    write_notebook(lab_root / NAME, CELLS)
     page.set_viewport_size({"width": 1280, "height": 1400})
     open_lab(page, lab, NAME)
     run_all_cells(page, timeout_s=400)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import nbformat
 
 from tests.browser.lab import LabServer
 
@@ -16,6 +20,15 @@ _PROMPTS = "[...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden)
 _STARTED = f"() => {_PROMPTS}.some(t => /\\[(\\*|\\d+)\\]/.test(t))"
 _FINISHED = f"() => {{ const p = {_PROMPTS}; " \
             "return p.length > 0 && p.every(t => /^\\[\\d+\\]:$/.test(t)); }"
+
+
+def write_notebook(path: Path, cells: Sequence[str]) -> None:
+    """A notebook of these code cells on the python3 kernel, written to `path`."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
 
 
 def open_lab(page: Any, lab: LabServer, path: str = "") -> None:
