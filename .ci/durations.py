@@ -14,17 +14,17 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-_SHARED = ("frameworks", "browser")  # directories one worker runs whole (tests/conftest.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's tests/
+
+from tests.conftest import work_unit  # (the units xdist hands out)
 
 
 def unit_of(classname: str) -> str:
-    """tests.record.test_where(.SomeClass) -> tests/record/test_where.py; a shared directory
-    -> tests/frameworks."""
+    """tests.record.test_where(.SomeClass) -> tests/record/test_where.py, as a work unit
+    (a directory that one worker runs whole: tests/frameworks)."""
     parts = classname.split(".")
     module = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
-    if len(parts) > 2 and parts[0] == "tests" and parts[1] in _SHARED:
-        return "/".join(parts[:2])
-    return "/".join(parts[: module + 1]) + ".py"
+    return work_unit("/".join(parts[: module + 1]) + ".py")
 
 
 def main() -> int:
