@@ -78,7 +78,7 @@ _MOVED = {
 def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is not None:
-        value = getattr(importlib.import_module(where), name)
+        value = getattr(_load(where), name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
     moved = _MOVED.get(name)
@@ -86,12 +86,24 @@ def __getattr__(name: str) -> Any:
         owner, attr, spelling = moved
         warnings.warn(f"ddpviz.{name} is deprecated: use {spelling}", DeprecationWarning,
                       stacklevel=2)
-        return getattr(importlib.import_module(owner), attr)  # not cached: warn every time
+        return getattr(_load(owner), attr)  # not cached: warn every time
     # Public submodules load on first use too, so `import ddpviz` stays the one import:
     # `ddpviz.plan.TensorSpec`, `ddpviz.advisor.measure(pg)`.
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")
+        return _load(f"{__name__}.{name}")
     raise AttributeError(f"module 'ddpviz' has no attribute {name!r}")
+
+
+def _load(module: str) -> Any:
+    """Import `module` whole: a kernel interrupt that lands inside it is held until the import
+    is done. The first `ddpviz.launch` imports msgspec, zmq, numpy and asyncio; an import cut
+    by KeyboardInterrupt half-way leaves a C extension loaded without its package (the next
+    import of msgspec then crashed the process, numpy refuses to load twice) or a package
+    missing names (asyncio), so one early interrupt broke the kernel for good."""
+    from ddpviz.interrupts import interrupts_deferred
+
+    with interrupts_deferred():
+        return importlib.import_module(module)
 
 
 def __dir__() -> list[str]:

@@ -76,3 +76,21 @@ def _ends(kernel: subprocess.CompletedProcess[str]) -> str:
     err = kernel.stderr
     body = err if len(err) <= 6000 else err[:2500] + "\n[...]\n" + err[-3500:]
     return f"exit status {kernel.returncode}\n{body}"
+
+
+@pytest.mark.parametrize("name,module", [("launch", "msgspec"), ("listen", "zmq"),
+                                         ("listen", "asyncio"), ("Trace", "numpy")])
+def test_an_interrupt_inside_the_first_import_of_a_lazy_name_waits_for_the_import(
+        name: str, module: str) -> None:
+    # Stop 53's CI: the sweep above crashed the kernel (SIGSEGV importing msgspec) after an
+    # earlier interrupt had cut the first `ddpviz.launch`'s import of msgspec half-way; cut
+    # imports of numpy and asyncio broke every later import of them. The interrupt now waits
+    # until the import is whole, then raises.
+    kernel = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-m", "tests.launch.interrupt_import", name,
+         module], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert kernel.returncode == 0, _ends(kernel)
+    result = json.loads(kernel.stdout.splitlines()[-1])
+    assert result == {"fired": True, "raised": "KeyboardInterrupt", "owner_loaded": True,
+                      "module_loaded": True, "usable": True}
