@@ -21,6 +21,7 @@ $(BIN)/.base: pyproject.toml
 # The JupyterLab extension: an editable install builds it with node (extension/, into
 # ddpviz/labextension) and copies it into the venv, so reinstall when its sources change.
 EXTENSION := $(wildcard extension/package.json extension/yarn.lock extension/src/*.ts \
+	extension/build-widget.js \
 	extension/style/* extension/schema/*.json ddpviz/templates/*.ipynb)
 
 # The frameworks extra (tests/frameworks) depends on torch: the constraint keeps the CPU wheel

@@ -75,7 +75,8 @@ nitpick_ignore_regex = [
               r"CostModel)"),
     # names that docstrings inherited from torch or written in prose mention (nn.Module's
     # train(), Join's hooks), and views and records one level further down (not documented yet)
-    ("py:.*", r"(Dropout|BatchNorm|Module|JoinHook|Joinable|LaunchTimeout|Dashboard|BucketMap|"
+    ("py:.*", r"(Dropout|BatchNorm|Module|JoinHook|Joinable|LaunchTimeout|Dashboard|TraceView|"
+              r"BucketMap|"
               r"AdviceView)"),
     ("py:.*", r"ddpviz\.(events\.(Event|E)|traces\.columns\.Table|model\.spans\.Span)"),
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"

@@ -46,6 +46,7 @@ ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpvi
 UI_METHODS = {
     ("ddpviz.plan", "show"): "BucketPlan.show() returns the BucketMap widget of the plan",
     ("ddpviz.traces.trace", "dashboard"): "Trace.dashboard() opens the Dashboard over the trace",
+    ("ddpviz.traces.trace", "view"): "Trace.view() opens the TraceView of the trace",
     ("ddpviz.session.live", "dashboard"): "Session.dashboard() opens the live Dashboard",
     ("ddpviz.launcher.run", "dashboard"): "Run.dashboard() opens the Dashboard of a launch",
     ("ddpviz._postmortem.report", "show"): "PostMortem.show() returns its PostMortemView",

@@ -40,6 +40,7 @@ __all__ = ["Trace", "TraceError", "gc_paused"]
 
 if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
+    from ddpviz.widgets.trace_view import TraceView
 
 _CHUNK = 8192  # events per frame when saving a whole trace
 _RANK = operator.attrgetter("rank")
@@ -368,6 +369,22 @@ class Trace:
         from ddpviz.widgets.dashboard import Dashboard
 
         return Dashboard(self, **kwargs)
+
+    def view(self, **kwargs: Any) -> TraceView:
+        """The JupyterLab trace viewer's panels for this trace, in any notebook host that
+        renders anywidget (JupyterLab, Notebook 7, marimo, VS Code, Colab): drawn in the
+        browser from the trace's bytes, so its pickers answer while the kernel is busy.
+
+        Args:
+            kwargs: passed to the TraceView (`scheme`, `max_events`).
+
+        Returns:
+            The TraceView widget (a notebook cell's last value; in marimo,
+            `mo.ui.anywidget(trace.view())`).
+        """
+        from ddpviz.widgets.trace_view import TraceView
+
+        return TraceView(self, **kwargs)
 
     # --- export -------------------------------------------------------------------------------
 

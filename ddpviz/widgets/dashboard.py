@@ -62,7 +62,8 @@ class Dashboard(EventView):
         self._timeline_budget = timeline_bytes_per_s
         self._debugger = _debugger_of(source, debugger)
         self.status: Status | None = None
-        self._advised = source  # the wait table reads the same source's columns
+        self._advised = source  # the wait table and diagnose() read the same source
+        self._diagnosis: tuple[int, list[Finding] | None] | None = None
         super().__init__(source, max_hz=max_hz, **kwargs)
 
     def _build(self) -> list[w.Widget]:
@@ -156,14 +157,21 @@ class Dashboard(EventView):
             dropped = max(dropped, sum(stats.dropped.values()))
             rejected = stats.total_rejected
             gaps = sum(stats.gaps.values())
-        # The ranks' findings lead, as one verdict and the most severe title (a run without
-        # any is not called healthy here: only diagnose() checks the whole run).
-        findings = sort_findings(f for f in self.model.findings(cursor.as_of)
-                                 if isinstance(f, Finding))
-        if findings:
-            parts.insert(0, markup.fmt("<span style='color:{};font-weight:bold'>{} · {}{}</span>",
-                                       _VERDICT_COLORS[verdict(findings)],
-                                       verdict_line(findings).rstrip("."), findings[0].title,
+        # The findings lead, as one verdict and the most severe title. A run that is over:
+        # diagnose()'s, of the whole run, as `ddpviz diagnose`, the report and trace.view()
+        # say them; one still running: what its ranks reported so far (not called healthy
+        # without any: only diagnose() checks the whole run, and it judges a run that ended).
+        diagnosed = self._diagnosed()
+        findings = diagnosed if diagnosed is not None else sort_findings(
+            f for f in self.model.findings(cursor.as_of) if isinstance(f, Finding))
+        if findings or diagnosed is not None:
+            title = findings[0].title if findings else ""
+            parts.insert(0, markup.fmt("<span style='color:{};font-weight:bold' title='{}'>{}{}{}"
+                                       "</span>", _VERDICT_COLORS[verdict(findings)],
+                                       "ddpviz.diagnose() of the whole run" if diagnosed
+                                       is not None else "what the ranks reported so far",
+                                       verdict_line(findings).rstrip("."),
+                                       f" · {title}" if title else "",
                                        " …" if len(findings) > 1 else ""))
         bad = "color:#b42318;font-weight:bold" if dropped or rejected or gaps else "color:#555"
         parts.append(markup.fmt("<span style='{}'>{:,} dropped · {:,} rejected{}</span>", bad,
@@ -173,6 +181,22 @@ class Dashboard(EventView):
         if self.status_html.value != text:
             self.status_html.value = text
 
+
+    def _diagnosed(self) -> list[Finding] | None:
+        """diagnose()'s findings once the run is over (computed once for each count of events:
+        a finished run's do not change); None while it runs, or for events fed by hand."""
+        if self._advised is None or self.source.is_live():
+            return None
+        n = len(self.model)
+        if self._diagnosis is None or self._diagnosis[0] != n:
+            from ddpviz._diagnose.diagnosis import diagnose
+
+            try:
+                found: list[Finding] | None = list(diagnose(self._advised))
+            except Exception:  # (a source diagnose() cannot read: the ranks' own findings)
+                found = None
+            self._diagnosis = (n, found)
+        return self._diagnosis[1]
 
     def close(self) -> None:
         if self._stop_listening is not None:

@@ -8,7 +8,7 @@
  */
 
 import { bucketColor } from './colors';
-import { Mismatch } from './events';
+import { Finding, Mismatch } from './events';
 import { h, humanBytes, note, section, ViewOptions } from './dom';
 import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './eventModel';
 import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
@@ -34,13 +34,18 @@ export function formatRanks(ranks: number[]): string {
  * @param name - the file name shown as the title.
  * @param options - colour scheme and event limit.
  */
-export function renderTrace(model: TraceModel, name: string, options: ViewOptions): HTMLElement {
+export function renderTrace(
+  model: TraceModel,
+  name: string,
+  options: ViewOptions,
+  diagnosis: Finding[] | null = null
+): HTMLElement {
   return h(
     'div',
     { class: 'ddpviz-trace' },
-    guarded('verdict', 'Verdict', () => renderVerdict(model)),
+    guarded('verdict', 'Verdict', () => renderVerdict(model, diagnosis)),
     guarded('summary', 'Summary', () => renderSummary(model, name)),
-    guarded('findings', 'Findings', () => renderFindings(model)),
+    guarded('findings', 'Findings', () => renderFindings(diagnosis ?? model.findings)),
     guarded('buckets', 'Bucket map', () => renderBuckets(model, options)),
     guarded('verification', 'Verification', () => renderVerification(model)),
     guarded('broadcast', 'State broadcast', () => renderBroadcast(model)),
@@ -149,31 +154,41 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
 }
 
 /**
- * The verdict first, as `ddpviz diagnose` and the report lead with theirs, of the findings the
- * ranks reported while the job ran (what this file holds); said as such, since diagnose reads
- * more from the events (hangs, stragglers, replica checks) than a viewer without a kernel.
+ * The verdict first, as `ddpviz diagnose` and the report lead with theirs. With `diagnosis`
+ * (diagnose()'s findings, computed in a kernel: the TraceView widget), of those; else of the
+ * findings the ranks reported while the job ran (what this file holds), said as such, since
+ * diagnose reads more from the events (hangs, stragglers, replica checks) than a viewer
+ * without a kernel.
  */
-function renderVerdict(model: TraceModel): HTMLElement {
-  const severities = model.findings.map(f => f.severity);
+function renderVerdict(model: TraceModel, diagnosis: Finding[] | null): HTMLElement {
+  const severities = (diagnosis ?? model.findings).map(f => f.severity);
   return h(
     'div',
-    { class: 'ddpviz-verdict', 'data-section': 'verdict', 'data-verdict': verdict(severities) },
+    {
+      class: 'ddpviz-verdict',
+      'data-section': 'verdict',
+      'data-verdict': verdict(severities),
+      'data-scope': diagnosis !== null ? 'diagnose' : 'reported'
+    },
     h('strong', {}, verdictLine(severities)),
     ' ',
     h(
       'span',
       { class: 'ddpviz-verdict-scope' },
-      'Of the findings the ranks reported while the job ran; `ddpviz diagnose` on the ' +
-        "run's folder also reads hangs, stragglers and replica checks from the events."
+      diagnosis !== null
+        ? 'What `ddpviz diagnose` finds in this run (in the kernel, when this view was made): ' +
+            "the ranks' own findings, hangs, stragglers and replica checks."
+        : 'Of the findings the ranks reported while the job ran; `ddpviz diagnose` on the ' +
+            "run's folder also reads hangs, stragglers and replica checks from the events."
     )
   );
 }
 
-function renderFindings(model: TraceModel): HTMLElement | null {
-  if (model.findings.length === 0) {
+function renderFindings(findings: Finding[]): HTMLElement | null {
+  if (findings.length === 0) {
     return null;
   }
-  const items = model.findings.map(f =>
+  const items = findings.map(f =>
     h(
       'li',
       { class: `ddpviz-finding ddpviz-${f.severity}`, 'data-severity': f.severity },

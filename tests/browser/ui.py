@@ -49,7 +49,13 @@ def menu(page: Any, top: str, command: str) -> None:
 
 
 def run_all_cells(page: Any, timeout_s: float = 240) -> None:
-    """Run every cell of the notebook in front and wait until each has its number.
+    """Run every cell of the notebook in front and wait until each has its number."""
+    start_all_cells(page)
+    page.wait_for_function(_FINISHED, timeout=timeout_s * 1000)
+
+
+def start_all_cells(page: Any) -> None:
+    """Start running every cell of the notebook in front ('Run All'), not waiting for them.
 
     'Run All' before the kernel is connected opens a "Select Kernel" dialog, and right after
     connecting it is sometimes dropped: wait for the status bar's "| Idle", then repeat it
@@ -65,7 +71,6 @@ def run_all_cells(page: Any, timeout_s: float = 240) -> None:
             continue
     else:
         raise AssertionError("'Run All Cells' never started the kernel (8 tries)")
-    page.wait_for_function(_FINISHED, timeout=timeout_s * 1000)
 
 
 def no_dialog(page: Any) -> None:

@@ -1,0 +1,142 @@
+"""TraceView: the JupyterLab trace viewer's panels as an anywidget, for every notebook host.
+
+The front end is extension/src/traceWidget.ts, the viewer's own parse, model and view code
+bundled on its own (extension/build-widget.js) into static/trace_view.js: one set of
+TypeScript components draws a `.ddpviz` file in JupyterLab's file viewer and this widget. The
+kernel sends the run once as `.ddpviz` bytes in a binary buffer, never markup; the iteration
+and rank pickers, hover and scrolling then run in the browser, also while the kernel is busy
+with a cell. Any host that renders anywidget draws it: JupyterLab, Notebook 7, marimo
+(`mo.ui.anywidget(view)`), VS Code, Colab (docs/guide/jupyterlab.md says which were tried).
+
+A live source (a Run, a Session) is sent as it is when the view is made; `refresh()` sends it
+again.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import msgspec
+import traitlets
+
+from ddpviz import events as ev
+from ddpviz._diagnose.diagnosis import diagnose
+from ddpviz.findings import Finding
+from ddpviz.traces.fileformat import SUFFIX
+from ddpviz.traces.source import open_run
+
+STATIC = Path(__file__).parent / "static"
+# The most a view sends to the browser. A trace's events are ~50 bytes each; the view reads
+# `max_events` of them per panel, and a bigger run belongs in the file viewer, which reads the
+# file itself (no kernel message), or in the dashboard.
+MAX_BYTES = 64 << 20
+
+
+class TraceViewError(ValueError):
+    """The run cannot be shown in a TraceView; the message says why and what to use."""
+
+
+def _read(name: str) -> str:
+    path = STATIC / name
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
+def trace_bytes(source: object) -> tuple[bytes, str]:
+    """The run as the bytes of one `.ddpviz` file, and the name the view shows: a single
+    file's own bytes; anything else (a folder, several files, a Trace, a live run) merged and
+    written as `Trace.save` writes it."""
+    if isinstance(source, (str, Path)) and Path(source).is_file() \
+            and Path(source).suffix == SUFFIX:
+        path = Path(source)
+        size = path.stat().st_size
+        _bounded(size, path.name)
+        return path.read_bytes(), path.name
+    run = open_run(source, refusal="TraceView cannot show")
+    trace = run.as_trace()
+    name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
+    with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
+        path = trace.save(Path(folder) / f"view{SUFFIX}")
+        _bounded(path.stat().st_size, name)
+        return path.read_bytes(), name
+
+
+def diagnosis_bytes(findings: list[Finding]) -> bytes:
+    """diagnose()'s findings for the front end: msgpack FindingReported events, which it checks
+    as it checks the trace's own (traceWidget.ts, `diagnosisOf`)."""
+    return msgspec.msgpack.encode([
+        ev.FindingReported(rank=f.ranks[0] if f.ranks else 0, step=max(f.step, -1), t_ns=0,
+                           seq=i, finding=f) for i, f in enumerate(findings)])
+
+
+def _bounded(size: int, name: str) -> None:
+    if size > MAX_BYTES:
+        raise TraceViewError(
+            f"ddpviz: {name} is {size / (1 << 20):,.0f} MiB as a trace, over the "
+            f"{MAX_BYTES >> 20} MiB a TraceView sends to the browser.\nOpen the .ddpviz file "
+            "in JupyterLab's file browser (the viewer reads the file, not the kernel), or use "
+            "Trace.dashboard(), which sends only what it draws.")
+
+
+class TraceView(anywidget.AnyWidget):
+    """The trace viewer's panels for one run, drawn in the browser.
+
+    Its verdict and findings are `ddpviz.diagnose()`'s for the run, computed in the kernel
+    when the view is made (and on `refresh()`): the same set `ddpviz diagnose`, the report and
+    the CLI give, where JupyterLab's file viewer, which has no kernel, shows only what the ranks
+    reported while the job ran.
+
+    Kernel-side state: `trace` (the `.ddpviz` bytes sent), `findings` (diagnose()'s),
+    `diagnosis` (those, as sent), `name` (the title shown),
+    `scheme` (bucket colours: "tableau10", "okabe-ito", "viridis"), `max_events` (events
+    each panel reads at most, as the viewer's setting).
+
+    Args:
+        source: a `Trace`, a `.ddpviz` path or a folder of them, a `ddpviz.Run`, a `Session`,
+            or a list of events.
+        scheme: the bucket colour scheme.
+        max_events: events each panel reads at most.
+        name: the title shown; None: the file's or folder's name, else the source's type.
+
+    Raises:
+        TraceViewError: the run is over `MAX_BYTES` as a trace, or the front end is not built.
+        SourceError: `source` is no kind of run (see ddpviz/traces/source.py).
+    """
+
+    _esm = _read("trace_view.js")
+    _css = _read("trace_view.css")
+    trace = traitlets.Bytes(b"").tag(sync=True)
+    diagnosis = traitlets.Bytes(b"").tag(sync=True)
+    name = traitlets.Unicode("").tag(sync=True)
+    scheme = traitlets.Unicode("tableau10").tag(sync=True)
+    max_events = traitlets.Int(20000).tag(sync=True)
+
+    def __init__(self, source: object, *, scheme: str = "tableau10", max_events: int = 20000,
+                 name: str | None = None, **kwargs: Any) -> None:
+        if not self._esm or not self._css:
+            raise TraceViewError(
+                f"ddpviz: the TraceView's front end (trace_view.js and .css) is not built in "
+                f"{STATIC}.\nInstall ddpviz from a wheel, or build it in a checkout: cd "
+                "extension && jlpm install && jlpm build.")
+        if scheme not in ("tableau10", "okabe-ito", "viridis"):
+            raise ValueError(f"ddpviz: scheme must be 'tableau10', 'okabe-ito' or 'viridis', "
+                             f"got {scheme!r}.")
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"ddpviz: max_events must be a positive int, got {max_events!r}.")
+        data, named = trace_bytes(source)
+        self.findings: list[Finding] = list(diagnose(source))
+        super().__init__(trace=data, diagnosis=diagnosis_bytes(self.findings),
+                         name=named if name is None else str(name), scheme=scheme,
+                         max_events=max_events, **kwargs)
+        self._source = source
+
+    def refresh(self) -> None:
+        """Send the run again (a live Run or Session has more events by now), with diagnose()'s
+        findings computed again."""
+        data, _ = trace_bytes(self._source)
+        self.findings = list(diagnose(self._source))
+        with self.hold_sync():
+            self.trace = data
+            self.diagnosis = diagnosis_bytes(self.findings)
