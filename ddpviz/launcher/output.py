@@ -9,11 +9,15 @@ re-installs it with `set_thread_parent`: late output still lands in the cell tha
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import select
+import struct
 import sys
+import termios
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -75,6 +79,7 @@ class PipeRelay:
         self._on_marker = on_marker
         self._marker_prefix = marker_prefix
         self._at_line_start = True
+        self._waiting = False  # in select(): everything read so far was written on
         self._thread = threading.Thread(target=self._pump, name=f"ddpviz-rank{rank}-{name}",
                                         daemon=True)
         self._thread.start()
@@ -88,12 +93,31 @@ class PipeRelay:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def caught_up(self, timeout: float) -> bool:
+        """Wait until every byte already in the pipe was read and written on (the rank wrote
+        it before some point the kernel learnt of another way, e.g. its park); True when so
+        within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                unread = struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD,
+                                                        b"\0\0\0\0"))[0]
+            except OSError:  # closed: nothing more will come
+                return True
+            if unread == 0 and self._waiting:
+                return True
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return not self._thread.is_alive()
+            time.sleep(0.005)
+
     def _pump(self) -> None:
         pending = b""
         try:
             while True:
                 wait = _PARTIAL_AFTER_S if pending else None
+                self._waiting = not pending  # (a partial line is shown after a pause)
                 ready, _, _ = select.select([self.fd], [], [], wait)
+                self._waiting = False
                 if not ready:  # silence after a partial line: show it now
                     self._emit(pending.decode(errors="replace"), complete=False)
                     pending = b""

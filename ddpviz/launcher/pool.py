@@ -299,6 +299,7 @@ class RankPool:
                 stop = self._all_parked()
                 if stop is not None and not finished:
                     self._events.settle()
+                    self._output_caught_up()
                     return CellResult(values, parked=stop)
                 continue
             if message is None or message[0] == "error":  # died, or failed to start
@@ -359,6 +360,14 @@ class RankPool:
         how = ("closed its pipe" if code is None else
                f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
         return RankFailure(rank, "exit", "", f"{how} during the cell", "")
+
+    def _output_caught_up(self) -> None:
+        """Every line the ranks printed before they parked is shown before the park returns
+        (the park is learnt on the event link, the lines come on the pipes: under load they
+        trailed the return of `dbg.step()`)."""
+        deadline = time.monotonic() + _MARKER_WAIT_S
+        for relay in self._relays:
+            relay.caught_up(max(0.0, deadline - time.monotonic()))
 
     def _wait_markers(self, cell_id: str) -> None:
         want = {(p.rank, name, cell_id) for p in self._ranks for name in ("stdout", "stderr")}

@@ -14,7 +14,7 @@ import { decode } from '@msgpack/msgpack';
 import { DEFAULT_SCHEME } from './colors';
 import { TraceModel } from './eventModel';
 import { asEvent, Finding } from './events';
-import { parseTrace, TraceError } from './trace';
+import { parseTraceAsync, TraceError } from './trace';
 import { renderError, renderLoading, renderTrace } from './view';
 
 /** What the view needs of anywidget's model (its AnyModel, typed here to keep it dependency-free). */
@@ -74,12 +74,21 @@ export function diagnosisOf(bytes: Uint8Array): Finding[] | null {
   }
 }
 
-/** Draw the model's trace into `el`: the viewer's panels, or its error for a bad trace. */
-export function draw(model: WidgetModel, el: HTMLElement): void {
+/**
+ * Draw the model's trace into `el`: the viewer's panels, or its error for a bad trace. The
+ * trace is parsed in slices (parseTraceAsync, as the file viewer does), so a large one does
+ * not freeze the page; "Reading ..." shows meanwhile. A draw started while an earlier one
+ * still parses supersedes it (`isCurrent`).
+ */
+export async function draw(
+  model: WidgetModel,
+  el: HTMLElement,
+  isCurrent: () => boolean = () => true
+): Promise<void> {
   const name = model.get('name') || 'trace';
   const bytes = traceBytes(model.get('trace'));
+  el.replaceChildren(renderLoading(name));
   if (bytes.length === 0) {
-    el.replaceChildren(renderLoading(name));
     return;
   }
   const options = {
@@ -88,8 +97,12 @@ export function draw(model: WidgetModel, el: HTMLElement): void {
   };
   let content: HTMLElement;
   try {
+    const parsed = await parseTraceAsync(bytes, name);
+    if (!isCurrent()) {
+      return;
+    }
     const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
-    content = renderTrace(new TraceModel(parseTrace(bytes, name)), name, options, diagnosis);
+    content = renderTrace(new TraceModel(parsed), name, options, diagnosis);
   } catch (err) {
     content = renderError(
       err instanceof TraceError
@@ -98,14 +111,20 @@ export function draw(model: WidgetModel, el: HTMLElement): void {
             'ddpviz.Trace.load to see the full error.'
     );
   }
-  el.replaceChildren(content);
+  if (isCurrent()) {
+    el.replaceChildren(content);
+  }
 }
 
 const TRAITS = ['trace', 'diagnosis', 'scheme', 'max_events'];
 
 function render({ model, el }: { model: WidgetModel; el: HTMLElement }): () => void {
   el.classList.add('ddpviz-viewer', 'ddpviz-widget');
-  const redraw = () => draw(model, el);
+  let draws = 0;
+  const redraw = () => {
+    const mine = ++draws;
+    void draw(model, el, () => mine === draws);
+  };
   redraw();
   for (const trait of TRAITS) {
     model.on(`change:${trait}`, redraw);

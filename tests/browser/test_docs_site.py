@@ -70,7 +70,7 @@ def images(page: Any) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("path, title, pictures", [
     ("index.html", "ddpviz", 1),
-    ("guide/jupyterlab.html", "In JupyterLab: the trace viewer", 2),
+    ("guide/jupyterlab.html", "In JupyterLab: the trace viewer", 3),
 ])
 def test_a_page_renders_with_its_images(site: str, docs_page: Any, console: ConsoleLog,
                                         path: str, title: str, pictures: int) -> None:

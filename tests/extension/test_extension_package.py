@@ -39,11 +39,20 @@ def test_build_output_is_what_the_wheel_ships_as_the_ddpviz_labextension() -> No
     for kwargs in (hook["build-kwargs"], hook["editable-build-kwargs"]):
         assert kwargs["path"] == "extension"
         assert kwargs["build_cmd"] in pkg["scripts"]  # type: ignore[operator]
+    # the labextension and the TraceView's front end (extension/build-widget.js, inside the
+    # package: the wheel ships them as artifacts, since git does not hold them)
+    widget = ROOT / "ddpviz" / "widgets" / "static"
+    artifacts = hatch["targets"]["wheel"]["artifacts"]
     for target in hook["ensured-targets"]:
-        assert (ROOT / target).parent.is_relative_to(out)
+        path = ROOT / target
+        assert path.parent.is_relative_to(out) or (path.parent == widget and target in artifacts)
+    assert {"ddpviz/widgets/static/trace_view.js", "ddpviz/widgets/static/trace_view.css"} <= set(
+        hook["ensured-targets"])
+    assert "ddpviz/widgets/static/trace_view.js" in hook["skip-if-exists"]  # else never built
     # the build output is not in git: built by the hook (CI) or by `pip install -e .`
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "ddpviz/labextension" in ignored and "extension/node_modules/" in ignored
+    assert "ddpviz/widgets/static/" in ignored
 
 
 def test_settings_schema_matches_the_viewer() -> None:
