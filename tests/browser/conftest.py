@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ddpviz.traces.trace import Trace
 from tests.browser.lab import CHROMIUM, CHROMIUM_ARGS, ROOT, LabServer
 
 # Screenshots land in out/screenshots (ignored by git); DDPVIZ_UPDATE_SCREENSHOTS=1 writes them
@@ -95,3 +96,16 @@ def screenshot(page: Any, name: str, locator: Any = None) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     (locator or page).screenshot(path=str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def real_trace(lab_root: Path) -> Trace:
+    """3 SGD steps of a small MLP under ddpviz's DDP on 2 gloo ranks, saved as run.ddpviz in
+    the lab's root: the file the viewer, TraceView and marimo tests all draw (one launch)."""
+    import ddpviz
+    from tests.browser import rank_fns
+
+    run = ddpviz.launch(rank_fns.train, 2, args=(3, 0.01), timeout=120)
+    run.wait(timeout=150)
+    run.trace.save(lab_root / "run.ddpviz")
+    return Trace.load(lab_root / "run.ddpviz")

@@ -17,7 +17,6 @@ import pytest
 import ddpviz
 from ddpviz._diagnose.verdict import verdict
 from ddpviz.traces.trace import Trace
-from tests.browser import rank_fns
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import SETTINGS, LabServer
 from tests.browser.ui import (
@@ -32,7 +31,7 @@ from tests.browser.ui import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
-FILE = "view_run.ddpviz"
+FILE = "run.ddpviz"  # conftest.real_trace
 NAME = "trace_view.ipynb"
 SLEEP_S = 90  # the busy cell: the picker is used while it runs
 VIEWER = SETTINGS["ddpviz:plugin"]  # the file viewer's settings: the widget gets the same
@@ -42,15 +41,6 @@ CELLS = [
     f"max_events={VIEWER['maxEvents']})\nview",
     f"import time\ntime.sleep({SLEEP_S})\nprint('the busy cell ended')",
 ]
-
-
-@pytest.fixture(scope="module")
-def recorded(lab_root: Path) -> Trace:
-    """3 SGD steps of a small MLP under ddpviz's DDP on 2 gloo ranks, saved as FILE."""
-    run = ddpviz.launch(rank_fns.train, 2, args=(3, 0.01), timeout=120)
-    run.wait(timeout=150)
-    run.trace.save(lab_root / FILE)
-    return Trace.load(lab_root / FILE)
 
 
 def sections(root: Any) -> dict[str, str]:
@@ -63,7 +53,7 @@ def sections(root: Any) -> dict[str, str]:
 
 def test_the_widget_reads_as_the_viewer_and_answers_while_the_kernel_is_busy(
         page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog,
-        recorded: Trace) -> None:
+        real_trace: Trace) -> None:
     write_notebook(lab_root / NAME, CELLS)
     page.set_viewport_size({"width": 1280, "height": 1500})
     open_lab(page, lab, NAME)
@@ -71,8 +61,8 @@ def test_the_widget_reads_as_the_viewer_and_answers_while_the_kernel_is_busy(
     widget = page.locator(".jp-OutputArea-output .ddpviz-widget")
     widget.locator(".ddpviz-summary").wait_for(timeout=120_000)
     summary = widget.locator(".ddpviz-summary")
-    assert summary.get_attribute("data-ranks") == str(len(recorded.ranks)) == "2"
-    assert summary.get_attribute("data-events") == str(len(recorded))
+    assert summary.get_attribute("data-ranks") == str(len(real_trace.ranks)) == "2"
+    assert summary.get_attribute("data-events") == str(len(real_trace))
 
     # the kernel is busy with the second cell; the picker still redraws the timeline
     busy = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").nth(1).locator(

@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-import ddpviz
 from ddpviz import events as ev
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import TraceWriter
 from ddpviz.traces.trace import Trace
-from tests.browser import rank_fns
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import SETTINGS, LabServer
 from tests.browser.ui import (
@@ -36,15 +34,6 @@ pytestmark = pytest.mark.browser
 
 OKABE_ITO_0 = "rgb(0, 114, 178)"  # first colour of the scheme the test settings choose
 MAX_EVENTS = SETTINGS["ddpviz:plugin"]["maxEvents"]
-
-
-@pytest.fixture(scope="module")
-def real_trace(lab_root: Path) -> Trace:
-    """3 SGD steps of a small MLP under ddpviz's DDP on 2 gloo ranks, saved as run.ddpviz."""
-    run = ddpviz.launch(rank_fns.train, 2, args=(3, 0.01), timeout=120)
-    run.wait(timeout=150)
-    run.trace.save(lab_root / "run.ddpviz")
-    return Trace.load(lab_root / "run.ddpviz")
 
 
 def param_bytes(info: ev.ParamInfo) -> int:

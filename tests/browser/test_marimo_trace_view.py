@@ -18,9 +18,7 @@ from typing import Any
 
 import pytest
 
-import ddpviz
 from ddpviz.traces.trace import Trace
-from tests.browser import rank_fns
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, free_port
 
@@ -88,16 +86,14 @@ class MarimoServer:
 
 
 @pytest.fixture
-def marimo_app(tmp_path: Path) -> Iterator[tuple[MarimoServer, Trace]]:
-    run = ddpviz.launch(rank_fns.train, 2, args=(3, 0.01), timeout=120)
-    run.wait(timeout=150)
-    path = run.trace.save(tmp_path / "marimo_run.ddpviz")
+def marimo_app(tmp_path: Path, lab_root: Path, real_trace: Trace
+               ) -> Iterator[tuple[MarimoServer, Trace]]:
     app = tmp_path / "app.py"
-    app.write_text(APP.format(path=str(path)))
+    app.write_text(APP.format(path=str(lab_root / "run.ddpviz")))  # conftest.real_trace
     server = MarimoServer(app, tmp_path / "marimo.log")
     try:
         server.wait()
-        yield server, Trace.load(path)
+        yield server, real_trace
     finally:
         server.close()
 
