@@ -16,6 +16,7 @@ const dev = process.argv.includes('--dev');
 // Light-theme values, as JupyterLab's own light theme sets them.
 const FALLBACKS = {
   'accent-color2': '#81c784',
+  'border-color1': '#bdbdbd',
   'border-color2': '#e0e0e0',
   'brand-color0': '#0d47a1',
   'brand-color2': '#64b5f6',
@@ -26,6 +27,7 @@ const FALLBACKS = {
   'error-color1': '#d32f2f',
   'error-color3': '#ffcdd2',
   'layout-color0': 'white',
+  'layout-color2': '#eeeeee',
   'layout-color3': '#bdbdbd',
   'success-color0': '#1b5e20',
   'success-color1': '#388e3c',

@@ -13,6 +13,7 @@ import { h, humanBytes, note, section, ViewOptions } from './dom';
 import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './eventModel';
 import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './hookTimeline';
+import { renderTraceActions } from './perfetto';
 import { waitRows } from './straggler';
 import { verdict, verdictLine } from './verdict';
 
@@ -104,6 +105,7 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
       'data-events': t.count
     },
     h('h2', {}, name),
+    renderTraceActions(t, name),
     h(
       'p',
       {},

@@ -8,6 +8,7 @@ drawing runs in the browser, not in the kernel)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ddpviz._diagnose.verdict import verdict
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import SETTINGS, LabServer
+from tests.browser.test_perfetto import PERFETTO_PAGE, serve_perfetto
 from tests.browser.ui import (
     double_click_file,
     error_outputs,
@@ -28,6 +30,7 @@ from tests.browser.ui import (
     wait_for_viewer,
     write_notebook,
 )
+from tests.extension.test_chrome_trace_mirror import as_json_reads
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -44,10 +47,14 @@ CELLS = [
 
 
 def sections(root: Any) -> dict[str, str]:
-    """Each panel's text, by its data-section."""
+    """Each panel's text, by its data-section, without the line that says what a button did
+    (the widget's Perfetto button was pressed, the viewer's not)."""
     found: dict[str, str] = {}
     for el in root.locator("[data-section]").all():
-        found[el.get_attribute("data-section")] = el.inner_text()
+        found[el.get_attribute("data-section")] = el.evaluate(
+            "e => { const c = e.cloneNode(true); c.querySelectorAll('.ddpviz-action-status')"
+            ".forEach(s => s.remove()); document.body.append(c); const t = c.innerText; "
+            "c.remove(); return t; }")
     return found
 
 
@@ -82,6 +89,16 @@ def test_the_widget_reads_as_the_viewer_and_answers_while_the_kernel_is_busy(
     assert time.monotonic() - started < SLEEP_S - 20  # well inside the busy cell
     assert "the busy cell ended" not in stream_text(page)
     busy.get_by_text("[*]:").wait_for(timeout=1_000)  # still running
+    # "Open in Perfetto" works from the browser alone too: Python's Chrome trace of the file
+    serve_perfetto(page, PERFETTO_PAGE)
+    with page.expect_popup() as popup_info:
+        widget.locator("button.ddpviz-perfetto").click()
+    popup_info.value.wait_for_function("window.got !== null", timeout=30_000)
+    got = popup_info.value.evaluate("window.got")
+    assert as_json_reads(json.loads(got["text"])) == as_json_reads(
+        json.loads(json.dumps(real_trace.to_chrome_trace())))
+    assert "the busy cell ended" not in stream_text(page)
+    popup_info.value.close()
     screenshot(page, "trace_view_widget", widget)
     select.select_option(steps[-1])  # back where the viewer opens
 
@@ -103,8 +120,9 @@ def test_the_widget_reads_as_the_viewer_and_answers_while_the_kernel_is_busy(
     viewer = wait_for_viewer(page, FILE)
     assert viewer.locator(".ddpviz-verdict").get_attribute("data-scope") == "reported"
     shown = sections(viewer)
-    same = [k for k in drawn if k not in ("verdict", "findings")]
-    assert same == [k for k in shown if k not in ("verdict", "findings")]
+    other = ("verdict", "findings")
+    same = [k for k in drawn if k not in other]
+    assert same == [k for k in shown if k not in other]
     assert {"summary", "buckets", "timeline"} <= set(same), same
     for kind in same:
         assert drawn[kind] == shown[kind], kind
