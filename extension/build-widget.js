@@ -59,12 +59,12 @@ const config = {
   mode: dev ? 'development' : 'production',
   devtool: false,
   context: __dirname,
-  entry: './lib/traceWidget.js',
+  entry: { trace_view: './lib/traceWidget.js', perfetto_button: './lib/perfettoButton.js' },
   target: ['web', 'es2022'],
   experiments: { outputModule: true },
   output: {
     path: OUT,
-    filename: 'trace_view.js',
+    filename: '[name].js',
     module: true,
     chunkFormat: 'module',
     library: { type: 'module' }
@@ -78,5 +78,7 @@ rspack(config, (err, stats) => {
     process.exit(1);
   }
   fs.writeFileSync(path.join(OUT, 'trace_view.css'), css());
-  console.log(`build-widget.js: ${path.relative(process.cwd(), OUT)}/trace_view.{js,css}`);
+  console.log(
+    `build-widget.js: ${path.relative(process.cwd(), OUT)}/{trace_view.{js,css},perfetto_button.js}`
+  );
 });

@@ -5,12 +5,14 @@ header (source, ranks connected, phase, iteration, events/s, dropped and rejecte
 above the replay sliders; then DDP's life in the walk-through's order: parameters and
 verification, broadcast, buckets, hooks and all-reduce. The only plotly FigureWidget is the
 BucketMap's (~5 MB of plotly.js, shipped once); everything else is light ipywidgets
-and one small anywidget (the hook timeline's SVG, which reports clicks on buckets).
+and small anywidgets (the hook timeline's SVG, which reports clicks on buckets; the Open in
+Perfetto / Save Chrome trace buttons, which fetch the run only when pressed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -26,8 +28,10 @@ from ddpviz.widgets.debugger_panel import DebuggerPanel
 from ddpviz.widgets.event_view import EventView
 from ddpviz.widgets.hook_timeline import HookTimeline
 from ddpviz.widgets.live_bucket_map import LiveBucketMap
+from ddpviz.widgets.perfetto_button import PerfettoButton
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.replica_view import ReplicaView
+from ddpviz.widgets.trace_view import TraceViewError
 from ddpviz.widgets.verification_view import VerificationView
 from ddpviz.widgets.wait_table import WaitTable
 
@@ -45,7 +49,7 @@ class Dashboard(EventView):
 
     Kernel-side state: `verification`, `broadcast`, `timeline`, `buckets` (the four widgets),
     `status` (the header's `Status`), `status_html`, `controls` (the sliders), `throttle`
-    (redraw counts), `source`.
+    (redraw counts), `source`, `perfetto` (the Open in Perfetto buttons; None without a source).
 
     Args:
         source: a `ddpviz.Run`, a `Session`, a `Trace`, a `.ddpviz` path or a list of events.
@@ -90,8 +94,10 @@ class Dashboard(EventView):
             # redraws the timeline and the map with the stop marked (or cleared)
             self.debugger_panel.attach_timeline(self.timeline)
             self._stop_listening = self.debugger_panel.debugger.on_change(self._request)
+        self.perfetto = _perfetto_button(self._advised)
         return [
             self.status_html,
+            *([self.perfetto] if self.perfetto is not None else []),
             *([self.debugger_panel] if self.debugger_panel is not None else []),
             w.HBox([w.VBox([_heading("1-2 · parameters and verification"), self.verification],
                            layout=half),
@@ -202,6 +208,18 @@ class Dashboard(EventView):
         if self._stop_listening is not None:
             self._stop_listening()
         super().close()
+
+
+def _perfetto_button(source: object) -> PerfettoButton | None:
+    """The run's Open in Perfetto / Save Chrome trace buttons; None for events fed by hand, or
+    where the front end is not built (a checkout without node: the dashboard draws without)."""
+    if source is None:
+        return None
+    name = Path(source).name if isinstance(source, (str, Path)) else "run"
+    try:
+        return PerfettoButton(source, name=name)
+    except TraceViewError:
+        return None
 
 
 def _debugger_of(source: object, debugger: Debugger | bool | None) -> Debugger | None:

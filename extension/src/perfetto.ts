@@ -17,7 +17,7 @@ const PING_MS = 50;
 /** How long to wait for Perfetto's PONG before saying it did not answer. */
 export const WAIT_MS = 30_000;
 
-type Say = (text: string, kind: 'note' | 'warning') => void;
+export type Say = (text: string, kind: 'note' | 'warning') => void;
 
 /** The JSON's file name for a run called `name` ("run.ddpviz" -> "run.json"). */
 export function jsonName(name: string): string {
@@ -25,11 +25,17 @@ export function jsonName(name: string): string {
   return `${base}.json`;
 }
 
+/** A Perfetto tab being opened: `send` hands it a trace once it answered (or at once). */
+export interface PerfettoTab {
+  send(bytes: Uint8Array): void;
+}
+
 /**
- * Open ui.perfetto.dev in a new tab and hand it `bytes` (a Chrome trace JSON) once it answers
- * the handshake; `say` reports each stage to the user.
+ * Open ui.perfetto.dev in a new tab now (inside the click, where browsers allow a new tab) and
+ * start the handshake; the trace may come later (`send`: the notebook dashboard asks the
+ * kernel for it). `say` reports each stage to the user. Null: the browser refused the tab.
  */
-export function openInPerfetto(bytes: Uint8Array, title: string, fileName: string, say: Say): void {
+export function openPerfettoTab(title: string, fileName: string, say: Say): PerfettoTab | null {
   const target = window.open(`${PERFETTO_ORIGIN}/#!/`, '_blank');
   if (target === null) {
     say(
@@ -37,9 +43,16 @@ export function openInPerfetto(bytes: Uint8Array, title: string, fileName: strin
         'press the button again, or save the Chrome trace and open it at ui.perfetto.dev.',
       'warning'
     );
-    return;
+    return null;
   }
-  say(`Waiting for Perfetto to load in its tab to send it ${humanBytes(bytes.length)}...`, 'note');
+  say('Waiting for Perfetto to load in its tab...', 'note');
+  let ready = false;
+  let pending: Uint8Array | null = null;
+  const post = (bytes: Uint8Array) => {
+    const buffer = bytes.slice().buffer; // (a copy: transferring it empties the original)
+    target.postMessage({ perfetto: { buffer, title, fileName } }, PERFETTO_ORIGIN, [buffer]);
+    say(`Sent ${humanBytes(bytes.length)} to Perfetto: the trace opens in its tab.`, 'note');
+  };
   const started = Date.now();
   const stop = () => {
     window.clearInterval(timer);
@@ -50,9 +63,13 @@ export function openInPerfetto(bytes: Uint8Array, title: string, fileName: strin
       return;
     }
     stop();
-    const buffer = bytes.slice().buffer; // (a copy: transferring it empties the original)
-    target.postMessage({ perfetto: { buffer, title, fileName } }, PERFETTO_ORIGIN, [buffer]);
-    say(`Sent ${humanBytes(bytes.length)} to Perfetto: the trace opens in its tab.`, 'note');
+    ready = true;
+    if (pending !== null) {
+      post(pending);
+      pending = null;
+    } else {
+      say('Perfetto is ready; waiting for the run...', 'note');
+    }
   };
   const timer = window.setInterval(() => {
     if (target.closed) {
@@ -71,6 +88,25 @@ export function openInPerfetto(bytes: Uint8Array, title: string, fileName: strin
     }
   }, PING_MS);
   window.addEventListener('message', onMessage);
+  return {
+    send(bytes: Uint8Array): void {
+      if (target.closed) {
+        say('The Perfetto tab was closed; nothing was sent.', 'warning');
+      } else if (ready) {
+        post(bytes);
+      } else {
+        pending = bytes;
+      }
+    }
+  };
+}
+
+/**
+ * Open ui.perfetto.dev in a new tab and hand it `bytes` (a Chrome trace JSON) once it answers
+ * the handshake; `say` reports each stage to the user.
+ */
+export function openInPerfetto(bytes: Uint8Array, title: string, fileName: string, say: Say): void {
+  openPerfettoTab(title, fileName, say)?.send(bytes);
 }
 
 /** Download `bytes` as `fileName` (the browser's own save). */
@@ -83,20 +119,18 @@ export function saveBytes(bytes: Uint8Array<ArrayBuffer>, fileName: string): voi
   window.setTimeout(() => URL.revokeObjectURL(url), 60_000);
 }
 
-/** The two buttons and the line that says what they did, for the run `trace` named `name`. */
-export function renderTraceActions(trace: ParsedTrace, name: string): HTMLElement {
+/**
+ * The two buttons and the line that says what they did. `chrome(then)` hands `then` the
+ * run's Chrome trace bytes (at once in the viewer; the notebook dashboard asks its kernel).
+ */
+export function renderActions(
+  name: string,
+  chrome: (say: Say, then: (bytes: Uint8Array<ArrayBuffer>) => void) => void
+): HTMLElement {
   const status = h('span', { class: 'ddpviz-action-status', role: 'status' });
   const say: Say = (text, kind) => {
     status.textContent = text;
     status.className = `ddpviz-action-status ddpviz-${kind}`;
-  };
-  const build = (): Uint8Array<ArrayBuffer> | null => {
-    try {
-      return chromeTraceBytes(trace);
-    } catch (err) {
-      say(`ddpviz: the Chrome trace could not be built from this run (${err}).`, 'warning');
-      return null;
-    }
   };
   const perfetto = h(
     'button',
@@ -104,9 +138,9 @@ export function renderTraceActions(trace: ParsedTrace, name: string): HTMLElemen
     'Open in Perfetto'
   );
   perfetto.addEventListener('click', () => {
-    const bytes = build();
-    if (bytes !== null) {
-      openInPerfetto(bytes, name, jsonName(name), say);
+    const tab = openPerfettoTab(name, jsonName(name), say);
+    if (tab !== null) {
+      chrome(say, bytes => tab.send(bytes));
     }
   });
   const save = h(
@@ -114,12 +148,25 @@ export function renderTraceActions(trace: ParsedTrace, name: string): HTMLElemen
     { type: 'button', class: 'ddpviz-save-chrome', title: 'For Perfetto or chrome://tracing' },
     'Save Chrome trace'
   );
-  save.addEventListener('click', () => {
-    const bytes = build();
-    if (bytes !== null) {
+  save.addEventListener('click', () =>
+    chrome(say, bytes => {
       saveBytes(bytes, jsonName(name));
       say(`Saved ${jsonName(name)} (${humanBytes(bytes.length)}).`, 'note');
-    }
-  });
+    })
+  );
   return h('div', { class: 'ddpviz-actions', 'data-section': 'actions' }, perfetto, save, status);
+}
+
+/** The two buttons for a run already parsed in the browser (the viewer, trace.view()). */
+export function renderTraceActions(trace: ParsedTrace, name: string): HTMLElement {
+  return renderActions(name, (say, then) => {
+    let bytes: Uint8Array<ArrayBuffer>;
+    try {
+      bytes = chromeTraceBytes(trace);
+    } catch (err) {
+      say(`ddpviz: the Chrome trace could not be built from this run (${err}).`, 'warning');
+      return;
+    }
+    then(bytes);
+  });
 }

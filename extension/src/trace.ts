@@ -55,6 +55,20 @@ const CRC_TABLE = (() => {
   return table;
 })();
 
+/** The bytes of a widget's Bytes trait or message buffer, in whichever form the host hands them. */
+export function traceBytes(value: DataView | ArrayBuffer | Uint8Array | null): Uint8Array {
+  if (value === null || value === undefined) {
+    return new Uint8Array(0);
+  }
+  if (value instanceof Uint8Array) {
+    return value;
+  }
+  if (value instanceof ArrayBuffer) {
+    return new Uint8Array(value);
+  }
+  return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
+}
+
 /** zlib's crc32 (what Python's `zlib.crc32` computes). */
 export function crc32(bytes: Uint8Array): number {
   let crc = 0xffffffff;

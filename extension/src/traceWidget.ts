@@ -14,7 +14,9 @@ import { decode } from '@msgpack/msgpack';
 import { DEFAULT_SCHEME } from './colors';
 import { TraceModel } from './eventModel';
 import { asEvent, Finding } from './events';
-import { parseTraceAsync, TraceError } from './trace';
+import { parseTraceAsync, TraceError, traceBytes } from './trace';
+
+export { traceBytes } from './trace';
 import { renderError, renderLoading, renderTrace } from './view';
 
 /** What the view needs of anywidget's model (its AnyModel, typed here to keep it dependency-free). */
@@ -25,20 +27,6 @@ export interface WidgetModel {
   get(name: 'max_events'): number;
   on(event: string, callback: () => void): void;
   off(event: string, callback: () => void): void;
-}
-
-/** The bytes of the `trace` trait, as any host hands a traitlets.Bytes over. */
-export function traceBytes(value: DataView | ArrayBuffer | Uint8Array | null): Uint8Array {
-  if (value === null || value === undefined) {
-    return new Uint8Array(0);
-  }
-  if (value instanceof Uint8Array) {
-    return value;
-  }
-  if (value instanceof ArrayBuffer) {
-    return new Uint8Array(value);
-  }
-  return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
 }
 
 /** The most findings a diagnosis may hold (diagnose() groups its findings; a run has few). */

@@ -1,10 +1,10 @@
-""""Open in Perfetto" and "Save Chrome trace" in the JupyterLab file viewer, in Chromium, with no
-kernel: the button opens ui.perfetto.dev in a new tab, waits for Perfetto's PONG and posts the
-run's Chrome trace JSON to that origin only, and that JSON is Python's `to_chrome_trace()` of
-the same file; the saved file is the same document; a tab closed before it loads gets nothing
-and the viewer says so. ui.perfetto.dev is not reachable here: the tests serve its address
-with a page that speaks Perfetto's documented handshake (PING -> PONG, then
-`{perfetto: {buffer, title, fileName}}`)."""
+""""Open in Perfetto" and "Save Chrome trace" in Chromium: in the JupyterLab file viewer, with no
+kernel, and in the notebook dashboard, which asks its kernel for the run. The button opens
+ui.perfetto.dev in a new tab, waits for Perfetto's PONG and posts the run's Chrome trace JSON
+to that origin only, and that JSON is Python's `to_chrome_trace()` of the same file; the saved
+file is the same document; a tab closed before it loads gets nothing and the viewer says so.
+ui.perfetto.dev is not reachable here: the tests serve its address with a page that speaks
+Perfetto's documented handshake (PING -> PONG, then `{perfetto: {buffer, title, fileName}}`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ import pytest
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog
 from tests.browser.lab import LabServer
-from tests.browser.ui import double_click_file, open_lab, wait_for_viewer
+from tests.browser.ui import (
+    double_click_file,
+    error_outputs,
+    open_lab,
+    run_all_cells,
+    wait_for_viewer,
+    write_notebook,
+)
 from tests.extension.test_chrome_trace_mirror import as_json_reads
 
 pytestmark = pytest.mark.browser
@@ -85,4 +92,25 @@ def test_a_perfetto_tab_closed_before_it_loads_gets_nothing_and_the_viewer_says_
     status = viewer.locator(".ddpviz-action-status.ddpviz-warning")
     status.wait_for(timeout=30_000)
     assert "closed before it loaded; nothing was sent" in status.inner_text()
+    assert console.errors == []
+
+
+def test_the_dashboards_button_asks_the_kernel_and_hands_over_the_same_trace(
+        page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog,
+        real_trace: Trace) -> None:
+    serve_perfetto(page, PERFETTO_PAGE)
+    write_notebook(lab_root / "perfetto.ipynb", [
+        "import ddpviz\nboard = ddpviz.Trace.load('run.ddpviz').dashboard()\nboard"])
+    open_lab(page, lab, "perfetto.ipynb")
+    run_all_cells(page)
+    assert error_outputs(page) == []
+    button = page.locator(".jp-OutputArea-output button.ddpviz-perfetto")
+    with page.expect_popup() as popup_info:
+        button.click()
+    perfetto = popup_info.value
+    perfetto.wait_for_function("window.got !== null", timeout=60_000)
+    got = perfetto.evaluate("window.got")
+    assert got["title"] == "run" and got["fileName"] == "run.json"  # (a Trace has no file name)
+    assert as_json_reads(json.loads(got["text"])) == as_json_reads(
+        json.loads(json.dumps(real_trace.to_chrome_trace())))
     assert console.errors == []
