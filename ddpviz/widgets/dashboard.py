@@ -31,6 +31,7 @@ from ddpviz.widgets.live_bucket_map import LiveBucketMap
 from ddpviz.widgets.perfetto_button import PerfettoButton
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.replica_view import ReplicaView
+from ddpviz.widgets.static_copy import static_copy, with_copy
 from ddpviz.widgets.trace_view import TraceViewError
 from ddpviz.widgets.verification_view import VerificationView
 from ddpviz.widgets.wait_table import WaitTable
@@ -203,6 +204,11 @@ class Dashboard(EventView):
                 found = None
             self._diagnosis = (n, found)
         return self._diagnosis[1]
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        # beside the widget, for hosts without widgets (nbconvert, nbviewer): See static_copy.py
+        return with_copy(super()._repr_mimebundle_(**kwargs), static_copy(
+            self._advised, live=self.source.is_live(), events=len(self.model)))
 
     def close(self) -> None:
         if self._stop_listening is not None:

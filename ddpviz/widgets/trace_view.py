@@ -27,6 +27,7 @@ from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import SUFFIX
 from ddpviz.traces.source import open_run
+from ddpviz.widgets.static_copy import static_copy, with_copy
 
 STATIC = Path(__file__).parent / "static"
 # The most a view sends to the browser. A trace's events are ~50 bytes each; the view reads
@@ -131,6 +132,14 @@ class TraceView(anywidget.AnyWidget):
                          name=named if name is None else str(name), scheme=scheme,
                          max_events=max_events, **kwargs)
         self._source = source
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        # beside the widget, for hosts without widgets (nbconvert, nbviewer): See static_copy.py
+        run = open_run(self._source, refusal="TraceView cannot show")
+        live = run.kind == "session" or (run.kind == "run" and run.live.status == "running")
+        return with_copy(super()._repr_mimebundle_(**kwargs),
+                         static_copy(self._source, live=live,
+                                     events=len(run.trace) if run.trace is not None else 0))
 
     def refresh(self) -> None:
         """Send the run again (a live Run or Session has more events by now), with diagnose()'s
