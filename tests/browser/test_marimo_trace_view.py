@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +17,7 @@ import pytest
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, free_port
+from tests.browser.served import ServedProcess
 
 pytest.importorskip("marimo", reason="the test extra (pip install -e '.[test]')")
 
@@ -48,41 +45,20 @@ if __name__ == "__main__":
 '''
 
 
-class MarimoServer:
+class MarimoServer(ServedProcess):
     """`marimo run APP` on 127.0.0.1 with a random token; `url` includes it."""
 
     def __init__(self, app: Path, log: Path) -> None:
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}/?access_token={self.token}"
-        self._log = log
-        self._proc = subprocess.Popen(
+        super().__init__(
+            "marimo run",
             [sys.executable, "-m", "marimo", "run", str(app), "--headless", "--host",
              "127.0.0.1", "--port", str(self.port), "--token", "--token-password",
              self.token, "--no-sandbox"],
-            cwd=app.parent, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            cwd=app.parent, log=log,
             env={**os.environ, "PYTHONPATH": str(ROOT), "MARIMO_SKIP_UPDATE_CHECK": "1"})
-
-    def wait(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise AssertionError(f"marimo run exited: {self._log.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
-                return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.3)
-        raise AssertionError(f"marimo run did not answer in {timeout} s: "
-                             f"{self._log.read_text()[-3000:]}")
-
-    def close(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
 
 
 @pytest.fixture
@@ -92,7 +68,7 @@ def marimo_app(tmp_path: Path, lab_root: Path, real_trace: Trace
     app.write_text(APP.format(path=str(lab_root / "run.ddpviz")))  # conftest.real_trace
     server = MarimoServer(app, tmp_path / "marimo.log")
     try:
-        server.wait()
+        server.wait(f"http://127.0.0.1:{server.port}/health")
         yield server, real_trace
     finally:
         server.close()

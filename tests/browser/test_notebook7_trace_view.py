@@ -8,25 +8,20 @@ tests have not been run against)."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import subprocess
+import shutil
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import ddpviz
 from ddpviz.traces.trace import Trace
-from tests.browser import rank_fns
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, free_port
+from tests.browser.served import ServedProcess
 from tests.browser.ui import write_notebook
 
 pytest.importorskip("notebook", minversion="7", reason="Jupyter Notebook 7 is not installed")
@@ -41,63 +36,39 @@ FILE = "nb7_run.ddpviz"
 NAME = "nb7_view.ipynb"
 
 
-class NotebookServer:
+class NotebookServer(ServedProcess):
     """`jupyter notebook` serving `root` on 127.0.0.1 with a random token."""
 
     def __init__(self, root: Path, home: Path) -> None:
         self.port = free_port()
         self.token = secrets.token_hex(16)
-        self._log = home / "notebook.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
                "JUPYTER_CONFIG_DIR": str(home / "config"),
                "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
-        self._proc = subprocess.Popen(
+        super().__init__(
+            "jupyter notebook",
             [sys.executable, "-m", "jupyter", "notebook", "--no-browser", "--allow-root",
              "--ServerApp.ip=127.0.0.1", f"--port={self.port}", "--port-retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
              "--ServerApp.terminals_enabled=False"],
-            cwd=root, env=env, stdout=self._log.open("wb"), stderr=subprocess.STDOUT)
+            cwd=root, env=env, log=home / "notebook.log")
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
 
-    def wait(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise AssertionError(f"jupyter notebook exited: {self._log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url("api/status"), timeout=2) as r:
-                    if r.status == 200 and json.loads(r.read()):
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"jupyter notebook did not answer in {timeout} s: "
-                             f"{self._log.read_text()[-3000:]}")
-
-    def close(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[NotebookServer, Trace]]:
+def served(tmp_path: Path, lab_root: Path, real_trace: Trace
+           ) -> Iterator[tuple[NotebookServer, Trace]]:
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir()
     home.mkdir()
-    run = ddpviz.launch(rank_fns.train, 2, args=(3, 0.01), timeout=120)
-    run.wait(timeout=150)
-    run.trace.save(root / FILE)
+    shutil.copy2(lab_root / "run.ddpviz", root / FILE)  # conftest.real_trace
     write_notebook(root / NAME, [f"import ddpviz\nddpviz.Trace.load({FILE!r}).view()"])
     server = NotebookServer(root, home)
     try:
-        server.wait()
-        yield server, Trace.load(root / FILE)
+        server.wait(server.url("api/status"))
+        yield server, real_trace
     finally:
         server.close()
 

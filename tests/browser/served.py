@@ -1,0 +1,41 @@
+"""A notebook host other than JupyterLab (marimo, Notebook 7) run by a browser test: a server
+process on 127.0.0.1 behind a random token, its output in a log the failures quote."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class ServedProcess:
+    """`command` started in `cwd`; `wait(url)` until `url` answers, `close()` ends it."""
+
+    def __init__(self, name: str, command: list[str], *, cwd: Path, env: dict[str, str],
+                 log: Path) -> None:
+        self.name, self._log = name, log
+        self._proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log.open("wb"),
+                                      stderr=subprocess.STDOUT)
+
+    def wait(self, url: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited: {self._log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.3)
+        raise AssertionError(f"{self.name} did not answer in {timeout} s: "
+                             f"{self._log.read_text()[-3000:]}")
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
