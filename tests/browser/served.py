@@ -7,7 +7,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class ServedProcess:
@@ -39,3 +42,17 @@ class ServedProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+@contextmanager
+def logged_page(browser: Any, console: Any) -> Iterator[Any]:
+    """A page of its own (a tall viewport) whose console errors and uncaught errors go to
+    `console` (conftest.ConsoleLog); closed after."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1500})
+    page = context.new_page()
+    page.on("console", console.on_console)
+    page.on("pageerror", console.on_page_error)
+    try:
+        yield page
+    finally:
+        context.close()

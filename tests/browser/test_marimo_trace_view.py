@@ -17,7 +17,7 @@ import pytest
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, free_port
-from tests.browser.served import ServedProcess
+from tests.browser.served import ServedProcess, logged_page
 
 pytest.importorskip("marimo", reason="the test extra (pip install -e '.[test]')")
 
@@ -77,11 +77,7 @@ def marimo_app(tmp_path: Path, lab_root: Path, real_trace: Trace
 def test_marimo_draws_the_view_of_a_real_run(browser: Any, console: ConsoleLog,
                                               marimo_app: tuple[MarimoServer, Trace]) -> None:
     server, trace = marimo_app
-    context = browser.new_context(viewport={"width": 1280, "height": 1500})
-    page = context.new_page()
-    page.on("console", console.on_console)
-    page.on("pageerror", console.on_page_error)
-    try:
+    with logged_page(browser, console) as page:
         page.goto(server.url)
         widget = page.locator(".ddpviz-widget")
         widget.locator(".ddpviz-summary").wait_for(timeout=120_000)
@@ -105,5 +101,3 @@ def test_marimo_draws_the_view_of_a_real_run(browser: Any, console: ConsoleLog,
                                arg=[holder.element_handle(), before], timeout=10_000)
         screenshot(page, "trace_view_marimo", widget)
         assert console.errors == []
-    finally:
-        context.close()

@@ -21,7 +21,7 @@ import pytest
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, free_port
-from tests.browser.served import ServedProcess
+from tests.browser.served import ServedProcess, logged_page
 from tests.browser.ui import write_notebook
 
 pytest.importorskip("notebook", minversion="7", reason="Jupyter Notebook 7 is not installed")
@@ -76,11 +76,7 @@ def served(tmp_path: Path, lab_root: Path, real_trace: Trace
 def test_notebook_7_draws_the_view_of_a_real_run(browser: Any, console: ConsoleLog,
                                                  served: tuple[NotebookServer, Trace]) -> None:
     server, trace = served
-    context = browser.new_context(viewport={"width": 1280, "height": 1500})
-    page = context.new_page()
-    page.on("console", console.on_console)
-    page.on("pageerror", console.on_page_error)
-    try:
+    with logged_page(browser, console) as page:
         page.goto(server.url(f"notebooks/{NAME}"))
         cell = page.locator(".jp-CodeCell").first
         cell.wait_for(timeout=60_000)
@@ -109,5 +105,3 @@ def test_notebook_7_draws_the_view_of_a_real_run(browser: Any, console: ConsoleL
                                arg=[holder.element_handle(), before], timeout=10_000)
         screenshot(page, "trace_view_notebook7", widget)
         assert [e for e in console.errors if not e.startswith(NOTEBOOK7_OWN)] == []
-    finally:
-        context.close()
