@@ -34,6 +34,8 @@ STATIC = Path(__file__).parent / "static"
 # `max_events` of them per panel, and a bigger run belongs in the file viewer, which reads the
 # file itself (no kernel message), or in the dashboard.
 MAX_BYTES = 64 << 20
+# the bucket colour schemes of extension/src/colors.ts's PALETTES (test_trace_view checks them)
+SCHEMES = ("tableau10", "okabe-ito", "viridis")
 
 
 class TraceViewError(ValueError):
@@ -121,8 +123,8 @@ class TraceView(anywidget.AnyWidget):
                 f"ddpviz: the TraceView's front end (trace_view.js and .css) is not built in "
                 f"{STATIC}.\nInstall ddpviz from a wheel, or build it in a checkout: cd "
                 "extension && jlpm install && jlpm build.")
-        if scheme not in ("tableau10", "okabe-ito", "viridis"):
-            raise ValueError(f"ddpviz: scheme must be 'tableau10', 'okabe-ito' or 'viridis', "
+        if scheme not in SCHEMES:
+            raise ValueError(f"ddpviz: scheme must be one of {', '.join(map(repr, SCHEMES))}; "
                              f"got {scheme!r}.")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"ddpviz: max_events must be a positive int, got {max_events!r}.")

@@ -115,3 +115,10 @@ def test_refresh_sends_a_live_runs_new_events_and_their_diagnosis() -> None:
     assert view.trace != first
     assert events_of(Trace.from_bytes(view.trace)) == events_of(Trace(events))
     assert view.findings == list(ddpviz.diagnose(events))
+
+
+def test_the_schemes_it_accepts_are_the_front_ends_palettes() -> None:
+    from tests.extension.mirror import run_typescript
+
+    assert sorted(trace_view.SCHEMES) == sorted(run_typescript(
+        "colors", "Object.keys(g.PALETTES)", None))
