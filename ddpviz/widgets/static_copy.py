@@ -18,7 +18,10 @@ from ddpviz.markup import Markup
 
 # A run bigger than this is not copied into the notebook (its report is still a command away).
 MAX_EVENTS = 200_000
-_NOTE = ("<p style='font:13px system-ui,sans-serif;color:#555;margin:4px 0'>{}</p>")
+_NOTE = "<p style='font:13px system-ui,sans-serif;color:#555;margin:4px 0'>{}</p>"
+_COPY = ("<p style='font:13px system-ui,sans-serif;color:#555;margin:4px 0'>{}</p>"
+         "<iframe sandbox srcdoc='{}' title='ddpviz report' loading='lazy' "
+         "style='width:100%;height:720px;border:1px solid #ddd'></iframe>")
 
 
 def static_copy(source: object, *, live: bool, events: int) -> Markup | None:
@@ -29,24 +32,22 @@ def static_copy(source: object, *, live: bool, events: int) -> Markup | None:
     if live:
         return markup.fmt(_NOTE, "A live ddpviz dashboard: it draws where Jupyter widgets run. "
                           "For a copy that opens anywhere, once the run is over: "
-                          "`ddpviz report <trace folder> -o run.html`, or display "
+                          "`ddpviz report TRACE_FOLDER -o run.html`, or display "
                           "`run.dashboard()` again.")
     if events > MAX_EVENTS:
-        return markup.fmt(_NOTE, f"A ddpviz view of a run of {events:,} events: it draws where "
-                          "Jupyter widgets run (a copy of runs over "
-                          f"{MAX_EVENTS:,} events is not kept in the notebook). For a page that "
-                          "opens anywhere: `ddpviz report <trace> -o run.html`.")
+        return markup.fmt(_NOTE, "A ddpviz view of a run of {:,} events: it draws where Jupyter "
+                          "widgets run (a copy of runs over {:,} events is not kept in the "
+                          "notebook). For a page that opens anywhere: `ddpviz report TRACE -o "
+                          "run.html`.".format(events, MAX_EVENTS))
     from ddpviz.report.html import render
 
     try:
         page = render(source, title="ddpviz report")
     except Exception as exc:  # (never fail the widget's display over its stand-in)
-        return markup.fmt(_NOTE, f"A ddpviz view: it draws where Jupyter widgets run (no "
-                          f"static copy: {exc}).")
+        return markup.fmt(_NOTE, "A ddpviz view: it draws where Jupyter widgets run (no "
+                          "static copy: {}).".format(exc))
     return markup.fmt(
-        _NOTE + "<iframe sandbox srcdoc='{}' title='ddpviz report' loading='lazy' "
-        "style='width:100%;height:720px;border:1px solid #ddd'></iframe>",
-        "A static copy of this ddpviz view: the run's report (diagnose()'s findings, the "
+        _COPY, "A static copy of this ddpviz view: the run's report (diagnose()'s findings, the "
         "timeline, the bucket maps) as it was when the cell ran. Open the notebook where "
         "Jupyter widgets run for the interactive view.", page)
 
