@@ -35,17 +35,17 @@ def static_copy(source: object, *, live: bool, events: int) -> Markup | None:
                           "`ddpviz report TRACE_FOLDER -o run.html`, or display "
                           "`run.dashboard()` again.")
     if events > MAX_EVENTS:
-        return markup.fmt(_NOTE, "A ddpviz view of a run of {:,} events: it draws where Jupyter "
-                          "widgets run (a copy of runs over {:,} events is not kept in the "
-                          "notebook). For a page that opens anywhere: `ddpviz report TRACE -o "
-                          "run.html`.".format(events, MAX_EVENTS))
+        return markup.fmt(_NOTE, f"A ddpviz view of a run of {events:,} events: it draws "
+                          "where Jupyter widgets run (a copy of runs over "
+                          f"{MAX_EVENTS:,} events is not kept in the notebook). For a page that "
+                          "opens anywhere: `ddpviz report TRACE -o run.html`.")
     from ddpviz.report.html import render
 
     try:
         page = render(source, title="ddpviz report")
     except Exception as exc:  # (never fail the widget's display over its stand-in)
         return markup.fmt(_NOTE, "A ddpviz view: it draws where Jupyter widgets run (no "
-                          "static copy: {}).".format(exc))
+                          f"static copy: {exc}).")
     return markup.fmt(
         _COPY, "A static copy of this ddpviz view: the run's report (diagnose()'s findings, the "
         "timeline, the bucket maps) as it was when the cell ran. Open the notebook where "
