@@ -96,7 +96,10 @@ test-gpu: $(BIN)/.test
 # transparency, `ddpviz record` on them, and the planner's cross-checks; of the cases that
 # compare DDP arguments, only those using what 2.13 lacks (DDPVIZ_TEST_NEWER_ONLY=1,
 # tests/dist/torch_release.py: the main suite runs the rest on 2.13; the full set by hand:
-# docs/guide/torch-versions.md). `make torch-venv` only installs (CI: beside the lint and docs).
+# docs/guide/torch-versions.md). `make torch-venv` only installs (CI: beside the lint and docs),
+# without the build hooks: an editable install always runs the extension's `jlpm build:prod`
+# (skip-if-exists counts for wheels only), whose `clean` deleted ddpviz/widgets/static/ under
+# the main suite's running tests (stop 55's local CI); these tests use no front end.
 TORCH_TESTS ?= tests/dist tests/watch tests/engine tests/record tests/test_plan.py \
 	tests/conformance tests/test_torch_support.py
 TORCH_NEWEST := 2.15.0
@@ -109,8 +112,8 @@ torch-venv: $(BIN)/.base
 	@test -n "$(V)" || { echo "usage: make test-torch V=2.15.0 (the torch release to test)"; exit 2; }
 	test -x $(TORCH_VENV)/bin/python || $(PY) -m venv $(TORCH_VENV)
 	echo torch==$(V) > $(TORCH_VENV)/torch-constraint.txt
-	$(BIN)/uv pip install -q --python $(TORCH_VENV)/bin/python -c $(TORCH_VENV)/torch-constraint.txt \
-		"torch==$(V)" -e '.[lab,test]'
+	HATCH_BUILD_NO_HOOKS=true $(BIN)/uv pip install -q --python $(TORCH_VENV)/bin/python \
+		-c $(TORCH_VENV)/torch-constraint.txt "torch==$(V)" -e '.[lab,test]'
 	$(TORCH_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
 
 test-torch: torch-venv
