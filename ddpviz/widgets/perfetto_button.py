@@ -15,7 +15,6 @@ from typing import Any
 import anywidget
 import traitlets
 
-from ddpviz.traces.trace import Trace
 from ddpviz.widgets.trace_view import STATIC, TraceViewError, _read, trace_bytes
 
 
@@ -49,10 +48,7 @@ class PerfettoButton(anywidget.AnyWidget):
         if isinstance(request, bool) or not isinstance(request, int):
             return
         try:
-            source = self._source
-            if isinstance(source, list):
-                source = Trace(source)
-            data, _ = trace_bytes(source)
+            data, _ = trace_bytes(self._source)
         except Exception as exc:  # said under the button, never raised into the kernel
             message = str(exc) if isinstance(exc, TraceViewError) else (
                 f"ddpviz: the run could not be sent for its Chrome trace: {exc}")

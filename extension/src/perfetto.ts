@@ -101,14 +101,6 @@ export function openPerfettoTab(title: string, fileName: string, say: Say): Perf
   };
 }
 
-/**
- * Open ui.perfetto.dev in a new tab and hand it `bytes` (a Chrome trace JSON) once it answers
- * the handshake; `say` reports each stage to the user.
- */
-export function openInPerfetto(bytes: Uint8Array, title: string, fileName: string, say: Say): void {
-  openPerfettoTab(title, fileName, say)?.send(bytes);
-}
-
 /** Download `bytes` as `fileName` (the browser's own save). */
 export function saveBytes(bytes: Uint8Array<ArrayBuffer>, fileName: string): void {
   const url = URL.createObjectURL(new Blob([bytes], { type: 'application/json' }));
