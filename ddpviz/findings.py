@@ -302,8 +302,9 @@ FIXES: dict[Kind, dict[str, str]] = {
         # the step's local gradients were not checked
         "unseen": "To name the rank and parameter where it began, check every step's local "
                   "gradients: {recording[guard]} (one check per bucket) or "
-                  "{recording[every=1]}; the default checks them on its sampled steps, and on "
-                  "every step for 100 steps after something went non-finite.",
+                  "{recording[every=1]}. The default checks them on every step where that "
+                  "costs at most 1% of the step, else on every few steps (detail says how "
+                  "often), and on every step for 100 steps after something went non-finite.",
     },
     "replicas_diverged": {
         "": "Every rank must apply the same update: look for code that changes parameters or "

@@ -29,13 +29,13 @@ from ddpviz.probes.collective_compare import (
     _agree,
     _entry_text,
     _group_label,
-    _ordinal,
     compare_at,
     finding_at,
 )
 from ddpviz.probes.collectives import GroupLedger
 from ddpviz.probes.pulse import ENDING
 from ddpviz.probes.rendezvous import background_connection
+from ddpviz.units import ordinal
 
 # [Note: comparing histories]
 # Every PERIOD_S each rank posts, per group, the entries and marks it added since its last
@@ -428,7 +428,7 @@ class CollectiveCheck:
         for r in sorted(stuck):
             group, e, since = blocked[r]
             g = next(x for x in ledgers if x.name == group)
-            by_text.setdefault(f"waits in {_entry_text(e)}, the {_ordinal(e.pos + 1)} "
+            by_text.setdefault(f"waits in {_entry_text(e)}, the {ordinal(e.pos + 1)} "
                                f"collective on {_group_label(g.name)}, for {now - since:.0f}s",
                                []).append(r)
         values = tuple((t, tuple(rs)) for t, rs in by_text.items())

@@ -13,6 +13,7 @@ from typing import Protocol
 import msgspec
 
 from ddpviz.findings import Finding, fix_for, format_ranks
+from ddpviz.units import ordinal
 
 # engine/comm.py's kinds of a DDP buffer broadcast (engine/ cannot be imported here: it
 # imports torch; tests/probes hold the two equal)
@@ -101,7 +102,7 @@ def finding_at(name: str, ranks: tuple[int, ...], pos: int, mine: dict[int, Entr
     """The finding at `pos`: `mine` the ranks' calls there, `other` what the ranks that
     issued none were in."""
     label = _group_label(name)
-    nth = _ordinal(pos + 1)
+    nth = ordinal(pos + 1)
     values = _values({**{r: _entry_text(e) for r, e in mine.items()}, **other},
                      largest_first=True)
     step = max((e.step for e in mine.values()), default=-1)
@@ -137,7 +138,7 @@ def _evaluation_finding(name: str, ranks: tuple[int, ...], pos: int,
                         mine: dict[int, Entry], after: str) -> Finding:
     """Some ranks' call at `pos` is the buffer broadcast of a forward without gradients,
     the others' is not (See [Note: an evaluation on some ranks only])."""
-    label, nth = _group_label(name), _ordinal(pos + 1)
+    label, nth = _group_label(name), ordinal(pos + 1)
     evaluating = tuple(sorted(r for r, e in mine.items() if e.forward == EVALUATION))
     others = tuple(sorted(r for r in mine if r not in evaluating))
     first = mine[evaluating[0]]
@@ -229,8 +230,3 @@ def _group_label(name: str) -> str:
     if name in ("0", "default_pg"):
         return "the default group"
     return f"group {name}"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"

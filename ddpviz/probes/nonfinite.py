@@ -22,6 +22,8 @@ import torch
 
 from ddpviz.events import FindingReported, Tap
 from ddpviz.findings import Finding, fix_for, format_ranks, group_ranks, warning_of
+from ddpviz.probes.check_budget import SHARE
+from ddpviz.units import human_duration, ordinal
 
 # [Note: finding where a NaN starts]
 # One rank's non-finite gradient becomes every rank's after the all-reduce, so the origin can
@@ -87,6 +89,10 @@ class _Post(msgspec.Struct, omit_defaults=True):
     ochk: list[list[int]] = []  # [first, last] step ranges whose forward output was checked
     bad: list[_Record] = []
     more: int = 0  # records not posted (beyond _MAX_RECORDS)
+    # the every-step check's period and what set it: See [Note: the check's budget]
+    every: int = 1
+    cost_ns: int = 0
+    step_ns: int = 0
 
 
 _encode = msgspec.json.Encoder().encode
@@ -391,9 +397,12 @@ class NonfiniteCheck:
             self._opened()
         rec.grads += indices
 
-    def step_checked(self, step: int, loss: bool | None) -> None:
+    def step_checked(self, step: int, loss: bool | None, every: int = 1, cost_ns: int = 0,
+                     step_ns: int = 0) -> None:
         """The every-step bucket check saw every bucket of `step` (CPU); `loss`: its forward
-        output was non-finite (None: not seen)."""
+        output was non-finite (None: not seen); `every`, `cost_ns`, `step_ns`: its period and
+        what set it (check_budget.py)."""
+        self._period(every, cost_ns, step_ns)
         rec = self._open.get(step)
         if rec is None and not loss:  # the usual step: one more in the run
             first, last, out = self.run
@@ -425,10 +434,12 @@ class NonfiniteCheck:
             self._version += 1
         rec.pending.append(("bucket", (indices, with_output), _Late(values)))
 
-    def step_checked_device(self, step: int, output: bool) -> None:
+    def step_checked_device(self, step: int, output: bool, every: int = 1, cost_ns: int = 0,
+                            step_ns: int = 0) -> None:
         """Every bucket of `step` checked (GPU); `output`: its forward output's sum was among
         the values. The steps before whose values are readable now are settled (on the plain
-        steps no forward() does it)."""
+        steps no forward() does it). `every`...: as step_checked's."""
+        self._period(every, cost_ns, step_ns)
         rec = self._open.get(step)
         if rec is None:
             rec = self._record(step)
@@ -439,6 +450,14 @@ class NonfiniteCheck:
                 _add(self._post.ochk, step)
         if len(self._open) > 1:
             self._settle(step)
+
+    def _period(self, every: int, cost_ns: int, step_ns: int) -> None:
+        """The every-step check's period, posted when it changed."""
+        post = self._post
+        if every != post.every or step_ns != post.step_ns:
+            with self._lock:
+                post.every, post.cost_ns, post.step_ns = every, cost_ns, step_ns
+            self._version += 1
 
     def _open_record(self, step: int) -> _Open:
         """`step`'s open record, opened now (outside forward(): See `_opened`) if none is."""
@@ -697,13 +716,13 @@ class NonfiniteCheck:
                 when = f"in step {prev}'s update"
                 detail = [f"step {prev}'s forward output was finite on every rank; its local "
                           f"gradients were not checked on {format_ranks(unchecked)} ("
-                          f"{_why_unchecked(self.level)})"]
+                          f"{_why_unchecked(self.level, posts)})"]
             else:
                 since = "the start" if last < 0 else f"step {last}'s forward"
                 when = f"between {since} and step {step}'s forward"
                 detail = [f"the forward output was last seen finite on every rank at "
                           f"{since}; the steps after it were not checked ("
-                          f"{_why_unchecked(self.level)})"]
+                          f"{_why_unchecked(self.level, posts)})"]
             detail += ["so whether a gradient (on which rank) or the optimizer step made them "
                        "non-finite was not seen",
                        f"the local gradients are checked on every step from step {step} on"]
@@ -779,9 +798,29 @@ def _last_finite(step: int, posts: dict[int, _Post]) -> int:
     return -1
 
 
-def _why_unchecked(level: str) -> str:
-    if level == "hook-less":
-        return (f"the hook-less level checks local gradients on every step where its hooks saw "
-                "the whole backward (none with every=None), and forward outputs on steps 0-2 "
-                f"and every {OUTPUT_EVERY}th step, until something is non-finite")
-    return "no check ran on that step"
+def _why_unchecked(level: str, posts: dict[int, _Post]) -> str:
+    if level != "hook-less":
+        return "no check ran on that step"
+    return _thinned(posts) or (
+        "the hook-less level checks local gradients on every step where its hooks saw the "
+        "whole backward (none with every=None), and forward outputs on steps 0-2 and every "
+        f"{OUTPUT_EVERY}th step, until something is non-finite")
+
+
+def _thinned(posts: dict[int, _Post]) -> str:
+    """What the check's budget thinned, per rank ("" when nothing was): See [Note: the
+    check's budget] (check_budget.py)."""
+    periods: dict[int, list[int]] = {}
+    for r, p in sorted(posts.items()):
+        if p.every > 1:
+            periods.setdefault(p.every, []).append(r)
+    if not periods:
+        return ""
+    parts = []
+    for every, ranks in sorted(periods.items()):
+        p = posts[ranks[0]]
+        parts.append(f"every {ordinal(every)} step on {format_ranks(tuple(ranks))}, where it "
+                     f"took {human_duration(p.cost_ns)} a step against steps of "
+                     f"{human_duration(p.step_ns)}")
+    return ("the default's check of local gradients and forward outputs, held to "
+            f"{SHARE:.0%} of a step, ran " + "; ".join(parts))

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 
 from ddpviz.probes import step_aside
+from ddpviz.probes.check_budget import CheckBudget
 from ddpviz.probes.nonfinite import (
     NonfiniteCheck,
     _max_abs,
@@ -47,6 +49,10 @@ from ddpviz.probes.nonfinite import (
 # HooklessWatch._arm): after close(), one empty Python call per hooked parameter (one a bucket) and
 # backward, ~0.2 us each. A tensor hook could be uninstalled, but it runs before the job's own
 # tensor hooks registered after it, and would miss the NaN one of them writes.
+# On a step shorter than the check can afford, the check runs every few steps instead: See
+# [Note: the check's budget] (check_budget.py).
+
+_clock = time.perf_counter_ns
 
 
 class BucketCheck:
@@ -77,6 +83,7 @@ class BucketCheck:
         self.ostep = -1  # the step of the forward output's sum
         self.osum: torch.Tensor | None = None
         self.closed = False
+        self.budget = CheckBudget()  # which steps are checked: See [Note: the check's budget]
 
     # --- what is hooked ----------------------------------------------------------------------
 
@@ -121,19 +128,29 @@ class BucketCheck:
     # --- every step --------------------------------------------------------------------------
 
     def output(self, step: int, output: Any) -> None:
-        """After the forward of `step`: keep its output's sum (one reduction; read later)."""
+        """After the forward of `step`: keep its output's sum (one reduction; read later), on
+        the steps the budget checks."""
+        budget = self.budget
+        if not budget.due(step):
+            self.ostep = -1
+            return
+        t0 = _clock()
         out = output if type(output) is torch.Tensor else first_tensor(output)
         if out is None or not out.is_floating_point():
             self.ostep = -1
             return
         self.osum = wide_sum(out.detach())  # (fp64 stays fp64: its sum can exceed fp32's range)
         self.ostep = step
+        budget.spend(_clock() - t0)
 
     def _hook(self, g: int, param: torch.Tensor) -> None:
-        if self.closed or self._owner._armed:
+        owner = self._owner
+        if self.closed or owner._armed or not self.budget.due(owner.tap.step):
             return
+        t0 = _clock()
         try:
             self._check(g, param)
+            self.budget.spend(_clock() - t0)
         except Exception as exc:  # (never into the job: step aside, said once)
             self.closed = True
             self._plan = None
@@ -154,7 +171,9 @@ class BucketCheck:
         if param.device.type != "cpu":
             self._device(step, [i for i, _ in got], grads, osum)
             if last:
-                self.check.step_checked_device(step, osum is not None)
+                budget = self.budget
+                self.check.step_checked_device(step, osum is not None, budget.every,
+                                               budget.cost_ns, budget.step_ns)
             return
         if grads and not math.isfinite(_total(grads)):
             # rare: which ones (confirmed elementwise: a finite sum can overflow)
@@ -162,8 +181,10 @@ class BucketCheck:
             if bad:
                 self.check.local_grads(step, bad)
         if last:
+            budget = self.budget
             self.check.step_checked(step, None if osum is None else
-                                    not math.isfinite(osum.item()))
+                                    not math.isfinite(osum.item()), budget.every,
+                                    budget.cost_ns, budget.step_ns)
 
     def _device(self, step: int, indices: list[int], grads: list[torch.Tensor],
                 osum: torch.Tensor | None) -> None:

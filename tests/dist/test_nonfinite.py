@@ -24,6 +24,7 @@ from tests.polling import eventually
 STEPS = 14
 DEFAULT_STEPS = 28  # the default checks forward outputs on steps 0-2 and every 25th step
 HEALTHY_STEPS = 201  # healthy runs: sampled steps 0-2, 100, 200 and 11 output checks each
+THIN_STEPS = 40  # "thin": the default with its check's budget forced to every 25th step from 8
 
 
 def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -41,9 +42,24 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
     import ddpviz
     from ddpviz import events as ev
 
+    if engine == "thin":  # See [Note: the check's budget]: every 25th step from step 8 on
+        from ddpviz.probes import check_budget
+
+        saved = {k: getattr(check_budget, k) for k in ("WARMUP", "WINDOW", "SHARE")}
+        for k, v in {"WARMUP": 8, "WINDOW": 8, "SHARE": 1e-9}.items():
+            setattr(check_budget, k, v)
+        try:
+            return _one_case(rank, world, "default", plant, at, dtype, steps=THIN_STEPS,
+                             **options)
+        finally:
+            for k, v in saved.items():
+                setattr(check_budget, k, v)
     events: list[Any] = []
     model = _model(dtype)
     accumulate = options.pop("accumulate", 1)
+    steps = options.pop("steps", None) or (
+        HEALTHY_STEPS if not plant else DEFAULT_STEPS if engine in ("default", "forwards")
+        else STEPS)
     if engine == "plain":
         ddp: Any = nn.parallel.DistributedDataParallel(model, **options)
         check: Any = None
@@ -63,8 +79,6 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
         target.register_hook(lambda g: g * float("nan") if step["n"] in bad_steps else g)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
-    steps = HEALTHY_STEPS if not plant else DEFAULT_STEPS if engine in (
-        "default", "forwards") else STEPS
     for i in range(steps):
         step["n"] = i
         x = torch.randn(4, 6, generator=gen).to(dtype)
@@ -123,6 +137,8 @@ CASES = [  # (engine, plant, step)
     ("default", "skip-input", 25),  # rank 1's input at 25, rank 2's at 27; updates skipped
     ("ddpviz", "input", 5),
     ("every1", "input", 9),  # every step's hooks armed: the loss is checked with them
+    ("thin", "grad", 12),  # the budget's skipped step: seen at step 25's forward check
+    ("thin", "grad", 33),  # the budget's checked step (8 + 25): named exactly
     ("default", "", 0),
     ("guarded", "", 0),
     ("ddpviz", "", 0),
@@ -237,6 +253,26 @@ def test_an_unsampled_gradient_nan_without_gradient_hooks_says_what_was_not_seen
     text = " ".join(f["detail"])
     assert "not checked" in text and "from step 25 on" in text
     assert "Recording(guard=True)" in f["fix"]
+
+
+def test_a_nan_on_a_step_the_checks_budget_skipped_says_what_was_not_checked_and_why(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    # See [Note: the check's budget]: checked every step up to 8, then every 25th; rank 1's
+    # gradient NaN at step 12 reaches every rank through the all-reduce and is seen at step
+    # 25's forward output check: no origin claimed, the period said
+    f = _finding(results, _case("thin", "grad", 12))
+    assert (f["kind"], f["ranks"]) == ("nonfinite_parameter", (0, 1, 2))
+    assert "between step 8's forward and step 25's forward" in f["title"]
+    text = " ".join(f["detail"])
+    assert "ran every 25th step on ranks 0,1,2" in text, text
+    assert "whether a gradient (on which rank) or the optimizer step" in text
+
+
+def test_a_nan_on_a_step_the_checks_budget_checked_is_named_exactly(
+        results: dict[int, list[dict[str, Any]]]) -> None:
+    f = _finding(results, _case("thin", "grad", 33))
+    assert (f["kind"], f["step"], f["ranks"], f["name"], f["field"]) == (
+        "nonfinite_gradient", 33, (1,), "2.weight", "gradient")
 
 
 def test_an_update_that_makes_finite_gradients_non_finite_blames_the_update(

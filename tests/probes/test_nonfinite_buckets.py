@@ -24,8 +24,10 @@ class _Check:
     def local_grads(self, step: int, indices: list[int]) -> None:
         self.bad.append((step, list(indices)))
 
-    def step_checked(self, step: int, loss: bool | None) -> None:
+    def step_checked(self, step: int, loss: bool | None, every: int = 1, cost_ns: int = 0,
+                     step_ns: int = 0) -> None:
         self.checked.append((step, loss))
+        self.every = every
 
 
 def _hooked(model: nn.Module) -> tuple[BucketCheck, _Check, Any]:
@@ -98,4 +100,36 @@ def test_a_float64_output_beyond_fp32s_range_is_finite() -> None:
     bc.output(0, out)
     (out * 1e-40).sum().backward()
     assert check.checked == [(0, False)] and check.bad == []
+    bc.close()
+
+
+def test_on_steps_too_short_for_it_the_check_runs_every_few_steps_and_claims_only_those(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # See [Note: the check's budget]: a check that costs more than its share of the step runs
+    # on every step of the warmup, then every `every`-th; a NaN on a skipped step is not
+    # reported by this check (the composed finding says what was not checked), one on a
+    # checked step is
+    from ddpviz.probes import check_budget
+
+    monkeypatch.setattr(check_budget, "WARMUP", 8)
+    monkeypatch.setattr(check_budget, "WINDOW", 8)
+    monkeypatch.setattr(check_budget, "SHARE", 1e-9)  # (any real check is too costly: capped)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    bc, check, owner = _hooked(model)
+    bc.budget = check_budget.CheckBudget()
+    bad_steps = {12, 33}  # 12: skipped; 33 = 8 + 25: checked
+    model[1].weight.register_hook(
+        lambda g: g * float("nan") if owner.tap.step in bad_steps else None)
+    x = torch.randn(3, 4)
+    for step in range(40):
+        owner.tap.step = step
+        out = model(x)
+        bc.output(step, out)
+        out.square().mean().backward()
+        model.zero_grad()
+    every = check_budget.MAX_EVERY
+    assert bc.budget.every == every and check.every == every
+    assert [s for s, _ in check.checked] == [*range(8), 8, 8 + every]
+    assert check.bad == [(33, [2])]
     bc.close()

@@ -68,3 +68,34 @@ def test_a_gradient_finding_whose_loss_was_not_checked_says_so_and_presumes_no_c
     check._composed, check._origins, check._last_bad = -1, set(), -10
     [f] = check.compose()
     assert f.fix.startswith("The loss was finite")
+
+
+def test_a_finding_after_steps_the_checks_budget_skipped_says_how_often_each_rank_checked(
+        ) -> None:
+    # See [Note: the check's budget]: rank 1 checked every 9th step (steps 64, 73, ...); the NaN
+    # began on a skipped step and is seen at the next checked one, on every rank
+    check = _check()
+    bad = _Record(step=82, loss=True, params=[0], n_params=1, checked=True)
+    thin = {"every": 9, "cost_ns": 90_000, "step_ns": 1_000_000}
+    check._posts = {
+        0: _Post(done=85, fwd=85, ochk=[[0, 64], [73, 73], [82, 82]], gchk=[[0, 64], [73, 73],
+                                                                          [82, 82]],
+                 bad=[bad], **thin),
+        1: _Post(done=85, fwd=85, ochk=[[0, 64], [73, 73], [82, 82]], gchk=[[0, 64], [73, 73],
+                                                                          [82, 82]],
+                 bad=[bad], **thin)}
+    [f] = check.compose()
+    assert (f.kind, f.ranks) == ("nonfinite_parameter", (0, 1))
+    assert "between step 73's forward and step 82's forward" in f.title
+    text = " ".join(f.detail)
+    assert "every 9th step on ranks 0,1" in text and "90 µs a step" in text, text
+    assert "1 ms" in text and "whether a gradient (on which rank)" in text
+
+
+def test_a_finding_where_every_step_was_checked_says_nothing_of_a_budget() -> None:
+    check = _check()
+    check._posts = {r: _Post(done=9, fwd=9, ochk=[[0, 9]], gchk=[[0, 9]],
+                             bad=[_Record(step=6, loss=True, params=[0], n_params=1)])
+                    for r in (0, 1)}
+    [f] = check.compose()
+    assert "held to" not in " ".join(f.detail)
