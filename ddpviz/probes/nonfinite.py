@@ -769,6 +769,11 @@ def _merge(ranges: list[list[int]], first: int, last: int) -> None:
     if ranges and ranges[-1][0] <= first <= ranges[-1][1] + 1:
         ranges[-1][1] = max(ranges[-1][1], last)
         return
+    if not ranges or first > ranges[-1][1] + 1:  # after them all (the thinned check's steps)
+        ranges.append([first, last])
+        if len(ranges) > _MAX_RANGES:
+            del ranges[0]
+        return
     merged: list[list[int]] = []
     for a, b in sorted([*ranges, [first, last]]):
         if merged and a <= merged[-1][1] + 1:
