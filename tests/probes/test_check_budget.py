@@ -4,6 +4,8 @@ of the step's median time, at most MAX_EVERY, set again every WINDOW steps."""
 
 from __future__ import annotations
 
+import itertools
+
 from ddpviz.probes import check_budget
 from ddpviz.probes.check_budget import MAX_EVERY, SHARE, WARMUP, WINDOW, CheckBudget
 
@@ -50,7 +52,7 @@ def test_a_check_too_costly_for_short_steps_runs_every_few_steps_after_the_warmu
     assert budget.every == every == 9
     assert checked[:WARMUP] == list(range(WARMUP))  # the warmup: every step
     after = [s for s in checked if s >= WARMUP]
-    assert after[0] == WARMUP and set(b - a for a, b in zip(after, after[1:])) == {every}
+    assert after[0] == WARMUP and {b - a for a, b in itertools.pairwise(after)} == {every}
     # within the share, measured on what the test's clock saw
     assert len(after) * cost_ns <= SHARE * step_ns * (WARMUP + 4 * WINDOW - WARMUP) + cost_ns
 
@@ -74,7 +76,7 @@ def test_a_pause_between_steps_does_not_count_as_a_long_step() -> None:
     assert budget.every == 9 and budget.step_ns == 1_000_000
 
 
-def test_steps_not_asked_in_a_row_are_not_measured_as_one(monkeypatch: object) -> None:
+def test_steps_not_asked_in_a_row_are_not_measured_as_one() -> None:
     clock = _Clock()
     budget = CheckBudget(clock)
     # only every other step reaches the check (e.g. a second DDP's steps in between): the gaps
