@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import ddpviz
-from ddpviz.probes.collective_compare import _ordinal
+from ddpviz.units import ordinal
 from tests.dist.harness import free_port
 from tests.record.hooked import ROOT, hooked_python, marked_line
 from tests.record.test_record import job_env
@@ -236,7 +236,7 @@ def test_a_late_mismatch_that_ends_the_job_is_named_from_the_ranks_rings(
     seqs = {int(r): int(s) for r, s in re.findall(
         r"train_collectives: rank (\d) seq (\d+) before log_metrics at step 3", done.stdout)}
     assert seqs and len(set(seqs.values())) == 1, done.stdout[-3000:]
-    position = f"the {_ordinal(next(iter(seqs.values())) + 1)} collective on the default group"
+    position = f"the {ordinal(next(iter(seqs.values())) + 1)} collective on the default group"
     site = f"train_collectives.py:{line_of('log_metrics')} in log_metrics"
     assert done.stderr.count(RING_SAID) == 1, done.stderr[-4000:]
     block = finding_block(done.stderr, "ddpviz: ranks issued different collectives")
