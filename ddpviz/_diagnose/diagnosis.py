@@ -85,12 +85,13 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None,
     if ended is None:
         ended = run.ended  # before the trace's columns are read: a rank ended has its events
     ended = ended if isinstance(ended, Mapping) else None
-    if run.trace is None:
+    trace = run.gathered  # (bare events a verb gathered already: read from that Trace)
+    if trace is None:
         return diagnose_tables(_seq_ordered(col.tables_of(run.events)), ended=ended)
     if rings is None:
         rings = {f.parent for f in run.files} if run.kind == "files" else ()
     ring = rings_of(Path(folder) for folder in rings)
-    return diagnose_tables(_trace_tables(run.trace), clock=dict(run.trace.clock), ended=ended,
+    return diagnose_tables(_trace_tables(trace), clock=dict(trace.clock), ended=ended,
                            ring=ring)
 
 

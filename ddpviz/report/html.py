@@ -41,7 +41,7 @@ from ddpviz.report.timeline import (
     timeline_steps,
 )
 from ddpviz.traces.fileformat import End
-from ddpviz.traces.source import open_run
+from ddpviz.traces.source import RunSource, open_run
 from ddpviz.traces.trace import Trace, gc_paused
 from ddpviz.units import UNLIMITED, human_bytes
 
@@ -82,14 +82,16 @@ def render(trace: object, *, title: str = "ddpviz report",
     """
     run = open_run(trace, refusal="the report cannot read")
     with gc_paused():
-        return _render(run.as_trace(), title, run.ended if ended is None else ended)
+        return _render(run, title, run.ended if ended is None else ended)
 
 
-def _render(trace: Trace, title: str, ended: Mapping[int, End] | None = None) -> str:
+def _render(run: RunSource, title: str, ended: Mapping[int, End] | None = None) -> str:
+    trace = run.as_trace()
     tables = trace.columns()
     spans = {r: table_spans(t, trace.clock.get(r, (0, 0))[0]) for r, t in tables.items()}
     all_spans = [s for sp in spans.values() for s in sp]
-    findings = sort_findings(diagnose(trace, ended=ended))
+    # diagnose()'s of the run itself (a folder's rings included), as `ddpviz diagnose` says it
+    findings = sort_findings(diagnose(run, ended=ended))
     maps = _bucket_maps(trace)
     offsets = {r: trace.clock.get(r, (0, 0))[0] for r in tables}
     marks = computed_marks(tables, offsets)

@@ -119,6 +119,12 @@ class RunSource:
                 _ = self.ended
         return self._end_problems
 
+    @property
+    def gathered(self) -> Trace | None:
+        """`trace`, or the Trace `as_trace()` gathered from bare events (None before that: the
+        events are then still to be read, once)."""
+        return self.trace if self.trace is not None else self._collected
+
     def as_trace(self) -> Trace:
         """The run's events as a Trace.
 
@@ -139,7 +145,8 @@ def open_run(source: object, *, refusal: str = "cannot read") -> RunSource:
     Args:
         source: a `.ddpviz` path, a folder of `.ddpviz` files (every one of them, merged), a
             list of such paths, a `Trace`, a `ddpviz.Run`, a `Session`, anything with a
-            `.trace` Trace, or an iterable of events.
+            `.trace` Trace, an iterable of events, or a `RunSource` opened before (returned
+            as it is: one read serves several verbs).
         refusal: the caller's words for refusing an object that is no run, before "a TYPE"
             (e.g. "diagnose() cannot read").
 
@@ -152,6 +159,8 @@ def open_run(source: object, *, refusal: str = "cannot read") -> RunSource:
         SourceReadError: a file that cannot be read.
         TraceError: a file that is not a readable trace (see `Trace.load`).
     """
+    if isinstance(source, RunSource):  # opened already: read once, handed to every verb
+        return source
     if isinstance(source, (str, os.PathLike)):
         return _open_files([source])
     if (isinstance(source, (list, tuple)) and source

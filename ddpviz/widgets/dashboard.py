@@ -12,6 +12,7 @@ Perfetto / Save Chrome trace buttons, which fetch the run only when pressed).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from ddpviz._diagnose.verdict import verdict, verdict_line
 from ddpviz.findings import Finding, format_ranks, sort_findings
 from ddpviz.model.event_model import Status
 from ddpviz.model.verification_matrix import group_ranks
+from ddpviz.traces.source import RunSource, open_run
 from ddpviz.widgets.advice_view import AdviceTab
 from ddpviz.widgets.broadcast_progress import BroadcastProgress
 from ddpviz.widgets.debugger_panel import DebuggerPanel
@@ -67,9 +69,12 @@ class Dashboard(EventView):
         self._timeline_budget = timeline_bytes_per_s
         self._debugger = _debugger_of(source, debugger)
         self.status: Status | None = None
-        self._advised = source  # the wait table and diagnose() read the same source
+        self._name = Path(source).name if isinstance(source, (str, Path)) else "run"
+        # the source read once (files parsed once): the model, the wait table, the advisor,
+        # diagnose(), the Perfetto button and the static copy all read this one
+        self._advised = _opened(source)
         self._diagnosis: tuple[int, list[Finding] | None] | None = None
-        super().__init__(source, max_hz=max_hz, **kwargs)
+        super().__init__(self._advised, max_hz=max_hz, **kwargs)
 
     def _build(self) -> list[w.Widget]:
         self.status_html = w.HTML()
@@ -95,7 +100,7 @@ class Dashboard(EventView):
             # redraws the timeline and the map with the stop marked (or cleared)
             self.debugger_panel.attach_timeline(self.timeline)
             self._stop_listening = self.debugger_panel.debugger.on_change(self._request)
-        self.perfetto = _perfetto_button(self._advised)
+        self.perfetto = _perfetto_button(self._advised, self._name)
         return [
             self.status_html,
             *([self.perfetto] if self.perfetto is not None else []),
@@ -216,12 +221,22 @@ class Dashboard(EventView):
         super().close()
 
 
-def _perfetto_button(source: object) -> PerfettoButton | None:
+def _opened(source: object) -> RunSource | None:
+    """`source` opened once for every part of the dashboard (None: events fed by hand); bare
+    events are listed now, since an iterator can be read only once."""
+    if source is None:
+        return None
+    run = open_run(source, refusal="cannot show events from")
+    if run.kind == "events" and not isinstance(run.events, (list, tuple)):
+        return replace(run, events=list(run.events))
+    return run
+
+
+def _perfetto_button(source: object, name: str) -> PerfettoButton | None:
     """The run's Open in Perfetto / Save Chrome trace buttons; None for events fed by hand, or
     where the front end is not built (a checkout without node: the dashboard draws without)."""
     if source is None:
         return None
-    name = Path(source).name if isinstance(source, (str, Path)) else "run"
     try:
         return PerfettoButton(source, name=name)
     except TraceViewError:

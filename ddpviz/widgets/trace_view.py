@@ -26,7 +26,7 @@ from ddpviz import events as ev
 from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import SUFFIX
-from ddpviz.traces.source import open_run
+from ddpviz.traces.source import RunSource, open_run
 from ddpviz.widgets.static_copy import static_copy, with_copy
 
 STATIC = Path(__file__).parent / "static"
@@ -47,17 +47,18 @@ def _read(name: str) -> str:
     return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
-def trace_bytes(source: object) -> tuple[bytes, str]:
+def trace_bytes(source: object, run: RunSource | None = None) -> tuple[bytes, str]:
     """The run as the bytes of one `.ddpviz` file, and the name the view shows: a single
     file's own bytes; anything else (a folder, several files, a Trace, a live run) merged and
-    written as `Trace.save` writes it."""
+    written as `Trace.save` writes it. `run`: `source` opened already (`open_run`)."""
     if isinstance(source, (str, Path)) and Path(source).is_file() \
             and Path(source).suffix == SUFFIX:
         path = Path(source)
         size = path.stat().st_size
         _bounded(size, path.name)
         return path.read_bytes(), path.name
-    run = open_run(source, refusal="TraceView cannot show")
+    if run is None:
+        run = open_run(source, refusal="TraceView cannot show")
     trace = run.as_trace()
     name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
@@ -128,8 +129,10 @@ class TraceView(anywidget.AnyWidget):
                              f"got {scheme!r}.")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"ddpviz: max_events must be a positive int, got {max_events!r}.")
-        data, named = trace_bytes(source)
-        self.findings: list[Finding] = list(diagnose(source))
+        # the source read once (files parsed once), for the bytes, diagnose() and the copy
+        self._run = run = open_run(source, refusal="TraceView cannot show")
+        data, named = trace_bytes(source, run)
+        self.findings: list[Finding] = list(diagnose(run))
         super().__init__(trace=data, diagnosis=diagnosis_bytes(self.findings),
                          name=named if name is None else str(name), scheme=scheme,
                          max_events=max_events, **kwargs)
@@ -137,17 +140,18 @@ class TraceView(anywidget.AnyWidget):
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # beside the widget, for hosts without widgets (nbconvert, nbviewer): See static_copy.py
-        run = open_run(self._source, refusal="TraceView cannot show")
+        run = self._run  # (as read when the view was made or last refreshed)
         live = run.kind == "session" or (run.kind == "run" and run.live.status == "running")
+        trace = run.gathered
         return with_copy(super()._repr_mimebundle_(**kwargs),
-                         static_copy(self._source, live=live,
-                                     events=len(run.trace) if run.trace is not None else 0))
+                         static_copy(run, live=live, events=len(trace) if trace else 0))
 
     def refresh(self) -> None:
-        """Send the run again (a live Run or Session has more events by now), with diagnose()'s
-        findings computed again."""
-        data, _ = trace_bytes(self._source)
-        self.findings = list(diagnose(self._source))
+        """Send the run again (a live Run or Session has more events by now; files are read
+        again), with diagnose()'s findings computed again."""
+        self._run = run = open_run(self._source, refusal="TraceView cannot show")
+        data, _ = trace_bytes(self._source, run)
+        self.findings = list(diagnose(run))
         with self.hold_sync():
             self.trace = data
             self.diagnosis = diagnosis_bytes(self.findings)

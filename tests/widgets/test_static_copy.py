@@ -109,3 +109,28 @@ def test_a_run_over_the_bound_gets_a_line(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(static_copy, "MAX_EVENTS", 10)
     text = copy_of(TraceView(trace))
     assert "<iframe" not in text and f"a run of {len(trace):,} events" in text
+
+
+@pytest.mark.parametrize("make", [TraceView, Dashboard])
+def test_a_folder_is_read_once_for_the_view_its_findings_and_its_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: type) -> None:
+    # one opened run (traces/source.py `open_run`) serves the widget, diagnose() and the
+    # static copy's report: each rank's file is parsed once, where it was parsed 3-4 times
+    run = synthetic_run(2, steps=2)
+    for rank in (0, 1):
+        Trace([e for e in run if e.rank == rank]).save(tmp_path / f"rank{rank}.ddpviz")
+    loads: list[str] = []
+    real = Trace.load.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, path: object, *args: object, **kwargs: object) -> Trace:
+        loads.append(Path(str(path)).name)
+        return real(cls, path, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Trace, "load", classmethod(counted))
+    widget = make(tmp_path)
+    text = copy_of(widget)
+    assert "<iframe" in text and frames(text)
+    assert sorted(loads) == ["rank0.ddpviz", "rank1.ddpviz"], loads
+    # and its findings are diagnose()'s of the folder, as `ddpviz diagnose` says them
+    found = widget.findings if make is TraceView else widget._diagnosed()
+    assert [f.title for f in found] == [f.title for f in ddpviz.diagnose(tmp_path)]
