@@ -40,6 +40,16 @@ def _hooked(model: nn.Module) -> tuple[BucketCheck, _Check, Any]:
     return bc, check, owner
 
 
+def _train(model: nn.Module, bc: BucketCheck, owner: Any, x: torch.Tensor, steps: int) -> None:
+    """`steps` steps of forward (its output to the check) and backward, as the watch drives it."""
+    for step in range(steps):
+        owner.tap.step = step
+        out = model(x)
+        bc.output(step, out)
+        out.square().mean().backward()
+        model.zero_grad()
+
+
 @pytest.mark.parametrize("where", ["small", "large"])
 def test_a_nan_in_a_small_or_a_large_gradient_is_named_at_its_step(where: str) -> None:
     torch.manual_seed(0)
@@ -49,13 +59,7 @@ def test_a_nan_in_a_small_or_a_large_gradient_is_named_at_its_step(where: str) -
     target = model[0].weight if where == "large" else model[1].weight
     index = [p is target for p in model.parameters()].index(True)
     target.register_hook(lambda g: g * float("nan") if owner.tap.step == 2 else None)
-    x = torch.randn(5, 300)
-    for step in range(4):
-        owner.tap.step = step
-        out = model(x)
-        bc.output(step, out)
-        out.square().mean().backward()
-        model.zero_grad()
+    _train(model, bc, owner, torch.randn(5, 300), 4)
     assert check.bad == [(2, [index])]
     assert check.checked == [(0, False), (1, False), (2, False), (3, False)]
     bc.close()
@@ -121,13 +125,7 @@ def test_on_steps_too_short_for_it_the_check_runs_every_few_steps_and_claims_onl
     bad_steps = {12, 33}  # 12: skipped; 33 = 8 + 25: checked
     model[1].weight.register_hook(
         lambda g: g * float("nan") if owner.tap.step in bad_steps else None)
-    x = torch.randn(3, 4)
-    for step in range(40):
-        owner.tap.step = step
-        out = model(x)
-        bc.output(step, out)
-        out.square().mean().backward()
-        model.zero_grad()
+    _train(model, bc, owner, torch.randn(3, 4), 40)
     every = check_budget.MAX_EVERY
     assert bc.budget.every == every and check.every == every
     assert [s for s, _ in check.checked] == [*range(8), 8, 8 + every]
