@@ -11,6 +11,7 @@ import { Finding } from './events';
 import { Timeline, TraceModel } from './eventModel';
 import { formatRanges, MANY_RANKS } from './rankGroups';
 import { TimelineSpread, timelineSpread } from './hookSpread';
+import { selectionStatus, TIMELINE_DRAWN } from './selection';
 
 export function renderTimelineSection(model: TraceModel, options: ViewOptions): HTMLElement {
   if (model.steps.length === 0) {
@@ -32,6 +33,11 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
     'aria-label': 'rank drawn'
   }) as HTMLSelectElement;
   const draw = () => {
+    drawLanes();
+    // a bucket selected in the view is highlighted in the new drawing too (selection.ts)
+    holder.dispatchEvent(new CustomEvent(TIMELINE_DRAWN, { bubbles: true }));
+  };
+  const drawLanes = () => {
     const step = Number(select.value);
     const origin = nanOrigin(nan, step);
     if (!many) {
@@ -83,7 +89,8 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
       'div',
       { class: 'ddpviz-toolbar' },
       h('label', {}, 'Show ', select),
-      many ? h('label', {}, ' lane of ', rankSelect) : null
+      many ? h('label', {}, ' lane of ', rankSelect) : null,
+      selectionStatus()
     ),
     holder
   );

@@ -14,6 +14,7 @@ import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './eventMod
 import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './hookTimeline';
 import { renderTraceActions } from './perfetto';
+import { bucketButtonAttrs, linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
 import { verdict, verdictLine } from './verdict';
 
@@ -41,7 +42,7 @@ export function renderTrace(
   options: ViewOptions,
   diagnosis: Finding[] | null = null
 ): HTMLElement {
-  return h(
+  const root = h(
     'div',
     { class: 'ddpviz-trace' },
     guarded('verdict', 'Verdict', () => renderVerdict(model, diagnosis)),
@@ -54,6 +55,8 @@ export function renderTrace(
     guarded('waits', 'Who made the all-reduce wait', () => renderWaits(model)),
     guarded('counts', 'Events', () => renderCounts(model))
   );
+  linkSelection(root); // a bucket highlights its parameters in the maps and the timeline
+  return root;
 }
 
 /**
@@ -263,6 +266,7 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
           'div',
           {
             class: 'ddpviz-bucket',
+            ...bucketButtonAttrs(),
             'data-bucket': b,
             'data-params': indices.length,
             'data-bytes': bytes,
@@ -285,6 +289,7 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
           {
             class: 'ddpviz-bucketmap',
             'data-rebuilt': String(group.rebuilt),
+            'data-step': group.step,
             'data-ranks': group.ranks.join(','),
             'data-buckets': group.buckets.length
           },
@@ -299,8 +304,11 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
     'Bucket map',
     note(
       'Buckets in reduction order (bucket 0 is all-reduced first); width is gradient bytes, ' +
-        'each segment one parameter (hover for name, shape, dtype).'
+        'each segment one parameter (hover for name, shape, dtype). Click a bucket (or a ' +
+        'gradient mark in the hook timeline) to highlight its parameters in every map and ' +
+        'in the timeline.'
     ),
+    selectionStatus(),
     maps
   );
 }
