@@ -40,13 +40,12 @@ class CheckBudget:
     is checked; `spend(ns)`: what a check just took. `every`, `cost_ns` and `step_ns` are the
     last setting's period and measurements (0: not measured yet)."""
 
-    __slots__ = ("_checked", "_clock", "_due", "_gaps", "_next", "_period", "_set_at",
-                 "_spent", "_step", "_t", "cost_ns", "every", "step_ns")
+    __slots__ = ("_checked", "_clock", "_due", "_gaps", "_next", "_set_at", "_spent", "_step",
+                 "_t", "cost_ns", "every", "step_ns")
 
     def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
         self._clock = clock
-        self.every = 1
-        self._period = 1  # the period `_next` was set with
+        self.every = 1  # (also the period `_next` was set with: it changes only in _set)
         self.cost_ns = 0
         self.step_ns = 0
         self._next = 0  # the next step checked
@@ -70,7 +69,6 @@ class CheckBudget:
         due = self._due = step >= self._next
         if due:
             self._next = step + self.every
-            self._period = self.every
             self._checked += 1
         return due
 
@@ -87,6 +85,7 @@ class CheckBudget:
         self.step_ns = step_ns = gaps[len(gaps) // 2]
         self.cost_ns = cost = spent // checked
         every = math.ceil(cost / (SHARE * step_ns)) if step_ns > 0 else MAX_EVERY
-        every = self.every = min(MAX_EVERY, max(1, every))
-        self._next = min(self._next, max(step, self._next - self._period + every))
-        self._period = every
+        every = min(MAX_EVERY, max(1, every))
+        # the next check as if the last one had been set with the new period (never later)
+        self._next = min(self._next, max(step, self._next - self.every + every))
+        self.every = every
