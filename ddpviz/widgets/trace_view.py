@@ -144,7 +144,8 @@ class TraceView(anywidget.AnyWidget):
         live = run.kind == "session" or (run.kind == "run" and run.live.status == "running")
         trace = run.gathered
         return with_copy(super()._repr_mimebundle_(**kwargs),
-                         static_copy(run, live=live, events=len(trace) if trace else 0))
+                         static_copy(run, live=live,
+                                     events=0 if trace is None else len(trace)))
 
     def refresh(self) -> None:
         """Send the run again (a live Run or Session has more events by now; files are read

@@ -77,13 +77,9 @@ def test_a_finding_after_steps_the_checks_budget_skipped_says_how_often_each_ran
     check = _check()
     bad = _Record(step=82, loss=True, params=[0], n_params=1, checked=True)
     thin = {"every": 9, "cost_ns": 90_000, "step_ns": 1_000_000}
-    check._posts = {
-        0: _Post(done=85, fwd=85, ochk=[[0, 64], [73, 73], [82, 82]], gchk=[[0, 64], [73, 73],
-                                                                          [82, 82]],
-                 bad=[bad], **thin),
-        1: _Post(done=85, fwd=85, ochk=[[0, 64], [73, 73], [82, 82]], gchk=[[0, 64], [73, 73],
-                                                                          [82, 82]],
-                 bad=[bad], **thin)}
+    checked = [[0, 64], [73, 73], [82, 82]]
+    check._posts = {r: _Post(done=85, fwd=85, ochk=checked, gchk=checked, bad=[bad], **thin)
+                    for r in (0, 1)}
     [f] = check.compose()
     assert (f.kind, f.ranks) == ("nonfinite_parameter", (0, 1))
     assert "between step 73's forward and step 82's forward" in f.title
