@@ -296,7 +296,7 @@ class Watch:
         # both made before the wrapper and kept for the watch's life: held here, not looked up
         pulse, nf_open = watchdog.pulse, nf.open_steps
         grad_enabled = torch.is_grad_enabled
-        mark, group = collectives.mark_ddp_step, self.group
+        mark = collectives.step_marker(self.group)  # See [Note: the step mark's hot path]
         contract_forward = self._contract.forward
         # the every-step output sum (hook-less): See [Note: every step, one hook a bucket]
         each = None if self._driven else self.__dict__.get("_buckets_nf")
@@ -313,7 +313,7 @@ class Watch:
                 self._forwards = step + 1
                 tap.step = watchdog.step = step
                 watchdog.phase = "forward"
-                mark(group, step)
+                mark(step)
                 if replicas is not None:
                     replicas.latest = step
                 if tap.enabled:

@@ -17,8 +17,12 @@ from collections.abc import Callable
 #     the window (a pause for evaluation or a checkpoint does not count);
 #   - the check: the clock around its own work (the output's sum, the bucket hooks' sums), its
 #     mean per checked step over the window;
-# and checks every `every`-th step, the least period that keeps the check within SHARE of the
-# step (every step when it fits, as on any step of tens of milliseconds), at most MAX_EVERY.
+# and checks the steps that are multiples of `every`: the least power of two that keeps the
+# check within SHARE of the step (every step when it fits, as on any step of tens of
+# milliseconds), at most MAX_EVERY. Powers of two on the step number, so that ranks which
+# measured different costs still check common steps: the steps of the longest period are
+# checked by every rank (periods 8 and 16: every 16th step on both), and a NaN on such a step
+# is judged with every rank's local gradients.
 # Every step is checked up to WARMUP (the first steps' NaNs: a bad initialisation, learning
 # rate or batch; and their times are not the job's usual ones: the bucket rebuild, the
 # allocator's first calls); then the period is set again every WINDOW steps from that window's
@@ -30,45 +34,50 @@ from collections.abc import Callable
 SHARE = 0.01  # of the step's time, at most, for the every-step check
 WARMUP = 64  # steps checked on every step before the period is first set
 WINDOW = 64  # steps between settings of the period
-MAX_EVERY = 25  # the longest period: a NaN's origin seen at 1 in 25 steps at the worst
+MAX_EVERY = 32  # the longest period (a power of two): a NaN's origin seen at 1 in 32 steps
+# at the worst. WARMUP and WINDOW are multiples of it: every period checks the step a new
+# period starts at.
 
 
 class CheckBudget:
     """The every-step check's period on this rank, from its measured cost and the step's time.
 
     `due(step)` (once or more a step, first on the training thread's forward): whether `step`
-    is checked; `spend(ns)`: what a check just took. `every`, `cost_ns` and `step_ns` are the
-    last setting's period and measurements (0: not measured yet)."""
+    is checked (a multiple of `every`); `spend(ns)`: what a check just took. `every`,
+    `cost_ns` and `step_ns` are the last setting's period and measurements (0: not measured
+    yet)."""
 
-    __slots__ = ("_checked", "_clock", "_due", "_gaps", "_next", "_set_at", "_spent", "_step",
-                 "_t", "cost_ns", "every", "step_ns")
+    __slots__ = ("_checked", "_clock", "_gaps", "_on_set", "_set_at", "_spent", "_t", "answer",
+                 "asked", "cost_ns", "every", "step_ns")
 
-    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns,
+                 on_set: Callable[[CheckBudget], None] | None = None) -> None:
+        """`on_set(budget)`: called when the period was set from a window's measurements (so
+        the period is told before the first step it skips, not only with a checked step)."""
         self._clock = clock
-        self.every = 1  # (also the period `_next` was set with: it changes only in _set)
+        self._on_set = on_set
+        self.every = 1  # checked: the steps that are multiples of it
         self.cost_ns = 0
         self.step_ns = 0
-        self._next = 0  # the next step checked
-        self._step = -1
-        self._due = True
-        self._t = 0  # when `_step` was first asked about
+        self.asked = -1  # the last step `due` was asked about, and its `answer` (a hook on the
+        self.answer = True  # hot path reads them instead of calling `due` again)
+        self._t = 0  # when `asked` was first asked about
         self._gaps: list[int] = []  # ns between consecutive steps, this window
         self._spent = 0  # ns the checks took, this window
         self._checked = 0  # steps checked, this window
         self._set_at = WARMUP
 
     def due(self, step: int) -> bool:
-        if step == self._step:
-            return self._due
+        if step == self.asked:
+            return self.answer
         now = self._clock()
-        if step == self._step + 1 and self._t:
+        if step == self.asked + 1 and self._t:
             self._gaps.append(now - self._t)
-        self._step, self._t = step, now
+        self.asked, self._t = step, now
         if step >= self._set_at:
             self._set(step)
-        due = self._due = step >= self._next
+        due = self.answer = not step % self.every
         if due:
-            self._next = step + self.every
             self._checked += 1
         return due
 
@@ -84,8 +93,7 @@ class CheckBudget:
         gaps.sort()
         self.step_ns = step_ns = gaps[len(gaps) // 2]
         self.cost_ns = cost = spent // checked
-        every = math.ceil(cost / (SHARE * step_ns)) if step_ns > 0 else MAX_EVERY
-        every = min(MAX_EVERY, max(1, every))
-        # the next check as if the last one had been set with the new period (never later)
-        self._next = min(self._next, max(step, self._next - self.every + every))
-        self.every = every
+        need = math.ceil(cost / (SHARE * step_ns)) if step_ns > 0 else MAX_EVERY
+        self.every = min(MAX_EVERY, 1 << max(0, need - 1).bit_length())  # (a power of two)
+        if self._on_set is not None:
+            self._on_set(self)

@@ -402,7 +402,7 @@ class NonfiniteCheck:
         """The every-step bucket check saw every bucket of `step` (CPU); `loss`: its forward
         output was non-finite (None: not seen); `every`, `cost_ns`, `step_ns`: its period and
         what set it (check_budget.py)."""
-        self._period(every, cost_ns, step_ns)
+        self.period(every, cost_ns, step_ns)
         rec = self._open.get(step)
         if rec is None and not loss:  # the usual step: one more in the run
             first, last, out = self.run
@@ -439,7 +439,7 @@ class NonfiniteCheck:
         """Every bucket of `step` checked (GPU); `output`: its forward output's sum was among
         the values. The steps before whose values are readable now are settled (on the plain
         steps no forward() does it). `every`...: as step_checked's."""
-        self._period(every, cost_ns, step_ns)
+        self.period(every, cost_ns, step_ns)
         rec = self._open.get(step)
         if rec is None:
             rec = self._record(step)
@@ -451,8 +451,9 @@ class NonfiniteCheck:
         if len(self._open) > 1:
             self._settle(step)
 
-    def _period(self, every: int, cost_ns: int, step_ns: int) -> None:
-        """The every-step check's period, posted when it changed."""
+    def period(self, every: int, cost_ns: int, step_ns: int) -> None:
+        """The every-step check's period, posted when it changed (also as soon as the budget
+        set it: a NaN on the steps it then skips is told with it)."""
         post = self._post
         if every != post.every or step_ns != post.step_ns:
             with self._lock:

@@ -83,7 +83,8 @@ class BucketCheck:
         self.ostep = -1  # the step of the forward output's sum
         self.osum: torch.Tensor | None = None
         self.closed = False
-        self.budget = CheckBudget()  # which steps are checked: See [Note: the check's budget]
+        # which steps are checked: See [Note: the check's budget]
+        self.budget = CheckBudget(on_set=lambda b: check.period(b.every, b.cost_ns, b.step_ns))
 
     # --- what is hooked ----------------------------------------------------------------------
 
@@ -145,7 +146,10 @@ class BucketCheck:
 
     def _hook(self, g: int, param: torch.Tensor) -> None:
         owner = self._owner
-        if self.closed or owner._armed or not self.budget.due(owner.tap.step):
+        if self.closed or owner._armed:
+            return
+        budget, step = self.budget, owner.tap.step  # (the forward asked already: no call)
+        if not (budget.answer if step == budget.asked else budget.due(step)):
             return
         t0 = _clock()
         try:

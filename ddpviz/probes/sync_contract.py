@@ -57,17 +57,17 @@ from ddpviz.probes.stack_text import Frame, clip, owner, user_frame, where
 #   that local forward ("no_sync") or no forward at all since the last step
 #   ("module_forward"; "unused_ddp" when the DDP's forward never ran). A synced forward
 #   clears the dirt: its backward reduces everything accumulated before it;
-# - every optimizer step (torch's global step hooks, one pair for every contract of the
-#   process): an optimizer that holds the DDP's parameters steps while dirt remains and some
-#   of those parameters have gradients -> `unsynced_gradients`, once per DDP and cause, on
-#   this rank. Judged before the step; a step given a closure (LBFGS, Lightning's automatic
-#   optimization, whose closure runs the forward and backward) after it, once the closure ran.
-#   Exempt: any collective issued since the dirt's last backward (a manual all-reduce of the
-#   gradients, composer's FORCED_SYNC; any other collective exempts too, conservatively),
-#   counted by the job's collective ledger and by the process groups' own sequence numbers
-#   (which count what bypasses Python too: functional collectives, C++ extensions); a step
-#   run inside a backward (optimizers applied in backward); an optimizer whose parameters
-#   DDP steps itself (`_apply_optimizer_in_backward`).
+# - every optimizer step (torch's global step hooks, one for every contract of the process: See
+#   [Note: the optimizer-step hooks]): an optimizer that holds the DDP's parameters steps while dirt
+#   remains and some of those parameters have gradients -> `unsynced_gradients`, once per DDP and
+#   cause, on this rank. Judged before the step; a step given a closure (LBFGS, Lightning's
+#   automatic optimization, whose closure runs the forward and backward) after it, once the closure
+#   ran. Exempt: any collective issued since the dirt's last backward (a manual all-reduce of the
+#   gradients, composer's FORCED_SYNC; any other collective exempts too, conservatively), counted by
+#   the job's collective ledger and by the process groups' own sequence numbers (which count what
+#   bypasses Python too: functional collectives, C++ extensions); a step run inside a backward
+#   (optimizers applied in backward); an optimizer whose parameters DDP steps itself
+#   (`_apply_optimizer_in_backward`).
 # It never reports what it did not see (a miss, never a false alarm): a backward after the
 # synced one of the same step counts as part of it; a backward that accumulates only into
 # parameters without a canary (neither the first nor the last trainable one, hook-less) is
@@ -352,55 +352,75 @@ class SyncContract:
 
 # --- the one global optimizer-step hook ---------------------------------------------------
 
+# [Note: the optimizer-step hooks]
+# Every optimizer step of the process calls torch's global pre-hook: one Python call a step,
+# which meets the training thread cold (each line ~1-2 us there). So the pre-hook does the
+# common case itself (no closure: judge now), walks a tuple of the open contracts kept at
+# open/close, and the post-hook, which only a step given a closure needs, is registered the
+# first time the pre-hook sees one (it stays, like the pre-hook, while contracts are open).
+# Neither is removed while torch walks its hook tables (`_stepping`: it would raise there);
+# left in place, they return at once until a contract needs them again.
+
 _lock = threading.Lock()
 _contracts: list[SyncContract] = []
+_open_now: tuple[SyncContract, ...] = ()  # `_contracts` as the hooks walk it
 _by_owner: weakref.WeakKeyDictionary[Any, SyncContract] = weakref.WeakKeyDictionary()
-_handles: tuple[Any, ...] = ()  # torch's global step pre- and post-hook: one pair for all
-_stepping = 0  # optimizer steps between those two hooks now (their tables are being walked)
+_pre: Any = None  # torch's global step pre-hook's handle: one for all contracts
+_post: Any = None  # ... and its post-hook's, once a step with a closure was seen
+_stepping = 0  # our hooks running now (torch is walking its hook tables)
 
 
 def _open(contract: SyncContract, owner: Any) -> None:
-    global _handles
+    global _pre, _open_now
     with _lock:
         _contracts.append(contract)
+        _open_now = tuple(_contracts)
         _by_owner[owner] = contract
-        if not _handles:
-            _handles = (register_optimizer_step_pre_hook(_before_step),
-                        register_optimizer_step_post_hook(_after_step))
+        if _pre is None:
+            _pre = register_optimizer_step_pre_hook(_before_step)
 
 
 def _close(contract: SyncContract) -> None:
-    global _handles
+    global _pre, _post, _open_now
     with _lock:
         if contract in _contracts:
             _contracts.remove(contract)
+            _open_now = tuple(_contracts)
         if _contracts or _stepping:
-            return  # (never removed while torch walks its hook tables: it would raise there;
-            # left in place, they return at once until a contract needs them again)
-        handles, _handles = _handles, ()
+            return  # (See [Note: the optimizer-step hooks])
+        handles = (_pre, _post)
+        _pre = _post = None
     for h in handles:
-        h.remove()
+        if h is not None:
+            h.remove()
 
 
-# (both run at every optimizer step of the process: `_closure` is written out in them)
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _stepping
+    if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
+        _with_closure()  # judged after its closure ran
+        return
+    if not _open_now or _graph_task() != -1:
+        return  # nothing open, or a step applied inside a backward
     _stepping += 1
-    if not _contracts or (len(args) > 1 and args[1] is not None) or \
-            kwargs.get("closure") is not None or _graph_task() != -1:
-        return  # nothing open, judged after its closure, or a step applied inside a backward
-    for contract in tuple(_contracts):
-        contract.stepped(optimizer)
+    try:
+        for contract in _open_now:
+            contract.stepped(optimizer)
+    finally:
+        _stepping -= 1
+
+
+def _with_closure() -> None:
+    """A step given a closure: make sure the post-hook that judges it is there."""
+    global _post
+    with _lock:
+        if _post is None and _pre is not None:
+            _post = register_optimizer_step_post_hook(_after_step)
 
 
 def _after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    global _stepping
-    if _stepping:
-        _stepping -= 1
-    if _contracts and ((len(args) > 1 and args[1] is not None) or
-                       kwargs.get("closure") is not None) and _graph_task() == -1:
-        for contract in tuple(_contracts):
-            contract.stepped(optimizer)
+    if _closure(args, kwargs):  # judged now, its closure run, as a step without one before it
+        _before_step(optimizer, (), {})
 
 
 def _closure(args: Any, kwargs: Any) -> bool:

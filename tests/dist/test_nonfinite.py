@@ -24,7 +24,7 @@ from tests.polling import eventually
 STEPS = 14
 DEFAULT_STEPS = 28  # the default checks forward outputs on steps 0-2 and every 25th step
 HEALTHY_STEPS = 201  # healthy runs: sampled steps 0-2, 100, 200 and 11 output checks each
-THIN_STEPS = 40  # "thin": the default with its check's budget forced to every 25th step from 8
+THIN_STEPS = 40  # "thin": the default with its check's budget forced to every 32nd step from 8
 
 
 def _model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -42,7 +42,7 @@ def _one_case(rank: int, world: int, engine: str, plant: str, at: int,
     import ddpviz
     from ddpviz import events as ev
 
-    if engine == "thin":  # See [Note: the check's budget]: every 25th step from step 8 on
+    if engine == "thin":  # See [Note: the check's budget]: the multiples of 32 from step 8 on
         from ddpviz.probes import check_budget
 
         saved = {k: getattr(check_budget, k) for k in ("WARMUP", "WINDOW", "SHARE")}
@@ -138,7 +138,7 @@ CASES = [  # (engine, plant, step)
     ("ddpviz", "input", 5),
     ("every1", "input", 9),  # every step's hooks armed: the loss is checked with them
     ("thin", "grad", 12),  # the budget's skipped step: seen at step 25's forward check
-    ("thin", "grad", 33),  # the budget's checked step (8 + 25): named exactly
+    ("thin", "grad", 32),  # the budget's checked step (a multiple of 32): named exactly
     ("default", "", 0),
     ("guarded", "", 0),
     ("ddpviz", "", 0),
@@ -257,22 +257,23 @@ def test_an_unsampled_gradient_nan_without_gradient_hooks_says_what_was_not_seen
 
 def test_a_nan_on_a_step_the_checks_budget_skipped_says_what_was_not_checked_and_why(
         results: dict[int, list[dict[str, Any]]]) -> None:
-    # See [Note: the check's budget]: checked every step up to 8, then every 25th; rank 1's
+    # See [Note: the check's budget]: checked every step up to 7, then every 32nd; rank 1's
     # gradient NaN at step 12 reaches every rank through the all-reduce and is seen at step
-    # 25's forward output check: no origin claimed, the period said
+    # 25's forward check (the default's every 25th, of the parameters): no origin claimed,
+    # the period said
     f = _finding(results, _case("thin", "grad", 12))
     assert (f["kind"], f["ranks"]) == ("nonfinite_parameter", (0, 1, 2))
-    assert "between step 8's forward and step 25's forward" in f["title"]
+    assert "between step 7's forward and step 25's forward" in f["title"]
     text = " ".join(f["detail"])
-    assert "ran every 25th step on ranks 0,1,2" in text, text
+    assert "ran every 32nd step on ranks 0,1,2" in text, text
     assert "whether a gradient (on which rank) or the optimizer step" in text
 
 
 def test_a_nan_on_a_step_the_checks_budget_checked_is_named_exactly(
         results: dict[int, list[dict[str, Any]]]) -> None:
-    f = _finding(results, _case("thin", "grad", 33))
+    f = _finding(results, _case("thin", "grad", 32))
     assert (f["kind"], f["step"], f["ranks"], f["name"], f["field"]) == (
-        "nonfinite_gradient", 33, (1,), "2.weight", "gradient")
+        "nonfinite_gradient", 32, (1,), "2.weight", "gradient")
 
 
 def test_an_update_that_makes_finite_gradients_non_finite_blames_the_update(

@@ -1,10 +1,9 @@
 """The every-step NaN check's budget (probes/check_budget.py): with a clock the test drives,
-every step is checked until WARMUP, then the least period that keeps the check within SHARE
-of the step's median time, at most MAX_EVERY, set again every WINDOW steps."""
+every step is checked until WARMUP, then the multiples of the least power of two that keeps
+the check within SHARE of the step's median time, at most MAX_EVERY, set again every WINDOW
+steps; ranks with different periods check the longest period's steps alike."""
 
 from __future__ import annotations
-
-import itertools
 
 from ddpviz.probes.check_budget import MAX_EVERY, SHARE, WARMUP, WINDOW, CheckBudget
 
@@ -45,15 +44,28 @@ def test_a_check_that_fits_its_share_runs_on_every_step() -> None:
 def test_a_check_too_costly_for_short_steps_runs_every_few_steps_after_the_warmup() -> None:
     clock = _Clock()
     budget = CheckBudget(clock)
-    step_ns, cost_ns = 1_000_000, 90_000  # 1 ms steps, 90 us: 9% -> every 9th step for 1%
+    step_ns, cost_ns = 1_000_000, 90_000  # 1 ms steps, 90 us: 9% -> every 9th step for 1% ...
     checked = _run(budget, clock, range(WARMUP + 4 * WINDOW), step_ns, cost_ns)
-    every = -(-cost_ns // int(SHARE * step_ns))
-    assert budget.every == every == 9
+    need = -(-cost_ns // int(SHARE * step_ns))
+    assert need == 9 and budget.every == 16  # ... as a power of two: every 16th
     assert checked[:WARMUP] == list(range(WARMUP))  # the warmup: every step
     after = [s for s in checked if s >= WARMUP]
-    assert after[0] == WARMUP and {b - a for a, b in itertools.pairwise(after)} == {every}
+    assert after == list(range(WARMUP, WARMUP + 4 * WINDOW, 16))  # the multiples of 16
     # within the share, measured on what the test's clock saw
     assert len(after) * cost_ns <= SHARE * step_ns * (WARMUP + 4 * WINDOW - WARMUP) + cost_ns
+
+
+def test_ranks_that_measured_different_costs_check_the_longest_periods_steps_alike() -> None:
+    checked = {}
+    for cost_ns in (30_000, 90_000, 500_000):  # 3%, 9%, 50% of 1 ms steps: every 4th, 16th, 32nd
+        clock = _Clock()
+        budget = CheckBudget(clock)
+        steps = range(WARMUP + 3 * WINDOW)
+        checked[budget] = {s for s in _run(budget, clock, steps, 1_000_000, cost_ns)
+                           if s >= WARMUP + WINDOW}
+    assert [b.every for b in checked] == [4, 16, MAX_EVERY]
+    longest = checked[max(checked, key=lambda b: b.every)]
+    assert longest and all(longest <= steps for steps in checked.values())
 
 
 def test_the_period_is_capped_and_comes_back_when_steps_grow_long() -> None:
@@ -72,7 +84,7 @@ def test_a_pause_between_steps_does_not_count_as_a_long_step() -> None:
     budget = CheckBudget(clock)
     # one checkpoint or evaluation of 10 s in the window: the median step is still 1 ms
     _run(budget, clock, range(WARMUP + 1), 1_000_000, 90_000, pause={40: 10_000_000_000})
-    assert budget.every == 9 and budget.step_ns == 1_000_000
+    assert budget.every == 16 and budget.step_ns == 1_000_000
 
 
 def test_steps_not_asked_in_a_row_are_not_measured_as_one() -> None:

@@ -172,3 +172,50 @@ def test_functional_collectives_are_recorded_by_name_and_compile_as_without() ->
     assert [results[0]["values"][i] for i in agree] == [results[1]["values"][i] for i in agree]
     assert results[0]["values"][0] == [1.0, 2.0, 3.0, 4.0]  # max over ranks of arange + rank
     assert results[0]["values"][1] == [1.0, 2.0, 3.0, 4.0]  # rank 1's x
+
+
+def _marks(rank: int, world: int) -> list[tuple[int, int, int]]:
+    import torch
+    import torch.distributed as dist
+
+    from ddpviz.probes import collectives
+
+    assert collectives.install()
+    marker = collectives.step_marker(dist.group.WORLD)
+    t = torch.ones(2)
+    marker(0)
+    dist.all_reduce(t)
+    collectives.mark_ddp_step(dist.group.WORLD, 1)  # (the locked path, for the same group)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    marker(2)
+    ledger = next(g for g in collectives.groups() if g.group is dist.group.WORLD)
+    marks = [(m.pos, m.step, m.bucket) for m in ledger.marks]
+    collectives.release()
+    return marks
+
+
+def test_a_ddps_step_marker_marks_the_positions_mark_ddp_step_does() -> None:
+    for marks in run_ranks(_marks, 2, timeout=120).values():
+        assert marks == [(0, 0, -1), (1, 1, -1), (3, 2, -1)]
+
+
+def test_the_poster_takes_the_marks_after_the_last_one_it_posted() -> None:
+    from collections import deque
+
+    from ddpviz.probes.collective_compare import Mark
+    from ddpviz.probes.collectives import new_marks
+
+    marks: deque[Mark] = deque(maxlen=4)
+    assert new_marks(list(marks), None) == []
+    first = [Mark(i, i, -1) for i in range(3)]
+    marks.extend(first)
+    assert new_marks(list(marks), None) == first
+    assert new_marks(list(marks), first[1]) == first[2:]
+    assert new_marks(list(marks), first[2]) == []
+    same = Mark(2, 2, -1)  # equal to the last posted, but another mark: identity decides
+    marks.append(same)
+    assert new_marks(list(marks), first[2]) == [same]
+    later = [Mark(10 + i, 10 + i, -1) for i in range(4)]
+    marks.extend(later)  # the last posted rotated out of the deque: every kept one is new
+    assert new_marks(list(marks), same) == later

@@ -72,19 +72,19 @@ def test_a_gradient_finding_whose_loss_was_not_checked_says_so_and_presumes_no_c
 
 def test_a_finding_after_steps_the_checks_budget_skipped_says_how_often_each_rank_checked(
         ) -> None:
-    # See [Note: the check's budget]: rank 1 checked every 9th step (steps 64, 73, ...); the NaN
-    # began on a skipped step and is seen at the next checked one, on every rank
+    # See [Note: the check's budget]: both ranks checked every 16th step (64, 80, 96, ...); the
+    # NaN began on a skipped step and is seen at the next checked one, on every rank
     check = _check()
-    bad = _Record(step=82, loss=True, params=[0], n_params=1, checked=True)
-    thin = {"every": 9, "cost_ns": 90_000, "step_ns": 1_000_000}
-    checked = [[0, 64], [73, 73], [82, 82]]
-    check._posts = {r: _Post(done=85, fwd=85, ochk=checked, gchk=checked, bad=[bad], **thin)
+    bad = _Record(step=96, loss=True, params=[0], n_params=1, checked=True)
+    thin = {"every": 16, "cost_ns": 90_000, "step_ns": 1_000_000}
+    checked = [[0, 64], [80, 80], [96, 96]]
+    check._posts = {r: _Post(done=99, fwd=99, ochk=checked, gchk=checked, bad=[bad], **thin)
                     for r in (0, 1)}
     [f] = check.compose()
     assert (f.kind, f.ranks) == ("nonfinite_parameter", (0, 1))
-    assert "between step 73's forward and step 82's forward" in f.title
+    assert "between step 80's forward and step 96's forward" in f.title
     text = " ".join(f.detail)
-    assert "every 9th step on ranks 0,1" in text and "90 µs a step" in text, text
+    assert "every 16th step on ranks 0,1" in text and "90 µs a step" in text, text
     assert "1 ms" in text and "whether a gradient (on which rank)" in text
 
 

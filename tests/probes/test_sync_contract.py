@@ -170,7 +170,12 @@ def test_torch_s_global_step_hooks_go_with_the_last_contract(hooks_before: int) 
 
     owners = [Owner(), Owner()]  # (kept: a contract closes when its DDP is collected)
     first, second = make(owners[0], []), make(owners[1], [])
-    assert count() == hooks_before + 2  # one pair for every contract of the process
+    assert count() == hooks_before + 1  # one pre-hook for every contract of the process
+    opt = torch.optim.SGD(owners[0].module.parameters(), lr=0.1)
+    step(owners[0], opt, [True])
+    assert count() == hooks_before + 1  # a step without a closure needs no post-hook
+    opt.step(lambda: None)
+    assert count() == hooks_before + 2  # ... one given a closure is judged after it
     first.close()
     assert count() == hooks_before + 2
     second.close()
