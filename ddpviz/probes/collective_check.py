@@ -47,10 +47,14 @@ from ddpviz.units import ordinal
 # else there (DDP's collectives, named by the marks, or a call ddpviz does not see). The first
 # difference is reported once per group; after it, positions no longer pair, so that group's
 # comparison stops. Nothing is read from the user's process group: only the store.
-# Blocked ranks: a rank inside a blocking call posts it as open. When every rank of a set is
-# blocked, each in a collective that some peer of its group is not in, and those peers are
-# blocked too (in the set), none of them can ever return: `collective_mismatch` names each
-# rank's call (different groups or positions), after it lasted STUCK_S.
+# Blocked ranks: a rank inside a blocking call posts it as open, in its group's head and in a
+# key of its own that every group shares (`Blocked`: the group, its ranks, the call, since
+# when; set only when it changes). Rank 0 reads every rank's key each tick (one multi_get):
+# when every rank of a set is blocked, each in a collective that some peer of its group is not
+# in, and those peers are blocked too (in the set), none of them can ever return:
+# `collective_mismatch` names each rank's call (different groups or positions), after it
+# lasted STUCK_S. One reader of every rank's call: a cycle through groups that no one rank
+# belongs to (ranks 0,1 / 1,2 / 0,2, each blocked in one) is named like one inside a group.
 
 # [Note: a new call site is posted first]
 # gloo ends a process at once (SIGABRT, no Python runs) when a collective receives more bytes
@@ -115,6 +119,16 @@ class Head(msgspec.Struct, array_like=True):
     since: int  # positions below this were not recorded on the rank
 
 
+class Blocked(msgspec.Struct, array_like=True):
+    """The blocking collective a rank is inside (its own key: See [Note: comparing
+    histories])."""
+
+    group: str
+    ranks: list[int]  # the group's global ranks
+    entry: Entry
+    since: float  # time.time() the call began (posted by the rank)
+
+
 class Chunk(msgspec.Struct, array_like=True):
     first: int  # index of the first entry in `entries` in the rank's ledger
     entries: list[Entry]
@@ -130,6 +144,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec_head = msgspec.msgpack.Decoder(Head)
 _dec_chunk = msgspec.msgpack.Decoder(Chunk)
 _dec_claim = msgspec.msgpack.Decoder(Claim)
+_dec_blocked = msgspec.msgpack.Decoder(Blocked)
 MEET_LOCK_S = 1.0  # the most the training thread waits for the checker's lock, once
 FLUSH_S = 1.0  # the most a report waits for its event to be shipped
 
@@ -140,9 +155,10 @@ class _Poster:
     def __init__(self) -> None:
         self.chunk = -1
         self.sent = 0  # entries (by ledger count) posted final
-        self.marks = 0
+        self.last_mark: Mark | None = None  # the last mark posted (See ledger_mod.new_marks)
         self.open_index = -1
         self.open_since = 0.0
+        self.open: Entry | None = None  # the blocking call open at the last post
 
 
 class _History:
@@ -176,6 +192,7 @@ class CollectiveCheck:
         self.compares: dict[str, _Compare] = {}
         self.stuck_reported = False
         self.findings: list[Finding] = []
+        self._blocked_posted: bytes | None = None  # this rank's Blocked key as last set
         self._stop = threading.Event()
         self._post_lock = threading.Lock()
         self._tick_lock = threading.Lock()
@@ -266,10 +283,12 @@ class CollectiveCheck:
             ledgers = [g for g in ledger_mod.groups() if g.comparable and len(g.ranks) > 1]
             for g in ledgers:
                 self._post(g)
+            self._post_blocked(ledgers)
             for g in ledgers:
                 if g.ranks[0] == self.rank:
                     self._check(g)
-            self._check_blocked(ledgers)
+            if self.rank == 0:
+                self._check_blocked()
 
     def _key(self, g: GroupLedger, rank: int, what: str) -> str:
         return f"ddpviz/coll/{self.epoch}/{g.name}/{rank}/{what}"
@@ -289,7 +308,6 @@ class CollectiveCheck:
             count = g.count
             entries = list(g.entries)  # a span set after this is posted next time
             marks = list(g.marks)
-            n_marks_total = g.marks_count
         first_kept = count - len(entries)
         start = max(p.sent, first_kept)
         new = entries[start - first_kept:]
@@ -297,7 +315,7 @@ class CollectiveCheck:
         final = next((i for i, e in enumerate(new) if e.span < 0), len(new))
         if issuing:  # the training thread, before the call: a rank's exit ends it as issued
             final = 0
-        new_marks = marks[len(marks) - min(len(marks), n_marks_total - p.marks):]
+        new_marks = ledger_mod.new_marks(marks, p.last_mark)
         if new or new_marks:
             p.chunk += 1
             chunk = Chunk(start, [c.entry() for c in new], new_marks)  # (text made here)
@@ -307,7 +325,8 @@ class CollectiveCheck:
                 with contextlib.suppress(Exception):
                     self.store.delete_key(self._key(g, self.rank, f"c{p.chunk - KEEP_CHUNKS}"))
         p.sent = start + final
-        p.marks = n_marks_total
+        if new_marks:
+            p.last_mark = new_marks[-1]
         opened = None if issuing else next((e for e in reversed(entries) if e.span < 0), None)
         if opened is None:
             p.open_index, p.open_since = -1, 0.0
@@ -315,8 +334,8 @@ class CollectiveCheck:
             index = count - 1 - next(i for i, e in enumerate(reversed(entries)) if e is opened)
             if index != p.open_index:
                 p.open_index, p.open_since = index, time.time()
-        head = Head(p.chunk, -1 if position is None else position,
-                    None if opened is None else opened.entry(), p.open_since,
+        p.open = None if opened is None else opened.entry()
+        head = Head(p.chunk, -1 if position is None else position, p.open, p.open_since,
                     ledger_mod._step, g.since)
         self.store.set(self._key(g, self.rank, "h"), _enc.encode(head))  # type: ignore[arg-type]
 
@@ -382,59 +401,56 @@ class CollectiveCheck:
 
     # --- blocked ranks ---------------------------------------------------------------------
 
-    def _check_blocked(self, ledgers: Sequence[GroupLedger]) -> None:
-        """Ranks blocked in collectives that can never complete (See the Note)."""
-        if self.stuck_reported or not ledgers:
-            return
-        world = [g for g in ledgers if g.ranks[0] == self.rank]
-        if not world:
-            return
-        # every group this rank checks: read every member's head (already read by _check)
-        blocked: dict[int, tuple[str, Entry, float]] = {}
-        members: dict[str, tuple[int, ...]] = {}
-        now = time.time()
+    def _blocked_key(self, rank: int) -> str:
+        return f"ddpviz/coll/{self.epoch}/blocked/{rank}"
+
+    def _post_blocked(self, ledgers: Sequence[GroupLedger]) -> None:
+        """Post the blocking call this rank is inside, if any (See the Note); b"": none."""
+        mine = b""
         for g in ledgers:
-            members[g.name] = g.ranks
-            c = self.compares.get(g.name)
-            if c is None or g.ranks[0] != self.rank:  # (a claim's compare: read once, stale)
+            p = self.posters.get(g.name)
+            if p is not None and p.open is not None and not p.open.asym:
+                mine = _enc.encode(Blocked(g.name, list(g.ranks), p.open, p.open_since))
+                break
+        if mine != self._blocked_posted:
+            self.store.set(self._blocked_key(self.rank), mine)  # type: ignore[arg-type]
+            self._blocked_posted = mine
+
+    def _check_blocked(self) -> None:
+        """Rank 0: ranks blocked in collectives that can never complete, whatever their
+        groups (See the Note)."""
+        if self.stuck_reported:
+            return
+        keys = [self._blocked_key(r) for r in range(dist.get_world_size())]
+        if not self.store.check(keys):  # (a rank not posting yet: none of its calls is stuck)
+            return
+        now = time.time()
+        blocked: dict[int, Blocked] = {}
+        for r, raw in enumerate(self.store.multi_get(keys)):
+            if not raw or len(raw) > MAX_CHUNK:
                 continue
-            for r, h in c.histories.items():
-                head = h.head
-                if head is None or head.open is None or head.open.asym:
-                    continue
-                if now - head.open_since >= STUCK_S:
-                    blocked[r] = (g.name, head.open, head.open_since)
-        if len(blocked) < 2:
-            return
-        stuck = set(blocked)
-        changed = True
-        while changed:
-            changed = False
-            for r in list(stuck):
-                group, entry, _ = blocked[r]
-                peers = [s for s in members.get(group, ()) if s != r]
-                waiting_on = [s for s in peers if not (
-                    s in blocked and blocked[s][0] == group and blocked[s][1].pos == entry.pos)]
-                if not waiting_on or any(s not in stuck for s in waiting_on):
-                    stuck.discard(r)
-                    changed = True
-        if len(stuck) < 2:
-            return
-        calls = {(blocked[r][0], blocked[r][1].pos) for r in stuck}
-        if len(calls) < 2:
+            try:
+                b = _dec_blocked.decode(raw)
+            except msgspec.DecodeError:
+                continue
+            if now - b.since >= STUCK_S:
+                blocked[r] = b
+        stuck = _stuck(blocked)
+        if len(stuck) < 2 or len({(blocked[r].group, blocked[r].entry.pos) for r in stuck}) < 2:
             return
         self.stuck_reported = True
         by_text: dict[str, list[int]] = {}
         for r in sorted(stuck):
-            group, e, since = blocked[r]
-            g = next(x for x in ledgers if x.name == group)
-            by_text.setdefault(f"waits in {_entry_text(e)}, the {ordinal(e.pos + 1)} "
-                               f"collective on {_group_label(g.name)}, for {now - since:.0f}s",
-                               []).append(r)
+            b = blocked[r]
+            members = ",".join(str(m) for m in b.ranks)
+            by_text.setdefault(f"waits in {_entry_text(b.entry)}, the "
+                               f"{ordinal(b.entry.pos + 1)} collective on "
+                               f"{_group_label(b.group)} (ranks {members}), for "
+                               f"{now - b.since:.0f}s", []).append(r)
         values = tuple((t, tuple(rs)) for t, rs in by_text.items())
         title = ("ranks are blocked in different collectives that cannot complete (different "
                  "process groups or positions)")
-        step = max(blocked[r][1].step for r in stuck)
+        step = max(blocked[r].entry.step for r in stuck)
         self._report(Finding(kind="collective_mismatch", severity="error", title=title,
                              ranks=tuple(sorted(stuck)), step=step, values=values,
                              fix=fix_for("collective_mismatch", "job"),
@@ -536,6 +552,24 @@ def _hook_exceptions() -> None:
         previous(*args)
 
     sys.excepthook = excepthook
+
+
+def _stuck(blocked: dict[int, Blocked]) -> set[int]:
+    """The ranks of `blocked` that can never return: each waits, in its call, on peers of
+    its group that are not in the same call, and every such peer is stuck too."""
+    stuck = set(blocked)
+    changed = True
+    while changed:
+        changed = False
+        for r in list(stuck):
+            b = blocked[r]
+            waiting_on = [s for s in b.ranks if s != r and not (
+                s in blocked and blocked[s].group == b.group and
+                blocked[s].entry.pos == b.entry.pos)]
+            if not waiting_on or any(s not in stuck for s in waiting_on):
+                stuck.discard(r)
+                changed = True
+    return stuck
 
 
 def start(tap: Tap) -> bool:

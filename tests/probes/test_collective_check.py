@@ -152,6 +152,7 @@ def _rank_checker(store: dist.Store, rank: int, emitted: list[Any] | None = None
     check.store, check.rank, check.epoch = store, rank, 0
     check.posters, check.compares, check.findings = {}, {}, []
     check.stuck_reported = False
+    check._blocked_posted = None
     check._stale = []
     check._stop = threading.Event()
     check._post_lock, check._tick_lock = threading.Lock(), threading.Lock()
