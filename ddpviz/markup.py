@@ -69,3 +69,19 @@ def tag(name: str, content: object = "", /, **attrs: object) -> Markup:
             continue
         out.append(fmt("{}='{}'", key.rstrip("_").replace("_", "-"), value))
     return fmt("<{}>{}</{}>", Markup(" ".join(out)), content, Markup(name))
+
+
+def raw_text(name: str, text: str, /, **attrs: object) -> Markup:
+    """`<name attr='value'...>text</name>` for a raw-text element (`script`, `style`): its
+    content is not HTML (no entity is decoded there), so it cannot be escaped; `text` that
+    could end the element early (`</script`) or start an escaped-comment state (`<!--`) is
+    refused instead. Attribute values escaped as `tag`'s. Only for text ddpviz made (its
+    built front end, base64): never trace data."""
+    if name not in ("script", "style"):
+        raise ValueError(f"ddpviz: raw_text makes script or style elements, not {name!r}")
+    lowered = text.lower()
+    for bad in (f"</{name}", "<!--"):
+        if bad in lowered:
+            raise ValueError(f"ddpviz: the text of a {name} element holds {bad!r}, which "
+                             "would end it early; it cannot be embedded")
+    return tag(name, Markup(text), **attrs)

@@ -1,8 +1,9 @@
 // The trace view's anywidget front end (src/traceWidget.ts, compiled by tsc into lib/) bundled
 // into one ES module with its one dependency (@msgpack/msgpack), for ddpviz/widgets/
-// trace_view.py; and the viewer's stylesheet beside it, each JupyterLab theme variable given
-// a light-theme fallback, since hosts other than JupyterLab (marimo, VS Code, Colab) define
-// none of them. Run after `tsc` (`jlpm build:widget`, part of `jlpm build` and
+// trace_view.py; the same components for the HTML report (src/reportView.ts: report_view.js,
+// inlined by ddpviz/report/interactive.py); and the viewer's stylesheet beside them, each
+// JupyterLab theme variable given a light-theme fallback, since hosts other than JupyterLab
+// (marimo, VS Code, a report in a browser) define none of them. Run after `tsc` (`jlpm build:widget`, part of `jlpm build` and
 // `jlpm build:prod`). Usage: node build-widget.js [--dev]
 'use strict';
 
@@ -59,7 +60,11 @@ const config = {
   mode: dev ? 'development' : 'production',
   devtool: false,
   context: __dirname,
-  entry: { trace_view: './lib/traceWidget.js', perfetto_button: './lib/perfettoButton.js' },
+  entry: {
+    trace_view: './lib/traceWidget.js',
+    perfetto_button: './lib/perfettoButton.js',
+    report_view: './lib/reportView.js'
+  },
   target: ['web', 'es2022'],
   experiments: { outputModule: true },
   output: {
@@ -78,7 +83,16 @@ rspack(config, (err, stats) => {
     process.exit(1);
   }
   fs.writeFileSync(path.join(OUT, 'trace_view.css'), css());
+  // The report inlines report_view.js in a <script> element (ddpviz/report/interactive.py):
+  // text that would end or comment out that element must not be in it.
+  const inlined = fs.readFileSync(path.join(OUT, 'report_view.js'), 'utf8');
+  const bad = /<\/script|<!--/i.exec(inlined);
+  if (bad) {
+    console.error(`build-widget.js: report_view.js holds '${bad[0]}', which cannot be inlined`);
+    process.exit(1);
+  }
   console.log(
-    `build-widget.js: ${path.relative(process.cwd(), OUT)}/{trace_view.{js,css},perfetto_button.js}`
+    `build-widget.js: ${path.relative(process.cwd(), OUT)}/` +
+      '{trace_view.{js,css},perfetto_button.js,report_view.js}'
   );
 });

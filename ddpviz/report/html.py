@@ -1,11 +1,13 @@
-"""A static, self-contained HTML report of a trace (`ddpviz report TRACE -o report.html`).
+"""A self-contained HTML report of a trace (`ddpviz report TRACE -o report.html`).
 
-One file, no scripts, no CDN: inline CSS, HTML tables and inline SVG. Sections: the findings of
-`ddpviz.diagnose` (severity first, each linked to the bucket, step or verification section it
-names), a summary of the run, per-rank summary, verification result, bucket maps, all-reduce
-timeline. Everything shown comes from the trace's events, so a report can be made long after
-the run. It reads the columnar store (ddpviz/traces/columns.py): per-rank counts from the columns,
-spans built from the span events' rows only, the rare events (maps, verification) as objects.
+One file, no CDN, nothing fetched: inline CSS, HTML tables and inline SVG. Sections: the
+findings of `ddpviz.diagnose` (severity first, each linked to the bucket, step or verification
+section it names), a summary of the run, per-rank summary, verification result, bucket maps,
+all-reduce timeline, all readable without scripts; then the interactive view, the trace
+viewer's own panels drawn by the one script the page holds (report/interactive.py).
+Everything shown comes from the trace's events, so a report can be made long after the run. It
+reads the columnar store (ddpviz/traces/columns.py): per-rank counts from the columns, spans
+built from the span events' rows only, the rare events (maps, verification) as objects.
 What is wrong (differing models, unused parameters, hangs, ...) is diagnose()'s to say: the
 report shows its findings and derives none of its own.
 """
@@ -32,6 +34,7 @@ from ddpviz._diagnose.verdict import (
 from ddpviz.atomic import write_text
 from ddpviz.findings import Finding, format_ranks, sort_findings, value_lines
 from ddpviz.model.spans import table_spans
+from ddpviz.report.interactive import interactive_section
 from ddpviz.report.ranks import ranks_section
 from ddpviz.report.timeline import (
     COLORS,
@@ -65,7 +68,7 @@ figure.step{margin:.8em 0}figure.step figcaption{font-weight:600}svg{max-width:1
 """
 
 def render(trace: object, *, title: str = "ddpviz report",
-           ended: Mapping[int, End] | None = None) -> str:
+           ended: Mapping[int, End] | None = None, interactive: bool = True) -> str:
     """The report as one HTML document (a string).
 
     Args:
@@ -76,16 +79,21 @@ def render(trace: object, *, title: str = "ddpviz report",
             that ended cleanly is never named as hung) and said in the summary (which ranks
             ended cleanly, which exited on an uncaught exception, which have no record). None:
             what the run tells (a path's or folder's files read them, as `ddpviz diagnose`).
+        interactive: add the interactive view (the viewer's panels over the embedded run:
+            report/interactive.py); False: the page holds no script.
 
     Returns:
         The HTML page.
     """
     run = open_run(trace, refusal="the report cannot read")
     with gc_paused():
-        return _render(run, title, run.ended if ended is None else ended)
+        return _render(trace if interactive else None, run, title,
+                       run.ended if ended is None else ended)
 
 
-def _render(run: RunSource, title: str, ended: Mapping[int, End] | None = None) -> str:
+def _render(source: object, run: RunSource, title: str,
+            ended: Mapping[int, End] | None = None) -> str:
+    """The page; `source` None: without the interactive view."""
     trace = run.as_trace()
     tables = trace.columns()
     spans = {r: table_spans(t, trace.clock.get(r, (0, 0))[0]) for r, t in tables.items()}
@@ -106,6 +114,7 @@ def _render(run: RunSource, title: str, ended: Mapping[int, End] | None = None) 
              _buckets(trace, maps),
              timeline_section(all_spans, marks, findings, steps, left_out,
                               last_activity(all_spans, marks), ends, _not_built(trace)),
+             "" if source is None else interactive_section(source, run, findings),
              "</body></html>"]
     return "\n".join(parts)
 

@@ -15,7 +15,9 @@ from typing import Any
 import anywidget
 import traitlets
 
-from ddpviz.widgets.trace_view import STATIC, TraceViewError, _read, trace_bytes
+from ddpviz.traces.view_bytes import TraceViewError, trace_bytes
+from ddpviz.widgets import trace_view
+from ddpviz.widgets.trace_view import STATIC, _read
 
 
 class PerfettoButton(anywidget.AnyWidget):
@@ -48,7 +50,7 @@ class PerfettoButton(anywidget.AnyWidget):
         if isinstance(request, bool) or not isinstance(request, int):
             return
         try:
-            data, _ = trace_bytes(self._source)
+            data, _ = trace_bytes(self._source, limit=trace_view.MAX_BYTES)
         except Exception as exc:  # said under the button, never raised into the kernel
             message = str(exc) if isinstance(exc, TraceViewError) else (
                 f"ddpviz: the run could not be sent for its Chrome trace: {exc}")

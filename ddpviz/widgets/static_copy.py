@@ -42,7 +42,7 @@ def static_copy(source: object, *, live: bool, events: int) -> Markup | None:
     from ddpviz.report.html import render
 
     try:
-        page = render(source, title="ddpviz report")
+        page = render(source, title="ddpviz report", interactive=False)  # (no script)
     except Exception as exc:  # (never fail the widget's display over its stand-in)
         return markup.fmt(_NOTE, "A ddpviz view: it draws where Jupyter widgets run (no "
                           f"static copy: {exc}).")

@@ -14,20 +14,19 @@ again.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import anywidget
-import msgspec
 import traitlets
 
-from ddpviz import events as ev
 from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.findings import Finding
-from ddpviz.traces.fileformat import SUFFIX
-from ddpviz.traces.source import RunSource, open_run
+from ddpviz.traces.source import open_run
+from ddpviz.traces.view_bytes import TraceViewError, diagnosis_bytes, trace_bytes
 from ddpviz.widgets.static_copy import static_copy, with_copy
+
+__all__ = ["MAX_BYTES", "TraceView", "TraceViewError"]
 
 STATIC = Path(__file__).parent / "static"
 # The most a view sends to the browser. A trace's events are ~50 bytes each; the view reads
@@ -38,50 +37,9 @@ MAX_BYTES = 64 << 20
 SCHEMES = ("tableau10", "okabe-ito", "viridis")
 
 
-class TraceViewError(ValueError):
-    """The run cannot be shown in a TraceView; the message says why and what to use."""
-
-
 def _read(name: str) -> str:
     path = STATIC / name
     return path.read_text(encoding="utf-8") if path.is_file() else ""
-
-
-def trace_bytes(source: object, run: RunSource | None = None) -> tuple[bytes, str]:
-    """The run as the bytes of one `.ddpviz` file, and the name the view shows: a single
-    file's own bytes; anything else (a folder, several files, a Trace, a live run) merged and
-    written as `Trace.save` writes it. `run`: `source` opened already (`open_run`)."""
-    if isinstance(source, (str, Path)) and Path(source).is_file() \
-            and Path(source).suffix == SUFFIX:
-        path = Path(source)
-        size = path.stat().st_size
-        _bounded(size, path.name)
-        return path.read_bytes(), path.name
-    if run is None:
-        run = open_run(source, refusal="TraceView cannot show")
-    trace = run.as_trace()
-    name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
-    with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
-        path = trace.save(Path(folder) / f"view{SUFFIX}")
-        _bounded(path.stat().st_size, name)
-        return path.read_bytes(), name
-
-
-def diagnosis_bytes(findings: list[Finding]) -> bytes:
-    """diagnose()'s findings for the front end: msgpack FindingReported events, which it checks
-    as it checks the trace's own (traceWidget.ts, `diagnosisOf`)."""
-    return msgspec.msgpack.encode([
-        ev.FindingReported(rank=f.ranks[0] if f.ranks else 0, step=max(f.step, -1), t_ns=0,
-                           seq=i, finding=f) for i, f in enumerate(findings)])
-
-
-def _bounded(size: int, name: str) -> None:
-    if size > MAX_BYTES:
-        raise TraceViewError(
-            f"ddpviz: {name} is {size / (1 << 20):,.0f} MiB as a trace, over the "
-            f"{MAX_BYTES >> 20} MiB a TraceView sends to the browser.\nOpen the .ddpviz file "
-            "in JupyterLab's file browser (the viewer reads the file, not the kernel), or use "
-            "Trace.dashboard(), which sends only what it draws.")
 
 
 class TraceView(anywidget.AnyWidget):
@@ -131,7 +89,7 @@ class TraceView(anywidget.AnyWidget):
             raise ValueError(f"ddpviz: max_events must be a positive int, got {max_events!r}.")
         # the source read once (files parsed once), for the bytes, diagnose() and the copy
         self._run = run = open_run(source, refusal="TraceView cannot show")
-        data, named = trace_bytes(source, run)
+        data, named = trace_bytes(source, run, limit=MAX_BYTES)
         self.findings: list[Finding] = list(diagnose(run))
         super().__init__(trace=data, diagnosis=diagnosis_bytes(self.findings),
                          name=named if name is None else str(name), scheme=scheme,
@@ -151,7 +109,7 @@ class TraceView(anywidget.AnyWidget):
         """Send the run again (a live Run or Session has more events by now; files are read
         again), with diagnose()'s findings computed again."""
         self._run = run = open_run(self._source, refusal="TraceView cannot show")
-        data, _ = trace_bytes(self._source, run)
+        data, _ = trace_bytes(self._source, run, limit=MAX_BYTES)
         self.findings = list(diagnose(run))
         with self.hold_sync():
             self.trace = data

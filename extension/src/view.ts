@@ -181,7 +181,7 @@ function renderVerdict(model: TraceModel, diagnosis: Finding[] | null): HTMLElem
       'span',
       { class: 'ddpviz-verdict-scope' },
       diagnosis !== null
-        ? 'What `ddpviz diagnose` finds in this run (in the kernel, when this view was made): ' +
+        ? 'What `ddpviz diagnose` finds in this run (in Python, when this view was made): ' +
             "the ranks' own findings, hangs, stragglers and replica checks."
         : 'Of the findings the ranks reported while the job ran; `ddpviz diagnose` on the ' +
             "run's folder also reads hangs, stragglers and replica checks from the events."

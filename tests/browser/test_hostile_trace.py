@@ -1,7 +1,8 @@
 """A shared trace must never run script: one whose every string field carries script and
 markup payloads (tests/security/hostile.py) opens in the replay dashboard of a notebook, in the
-static HTML report and in the JupyterLab trace viewer, and in none of them does the payload run
-(`window.__ddpviz_pwned` stays undefined, no alert dialog opens); the payload shows as text."""
+HTML report (its static sections and its interactive view) and in the JupyterLab trace
+viewer, and in none of them does the payload run (`window.__ddpviz_pwned` stays undefined, no
+alert dialog opens); the payload shows as text."""
 
 from __future__ import annotations
 
@@ -55,10 +56,17 @@ def test_the_report_shows_the_payloads_as_text(page: Any, hostile: Path,
     out = report.write_report(Trace.load(hostile), tmp_path / "report.html")
     page.goto(out.as_uri())
     page.wait_for_selector("#timeline")
+    page.wait_for_selector("#ddpviz-view .ddpviz-trace")  # the interactive view drew too
     page.wait_for_timeout(500)  # an img onerror fires once the image fails to load
     assert _pwned(page) is None and dialogs == []
-    assert page.locator("script").count() == 0 and page.locator("img").count() == 0
+    # the page's only scripts: the run as data (never run) and ddpviz's own bundle
+    assert page.eval_on_selector_all("script", "s => s.map(e => e.type)") == [
+        "application/octet-stream", "application/octet-stream", "module"]
+    assert page.locator("img").count() == 0
     assert "<script>window.__ddpviz_pwned" in page.locator("body").inner_text()
+    # ... and as text in the interactive view's findings, as diagnose() gave them
+    assert "<script>window.__ddpviz_pwned" in page.locator(
+        "#ddpviz-view [data-section=findings]").inner_text()
 
 
 def test_the_trace_viewer_shows_the_payloads_as_text(

@@ -63,12 +63,17 @@ _TICKS_CLIPPED = """() => [...document.querySelectorAll('figure.step svg')].flat
 
 
 def _open(browser: Any, path: Path, name: str) -> tuple[Any, Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+    # offline: the report is one file, its interactive view included (nothing is fetched)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1,
+                                  offline=True)
     page = context.new_page()
     errors: list[str] = []
+    requests: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
     page.goto(path.as_uri())
     page.wait_for_selector("#timeline")
+    page.wait_for_selector("#ddpviz-view .ddpviz-trace")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / f"report-{name}.png"
     page.screenshot(path=str(shot), full_page=True)
@@ -76,10 +81,22 @@ def _open(browser: Any, path: Path, name: str) -> tuple[Any, Any]:
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(target) / shot.name)
-    assert errors == []
+    assert errors == [] and requests == [path.as_uri()]
     assert page.evaluate(_OVERFLOW) == []
     assert page.evaluate(_TICKS_CLIPPED) == []
     return context, page
+
+
+def _view_matches_the_report(page: Any, path: Path) -> None:
+    """The interactive view (the viewer's own panels) says diagnose()'s verdict and findings,
+    as the report's static part does."""
+    view = page.locator("#ddpviz-view")
+    assert view.locator("[data-section=verdict]").get_attribute("data-scope") == "diagnose"
+    found = diagnose(path.parent / path.stem)
+    titles = view.locator(".ddpviz-finding").all_inner_texts()
+    assert len(titles) == len(found), titles
+    for f, shown in zip(sorted(found, key=lambda f: f.title), sorted(titles), strict=True):
+        assert f.title in shown, (f.title, shown)
 
 
 def _first_text(page: Any) -> str:
@@ -89,6 +106,7 @@ def _first_text(page: Any) -> str:
 
 def test_a_healthy_report_reads_well(browser: Any, reports: dict[str, Path]) -> None:
     context, page = _open(browser, reports["healthy"], "healthy")
+    _view_matches_the_report(page, reports["healthy"])
     # (a failure says what was found, in full: its evidence is in the finding's detail)
     found = diagnose(reports["healthy"].parent / "healthy")
     assert _first_text(page).startswith("Healthy"), "\n\n".join(
@@ -105,12 +123,20 @@ def test_a_healthy_report_reads_well(browser: Any, reports: dict[str, Path]) -> 
     assert page.locator("#timeline ul.legend li").count() >= 6
     assert page.locator("figure.step").count() == 3
     assert page.locator("figure.step svg").count() == 3  # one axis per drawn step
+    # the interactive view answers in the page: another iteration picked, another drawn
+    timeline = page.locator("#ddpviz-view [data-section=timeline]")
+    picker = timeline.locator("select").first
+    before = timeline.inner_text()
+    picker.select_option(index=0)
+    page.wait_for_function("b => document.querySelector("
+                           "'#ddpviz-view [data-section=timeline]').innerText !== b", arg=before)
     context.close()
 
 
 def test_a_hang_report_draws_the_step_where_it_hung(browser: Any,
                                                     reports: dict[str, Path]) -> None:
     context, page = _open(browser, reports["hang"], "hang")
+    _view_matches_the_report(page, reports["hang"])
     assert _first_text(page).startswith("Errors")
     assert page.locator("#step-3").count() == 1  # the hang step
     hung = page.locator("#step-3").inner_text()
@@ -122,6 +148,7 @@ def test_a_hang_report_draws_the_step_where_it_hung(browser: Any,
 def test_a_mismatch_report_shows_the_failed_comparison(browser: Any,
                                                        reports: dict[str, Path]) -> None:
     context, page = _open(browser, reports["mismatch"], "mismatch")
+    _view_matches_the_report(page, reports["mismatch"])
     assert _first_text(page).startswith("Errors")
     text = page.locator("#verification").inner_text()
     assert "Failed (reported by ranks 0,1): 3 differences" in text

@@ -67,7 +67,7 @@ def test_the_page_opens_with_every_finding_escaped_errors_first() -> None:
     trace = _planted()
     findings = ddpviz.diagnose(trace)
     assert {f.severity for f in findings} == {"error", "warning", "info"}
-    page = render(trace)
+    page = render(trace, interactive=False)  # (the interactive view's: test_interactive.py)
     body = page.split("</style>", 1)[1]
     assert raw_markup(body) is None
     assert body.index("<section id='findings'>") < body.index("<section id='summary'>")
@@ -146,7 +146,7 @@ def test_the_hostile_trace_findings_are_shown_escaped() -> None:
     trace = hostile_trace()
     findings = ddpviz.diagnose(trace)
     assert findings
-    page = render(trace)
+    page = render(trace, interactive=False)  # (the interactive view's: test_interactive.py)
     assert raw_markup(page.split("</style>", 1)[1]) is None
     for f in findings:
         assert markup.escape(f.title) in page

@@ -4,6 +4,7 @@ or a string field added later is covered without editing this file."""
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Any
 
@@ -111,3 +112,20 @@ def raw_markup(text: str) -> str | None:
     """The first unescaped payload marker in `text`, or None."""
     low = text.lower()
     return next((m for m in RAW if m in low), None)
+
+
+def without_own_scripts(page: str) -> str:
+    """A report page less the raw-text elements ddpviz itself puts in its interactive view
+    (report/interactive.py: the bundle and its stylesheet as built, the run as base64), and
+    nothing else: a payload that became a script or style element stays in, for raw_markup
+    to find."""
+    from ddpviz import markup
+    from ddpviz.report import interactive
+
+    for name, kind, attrs in (("report_view.js", "script", {"type": "module"}),
+                              ("trace_view.css", "style", {})):
+        text = interactive._read(name)
+        if text:
+            page = page.replace(markup.raw_text(kind, text, **attrs), "")
+    return re.sub(r"<script type='application/octet-stream' id='ddpviz-view-(trace|diagnosis)'>"
+                  r"[A-Za-z0-9+/=]*</script>", "", page)

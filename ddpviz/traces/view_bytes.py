@@ -1,0 +1,61 @@
+"""A run as the trace viewer's front end reads it (extension/src/traceWidget.ts): the bytes of
+one `.ddpviz` file, and diagnose()'s findings as msgpack events. What the notebook's TraceView
+sends to the browser, and what the HTML report embeds for the same components to draw.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from ddpviz import events as ev
+from ddpviz.findings import Finding
+from ddpviz.traces.fileformat import SUFFIX
+from ddpviz.traces.source import RunSource, open_run
+
+
+class TraceViewError(ValueError):
+    """The run cannot be shown in a view; the message says why and what to use."""
+
+
+def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
+                carrier: str = "a TraceView sends to the browser") -> tuple[bytes, str]:
+    """The run as the bytes of one `.ddpviz` file, and the name the view shows: a single
+    file's own bytes; anything else (a folder, several files, a Trace, a live run) merged and
+    written as `Trace.save` writes it. `run`: `source` opened already (`open_run`).
+
+    Raises:
+        TraceViewError: the bytes would be over `limit` (what `carrier` carries at most).
+    """
+    if isinstance(source, (str, Path)) and Path(source).is_file() \
+            and Path(source).suffix == SUFFIX:
+        path = Path(source)
+        _bounded(path.stat().st_size, path.name, limit, carrier)
+        return path.read_bytes(), path.name
+    if run is None:
+        run = open_run(source, refusal="TraceView cannot show")
+    trace = run.as_trace()
+    name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
+    with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
+        path = trace.save(Path(folder) / f"view{SUFFIX}")
+        _bounded(path.stat().st_size, name, limit, carrier)
+        return path.read_bytes(), name
+
+
+def diagnosis_bytes(findings: list[Finding]) -> bytes:
+    """diagnose()'s findings for the front end: msgpack FindingReported events, which it checks
+    as it checks the trace's own (traceWidget.ts, `diagnosisOf`)."""
+    return msgspec.msgpack.encode([
+        ev.FindingReported(rank=f.ranks[0] if f.ranks else 0, step=max(f.step, -1), t_ns=0,
+                           seq=i, finding=f) for i, f in enumerate(findings)])
+
+
+def _bounded(size: int, name: str, limit: int, carrier: str) -> None:
+    if size > limit:
+        raise TraceViewError(
+            f"ddpviz: {name} is {size / (1 << 20):,.0f} MiB as a trace, over the "
+            f"{limit >> 20} MiB {carrier}.\nOpen the .ddpviz file in JupyterLab's file "
+            "browser (the viewer reads the file, not the kernel), or use Trace.dashboard(), "
+            "which sends only what it draws.")
