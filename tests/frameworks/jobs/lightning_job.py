@@ -9,7 +9,9 @@ dataset sleeps FW_STUCK_S seconds when asked for step K's batch. FW_BUFFERS=1 ad
 a BatchNorm1d (buffers, which DDP broadcasts from rank 0 at every forward). FW_ACCUMULATE=K:
 accumulate_grad_batches=K (Lightning runs the first K-1 micro-batches under no_sync()).
 FW_HANG=K plants a hang in the training step: rank 1's training_step sleeps FW_HANG_S seconds
-before its forward at step K (it first prints "rank 1 hangs at <time.time()>").
+before its forward at step K (it first prints "rank 1 hangs at <time.time()>"). Either planted
+sleep ends early once rank 0 has exited (under strategy "ddp" rank 0 launched rank 1: rank 1's
+parent): the job has ended then, and nothing is left for rank 1 to wait out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Iterator
 
 import lightning as L
 import torch
@@ -27,6 +30,17 @@ from torch import nn
 from tests.frameworks.jobs import report
 
 BATCH = 4
+
+
+def planted_sleep(seconds: float) -> Iterator[float]:
+    """The ticks of a planted sleep of `seconds` (the caller sleeps each, so the caller's line
+    stays the innermost frame while it sleeps); they end early once this process's parent
+    (rank 0 for rank 1 under strategy "ddp") has exited: rank 0's error or the group's timeout
+    has ended the job by then, and sleeping out the rest only kept the test waiting."""
+    parent = os.getppid()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0 and os.getppid() == parent:
+        yield min(left, 0.1)
 
 
 class Data(torch.utils.data.Dataset):
@@ -43,7 +57,8 @@ class Data(torch.utils.data.Dataset):
         stuck = os.environ.get("FW_STUCK")
         if stuck is not None and dist.is_initialized() and dist.get_rank() == 1 and \
                 self.calls == int(stuck) * BATCH:
-            time.sleep(float(os.environ.get("FW_STUCK_S", "60")))
+            for tick in planted_sleep(float(os.environ.get("FW_STUCK_S", "60"))):
+                time.sleep(tick)
         self.calls += 1
         return self.x[i], self.y[i]
 
@@ -65,7 +80,8 @@ class Model(L.LightningModule):
         hang = os.environ.get("FW_HANG")
         if hang is not None and self.global_rank == 1 and self.global_step == int(hang):
             print(f"rank 1 hangs at {time.time():.3f}", flush=True)
-            time.sleep(float(os.environ.get("FW_HANG_S", "60")))
+            for tick in planted_sleep(float(os.environ.get("FW_HANG_S", "60"))):
+                time.sleep(tick)  # <hang>: rank 1's innermost frame while it hangs
         loss = (self(x) - y).square().mean()
         if not self.automatic_optimization:
             opt = self.optimizers()
