@@ -62,7 +62,7 @@ docs: $(BIN)/.test
 # the three does, and prints the two logs at the end. The tests that read the built site
 # (tests/browser/test_docs_site.py, the atlas's examples) wait for out/docs.status
 # (DDPVIZ_DOCS_STATUS) and run last in their unit (tests/conftest.py: marker docs_build).
-# Two pytest-xdist workers: a test file (a directory, for tests/browser and tests/frameworks) is
+# Two pytest-xdist workers: a test file (a directory, for tests/browser) is
 # one worker's whole (tests/conftest.py); half the suite's time is ranks waiting on each other
 # and on timeouts, so two workers keep both cores busy.
 test: $(BIN)/.test $(CHROMIUM)

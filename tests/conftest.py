@@ -6,8 +6,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Directories whose files share session fixtures: one JupyterLab server and Chromium
-# (tests/browser), the unrecorded reference runs (tests/frameworks).
-_SHARED = ("browser", "frameworks")
+# (tests/browser). (tests/frameworks' unrecorded reference runs are each shared by the cases of
+# one file only, so its files are units of their own: tests/frameworks/conftest.py.)
+_SHARED = ("browser",)
 
 
 def work_unit(nodeid: str) -> str:
@@ -25,17 +26,23 @@ def work_unit(nodeid: str) -> str:
 # framework launches and notebook kernels ~30 s a test, torchrun jobs 10-40 s a test, torch's
 # own DDP tests ~2 min in 2 tests). xdist starts the units with the most tests first, which
 # left these among the last: one worker ran a long unit while the other had nothing left.
+# (CI's seconds, the frameworks files estimated from their share of the directory's 760 s.)
 LONG_UNITS = (
-    "tests/frameworks",
-    "tests/record/test_record.py",
-    "tests/record/test_accum.py",
-    "tests/test_notebooks.py",
-    "tests/browser",
-    "tests/record/test_where.py",
-    "tests/record/test_straggler.py",
-    "tests/record/test_collectives.py",
-    "tests/conformance/test_conformance.py",
-    "tests/record/test_nonfinite.py",
+    "tests/browser",  # 487
+    "tests/record/test_record.py",  # 372
+    "tests/record/test_where.py",  # 225
+    "tests/frameworks/test_lightning_hangs.py",  # ~200
+    "tests/test_notebooks.py",  # 191
+    "tests/record/test_collectives.py",  # 190
+    "tests/frameworks/test_torch_forms.py",  # ~190
+    "tests/frameworks/test_lightning.py",  # ~170
+    "tests/record/test_straggler.py",  # 140
+    "tests/diagnose/test_scenarios.py",  # 131
+    "tests/frameworks/test_hf_trainer.py",  # ~120
+    "tests/conformance/test_conformance.py",  # 102
+    "tests/record/test_nonfinite.py",  # 99
+    "tests/record/test_accum.py",  # 86
+    "tests/frameworks/test_accelerate.py",  # ~40
     "tests/dist/test_watch_quiet.py",
     "tests/record/test_attach.py",
     "tests/record/test_contract.py",

@@ -16,7 +16,11 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 class Baselines:
-    """Unrecorded runs, one per command, shared by the cases that compare against it."""
+    """Unrecorded runs, one per command, shared by the cases that compare against it.
+
+    A key serves the cases of one test file only ("lightning": test_lightning.py; "torch-*":
+    test_torch_forms.py): under xdist each file is a work unit of its own (tests/conftest.py),
+    so its cases run on one worker and that worker makes each of its runs once."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
