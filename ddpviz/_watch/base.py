@@ -297,9 +297,10 @@ class Watch:
         pulse, nf_open = watchdog.pulse, nf.open_steps
         grad_enabled = torch.is_grad_enabled
         mark = collectives.step_marker(self.group)  # See [Note: the step mark's hot path]
-        contract_forward = self._contract.forward
+        contract = self._contract
         # the every-step output sum (hook-less): See [Note: every step, one hook a bucket]
         each = None if self._driven else self.__dict__.get("_buckets_nf")
+        budget: Any = None if each is None else each.budget
         driven = self._driven  # (its wrapper returns before the module's forward runs)
         debug = self._debug
 
@@ -320,12 +321,16 @@ class Watch:
                     tap.emit(ev.ForwardStarted)
                 if pulse is not None:
                     pulse.beat(step, "forward")
-                contract_forward(ddp.require_backward_grad_sync)
+                # two calls inlined: See [Note: the plain wrapper's calls]
+                if ddp.require_backward_grad_sync:  # (SyncContract.forward(True))
+                    contract.last, contract.dirt = SYNCED, None
+                else:
+                    contract.forward(False)
                 output = inner(*args, **kwargs)
                 if pulse is not None and not driven:  # its forward returned: See [Note: a
                     pulse.beat(step, "backward")  # rank still in its forward] (quiet.py)
                 nf.last = step
-                if each is not None:
+                if each is not None and budget.due(step):  # (the rest of each.output's)
                     each.output(step, output)
                 if debug is not None:
                     debug.after_forward(step, output)
@@ -424,6 +429,14 @@ class Watch:
     # the replica check's every-step window, a peer's non-finite step) calls `_replan`, which
     # voids the window under the same lock `_plan` writes it under, so a stale plan never
     # overwrites the void; the heartbeat's alert and error flags are read on every step.
+
+    # [Note: the plain wrapper's calls]
+    # Each Python call on a plain step meets the training thread cold (~1-4 us where a warm
+    # loop measures 0.1-0.3). The wrapper inlines the two that are one line on the usual step:
+    # the contract's synced forward (SyncContract.forward(True): two attribute writes) and the
+    # NaN check's skipped step (its budget says the step is not checked: BucketCheck.output
+    # is not called). benchmarks/bench_plain_calls.py counts ddpviz's Python calls and lines
+    # a plain step (exact counts, unlike times on a shared machine).
 
     _plain_steps = False  # the strategy may run plain steps (hookless.py)
     _plain_until = 0

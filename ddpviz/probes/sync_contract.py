@@ -355,9 +355,11 @@ class SyncContract:
 # [Note: the optimizer-step hooks]
 # Every optimizer step of the process calls torch's global pre-hook: one Python call a step,
 # which meets the training thread cold (each line ~1-2 us there). So the pre-hook does the
-# common case itself (no closure: judge now), walks a tuple of the open contracts kept at
-# open/close, and the post-hook, which only a step given a closure needs, is registered the
-# first time the pre-hook sees one (it stays, like the pre-hook, while contracts are open).
+# common case itself (no closure, an optimizer known as it was, no dirt: count the step, the
+# last forward consumed; anything else goes through `stepped`), walks a tuple of the open
+# contracts kept at open/close, and the post-hook, which only a step given a closure needs,
+# is registered the first time the pre-hook sees one (it stays, like the pre-hook, while
+# contracts are open).
 # Neither is removed while torch walks its hook tables (`_stepping`: it would raise there);
 # left in place, they return at once until a contract needs them again.
 
@@ -405,7 +407,15 @@ def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     _stepping += 1
     try:
         for contract in _open_now:
-            contract.stepped(optimizer)
+            # the usual step, inline (an optimizer known as it was, nothing to judge): See
+            # [Note: the optimizer-step hooks]; else `stepped`
+            holder = contract._holders.get(id(optimizer))
+            if holder is None or contract.dirt is not None or \
+                    holder.groups != len(optimizer.param_groups):
+                contract.stepped(optimizer)
+            elif holder.held:
+                holder.steps += 1
+                contract.last = NONE
     finally:
         _stepping -= 1
 
