@@ -13,6 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,9 +106,34 @@ def _kill(proc: subprocess.Popen[str]) -> str:
     return out or ""
 
 
+def side_by_side(recorded: Callable[[], Run], plain: Callable[[], Run]) -> tuple[Run, Run]:
+    """A recorded run and its unrecorded reference, launched at once (each in its own ports and
+    folders: fresh_port, launch's `name`): a job's ranks mostly start up and wait, so the two
+    take little longer than one. Both end before this returns; a failure in either raises."""
+    with ThreadPoolExecutor(max_workers=1) as pool:  # (its exit waits for the reference)
+        reference = pool.submit(plain)
+        first = recorded()
+        second = reference.result()
+    return first, second
+
+
+_ISSUED: set[int] = set()
+_ISSUED_LOCK = threading.Lock()
+
+
+def fresh_port() -> int:
+    """A free port that this process has not handed out before: two launches side by side
+    never get the same one (free_port may return a port again once it is closed)."""
+    with _ISSUED_LOCK:
+        while (port := free_port()) in _ISSUED:
+            pass
+        _ISSUED.add(port)
+        return port
+
+
 def torchrun(python: str, script: str) -> list[str]:
     return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-            "--master-port", str(free_port()), str(JOBS / script)]
+            "--master-port", str(fresh_port()), str(JOBS / script)]
 
 
 def accelerate_launch(python: str, script: str) -> list[str]:
@@ -113,7 +141,7 @@ def accelerate_launch(python: str, script: str) -> list[str]:
     # --multi_gpu launcher is torchrun; the script asks for Accelerator(cpu=True), so gloo.
     return [python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
             str(WORLD), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend",
-            "no", "--main_process_port", str(free_port()), str(JOBS / script)]
+            "no", "--main_process_port", str(fresh_port()), str(JOBS / script)]
 
 
 def plain_python(python: str, script: str) -> list[str]:

@@ -16,6 +16,7 @@ from tests.frameworks.harness import (
     assert_traces,
     job_env,
     launch,
+    side_by_side,
     tail,
 )
 
@@ -27,11 +28,12 @@ SCRIPT = "accelerate_job.py"
 
 
 def test_accelerate_is_recorded_without_changing_the_job(python: str, tmp_path: Path) -> None:
-    recorded = launch(python, accelerate_launch(python, SCRIPT), tmp_path, recorded=True,
-                      name="accelerate", env=job_env(tmp_path))
+    recorded, plain = side_by_side(
+        lambda: launch(python, accelerate_launch(python, SCRIPT), tmp_path, recorded=True,
+                       name="accelerate", env=job_env(tmp_path)),
+        lambda: launch(python, accelerate_launch(python, SCRIPT), tmp_path, recorded=False,
+                       name="accelerate", env=job_env(tmp_path)))
     assert_finished(recorded)
-    plain = launch(python, accelerate_launch(python, SCRIPT), tmp_path, recorded=False,
-                   name="accelerate", env=job_env(tmp_path))
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
 

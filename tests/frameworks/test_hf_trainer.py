@@ -14,6 +14,7 @@ from tests.frameworks.harness import (
     assert_traces,
     job_env,
     launch,
+    side_by_side,
     tail,
     torchrun,
 )
@@ -27,11 +28,12 @@ SCRIPT = "hf_trainer.py"
 
 
 def test_trainer_is_recorded_without_changing_the_job(python: str, tmp_path: Path) -> None:
-    recorded = launch(python, torchrun(python, SCRIPT), tmp_path, recorded=True, name="hf",
-                      env=job_env(tmp_path))
+    recorded, plain = side_by_side(
+        lambda: launch(python, torchrun(python, SCRIPT), tmp_path, recorded=True, name="hf",
+                       env=job_env(tmp_path)),
+        lambda: launch(python, torchrun(python, SCRIPT), tmp_path, recorded=False, name="hf",
+                       env=job_env(tmp_path)))
     assert_finished(recorded)
-    plain = launch(python, torchrun(python, SCRIPT), tmp_path, recorded=False, name="hf",
-                   env=job_env(tmp_path))
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
     names = recorded.reports[0]["ddp_names"]
@@ -42,11 +44,12 @@ def test_gradient_accumulation_keeps_the_sync_contract(python: str, tmp_path: Pa
     # accelerate's accumulate(): no_sync() on the first micro-batch, the second all-reduces
     # both; no unsynced_gradients (assert_traces), bitwise as unrecorded
     env = job_env(tmp_path, FW_ACCUMULATE="2")
-    recorded = launch(python, torchrun(python, SCRIPT), tmp_path, recorded=True,
-                      name="hf-accumulate", env=env)
+    recorded, plain = side_by_side(
+        lambda: launch(python, torchrun(python, SCRIPT), tmp_path, recorded=True,
+                       name="hf-accumulate", env=env),
+        lambda: launch(python, torchrun(python, SCRIPT), tmp_path, recorded=False,
+                       name="hf-accumulate", env=env))
     assert_finished(recorded)
-    plain = launch(python, torchrun(python, SCRIPT), tmp_path, recorded=False,
-                   name="hf-accumulate", env=env)
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
 

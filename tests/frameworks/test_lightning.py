@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.harness import free_port
 from tests.frameworks.conftest import Baselines
 from tests.frameworks.harness import (
     assert_finished,
     assert_same_parameters,
     assert_traces,
+    fresh_port,
     job_env,
     launch,
     plain_python,
+    side_by_side,
     tail,
 )
 
@@ -34,7 +35,7 @@ SCRIPT = "lightning_job.py"
 
 
 def env(folder: Path, **extra: str) -> dict[str, str]:
-    return job_env(folder, MASTER_PORT=str(free_port()), **extra)
+    return job_env(folder, MASTER_PORT=str(fresh_port()), **extra)
 
 
 @pytest.mark.parametrize(("strategy", "manual"), [
@@ -74,12 +75,13 @@ def test_lightning_gradient_accumulation_keeps_the_sync_contract(python: str,
                                                                tmp_path: Path) -> None:
     # accumulate_grad_batches=2: the first micro-batch under no_sync(), the second inside the
     # optimizer's closure (judged after it); no unsynced_gradients (assert_traces)
-    recorded = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=True,
-                      name="accumulate", env=env(tmp_path, FW_STRATEGY="ddp",
-                                                 FW_ACCUMULATE="2"))
+    recorded, plain = side_by_side(
+        lambda: launch(python, plain_python(python, SCRIPT), tmp_path, recorded=True,
+                       name="accumulate", env=env(tmp_path, FW_STRATEGY="ddp",
+                                                  FW_ACCUMULATE="2")),
+        lambda: launch(python, plain_python(python, SCRIPT), tmp_path, recorded=False,
+                       name="accumulate", env=env(tmp_path, FW_STRATEGY="ddp_notebook",
+                                                  FW_ACCUMULATE="2")))
     assert_finished(recorded)
-    plain = launch(python, plain_python(python, SCRIPT), tmp_path, recorded=False,
-                   name="accumulate", env=env(tmp_path, FW_STRATEGY="ddp_notebook",
-                                              FW_ACCUMULATE="2"))
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
