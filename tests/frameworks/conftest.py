@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.frameworks.harness import Run
+from tests.frameworks.harness import Run, side_by_side
 from tests.record.hooked import hooked_python
 
 
@@ -33,6 +33,17 @@ class Baselines:
             folder.mkdir()
             self.runs[key] = run(folder)
         return self.runs[key]
+
+    def beside(self, key: str, run: Callable[[Path], Run],
+               recorded: Callable[[], Run]) -> tuple[Run, Run]:
+        """recorded() and the unrecorded run `key`; the first time `key` is asked for, its
+        run(folder) is made beside recorded() (side_by_side), not after it."""
+        if key in self.runs:
+            return recorded(), self.runs[key]
+        folder = self.folder / key
+        folder.mkdir()
+        made, self.runs[key] = side_by_side(recorded, lambda: run(folder))
+        return made, self.runs[key]
 
 
 @pytest.fixture(scope="session")

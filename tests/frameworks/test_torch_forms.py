@@ -48,13 +48,14 @@ def test_torch_ddp_form_is_recorded_without_changing_the_job(
         python: str, baselines: Baselines, tmp_path: Path, mode: str, optimize: str) -> None:
     extra = {"FW_MODE": mode, **({"FW_OPTIMIZE_DDP": optimize} if optimize else {})}
     name = f"{mode}-{optimize}" if optimize else mode
-    recorded = launch(python, torchrun(python, "torch_job.py"), tmp_path, recorded=True,
-                      name=name, env=job_env(tmp_path, **extra))
-    assert_finished(recorded)
     reference = "py_hook" if mode.endswith("hook") else "plain"
-    plain = baselines.get(f"torch-{reference}", lambda folder: launch(
-        python, torchrun(python, "torch_job.py"), folder, recorded=False, name=reference,
-        env=job_env(folder, FW_MODE=reference)))
+    recorded, plain = baselines.beside(
+        f"torch-{reference}", lambda folder: launch(
+            python, torchrun(python, "torch_job.py"), folder, recorded=False, name=reference,
+            env=job_env(folder, FW_MODE=reference)),
+        lambda: launch(python, torchrun(python, "torch_job.py"), tmp_path, recorded=True,
+                       name=name, env=job_env(tmp_path, **extra)))
+    assert_finished(recorded)
     assert_same_parameters(recorded, plain)
     assert_traces(recorded)
 
@@ -65,12 +66,13 @@ def test_a_python_reducer_ddp_is_left_alone_and_said_so_once(
     # optimize_ddp="python_reducer" all-reduces each gradient from DDP's own hook, never
     # through the C++ reducer's buckets that ddpviz watches: ddpviz steps aside
     env = job_env(tmp_path, FW_MODE=form, FW_OPTIMIZE_DDP="python_reducer")
-    recorded = launch(python, torchrun(python, "torch_job.py"), tmp_path, recorded=True,
-                      name=f"{form}-python_reducer", env=env)
+    recorded, plain = baselines.beside(
+        "torch-plain", lambda folder: launch(
+            python, torchrun(python, "torch_job.py"), folder, recorded=False, name="plain",
+            env=job_env(folder, FW_MODE="plain")),
+        lambda: launch(python, torchrun(python, "torch_job.py"), tmp_path, recorded=True,
+                       name=f"{form}-python_reducer", env=env))
     assert_finished(recorded)
-    plain = baselines.get("torch-plain", lambda folder: launch(
-        python, torchrun(python, "torch_job.py"), folder, recorded=False, name="plain",
-        env=job_env(folder, FW_MODE="plain")))
     assert_same_parameters(recorded, plain)
     notes = [line for line in recorded.out.splitlines()
              if "this DistributedDataParallel is not watched" in line]
