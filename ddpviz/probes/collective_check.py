@@ -193,6 +193,8 @@ class CollectiveCheck:
         self.stuck_reported = False
         self.findings: list[Finding] = []
         self._blocked_posted: bytes | None = None  # this rank's Blocked key as last set
+        # (read now: the thread's ticks may come after destroy_process_group)
+        self.world = dist.get_world_size() if dist.is_initialized() else 0
         self._stop = threading.Event()
         self._post_lock = threading.Lock()
         self._tick_lock = threading.Lock()
@@ -421,8 +423,8 @@ class CollectiveCheck:
         groups (See the Note)."""
         if self.stuck_reported:
             return
-        keys = [self._blocked_key(r) for r in range(dist.get_world_size())]
-        if not self.store.check(keys):  # (a rank not posting yet: none of its calls is stuck)
+        keys = [self._blocked_key(r) for r in range(self.world)]
+        if not keys or not self.store.check(keys):  # (a rank not posting yet: none stuck)
             return
         now = time.time()
         blocked: dict[int, Blocked] = {}
@@ -453,8 +455,7 @@ class CollectiveCheck:
         step = max(blocked[r].entry.step for r in stuck)
         self._report(Finding(kind="collective_mismatch", severity="error", title=title,
                              ranks=tuple(sorted(stuck)), step=step, values=values,
-                             fix=fix_for("collective_mismatch", "job"),
-                             world_size=dist.get_world_size()))
+                             fix=fix_for("collective_mismatch", "job"), world_size=self.world))
 
     def _report_once(self, g: GroupLedger, finding: Finding) -> None:
         """Report `g`'s first difference unless another rank did (See [Note: claiming a

@@ -62,6 +62,10 @@ def interactive_section(source: object, run: RunSource, findings: list[Finding],
         data, name = trace_bytes(source, run, limit=limit, carrier="a report embeds")
     except TraceViewError as exc:
         return _section(head, markup.fmt("<p class='muted'>{}</p>", str(exc)))
+    except OSError as exc:  # (written out to a temporary file first: a full disk, ...)
+        return _section(head, markup.fmt(
+            "<p class='muted'>{}</p>", f"Not in this report: the run could not be written "
+            f"out for it ({exc}). The sections above are complete."))
     try:
         parts = [markup.raw_text("style", css),
                  markup.tag("div", markup.fmt("<p class='muted'>{}</p>", _NO_SCRIPT), id=VIEW_ID,

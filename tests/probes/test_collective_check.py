@@ -153,6 +153,7 @@ def _rank_checker(store: dist.Store, rank: int, emitted: list[Any] | None = None
     check.posters, check.compares, check.findings = {}, {}, []
     check.stuck_reported = False
     check._blocked_posted = None
+    check.world = 0
     check._stale = []
     check._stop = threading.Event()
     check._post_lock, check._tick_lock = threading.Lock(), threading.Lock()

@@ -101,3 +101,14 @@ def test_raw_text_refuses_what_would_end_its_element() -> None:
         markup.raw_text("style", "a{} </style><script>")
     with pytest.raises(ValueError, match="script or style"):
         markup.raw_text("div", "x")
+
+
+def test_a_run_that_cannot_be_written_out_gets_a_line_and_the_report_is_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(self: Trace, path: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Trace, "save", full)
+    page = render(Trace(synthetic_run(2, steps=3)))  # (a Trace: written out to be embedded)
+    assert "<script" not in page and "could not be written out" in page
+    assert "No space left" in page and "id='timeline'" in page
