@@ -400,7 +400,8 @@ def _close(contract: SyncContract) -> None:
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _stepping
     if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
-        _with_closure()  # judged after its closure ran
+        if _post is None:  # (`_closure`, written out: this runs at every step)
+            _with_closure()  # judged after its closure ran
         return
     if not _open_now or _graph_task() != -1:
         return  # nothing open, or a step applied inside a backward

@@ -16,15 +16,12 @@ the rest of the report does not depend on it.
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 
 from ddpviz import markup
 from ddpviz.findings import Finding
 from ddpviz.traces.source import RunSource
-from ddpviz.traces.view_bytes import TraceViewError, diagnosis_bytes, trace_bytes
+from ddpviz.traces.view_bytes import STATIC, TraceViewError, diagnosis_bytes, front_end, trace_bytes
 
-# the built front end (extension/build-widget.js), beside the TraceView's
-STATIC = Path(__file__).resolve().parents[1] / "widgets" / "static"
 # The most a report embeds of a run, as a trace (base64 makes it a third larger in the page).
 EMBED_MAX = 16 << 20
 # bytes an event takes in a .ddpviz file at the least (66-75 measured on synthetic runs): a run
@@ -34,24 +31,23 @@ MIN_EVENT_BYTES = 16
 VIEW_ID, TRACE_ID, DIAGNOSIS_ID = "ddpviz-view", "ddpviz-view-trace", "ddpviz-view-diagnosis"
 
 
-def interactive_section(source: object, run: RunSource, findings: list[Finding], *,
-                        embed_max: int | None = None) -> markup.Markup:
+def interactive_section(source: object, run: RunSource,
+                        findings: list[Finding]) -> markup.Markup:
     """The section: the viewer's panels over the run, or why they are not there.
 
     Args:
         source: what the report was asked for (a path keeps its file's own bytes and name).
         run: `source` opened (`open_run`).
         findings: diagnose()'s, as the report shows them.
-        embed_max: the most bytes of trace embedded (None: EMBED_MAX).
     """
     head = markup.fmt("<h2>{}</h2>", "Interactive view")
-    script, css = _read("report_view.js"), _read("trace_view.css")
+    script, css = front_end("report_view.js"), front_end("trace_view.css")
     if not script or not css:
         return _section(head, markup.fmt(
             "<p class='muted'>{}</p>", f"Not in this report: ddpviz's front end is not built "
             f"in {STATIC} (install ddpviz from a wheel, or build it in a checkout: cd "
             "extension && jlpm install && jlpm build)."))
-    limit = EMBED_MAX if embed_max is None else embed_max
+    limit = EMBED_MAX
     events = len(run.as_trace())
     if events * MIN_EVENT_BYTES > limit:  # (surely over: not written out to find that out)
         return _section(head, markup.fmt(
@@ -89,8 +85,3 @@ def _section(*parts: markup.Markup) -> markup.Markup:
 def _data(element_id: str, data: bytes) -> markup.Markup:
     text = base64.b64encode(data).decode("ascii")  # (A-Z a-z 0-9 + / =: nothing to escape)
     return markup.raw_text("script", text, type="application/octet-stream", id=element_id)
-
-
-def _read(name: str) -> str:
-    path = STATIC / name
-    return path.read_text(encoding="utf-8") if path.is_file() else ""

@@ -1,6 +1,7 @@
 """A run as the trace viewer's front end reads it (extension/src/traceWidget.ts): the bytes of
 one `.ddpviz` file, and diagnose()'s findings as msgpack events. What the notebook's TraceView
-sends to the browser, and what the HTML report embeds for the same components to draw.
+sends to the browser, and what the HTML report embeds for the same components to draw; and
+that front end's built files (`front_end`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from ddpviz import events as ev
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import SUFFIX
 from ddpviz.traces.source import RunSource, open_run
+
+# the viewer's front end as extension/build-widget.js builds it (not in git)
+STATIC = Path(__file__).resolve().parents[1] / "widgets" / "static"
+
+
+def front_end(name: str) -> str:
+    """A built front-end file's text (`trace_view.js`, ...); "" when it is not built."""
+    path = STATIC / name
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 class TraceViewError(ValueError):

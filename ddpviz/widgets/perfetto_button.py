@@ -15,9 +15,8 @@ from typing import Any
 import anywidget
 import traitlets
 
-from ddpviz.traces.view_bytes import TraceViewError, trace_bytes
+from ddpviz.traces.view_bytes import STATIC, TraceViewError, front_end, trace_bytes
 from ddpviz.widgets import trace_view
-from ddpviz.widgets.trace_view import STATIC, _read
 
 
 class PerfettoButton(anywidget.AnyWidget):
@@ -29,8 +28,8 @@ class PerfettoButton(anywidget.AnyWidget):
         TraceViewError: the front end is not built.
     """
 
-    _esm = _read("perfetto_button.js")
-    _css = _read("trace_view.css")
+    _esm = front_end("perfetto_button.js")
+    _css = front_end("trace_view.css")
     name = traitlets.Unicode("run").tag(sync=True)
 
     def __init__(self, source: object, *, name: str = "run", **kwargs: Any) -> None:

@@ -14,7 +14,6 @@ again.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import anywidget
@@ -23,23 +22,23 @@ import traitlets
 from ddpviz._diagnose.diagnosis import diagnose
 from ddpviz.findings import Finding
 from ddpviz.traces.source import open_run
-from ddpviz.traces.view_bytes import TraceViewError, diagnosis_bytes, trace_bytes
+from ddpviz.traces.view_bytes import (
+    STATIC,
+    TraceViewError,
+    diagnosis_bytes,
+    front_end,
+    trace_bytes,
+)
 from ddpviz.widgets.static_copy import static_copy, with_copy
 
 __all__ = ["MAX_BYTES", "TraceView", "TraceViewError"]
 
-STATIC = Path(__file__).parent / "static"
 # The most a view sends to the browser. A trace's events are ~50 bytes each; the view reads
 # `max_events` of them per panel, and a bigger run belongs in the file viewer, which reads the
 # file itself (no kernel message), or in the dashboard.
 MAX_BYTES = 64 << 20
 # the bucket colour schemes of extension/src/colors.ts's PALETTES (test_trace_view checks them)
 SCHEMES = ("tableau10", "okabe-ito", "viridis")
-
-
-def _read(name: str) -> str:
-    path = STATIC / name
-    return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 class TraceView(anywidget.AnyWidget):
@@ -67,8 +66,8 @@ class TraceView(anywidget.AnyWidget):
         SourceError: `source` is no kind of run (see ddpviz/traces/source.py).
     """
 
-    _esm = _read("trace_view.js")
-    _css = _read("trace_view.css")
+    _esm = front_end("trace_view.js")
+    _css = front_end("trace_view.css")
     trace = traitlets.Bytes(b"").tag(sync=True)
     diagnosis = traitlets.Bytes(b"").tag(sync=True)
     name = traitlets.Unicode("").tag(sync=True)

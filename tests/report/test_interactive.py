@@ -18,6 +18,7 @@ from ddpviz import diagnose, markup
 from ddpviz import events as ev
 from ddpviz.report import interactive
 from ddpviz.report.html import render
+from ddpviz.traces import view_bytes
 from ddpviz.traces.trace import Trace
 from tests.security.hostile import hostile_trace, raw_markup, without_own_scripts
 from tests.widgets.streams import synthetic_run
@@ -80,7 +81,7 @@ def test_a_run_over_the_bound_gets_a_line_instead(monkeypatch: pytest.MonkeyPatc
 
 def test_without_the_front_end_built_the_report_says_so(monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
-    monkeypatch.setattr(interactive, "STATIC", tmp_path)
+    monkeypatch.setattr(view_bytes, "STATIC", tmp_path)
     page = render(Trace(synthetic_run(2, steps=3)))
     assert "<script" not in page and "front end is not built" in page
     assert "id='timeline'" in page  # the rest of the report as without it

@@ -120,11 +120,11 @@ def without_own_scripts(page: str) -> str:
     nothing else: a payload that became a script or style element stays in, for raw_markup
     to find."""
     from ddpviz import markup
-    from ddpviz.report import interactive
+    from ddpviz.traces.view_bytes import front_end
 
     for name, kind, attrs in (("report_view.js", "script", {"type": "module"}),
                               ("trace_view.css", "style", {})):
-        text = interactive._read(name)
+        text = front_end(name)
         if text:
             page = page.replace(markup.raw_text(kind, text, **attrs), "")
     return re.sub(r"<script type='application/octet-stream' id='ddpviz-view-(trace|diagnosis)'>"
