@@ -120,6 +120,11 @@ class Session:
         return {ENV_CONNECT: self.connect_string}
 
     @property
+    def closed(self) -> bool:
+        """Whether the session was closed (no event arrives any more)."""
+        return self._closed
+
+    @property
     def stats(self) -> CollectorStats:
         """A snapshot of what the collector has seen, per rank (events received, dropped and
         missing, messages rejected per reason, clock offsets, ranks finished)."""

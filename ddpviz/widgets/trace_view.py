@@ -3,25 +3,30 @@
 The front end is extension/src/traceWidget.ts, the viewer's own parse, model and view code
 bundled on its own (extension/build-widget.js) into static/trace_view.js: one set of
 TypeScript components draws a `.ddpviz` file in JupyterLab's file viewer and this widget. The
-kernel sends the run once as `.ddpviz` bytes in a binary buffer, never markup; the iteration
+kernel sends the run as `.ddpviz` bytes in binary buffers, never markup; the iteration
 and rank pickers, hover and scrolling then run in the browser, also while the kernel is busy
 with a cell. Any host that renders anywidget draws it: JupyterLab, Notebook 7, marimo
 (`mo.ui.anywidget(view)`), VS Code, Colab (docs/guide/jupyterlab.md says which were tried).
 
-A live source (a Run, a Session) is sent as it is when the view is made; `refresh()` sends it
-again.
+A live source (a Run still running, a Session) is followed on a daemon thread: only the
+events new since the last send go out, at most twice a second, and diagnose()'s findings
+again at a slower pace it can afford, until the source ends (See [Note: a live view's wire],
+trace_feed.py). Any other source is sent once; `refresh()` sends it again.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import anywidget
 import traitlets
 
 from ddpviz._diagnose.diagnosis import diagnose
+from ddpviz.events import Event
 from ddpviz.findings import Finding
-from ddpviz.traces.source import open_run
+from ddpviz.traces.source import RunSource, open_run
 from ddpviz.traces.view_bytes import (
     STATIC,
     TraceViewError,
@@ -29,11 +34,14 @@ from ddpviz.traces.view_bytes import (
     front_end,
     trace_bytes,
 )
+from ddpviz.widgets import trace_feed
 from ddpviz.widgets.static_copy import static_copy, with_copy
+from ddpviz.widgets.trace_feed import LiveFile, Pace, Refused, status_of
 
 __all__ = ["MAX_BYTES", "TraceView", "TraceViewError"]
 
-# The most a view sends to the browser. A trace's events are ~50 bytes each; the view reads
+# The most a view sends to the browser (a live view: in all, the run when it was made and
+# every send of new events since). A trace's events are ~50 bytes each; the view reads
 # `max_events` of them per panel, and a bigger run belongs in the file viewer, which reads the
 # file itself (no kernel message), or in the dashboard.
 MAX_BYTES = 64 << 20
@@ -45,14 +53,17 @@ class TraceView(anywidget.AnyWidget):
     """The trace viewer's panels for one run, drawn in the browser.
 
     Its verdict and findings are `ddpviz.diagnose()`'s for the run, computed in the kernel
-    when the view is made (and on `refresh()`): the same set `ddpviz diagnose`, the report and
-    the CLI give, where JupyterLab's file viewer, which has no kernel, shows only what the ranks
-    reported while the job ran.
+    when the view is made (and on `refresh()`; for a live run again while it runs, labelled
+    "so far"): the same set `ddpviz diagnose`, the report and the CLI give, where JupyterLab's
+    file viewer, which has no kernel, shows only what the ranks reported while the job ran.
 
-    Kernel-side state: `trace` (the `.ddpviz` bytes sent), `findings` (diagnose()'s),
-    `diagnosis` (those, as sent), `name` (the title shown),
-    `scheme` (bucket colours: "tableau10", "okabe-ito", "viridis"), `max_events` (events
-    each panel reads at most, as the viewer's setting).
+    Kernel-side state: `trace` (the `.ddpviz` bytes sent when the view was made or
+    refreshed), `trace_events` (the events in it), `events_sent` (those and every live send
+    since), `live` ("running" while a live source runs, then how it ended: "finished",
+    "failed", "closed", ...; "" for a source that is not live), `notice` (a line the view
+    shows, e.g. why it stopped following), `findings` (diagnose()'s), `diagnosis` (those, as
+    sent), `name` (the title shown), `scheme` (bucket colours: "tableau10", "okabe-ito",
+    "viridis"), `max_events` (events each panel reads at most, as the viewer's setting).
 
     Args:
         source: a `Trace`, a `.ddpviz` path or a folder of them, a `ddpviz.Run`, a `Session`,
@@ -69,6 +80,10 @@ class TraceView(anywidget.AnyWidget):
     _esm = front_end("trace_view.js")
     _css = front_end("trace_view.css")
     trace = traitlets.Bytes(b"").tag(sync=True)
+    trace_events = traitlets.Int(0).tag(sync=True)
+    events_sent = traitlets.Int(0).tag(sync=True)
+    live = traitlets.Unicode("").tag(sync=True)
+    notice = traitlets.Unicode("").tag(sync=True)
     diagnosis = traitlets.Bytes(b"").tag(sync=True)
     name = traitlets.Unicode("").tag(sync=True)
     scheme = traitlets.Unicode("tableau10").tag(sync=True)
@@ -86,14 +101,42 @@ class TraceView(anywidget.AnyWidget):
                              f"got {scheme!r}.")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"ddpviz: max_events must be a positive int, got {max_events!r}.")
+        self._source = source
+        self._stop = threading.Event()
+        self._send_lock = threading.RLock()  # a send of frames or of the whole file at a time
+        self._pending_lock = threading.Lock()
+        self._pending: list[Event] = []  # received from a live source, not yet sent
+        self._file: LiveFile | None = None  # a live source's file as sent so far
+        self._thread: threading.Thread | None = None
+        self._unsubscribe: Any = None
+        self.pace = Pace()
+        self.sends = 0  # sends of new events (frames messages)
+        self._undiagnosed = False  # events were sent since the last diagnose()
+        self.first_error: BaseException | None = None  # what stopped the thread, if anything
         # the source read once (files parsed once), for the bytes, diagnose() and the copy
         self._run = run = open_run(source, refusal="TraceView cannot show")
-        data, named = trace_bytes(source, run, limit=MAX_BYTES)
-        self.findings: list[Finding] = list(diagnose(run))
-        super().__init__(trace=data, diagnosis=diagnosis_bytes(self.findings),
-                         name=named if name is None else str(name), scheme=scheme,
-                         max_events=max_events, **kwargs)
-        self._source = source
+        live = run.kind in ("run", "session") and status_of(run) == "running"
+        if live:
+            data, named = self._subscribe(run), type(source).__name__
+            count = self._file.total if self._file is not None else 0
+        else:
+            data, named = trace_bytes(source, run, limit=MAX_BYTES)
+            count = len(run.as_trace())
+        try:
+            self.findings: list[Finding] = list(diagnose(run))
+            super().__init__(trace=data, trace_events=count, events_sent=count,
+                             live="running" if live else "",
+                             diagnosis=diagnosis_bytes(self.findings),
+                             name=named if name is None else str(name), scheme=scheme,
+                             max_events=max_events, **kwargs)
+        except BaseException:
+            self._detach()
+            raise
+        self.on_msg(self._on_msg)
+        if live:
+            self._thread = threading.Thread(target=self._follow, name="ddpviz-trace-view",
+                                            daemon=True)
+            self._thread.start()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # beside the widget, for hosts without widgets (nbconvert, nbviewer): See static_copy.py
@@ -104,12 +147,146 @@ class TraceView(anywidget.AnyWidget):
                          static_copy(run, live=live,
                                      events=0 if trace is None else len(trace)))
 
+    @property
+    def following(self) -> bool:
+        """Whether the view's thread still follows a live source."""
+        return self._thread is not None and self._thread.is_alive()
+
     def refresh(self) -> None:
-        """Send the run again (a live Run or Session has more events by now; files are read
-        again), with diagnose()'s findings computed again."""
+        """Send what is new: for a live source still followed, the events since the last send
+        and diagnose()'s findings now; else the run again (files are read again), with
+        diagnose()'s findings computed again."""
+        if self.following:
+            with self._send_lock:
+                self._send_new()
+                self._diagnose()
+            return
         self._run = run = open_run(self._source, refusal="TraceView cannot show")
         data, _ = trace_bytes(self._source, run, limit=MAX_BYTES)
+        count = len(run.as_trace())
         self.findings = list(diagnose(run))
-        with self.hold_sync():
-            self.trace = data
-            self.diagnosis = diagnosis_bytes(self.findings)
+        with self._send_lock:
+            self._file = None
+            with self.hold_sync():
+                self.trace = data
+                self.trace_events = self.events_sent = count
+                self.diagnosis = diagnosis_bytes(self.findings)
+
+    def close(self) -> None:
+        """Stop following a live source (the thread ends), then close the widget."""
+        if hasattr(self, "_stop"):  # (not when __init__ refused its arguments)
+            self._stop.set()
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(5.0)
+            self._detach()
+        super().close()
+
+    # --- following a live source (See [Note: a live view's wire], trace_feed.py) ----------------
+
+    def _subscribe(self, run: RunSource) -> bytes:
+        """Subscribe to the live source's new events; returns the file of those before."""
+        session = run.live.session if run.kind == "run" else run.live
+        seen: list[Any] = []
+
+        def history(trace: Any) -> None:  # under the session's lock: a snapshot, no more
+            seen.append((dict(trace.meta), trace.columns(), dict(trace.clock)))
+
+        def receive(batch: list[Event]) -> None:  # on the collector's thread: cheap
+            with self._pending_lock:
+                self._pending.extend(batch)
+
+        self._unsubscribe = session.subscribe(receive, batch=True, history=history)
+        meta, tables, clock = seen[0]
+        self._file = LiveFile(meta, tables, clock)
+        if len(self._file.data) > MAX_BYTES:
+            self._detach()
+            raise TraceViewError(
+                f"ddpviz: this run is already {len(self._file.data) / (1 << 20):,.0f} MiB as a "
+                f"trace, over the {MAX_BYTES >> 20} MiB a TraceView sends to the browser.\n"
+                "Use run.dashboard(), which sends only what it draws, or save the run and "
+                "open the .ddpviz file in JupyterLab's file browser.")
+        return bytes(self._file.data)
+
+    def _detach(self) -> None:
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
+
+    def _follow(self) -> None:
+        """The daemon thread: new events at most EVENTS_HZ a second, diagnose() at its pace;
+        at the end the final events and findings, then it returns."""
+        try:
+            while not self._stop.wait(1 / trace_feed.EVENTS_HZ):
+                status = status_of(self._run)  # before the send: an ended run has all events
+                with self._send_lock:
+                    sent = self._send_new()
+                    if status != "running" or ((sent or self._undiagnosed) and self.pace.due()):
+                        self._diagnose()
+                    if status != "running":
+                        self.live = status
+                        return
+        except Refused as exc:
+            self.first_error = exc
+            self.notice = str(exc)  # (refresh() may have said it already: the same line)
+        except Exception as exc:  # a thread must never print into a cell: said in the view
+            self.first_error = exc
+            self.notice = (f"ddpviz: this view stopped following the run ({type(exc).__name__}:"
+                           f" {exc}). Call view.refresh() to send it again.")
+        finally:
+            self._detach()
+
+    def _send_new(self) -> bool:
+        """Send the events received since the last send (and changed clock offsets) as
+        frames; False when there were none. Raises Refused over a bound."""
+        file = self._file
+        if file is None:
+            return False
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        run = self._run
+        clock = dict((run.live.session if run.kind == "run" else run.live).trace.clock)
+        new = file.frames(batch, clock)
+        data, n, _ = new
+        if not data:
+            return False
+        if len(data) > trace_feed.MAX_DELTA_BYTES or len(file.data) + len(data) > MAX_BYTES:
+            over = (f"the {trace_feed.MAX_DELTA_BYTES >> 20} MiB one update carries"
+                    if len(data) > trace_feed.MAX_DELTA_BYTES
+                    else f"the {MAX_BYTES >> 20} MiB a TraceView sends in all")
+            self._stop.set()  # (refused events are not kept: a later send would skip them)
+            refused = Refused(
+                f"ddpviz: {n:,} new events ({len(data) / (1 << 20):,.1f} MiB) would go over "
+                f"{over}; this view stopped following the run at {file.total:,} events.\n"
+                "Use run.dashboard(), which sends only what it draws, or save the run and open "
+                "the .ddpviz file in JupyterLab's file browser.")
+            self.notice = str(refused)
+            raise refused
+        base = file.total
+        file.commit(new)
+        self.send({"kind": "frames", "base": base, "total": file.total}, buffers=[data])
+        self.sends += 1
+        self.events_sent = file.total
+        self._undiagnosed = True
+        return True
+
+    def _diagnose(self) -> None:
+        started = time.monotonic()
+        self.findings = list(diagnose(self._run))
+        self.diagnosis = diagnosis_bytes(self.findings)
+        self._undiagnosed = False
+        self.pace.ran(started)
+
+    def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A view that lacks frames asks for the whole file so far (`hello`)."""
+        if not isinstance(content, dict) or content.get("kind") != "hello":
+            return
+        to = content.get("id")
+        if not isinstance(to, str) or len(to) > 64:
+            return
+        with self._send_lock:
+            file = self._file
+            if file is None:
+                return
+            self.send({"kind": "whole", "to": to, "total": file.total},
+                      buffers=[bytes(file.data)])

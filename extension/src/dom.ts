@@ -10,6 +10,17 @@ export interface ViewOptions {
   scheme: string;
   /** At most this many marks in the hook timeline. */
   maxEvents: number;
+  /** What the user picked, read when drawing and written on each pick (a live view keeps it
+   * across redraws: traceWidget.ts); none: the defaults. */
+  picks?: Picks;
+}
+
+/** What the user picked in a view. */
+export interface Picks {
+  /** The hook timeline's iteration (its option value), once picked. */
+  step?: string;
+  /** The rank whose lane the hook timeline draws (many ranks), once picked. */
+  rank?: string;
 }
 
 export type Attrs = Record<string, string | number | boolean | undefined>;

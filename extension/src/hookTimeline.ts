@@ -26,6 +26,10 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
   const nan = model.findings.filter(isNonfinite);
   const first = nan.length > 0 ? Math.min(...nan.map(f => f.step ?? -1)) : -1;
   select.value = String(model.steps.includes(first) ? first : model.steps[model.steps.length - 1]);
+  const picks = options.picks;
+  if (picks?.step !== undefined && model.steps.includes(Number(picks.step))) {
+    select.value = picks.step; // what the user picked before this drawing (a live view)
+  }
   const holder = h('div', { class: 'ddpviz-timeline-holder' });
   const many = model.ranks.length > MANY_RANKS;
   const rankSelect = h('select', {
@@ -49,7 +53,7 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
     }
     const all = model.timelineRows(step);
     const sp = timelineSpread(all.rows, all.t0);
-    const picked = rankSelect.value;
+    const picked = rankSelect.value || picks?.rank || '';
     const named = new Set(sp.slowest.map(x => x.rank));
     rankSelect.replaceChildren();
     appendAll(rankSelect, [
@@ -79,8 +83,18 @@ export function renderTimelineSection(model: TraceModel, options: ViewOptions): 
       renderTimeline(model.timeline(step, options.maxEvents, lanes), options, sp)
     );
   };
-  select.addEventListener('change', draw);
-  rankSelect.addEventListener('change', draw);
+  select.addEventListener('change', () => {
+    if (picks) {
+      picks.step = select.value;
+    }
+    draw();
+  });
+  rankSelect.addEventListener('change', () => {
+    if (picks) {
+      picks.rank = rankSelect.value;
+    }
+    draw();
+  });
   draw();
   return section(
     'timeline',

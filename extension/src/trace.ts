@@ -170,7 +170,6 @@ function* readFrames(data: Uint8Array, name: string): Generator<void, ParsedTrac
         'Open a file written by Trace.save, TraceWriter or ddpviz.connect().'
     );
   }
-  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
   const trace: ParsedTrace = {
     meta: {},
     format: 0,
@@ -182,8 +181,45 @@ function* readFrames(data: Uint8Array, name: string): Generator<void, ParsedTrac
     rejectReasons: [],
     count: 0
   };
-  let pos = MAGIC.length;
-  let sawHeader = false;
+  const sawHeader = yield* readFramesInto(trace, data, MAGIC.length, false, name);
+  if (!sawHeader) {
+    throw new TraceError(
+      `ddpviz: '${name}' has no header frame (empty trace file).\n` +
+        'The writer died before writing anything; rerun the job.'
+    );
+  }
+  return trace;
+}
+
+/**
+ * Append frames that continue a parsed trace (event chunks and clock records with no magic
+ * nor header: what a live TraceView sends, ddpviz/widgets/trace_feed.py) to it, in place.
+ * Unlike a file's, a torn frame here is an error: a message arrives whole.
+ *
+ * @param trace - the trace the frames continue.
+ * @param data - the frames.
+ * @param name - the trace's name, for messages.
+ */
+export function appendFrames(trace: ParsedTrace, data: Uint8Array, name: string): void {
+  const frames = readFramesInto(trace, data, 0, true, name);
+  let step = frames.next();
+  while (!step.done) {
+    step = frames.next();
+  }
+  if (trace.truncated) {
+    throw new TraceError(`ddpviz: '${name}': an update from the kernel ends in a torn frame.`);
+  }
+}
+
+/** Read frames from `pos` into `trace`; the first is its header unless `sawHeader`. */
+function* readFramesInto(
+  trace: ParsedTrace,
+  data: Uint8Array,
+  pos: number,
+  sawHeader: boolean,
+  name: string
+): Generator<void, boolean, void> {
+  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
   while (pos < data.length) {
     const where = pos;
     if (data.length - pos < FRAME_HEADER_BYTES) {
@@ -229,13 +265,7 @@ function* readFrames(data: Uint8Array, name: string): Generator<void, ParsedTrac
     // other kinds: records of a later minor format, skipped as trace.py does
     yield;
   }
-  if (!sawHeader) {
-    throw new TraceError(
-      `ddpviz: '${name}' has no header frame (empty trace file).\n` +
-        'The writer died before writing anything; rerun the job.'
-    );
-  }
-  return trace;
+  return sawHeader;
 }
 
 function readHeader(trace: ParsedTrace, kind: number, value: unknown, name: string): void {

@@ -2,8 +2,10 @@
  * The trace view as an anywidget: the JupyterLab viewer's components (parse, model, view) in
  * any notebook host that renders anywidget (JupyterLab, Notebook 7, marimo, VS Code, Colab).
  * The kernel sends the run as one `.ddpviz` file in a binary buffer (ddpviz/widgets/
- * trace_view.py), and diagnose()'s findings beside it, never markup; everything after that, the iteration and rank pickers
- * included, runs in the browser, so the view answers while the kernel is busy.
+ * trace_view.py), and diagnose()'s findings beside it, never markup; a live run's new events
+ * come as frames appended to it (liveTrace.ts). Everything after that, the iteration and rank
+ * pickers included, runs in the browser, so the view answers while the kernel is busy; a
+ * redraw (at most one per animation frame) keeps what the user picked and the scroll.
  *
  * Bundled on its own (build-widget.js) into ddpviz/widgets/static/trace_view.js: it must not
  * import JupyterLab or Lumino, which a host other than JupyterLab does not have.
@@ -13,7 +15,9 @@ import { decode } from '@msgpack/msgpack';
 
 import { DEFAULT_SCHEME } from './colors';
 import { TraceModel } from './eventModel';
+import { h, note, Picks } from './dom';
 import { asEvent, Finding } from './events';
+import { LiveModel, LiveTrace, liveTraceOf } from './liveTrace';
 import { parseTraceAsync, TraceError, traceBytes } from './trace';
 
 export { traceBytes } from './trace';
@@ -104,23 +108,121 @@ export async function draw(
   }
 }
 
-const TRAITS = ['trace', 'diagnosis', 'scheme', 'max_events'];
-
-function render({ model, el }: { model: WidgetModel; el: HTMLElement }): () => void {
-  el.classList.add('ddpviz-viewer', 'ddpviz-widget');
-  let draws = 0;
-  const redraw = () => {
-    const mine = ++draws;
-    void draw(model, el, () => mine === draws);
-  };
-  redraw();
-  for (const trait of TRAITS) {
-    model.on(`change:${trait}`, redraw);
+/**
+ * Draw what a model's live trace holds into `el`: a line on the run's state (live, how it
+ * ended), the kernel's notice if any, then the viewer's panels, keeping `picks` (the user's
+ * iteration and rank) and the scroll of `el` and of its panels.
+ */
+export function paint(live: LiveTrace, model: LiveModel, el: HTMLElement, picks: Picks): void {
+  const started = performance.now();
+  const name = model.get('name') || 'trace';
+  const state = model.get('live') || '';
+  const notice = model.get('notice') || '';
+  let content: HTMLElement;
+  if (live.error !== null) {
+    const err = live.error;
+    content = renderError(
+      err instanceof TraceError
+        ? err.message
+        : `ddpviz: '${name}' could not be drawn: ${err}.\nLoad it in Python with ` +
+            'ddpviz.Trace.load to see the full error.'
+    );
+  } else if (live.parsed === null) {
+    content = renderLoading(name);
+  } else {
+    const options = {
+      scheme: model.get('scheme') || DEFAULT_SCHEME,
+      maxEvents: model.get('max_events') || 20000,
+      picks
+    };
+    const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
+    content = renderTrace(new TraceModel(live.parsed), name, options, diagnosis, state);
   }
-  return () => {
-    for (const trait of TRAITS) {
-      model.off(`change:${trait}`, redraw);
+  const lines = [
+    state === ''
+      ? null
+      : h(
+          'p',
+          { class: 'ddpviz-live', 'data-live': state, 'data-events': live.total },
+          state === 'running'
+            ? `Live: ${live.total.toLocaleString('en')} events so far; new ones are added ` +
+                'as the ranks send them.'
+            : `The run ended (${state}): ${live.total.toLocaleString('en')} events.`
+        ),
+    live.total < model.get('events_sent')
+      ? note(
+          `Showing ${live.total.toLocaleString('en')} of the ` +
+            `${model.get('events_sent').toLocaleString('en')} events the kernel sent: the ` +
+            'rest is asked of the kernel (a page reloaded, a saved notebook), which answers ' +
+            'when it is not busy with a cell.',
+          'warning'
+        )
+      : null,
+    notice === '' ? null : note(notice, 'warning')
+  ].filter((x): x is HTMLElement => x !== null);
+  const scroll = scrolled(el);
+  el.replaceChildren(...lines, content);
+  restore(el, scroll);
+  el.dataset.drawMs = (performance.now() - started).toFixed(1);
+  el.dataset.draws = String(Number(el.dataset.draws || 0) + 1);
+  el.dataset.events = String(live.total);
+}
+
+/** Where `el` and its scrollable parts are scrolled to, by a key that survives a redraw. */
+function scrolled(el: HTMLElement): Map<string, [number, number]> {
+  const out = new Map<string, [number, number]>([['', [el.scrollTop, el.scrollLeft]]]);
+  el.querySelectorAll<HTMLElement>('[data-section], .ddpviz-timeline-holder').forEach(e => {
+    if (e.scrollTop !== 0 || e.scrollLeft !== 0) {
+      out.set(scrollKey(e), [e.scrollTop, e.scrollLeft]);
     }
+  });
+  return out;
+}
+
+function restore(el: HTMLElement, scroll: Map<string, [number, number]>): void {
+  const [top, left] = scroll.get('') ?? [0, 0];
+  el.scrollTop = top;
+  el.scrollLeft = left;
+  el.querySelectorAll<HTMLElement>('[data-section], .ddpviz-timeline-holder').forEach(e => {
+    const at = scroll.get(scrollKey(e));
+    if (at !== undefined) {
+      [e.scrollTop, e.scrollLeft] = at;
+    }
+  });
+}
+
+function scrollKey(e: HTMLElement): string {
+  return e.dataset.section ?? e.className;
+}
+
+const nextFrame: (f: () => void) => number =
+  typeof requestAnimationFrame === 'function'
+    ? f => requestAnimationFrame(f)
+    : f => setTimeout(f, 16) as unknown as number;
+
+function render({ model, el }: { model: LiveModel; el: HTMLElement }): () => void {
+  el.classList.add('ddpviz-viewer', 'ddpviz-widget');
+  const live = liveTraceOf(model);
+  const picks: Picks = {}; // this view's own: another view of the model picks its own
+  let pending = false;
+  let gone = false;
+  const redraw = () => {
+    pending = false;
+    if (!gone) {
+      paint(live, model, el, picks);
+    }
+  };
+  const schedule = () => {
+    if (!pending) {
+      pending = true; // at most one redraw per animation frame, however many updates came
+      nextFrame(redraw);
+    }
+  };
+  const unsubscribe = live.subscribe(schedule);
+  redraw();
+  return () => {
+    gone = true;
+    unsubscribe();
   };
 }
 

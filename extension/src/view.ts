@@ -40,12 +40,13 @@ export function renderTrace(
   model: TraceModel,
   name: string,
   options: ViewOptions,
-  diagnosis: Finding[] | null = null
+  diagnosis: Finding[] | null = null,
+  live = ''
 ): HTMLElement {
   const root = h(
     'div',
     { class: 'ddpviz-trace' },
-    guarded('verdict', 'Verdict', () => renderVerdict(model, diagnosis)),
+    guarded('verdict', 'Verdict', () => renderVerdict(model, diagnosis, live)),
     guarded('summary', 'Summary', () => renderSummary(model, name)),
     guarded('findings', 'Findings', () => renderFindings(diagnosis ?? model.findings)),
     guarded('buckets', 'Bucket map', () => renderBuckets(model, options)),
@@ -163,26 +164,34 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
  * (diagnose()'s findings, computed in a kernel: the TraceView widget), of those; else of the
  * findings the ranks reported while the job ran (what this file holds), said as such, since
  * diagnose reads more from the events (hangs, stragglers, replica checks) than a viewer
- * without a kernel.
+ * without a kernel. `live` "running": a run still going, whose verdict is one so far.
  */
-function renderVerdict(model: TraceModel, diagnosis: Finding[] | null): HTMLElement {
+function renderVerdict(model: TraceModel, diagnosis: Finding[] | null, live: string): HTMLElement {
   const severities = (diagnosis ?? model.findings).map(f => f.severity);
+  const running = live === 'running';
   return h(
     'div',
     {
       class: 'ddpviz-verdict',
       'data-section': 'verdict',
       'data-verdict': verdict(severities),
-      'data-scope': diagnosis !== null ? 'diagnose' : 'reported'
+      'data-scope': diagnosis !== null ? 'diagnose' : 'reported',
+      'data-live': live || undefined
     },
+    running ? h('em', { class: 'ddpviz-so-far' }, 'So far: ') : null,
     h('strong', {}, verdictLine(severities)),
     ' ',
     h(
       'span',
       { class: 'ddpviz-verdict-scope' },
       diagnosis !== null
-        ? 'What `ddpviz diagnose` finds in this run (in Python, when this view was made): ' +
-            "the ranks' own findings, hangs, stragglers and replica checks."
+        ? running
+          ? 'What `ddpviz diagnose` finds in the events received so far (in Python, again ' +
+            "every few seconds while the run goes on): the ranks' own findings, hangs, " +
+            'stragglers and replica checks.'
+          : 'What `ddpviz diagnose` finds in this run (in Python, when this view was made' +
+            (live ? ' and when the run ended' : '') +
+            "): the ranks' own findings, hangs, stragglers and replica checks."
         : 'Of the findings the ranks reported while the job ran; `ddpviz diagnose` on the ' +
             "run's folder also reads hangs, stragglers and replica checks from the events."
     )

@@ -1,7 +1,8 @@
 """The TraceView anywidget in marimo (`mo.ui.anywidget`), served by `marimo run` on 127.0.0.1
 with a token, in Chromium: marimo renders anywidget but not ipywidgets (marimo#5099), so the
 dashboard's ipywidgets panels never draw there; this view does, with the same panels and text
-as JupyterLab's file viewer draws for the same file (tests/browser/test_lab_trace_view.py)."""
+as JupyterLab's file viewer draws for the same file (tests/browser/test_lab_trace_view.py);
+and a live Session's view follows it (new events from a kernel thread reach the page)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,86 @@ def test_marimo_draws_the_view_of_a_real_run(browser: Any, console: ConsoleLog,
                                arg=[holder.element_handle(), before], timeout=10_000)
         screenshot(page, "trace_view_marimo", widget)
         assert console.errors == []
+
+
+LIVE_APP = '''import marimo
+
+app = marimo.App()
+
+
+@app.cell
+def _():
+    import os
+    import threading
+    import time
+
+    import marimo as mo
+
+    import ddpviz
+    from ddpviz.transport.sender import Sender
+    from ddpviz.widgets.trace_view import TraceView
+    from tests.widgets.streams import synthetic_run
+
+    events = synthetic_run(2, steps=6)
+    per = {{r: [e for e in events if e.rank == r] for r in (0, 1)}}
+    session = ddpviz.listen(show=False)
+    senders = {{r: Sender(session.connect_string, r, batch=64) for r in per}}
+
+    def send(part):
+        for r, es in per.items():
+            half = len(es) // 2
+            for e in (es[:half] if part == 0 else es[half:]):
+                senders[r](e)
+            senders[r].flush()
+
+    send(0)
+    while len(session.trace) < sum(len(es) // 2 for es in per.values()):
+        time.sleep(0.05)
+
+    def later():  # the second half, from a thread, once the test says go
+        while not os.path.exists({go!r}):
+            time.sleep(0.05)
+        send(1)
+        time.sleep(2)
+        session.close()
+
+    threading.Thread(target=later, daemon=True).start()
+    view = mo.ui.anywidget(TraceView(session, name="live"))
+    view
+    return
+
+
+if __name__ == "__main__":
+    app.run()
+'''
+
+
+def test_marimo_follows_a_live_session(browser: Any, console: ConsoleLog, tmp_path: Path
+                                       ) -> None:
+    """A live Session's view in marimo gets the new events a kernel thread sends after the
+    cell ran (marimo forwards a thread's anywidget messages), up to the session's end."""
+    go = tmp_path / "go"
+    app = tmp_path / "live_app.py"
+    app.write_text(LIVE_APP.format(go=str(go)))
+    server = MarimoServer(app, tmp_path / "marimo.log")
+    try:
+        server.wait(f"http://127.0.0.1:{server.port}/health")
+        with logged_page(browser, console) as page:
+            page.goto(server.url)
+            widget = page.locator(".ddpviz-widget")
+            widget.locator(".ddpviz-summary").wait_for(timeout=120_000)
+            assert widget.locator(".ddpviz-live").get_attribute("data-live") == "running"
+            before = int(widget.get_attribute("data-events") or 0)
+            assert before > 0
+            go.write_text("go")
+            page.locator(".ddpviz-widget .ddpviz-live[data-live='closed']").wait_for(
+                timeout=60_000)
+            from tests.widgets.streams import synthetic_run
+
+            total = len(synthetic_run(2, steps=6))
+            assert before < total
+            page.wait_for_function(f"el => el.getAttribute('data-events') === '{total}'",
+                                   arg=widget.element_handle(), timeout=30_000)
+            assert console.errors == []
+    finally:
+        server.close()
