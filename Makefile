@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # torch comes through pip (it honours the machine's pip configuration, where the CPU wheel
 # lies); everything else through uv (in the venv, from PyPI: about 20 s where pip took 160 s),
 # with torch held at the installed release.
-UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python -c $(VENV)/torch-constraint.txt
+UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c $(VENV)/torch-constraint.txt
 
 $(BIN)/.base: pyproject.toml
 	$(PY) -m venv $(VENV)
