@@ -21,6 +21,8 @@ export interface Picks {
   step?: string;
   /** The rank whose lane the hook timeline draws (many ranks), once picked. */
   rank?: string;
+  /** The bucket selected (selection.ts): its map's kind and its index there; none: none. */
+  bucket?: { rebuilt: boolean; bucket: number };
 }
 
 export type Attrs = Record<string, string | number | boolean | undefined>;

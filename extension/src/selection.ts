@@ -14,7 +14,7 @@
  * (the iteration or rank picker) announces itself with TIMELINE_DRAWN and is highlighted again.
  */
 
-import { h, humanBytes } from './dom';
+import { h, humanBytes, Picks } from './dom';
 
 /** Dispatched (bubbling) by the hook timeline's holder after each draw. */
 export const TIMELINE_DRAWN = 'ddpviz-timeline-drawn';
@@ -49,14 +49,28 @@ export function selectionStatus(): HTMLElement {
 
 /**
  * Make the view under `root` selectable. Buckets, parameter segments and gradient marks
- * drawn under it (now or later) take part.
+ * drawn under it (now or later) take part. With `picks`, the selection is kept there and a
+ * bucket selected in an earlier drawing (a live view's) is selected again in this one.
  */
-export function linkSelection(root: HTMLElement): void {
+export function linkSelection(root: HTMLElement, picks?: Picks): void {
   let selected: Selected | null = null;
   const set = (next: Selected | null) => {
     selected = next;
+    if (picks) {
+      picks.bucket = next === null ? undefined : { rebuilt: next.rebuilt, bucket: next.bucket };
+    }
     apply(root, selected);
   };
+  const before = picks?.bucket;
+  if (before !== undefined) {
+    const bucket = root.querySelector(
+      `.ddpviz-bucketmap[data-rebuilt="${before.rebuilt}"] ` +
+        `.ddpviz-bucket[data-bucket="${Number(before.bucket)}"]`
+    );
+    if (bucket !== null) {
+      set(fromBucket(bucket));
+    }
+  }
   const toggle = (next: Selected | null) => {
     const same =
       next !== null &&

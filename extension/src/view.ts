@@ -56,7 +56,8 @@ export function renderTrace(
     guarded('waits', 'Who made the all-reduce wait', () => renderWaits(model)),
     guarded('counts', 'Events', () => renderCounts(model))
   );
-  linkSelection(root); // a bucket highlights its parameters in the maps and the timeline
+  // a bucket highlights its parameters in the maps and the timeline (kept in options.picks)
+  linkSelection(root, options.picks);
   return root;
 }
 

@@ -1,11 +1,11 @@
 """The TraceView anywidget (ddpviz/widgets/trace_view.py) following a live run in real
 JupyterLab in Chromium: 2 real gloo ranks (`ddpviz.launch`) training in phases the test lets
 go; the view shows the first phase, then, while the kernel is busy in `run.wait()`, the next
-phases' events arrive as frames and the view redraws with the iteration the user picked and
-the notebook's scroll kept; the verdict says "so far" until the run ends, then is diagnose()'s
-for the whole run; a second view of the same widget and a reloaded page get the whole run.
-A second test feeds 20 "ranks" (a real Session, events sent from a kernel thread) to check
-that the many-rank lane picker keeps the rank picked across an update."""
+phases' events arrive as frames and the view redraws with the iteration and the bucket the
+user picked and the notebook's scroll kept; the verdict says "so far" until the run ends,
+then is diagnose()'s for the whole run; a second view of the same widget and a reloaded page
+get the whole run. A second test feeds 20 "ranks" (a real Session, events sent from a kernel
+thread) to check that the many-rank lane picker keeps the rank picked across an update."""
 
 from __future__ import annotations
 
@@ -100,6 +100,9 @@ def test_a_live_run_is_followed_while_the_kernel_is_busy_and_keeps_what_was_pick
     assert _steps(widget) == ["0", "1", "2"]
     select = widget.locator(".ddpviz-step-select")
     select.select_option("1")  # not the last: a redraw must not move it
+    widget.locator(".ddpviz-bucketmap[data-rebuilt='false'] .ddpviz-bucket").first.click()
+    pressed = widget.locator(".ddpviz-bucket[aria-pressed='true']")
+    assert pressed.count() == 1
     scroller = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer")
     scroller.evaluate("el => { el.scrollTop = 300; }")
     top = scroller.evaluate("el => el.scrollTop")
@@ -114,6 +117,8 @@ def test_a_live_run_is_followed_while_the_kernel_is_busy_and_keeps_what_was_pick
     assert int(widget.get_attribute("data-draws") or 0) > draws
     busy.get_by_text("[*]:").wait_for(timeout=1_000)  # still busy: no kernel round-trip
     assert select.input_value() == "1"  # what the user picked survived the update
+    assert pressed.count() == 1  # and the bucket selected
+    assert widget.locator(".ddpviz-trace.ddpviz-has-selection").count() == 1
     assert scroller.evaluate("el => el.scrollTop") == top
     assert float(widget.get_attribute("data-draw-ms") or 0) > 0
     screenshot(page, "trace_view_live", widget)
