@@ -68,18 +68,21 @@ class CheckBudget:
         self._set_at = WARMUP
 
     def due(self, step: int) -> bool:
-        if step == self.asked:
+        asked = self.asked
+        if step == asked:
             return self.answer
         now = self._clock()
-        if step == self.asked + 1 and self._t:
+        if step == asked + 1 and self._t:
             self._gaps.append(now - self._t)
         self.asked, self._t = step, now
         if step >= self._set_at:
             self._set(step)
-        due = self.answer = not step % self.every
-        if due:
-            self._checked += 1
-        return due
+        if step % self.every:  # (the usual step: fewest operations, See [Note: the plain
+            self.answer = False  # wrapper's calls] in _watch/base.py)
+            return False
+        self.answer = True
+        self._checked += 1
+        return True
 
     def spend(self, ns: int) -> None:
         self._spent += ns

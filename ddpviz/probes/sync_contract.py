@@ -398,25 +398,32 @@ def _close(contract: SyncContract) -> None:
 
 
 def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    global _stepping
-    if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
+    if (len(args) > 1 and args[1] is not None) or (kwargs and
+                                                   kwargs.get("closure") is not None):
         if _post is None:  # (`_closure`, written out: this runs at every step)
             _with_closure()  # judged after its closure ran
         return
     if not _open_now or _graph_task() != -1:
         return  # nothing open, or a step applied inside a backward
+    for contract in _open_now:
+        # the usual step, inline (an optimizer known as it was, nothing to judge): See
+        # [Note: the optimizer-step hooks]; else `stepped`, the only path that can close a
+        # contract (and so would remove the hooks while torch walks them: `_stepped`)
+        holder = contract._holders.get(id(optimizer))
+        if holder is None or contract.dirt is not None or \
+                holder.groups != len(optimizer.param_groups):
+            _stepped(contract, optimizer)
+        elif holder.held:
+            holder.steps += 1
+            contract.last = NONE
+
+
+def _stepped(contract: SyncContract, optimizer: Any) -> None:
+    """`contract.stepped(optimizer)`, counted in `_stepping` while it runs."""
+    global _stepping
     _stepping += 1
     try:
-        for contract in _open_now:
-            # the usual step, inline (an optimizer known as it was, nothing to judge): See
-            # [Note: the optimizer-step hooks]; else `stepped`
-            holder = contract._holders.get(id(optimizer))
-            if holder is None or contract.dirt is not None or \
-                    holder.groups != len(optimizer.param_groups):
-                contract.stepped(optimizer)
-            elif holder.held:
-                holder.steps += 1
-                contract.last = NONE
+        contract.stepped(optimizer)
     finally:
         _stepping -= 1
 
