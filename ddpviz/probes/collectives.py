@@ -420,10 +420,28 @@ def _capture(getters: list[Callable[[tuple[Any, ...], dict[str, Any]], Any]]) ->
 _SITE_DEPTH = 256  # frames walked outward from a collective (torch.compile's can be many)
 
 
+# (id(code), instruction offset) -> (code, line) of the call sites seen: a frame's `f_lineno`
+# decodes its code's line table up to the instruction (O(the code's size): ~10k instructions
+# a call from a short module, more from a long training function), its `f_lasti` is read as
+# it is; the code is kept so its id stays its own; bounded (past it, decoded each time)
+_LINES: dict[tuple[int, int], tuple[CodeType, int]] = {}
+MAX_LINES = 65536
+
+
 def _user_frame(frame: FrameType | None) -> tuple[CodeType | None, int]:
     """The first frame outside torch, ddpviz and the standard library, as (code, line)."""
     f = user_frame(frame, _SITE_DEPTH)
-    return (None, 0) if f is None else (f.f_code, f.f_lineno)
+    if f is None:
+        return None, 0
+    code = f.f_code
+    key = (id(code), f.f_lasti)
+    hit = _LINES.get(key)
+    if hit is not None and hit[0] is code:
+        return code, hit[1]
+    line = f.f_lineno
+    if len(_LINES) < MAX_LINES:
+        _LINES[key] = (code, line)
+    return code, line
 
 
 def site_text(code: CodeType | None, line: int) -> str:
@@ -500,26 +518,12 @@ def _ring_aside(exc: BaseException) -> None:
         ledger_ring.step_aside(f"{exc!r}")
 
 
-def _begin(name: str, group: Any, capture: Capture, args: tuple[Any, ...],
-           kwargs: dict[str, Any], asym: bool,
-           frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
-    if group is None:
-        group = _world.WORLD
-    ledger = _groups.get(id(group))
-    if ledger is None or ledger.group is not group:
-        ledger = _ledger_of(group)
-        if ledger is None:
-            return None
-    if not ledger.comparable:
-        return None
-    return _record(ledger, name, capture(args, kwargs), asym, frame)
-
-
 def _record(ledger: GroupLedger, name: str, raw: tuple[Any, ...], asym: bool,
             frame: FrameType) -> tuple[GroupLedger, int, Call] | None:
     global _issued
-    seq = ledger.seq()
-    if seq is None:
+    try:
+        seq = ledger._seq()  # type: ignore[misc]  # (GroupLedger.seq, inline)
+    except Exception:  # a backend without sequence numbers: nothing to compare by
         return None
     code, line = _user_frame(frame)
     bucket = _launch.bucket
@@ -615,9 +619,15 @@ def _wrap(name: str, fn: Callable[..., Any], sig: _Sig, asym: bool) -> Callable[
         if not _enabled or local.depth:
             return fn(*args, **kwargs)
         started = None
-        try:
-            started = _begin(name, group_of(args, kwargs), capture, args, kwargs, asym,
-                             frame_of(1))
+        try:  # (the group's ledger found inline: one Python call less a collective)
+            group = group_of(args, kwargs)
+            if group is None:
+                group = _world.WORLD
+            ledger = _groups.get(id(group))
+            if ledger is None or ledger.group is not group:
+                ledger = _ledger_of(group)
+            if ledger is not None and ledger.comparable:
+                started = _record(ledger, name, capture(args, kwargs), asym, frame_of(1))
         except Exception as exc:  # never break the job's collective: step aside
             _step_aside(f"{name}: {exc!r}")
         return _issue(fn, args, kwargs, started, name)
