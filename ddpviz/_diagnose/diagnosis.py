@@ -92,7 +92,7 @@ def diagnose(source: Any, *, ended: Mapping[int, End] | None = None,
         rings = {f.parent for f in run.files} if run.kind == "files" else ()
     ring = rings_of(Path(folder) for folder in rings)
     return diagnose_tables(_trace_tables(trace), clock=dict(trace.clock), ended=ended,
-                           ring=ring)
+                           ring=ring, live=run.running)
 
 
 
@@ -130,15 +130,35 @@ def diagnose_events(events: Iterable[Event]) -> Findings:
     return diagnose_tables(_seq_ordered(col.tables_of(events)))
 
 
+# [Note: a run still going]
+# diagnose() of a live source (a Run still running, a Session not closed: what a live view
+# shows every few seconds) reads events that stop mid-step, at a different step on each rank:
+# one rank's last step is 41 while another's events end in step 40. Read as a run that is
+# over, that is "rank 1 stopped at step 40 while others reached step 41" (uneven_iterations),
+# or a rank "still waiting in a collective when the events end" (rank_hang): measured on a
+# healthy 2-rank launch() diagnosed every 50 ms, an uneven_iterations warning came in about
+# one diagnosis in ten. So a run still going is judged on the steps every rank has finished
+# (those before the least of the ranks' last steps), the ranks' own live findings and
+# dropped-event counts kept whatever their step; how the ranks ended (uneven steps, a rank
+# left inside a collective, a rank with no events) is judged once the run is over, or once
+# every rank's trace has its end record (a followed folder whose job ended).
+
+_LIVE_KEPT = (ev.FindingReported, ev.EventsDropped)  # rows a run still going keeps at any step
+
+
 def diagnose_tables(per_rank: Mapping[int, Table],
                     clock: Mapping[int, tuple[int, int]] | None = None,
                     ended: Mapping[int, End] | None = None,
-                    ring: Sequence[Finding] = ()) -> Findings:
+                    ring: Sequence[Finding] = (), live: bool = False) -> Findings:
     """`diagnose` over the columns of each rank (rows in seq order; see ddpviz/traces/columns.py);
     `clock`: the ranks' offsets onto one clock (Trace.clock), for who is slow; `ended`: the
     ranks whose file ends with its end record (see `diagnose`); `ring`: what the ranks' rings
     of last collectives show (`rings_of`), counted as reported when no rank named a mismatch
-    of collectives live."""
+    of collectives live; `live`: the run is still going (See [Note: a run still going])."""
+    live = live and bool(per_rank) and not set(per_rank) <= set(ended or {})
+    if live:
+        done = min(int(t.step.max()) if len(t) else -1 for t in per_rank.values())
+        per_rank = {r: t.before(done, *_LIVE_KEPT) for r, t in per_rank.items()}
     world_size = _world_size(per_rank)
     names = _names(per_rank)
     reported = _reported(per_rank)
@@ -151,7 +171,8 @@ def diagnose_tables(per_rank: Mapping[int, Table],
                 *_unused(per_rank, names, world_size),
                 *_grad_ready(per_rank, names, forwards, world_size),
                 *_collectives(per_rank, forwards, last_step, world_size),
-                *_progress(per_rank, last_step, world_size, reported, ended or {}),
+                *(() if live else _progress(per_rank, last_step, world_size, reported,
+                                            ended or {})),
                 *_dropped(per_rank, world_size),
                 *_straggler(per_rank, clock, names, world_size, reported)]
     seen = {(f.kind, f.name) for f in reported}

@@ -137,6 +137,22 @@ class Table(NamedTuple):
                     out[i] = objects[r]
         return out  # type: ignore[return-value]
 
+    def before(self, step: int, *keep: type[Event]) -> Table:
+        """This table with only the rows of steps before `step` (the constructor's, step -1,
+        included) and the rows of the `keep` types at any step. Itself when none is left
+        out."""
+        mask = self.step < step
+        for cls in keep:
+            mask |= self.kind == CODE[cls]
+        if bool(mask.all()):
+            return self
+        rows = np.flatnonzero(mask)
+        new_row = {int(r): i for i, r in enumerate(rows.tolist())}
+        objects = {new_row[r]: e for r, e in self.objects.items() if r in new_row}
+        return Table(self.rank, self.kind[rows], self.step[rows], self.t[rows],
+                     self.seq[rows], self.a[rows], self.b[rows], self.s[rows], objects,
+                     self.strings)
+
     def sorted_by_seq(self, *, then_time: bool = False) -> Table:
         """This table with its rows sorted by seq (stable; with `then_time`, equal seqs by t,
         then arrival). Itself when already in order (the usual case)."""

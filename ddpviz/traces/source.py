@@ -94,6 +94,16 @@ class RunSource:
     _collected: Trace | None = field(default=None, init=False, repr=False)
 
     @property
+    def running(self) -> bool:
+        """Whether events may still arrive: a Run whose status is "running", a Session not
+        closed (a followed folder's included); False for files, Traces and events."""
+        if self.kind == "run":
+            return str(getattr(self.live, "status", "")) == "running"
+        if self.kind == "session":
+            return not bool(getattr(self.live, "closed", False))
+        return False
+
+    @property
     def ended(self) -> Mapping[int, End] | None:
         """The ranks whose trace file ends with its end record (they finished: none is named
         as hung), by rank: the files' own (kind "files"), a followed folder's as read so far
