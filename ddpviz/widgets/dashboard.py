@@ -11,6 +11,7 @@ Perfetto / Save Chrome trace buttons, which fetch the run only when pressed).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from ddpviz.widgets.perfetto_button import PerfettoButton
 from ddpviz.widgets.replay_controls import Cursor
 from ddpviz.widgets.replica_view import ReplicaView
 from ddpviz.widgets.static_copy import static_copy, with_copy
+from ddpviz.widgets.trace_feed import Pace
 from ddpviz.widgets.trace_view import TraceViewError
 from ddpviz.widgets.verification_view import VerificationView
 from ddpviz.widgets.wait_table import WaitTable
@@ -73,7 +75,8 @@ class Dashboard(EventView):
         # the source read once (files parsed once): the model, the wait table, the advisor,
         # diagnose(), the Perfetto button and the static copy all read this one
         self._advised = _opened(source)
-        self._diagnosis: tuple[int, list[Finding] | None] | None = None
+        self._diagnosis: tuple[int, bool, list[Finding] | None] | None = None
+        self._pace = Pace()  # a live run's diagnose(): how often it may run
         super().__init__(self._advised, max_hz=max_hz, **kwargs)
 
     def _build(self) -> list[w.Widget]:
@@ -169,19 +172,23 @@ class Dashboard(EventView):
             dropped = max(dropped, sum(stats.dropped.values()))
             rejected = stats.total_rejected
             gaps = sum(stats.gaps.values())
-        # The findings lead, as one verdict and the most severe title. A run that is over:
-        # diagnose()'s, of the whole run, as `ddpviz diagnose`, the report and trace.view()
-        # say them; one still running: what its ranks reported so far (not called healthy
-        # without any: only diagnose() checks the whole run, and it judges a run that ended).
-        diagnosed = self._diagnosed()
+        # The findings lead, as one verdict and the most severe title: diagnose()'s, as `ddpviz
+        # diagnose`, the report and trace.view() say them, of the whole run once it is over, of
+        # the run so far while it runs (its finished steps: See [Note: a run still going] in
+        # _diagnose/diagnosis.py); for events fed by hand, what the ranks reported.
+        live = self._advised is not None and self._advised.running
+        diagnosed = self._diagnosed(live)
         findings = diagnosed if diagnosed is not None else sort_findings(
             f for f in self.model.findings(cursor.as_of) if isinstance(f, Finding))
         if findings or diagnosed is not None:
             title = findings[0].title if findings else ""
-            parts.insert(0, markup.fmt("<span style='color:{};font-weight:bold' title='{}'>{}{}{}"
+            parts.insert(0, markup.fmt("<span style='color:{};font-weight:bold' title='{}'>{}{}{}{}"
                                        "</span>", _VERDICT_COLORS[verdict(findings)],
-                                       "ddpviz.diagnose() of the whole run" if diagnosed
-                                       is not None else "what the ranks reported so far",
+                                       "what the ranks reported so far" if diagnosed is None
+                                       else "ddpviz.diagnose() of the run so far (its steps "
+                                       "every rank finished)" if live
+                                       else "ddpviz.diagnose() of the whole run",
+                                       "so far: " if live and diagnosed is not None else "",
                                        verdict_line(findings).rstrip("."),
                                        f" · {title}" if title else "",
                                        " …" if len(findings) > 1 else ""))
@@ -194,21 +201,30 @@ class Dashboard(EventView):
             self.status_html.value = text
 
 
-    def _diagnosed(self) -> list[Finding] | None:
-        """diagnose()'s findings once the run is over (computed once for each count of events:
-        a finished run's do not change); None while it runs, or for events fed by hand."""
-        if self._advised is None or self.source.is_live():
+    def _diagnosed(self, live: bool) -> list[Finding] | None:
+        """diagnose()'s findings: of a run that is over, once for each count of events (a
+        finished run's do not change); of a run still going, again at most every
+        DIAGNOSE_EVERY_S and within DIAGNOSE_SHARE of the time (trace_feed.Pace: the
+        dashboard's redraws run at up to max_hz). None for events fed by hand, or a source
+        diagnose() cannot read."""
+        if self._advised is None:
             return None
         n = len(self.model)
-        if self._diagnosis is None or self._diagnosis[0] != n:
-            from ddpviz._diagnose.diagnosis import diagnose
+        cached = self._diagnosis
+        if cached is not None and cached[1] == live and (
+                cached[0] == n or (live and not self._pace.due())):
+            return cached[2]
+        from ddpviz._diagnose.diagnosis import diagnose
 
-            try:
-                found: list[Finding] | None = list(diagnose(self._advised))
-            except Exception:  # (a source diagnose() cannot read: the ranks' own findings)
-                found = None
-            self._diagnosis = (n, found)
-        return self._diagnosis[1]
+        started = time.monotonic()
+        try:
+            found: list[Finding] | None = list(diagnose(self._advised))
+        except Exception:  # (a source diagnose() cannot read: the ranks' own findings)
+            found = None
+        if live:
+            self._pace.ran(started)
+        self._diagnosis = (n, live, found)
+        return found
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # beside the widget, for hosts without widgets (nbconvert, nbviewer): See static_copy.py

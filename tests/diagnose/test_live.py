@@ -32,7 +32,7 @@ class LiveSession:
         return lambda: None
 
 
-def _mid_step() -> list[ev.Event]:
+def mid_step() -> list[ev.Event]:
     """A healthy 2-rank run read in flight: steps 0-2 done on both ranks, rank 0 already
     inside step 3's all-reduce (rank 1's step 3 not yet in)."""
     run = clean_run(steps=3)
@@ -45,7 +45,7 @@ def _kinds(findings: list[Finding]) -> set[str]:
 
 
 def test_a_run_still_going_is_judged_on_the_steps_every_rank_finished() -> None:
-    session = LiveSession(Trace(_mid_step()))
+    session = LiveSession(Trace(mid_step()))
     assert open_run(session).running
     live = diagnose(session)
     assert not {"uneven_iterations", "rank_hang"} & _kinds(live), live
@@ -55,7 +55,7 @@ def test_a_run_still_going_is_judged_on_the_steps_every_rank_finished() -> None:
 
 
 def test_a_run_still_going_keeps_the_ranks_live_findings_of_any_step() -> None:
-    events = _mid_step()
+    events = mid_step()
     said = Finding(kind="rank_hang", severity="error", title="rank 1 did not reach step 3",
                    ranks=(1,), field="collective", step=3, world_size=2)
     events.append(ev.FindingReported(0, 3, 0, 999, said))  # at the step not finished by all
@@ -69,5 +69,5 @@ def test_a_session_whose_ranks_all_ended_is_judged_as_over() -> None:
     """A followed folder whose job ended: every rank's trace has its end record, so how the
     ranks ended is judged although the session is still open."""
     ends = {r: End(r, 0, 0, "") for r in (0, 1)}
-    session = LiveSession(Trace(_mid_step()), ended=ends)
+    session = LiveSession(Trace(mid_step()), ended=ends)
     assert "uneven_iterations" in _kinds(diagnose(session))

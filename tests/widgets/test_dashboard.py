@@ -9,6 +9,7 @@ import threading
 import time
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as w
 import plotly.graph_objects as go
@@ -20,6 +21,7 @@ from ddpviz._diagnose.verdict import verdict, verdict_line
 from ddpviz.transport import Sender
 from ddpviz.widgets import Dashboard
 from ddpviz.widgets.dashboard import dashboard
+from tests.diagnose.test_live import LiveSession, mid_step
 from tests.widgets.streams import Plant, synthetic_run
 from tests.widgets.wire import WireCounter
 
@@ -220,3 +222,35 @@ def test_a_running_run_leads_with_what_its_ranks_reported_so_far_only() -> None:
     header = d.status_html.value
     assert "healthy" not in header and "error" not in header
     assert "ddpviz.diagnose()" not in header
+
+
+class _LiveSession(LiveSession):
+    """tests/diagnose/test_live.py's session, as the dashboard subscribes to it."""
+
+    def __init__(self, trace: ddpviz.Trace) -> None:
+        super().__init__(trace)
+        self.collector = type("Collector", (), {"ended": None, "address": "test"})()
+        self.stats = None
+
+    def subscribe(self, callback: Any, *, batch: bool = False, replay: bool = False,
+                  history: Any = None) -> Any:
+        if history is not None:
+            history(self.trace)
+        return lambda: None
+
+
+def test_a_running_session_leads_with_diagnose_of_the_steps_every_rank_finished() -> None:
+    # a healthy run read mid-step (rank 0 inside step 3, rank 1's step 3 not in yet): so far
+    # healthy, never "rank 1 stopped at step 2"; the same events once the session is closed
+    # are judged as a run that is over (See [Note: a run still going])
+    session = _LiveSession(ddpviz.Trace(mid_step()))
+    d = Dashboard(session, max_hz=50)
+    header = d.status_html.value
+    assert "so far: healthy: no problems found" in header, header
+    assert "ddpviz.diagnose() of the run so far" in header
+    session.closed = True
+    d.refresh()
+    header = d.status_html.value
+    assert "ddpviz.diagnose() of the whole run" in header and "so far:" not in header
+    assert "stopped at step 2" in header or "uneven" in header or "waiting" in header, header
+    d.close()
