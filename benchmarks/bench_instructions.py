@@ -21,7 +21,12 @@ checked steps, the heartbeat's every 64th), first-level cache misses per step, a
 ratio to torch's DDP alone.
 
     PYTHONPATH=. python benchmarks/bench_instructions.py [--steps 200] [--models "~100 params"]
-        [--variants torch,default,...]
+        [--variants torch,default,...] [--heavy]
+    PYTHONPATH=. python benchmarks/bench_instructions.py --calls 500
+
+`--calls N`: instead, what one of the job's own collectives costs to record (issue #34): N
+all_reduces of 1 float under watch(), torch's function against the ledger's wrapper around
+it, the calling thread's instructions per call.
 
 Needs valgrind (apt install valgrind); about 1-2 minutes a variant.
 """
@@ -108,6 +113,39 @@ def _child(variant: str, dims: tuple[int, int, int], steps: int, gate: Path) -> 
     dist.destroy_process_group()
 
 
+def _calls_child(variant: str, calls: int, gate: Path) -> None:
+    """`calls` all_reduces of 1 float under watch() (the ledger on): torch's function itself
+    ("plain") or the ledger's wrapper around it ("recorded")."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import ddpviz
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=600))
+    torch.set_num_threads(1)
+    watch = ddpviz.watch(nn.parallel.DistributedDataParallel(nn.Linear(4, 4)))
+    call = dist.all_reduce if variant == "recorded" else \
+        dist.all_reduce.__ddpviz_original__  # type: ignore[attr-defined]
+    t = torch.ones(1)
+    for _ in range(200):
+        call(t)
+    print(f"WARM {os.getpid()}", flush=True)
+    while not gate.exists():
+        time.sleep(0.05)
+    for _ in range(calls):
+        call(t)
+    print("DONE", flush=True)
+    while not (gate.parent / "stop").exists():
+        time.sleep(0.05)
+    watch.close()
+    dist.destroy_process_group()
+
+
 def _wait_for(proc: subprocess.Popen[str], word: str) -> str:
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -121,26 +159,41 @@ def _run(variant: str, dims: tuple[int, ...], steps: int) -> list[tuple[int, int
     """(instructions, L1 misses) of the training thread, per step."""
     with tempfile.TemporaryDirectory(prefix="ddpviz-instr-") as folder:
         out = Path(folder)
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-               "--cache-sim=yes", f"--dump-before={TRIGGER}",
-               f"--callgrind-out-file={out / 'cg.out'}", sys.executable, __file__, "--child",
-               variant, ",".join(map(str, dims)), str(steps), str(out / "go")]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True)
-        try:
-            pid = _wait_for(proc, "WARM").split()[1]
-            subprocess.run(["callgrind_control", "-i", "on", pid], check=True,
-                           capture_output=True)
-            (out / "go").touch()
-            _wait_for(proc, "DONE")
-            subprocess.run(["callgrind_control", "-i", "off", pid], check=True,
-                           capture_output=True)
-            (out / "stop").touch()
-            proc.wait(600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        _collect(out, [f"--dump-before={TRIGGER}"],
+                 ["--child", variant, ",".join(map(str, dims)), str(steps), str(out / "go")])
         return _per_step(out)
+
+
+def _per_call(variant: str, calls: int) -> float:
+    """Instructions of the calling thread per all_reduce (see `_calls_child`)."""
+    with tempfile.TemporaryDirectory(prefix="ddpviz-instr-") as folder:
+        out = Path(folder)
+        _collect(out, [], ["--calls-child", variant, str(calls), str(out / "go")])
+        total = next(line for line in (out / "cg.out-01").read_text().splitlines()
+                     if line.startswith("totals:"))
+        return int(total.split()[1]) / calls
+
+
+def _collect(out: Path, options: list[str], child: list[str]) -> None:
+    """Run this file's `child` under callgrind, collecting only between its WARM and DONE."""
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+           "--cache-sim=yes", *options, f"--callgrind-out-file={out / 'cg.out'}",
+           sys.executable, __file__, *child]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        pid = _wait_for(proc, "WARM").split()[1]
+        subprocess.run(["callgrind_control", "-i", "on", pid], check=True,
+                       capture_output=True)
+        (out / "go").touch()
+        _wait_for(proc, "DONE")
+        subprocess.run(["callgrind_control", "-i", "off", pid], check=True,
+                       capture_output=True)
+        (out / "stop").touch()
+        proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _per_step(out: Path) -> list[tuple[int, int]]:
@@ -163,15 +216,27 @@ def main() -> None:
         name, shape, count, gate = sys.argv[2:6]
         _child(name, tuple(int(d) for d in shape.split(",")), int(count), Path(gate))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--calls-child":
+        _calls_child(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]))
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--heavy", action="store_true",
                         help="also list the steps over 1.01x the median (step: extra)")
+    parser.add_argument("--calls", type=int, default=0,
+                        help="instead: instructions per all_reduce of 1 float, torch's and "
+                             "recorded by the ledger, over this many calls (e.g. 500)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("ddpviz: bench_instructions.py needs valgrind (apt install valgrind).")
+    if args.calls:
+        plain, recorded = (_per_call(v, args.calls) for v in ("plain", "recorded"))
+        print(f"one all_reduce of 1 float, world size 1, the calling thread's instructions: "
+              f"torch's {plain:,.0f}, recorded by the ledger {recorded:,.0f} "
+              f"(+{recorded - plain:,.0f}, {recorded / plain:.3f}x)")
+        return
     variants = args.variants.split(",")
     if variants[0] != "torch":
         variants.insert(0, "torch")
