@@ -4,8 +4,9 @@ the page, so the report shows what JupyterLab's file viewer and the notebook's T
 with the same components, diagnose()'s findings, the iteration and rank pickers, linked
 selection and "Open in Perfetto", as one file that works offline.
 
-The run goes in as the bytes of one `.ddpviz` file and diagnose()'s findings as msgpack (the
-TraceView's own `trace_bytes` and `diagnosis_bytes`), each base64 text in a
+The run goes in as the bytes of one `.ddpviz` file, diagnose()'s findings and the bucket
+advisor's answer as msgpack (the TraceView's own `trace_bytes`, `diagnosis_bytes` and
+`advice_bytes`: numbers and words computed here, drawn by the front end), each base64 text in a
 `<script type="application/octet-stream">` element: data the browser never runs or parses as
 markup, which the front end checks as the viewer checks a file. The bundle and its stylesheet
 go in through `markup.raw_text`, which refuses text that could end their element. A run over
@@ -18,6 +19,7 @@ from __future__ import annotations
 import base64
 
 from ddpviz import markup
+from ddpviz.advisor.wire import advice_bytes
 from ddpviz.findings import Finding
 from ddpviz.traces.source import RunSource
 from ddpviz.traces.view_bytes import STATIC, TraceViewError, diagnosis_bytes, front_end, trace_bytes
@@ -27,8 +29,9 @@ EMBED_MAX = 16 << 20
 # bytes an event takes in a .ddpviz file at the least (66-75 measured on synthetic runs): a run
 # whose events surely exceed the limit is refused before it is written out to be measured
 MIN_EVENT_BYTES = 16
-# the ids reportView.ts reads (VIEW_ID, TRACE_ID, DIAGNOSIS_ID)
+# the ids reportView.ts reads (VIEW_ID, TRACE_ID, DIAGNOSIS_ID, ADVICE_ID)
 VIEW_ID, TRACE_ID, DIAGNOSIS_ID = "ddpviz-view", "ddpviz-view-trace", "ddpviz-view-diagnosis"
+ADVICE_ID = "ddpviz-view-advice"
 
 
 def interactive_section(source: object, run: RunSource,
@@ -67,6 +70,7 @@ def interactive_section(source: object, run: RunSource,
                  markup.tag("div", markup.fmt("<p class='muted'>{}</p>", _NO_SCRIPT), id=VIEW_ID,
                             data_name=name),
                  _data(TRACE_ID, data), _data(DIAGNOSIS_ID, diagnosis_bytes(findings)),
+                 _data(ADVICE_ID, advice_bytes(run)),
                  markup.raw_text("script", script, type="module")]
     except ValueError as exc:  # (a front end whose text cannot be inlined: said, not embedded)
         return _section(head, markup.fmt("<p class='muted'>{}</p>", f"Not in this report: {exc}"))

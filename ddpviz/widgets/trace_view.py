@@ -11,7 +11,10 @@ with a cell. Any host that renders anywidget draws it: JupyterLab, Notebook 7, m
 A live source (a Run still running, a Session) is followed on a daemon thread: only the
 events new since the last send go out, at most twice a second, and diagnose()'s findings
 again at a slower pace it can afford, until the source ends (See [Note: a live view's wire],
-trace_feed.py). Any other source is sent once; `refresh()` sends it again.
+trace_feed.py). Any other source is sent once; `refresh()` sends it again. The bucket
+advisor's answer (sent as data, drawn in the browser) is computed on a second daemon thread,
+since it takes far longer than diagnose(): once, or for a live source again at a pace of its
+own (the same rule as diagnose()'s) and once more when the source ends.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import anywidget
 import traitlets
 
 from ddpviz._diagnose.diagnosis import diagnose
+from ddpviz.advisor.wire import PENDING, advice_bytes
 from ddpviz.events import Event
 from ddpviz.findings import Finding
 from ddpviz.traces.source import RunSource, open_run
@@ -62,8 +66,11 @@ class TraceView(anywidget.AnyWidget):
     since), `live` ("running" while a live source runs, then how it ended: "finished",
     "failed", "closed", ...; "" for a source that is not live), `notice` (a line the view
     shows, e.g. why it stopped following), `findings` (diagnose()'s), `diagnosis` (those, as
-    sent), `name` (the title shown), `scheme` (bucket colours: "tableau10", "okabe-ito",
-    "viridis"), `max_events` (events each panel reads at most, as the viewer's setting).
+    sent), `advice` (the bucket advisor's answer for the run, or why it cannot advise, as
+    sent: ddpviz/advisor/wire.py; `wire.PENDING` until the advisor's thread has it; `advised`
+    is set each time it is sent), `name` (the title shown),
+    `scheme` (bucket colours: "tableau10", "okabe-ito", "viridis"), `max_events` (events each
+    panel reads at most, as the viewer's setting).
 
     Args:
         source: a `Trace`, a `.ddpviz` path or a folder of them, a `ddpviz.Run`, a `Session`,
@@ -85,6 +92,7 @@ class TraceView(anywidget.AnyWidget):
     live = traitlets.Unicode("").tag(sync=True)
     notice = traitlets.Unicode("").tag(sync=True)
     diagnosis = traitlets.Bytes(b"").tag(sync=True)
+    advice = traitlets.Bytes(b"").tag(sync=True)
     name = traitlets.Unicode("").tag(sync=True)
     scheme = traitlets.Unicode("tableau10").tag(sync=True)
     max_events = traitlets.Int(20000).tag(sync=True)
@@ -110,6 +118,11 @@ class TraceView(anywidget.AnyWidget):
         self._thread: threading.Thread | None = None
         self._unsubscribe: Any = None
         self.pace = Pace()
+        self.advice_pace = Pace()  # the advisor's, apart from diagnose()'s
+        self.advised = 0  # answers of the advisor sent
+        self._advisor: threading.Thread | None = None
+        self._readvise = threading.Event()  # refresh() asked while it was at work
+        self._advice_lock = threading.Lock()  # _advisor: set while its thread is at work
         self.sends = 0  # sends of new events (frames messages)
         self._undiagnosed = False  # events were sent since the last diagnose()
         self.first_error: BaseException | None = None  # what stopped the thread, if anything
@@ -127,6 +140,7 @@ class TraceView(anywidget.AnyWidget):
             super().__init__(trace=data, trace_events=count, events_sent=count,
                              live="running" if live else "",
                              diagnosis=diagnosis_bytes(self.findings),
+                             advice=PENDING,
                              name=named if name is None else str(name), scheme=scheme,
                              max_events=max_events, **kwargs)
         except BaseException:
@@ -137,6 +151,7 @@ class TraceView(anywidget.AnyWidget):
             self._thread = threading.Thread(target=self._follow, name="ddpviz-trace-view",
                                             daemon=True)
             self._thread.start()
+        self._start_advisor()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         # beside the widget, for hosts without widgets (nbconvert, nbviewer): See static_copy.py
@@ -171,6 +186,7 @@ class TraceView(anywidget.AnyWidget):
                 self.trace = data
                 self.trace_events = self.events_sent = count
                 self.diagnosis = diagnosis_bytes(self.findings)
+        self._start_advisor()
 
     def close(self) -> None:
         """Stop following a live source (the thread ends), then close the widget."""
@@ -276,6 +292,51 @@ class TraceView(anywidget.AnyWidget):
         self.diagnosis = diagnosis_bytes(self.findings)
         self._undiagnosed = False
         self.pace.ran(started)
+
+    # --- the bucket advisor's answer, on a thread of its own --------------------------------
+
+    def _start_advisor(self) -> None:
+        with self._advice_lock:
+            if self._advisor is not None:
+                self._readvise.set()  # (refresh() while it is at work: once more after)
+                return
+            self._advisor = threading.Thread(target=self._advise, name="ddpviz-trace-advice",
+                                             daemon=True)
+            self._advisor.start()
+
+    def _advise(self) -> None:
+        """The advisor thread: the advice for the run as it is now; while a live source is
+        followed, again when new events came and its pace allows (`advice_pace`: the rule of
+        diagnose()'s, counted apart, so the slower advisor never delays the findings); once
+        more after the source ended; then it returns."""
+        seen = -1
+        try:
+            while not self._stop.is_set():
+                following = self.following  # (first: a source no longer followed sent all)
+                events = self.events_sent
+                if events != seen or self._readvise.is_set():
+                    self._readvise.clear()
+                    started = time.monotonic()
+                    data = advice_bytes(self._run)
+                    if self._stop.is_set():
+                        return  # (closed meanwhile)
+                    self.advice = data
+                    self.advised += 1
+                    self.advice_pace.ran(started)
+                    seen = events
+                with self._advice_lock:
+                    if not following and not self._readvise.is_set():
+                        self._advisor = None  # (a later refresh() starts another)
+                        return
+                while self.following and not self.advice_pace.due():  # (an end: at once)
+                    if self._stop.wait(0.05):
+                        return
+        except Exception as exc:  # (advice_bytes says the advisor's own failures as data)
+            self.first_error = exc
+        finally:
+            with self._advice_lock:
+                if self._advisor is threading.current_thread():
+                    self._advisor = None
 
     def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         """A view that lacks frames asks for the whole file so far (`hello`)."""

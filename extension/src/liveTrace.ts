@@ -13,7 +13,7 @@ type Bytes = DataView | ArrayBuffer | Uint8Array | null;
 
 /** What the live trace needs of anywidget's model (typed here to keep it dependency-free). */
 export interface LiveModel {
-  get(name: 'trace' | 'diagnosis'): Bytes;
+  get(name: 'trace' | 'diagnosis' | 'advice'): Bytes;
   get(name: 'trace_events' | 'events_sent' | 'max_events'): number;
   get(name: 'name' | 'scheme' | 'live' | 'notice'): string;
   on(event: string, callback: (...args: any[]) => void): void;
@@ -29,7 +29,7 @@ interface Frames {
 }
 
 /** Traits whose change only needs a redraw (the trace itself is read here). */
-const REDRAWN = ['diagnosis', 'live', 'notice', 'name', 'scheme', 'max_events'];
+const REDRAWN = ['diagnosis', 'advice', 'live', 'notice', 'name', 'scheme', 'max_events'];
 
 /** The run a model's views draw, as received so far. */
 export class LiveTrace {

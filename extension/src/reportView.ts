@@ -1,10 +1,10 @@
 /**
  * The trace viewer's panels inside the static HTML report (ddpviz/report/interactive.py): the
  * same components as JupyterLab's file viewer and the notebook's TraceView (traceWidget.draw),
- * drawing the run the report embeds. The page carries the run as one `.ddpviz` file and
- * diagnose()'s findings as base64 text in `<script type="application/octet-stream">`
- * elements, never markup; nothing is fetched, so the report stays one file that works
- * offline. Bundled on its own (build-widget.js) into ddpviz/widgets/static/report_view.js,
+ * drawing the run the report embeds. The page carries the run as one `.ddpviz` file,
+ * diagnose()'s findings and the bucket advisor's answer as base64 text in
+ * `<script type="application/octet-stream">` elements, never markup; nothing is fetched, so
+ * the report stays one file that works offline. Bundled on its own (build-widget.js) into ddpviz/widgets/static/report_view.js,
  * which the report inlines as a module script.
  */
 
@@ -15,6 +15,7 @@ import { draw, WidgetModel } from './traceWidget';
 export const VIEW_ID = 'ddpviz-view';
 export const TRACE_ID = 'ddpviz-view-trace';
 export const DIAGNOSIS_ID = 'ddpviz-view-diagnosis';
+export const ADVICE_ID = 'ddpviz-view-advice';
 
 /** The bytes an embedded data element carries (base64 text; empty when absent or unreadable). */
 export function embeddedBytes(doc: Document, id: string): Uint8Array {
@@ -36,6 +37,7 @@ export function embeddedModel(doc: Document, el: HTMLElement): WidgetModel {
   const values: Record<string, unknown> = {
     trace: embeddedBytes(doc, TRACE_ID),
     diagnosis: embeddedBytes(doc, DIAGNOSIS_ID),
+    advice: embeddedBytes(doc, ADVICE_ID),
     name: el.dataset.name || 'trace',
     scheme: el.dataset.scheme || DEFAULT_SCHEME,
     max_events: Number(el.dataset.maxEvents) || 20000

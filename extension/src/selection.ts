@@ -86,7 +86,8 @@ export function linkSelection(root: HTMLElement, picks?: Picks): void {
     if (target === null || target.closest('button, select, option, input, a, label, summary')) {
       return;
     }
-    const bucket = target.closest('.ddpviz-bucket');
+    // (a run's own maps only: the advice panel's recommended map is not the run's)
+    const bucket = target.closest('.ddpviz-bucketmap .ddpviz-bucket');
     if (bucket !== null && root.contains(bucket)) {
       toggle(fromBucket(bucket));
       return;

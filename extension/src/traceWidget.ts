@@ -2,7 +2,8 @@
  * The trace view as an anywidget: the JupyterLab viewer's components (parse, model, view) in
  * any notebook host that renders anywidget (JupyterLab, Notebook 7, marimo, VS Code, Colab).
  * The kernel sends the run as one `.ddpviz` file in a binary buffer (ddpviz/widgets/
- * trace_view.py), and diagnose()'s findings beside it, never markup; a live run's new events
+ * trace_view.py), diagnose()'s findings and the bucket advisor's answer beside it (advice.ts),
+ * never markup; a live run's new events
  * come as frames appended to it (liveTrace.ts). Everything after that, the iteration and rank
  * pickers included, runs in the browser, so the view answers while the kernel is busy; a
  * redraw (at most one per animation frame) keeps what the user picked and the scroll.
@@ -13,6 +14,7 @@
 
 import { decode } from '@msgpack/msgpack';
 
+import { adviceOf } from './advice';
 import { DEFAULT_SCHEME } from './colors';
 import { TraceModel } from './eventModel';
 import { h, note, Picks } from './dom';
@@ -25,7 +27,7 @@ import { renderError, renderLoading, renderTrace } from './view';
 
 /** What the view needs of anywidget's model (its AnyModel, typed here to keep it dependency-free). */
 export interface WidgetModel {
-  get(name: 'trace' | 'diagnosis'): DataView | ArrayBuffer | Uint8Array | null;
+  get(name: 'trace' | 'diagnosis' | 'advice'): DataView | ArrayBuffer | Uint8Array | null;
   get(name: 'name'): string;
   get(name: 'scheme'): string;
   get(name: 'max_events'): number;
@@ -94,7 +96,8 @@ export async function draw(
       return;
     }
     const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
-    content = renderTrace(new TraceModel(parsed), name, options, diagnosis);
+    const advice = adviceOf(traceBytes(model.get('advice')));
+    content = renderTrace(new TraceModel(parsed), name, options, diagnosis, '', advice);
   } catch (err) {
     content = renderError(
       err instanceof TraceError
@@ -136,7 +139,8 @@ export function paint(live: LiveTrace, model: LiveModel, el: HTMLElement, picks:
       picks
     };
     const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
-    content = renderTrace(new TraceModel(live.parsed), name, options, diagnosis, state);
+    const advice = adviceOf(traceBytes(model.get('advice')));
+    content = renderTrace(new TraceModel(live.parsed), name, options, diagnosis, state, advice);
   }
   const lines = [
     state === ''

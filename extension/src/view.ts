@@ -1,20 +1,24 @@
 /**
- * The trace viewer's DOM: a summary, the bucket map, verification results, broadcast progress,
- * the hook timeline of one iteration, findings and event counts, rendered from a TraceModel.
+ * The trace viewer's DOM: a summary, findings, replica agreement (replicas.ts), the bucket map,
+ * verification results, broadcast progress, the hook timeline of one iteration, who made the
+ * all-reduce wait, the bucket advisor's answer where a kernel sent it (advice.ts) and event
+ * counts, rendered from a TraceModel.
  * Plain DOM and SVG (no plotting library), so a trace opens fast and with no kernel. With many
  * ranks (more than MANY_RANKS) ranks in the same state share one row labelled with their rank
  * ranges, and the hook timeline draws distributions across ranks with the slowest named and
  * one picked rank's lane against them.
  */
 
-import { bucketColor } from './colors';
+import { Advice, renderAdvice } from './advice';
+import { bucketBar } from './bucketBar';
 import { Finding, Mismatch } from './events';
 import { h, humanBytes, note, section, ViewOptions } from './dom';
-import { BroadcastRow, BucketMapGroup, paramBytes, TraceModel } from './eventModel';
+import { BroadcastRow, BucketMapGroup, TraceModel } from './eventModel';
 import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './hookTimeline';
 import { renderTraceActions } from './perfetto';
-import { bucketButtonAttrs, linkSelection, selectionStatus } from './selection';
+import { renderReplicas } from './replicas';
+import { linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
 import { verdict, verdictLine } from './verdict';
 
@@ -35,25 +39,33 @@ export function formatRanks(ranks: number[]): string {
  * @param model - the trace's model.
  * @param name - the file name shown as the title.
  * @param options - colour scheme and event limit.
+ * @param diagnosis - diagnose()'s findings, where a kernel sent them; null: the ranks' own.
+ * @param live - "running" while a live run goes on, then how it ended; "": not live.
+ * @param advice - the bucket advisor's answer a kernel sent (advice.ts's adviceOf); null:
+ *   none (the file viewer, which has no kernel, says where to get it).
  */
 export function renderTrace(
   model: TraceModel,
   name: string,
   options: ViewOptions,
   diagnosis: Finding[] | null = null,
-  live = ''
+  live = '',
+  advice: Advice | string | null = null
 ): HTMLElement {
+  const findings = diagnosis ?? model.findings;
   const root = h(
     'div',
     { class: 'ddpviz-trace' },
     guarded('verdict', 'Verdict', () => renderVerdict(model, diagnosis, live)),
     guarded('summary', 'Summary', () => renderSummary(model, name)),
-    guarded('findings', 'Findings', () => renderFindings(diagnosis ?? model.findings)),
+    guarded('findings', 'Findings', () => renderFindings(findings)),
+    guarded('replicas', 'Replicas', () => renderReplicas(findings)),
     guarded('buckets', 'Bucket map', () => renderBuckets(model, options)),
     guarded('verification', 'Verification', () => renderVerification(model)),
     guarded('broadcast', 'State broadcast', () => renderBroadcast(model)),
     guarded('timeline', 'Hook timeline', () => renderTimelineSection(model, options)),
     guarded('waits', 'Who made the all-reduce wait', () => renderWaits(model)),
+    guarded('advice', 'Bucket advice', () => renderAdvice(advice, model, options, live)),
     guarded('counts', 'Events', () => renderCounts(model))
   );
   // a bucket highlights its parameters in the maps and the timeline (kept in options.picks)
@@ -254,45 +266,6 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
       );
     }
     for (const group of groups) {
-      const buckets = group.buckets.map((indices, b) => {
-        const bytes = group.bytes[b];
-        const color = bucketColor(options.scheme, b);
-        const segments = indices.map((i, k) => {
-          const p = params.get(i);
-          const label = p
-            ? `param ${i} ${p.name}: (${p.shape.join(', ')}) ${p.dtype}, ${humanBytes(paramBytes(p))}`
-            : `param ${i}`;
-          return h('span', {
-            class: 'ddpviz-param',
-            'data-param': i,
-            title: label,
-            style:
-              `flex-grow: ${p ? Math.max(paramBytes(p), 1) : 1}; background: ${color}; ` +
-              `opacity: ${k % 2 === 0 ? 1 : 0.72}`
-          });
-        });
-        const limit = group.limits[b];
-        return h(
-          'div',
-          {
-            class: 'ddpviz-bucket',
-            ...bucketButtonAttrs(),
-            'data-bucket': b,
-            'data-params': indices.length,
-            'data-bytes': bytes,
-            title:
-              `bucket ${b}: ${indices.length} parameters, ${humanBytes(bytes)}` +
-              (limit !== undefined ? ` (limit ${humanBytes(limit)})` : ''),
-            style: `flex-grow: ${Math.max(bytes, 1)}`
-          },
-          h('div', { class: 'ddpviz-params' }, segments),
-          h(
-            'div',
-            { class: 'ddpviz-bucket-label' },
-            `b${b} · ${indices.length} · ${humanBytes(bytes)}`
-          )
-        );
-      });
       maps.push(
         h(
           'div',
@@ -304,7 +277,7 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
             'data-buckets': group.buckets.length
           },
           h('h4', {}, mapTitle(group)),
-          h('div', { class: 'ddpviz-bar' }, buckets)
+          bucketBar(group.buckets, group.bytes, group.limits, params, options)
         )
       );
     }

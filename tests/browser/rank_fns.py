@@ -76,3 +76,35 @@ def train_in_phases(go: str, phases: tuple[int, ...], bucket_cap_mb: float) -> f
             loss.backward()
             opt.step()
     return float(loss.item())
+
+
+def train_diverging(steps: int, edit_step: int) -> float:
+    """SGD steps under ddpviz's DDP recorded in full (every step, for the bucket advisor),
+    the replica check comparing every step; after step `edit_step` rank 1 edits one weight
+    in place (a planted replica divergence). Rank 0 waits for its check's verdicts."""
+    import torch.distributed as dist
+
+    import ddpviz
+    from ddpviz.events import default_emitter
+
+    torch.set_num_threads(1)
+    model = build_model()
+    ddp = ddpviz.DistributedDataParallel(
+        model, bucket_cap_mb=0.01, emitter=default_emitter(),
+        recording=ddpviz.Recording(every=1, replicas=1))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    torch.manual_seed(1 + dist.get_rank())
+    loss = torch.zeros(())
+    for step in range(steps):
+        loss = ddp(torch.randn(8, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step == edit_step and dist.get_rank() == 1:
+            with torch.no_grad():
+                model[2].weight[0, 0] += 1e-3
+    if dist.get_rank() == 0:
+        assert ddp.replicas.drain(60.0), f"the replica check did not finish: {ddp.replicas.error!r}"
+    dist.barrier()
+    ddp.replicas.close()
+    return float(loss.item())

@@ -21,7 +21,7 @@ from tests.browser.ui import (
     wait_for_viewer,
     write_notebook,
 )
-from tests.security.hostile import hostile_trace
+from tests.security.hostile import PAYLOAD, hostile_trace
 
 pytestmark = pytest.mark.browser
 
@@ -30,7 +30,17 @@ NAME = "hostile.ddpviz"
 
 @pytest.fixture(scope="module")
 def hostile(lab_root: Path) -> Path:
-    return hostile_trace().save(lab_root / NAME)
+    from ddpviz import events as ev
+    from ddpviz.findings import Finding
+
+    trace = hostile_trace()
+    # a replica divergence whose tensor names and norms are payloads: the replica panel's
+    # rows, cells and hover texts
+    trace.extend([ev.FindingReported(0, 2, 10**9, 10**6, Finding(
+        kind="replicas_diverged", severity="error", title=PAYLOAD, step=2, world_size=3,
+        tensors=((PAYLOAD + "w", ((PAYLOAD + "norm 1", ((0, 1),)),
+                                  (PAYLOAD + "norm 2", ((2, 2),)))),)))])
+    return trace.save(lab_root / NAME)
 
 
 def _dialogs(page: Any) -> list[str]:
@@ -61,12 +71,16 @@ def test_the_report_shows_the_payloads_as_text(page: Any, hostile: Path,
     assert _pwned(page) is None and dialogs == []
     # the page's only scripts: the run as data (never run) and ddpviz's own bundle
     assert page.eval_on_selector_all("script", "s => s.map(e => e.type)") == [
-        "application/octet-stream", "application/octet-stream", "module"]
+        "application/octet-stream", "application/octet-stream", "application/octet-stream",
+        "module"]
     assert page.locator("img").count() == 0
     assert "<script>window.__ddpviz_pwned" in page.locator("body").inner_text()
     # ... and as text in the interactive view's findings, as diagnose() gave them
     assert "<script>window.__ddpviz_pwned" in page.locator(
         "#ddpviz-view [data-section=findings]").inner_text()
+    # ... and in the replica panel (the tensor's name, as diagnose() gave it)
+    assert "<script>window.__ddpviz_pwned" in page.locator(
+        "#ddpviz-view [data-section=replicas] tbody").inner_text()
 
 
 def test_the_trace_viewer_shows_the_payloads_as_text(
@@ -78,8 +92,11 @@ def test_the_trace_viewer_shows_the_payloads_as_text(
     assert _pwned(page) is None and dialogs == []
     assert viewer.locator("script, img").count() == 0
     assert "<script>window.__ddpviz_pwned" in viewer.inner_text()
-    for kind in ("buckets", "verification", "broadcast", "findings"):
+    for kind in ("buckets", "verification", "broadcast", "findings", "replicas", "advice"):
         assert viewer.locator(f"[data-section='{kind}']").count() == 1, kind
+    replicas = viewer.locator("[data-section='replicas'] tbody")
+    assert "<script>window.__ddpviz_pwned" in replicas.inner_text()
+    assert replicas.locator("td[title^='<script>window.__ddpviz_pwned']").count() == 3
 
 
 def test_the_dashboard_in_a_notebook_shows_the_payloads_as_text(

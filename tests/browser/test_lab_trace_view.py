@@ -4,7 +4,10 @@ viewer reads the same file (one set of TypeScript components, panel by panel), i
 and findings are `ddpviz.diagnose()`'s (the file viewer, without a kernel, says the ranks'
 reported ones, labelled as such), and its
 iteration picker redraws the hook timeline while the kernel is busy with another cell (the
-drawing runs in the browser, not in the kernel)."""
+drawing runs in the browser, not in the kernel). A run with a planted replica divergence shows
+the replica panel Python's replica_matrix computes, in the widget and the file viewer, and the
+widget the bucket advisor's answer (computed in the kernel, sent as data), which the file
+viewer, without a kernel, says where to get."""
 
 from __future__ import annotations
 
@@ -16,8 +19,11 @@ from typing import Any
 import pytest
 
 import ddpviz
+from ddpviz import events as ev
 from ddpviz._diagnose.verdict import verdict
+from ddpviz.findings import Finding
 from ddpviz.traces.trace import Trace
+from ddpviz.widgets.replica_matrix import ReplicaMatrix, replica_matrix
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import SETTINGS, LabServer
 from tests.browser.test_perfetto import PERFETTO_PAGE, serve_perfetto
@@ -120,11 +126,110 @@ def test_the_widget_reads_as_the_viewer_and_answers_while_the_kernel_is_busy(
     viewer = wait_for_viewer(page, FILE)
     assert viewer.locator(".ddpviz-verdict").get_attribute("data-scope") == "reported"
     shown = sections(viewer)
-    other = ("verdict", "findings")
+    other = ("verdict", "findings", "advice")  # (advice: the kernel's; the viewer has none)
     same = [k for k in drawn if k not in other]
     assert same == [k for k in shown if k not in other]
     assert {"summary", "buckets", "timeline"} <= set(same), same
     for kind in same:
         assert drawn[kind] == shown[kind], kind
+    assert error_outputs(page) == []
+    assert console.errors == []
+
+
+DIVERGED = "diverged.ddpviz"
+EDIT_STEP = 2
+
+
+@pytest.fixture(scope="module")
+def diverged(lab_root: Path) -> Path:
+    """6 steps on 2 real gloo ranks recorded in full, rank 1 editing a weight after step 2."""
+    from tests.browser import rank_fns
+
+    run = ddpviz.launch(rank_fns.train_diverging, 2, args=(6, EDIT_STEP), timeout=120)
+    run.wait(timeout=150)
+    assert run.status == "finished", run.status
+    return run.trace.save(lab_root / DIVERGED)
+
+
+_REPLICAS = """root => {
+    const panel = root.querySelector("[data-section=replicas]");
+    return {columns: [...panel.querySelectorAll("thead th")].slice(2).map(t => t.innerText),
+            rows: [...panel.querySelectorAll("tbody tr")].map(tr => {
+                const td = [...tr.querySelectorAll("td")];
+                return [td[0].innerText, td[1].innerText, td.slice(2).map(c => c.innerText),
+                        td.slice(2).map(c => c.title)]; }),
+            verdict: panel.querySelector(".ddpviz-replica-verdict").innerText};
+}"""
+
+
+def drawn_replicas(root: Any) -> dict[str, Any]:
+    return dict(root.evaluate(_REPLICAS))
+
+
+def python_replicas(m: ReplicaMatrix) -> tuple[list[str], list[list[Any]]]:
+    """What the panel must show: replica_matrix's columns, and per row its step, tensor, each
+    column's letter and hover text (as the dashboard's ReplicaView draws them)."""
+    rows = []
+    for r in m.rows:
+        letters = [r.cells.get(spans[0][0], "") for _, spans in m.columns]
+        rows.append([str(r.step), r.name, [x or "·" for x in letters],
+                     [r.sizes.get(x, "") for x in letters]])
+    return [label for label, _ in m.columns], rows
+
+
+def test_the_replica_and_advice_panels_of_a_diverged_run(
+        page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog,
+        diverged: Path) -> None:
+    found = list(ddpviz.diagnose(diverged))
+    matrix = replica_matrix(found)
+    assert [(r.step, r.name) for r in matrix.rows] == [(EDIT_STEP, "2.weight")]
+    assert [r.cells[k] for r in matrix.rows for k in (0, 1)] == ["A", "B"]
+    advice = ddpviz.advise(diverged)
+    write_notebook(lab_root / "diverged.ipynb", [
+        "from ddpviz.widgets.trace_view import TraceView\n"
+        f"TraceView({DIVERGED!r})"])
+    page.set_viewport_size({"width": 1280, "height": 1500})
+    open_lab(page, lab, "diverged.ipynb")
+    start_all_cells(page)
+    widget = page.locator(".jp-OutputArea-output .ddpviz-widget")
+    widget.locator(".ddpviz-summary").wait_for(timeout=120_000)
+
+    # the replica panel: replica_matrix's rows, letters and hover texts, from diagnose()
+    columns, rows = python_replicas(matrix)
+    shown = drawn_replicas(widget.element_handle())
+    assert (shown["columns"], shown["rows"]) == (columns, rows) == (
+        ["0", "1"], [[str(EDIT_STEP), "2.weight", ["A", "B"], rows[0][3]]])
+    assert shown["verdict"].startswith(
+        f"replicas diverged: 1 tensor(s) differ across ranks, first seen after step {EDIT_STEP}")
+
+    # the advice panel: the advisor's words and numbers, computed in the kernel
+    panel = widget.locator("[data-section=advice]")
+    assert panel.locator(".ddpviz-advice-reason").inner_text() == advice.reason
+    points = panel.locator(".ddpviz-advice-point")
+    assert points.count() == len(advice.rows) - 1  # every candidate but the current (a star)
+    assert sorted(float(p.get_attribute("data-step-ms")) for p in points.all()) == \
+        pytest.approx(sorted(r.prediction.step_s * 1e3 for r in advice.rows[1:]))
+    assert float(panel.locator(".ddpviz-advice-current").get_attribute("data-step-ms")) == \
+        pytest.approx(advice.current.prediction.step_s * 1e3)
+    assert panel.locator(".ddpviz-advice-recommended").get_attribute("data-label") == \
+        advice.recommended.label
+    assert panel.locator(".ddpviz-advice-map .ddpviz-bucket").count() == len(
+        advice.recommended.buckets)
+    screenshot(page, "trace_view_replicas_advice", widget)
+
+    # the file viewer: the same replica panel from the ranks' reported finding (the replica
+    # check's own); no advice, and it says where to get it
+    reported = {(f.kind, f.title, f.ranks): f for r in Trace.load(diverged).ranks
+                for e in Trace.load(diverged).events(r)
+                if isinstance(e, ev.FindingReported) for f in [e.finding]}
+    expected: list[Finding] = list(reported.values())
+    double_click_file(page, DIVERGED)
+    viewer = wait_for_viewer(page, DIVERGED)
+    seen = drawn_replicas(viewer.element_handle())
+    assert (seen["columns"], seen["rows"]) == python_replicas(replica_matrix(expected))
+    assert seen["rows"] == shown["rows"]
+    viewer_advice = viewer.locator("[data-section=advice]")
+    assert viewer_advice.locator("[data-advice=needs-kernel]").count() == 1
+    assert viewer_advice.locator(".ddpviz-advice-reason, svg").count() == 0
     assert error_outputs(page) == []
     assert console.errors == []

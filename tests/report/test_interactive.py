@@ -1,8 +1,9 @@
 """The report's interactive view (report/interactive.py): the run embedded as the TraceView
-sends it (the `.ddpviz` bytes and diagnose()'s findings, base64 in data elements the browser
-never runs), the viewer's bundle inlined once; a run over the bound, or a front end that is
-not built, gets a line instead; a report for the notebook's static copy holds no script. That
-the panels draw from it, offline, with the payloads of a hostile trace as text:
+sends it (the `.ddpviz` bytes, diagnose()'s findings and the bucket advisor's answer, base64
+in data elements the browser never runs), the viewer's bundle inlined once; a run over the
+bound, or a front end that is not built, gets a line instead; a report for the notebook's
+static copy holds no script. That the panels draw from it, offline, with the payloads of a
+hostile trace as text:
 tests/browser/test_report_pages.py and test_hostile_trace.py."""
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ def test_the_run_and_diagnose_s_findings_are_embedded_as_data(tmp_path: Path) ->
     findings = msgspec.msgpack.decode(_data(page, interactive.DIAGNOSIS_ID),
                                       type=list[ev.FindingReported])
     assert [f.finding for f in findings] == list(diagnose(trace))
-    # the page's scripts: the two data elements and the bundle, once; nothing else runs
+    # the page's scripts: the three data elements and the bundle, once; nothing else runs
     assert re.findall(r"<script[^>]*>", page) == [
         f"<script type='application/octet-stream' id='{interactive.TRACE_ID}'>",
         f"<script type='application/octet-stream' id='{interactive.DIAGNOSIS_ID}'>",
+        f"<script type='application/octet-stream' id='{interactive.ADVICE_ID}'>",
         "<script type='module'>"]
     assert page.count((interactive.STATIC / "report_view.js").read_text()) == 1
     # outside ddpviz's own raw-text elements (the bundle, its stylesheet, the data) no payload

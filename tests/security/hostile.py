@@ -127,5 +127,5 @@ def without_own_scripts(page: str) -> str:
         text = front_end(name)
         if text:
             page = page.replace(markup.raw_text(kind, text, **attrs), "")
-    return re.sub(r"<script type='application/octet-stream' id='ddpviz-view-(trace|diagnosis)'>"
-                  r"[A-Za-z0-9+/=]*</script>", "", page)
+    return re.sub(r"<script type='application/octet-stream' "
+                  r"id='ddpviz-view-(trace|diagnosis|advice)'>[A-Za-z0-9+/=]*</script>", "", page)
