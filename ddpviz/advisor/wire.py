@@ -29,6 +29,9 @@ MAX_ROWS = 1024  # candidates sent (the default sweep has about 30)
 MAX_NOTES = 64
 MAX_MAP_ENTRIES = 1 << 20  # parameter indices in the recommended map (limits.MAX_PARAMS)
 MAX_EVENTS = 200_000  # events of a run a view advises on (about 30 s of the advisor here)
+# ... and a report, which is written before anyone looks (the advisor replays every step for
+# each setting: ~0.26 s at 2k events, ~2.8 s at 20k; `ddpviz report` should not wait 30 s)
+REPORT_MAX_EVENTS = 50_000
 
 
 class SentRow(msgspec.Struct, frozen=True):
@@ -123,27 +126,30 @@ def sent_advice(advice: Advice, events: int = 0) -> SentAdvice:
 PENDING = msgspec.msgpack.encode(SentAdvice(pending=True))  # what a view holds meanwhile
 
 
-def advice_bytes(source: object) -> bytes:
+def advice_bytes(source: object, most: int | None = None, asker: str = "a view") -> bytes:
     """`advise(source)`'s answer as the front end reads it (msgpack `SentAdvice`); where the
     advisor cannot advise (too few steps, no per-parameter gradient times, a run over
-    MAX_EVENTS, ...), its message as `error`. Any other failure of the advisor is said the same
-    way, so a view of the run never fails because its advice did.
+    `most` events, ...), its message as `error`. Any other failure of the advisor is said the
+    same way, so a view of the run never fails because its advice did.
 
     Args:
         source: any run (traces/source.py), e.g. a RunSource opened once for every verb.
+        most: the most events advised on (None: MAX_EVENTS; the report: REPORT_MAX_EVENTS).
+        asker: who asks, in the message of a run over `most` ("a view", "a report").
     """
+    most = MAX_EVENTS if most is None else most
     from ddpviz.advisor.advisor import advise
     from ddpviz.advisor.source import AdviceError, as_trace
 
     try:
         trace = as_trace(source)
         events = len(trace)
-        if events > MAX_EVENTS:
+        if events > most:
             return msgspec.msgpack.encode(SentAdvice(events=events, error=(
-                f"ddpviz: this run has {events:,} events, over the {MAX_EVENTS:,} a view asks "
+                f"ddpviz: this run has {events:,} events, over the {most:,} {asker} asks "
                 "the bucket advisor about (it replays every recorded step for each setting: "
-                "about 30 s at that size here).\nRun `ddpviz advise PATH` in a terminal, or "
-                "print(ddpviz.advise(run)) in a notebook, for its advice.")))
+                "about 30 s at 200,000 events here).\nRun `ddpviz advise PATH` in a terminal, "
+                "or print(ddpviz.advise(run)) in a notebook, for its advice.")))
         return msgspec.msgpack.encode(sent_advice(advise(trace), events))
     except AdviceError as exc:
         sent = SentAdvice(error=_cut(str(exc), MAX_TEXT))

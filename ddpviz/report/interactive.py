@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 
 from ddpviz import markup
-from ddpviz.advisor.wire import advice_bytes
+from ddpviz.advisor.wire import REPORT_MAX_EVENTS, advice_bytes
 from ddpviz.findings import Finding
 from ddpviz.traces.source import RunSource
 from ddpviz.traces.view_bytes import STATIC, TraceViewError, diagnosis_bytes, front_end, trace_bytes
@@ -70,7 +70,7 @@ def interactive_section(source: object, run: RunSource,
                  markup.tag("div", markup.fmt("<p class='muted'>{}</p>", _NO_SCRIPT), id=VIEW_ID,
                             data_name=name),
                  _data(TRACE_ID, data), _data(DIAGNOSIS_ID, diagnosis_bytes(findings)),
-                 _data(ADVICE_ID, advice_bytes(run)),
+                 _data(ADVICE_ID, advice_bytes(run, REPORT_MAX_EVENTS, "a report")),
                  markup.raw_text("script", script, type="module")]
     except ValueError as exc:  # (a front end whose text cannot be inlined: said, not embedded)
         return _section(head, markup.fmt("<p class='muted'>{}</p>", f"Not in this report: {exc}"))

@@ -171,6 +171,24 @@ def test_the_report_embeds_the_advice_as_data() -> None:
     assert _data(render(trace), interactive.ADVICE_ID) == advice_bytes(trace)
 
 
+def test_a_report_asks_the_advisor_about_smaller_runs_than_a_view(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report is written before anyone looks: it does not wait for the advisor on a run a
+    view would still advise on (wire.REPORT_MAX_EVENTS < MAX_EVENTS); it says how to ask."""
+    from ddpviz.report import interactive
+    from ddpviz.report.html import render
+    from tests.report.test_interactive import _data
+
+    if not (interactive.STATIC / "report_view.js").is_file():
+        pytest.skip("the front end is not built (cd extension && jlpm build)")
+    assert wire.REPORT_MAX_EVENTS < wire.MAX_EVENTS
+    trace = Trace(synthetic_run(2, steps=6))
+    monkeypatch.setattr(interactive, "REPORT_MAX_EVENTS", len(trace) - 1)
+    sent = decoded(_data(render(trace), interactive.ADVICE_ID))
+    assert sent.rows == [] and "a report asks" in sent.error and "ddpviz advise" in sent.error
+    assert decoded(advice_bytes(trace)).rows  # a view of the same run is advised
+
+
 def test_a_live_view_sends_the_advice_again_at_its_pace_and_once_more_at_the_end(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from ddpviz.widgets import trace_feed
