@@ -201,14 +201,17 @@ class Dashboard(EventView):
             self.status_html.value = text
 
 
-    def _diagnosed(self, live: bool) -> list[Finding] | None:
+    def _diagnosed(self, live: bool | None = None) -> list[Finding] | None:
         """diagnose()'s findings: of a run that is over, once for each count of events (a
         finished run's do not change); of a run still going, again at most every
         DIAGNOSE_EVERY_S and within DIAGNOSE_SHARE of the time (trace_feed.Pace: the
-        dashboard's redraws run at up to max_hz). None for events fed by hand, or a source
+        dashboard's redraws run at up to max_hz). `live`: whether the run is still going (None:
+        the source says, `RunSource.running`). None for events fed by hand, or a source
         diagnose() cannot read."""
         if self._advised is None:
             return None
+        if live is None:
+            live = self._advised.running
         n = len(self.model)
         cached = self._diagnosis
         if cached is not None and cached[1] == live and (
