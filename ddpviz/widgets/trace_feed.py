@@ -108,9 +108,9 @@ class LiveFile:
 def status_of(run: RunSource) -> str:
     """A live source's state: "running"; else how it ended (a Run's `status`: "finished",
     "failed", ...; a Session's "closed")."""
-    if run.kind == "run":
-        return str(run.live.status)
-    return "closed" if getattr(run.live, "closed", False) else "running"
+    if run.running:
+        return "running"
+    return str(run.live.status) if run.kind == "run" else "closed"
 
 
 class Pace:

@@ -128,7 +128,7 @@ class TraceView(anywidget.AnyWidget):
         self.first_error: BaseException | None = None  # what stopped the thread, if anything
         # the source read once (files parsed once), for the bytes, diagnose() and the copy
         self._run = run = open_run(source, refusal="TraceView cannot show")
-        live = run.kind in ("run", "session") and status_of(run) == "running"
+        live = run.running
         if live:
             data, named = self._subscribe(run), type(source).__name__
             count = self._file.total if self._file is not None else 0
