@@ -39,6 +39,7 @@ from ddpviz.traces.view_bytes import (
     trace_bytes,
 )
 from ddpviz.widgets import trace_feed
+from ddpviz.widgets.debugger_wire import DebuggerWire, debugger_of
 from ddpviz.widgets.static_copy import static_copy, with_copy
 from ddpviz.widgets.trace_feed import LiveFile, Pace, Refused, status_of
 
@@ -78,6 +79,9 @@ class TraceView(anywidget.AnyWidget):
         scheme: the bucket colour scheme.
         max_events: events each panel reads at most.
         name: the title shown; None: the file's or folder's name, else the source's type.
+        debugger: a `Debugger` whose panel the view draws above the run (`debugger_state`,
+            ddpviz/widgets/debugger_wire.py); True: the source's (`run.debugger`,
+            `session.debugger`); None: none.
 
     Raises:
         TraceViewError: the run is over `MAX_BYTES` as a trace, or the front end is not built.
@@ -96,9 +100,11 @@ class TraceView(anywidget.AnyWidget):
     name = traitlets.Unicode("").tag(sync=True)
     scheme = traitlets.Unicode("tableau10").tag(sync=True)
     max_events = traitlets.Int(20000).tag(sync=True)
+    # the debugger panel's state as JSON (ddpviz/widgets/debugger_wire.py); "" without one
+    debugger_state = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, source: object, *, scheme: str = "tableau10", max_events: int = 20000,
-                 name: str | None = None, **kwargs: Any) -> None:
+                 name: str | None = None, debugger: Any = None, **kwargs: Any) -> None:
         if not self._esm or not self._css:
             raise TraceViewError(
                 f"ddpviz: the TraceView's front end (trace_view.js and .css) is not built in "
@@ -109,6 +115,8 @@ class TraceView(anywidget.AnyWidget):
                              f"got {scheme!r}.")
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValueError(f"ddpviz: max_events must be a positive int, got {max_events!r}.")
+        self.debugger = debugger_of(source, debugger)  # (before anything is started)
+        self.debugger_wire: DebuggerWire | None = None
         self._source = source
         self._stop = threading.Event()
         self._send_lock = threading.RLock()  # a send of frames or of the whole file at a time
@@ -147,6 +155,9 @@ class TraceView(anywidget.AnyWidget):
             self._detach()
             raise
         self.on_msg(self._on_msg)
+        if self.debugger is not None:
+            self.debugger_wire = DebuggerWire(self.debugger, self._debugger_said)
+            self.debugger_wire.push()
         if live:
             self._thread = threading.Thread(target=self._follow, name="ddpviz-trace-view",
                                             daemon=True)
@@ -196,6 +207,8 @@ class TraceView(anywidget.AnyWidget):
             if thread is not None and thread is not threading.current_thread():
                 thread.join(5.0)
             self._detach()
+            if self.debugger_wire is not None:
+                self.debugger_wire.close()
         super().close()
 
     # --- following a live source (See [Note: a live view's wire], trace_feed.py) ----------------
@@ -338,8 +351,16 @@ class TraceView(anywidget.AnyWidget):
                 if self._advisor is threading.current_thread():
                     self._advisor = None
 
+    def _debugger_said(self, state: str) -> None:
+        self.debugger_state = state
+
     def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        """A view that lacks frames asks for the whole file so far (`hello`)."""
+        """A view that lacks frames asks for the whole file so far (`hello`); the debugger
+        panel's commands go to its wire (`debugger`)."""
+        if isinstance(content, dict) and content.get("kind") == "debugger":
+            if self.debugger_wire is not None:
+                self.debugger_wire.handle(content)
+            return
         if not isinstance(content, dict) or content.get("kind") != "hello":
             return
         to = content.get("id")
