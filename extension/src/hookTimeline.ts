@@ -246,6 +246,8 @@ const WIDTH = 960;
 const LEFT = 64;
 const RIGHT = 16;
 const ROW = 58;
+/** The drawing's geometry, for marks drawn over it (debuggerPanel.ts's park marks). */
+export const TIMELINE_GEOMETRY = { width: WIDTH, left: LEFT, right: RIGHT, row: ROW };
 
 function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread): HTMLElement {
   const span = tl.t1 - tl.t0;
@@ -257,6 +259,8 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
     viewBox: `0 0 ${WIDTH} ${height}`,
     width: '100%',
     'data-step': tl.step,
+    'data-t0': tl.t0,
+    'data-t1': tl.t1,
     'data-grads': tl.rows.reduce((n, r) => n + r.grads.length, 0),
     'data-allreduces': tl.rows.reduce((n, r) => n + r.allreduces.length, 0),
     role: 'img'
@@ -267,7 +271,13 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
   let buckets = 0;
   tl.rows.forEach((row, i) => {
     const y = top + i * ROW + 4;
-    svg.append(s('text', { x: 4, y: y + 30, class: 'ddpviz-lane-label' }, `rank ${row.rank}`));
+    svg.append(
+      s(
+        'text',
+        { x: 4, y: y + 30, class: 'ddpviz-lane-label', 'data-rank': row.rank },
+        `rank ${row.rank}`
+      )
+    );
     svg.append(
       s('line', {
         x1: LEFT,
@@ -309,7 +319,8 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
             y2: y + 32,
             stroke: bucketColor(options.scheme, g.bucket),
             'data-param': g.param,
-            'data-bucket': g.bucket
+            'data-bucket': g.bucket,
+            'data-rank': row.rank
           },
           s(
             'title',
@@ -333,6 +344,7 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
             fill: bucketColor(options.scheme, g.bucket),
             'fill-opacity': 0.55,
             'data-bucket': g.bucket,
+            'data-rank': row.rank,
             'data-first': g.first,
             'data-last': g.last
           },
@@ -358,7 +370,8 @@ function renderTimeline(tl: Timeline, options: ViewOptions, sp?: TimelineSpread)
             width: Math.max(x(a.end) - x(a.start), 2),
             height: 12,
             fill: bucketColor(options.scheme, a.bucket),
-            'data-bucket': a.bucket
+            'data-bucket': a.bucket,
+            'data-rank': row.rank
           },
           s(
             'title',

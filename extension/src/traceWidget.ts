@@ -16,6 +16,7 @@ import { decode } from '@msgpack/msgpack';
 
 import { adviceOf } from './advice';
 import { DEFAULT_SCHEME } from './colors';
+import { debuggerPanelFor, focusedField, refocus, watchDebugger } from './debuggerPanel';
 import { TraceModel } from './eventModel';
 import { h, note, Picks } from './dom';
 import { asEvent, Finding } from './events';
@@ -165,7 +166,11 @@ export function paint(live: LiveTrace, model: LiveModel, el: HTMLElement, picks:
     notice === '' ? null : note(notice, 'warning')
   ].filter((x): x is HTMLElement => x !== null);
   const scroll = scrolled(el);
-  el.replaceChildren(...lines, content);
+  // a debugger's panel above the run's panels, the park marked in them (debuggerPanel.ts)
+  const panel = debuggerPanelFor(model, picks, content, live.parsed?.clock);
+  const focus = focusedField(el);
+  el.replaceChildren(...lines, ...(panel === null ? [] : [panel]), content);
+  refocus(el, focus);
   restore(el, scroll);
   el.dataset.drawMs = (performance.now() - started).toFixed(1);
   el.dataset.draws = String(Number(el.dataset.draws || 0) + 1);
@@ -223,10 +228,12 @@ function render({ model, el }: { model: LiveModel; el: HTMLElement }): () => voi
     }
   };
   const unsubscribe = live.subscribe(schedule);
+  const unwatch = watchDebugger(model, el, picks, () => live.parsed?.clock, schedule);
   redraw();
   return () => {
     gone = true;
     unsubscribe();
+    unwatch();
   };
 }
 
