@@ -302,8 +302,11 @@ _READERS = {
 }
 # on a healthy run with bucket maps and gradient hooks (what the planner and advisor read)
 _PLANNERS = {
-    "dashboard": "import ddpviz\nd = ddpviz.Trace.load(PATH).dashboard()\n"
-                 "assert d.buckets.observed is not None\nd.close()",
+    # (the dashboard's bucket advice: its advisor thread replans the run's maps)
+    "dashboard": "import time, ddpviz\nd = ddpviz.Trace.load(PATH).dashboard()\n"
+                 "deadline = time.monotonic() + 120\n"
+                 "while not d.advised and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+                 "assert d.advised\nd.close()",
     "advise": "import ddpviz\nassert ddpviz.advise(PATH).rows",
 }
 

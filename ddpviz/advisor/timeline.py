@@ -167,11 +167,8 @@ def _median(xs: Sequence[int], default: float = 0.0) -> float:
 
 
 def model_of(trace: Trace) -> EventModel:
-    """The run model of a recorded trace (its columns folded on its clock)."""
-    model = EventModel(trace.clock)
-    for table in trace.columns().values():
-        model.feed_table(table)
-    return model
+    """The run model of a recorded trace (its columns folded on its clock: `Trace.model()`)."""
+    return trace.model()
 
 
 def build_timeline(source: Trace | EventModel) -> Timeline:

@@ -307,7 +307,7 @@ class Run:
         events of `session` so far, then new ones as the ranks emit them.
 
         Args:
-            kwargs: passed to the Dashboard (`max_hz`, `timeline_bytes_per_s`, ...).
+            kwargs: passed to the Dashboard (`debugger`, `scheme`, `max_events`, `name`).
 
         Returns:
             The Dashboard widget (display it as a notebook cell's last value).

@@ -330,7 +330,7 @@ class Session:
         shows what arrived so far at once, then follows new events.
 
         Args:
-            kwargs: passed to the Dashboard (`max_hz`, `timeline_bytes_per_s`, ...).
+            kwargs: passed to the Dashboard (`debugger`, `scheme`, `max_events`, `name`).
 
         Returns:
             The Dashboard widget (display it as a notebook cell's last value).

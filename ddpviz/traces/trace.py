@@ -23,6 +23,7 @@ import numpy as np
 
 from ddpviz.atomic import replacing
 from ddpviz.events import E, Event
+from ddpviz.model.event_model import EventModel
 from ddpviz.model.spans import Span, table_spans
 from ddpviz.traces.columns import CODE, RankColumns, Shared, Table, by_rank
 from ddpviz.traces.fileformat import (
@@ -358,10 +359,11 @@ class Trace:
         return merged
 
     def dashboard(self, **kwargs: Any) -> Dashboard:
-        """A replay Dashboard of this trace, with iteration and time sliders.
+        """A replay Dashboard of this trace, drawn in the browser (its replay bar moves
+        every panel to any iteration or instant).
 
         Args:
-            kwargs: passed to the Dashboard (`max_hz`, `timeline_bytes_per_s`, ...).
+            kwargs: passed to the Dashboard (`debugger`, `scheme`, `max_events`, `name`).
 
         Returns:
             The Dashboard widget (display it as a notebook cell's last value).
@@ -385,6 +387,17 @@ class Trace:
         from ddpviz.widgets.trace_view import TraceView
 
         return TraceView(self, **kwargs)
+
+    def model(self) -> EventModel:
+        """The run model of this trace: every rank's events folded on the trace's clock
+        (`ddpviz.model.event_model.EventModel`: the constructor's state per rank with
+        `construction()`, the bucket maps with `maps()`, each step's records with
+        `step_records(step)`, the run's `status()`), what the dashboard's numbers, the advisor
+        and the teaching notebooks read. A new model on each call."""
+        model = EventModel(self.clock)
+        for table in self.columns().values():
+            model.feed_table(table)
+        return model
 
     # --- export -------------------------------------------------------------------------------
 

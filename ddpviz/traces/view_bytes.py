@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -15,6 +16,7 @@ from ddpviz import events as ev
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import SUFFIX
 from ddpviz.traces.source import RunSource, open_run
+from ddpviz.traces.view_summary import summarized_bytes
 
 # the viewer's front end as extension/build-widget.js builds it (not in git)
 STATIC = Path(__file__).resolve().parents[1] / "widgets" / "static"
@@ -54,6 +56,57 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
         return path.read_bytes(), name
 
 
+# No event takes fewer bytes in a `.ddpviz` file than this (a GradReady: its tag and six
+# ints): a run of more events than limit / MIN_EVENT_BYTES cannot fit, so it is not written
+# whole to learn that.
+MIN_EVENT_BYTES = 16
+
+
+class ViewBytes(NamedTuple):
+    data: bytes  # one `.ddpviz` file
+    name: str  # the name the view shows
+    events: int  # the events in `data`
+    folded: int  # GradReady events summarized away (view_summary.py); 0: the run whole
+
+
+def view_bytes(source: object, run: RunSource, *, limit: int,
+               carrier: str = "a TraceView sends to the browser") -> ViewBytes:
+    """The run for a view: whole (`trace_bytes`) where it fits `limit`, else with its
+    gradient hooks summarized per bucket (view_summary.py), which a run recorded with every
+    hook needs: 256 ranks x 10,000 parameters is 2.6M GradReady events a step.
+
+    Raises:
+        TraceViewError: the run is over `limit` even summarized.
+    """
+    trace = run.as_trace()
+    is_file = isinstance(source, (str, Path)) and Path(source).is_file()
+    if is_file or len(trace) * MIN_EVENT_BYTES <= limit:
+        try:
+            data, name = trace_bytes(source, run, limit=limit, carrier=carrier)
+            return ViewBytes(data, name, len(trace), 0)
+        except TraceViewError:
+            if not any(len(t.rows(ev.GradReady)) for t in trace.columns().values()):
+                raise
+    name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
+    data, events, folded = summarized_bytes(trace)
+    if len(data) > limit:
+        _bounded(len(data), f"{name} (its gradient hooks summarized per bucket)", limit,
+                 carrier)
+    return ViewBytes(data, name, events, folded)
+
+
+def summary_notice(view: ViewBytes, limit: int) -> str:
+    """What a view of a summarized run says above it; "" for a run sent whole."""
+    if not view.folded:
+        return ""
+    return (f"ddpviz: this run is over the {limit >> 20} MiB a view sends to the browser, so "
+            "its gradient hooks are drawn summarized per bucket, one event per bucket a step "
+            f"instead of one per parameter ({view.folded:,} events fewer; the hook timeline "
+            "shows each bucket's span, not each parameter's mark). The findings are "
+            "diagnose()'s of every event. To see every hook, open the .ddpviz file in "
+            "JupyterLab's file browser, which reads the file itself.")
+
+
 def diagnosis_bytes(findings: list[Finding]) -> bytes:
     """diagnose()'s findings for the front end: msgpack FindingReported events, which it checks
     as it checks the trace's own (traceWidget.ts, `diagnosisOf`)."""
@@ -67,5 +120,5 @@ def _bounded(size: int, name: str, limit: int, carrier: str) -> None:
         raise TraceViewError(
             f"ddpviz: {name} is {size / (1 << 20):,.0f} MiB as a trace, over the "
             f"{limit >> 20} MiB {carrier}.\nOpen the .ddpviz file in JupyterLab's file "
-            "browser (the viewer reads the file, not the kernel), or use Trace.dashboard(), "
-            "which sends only what it draws.")
+            "browser (the viewer reads the file, not the kernel), or write its HTML report "
+            "(`ddpviz report PATH`).")
