@@ -113,6 +113,30 @@ def status_of(run: RunSource) -> str:
     return str(run.live.status) if run.kind == "run" else "closed"
 
 
+def live_status(run: RunSource, status: str | None = None) -> dict[str, Any]:
+    """What only the kernel knows of a live source, for the view's status line (TraceView's
+    `status` trait; extension/src/replay.ts draws it): the source's label, its state
+    (`status`, else `status_of`), the world size (a Run's; None: the view reads it from the
+    events), ranks connected (sent events) and finished (said goodbye), and the events dropped
+    (EventsDropped markers), messages rejected and events lost (sequence gaps) the collector
+    counted. Bounded: counts and a short label, whatever the world size."""
+    session = run.live.session if run.kind == "run" else run.live
+    stats = getattr(session, "stats", None)  # (None: a stand-in session without a collector)
+    if run.kind == "run":
+        label = f"ddpviz.launch: {run.live.nprocs} ranks ({run.live.backend})"
+        world: int | None = int(run.live.nprocs)
+    else:
+        label = f"session {getattr(getattr(session, 'collector', None), 'address', '')}"
+        world = None
+    out: dict[str, Any] = {"label": label[:200], "run_status": status or status_of(run),
+                           "world": world}
+    if stats is not None:
+        out.update(connected=len(stats.received), finished=len(stats.closed),
+                   dropped=sum(stats.dropped.values()), rejected=stats.total_rejected,
+                   lost=sum(stats.gaps.values()))
+    return out
+
+
 class Pace:
     """When diagnose() may run again: not before DIAGNOSE_EVERY_S after the last, nor before
     it has been idle 1/DIAGNOSE_SHARE times as long as it took (a run whose diagnose() takes

@@ -65,7 +65,8 @@ class TraceView(anywidget.AnyWidget):
     Kernel-side state: `trace` (the `.ddpviz` bytes sent when the view was made or
     refreshed), `trace_events` (the events in it), `events_sent` (those and every live send
     since), `live` ("running" while a live source runs, then how it ended: "finished",
-    "failed", "closed", ...; "" for a source that is not live), `notice` (a line the view
+    "failed", "closed", ...; "" for a source that is not live), `status` (a live source's
+    status line from the kernel: trace_feed.live_status; {} otherwise), `notice` (a line the view
     shows, e.g. why it stopped following), `findings` (diagnose()'s), `diagnosis` (those, as
     sent), `advice` (the bucket advisor's answer for the run, or why it cannot advise, as
     sent: ddpviz/advisor/wire.py; `wire.PENDING` until the advisor's thread has it; `advised`
@@ -95,6 +96,7 @@ class TraceView(anywidget.AnyWidget):
     events_sent = traitlets.Int(0).tag(sync=True)
     live = traitlets.Unicode("").tag(sync=True)
     notice = traitlets.Unicode("").tag(sync=True)
+    status = traitlets.Dict({}).tag(sync=True)  # a live source's: trace_feed.live_status
     diagnosis = traitlets.Bytes(b"").tag(sync=True)
     advice = traitlets.Bytes(b"").tag(sync=True)
     name = traitlets.Unicode("").tag(sync=True)
@@ -147,6 +149,7 @@ class TraceView(anywidget.AnyWidget):
             self.findings: list[Finding] = list(diagnose(run))
             super().__init__(trace=data, trace_events=count, events_sent=count,
                              live="running" if live else "",
+                             status=trace_feed.live_status(run) if live else {},
                              diagnosis=diagnosis_bytes(self.findings),
                              advice=PENDING,
                              name=named if name is None else str(name), scheme=scheme,
@@ -252,6 +255,7 @@ class TraceView(anywidget.AnyWidget):
                     sent = self._send_new()
                     if status != "running" or ((sent or self._undiagnosed) and self.pace.due()):
                         self._diagnose()
+                    self.status = trace_feed.live_status(self._run, status)
                     if status != "running":
                         self.live = status
                         return

@@ -23,6 +23,16 @@ export interface Picks {
   rank?: string;
   /** The bucket selected (selection.ts): its map's kind and its index there; none: none. */
   bucket?: { rebuilt: boolean; bucket: number };
+  /** Where replay stands (replay.ts); none: follow a live run, else show everything. */
+  replay?: ReplayCursor;
+}
+
+/** What a view shows: follow the live end, or the state at `asOf` (aligned ns; null: all). */
+export interface ReplayCursor {
+  follow: boolean;
+  /** The iteration shown (null: the latest). */
+  step: number | null;
+  asOf: number | null;
 }
 
 export type Attrs = Record<string, string | number | boolean | undefined>;

@@ -16,6 +16,8 @@ export interface LiveModel {
   get(name: 'trace' | 'diagnosis' | 'advice'): Bytes;
   get(name: 'trace_events' | 'events_sent' | 'max_events'): number;
   get(name: 'name' | 'scheme' | 'live' | 'notice'): string;
+  /** A live view's status from the kernel (replay.ts's kernelStatusOf reads it). */
+  get(name: 'status'): unknown;
   on(event: string, callback: (...args: any[]) => void): void;
   off(event: string, callback: (...args: any[]) => void): void;
   send?(content: unknown, callbacks?: unknown, buffers?: ArrayBuffer[]): void;
@@ -29,7 +31,7 @@ interface Frames {
 }
 
 /** Traits whose change only needs a redraw (the trace itself is read here). */
-const REDRAWN = ['diagnosis', 'advice', 'live', 'notice', 'name', 'scheme', 'max_events'];
+const REDRAWN = ['diagnosis', 'advice', 'live', 'notice', 'status', 'name', 'scheme', 'max_events'];
 
 /** The run a model's views draw, as received so far. */
 export class LiveTrace {

@@ -21,6 +21,7 @@ import { TraceModel } from './eventModel';
 import { h, note, Picks } from './dom';
 import { asEvent, Finding } from './events';
 import { LiveModel, LiveTrace, liveTraceOf } from './liveTrace';
+import { kernelStatusOf } from './replay';
 import { parseTraceAsync, TraceError, traceBytes } from './trace';
 
 export { traceBytes } from './trace';
@@ -141,7 +142,16 @@ export function paint(live: LiveTrace, model: LiveModel, el: HTMLElement, picks:
     };
     const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
     const advice = adviceOf(traceBytes(model.get('advice')));
-    content = renderTrace(new TraceModel(live.parsed), name, options, diagnosis, state, advice);
+    const kernel = kernelStatusOf(model.get('status'));
+    content = renderTrace(
+      new TraceModel(live.parsed),
+      name,
+      options,
+      diagnosis,
+      state,
+      advice,
+      kernel
+    );
   }
   const lines = [
     state === ''

@@ -18,6 +18,7 @@ import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './hookTimeline';
 import { renderTraceActions } from './perfetto';
 import { renderReplicas } from './replicas';
+import { KernelStatus, mountReplay } from './replay';
 import { linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
 import { verdict, verdictLine } from './verdict';
@@ -43,6 +44,7 @@ export function formatRanks(ranks: number[]): string {
  * @param live - "running" while a live run goes on, then how it ended; "": not live.
  * @param advice - the bucket advisor's answer a kernel sent (advice.ts's adviceOf); null:
  *   none (the file viewer, which has no kernel, says where to get it).
+ * @param kernel - a live view's status from its kernel (replay.ts's kernelStatusOf), or null.
  */
 export function renderTrace(
   model: TraceModel,
@@ -50,26 +52,31 @@ export function renderTrace(
   options: ViewOptions,
   diagnosis: Finding[] | null = null,
   live = '',
-  advice: Advice | string | null = null
+  advice: Advice | string | null = null,
+  kernel: KernelStatus | null = null
 ): HTMLElement {
-  const findings = diagnosis ?? model.findings;
-  const root = h(
-    'div',
-    { class: 'ddpviz-trace' },
-    guarded('verdict', 'Verdict', () => renderVerdict(model, diagnosis, live)),
-    guarded('summary', 'Summary', () => renderSummary(model, name)),
-    guarded('findings', 'Findings', () => renderFindings(findings)),
-    guarded('replicas', 'Replicas', () => renderReplicas(findings)),
-    guarded('buckets', 'Bucket map', () => renderBuckets(model, options)),
-    guarded('verification', 'Verification', () => renderVerification(model)),
-    guarded('broadcast', 'State broadcast', () => renderBroadcast(model)),
-    guarded('timeline', 'Hook timeline', () => renderTimelineSection(model, options)),
-    guarded('waits', 'Who made the all-reduce wait', () => renderWaits(model)),
-    guarded('advice', 'Bucket advice', () => renderAdvice(advice, model, options, live)),
-    guarded('counts', 'Events', () => renderCounts(model))
+  // the replay cursor and the other picks live in options.picks (a view's own if none)
+  const picks = options.picks ?? {};
+  const opts: ViewOptions = { ...options, picks };
+  const root = h('div', { class: 'ddpviz-trace' });
+  // a bucket highlights its parameters in the maps and the timeline (kept in picks)
+  linkSelection(root, picks);
+  // the panels, of the model as of the replay's cursor (replay.ts)
+  mountReplay(root, model, picks, live, kernel, m =>
+    [
+      guarded('verdict', 'Verdict', () => renderVerdict(m, diagnosis, live)),
+      guarded('summary', 'Summary', () => renderSummary(m, name)),
+      guarded('findings', 'Findings', () => renderFindings(diagnosis ?? m.findings)),
+      guarded('replicas', 'Replicas', () => renderReplicas(diagnosis ?? m.findings)),
+      guarded('buckets', 'Bucket map', () => renderBuckets(m, opts)),
+      guarded('verification', 'Verification', () => renderVerification(m)),
+      guarded('broadcast', 'State broadcast', () => renderBroadcast(m)),
+      guarded('timeline', 'Hook timeline', () => renderTimelineSection(m, opts)),
+      guarded('waits', 'Who made the all-reduce wait', () => renderWaits(m)),
+      guarded('advice', 'Bucket advice', () => renderAdvice(advice, m, opts, live)),
+      guarded('counts', 'Events', () => renderCounts(m))
+    ].filter((el): el is HTMLElement => el !== null)
   );
-  // a bucket highlights its parameters in the maps and the timeline (kept in options.picks)
-  linkSelection(root, options.picks);
   return root;
 }
 

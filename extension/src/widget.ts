@@ -9,6 +9,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { DEFAULT_SCHEME } from './colors';
+import { Picks } from './dom';
 import { TraceModel } from './eventModel';
 import { base64ToBytesAsync, parseTraceAsync, TraceError } from './trace';
 import { renderError, renderLoading, renderTrace, ViewOptions } from './view';
@@ -117,7 +118,7 @@ export class TraceViewer extends Widget {
     const name = this._context.path.split('/').pop() ?? this._context.path;
     const content =
       this._model !== null
-        ? renderTrace(this._model, name, this._settings.options)
+        ? renderTrace(this._model, name, { ...this._settings.options, picks: this._picks })
         : this._error !== null
           ? renderError(this._error)
           : renderLoading(name);
@@ -125,6 +126,8 @@ export class TraceViewer extends Widget {
   }
 
   private _model: TraceModel | null = null;
+  /** What the user picked (the replay's cursor included), kept across a settings redraw. */
+  private _picks: Picks = {};
   private _error: string | null = null;
   private _loads = 0;
 }
