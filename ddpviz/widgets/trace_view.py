@@ -36,7 +36,8 @@ from ddpviz.traces.view_bytes import (
     TraceViewError,
     diagnosis_bytes,
     front_end,
-    trace_bytes,
+    summary_notice,
+    view_bytes,
 )
 from ddpviz.widgets import trace_feed
 from ddpviz.widgets.debugger_wire import DebuggerWire, debugger_of
@@ -142,9 +143,10 @@ class TraceView(anywidget.AnyWidget):
         if live:
             data, named = self._subscribe(run), type(source).__name__
             count = self._file.total if self._file is not None else 0
-        else:
-            data, named = trace_bytes(source, run, limit=MAX_BYTES)
-            count = len(run.as_trace())
+        else:  # (a run over MAX_BYTES: its hooks summarized per bucket, said in `notice`)
+            sent = view_bytes(source, run, limit=MAX_BYTES)
+            data, named, count = sent.data, sent.name, sent.events
+            kwargs.setdefault("notice", summary_notice(sent, MAX_BYTES))
         try:
             self.findings: list[Finding] = list(diagnose(run))
             super().__init__(trace=data, trace_events=count, events_sent=count,
@@ -191,14 +193,14 @@ class TraceView(anywidget.AnyWidget):
                 self._diagnose()
             return
         self._run = run = open_run(self._source, refusal="TraceView cannot show")
-        data, _ = trace_bytes(self._source, run, limit=MAX_BYTES)
-        count = len(run.as_trace())
+        sent = view_bytes(self._source, run, limit=MAX_BYTES)
         self.findings = list(diagnose(run))
         with self._send_lock:
             self._file = None
             with self.hold_sync():
-                self.trace = data
-                self.trace_events = self.events_sent = count
+                self.trace = sent.data
+                self.trace_events = self.events_sent = sent.events
+                self.notice = summary_notice(sent, MAX_BYTES)
                 self.diagnosis = diagnosis_bytes(self.findings)
         self._start_advisor()
 
@@ -236,8 +238,10 @@ class TraceView(anywidget.AnyWidget):
             raise TraceViewError(
                 f"ddpviz: this run is already {len(self._file.data) / (1 << 20):,.0f} MiB as a "
                 f"trace, over the {MAX_BYTES >> 20} MiB a TraceView sends to the browser.\n"
-                "Use run.dashboard(), which sends only what it draws, or save the run and "
-                "open the .ddpviz file in JupyterLab's file browser.")
+                "Once it ended, a view of it draws its gradient hooks summarized per bucket; "
+                "meanwhile save it (run.trace.save(PATH)) and open the .ddpviz file in "
+                "JupyterLab's file browser, or record it with a coarser detail (docs/guide/"
+                "recording.md).")
         return bytes(self._file.data)
 
     def _detach(self) -> None:
@@ -291,8 +295,9 @@ class TraceView(anywidget.AnyWidget):
             refused = Refused(
                 f"ddpviz: {n:,} new events ({len(data) / (1 << 20):,.1f} MiB) would go over "
                 f"{over}; this view stopped following the run at {file.total:,} events.\n"
-                "Use run.dashboard(), which sends only what it draws, or save the run and open "
-                "the .ddpviz file in JupyterLab's file browser.")
+                "Call view.refresh() once the run ended (a view of a run over the bound draws its "
+                "gradient hooks summarized per bucket), or save the run (run.trace.save(PATH)) "
+                "and open the .ddpviz file in JupyterLab's file browser.")
             self.notice = str(refused)
             raise refused
         base = file.total
