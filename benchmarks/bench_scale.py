@@ -15,10 +15,11 @@ once for all stages), the bytes held per event (growth of resident anonymous mem
 loaded Trace, then the EventModel on top of it) and the process's peak RSS. Sizes as
 `RANKSxPARAMSxSTEPS`; the default runs the two sizes of issue #13.
 
-The "dashboard first paint" stage builds `ddpviz.widgets.Dashboard(trace)`: one fold of the
-trace and the first render of every section (issue #21's first paint). The widget modules and
-plotly's FigureWidget are imported once before, on a tiny trace: that first import (several
-seconds of plotly -> nbformat -> jsonschema here) is printed on its own line, not in the stage.
+The "dashboard first paint" stage builds `ddpviz.widgets.Dashboard(trace)`: what the kernel
+does before the browser draws (issue #21's first paint): the run's `.ddpviz` bytes for the
+TraceView and diagnose()'s findings (a run over the view's MAX_BYTES says so instead). The
+widget modules are imported once before, on a tiny trace: that first import is printed on its
+own line, not in the stage.
 The last row sums `Trace.load`, `diagnose()` and the first paint: issue #21's "from file to
 findings to first paint" (< 5 s for 256x10000x5).
 `--file PATH` runs the stages on an existing trace instead of generating one; `--stages`
@@ -204,7 +205,7 @@ def run_file(path: Path, chosen: tuple[str, ...], folder: Path, how: str = "",
     """The stages on the trace at `path`, then the memory it and its model hold."""
     if "dashboard" in chosen:
         warm_s = warm_widgets()
-        print(f"\n(first import of the widgets and plotly's FigureWidget: {warm_s[0]:.2f} s "
+        print(f"\n(first import of the widgets: {warm_s[0]:.2f} s "
               f"wall, {warm_s[1]:.2f} s CPU; outside the stages)")
     load_s, trace = timed(lambda: Trace.load(path))
     n = len(trace)
@@ -247,14 +248,11 @@ def run_file(path: Path, chosen: tuple[str, ...], folder: Path, how: str = "",
 
 
 def warm_widgets() -> tuple[float, float]:
-    """Import the dashboard's modules (plotly's FigureWidget among them) by opening one on a
-    tiny trace, so that the stage times the first paint and not the first import."""
+    """Import the dashboard's modules by opening one on a tiny trace, so that the stage times
+    the first paint and not the first import."""
     def tiny() -> None:
-        import plotly.graph_objects as go
-
         from ddpviz.widgets.dashboard import Dashboard
 
-        go.FigureWidget().close()  # what the bucket map's first figure imports
         events: list[ev.Event] = [ev.ForwardStarted(0, 0, 1, 0), ev.BackwardStarted(0, 0, 2, 1)]
         Dashboard(Trace(events)).close()
     return timed(tiny)[0]
@@ -280,12 +278,19 @@ def stages(trace: Trace, folder: Path, chosen: tuple[str, ...] = STAGES) -> list
         rows.append(("EventModel (dashboard's model)", model_s, f"{len(model.steps)} steps"))
         del model
     if "dashboard" in chosen:
+        from ddpviz.traces.view_bytes import TraceViewError
+
         before = peak_rss_mb()
-        paint_s, board = timed(lambda: dashboard_of(trace))
-        rows.append(("dashboard first paint", paint_s,
-                     f"peak RSS {before:,.0f} -> {peak_rss_mb():,.0f} MiB"))
-        board.close()
-        del board
+        try:
+            paint_s, board = timed(lambda: dashboard_of(trace))
+        except TraceViewError as exc:  # over what a view sends to the browser
+            rows.append(("dashboard first paint", (0.0, 0.0), str(exc).split("\n")[0]))
+        else:
+            rows.append(("dashboard first paint", paint_s,
+                         f"{len(board.trace) / 2**20:,.1f} MiB sent, peak RSS "
+                         f"{before:,.0f} -> {peak_rss_mb():,.0f} MiB"))
+            board.close()
+            del board
     if "report" in chosen:
         report_s, html = timed(lambda: render(trace))
         rows.append(("report (HTML)", report_s, f"{len(html) / 2**20:.1f} MiB"))

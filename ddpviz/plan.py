@@ -480,7 +480,7 @@ def bucket_plan(
 # `observed_plan` turns a rank's ParamsBuilt and BucketAssigned events into a `BucketPlan` whose
 # initial and rebuilt maps are the ones DDP actually used (a map not observed yet, e.g. the
 # rebuild during iteration 0, is predicted by the planner from settings inferred from the
-# observed limits, and says so in the plan's notes). The LiveBucketMap widget draws it.
+# observed limits, and says so in the plan's notes).
 
 MB = 1024 * 1024
 _DEFAULT_FIRST, _DEFAULT_CAP = 1 * MB, 25 * MB  # torch's default first bucket and cap

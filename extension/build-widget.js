@@ -62,7 +62,6 @@ const config = {
   context: __dirname,
   entry: {
     trace_view: './lib/traceWidget.js',
-    perfetto_button: './lib/perfettoButton.js',
     report_view: './lib/reportView.js'
   },
   target: ['web', 'es2022'],
@@ -93,6 +92,6 @@ rspack(config, (err, stats) => {
   }
   console.log(
     `build-widget.js: ${path.relative(process.cwd(), OUT)}/` +
-      '{trace_view.{js,css},perfetto_button.js,report_view.js}'
+      '{trace_view.{js,css},report_view.js}'
   );
 });

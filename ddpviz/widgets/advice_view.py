@@ -14,7 +14,6 @@ from ddpviz.widgets.bucket_map import BucketMap
 
 if TYPE_CHECKING:
     from ddpviz.advisor import Advice
-    from ddpviz.model.event_model import EventModel
 
 _LINES = {"cap": "bucket_cap_mb = cap", "first+cap": "1 MiB first bucket + cap",
           "default": "torch's default", "layers": "one bucket per layer group",
@@ -73,47 +72,3 @@ class AdviceView(w.VBox):
             advice.recommended.candidate.setting()))
         super().__init__(children=[self.text, self.figure, heading, self.bucket_map], **kwargs)
 
-
-MIN_STEPS = 3  # the advisor replays steps after the first, with the next forward's start
-
-
-class AdviceTab(w.Tab):
-    """The dashboard's "advice" tab: hidden until the run has MIN_STEPS steps, then a button
-    that asks the advisor (on demand: the replay reads the whole run) and shows the
-    AdviceView, or the advisor's message where it cannot advise. Given the dashboard's run
-    `model`, the advisor reads it instead of folding `source` again."""
-
-    def __init__(self, source: object, *, model: EventModel | None = None,
-                 **kwargs: Any) -> None:
-        self._source = source
-        self._model = model
-        self.button = w.Button(description="advise buckets", icon="lightbulb-o",
-                               tooltip="predict other bucket settings from this run")
-        self.message = w.HTML()
-        self.body = w.VBox([self.button, self.message])
-        self.view: AdviceView | None = None
-        super().__init__(children=[self.body], layout=w.Layout(display="none"), **kwargs)
-        self.set_title(0, "advice")
-        self.button.on_click(lambda _b: self.compute())
-
-    def update(self, steps: int) -> None:
-        """Show the tab once `steps` (iterations every rank reached) is enough to advise."""
-        self.layout.display = "" if steps >= MIN_STEPS else "none"
-
-    def compute(self) -> Advice | None:
-        from ddpviz.advisor import AdviceError, advise
-        from ddpviz.events import Event
-        from ddpviz.traces.trace import Trace
-
-        source = self._model if self._model is not None else self._source
-        if isinstance(source, (list, tuple)):
-            source = Trace(e for e in source if isinstance(e, Event))
-        try:
-            advice = advise(source)
-        except AdviceError as e:
-            self.message.value = markup.fmt("<pre style='white-space:pre-wrap'>{}</pre>", str(e))
-            return None
-        self.view = AdviceView(advice)
-        self.message.value = ""
-        self.body.children = [self.button, self.view]
-        return advice

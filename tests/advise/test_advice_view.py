@@ -1,12 +1,12 @@
-"""Advice.show() and the dashboard's advice tab."""
+"""Advice.show(): the advice drawn in the kernel (AdviceView). The dashboard's advice panel is
+the TS front end's (extension/src/advice.ts): tests/advise/test_advice_wire.py and the browser
+tests."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
-import pytest
 
-from ddpviz.advisor import CostModel, Line, advise, timeline
-from ddpviz.widgets import Dashboard
+from ddpviz.advisor import CostModel, Line, advise
 from ddpviz.widgets.advice_view import AdviceView
 from ddpviz.widgets.bucket_map import BucketMap
 from tests.advise.synthetic import linear_stack, run_trace
@@ -33,42 +33,3 @@ def test_show_draws_step_time_against_the_cap_and_the_recommended_map() -> None:
     assert by_name["current"].y[0] == advice.current.prediction.step_s * 1e3
     assert view.bucket_map.plan is rec.plan
     assert "exposed for" in view.text.value
-
-
-def test_the_dashboard_offers_advice_from_the_third_step_on() -> None:
-    short = Dashboard(_trace(2))
-    assert short.advice.layout.display == "none"
-    d = Dashboard(_trace(6))
-    assert d.advice.layout.display == ""
-    assert d.advice.get_title(0) == "advice"
-    advice = d.advice.compute()
-    assert advice is not None and isinstance(d.advice.view, AdviceView)
-    assert d.advice.view in d.advice.body.children
-    # the tab asked the advisor about the dashboard's own source
-    assert advice.measured_step_s == advise(_trace(6)).measured_step_s
-
-
-def test_the_tab_shows_why_it_cannot_advise() -> None:
-    d = Dashboard(list(_trace(3)))  # 3 steps, but the last has no next forward: 1 usable
-    d.refresh()
-    assert d.advice.layout.display == ""
-    assert d.advice.compute() is not None
-    events = [e for e in _trace(3) if e.step < 1]  # constructor and step 0 only
-    bad = Dashboard(events)
-    assert bad.advice.compute() is None
-    assert "ddpviz:" in bad.advice.message.value
-
-
-def test_the_tab_advises_from_the_dashboard_s_model_without_folding_the_trace_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    trace = _trace(6)
-    d = Dashboard(trace)
-    expected = advise(trace)
-
-    def fold_again(_trace: object) -> None:
-        raise AssertionError("the advice tab folded the trace a second time")
-
-    monkeypatch.setattr(timeline, "model_of", fold_again)
-    advice = d.advice.compute()
-    assert advice is not None
-    assert [r.prediction for r in advice.rows] == [r.prediction for r in expected.rows]

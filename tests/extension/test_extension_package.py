@@ -47,7 +47,7 @@ def test_build_output_is_what_the_wheel_ships_as_the_ddpviz_labextension() -> No
         path = ROOT / target
         assert path.parent.is_relative_to(out) or (path.parent == widget and target in artifacts)
     fronts = {"ddpviz/widgets/static/trace_view.js", "ddpviz/widgets/static/trace_view.css",
-              "ddpviz/widgets/static/perfetto_button.js"}
+              "ddpviz/widgets/static/report_view.js"}
     assert fronts <= set(hook["ensured-targets"]) and fronts <= set(artifacts)
     # (else a checkout built before a front end was added would never build it)
     assert {f for f in fronts if f.endswith(".js")} <= set(hook["skip-if-exists"])

@@ -1,6 +1,6 @@
 """The viewer's replica panel (extension/src/replicas.ts) reads the same rows, letters, hover
 texts and columns from replicas_diverged findings as Python's replica_matrix
-(ddpviz/widgets/replica_matrix.py, what the dashboard's ReplicaView draws), run in node on the
+(ddpviz/widgets/replica_matrix.py, the oracle of the panel), run in node on the
 same findings: the replica check's own (probes/replica_verdict.judge), random ones with
 overlapping and many-rank groups, and old traces' detail lines."""
 
@@ -15,7 +15,7 @@ from ddpviz.findings import Finding, format_spans
 from ddpviz.limits import MAX_WORLD_SIZE
 from ddpviz.widgets.replica_matrix import ReplicaMatrix, replica_matrix
 from tests.extension.mirror import run_typescript
-from tests.widgets.test_replica_view import _finding
+from tests.model.test_replica_matrix import _finding
 
 OUT = """cases.map(c => { const m = g.replicaMatrix(c.findings, 0, c.many);
   return { rows: m.rows.map(r => [r.step, r.name, r.severity, r.cells, [...r.sizes]]),

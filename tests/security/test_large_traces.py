@@ -11,7 +11,6 @@ from ddpviz.widgets import bucket_figure
 from ddpviz.widgets.bucket_figure import MAX_DRAWN_BUCKETS, MAX_DRAWN_SEGMENTS, new_figure
 from ddpviz.widgets.bucket_segments import LimitMarker, Segment
 from ddpviz.widgets.hook_timeline import MAX_BUCKET_ROWS
-from ddpviz.widgets.live_bucket_map import MAX_TIMING_ROWS
 from tests.security.bombs import many_buckets, write
 from tests.security.test_markup import widget_texts
 
@@ -51,12 +50,11 @@ def test_the_figure_bounds_bars_by_whole_buckets_but_always_draws_one() -> None:
 
 
 def test_dashboard_tables_list_a_bounded_number_of_buckets(tmp_path: Path) -> None:
-    n = max(MAX_BUCKET_ROWS, MAX_TIMING_ROWS) + 500
+    n = MAX_BUCKET_ROWS + 500
     trace = Trace.load(write(tmp_path / "many.ddpviz", many_buckets(n)))
     d = trace.dashboard()
     assert d.controls is not None
     d.controls.show_step(0)
     text = "\n".join(value for _, value in widget_texts(d))
     assert f"… and {n - MAX_BUCKET_ROWS:,} more buckets" in text
-    assert f"… and {n - MAX_TIMING_ROWS:,} more buckets" in text
     assert f"first {MAX_DRAWN_BUCKETS:,} of {n:,} buckets drawn" in text

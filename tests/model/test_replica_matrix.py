@@ -1,12 +1,16 @@
-"""The dashboard's replica view: tensor x rank from replicas_diverged findings (as the replica
-check writes them: probes/replica_verdict.judge), ranks grouped into columns above 16."""
+"""Replica agreement, tensor x rank, from replicas_diverged findings as the replica check
+writes them (probes/replica_verdict.judge): ddpviz/widgets/replica_matrix.py, the oracle of the
+dashboard's replica panel (extension/src/replicas.ts, tests/extension/
+test_replica_matrix_mirror.py), ranks grouped into columns above 16. (Moved from
+tests/widgets/test_replica_view.py when the kernel-drawn ReplicaView gave way to the TS front
+end: issue #40.)"""
 
 from __future__ import annotations
 
 from ddpviz import events as ev
 from ddpviz.findings import Finding
+from ddpviz.model.event_model import EventModel
 from ddpviz.probes.replica_verdict import RankState, judge
-from ddpviz.widgets.dashboard import Dashboard
 from ddpviz.widgets.replica_matrix import replica_matrix
 from tests.widgets.streams import synthetic_run
 
@@ -43,14 +47,16 @@ def test_above_16_ranks_alike_ranks_share_a_column() -> None:
     assert {r.name for r in m.rows} == {"fc1.weight", "fc1.bias"}
 
 
-def test_the_dashboard_shows_the_finding_of_a_trace() -> None:
+def test_the_finding_of_a_trace_is_the_matrix_of_its_model() -> None:
     events = synthetic_run(3, 4, 1)
     finding = _finding(3, {2: [1, 2, 5]})
     events.append(ev.FindingReported(0, 7, events[-1].t_ns + 1, 10_000, finding))
-    d = Dashboard(events)
-    html = d.replicas.html.value
-    assert "replicas diverged: 1 tensor(s) differ across ranks, first seen after step 7" in html
-    assert "fc2.weight" in html and html.count("class='o'") == 1
-    assert d.replicas.matrix is not None and d.replicas.matrix.rows[0].cells[2] == "B"
-    healthy = Dashboard(synthetic_run(2, 4, 1))
-    assert "no divergence reported" in healthy.replicas.html.value
+    model = EventModel()
+    model.feed(events)
+    m = replica_matrix(model.findings())  # type: ignore[arg-type]
+    assert [(r.step, r.name, r.severity) for r in m.rows] == [(7, "fc2.weight", "error")]
+    assert m.rows[0].cells == {0: "A", 1: "A", 2: "B"}
+    assert sum(letter != "A" for letter in m.rows[0].cells.values()) == 1
+    healthy = EventModel()
+    healthy.feed(synthetic_run(2, 4, 1))
+    assert replica_matrix(healthy.findings()).rows == []  # type: ignore[arg-type]
