@@ -22,6 +22,7 @@ import { KernelStatus, mountReplay } from './replay';
 import { linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
 import { verdict, verdictLine } from './verdict';
+import { renderVerificationMatrix } from './verificationMatrix';
 
 export { humanBytes } from './dom';
 export type { ViewOptions } from './dom';
@@ -59,8 +60,6 @@ export function renderTrace(
   const picks = options.picks ?? {};
   const opts: ViewOptions = { ...options, picks };
   const root = h('div', { class: 'ddpviz-trace' });
-  // a bucket highlights its parameters in the maps and the timeline (kept in picks)
-  linkSelection(root, picks);
   // the panels, of the model as of the replay's cursor (replay.ts)
   mountReplay(root, model, picks, live, kernel, m =>
     [
@@ -77,6 +76,9 @@ export function renderTrace(
       guarded('counts', 'Events', () => renderCounts(m))
     ].filter((el): el is HTMLElement => el !== null)
   );
+  // a bucket highlights its parameters in the maps and the timeline (kept in picks; one
+  // picked before this drawing, a live view's, is picked again: after the panels are drawn)
+  linkSelection(root, picks);
   return root;
 }
 
@@ -315,9 +317,16 @@ function mismatchText(m: Mismatch): string {
 }
 
 function renderVerification(model: TraceModel): HTMLElement {
+  // parameter x rank: is the model the same on every rank? (verificationMatrix.ts)
+  const matrix = renderVerificationMatrix(model);
   const rows = model.verification.filter(r => r.status !== 'absent');
   if (rows.length === 0) {
-    return section('verification', 'Verification', note('No verification events in this trace.'));
+    return section(
+      'verification',
+      'Verification',
+      matrix,
+      note('No verification events in this trace.')
+    );
   }
   const statusText = {
     passed: 'passed',
@@ -397,7 +406,7 @@ function renderVerification(model: TraceModel): HTMLElement {
       }
     }
   }
-  return section('verification', 'Verification', table, details);
+  return section('verification', 'Verification', matrix, table, details);
 }
 
 function broadcastText(b: BroadcastRow, withTime = true): string {
