@@ -1,5 +1,6 @@
 """A shared trace must never run script: one whose every string field carries script and
-markup payloads (tests/security/hostile.py) opens in the replay dashboard of a notebook, in the
+markup payloads (tests/security/hostile.py) opens in the replay dashboard of a notebook (each
+iteration of its replay bar drawn), in the
 HTML report (its static sections and its interactive view) and in the JupyterLab trace
 viewer, and in none of them does the payload run (`window.__ddpviz_pwned` stays undefined, no
 alert dialog opens); the payload shows as text."""
@@ -104,15 +105,20 @@ def test_the_dashboard_in_a_notebook_shows_the_payloads_as_text(
     write_notebook(lab_root / "hostile.ipynb", [
         "from ddpviz.traces.trace import Trace\n"
         f"dash = Trace.load({NAME!r}).dashboard()\n"
-        "for step in dash.model.steps:\n"
-        "    dash.controls.show_step(step)\n"
         "dash"])
     dialogs = _dialogs(page)
     open_lab(page, lab, "hostile.ipynb")
     run_all_cells(page)
     assert error_outputs(page) == []
     output = page.locator(".jp-OutputArea-output").last
-    output.locator(".widget-html").first.wait_for()
+    output.locator(".ddpviz-widget .ddpviz-summary").first.wait_for(timeout=120_000)
+    # every iteration the replay bar offers, drawn in turn (the panels drawn again from it)
+    step = output.locator("input.ddpviz-replay-step")
+    low, high = int(step.get_attribute("min")), int(step.get_attribute("max"))
+    assert high > low
+    for value in range(low, high + 1):
+        step.fill(str(value))
+        page.wait_for_timeout(200)
     page.wait_for_timeout(1000)
     assert _pwned(page) is None and dialogs == []
     assert output.locator("script, img").count() == 0

@@ -1,5 +1,5 @@
 """"Open in Perfetto" and "Save Chrome trace" in Chromium: in the JupyterLab file viewer, with no
-kernel, and in the notebook dashboard, which asks its kernel for the run. The button opens
+kernel, and in the notebook dashboard (the same view, sent the run by its kernel). The button opens
 ui.perfetto.dev in a new tab, waits for Perfetto's PONG and posts the run's Chrome trace JSON
 to that origin only, and that JSON is Python's `to_chrome_trace()` of the same file; the saved
 file is the same document; a tab closed before it loads gets nothing and the viewer says so.
@@ -95,7 +95,7 @@ def test_a_perfetto_tab_closed_before_it_loads_gets_nothing_and_the_viewer_says_
     assert console.errors == []
 
 
-def test_the_dashboards_button_asks_the_kernel_and_hands_over_the_same_trace(
+def test_the_dashboards_button_hands_over_the_same_trace(
         page: Any, lab: LabServer, lab_root: Path, console: ConsoleLog,
         real_trace: Trace) -> None:
     serve_perfetto(page, PERFETTO_PAGE)
@@ -110,7 +110,8 @@ def test_the_dashboards_button_asks_the_kernel_and_hands_over_the_same_trace(
     perfetto = popup_info.value
     perfetto.wait_for_function("window.got !== null", timeout=60_000)
     got = perfetto.evaluate("window.got")
-    assert got["title"] == "run" and got["fileName"] == "run.json"  # (a Trace has no file name)
+    # (a Trace has no file name: the view is named after its kind)
+    assert got["title"] == "Trace" and got["fileName"] == "Trace.json"
     assert as_json_reads(json.loads(got["text"])) == as_json_reads(
         json.loads(json.dumps(real_trace.to_chrome_trace())))
     assert console.errors == []
