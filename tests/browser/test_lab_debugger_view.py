@@ -11,6 +11,7 @@ text, never markup."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,11 @@ def test_the_view_breaks_at_a_clicked_bucket_and_marks_the_park(
     _count_becomes(page, ".ddpviz-stop-bucket", 0)
     assert page.locator(".ddpviz-paused").count() == 0
 
+    # steps 3-4 drawn, so run by the ranks, which then wait for go2: the pause sent after it
+    # is the command each waits for (rank_fns.train_in_phases)
+    page.locator(".jp-OutputArea-output .ddpviz-step-select option[value='4']").first.wait_for(
+        state="attached", timeout=120_000)
+    time.sleep(1.0)
     _button(page, "pause").click()
     # after steps 3-4, once the pause reached them: at step 5's forward they agree on step 6
     _go_after_command(go.with_name("go2"))

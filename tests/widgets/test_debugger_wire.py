@@ -21,6 +21,7 @@ from ddpviz.widgets import debugger_wire
 from ddpviz.widgets.debugger_wire import DebuggerWire
 from ddpviz.widgets.trace_view import TraceView
 from tests.browser import rank_fns
+from tests.launch.magic_shell import magic_shell, pool, run
 from tests.polling import eventually
 from tests.widgets.streams import synthetic_run
 
@@ -46,7 +47,8 @@ def _send(view: TraceView, content: object) -> None:
 
 def test_the_view_pauses_inspects_breaks_and_resumes_real_ranks(tmp_path: Path) -> None:
     go = tmp_path / "go"
-    run = ddpviz.launch(rank_fns.train_in_phases, 2, args=(str(go), (2, 3, 3), 0.005),
+    # (the last phase long: a pause under load may be agreed a few steps after it is sent)
+    run = ddpviz.launch(rank_fns.train_in_phases, 2, args=(str(go), (2, 3, 20), 0.005),
                         debug=True, timeout=300)
     view = None
     try:
@@ -136,11 +138,15 @@ def test_the_view_pauses_inspects_breaks_and_resumes_real_ranks(tmp_path: Path) 
         assert _state(view)["status"].startswith("running")
 
         # pause: the ranks stop before the next forward they all reach
-        assert eventually(lambda: dbg.next_step() >= 5, 120)  # steps 2-4 ran; they wait
+        # steps 2-4 ran on every rank, which then waits for go2 (a command sent before a rank
+        # got there would not count as the one it waits for: rank_fns.train_in_phases)
+        assert eventually(lambda: len(dbg._last_step) == 2
+                          and min(dbg._last_step.values()) >= 4, 120)
+        time.sleep(1.0)
         _send(view, {"kind": "debugger", "op": "pause"})
         _go(go.with_name("go2"))
         assert eventually(lambda: _state(view)["agreed"]
-                          and len(_state(view)["stop"]["ranks"]) == 2, 120)
+                          and len(_state(view)["stop"]["ranks"]) == 2, 120), _state(view)
         stop = _state(view)["stop"]
         assert (stop["point"], stop["bucket"]) == ("forward", -1) and stop["step"] >= 5
         _send(view, {"kind": "debugger", "op": "step_step"})
@@ -200,3 +206,49 @@ def test_an_unknown_source_of_commands_is_refused_before_any_debugger_call() -> 
     started = time.monotonic()
     assert wire.handle({"kind": "debugger", "op": "inspect", "name": "a", "what": "nope"}) is False
     assert time.monotonic() - started < 1
+
+
+shell = pytest.fixture(scope="module")(magic_shell)
+
+POOL = "%%ddp -n 2 --backend gloo --debug\nfrom tests.debugger import pool_fns as f\n" \
+       "st = f.build('guard')\n"
+TRAIN = """%%ddp
+for s in range(0, 5):
+    loss = f.train_step(st, s)
+    print(f"step {s} loss {loss:.6f}")
+f.final(st)
+"""
+
+
+def test_a_pools_step_and_resume_keep_what_the_rest_of_the_cell_printed(
+        shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    shell.run_line_magic("ddp_stop", "")
+    try:
+        error, _ = run(shell, capsys, POOL)
+        assert error is None
+        wire = DebuggerWire(shell.run_line_magic("ddp_debugger", ""))
+        assert wire.handle({"kind": "debugger", "op": "break_at", "step": 2,
+                            "where": "forward"}), wire.message
+        error, _ = run(shell, capsys, TRAIN)
+        assert error is None and pool(shell).parked.where == "step 2, before DDP's forward"
+        assert wire.state()["stop"]["step"] == 2
+        # step: the parked cell goes on (on this thread) to the next forward; what it printed
+        # is kept for the panel, not printed into the cell that happens to be running
+        assert wire.handle({"kind": "debugger", "op": "step_step"}), wire.message
+        assert pool(shell).parked.step == 3
+        assert sorted(line.split()[:4] for line in wire.output.splitlines()
+                      if line.startswith("[rank ") and "] step " in line) == [
+            ["[rank", "0]", "step", "2"], ["[rank", "1]", "step", "2"]]
+        assert "every rank stopped at step 3, before DDP's forward" in wire.output
+        assert wire.state()["output"] == wire.output
+        assert wire.handle({"kind": "debugger", "op": "clear"})
+        assert wire.handle({"kind": "debugger", "op": "resume"}), wire.message
+        assert pool(shell).parked is None
+        said = wire.output.splitlines()
+        assert "[rank 0] step 4" in "\n".join(said) and "step 2" not in "\n".join(said)
+        assert sum(line.startswith("[rank ") and "] Out: " in line for line in said) == 2
+        assert "Out:" not in capsys.readouterr().out
+        wire.close()
+    finally:
+        shell.run_line_magic("ddp_stop", "")
+        capsys.readouterr()
