@@ -33,6 +33,9 @@ export interface ReplayCursor {
   /** The iteration shown (null: the latest). */
   step: number | null;
   asOf: number | null;
+  /** When a drag of a replay control began (performance.now()); none: no drag. A live view
+   * holds its redraws meanwhile (replay.ts `dragging`), which would end the drag. */
+  dragStarted?: number;
 }
 
 export type Attrs = Record<string, string | number | boolean | undefined>;

@@ -429,6 +429,15 @@ export function renderStatusLine(
   return line;
 }
 
+/** A drag longer than this is taken as over (a release outside the page never came). */
+const MAX_DRAG_MS = 10_000;
+
+/** Whether a replay control of the view is being dragged (a host holds its redraws). */
+export function dragging(picks: Picks): boolean {
+  const started = picks.replay?.dragStarted;
+  return started !== undefined && performance.now() - started < MAX_DRAG_MS;
+}
+
 const nextFrame: (f: () => void) => void =
   typeof requestAnimationFrame === 'function'
     ? f => void requestAnimationFrame(f)
@@ -574,6 +583,18 @@ export function mountReplay(
     }
     schedule();
   };
+  bar.addEventListener('pointerdown', event => {
+    if ((event.target as Element | null)?.closest('input[type="range"]')) {
+      cursor.dragStarted = performance.now();
+      const end = () => {
+        cursor.dragStarted = undefined;
+        document.removeEventListener('pointerup', end);
+        document.removeEventListener('pointercancel', end);
+      };
+      document.addEventListener('pointerup', end);
+      document.addEventListener('pointercancel', end);
+    }
+  });
   stepInput.addEventListener('input', () => seekStep(Number(stepInput.value)));
   timeInput.addEventListener('input', () => seekTime(Number(timeInput.value)));
   follow.addEventListener('change', () => {

@@ -21,7 +21,7 @@ import { TraceModel } from './eventModel';
 import { h, note, Picks } from './dom';
 import { asEvent, Finding } from './events';
 import { LiveModel, LiveTrace, liveTraceOf } from './liveTrace';
-import { kernelStatusOf } from './replay';
+import { dragging, kernelStatusOf } from './replay';
 import { parseTraceAsync, TraceError, traceBytes } from './trace';
 
 export { traceBytes } from './trace';
@@ -227,7 +227,10 @@ function render({ model, el }: { model: LiveModel; el: HTMLElement }): () => voi
   let gone = false;
   const redraw = () => {
     pending = false;
-    if (!gone) {
+    if (!gone && dragging(picks)) {
+      pending = true; // a replay control is being dragged: a redraw now would end the drag
+      setTimeout(redraw, 100);
+    } else if (!gone) {
       paint(live, model, el, picks);
     }
   };

@@ -3,7 +3,8 @@ in Chromium. A TraceView of a finished 2-rank gloo run: while a cell keeps the k
 the time slider and the iteration control move and every panel is drawn again as of the
 instant picked (the events up to it; the hook timeline shows the iteration picked), all in
 the browser. A TraceView of a live run says, from its kernel's `status` trait, that 2 of 2
-ranks are connected while the run goes on, then that the run finished."""
+ranks are connected while the run goes on, then that the run finished; an instant picked
+while it ran stays picked across the live redraws."""
 
 from __future__ import annotations
 
@@ -159,6 +160,14 @@ def test_the_status_line_of_a_live_run_says_ranks_connected_then_finished(
     assert losses.get_attribute("data-dropped") == "0"
     assert "ddpviz-status-bad" not in (losses.get_attribute("class") or "")
 
+    # replay while it runs: follow turns off and the instant picked survives the live redraws
+    panels = widget.locator(".ddpviz-panels")
+    widget.locator(".ddpviz-replay-time").evaluate(MOVE, 500)
+    page.wait_for_function("el => el.dataset.asOf !== ''", arg=panels.element_handle(),
+                           timeout=10_000)
+    as_of = panels.get_attribute("data-as-of")
+    assert not widget.locator(".ddpviz-replay-follow").is_checked()
+
     tmp = go.with_name("go1.tmp")
     tmp.write_text("go")
     tmp.replace(go.with_name("go1"))
@@ -167,6 +176,7 @@ def test_the_status_line_of_a_live_run_says_ranks_connected_then_finished(
     assert "2 of 2 ranks connected, 2 finished" in text, text
     assert "run finished" in text
     assert widget.locator(".ddpviz-replay-follow").count() == 0  # over: nothing to follow
+    assert widget.locator(".ddpviz-panels").get_attribute("data-as-of") == as_of
     screenshot(page, "replay_live", widget)
     page.wait_for_function("() => document.body.innerText.includes('the run ended')",
                            timeout=120_000)
