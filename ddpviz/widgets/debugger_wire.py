@@ -352,7 +352,8 @@ class DebuggerWire:
                          name="ddpviz-debugger-abort").start()
 
     def _after_abort(self) -> None:
-        self.run(self.debugger.abort)
+        if self.run(self.debugger.abort):
+            self.say("aborted: every rank ended (their traces saved)")
         self.push()
 
     def close(self) -> None:

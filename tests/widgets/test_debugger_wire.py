@@ -252,3 +252,27 @@ def test_a_pools_step_and_resume_keep_what_the_rest_of_the_cell_printed(
     finally:
         shell.run_line_magic("ddp_stop", "")
         capsys.readouterr()
+
+
+def test_abort_returns_at_once_and_the_ranks_end(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    run = ddpviz.launch(rank_fns.train_in_phases, 2, args=(str(go), (2, 100_000), 0.005),
+                        debug=True, timeout=300)
+    pushed: list[str] = []
+    try:
+        dbg = run.debugger
+        assert eventually(lambda: dbg.next_step() >= 2, 240)
+        wire = DebuggerWire(dbg, pushed.append)
+        _go(go.with_name("go1"))  # (no command yet: the ranks wait up to 60 s, then train)
+        started = time.monotonic()
+        assert wire.handle({"kind": "debugger", "op": "abort"}), wire.message
+        assert time.monotonic() - started < 5  # the wait for the ranks is off this thread
+        assert eventually(run.done, 60)
+        # the waiting thread said the end (no error: every rank ended in time)
+        assert eventually(lambda: json.loads(pushed[-1])["message"] ==
+                          "aborted: every rank ended (their traces saved)", 30), pushed[-1]
+        assert not json.loads(pushed[-1])["error"], pushed[-1]
+        wire.close()
+    finally:
+        if not run.done():
+            run.stop()
