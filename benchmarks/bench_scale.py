@@ -64,7 +64,6 @@ from ddpviz.report.chrome_trace import write_chrome_trace
 from ddpviz.report.html import render
 from ddpviz.traces.fileformat import TraceWriter
 from ddpviz.traces.trace import Trace, gc_paused
-from ddpviz.widgets.source import feed_model
 
 PARAMS_PER_BUCKET = 100
 
@@ -180,9 +179,7 @@ def held(fn: Callable[[], Any]) -> tuple[int, Any]:
 
 
 def model_of(trace: Trace) -> EventModel:
-    model = EventModel()
-    feed_model(trace, model, lambda: None)
-    return model
+    return trace.model()
 
 
 def peak_rss_mb() -> float:

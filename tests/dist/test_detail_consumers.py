@@ -1,13 +1,12 @@
 """Steps recorded at an aggregated detail level (GradsSummarized per bucket, no GradReady),
 drawn by every consumer, on a real 2-rank gloo run of ddpviz's DDP at Recording(every=3): the
 event model (live `feed` and trace `feed_table`) holds exactly the summaries the ranks emitted,
-the hook timeline draws one span per bucket from its first to its last gradient ready with a
-note and "not recorded" for the firing order, the report and the Chrome export carry one
+hook_analysis gives the hook timeline one span per bucket from its first to its last gradient
+ready and no firing order, the report and the Chrome export carry one
 "gradients ready" summary span per bucket; full steps are drawn as before."""
 
 from __future__ import annotations
 
-import html
 import re
 
 import msgspec
@@ -17,11 +16,10 @@ from torch import nn
 
 from ddpviz import events as ev
 from ddpviz.model.event_model import EventModel
+from ddpviz.model.hook_analysis import analyse
 from ddpviz.report.chrome_trace import chrome_trace_doc
 from ddpviz.report.html import render
 from ddpviz.traces.trace import Trace
-from ddpviz.widgets import HookTimeline
-from ddpviz.widgets.timeline_svg import LABEL, WIDTH
 from tests.dist.harness import run_ranks
 
 pytestmark = pytest.mark.dist
@@ -93,51 +91,41 @@ def test_the_event_model_holds_the_summaries_the_ranks_emitted(events: list[ev.E
 
 def test_the_hook_timeline_draws_one_span_per_bucket_on_an_aggregated_step(
         events: list[ev.Event]) -> None:
-    t = HookTimeline(events)
-    assert t.controls is not None
+    """What the hook timeline (extension/src/hookTimeline.ts) draws an aggregated step from:
+    per rank one span per bucket from its first to its last gradient ready, no firing order;
+    its drawing: tests/browser/test_lab_summarized_steps.py."""
+    model = EventModel()
+    model.feed(events)
     step = 4
-    t.controls.show_step(step)
-    v = t.view
-    assert v is not None and v.summarized == (0, 1)
+    v = analyse(step, model.step_records(step))
+    assert v.summarized == (0, 1) and v.order.positions == {}
     want = _summaries(events)
-    svg = t.svg_html.value
-    scale = (WIDTH - LABEL - 8) / (max(v.t1, v.t0 + 1) - v.t0)
-    lanes = svg.split("font-weight='bold'>rank ")[1:]  # one chunk per lane, in rank order
-    assert len(lanes) == 2
-    for rank, chunk in zip((0, 1), lanes, strict=True):
-        rects = re.findall(r"<rect class='ddpviz-grad-summary' data-bucket='(\d+)' x='(\d+)' "
-                           r"y='\d+' width='(\d+)'", chunk)
+    assert sorted(v.lanes) == [0, 1]
+    for rank, lane in v.lanes.items():
         buckets = {b for (r, s, b) in want if r == rank and s == step}
-        assert sorted(int(b) for b, _, _ in rects) == sorted(buckets)
-        for b, x, width in rects:
-            first, last, n, _ = want[(rank, step, int(b))]
-            x0 = LABEL + int((first - v.t0) * scale)
-            x1 = LABEL + int((last - v.t0) * scale)
-            assert (int(x), int(width)) == (x0, max(1, x1 - x0))
-            assert f"bucket {b}: {n:,} gradients ready" in chunk
-        assert v.lanes[rank].compute_end == max(
-            want[(rank, step, b)][1] for b in buckets)
-    assert "step 4: per-bucket summaries; per-parameter hooks recorded on steps 0-3 " \
-        "(Recording(every=1): every step)" in html.unescape(t.header_html.value)
-    assert "hook firing order (step 4, ranks 0,1): not recorded" in t.order_html.value
-    assert "<td" not in t.order_html.value  # no order table for summarized ranks
-    # the bucket table counts the summarized gradients per bucket
+        assert len(buckets) >= 3 and lane.order == () and lane.summarized
+        spans = {b: (s.first, s.last, s.n_grads, s.nbytes)
+                 for b, s in lane.record.summaries.items()}
+        assert spans == {b: want[(rank, step, b)] for b in buckets}
+        assert lane.compute_end == max(want[(rank, step, b)][1] for b in buckets)
+        assert all(v.t0 <= first <= last <= v.t1 for first, last, _, _ in spans.values())
+    assert model.full_steps() == sorted(FULL)  # the steps the note names
+    # the bucket timing counts the summarized gradients per bucket
     n_by_bucket = {b: n for (r, s, b), (_, _, n, _) in want.items() if s == step}
     assert {b.bucket: b.n_params for b in v.buckets} == n_by_bucket
 
 
 def test_full_steps_of_the_same_run_are_drawn_hook_by_hook(events: list[ev.Event]) -> None:
-    t = HookTimeline(events)
-    assert t.controls is not None
-    t.controls.show_step(3)
-    v = t.view
-    assert v is not None and v.summarized == ()
-    assert "ddpviz-grad-summary" not in t.svg_html.value
-    assert "per-bucket summaries" not in t.header_html.value
-    fired = tuple(e.param for e in events if isinstance(e, ev.GradReady) and e.rank == 0
-                  and e.step == 3)
-    assert v.lanes[0].order == fired
-    assert "✔ the same hook firing order on ranks 0,1" in t.order_html.value
+    model = EventModel()
+    model.feed(events)
+    v = analyse(3, model.step_records(3))
+    assert v.summarized == () and not v.order.differs
+    for rank, lane in v.lanes.items():
+        hooks = [(e.t_ns, e.param, e.bucket) for e in events if isinstance(e, ev.GradReady)
+                 and e.rank == rank and e.step == 3]
+        assert lane.order == tuple(p for _, p, _ in hooks) and not lane.record.summaries
+        assert [tuple(g) for g in lane.record.grads] == hooks  # one mark per hook
+    assert v.order.reference_ranks == (0, 1)
 
 
 def test_report_and_chrome_export_carry_one_summary_span_per_bucket(

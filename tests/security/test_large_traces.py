@@ -1,18 +1,12 @@
-"""Traces with more buckets than a widget can show: the figure and the per-bucket tables draw a
-bounded part, say what they left out, and stay linear (tests/security/bombs.py's bucket bomb,
+"""Traces with more buckets than a widget can show: the planner's bucket figure draws a bounded
+part, says what it left out, and stays linear (tests/security/bombs.py's bucket bomb,
 scaled down; benchmarks/bench_hostile.py measures the full one)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ddpviz.traces.trace import Trace
 from ddpviz.widgets import bucket_figure
 from ddpviz.widgets.bucket_figure import MAX_DRAWN_BUCKETS, MAX_DRAWN_SEGMENTS, new_figure
 from ddpviz.widgets.bucket_segments import LimitMarker, Segment
-from ddpviz.widgets.hook_timeline import MAX_BUCKET_ROWS
-from tests.security.bombs import many_buckets, write
-from tests.security.test_markup import widget_texts
 
 
 def _segments(per_bucket: list[int]) -> list[Segment]:
@@ -47,14 +41,3 @@ def test_the_figure_bounds_bars_by_whole_buckets_but_always_draws_one() -> None:
     assert _drawn(fig) == MAX_DRAWN_SEGMENTS + 5  # one bucket is never cut in parts
     fig = new_figure(_segments([3, 4]), [], ["b0", "b1"], "map")
     assert _drawn(fig) == 7 and fig.layout.title.text == "map"
-
-
-def test_dashboard_tables_list_a_bounded_number_of_buckets(tmp_path: Path) -> None:
-    n = MAX_BUCKET_ROWS + 500
-    trace = Trace.load(write(tmp_path / "many.ddpviz", many_buckets(n)))
-    d = trace.dashboard()
-    assert d.controls is not None
-    d.controls.show_step(0)
-    text = "\n".join(value for _, value in widget_texts(d))
-    assert f"… and {n - MAX_BUCKET_ROWS:,} more buckets" in text
-    assert f"first {MAX_DRAWN_BUCKETS:,} of {n:,} buckets drawn" in text

@@ -49,7 +49,7 @@ def markup_outside_helper(source: str, filename: str = "<source>") -> list[str]:
 
 def test_sources_are_found() -> None:
     names = {p.name for p in SOURCES}
-    assert {"html.py", "timeline_svg.py", "postmortem_view.py", "advice_view.py"} <= names
+    assert {"html.py", "bucket_map.py", "postmortem_view.py", "advice_view.py"} <= names
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)

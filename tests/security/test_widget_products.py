@@ -26,7 +26,6 @@ from ddpviz.model.hook_analysis import (
 )
 from ddpviz.model.verification_matrix import build_matrix
 from ddpviz.traces.trace import Trace
-from ddpviz.widgets.source import feed_model
 from tests.security.bombs import (
     broadcast_chunks,
     long_reference_order,
@@ -118,6 +117,4 @@ def test_order_departures_are_listed_up_to_a_bound_and_counted(tmp_path: Path) -
 
 
 def _iteration(path: Path, n_params: int) -> IterationView:
-    model = EventModel()
-    feed_model(Trace.load(path), model, lambda: None)
-    return analyse(0, model.step_records(0), n_params)
+    return analyse(0, Trace.load(path).model().step_records(0), n_params)

@@ -131,6 +131,6 @@ def test_a_folder_is_read_once_for_the_view_its_findings_and_its_copy(
     text = copy_of(widget)
     assert "<iframe" in text and frames(text)
     assert sorted(loads) == ["rank0.ddpviz", "rank1.ddpviz"], loads
-    # and its findings are diagnose()'s of the folder, as `ddpviz diagnose` says them
-    found = widget.findings if make is TraceView else widget._diagnosed()
-    assert [f.title for f in found] == [f.title for f in ddpviz.diagnose(tmp_path)]
+    # and its findings are diagnose()'s of the folder, as `ddpviz diagnose` says them (the
+    # Dashboard is a TraceView: the same `findings`)
+    assert [f.title for f in widget.findings] == [f.title for f in ddpviz.diagnose(tmp_path)]
