@@ -56,7 +56,10 @@ def check_00_tour(nb: Any) -> None:
     state = widget_state(nb)
     figures = [m for m in state.values() if m["model_module"] == "anywidget"
                and m["state"].get("_anywidget_id", "").startswith("plotly.")]
-    assert len(figures) <= 2  # one per dashboard (live and replay), none elsewhere
+    assert figures == []  # the dashboards draw in the browser, with no plotly figure
+    boards = [m for m in state.values() if "events_sent" in m["state"]]
+    assert len(boards) == 3  # the live run's, the failing run's and the replay's
+    assert all(m["state"]["events_sent"] > 0 for m in boards)
 
 
 def check_04_debugging(nb: Any) -> None:

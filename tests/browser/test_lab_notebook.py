@@ -1,6 +1,6 @@
 """The tour notebooks in real JupyterLab in Chromium: 'Run All Cells' runs every cell without an
-error, and the widgets render in the page holding the kernel's data: 00_tour's verification
-matrix, broadcast progress bars and dashboard bucket map (plotly) agree with what the kernel
+error, and the widgets render in the page holding the kernel's data: 00_tour's dashboards (the one
+front end: verification matrix, broadcast progress, bucket maps) agree with what the kernel
 printed; 01_buckets' plotly figure draws the same bar segments the kernel-side figure holds and
 its controls show the kernel's values; 07_debugger stops two ranks at every bucket and shows
 each buffer before and after its all-reduce, its debugger views rendered. No console errors."""
@@ -104,46 +104,58 @@ def cell_with(page: Any, source: str) -> Any:
         has=page.locator(".jp-InputArea", has_text=source)).first
 
 
-def test_00_tour_widgets_render_with_the_kernels_data(
+def test_00_tour_dashboards_draw_the_kernels_data(
         page: Any, lab: LabServer, console: ConsoleLog) -> None:
     open_lab(page, lab, "00_tour.ipynb")
     run_all_cells(page)
     assert error_outputs(page) == []
 
-    # verification matrix of the run where rank 1 built another last layer: the cells the
-    # kernel printed as differing are the ones drawn as differing, every other cell "same"
+    # the dashboard of the run where rank 1 built another last layer: its verification matrix
+    # (drawn in the browser from the run's events) has exactly the cells the kernel printed as
+    # differing, every other cell "same"
     printed = ast.literal_eval(stdout_of(page, "✘ the model differs")[1])
     assert printed == {"4.weight": ("same", "differs"), "4.bias": ("same", "differs")}
-    matrix = cell_with(page, "matrix.select(").locator("table.ddpviz-vm")
-    statuses = {"s": "same", "d": "differs", "m": "missing", "p": "pending"}
-    drawn = {row[1]: tuple(statuses[c] for c in row[2:]) for row in matrix.evaluate(
-        "t => [...t.querySelectorAll('tr')].slice(1).map(r => [...r.cells].map("
-        "(c, i) => i < 2 ? c.textContent : c.className.split(' ')[0]))")}
+    # (each cell scrolled into view first: JupyterLab skips drawing cells out of view)
+    cell_with(page, "bad.dashboard()").scroll_into_view_if_needed()
+    bad = cell_with(page, "bad.dashboard()").locator(".ddpviz-widget")
+    matrix = bad.locator("table.ddpviz-vm")
+    matrix.wait_for(timeout=120_000)
+    drawn = {row["name"]: tuple(row["cells"]) for row in matrix.evaluate(
+        "t => [...t.querySelectorAll('tbody tr[data-name]')].map(r => ({name: r.dataset.name,"
+        " cells: [...r.querySelectorAll('td[data-status]')].map(c => c.dataset.status)}))")}
     assert len(drawn) == 6  # the MLP's parameters
     assert {k: v for k, v in drawn.items() if v != ("same", "same")} == printed
-    assert "shape=(3, 16)" in matrix.locator("td.d").first.get_attribute("title")
+    assert "shape=(3, 16)" in matrix.locator("td[data-status=differs]").first.get_attribute(
+        "title")
 
-    # broadcast progress: each rank's bar is as full as the kernel's bytes done / total
-    # (the cell's first line, each rank's state the instant rank 1 launched its chunk, depends
-    # on how the ranks were scheduled: rank 0 may be done already; only the end is asserted)
-    sync_cell = cell_with(page, "sync = BroadcastProgress(")
-    done = ast.literal_eval(sync_cell.locator(
-        "[data-mime-type='application/vnd.jupyter.stdout']").first.text_content().splitlines()[1])
-    bars = sync_cell.locator(".widget-hprogress .progress-bar")
-    assert bars.count() == len(done) == 2
-    for i, (state, nbytes, total) in enumerate(done[r] for r in sorted(done)):
-        assert state == "done" and nbytes == total > 0
-        assert bars.nth(i).evaluate("b => b.style.width") == "100%"
+    # the live dashboard, once the run ended: each rank's broadcast as done as the kernel says
+    cell_with(page, "dash = run.dashboard()").scroll_into_view_if_needed()
+    live = cell_with(page, "dash = run.dashboard()").locator(".ddpviz-widget")
+    live.locator("p.ddpviz-live[data-live=finished]").wait_for(timeout=120_000)
+    said = stdout_of(page, "rank 0: from rank")
+    totals = {int(line.split(":")[0].removeprefix("rank ")): int(line.split(", ")[-1].split()[0])
+              for line in said if line.startswith("rank ")}
+    rows = live.locator("[data-section=broadcast] .ddpviz-progress-row")
+    assert rows.count() == len(totals) == 2
+    for row in rows.all():
+        rank = int(row.get_attribute("data-rank"))
+        assert int(row.get_attribute("data-done")) == int(row.get_attribute("data-total"))
+        if rank != 0:  # (the source's own row counts what it sent)
+            assert int(row.get_attribute("data-total")) == totals[rank]
 
-    # the replayed dashboard's bucket map (iteration 0: the constructor's map) in plotly
-    initial = ast.literal_eval(stdout_of(page, "initial:")[0].split("planner:")[0]
-                               .removeprefix("initial:").strip())
-    plot = page.locator(".jp-OutputArea-output .js-plotly-plot").last
-    bars_drawn = plot.evaluate(_FIGURE_BARS)
-    assert len(bars_drawn) == sum(len(b) for b in initial) == 6
-    assert len({row for row, _, _ in bars_drawn}) == len(initial)
-    assert sum(width for _, _, width in bars_drawn) == done[0][2]  # every gradient byte
-    plot.scroll_into_view_if_needed()
+    # the replayed dashboard's bucket maps: the constructor's and the rebuilt, with as many
+    # buckets as the kernel's observed plan (printed beside the planner's)
+    said = stdout_of(page, "initial:")
+    initial, rebuilt = (ast.literal_eval(line.split("planner:")[0].split(":", 1)[1].strip())
+                        for line in said[:2])
+    cell_with(page, "replay = ddpviz.Trace.load(path)").scroll_into_view_if_needed()
+    replay = cell_with(page, "replay = ddpviz.Trace.load(path)").locator(".ddpviz-widget")
+    maps = replay.locator(".ddpviz-bucketmap")
+    maps.first.wait_for(timeout=120_000)
+    drawn_maps = {m.get_attribute("data-rebuilt"): int(m.get_attribute("data-buckets"))
+                  for m in maps.all()}
+    assert drawn_maps == {"false": len(initial), "true": len(rebuilt)}
+    replay.scroll_into_view_if_needed()
     screenshot(page, "tour_dashboard", page.locator("#jp-main-dock-panel"))
     assert console.errors == []
 
