@@ -155,7 +155,8 @@ def test_00_tour_dashboards_draw_the_kernels_data(
     drawn_maps = {m.get_attribute("data-rebuilt"): int(m.get_attribute("data-buckets"))
                   for m in maps.all()}
     assert drawn_maps == {"false": len(initial), "true": len(rebuilt)}
-    replay.scroll_into_view_if_needed()
+    replay.locator(".ddpviz-replay").evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
     screenshot(page, "tour_dashboard", page.locator("#jp-main-dock-panel"))
     assert console.errors == []
 
