@@ -1,4 +1,5 @@
-"""The TraceView's debugger panel (`TraceView(run, debugger=True)`: extension/src/
+"""The dashboard's debugger panel (`run.dashboard()` of a launch with debug=True: a TraceView
+with `debugger=True`; extension/src/
 debuggerPanel.ts, ddpviz/widgets/debugger_wire.py) in real JupyterLab in Chromium, on 2 real
 gloo ranks (`ddpviz.launch(..., debug=True)`, ddpviz's DDP) that wait between phases of
 training: a click on a bucket in the hook timeline sets a break there (said in the panel, and
@@ -29,7 +30,6 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 LAUNCH = """\
 import time
 import ddpviz
-from ddpviz.widgets.trace_view import TraceView
 from tests.browser import rank_fns
 
 run = ddpviz.launch(rank_fns.train_in_phases, 2, args=({go!r}, (2, 3, 3), 0.005), debug=True,
@@ -40,7 +40,7 @@ while dbg.next_step() < 2 and time.monotonic() < deadline:  # steps 0-1 ran; the
     time.sleep(0.1)
 print("the ranks wait before step", dbg.next_step())
 """
-SHOW = "view = TraceView(run, debugger=True)\nview"
+SHOW = "view = run.dashboard()  # a launch with debug=True: the debugger's panel\nview"
 CHECK = ("final = run.wait(timeout=300)\n"
          "print('KERNEL', [(b.step, b.where, b.bucket) for b in dbg.breaks], len(final))")
 PANEL = ".jp-OutputArea-output .ddpviz-debugger"
@@ -112,7 +112,9 @@ def test_the_view_breaks_at_a_clicked_bucket_and_marks_the_park(
         mark = page.locator(marks).nth(i)
         assert mark.get_attribute("data-step") == "3"
         assert mark.get_attribute("data-stop-bucket") == str(BUCKET)
-    assert page.locator("svg.ddpviz-timeline rect.ddpviz-stop-bucket").count() == 2
+    # (the bucket's band in each lane: drawn once the ranks' events of step 3 arrived, which
+    # may be a live update after the park's own marks)
+    _count_becomes(page, "svg.ddpviz-timeline rect.ddpviz-stop-bucket", 2)
     assert "⏸ paused at step 3" in page.locator(".ddpviz-paused").first.inner_text()
     stopped = page.locator(".ddpviz-bucketmap .ddpviz-bucket.ddpviz-stop-bucket")
     assert stopped.count() >= 1

@@ -1,7 +1,8 @@
 """The debugger panel of a `%%ddp --debug` pool in real JupyterLab in Chromium, on 2 real gloo
 ranks: a training cell parks at a break (it returns, the ranks keep the rest of it); the panel's
 resume button runs the rest of that cell, whose output (every rank's remaining steps and its
-result) shows in the panel's output area, not lost to the log; the panel says the ranks run."""
+result) shows in the panel's output area, not lost to the log; the panel says the ranks run.
+The panel is the dashboard's (the one front end) of the pool's session, given its debugger."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ CELLS = [
     "st = f.build('twin')\n",
     "dbg = %ddp_debugger\n"
     f"dbg.break_at(step={BREAK}, where='forward')\n"
-    "from ddpviz.widgets.debugger_panel import DebuggerPanel\n"
-    "panel = DebuggerPanel(dbg)\npanel",
+    "from ddpviz.widgets import Dashboard\n"
+    "panel = Dashboard(dbg.session, debugger=dbg)\npanel",
     "%%ddp\n"
     f"for s in range({STEPS}):\n"
     "    loss = f.train_step(st, s)\n"
@@ -55,12 +56,12 @@ def test_the_panels_resume_runs_the_rest_of_the_parked_cell_into_the_panel(
     for rank in (0, 1):
         assert f"[rank {rank}] step {BREAK - 1} loss" in text
         assert f"[rank {rank}] step {BREAK} loss" not in text
-    panel_out = page.locator(".jp-OutputArea-output .widget-output").first
+    panel = page.locator(".jp-OutputArea-output section.ddpviz-debugger").first
     page.get_by_text(re.compile(rf"paused at step {BREAK}")).first.wait_for(timeout=60_000)
 
-    page.locator(".jp-OutputArea-output").get_by_role("button", name="resume",
-                                                      exact=True).click()
+    panel.locator("button[data-op=resume]").click()
     last = f"[rank 1] step {STEPS - 1} loss"
+    panel_out = panel.locator("pre.ddpviz-debugger-output")
     panel_out.get_by_text(last).first.wait_for(timeout=300_000)
     got = panel_out.inner_text()
     for rank in (0, 1):  # the rest of the cell, on every rank, in the panel
