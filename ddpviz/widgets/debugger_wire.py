@@ -6,8 +6,8 @@ clock: the front end aligns it with the trace's clock offsets), the break set, t
 default step, the parameter names, the last message or error, the last inspect's per-rank
 facts (those of `RankValues`' table and notes) and what the last resume/step printed. Every
 size is bounded. `handle()` takes the browser's commands (`{"kind": "debugger", "op": ...}`),
-checked strictly, and calls the same `Debugger` functions the Python panel calls
-(ddpviz/widgets/debugger_panel.py); it never runs code for the browser.
+checked strictly, and calls the same `Debugger` functions a cell would call; it never runs code
+for the browser.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ class DebuggerWire:
             "breaks": [_break_fields(b) for b in dbg.breaks[:MAX_BREAKS_SENT]],
             "breaks_text": _clip("; ".join(break_text(b) for b in dbg.breaks) or "none",
                                  MAX_MESSAGE),
-            # See [Note: claiming a boundary] (debugger_panel.py): the first step a break set
+            # See [Note: claiming a boundary] (debugger/agreement.py): the first step a break set
             # now surely stops
             "next_step": dbg.next_step() + 1,
             "params": self._param_names(),

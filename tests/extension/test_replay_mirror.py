@@ -1,10 +1,10 @@
 """The view's replay (extension/src/replay.ts) reads a run at an instant as Python's EventModel
-does at the same `as_of` (ddpviz/model/event_model.py, which the dashboard's ReplayControls
-drive): each rank's phase and iteration (`status(as_of)`), the iteration going on
-(`step_at`), each iteration's end (`step_bounds`), and, from the model of the events up to the
-instant (replay.ts `modelAt`), broadcast progress, verification and the bucket maps in force
-(`construction(as_of)`, `maps(as_of)`). On a real 2-rank gloo run, at instants over its whole
-span, each iteration's end, and while a broadcast chunk was in flight; run in node."""
+does at the same `as_of` (ddpviz/model/event_model.py, whose `as_of` the kernel-drawn
+dashboard's sliders drove): each rank's phase and iteration (`status(as_of)`), the iteration
+going on (`step_at`), each iteration's end (`step_bounds`), and, from the model of the events up
+to the instant (replay.ts `modelAt`), broadcast progress, verification and the bucket maps in
+force (`construction(as_of)`, `maps(as_of)`). On a real 2-rank gloo run, at instants over its
+whole span, each iteration's end, and while a broadcast chunk was in flight; run in node."""
 
 from __future__ import annotations
 
