@@ -278,10 +278,18 @@ def stages(trace: Trace, folder: Path, chosen: tuple[str, ...] = STAGES) -> list
         from ddpviz.traces.view_bytes import TraceViewError
 
         before = peak_rss_mb()
-        try:
-            paint_s, board = timed(lambda: dashboard_of(trace))
-        except TraceViewError as exc:  # over what a view sends to the browser
-            rows.append(("dashboard first paint", (0.0, 0.0), str(exc).split("\n")[0]))
+        refused: list[str] = []
+
+        def paint() -> Any:
+            try:
+                return dashboard_of(trace)
+            except TraceViewError as exc:  # over what a view sends to the browser
+                refused.append(str(exc).split("\n")[0])
+                return None
+
+        paint_s, board = timed(paint)
+        if board is None:  # (the time to find out, with why)
+            rows.append(("dashboard first paint (refused)", paint_s, refused[0]))
         else:
             rows.append(("dashboard first paint", paint_s,
                          f"{len(board.trace) / 2**20:,.1f} MiB sent, peak RSS "
