@@ -657,12 +657,7 @@ function rankRow(
       differing.add(f);
       for (const [, rs] of groups.slice(1)) {
         for (const r of rs) {
-          const fields = rankFields.get(r);
-          if (fields === undefined) {
-            rankFields.set(r, new Set([f]));
-          } else {
-            fields.add(f);
-          }
+          addField(rankFields, r, f);
         }
       }
     }
@@ -757,12 +752,7 @@ function classRow(
           .sort((a, b) => b.weight - a.weight || a.lowest - b.lowest);
         for (const { cs } of groups.slice(1)) {
           for (const c of cs) {
-            const fields = classFields.get(c);
-            if (fields === undefined) {
-              classFields.set(c, new Set([f]));
-            } else {
-              fields.add(f);
-            }
+            addField(classFields, c, f);
           }
         }
       }
@@ -1143,4 +1133,14 @@ export function renderVerificationMatrix(model: TraceModel, many = MANY_RANKS): 
     m.notes.map(text => note(text, 'vm-note')),
     details
   );
+}
+
+/** `field` added to `key`'s set of differing fields in `fields`. */
+function addField<K>(fields: Map<K, Set<string>>, key: K, field: string): void {
+  const set = fields.get(key);
+  if (set === undefined) {
+    fields.set(key, new Set([field]));
+  } else {
+    set.add(field);
+  }
 }
