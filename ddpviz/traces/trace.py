@@ -389,11 +389,14 @@ class Trace:
         return TraceView(self, **kwargs)
 
     def model(self) -> EventModel:
-        """The run model of this trace: every rank's events folded on the trace's clock
-        (`ddpviz.model.event_model.EventModel`: the constructor's state per rank with
-        `construction()`, the bucket maps with `maps()`, each step's records with
-        `step_records(step)`, the run's `status()`), what the dashboard's numbers, the advisor
-        and the teaching notebooks read. A new model on each call."""
+        """The run model of this trace: every rank's events folded on the trace's clock, what
+        the advisor and the teaching notebooks read.
+
+        Returns:
+            A new `ddpviz.model.event_model.EventModel` on each call, which gives the
+            constructor's state per rank with `construction()`, the bucket maps with `maps()`,
+            each step's records with `step_records(step)` and the run's `status()`.
+        """
         model = EventModel(self.clock)
         for table in self.columns().values():
             model.feed_table(table)
