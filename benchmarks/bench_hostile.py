@@ -41,9 +41,8 @@ try:
     elif op == "diagnose":
         ddpviz.diagnose(trace)
     elif op == "dashboard":
-        d = trace.dashboard()
-        for s in d.model.steps:
-            d.controls.show_step(s) if d.controls else None
+        d = trace.dashboard()  # (what the kernel does: the bytes, the findings; drawn in TS)
+        d.close()
     elif op == "report":
         from ddpviz.report import html as report
         report.render(trace)
