@@ -78,7 +78,8 @@ nitpick_ignore_regex = [
     ("py:.*", r"(Dropout|BatchNorm|Module|JoinHook|Joinable|LaunchTimeout|Dashboard|TraceView|"
               r"BucketMap|"
               r"AdviceView)"),
-    ("py:.*", r"ddpviz\.(events\.(Event|E)|traces\.columns\.Table|model\.spans\.Span)"),
+    ("py:.*", r"ddpviz\.(events\.(Event|E)|traces\.columns\.Table|model\.spans\.Span|"
+              r"model\.event_model\.EventModel)"),
     ("py:.*", r"ddpviz\.(engine\.buckets\.CloseReason|advisor\.candidates\.Candidate|"
               r"advisor\.replay\.Prediction|engine\.verify\.(ParamMeta|BufferMeta)|"
               r"probes\.replicas\.ReplicaCheck)"),
