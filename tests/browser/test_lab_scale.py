@@ -72,11 +72,17 @@ def test_a_256_rank_trace_opens_grouped_with_the_slowest_ranks_named(
     assert attr(summary, "data-ranks") == "256" and attr(summary, "data-events") == str(
         len(trace))
     # verification: every rank passed with the same digest -> one grouped row
-    rows = viewer.locator(".ddpviz-verification tbody tr")
-    assert attr(viewer.locator(".ddpviz-verification table"), "data-grouped") == "true"
+    rows = viewer.locator(".ddpviz-verification table.ddpviz-table tbody tr")
+    assert attr(viewer.locator(".ddpviz-verification table.ddpviz-table"),
+                "data-grouped") == "true"
     assert rows.count() == 1
     assert attr(rows.nth(0), "data-ranks") == "0-255 (256)"
     assert attr(rows.nth(0), "data-status") == "passed"
+    # and the parameter x rank matrix: the 256 ranks that agree are one column
+    matrix = viewer.locator(".ddpviz-verification table.ddpviz-vm")
+    assert attr(matrix, "data-grouped") == "true"
+    columns = matrix.locator("th[data-count]")
+    assert columns.count() == 1 and attr(columns.nth(0), "data-count") == "256"
     # broadcast: the sender and the receivers, every rank counted once
     bars = viewer.locator(".ddpviz-broadcast .ddpviz-progress-row")
     counts = [int(attr(bars.nth(i), "data-count")) for i in range(bars.count())]
