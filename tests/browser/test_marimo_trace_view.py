@@ -1,7 +1,8 @@
 """The TraceView anywidget in marimo (`mo.ui.anywidget`), served by `marimo run` on 127.0.0.1
-with a token, in Chromium: marimo renders anywidget but not ipywidgets (marimo#5099), so the
-dashboard's ipywidgets panels never draw there; this view does, with the same panels and text
-as JupyterLab's file viewer draws for the same file (tests/browser/test_lab_trace_view.py);
+with a token, in Chromium: marimo renders anywidget but not ipywidgets (marimo#5099); this view
+draws there, with the same panels and text as JupyterLab's file viewer draws for the same file
+(tests/browser/test_lab_trace_view.py), and so does the notebook dashboard, the same anywidget,
+whose replay moves in the page;
 and a live Session's view follows it (new events from a kernel thread reach the page)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ddpviz import events as ev
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT, free_port
@@ -38,6 +40,13 @@ def _():
     trace = Trace.load({path!r})
     view = mo.ui.anywidget(trace.view(name="marimo_run.ddpviz"))
     view
+    return mo, trace
+
+
+@app.cell
+def _(mo, trace):
+    board = mo.ui.anywidget(trace.dashboard(name="marimo_board.ddpviz"))
+    board
     return
 
 
@@ -80,7 +89,7 @@ def test_marimo_draws_the_view_of_a_real_run(browser: Any, console: ConsoleLog,
     server, trace = marimo_app
     with logged_page(browser, console) as page:
         page.goto(server.url)
-        widget = page.locator(".ddpviz-widget")
+        widget = _named(page, "marimo_run.ddpviz")
         widget.locator(".ddpviz-summary").wait_for(timeout=120_000)
         summary = widget.locator(".ddpviz-summary")
         assert summary.get_attribute("data-ranks") == str(len(trace.ranks)) == "2"
@@ -185,3 +194,33 @@ def test_marimo_follows_a_live_session(browser: Any, console: ConsoleLog, tmp_pa
             assert console.errors == []
     finally:
         server.close()
+
+
+def _named(page: Any, name: str) -> Any:
+    """The view whose title is `name` (the app draws a TraceView and a Dashboard)."""
+    return page.locator(".ddpviz-widget").filter(
+        has=page.locator(".ddpviz-summary h2", has_text=name))
+
+
+def test_marimo_draws_the_dashboard_and_its_replay_answers_in_the_browser(
+        browser: Any, console: ConsoleLog, marimo_app: tuple[MarimoServer, Trace]) -> None:
+    """The notebook dashboard is the same anywidget (a TraceView): marimo draws it, with its
+    replay bar and verification matrix, and moving the replay redraws it in the page."""
+    server, trace = marimo_app
+    with logged_page(browser, console) as page:
+        page.goto(server.url)
+        board = _named(page, "marimo_board.ddpviz")
+        board.locator(".ddpviz-summary").wait_for(timeout=120_000)
+        assert board.locator(".ddpviz-verdict").get_attribute("data-verdict") == "healthy"
+        matrix = board.locator("table.ddpviz-vm")
+        assert matrix.locator("th[data-count]").count() == len(trace.ranks) == 2
+        assert matrix.locator("td[data-status=same]").count() == 2 * len(
+            trace.of_type(ev.ParamsBuilt)[0].params)
+        panels = board.locator(".ddpviz-panels")
+        before = panels.get_attribute("data-as-of")
+        board.locator("input.ddpviz-replay-time").fill("0")  # the run's first instant
+        page.wait_for_function(
+            "([el, before]) => el.dataset.asOf !== before",
+            arg=[panels.element_handle(), before], timeout=10_000)
+        assert board.locator("input.ddpviz-replay-step").input_value() == "-1"  # constructor
+        assert console.errors == []
