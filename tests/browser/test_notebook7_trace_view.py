@@ -1,6 +1,7 @@
 """The TraceView anywidget in Jupyter Notebook 7 (`jupyter notebook` on 127.0.0.1 with a
-token), in Chromium: the cell that makes the view draws the viewer's panels with the run's
-numbers, and its iteration picker redraws the hook timeline in the browser.
+token), in Chromium: the cell that makes the view (`trace.view()`, or the notebook dashboard,
+the same anywidget) draws the viewer's panels with the run's numbers, its iteration picker
+redraws the hook timeline and its replay bar every panel, in the browser.
 
 Notebook 7 is in the test extra. Installed beside JupyterLab it adds its own buttons to
 JupyterLab's notebook toolbar; every JupyterLab browser test passed with it installed (33 of 33,
@@ -57,14 +58,16 @@ class NotebookServer(ServedProcess):
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
 
 
-@pytest.fixture
-def served(tmp_path: Path, lab_root: Path, real_trace: Trace
+@pytest.fixture(params=["view", "dashboard"])
+def served(request: pytest.FixtureRequest, tmp_path: Path, lab_root: Path, real_trace: Trace
            ) -> Iterator[tuple[NotebookServer, Trace]]:
+    """The notebook's one cell shows the run as `trace.view()`, or as the notebook dashboard
+    (the same anywidget, with its replay bar)."""
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir()
     home.mkdir()
     shutil.copy2(lab_root / "run.ddpviz", root / FILE)  # conftest.real_trace
-    write_notebook(root / NAME, [f"import ddpviz\nddpviz.Trace.load({FILE!r}).view()"])
+    write_notebook(root / NAME, [f"import ddpviz\nddpviz.Trace.load({FILE!r}).{request.param}()"])
     server = NotebookServer(root, home)
     try:
         server.wait(server.url("api/status"))
@@ -103,5 +106,11 @@ def test_notebook_7_draws_the_view_of_a_real_run(browser: Any, console: ConsoleL
         select.select_option(steps[0])
         page.wait_for_function("([el, before]) => el.innerHTML !== before",
                                arg=[holder.element_handle(), before], timeout=10_000)
+        assert widget.locator(".ddpviz-replay").count() == 1  # every view's: move it here
+        panels = widget.locator(".ddpviz-panels")
+        at = panels.get_attribute("data-as-of")
+        widget.locator("input.ddpviz-replay-time").fill("0")
+        page.wait_for_function("([el, at]) => el.dataset.asOf !== at",
+                               arg=[panels.element_handle(), at], timeout=10_000)
         screenshot(page, "trace_view_notebook7", widget)
         assert [e for e in console.errors if not e.startswith(NOTEBOOK7_OWN)] == []
