@@ -49,7 +49,11 @@ from ddpviz.traces.view_bytes import TraceViewError
 
 EVENTS_HZ = 2.0  # sends of new events a second, at most
 DIAGNOSE_EVERY_S = 2.0  # diagnose() of a live run at most this often...
-DIAGNOSE_SHARE = 0.1  # ...and at most this share of the time (a slow one waits longer)
+DIAGNOSE_SHARE = 0.05  # ...and at most this share of the time (a slow one waits longer)
+# The bucket advisor's share of a live view's time (its answer changes slowly, and it costs
+# ~10x diagnose(): 64 ranks, 530k events, ~1.4 s): with DIAGNOSE_SHARE and the sends, a
+# followed 64-rank run costs the kernel ~5% of a core (benchmarks/bench_live_view.py)
+ADVISE_SHARE = 0.02
 MAX_DELTA_BYTES = 8 << 20  # the most one send of new events may carry
 CHUNK = 8192  # events per frame
 
@@ -138,11 +142,12 @@ def live_status(run: RunSource, status: str | None = None) -> dict[str, Any]:
 
 
 class Pace:
-    """When diagnose() may run again: not before DIAGNOSE_EVERY_S after the last, nor before
-    it has been idle 1/DIAGNOSE_SHARE times as long as it took (a run whose diagnose() takes
-    1 s is diagnosed every 10 s)."""
+    """When diagnose() (or the advisor) may run again: not before DIAGNOSE_EVERY_S after the
+    last, nor before it has been idle 1/share times as long as it took (with DIAGNOSE_SHARE, a
+    run whose diagnose() takes 1 s is diagnosed every 20 s)."""
 
-    def __init__(self) -> None:
+    def __init__(self, share: float = DIAGNOSE_SHARE) -> None:
+        self.share = share
         self.next = time.monotonic() + DIAGNOSE_EVERY_S
         self.took: list[float] = []  # seconds each diagnose() took (the last 100)
 
@@ -153,4 +158,4 @@ class Pace:
         """Record a diagnose() that began at monotonic time `started` and ended now."""
         now = time.monotonic()
         self.took = [*self.took[-99:], now - started]
-        self.next = now + max(DIAGNOSE_EVERY_S, (now - started) / DIAGNOSE_SHARE)
+        self.next = now + max(DIAGNOSE_EVERY_S, (now - started) / self.share)

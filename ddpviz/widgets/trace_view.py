@@ -129,7 +129,7 @@ class TraceView(anywidget.AnyWidget):
         self._thread: threading.Thread | None = None
         self._unsubscribe: Any = None
         self.pace = Pace()
-        self.advice_pace = Pace()  # the advisor's, apart from diagnose()'s
+        self.advice_pace = Pace(trace_feed.ADVISE_SHARE)  # the advisor's, apart from diagnose()'s
         self.advised = 0  # answers of the advisor sent
         self._advisor: threading.Thread | None = None
         self._readvise = threading.Event()  # refresh() asked while it was at work
