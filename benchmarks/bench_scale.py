@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import functools
 import gc
 import json
 import os
@@ -59,7 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpviz import events as ev
 from ddpviz._diagnose.diagnosis import diagnose
-from ddpviz.model.event_model import EventModel
 from ddpviz.report.chrome_trace import write_chrome_trace
 from ddpviz.report.html import render
 from ddpviz.traces.fileformat import TraceWriter
@@ -178,10 +176,6 @@ def held(fn: Callable[[], Any]) -> tuple[int, Any]:
     return rss() - before, result
 
 
-def model_of(trace: Trace) -> EventModel:
-    return trace.model()
-
-
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -235,7 +229,7 @@ def run_file(path: Path, chosen: tuple[str, ...], folder: Path, how: str = "",
               f"{peak_rss_mb():,.0f} MiB")
         return
     trace_bytes, held_trace = held(lambda: Trace.load(path))
-    model_bytes, model = held(functools.partial(model_of, held_trace))
+    model_bytes, model = held(held_trace.model)
     print(f"\nload average now {os.getloadavg()[0]:.1f}. "
           f"Held: Trace {trace_bytes / n:.0f} bytes/event, EventModel on top "
           f"{model_bytes / n:.0f} bytes/event; peak RSS of this process so far "
@@ -271,7 +265,7 @@ def stages(trace: Trace, folder: Path, chosen: tuple[str, ...] = STAGES) -> list
         kinds = ", ".join(sorted({f.kind for f in findings}))
         rows.append(("diagnose()", diag_s, f"{len(findings)} findings ({kinds})"))
     if "model" in chosen:
-        model_s, model = timed(lambda: model_of(trace))
+        model_s, model = timed(trace.model)
         rows.append(("EventModel (dashboard's model)", model_s, f"{len(model.steps)} steps"))
         del model
     if "dashboard" in chosen:

@@ -166,21 +166,16 @@ def _median(xs: Sequence[int], default: float = 0.0) -> float:
     return float(statistics.median(xs)) if xs else default
 
 
-def model_of(trace: Trace) -> EventModel:
-    """The run model of a recorded trace (its columns folded on its clock: `Trace.model()`)."""
-    return trace.model()
-
-
 def build_timeline(source: Trace | EventModel) -> Timeline:
     """Reconstruct every rank's backward timeline from a recorded trace, or from its run model
-    (an `EventModel` already fed with it: the dashboard's, which spares a second fold).
+    (an `EventModel` already fed with it, `Trace.model()`: spares a second fold).
 
     Raises AdviceError when the trace has no ParamsBuilt/BucketAssigned (the constructor was
     not recorded), no per-parameter GradReady events (recorded with a coarser detail level), or
     no complete step.
     """
     if isinstance(source, Trace):
-        return _build(model_of(source), copy=False)
+        return _build(source.model(), copy=False)
     with source.lock():  # a live model goes on folding: read copies, as of now
         return _build(source, copy=True)
 

@@ -16,7 +16,7 @@ from ddpviz import events as ev
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import SUFFIX
 from ddpviz.traces.source import RunSource, open_run
-from ddpviz.traces.view_summary import summarized_bytes
+from ddpviz.traces.view_summary import has_hooks, summarized_bytes
 
 # the viewer's front end as extension/build-widget.js builds it (not in git)
 STATIC = Path(__file__).resolve().parents[1] / "widgets" / "static"
@@ -85,7 +85,7 @@ def view_bytes(source: object, run: RunSource, *, limit: int,
             data, name = trace_bytes(source, run, limit=limit, carrier=carrier)
             return ViewBytes(data, name, len(trace), 0)
         except TraceViewError:
-            if not any(len(t.rows(ev.GradReady)) for t in trace.columns().values()):
+            if not has_hooks(trace):
                 raise
     name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
     data, events, folded = summarized_bytes(trace)

@@ -31,7 +31,7 @@ from ddpviz.traces.trace import Trace
 def summarized(trace: Trace) -> tuple[Trace, int]:
     """`trace` with every (rank, step, bucket)'s GradReady events replaced by one
     GradsSummarized; and how many GradReady events were folded away (0: `trace` itself)."""
-    if not _has_hooks(trace):
+    if not has_hooks(trace):
         return trace, 0
     out = Trace(meta=dict(trace.meta), clock=dict(trace.clock))
     folded = 0
@@ -80,7 +80,8 @@ def summarized_ranks(trace: Trace) -> Iterator[tuple[int, list[ev.Event], int]]:
         yield rank, [both[i] for i in order.tolist()], len(grads) - len(summaries)
 
 
-def _has_hooks(trace: Trace) -> bool:
+def has_hooks(trace: Trace) -> bool:
+    """Whether any rank of `trace` recorded a GradReady (a hook to summarize)."""
     return any(len(t.rows(ev.GradReady)) for t in trace.columns().values())
 
 

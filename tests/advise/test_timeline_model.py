@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ddpviz import events as ev
 from ddpviz.advisor import advise, build_timeline
-from ddpviz.advisor.timeline import model_of
 from ddpviz.model.event_model import EventModel
 from ddpviz.traces.trace import Trace
 from tests.advise.synthetic import linear_stack, run_trace
@@ -27,7 +26,7 @@ def test_a_model_fed_event_by_event_gives_the_trace_s_timeline_and_advice() -> N
         (b.launch_overhead_ns, b.finalize_ns, b.done_seen_at_finalize)
     assert a.records == b.records and a.buckets == b.buckets
     assert a.steady_steps() == b.steady_steps() == [1, 2, 3]
-    by_trace, by_model = advise(trace), advise(model_of(trace))
+    by_trace, by_model = advise(trace), advise(trace.model())
     assert [r.prediction for r in by_trace.rows] == [r.prediction for r in by_model.rows]
 
 
