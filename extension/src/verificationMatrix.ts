@@ -261,12 +261,7 @@ function sameParams(a: ParamsBuilt, b: ParamsBuilt): boolean {
 function groupRanks(values: Iterable<[number, string]>): [string, number[]][] {
   const byValue = new Map<string, number[]>();
   for (const [r, v] of [...values].sort((a, b) => a[0] - b[0])) {
-    const rs = byValue.get(v);
-    if (rs === undefined) {
-      byValue.set(v, [r]);
-    } else {
-      rs.push(r);
-    }
+    pushTo(byValue, v, r);
   }
   return [...byValue.entries()].sort((a, b) => b[1].length - a[1].length || a[1][0] - b[1][0]);
 }
@@ -409,12 +404,7 @@ export function buildMatrix(
     });
     classValues.push(values);
     for (const key of values.keys()) {
-      const held = holding.get(key);
-      if (held === undefined) {
-        holding.set(key, [c]);
-      } else {
-        held.push(c);
-      }
+      pushTo(holding, key, c);
     }
     for (const r of members) {
       listed.add(r);
@@ -507,12 +497,7 @@ export function buildMatrix(
           flagged.set(key, byRank);
         }
         for (const r of rs) {
-          const fields = byRank.get(r);
-          if (fields === undefined) {
-            byRank.set(r, new Set([m.field]));
-          } else {
-            fields.add(m.field);
-          }
+          addField(byRank, r, m.field);
         }
       }
     }
@@ -733,12 +718,7 @@ function classRow(
       holding.forEach((c, i) => {
         const v = values[i].get(f);
         if (v !== undefined) {
-          const cs = byValue.get(v);
-          if (cs === undefined) {
-            byValue.set(v, [c]);
-          } else {
-            cs.push(c);
-          }
+          pushTo(byValue, v, c);
         }
       });
       if (byValue.size > 1) {
@@ -851,14 +831,6 @@ export function matrixColumns(m: VerificationMatrix, many = MANY_RANKS): number[
   }
   const departs = new Map<number, [number, string][]>(); // rank -> its rank-by-rank departures
   const classDeparts = new Map<number, [number, string][]>(); // class -> its departures
-  const push = <K>(map: Map<K, [number, string][]>, k: K, item: [number, string]) => {
-    const list = map.get(k);
-    if (list === undefined) {
-      map.set(k, [item]);
-    } else {
-      list.push(item);
-    }
-  };
   m.rows.forEach((row, i) => {
     if (!row.differing.length && row.status === 'same') {
       return;
@@ -871,7 +843,7 @@ export function matrixColumns(m: VerificationMatrix, many = MANY_RANKS): number[
       for (const [c, cell] of (row.known as ByClass<CellStatus>).of) {
         const e = entry(cell, values.get(c));
         if (e !== 'missing|' + blank) {
-          push(classDeparts, c, [i, e]);
+          pushTo(classDeparts, c, [i, e]);
         }
       }
       return;
@@ -879,7 +851,7 @@ export function matrixColumns(m: VerificationMatrix, many = MANY_RANKS): number[
     for (const [r, cell] of row.known.entries()) {
       const e = entry(cell, row.values(r));
       if (e !== (m.base.get(r) ?? 'pending') + '|' + blank) {
-        push(departs, r, [i, e]);
+        pushTo(departs, r, [i, e]);
       }
     }
   });
@@ -902,12 +874,7 @@ export function matrixColumns(m: VerificationMatrix, many = MANY_RANKS): number[
       c === undefined ? -1 : (classId.get(c) ?? -1),
       departs.get(r) ?? []
     ]);
-    const group = groups.get(signature);
-    if (group === undefined) {
-      groups.set(signature, [r]);
-    } else {
-      group.push(r);
-    }
+    pushTo(groups, signature, r);
   }
   return [...groups.values()].sort((a, b) => a[0] - b[0]);
 }
@@ -1142,5 +1109,15 @@ function addField<K>(fields: Map<K, Set<string>>, key: K, field: string): void {
     fields.set(key, new Set([field]));
   } else {
     set.add(field);
+  }
+}
+
+/** `value` appended to `key`'s list in `lists` (a new list for a new key). */
+function pushTo<K, V>(lists: Map<K, V[]>, key: K, value: V): void {
+  const list = lists.get(key);
+  if (list === undefined) {
+    lists.set(key, [value]);
+  } else {
+    list.push(value);
   }
 }
