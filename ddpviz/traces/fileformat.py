@@ -3,7 +3,7 @@
 A `.ddpviz` file is data only (msgpack through msgspec's typed decoders, never pickle): the
 8-byte magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | payload`. The first
 frame is the header (format and event-schema versions, metadata); then event chunks and clock
-records in any order. `TraceWriter` appends and flushes frame by frame, so a writer that dies
+records in any order (and, in the bytes a view sends, COPY frames: See [Note: the COPY frame]). `TraceWriter` appends and flushes frame by frame, so a writer that dies
 mid-run leaves every flushed frame loadable; `read_trace` walks the frames of a file (the
 `Trace` container, trace.py, is built from what it yields), keeps the complete frames before a
 torn last one with a warning, and raises TraceError on anything else; `TailReader` reads a file
@@ -28,13 +28,38 @@ import msgspec
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
+from ddpviz.traces.copies import COPY_SOURCES, MAX_COPIES, CopyFinder, Sources, decode_copies
 from ddpviz.traces.framecolumns import EventColumns, RareCache, decode_frames
 
 FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
 MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
 FRAME = struct.Struct("<BII")
-HEADER, EVENTS, CLOCK, END = 1, 2, 3, 4
+HEADER, EVENTS, CLOCK, END, COPY = 1, 2, 3, 4, 5
+
+# [Note: the COPY frame]
+# Every rank reports the same constructor payloads (a ParamsBuilt of 10,000 parameters, the
+# bucket maps): written out for each of 256 ranks, they made that run, its hooks summarized for
+# a view, 298 MiB, over the 64 MiB a view sends; copied, it is 42 MiB. A COPY frame's payload is a msgpack array of
+# entries `[src_rank, src_seq, rank, step, t_ns, seq]` (copies.py `Copy`), each meaning: append
+# to `rank`'s events, at this point of the file, the event that `src_rank` wrote with seq
+# `src_seq` earlier in this file, with these four fields (the only ones an Event has of its
+# own: events.py `Event`). Positional, so each rank's events stay in file order, which is its
+# emission order (the TS reader and the columns rely on it); a reader decodes the event frames
+# before a COPY frame first. The source is looked up by (rank, seq) among the events read so
+# far of the types with list fields (copies.py COPY_SOURCES: never a hot type, so a reader keeps
+# a dict of a few events per rank, O(1) per copy); a copy is itself such an event, so a copy of
+# a copy resolves to the one payload, no chain is walked; a later event at the same (rank, seq)
+# replaces an earlier one. A copy that names no such event, or entries beyond limits.py's bounds
+# or MAX_COPIES a frame, is damage: TraceError (Python), a rejected event (TS). The copies of a
+# file may repeat at most copies.MAX_COPIED list entries in all, so a file of a few bytes per
+# copy cannot present what a file of more than a GB would. Readers share the payload: Python
+# copies with `msgspec.structs.replace`, TS with `{...src, rank, step, t_ns, seq}`.
+# Who writes it: `TraceWriter(copies=True)`, for what a view sends to the browser (view_bytes.py,
+# view_summary.py: those bytes are read by this ddpviz's own readers). `Trace.save` does not:
+# an older ddpviz skips frame kinds it does not know, so it would load a file with COPY frames
+# without the copied events, silently; files on disk stay readable by every format-1 reader.
+# A rank's sender never writes one; `TailReader` (follow.py) still resolves them.
 
 # [Note: a rank's end in its file]
 # A rank's sender (transport/sender.py, `Sender.to_file`) closing its file at the end of the run
@@ -209,14 +234,19 @@ class TraceWriter:
         path: file to create (overwritten if it exists).
         meta: plain data (str/int/float/bool/None, lists, dicts) stored in the header.
         chunk: events per frame; a full chunk is written (not fsynced) immediately.
+        copies: write a big event that equals one written before but for its rank, step, t_ns
+            and seq as a COPY frame (See [Note: the COPY frame]); only for bytes read by this
+            ddpviz's own readers (a view's), never for a file on disk.
     Also an emitter: `writer(event)`. Not thread-safe: one writing thread.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
-                 chunk: int = 4096) -> None:
+                 chunk: int = 4096, copies: bool = False) -> None:
         self.path = Path(path)
         self._encoder = msgspec.msgpack.Encoder()
         self._pending: list[Event] = []
+        self._finder = CopyFinder() if copies else None
+        self._copies: list[Any] = []  # copies not yet written (never with events pending)
         self._chunk = chunk
         self.count = 0  # events written to the OS so far
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
@@ -230,6 +260,9 @@ class TraceWriter:
         self._file.write(payload)
 
     def __call__(self, event: Event, /) -> None:
+        if self._finder is not None:
+            self.write_many((event,))
+            return
         self._pending.append(event)
         if len(self._pending) >= self._chunk:
             self.flush()
@@ -238,9 +271,43 @@ class TraceWriter:
         self(event)
 
     def write_many(self, events: Iterable[Event]) -> None:
-        self._pending.extend(events)
+        if self._finder is None:
+            self._pending.extend(events)
+        else:
+            batch = events if isinstance(events, list) else list(events)
+            sources = COPY_SOURCES
+            start = 0
+            for i in [i for i, e in enumerate(batch) if type(e) in sources]:
+                copy = self._finder.copy_of(batch[i])
+                if copy is None:
+                    continue
+                self._events(batch[start:i])
+                if self._pending:
+                    self._write_pending()
+                self._copies.append(copy)
+                if len(self._copies) >= MAX_COPIES:
+                    self._write_copies()
+                start = i + 1
+            self._events(batch[start:])
         if len(self._pending) >= self._chunk:
             self.flush()
+
+    def _events(self, events: list[Event]) -> None:
+        if events:
+            if self._copies:
+                self._write_copies()
+            self._pending.extend(events)
+
+    def _write_copies(self) -> None:
+        copies, self._copies = self._copies, []
+        self._frame(COPY, copies)
+        self.count += len(copies)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for i in range(0, len(pending), self._chunk):
+            self._frame(EVENTS, pending[i:i + self._chunk])
+        self.count += len(pending)
 
     def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
         """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
@@ -260,10 +327,9 @@ class TraceWriter:
         it if this process dies); `fsync=True` also survives a power cut."""
         if self._file.closed:
             return
-        pending, self._pending = self._pending, []
-        for i in range(0, len(pending), self._chunk):
-            self._frame(EVENTS, pending[i:i + self._chunk])
-        self.count += len(pending)
+        if self._copies:
+            self._write_copies()
+        self._write_pending()
         self._file.flush()
         if fsync:
             os.fsync(self._file.fileno())
@@ -469,6 +535,12 @@ def _walk(src: _Source, partial: Callable[[], Any],
             with _decoding(path, where):
                 record = decode_clock(payload)
             yield record
+        elif kind == COPY:  # (See [Note: the COPY frame])
+            events += yield from batch.flush()  # its sources, and its ranks' events before it
+            with _decoding(path, where):
+                copied = batch.sources.resolve(decode_copies(payload))
+            events += len(copied)
+            yield copied
         # other kinds: records from a later minor format; skip them
     yield from batch.flush()
     if not header:
@@ -487,6 +559,7 @@ class _Batch:
         self.frames: list[tuple[int, int, int]] = []  # (where, start in buf, length)
         self.nbytes = 0
         self.seen = RareCache()  # big rare events decoded so far (the same on every rank)
+        self.sources = Sources()  # the events a COPY frame may repeat
 
     def add(self, where: int, buf: memoryview, at: int, length: int) -> None:
         self.buf = buf
@@ -504,11 +577,13 @@ class _Batch:
         for (where, at, length), columns in zip(frames, decoded, strict=True):
             if columns is not None:
                 n += len(columns)
+                self.sources.add(columns.rare.values())
                 yield columns
                 continue
             with _decoding(self.path, where):
                 chunk = decode_events(buf[at:at + length])
             n += len(chunk)
+            self.sources.add(chunk)
             yield chunk
         return n
 
@@ -589,6 +664,7 @@ class TailReader:
         self.more = False  # the last read stopped at its budget with whole frames left
         self._header = False
         self._failed: tuple[int, int, Hashable] | None = None  # (pos, size, stamp) of a bad end
+        self._sources = Sources()  # the events a COPY frame may repeat
 
     @property
     def failed(self) -> int | None:
@@ -600,7 +676,8 @@ class TailReader:
              ) -> Iterator[TailRecord]:
         """The records of the whole frames between `pos` and `size` (the file's size now),
         read with `os.pread` on `fd`: the header first, then event chunks, clock and end
-        records in file order (other kinds, of a later minor format, are skipped). `pos` moves
+        records in file order (a COPY frame's copies as an event chunk; other kinds, of a later
+        minor format, are skipped). `pos` moves
         past each frame before its record is yielded; it stops once about `budget` bytes were
         read (`more`). A file shorter than its magic and first frame header yields nothing.
         `stamp` says the file's state (None: unknown); a last frame that failed its checksum
@@ -668,6 +745,11 @@ class TailReader:
                 return header
             if kind == EVENTS:
                 chunk = decode_events(payload)
+                self.events += len(chunk)
+                self._sources.add(chunk)
+                return chunk
+            if kind == COPY:  # (a sender writes none; a view's bytes saved to a file may)
+                chunk = self._sources.resolve(decode_copies(payload))
                 self.events += len(chunk)
                 return chunk
             if kind == CLOCK:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ddpviz.widgets.dashboard import Dashboard
     from ddpviz.widgets.trace_view import TraceView
 
-_CHUNK = 8192  # events per frame when saving a whole trace
+CHUNK = 8192  # events per frame when saving a whole trace
 _RANK = operator.attrgetter("rank")
 
 
@@ -245,7 +245,7 @@ class Trace:
             SaveError: the write failed (a full disk, no permission); the previous file at
                 `path`, if any, is unchanged.
         """
-        with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=_CHUNK) as w:
+        with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK) as w:
             for rank, (offset, error) in sorted(self.clock.items()):
                 w.write_clock(rank, offset, error)
             for rank in self.ranks:

@@ -14,8 +14,9 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz.findings import Finding
-from ddpviz.traces.fileformat import SUFFIX
+from ddpviz.traces.fileformat import SUFFIX, TraceWriter
 from ddpviz.traces.source import RunSource, open_run
+from ddpviz.traces.trace import CHUNK
 from ddpviz.traces.view_summary import has_hooks, summarized_bytes
 
 # the viewer's front end as extension/build-widget.js builds it (not in git)
@@ -36,7 +37,8 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
                 carrier: str = "a TraceView sends to the browser") -> tuple[bytes, str]:
     """The run as the bytes of one `.ddpviz` file, and the name the view shows: a single
     file's own bytes; anything else (a folder, several files, a Trace, a live run) merged and
-    written as `Trace.save` writes it. `run`: `source` opened already (`open_run`).
+    written as `Trace.save` writes it, but for COPY frames (fileformat.py). `run`: `source`
+    opened already (`open_run`).
 
     Raises:
         TraceViewError: the bytes would be over `limit` (what `carrier` carries at most).
@@ -51,7 +53,15 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
     trace = run.as_trace()
     name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
-        path = trace.save(Path(folder) / f"view{SUFFIX}")
+        path = Path(folder) / f"view{SUFFIX}"
+        # as Trace.save writes it, but with the payloads every rank repeats as COPY frames
+        # (See [Note: the COPY frame] in fileformat.py): bytes for this ddpviz's readers only
+        with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True) as w:
+            for rank, (offset, error) in sorted(trace.clock.items()):
+                w.write_clock(rank, offset, error)
+            for rank in trace.ranks:
+                w.write_many(trace.events(rank))
+                w.flush()
         _bounded(path.stat().st_size, name, limit, carrier)
         return path.read_bytes(), name
 

@@ -43,12 +43,13 @@ def summarized(trace: Trace) -> tuple[Trace, int]:
 
 def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
     """`summarized(trace)` as the bytes of one `.ddpviz` file (written as `Trace.save` writes,
-    without building the summarized Trace first), its number of events, and how many
-    GradReady events were folded away."""
+    without building the summarized Trace first, and with the payloads every rank repeats as
+    COPY frames: See [Note: the COPY frame] in fileformat.py), its number of events, and how
+    many GradReady events were folded away."""
     total = folded = 0
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
-        with TraceWriter(path, meta=trace.meta) as w:
+        with TraceWriter(path, meta=trace.meta, copies=True) as w:
             for rank, (offset, error) in sorted(trace.clock.items()):
                 w.write_clock(rank, offset, error)
             for _, events, n in summarized_ranks(trace):

@@ -9,6 +9,7 @@
 import { decode } from '@msgpack/msgpack';
 
 import { asEvent, DDPEvent, SCHEMA_VERSION } from './events';
+import { MAX_STEP, MAX_WORLD_SIZE } from './limits';
 
 /** `ddpviz.traces.fileformat.FORMAT_VERSION`. */
 export const FORMAT_VERSION = 1;
@@ -16,8 +17,33 @@ export const FORMAT_VERSION = 1;
 /** `ddpviz.traces.fileformat.MAGIC`: "DDPVIZ\0\x1a". */
 export const MAGIC = [0x44, 0x44, 0x50, 0x56, 0x49, 0x5a, 0x00, 0x1a];
 
-/** Frame kinds (`ddpviz.traces.fileformat.HEADER`, `EVENTS`, `CLOCK`). */
-export const FRAME_KINDS = { header: 1, events: 2, clock: 3 } as const;
+/** Frame kinds (`ddpviz.traces.fileformat.HEADER`, `EVENTS`, `CLOCK`, `COPY`). */
+export const FRAME_KINDS = { header: 1, events: 2, clock: 3, copy: 5 } as const;
+
+/**
+ * The event types a COPY frame may repeat (`ddpviz.traces.copies.COPY_SOURCES`): the ones
+ * with list fields, never a hot type.
+ */
+export const COPY_SOURCES: ReadonlySet<string> = new Set([
+  'BucketAssigned',
+  'BucketsRebuilt',
+  'ParamsBuilt',
+  'UnusedParametersFound',
+  'VerificationFailed'
+]);
+
+/** Copies in one COPY frame at most (`ddpviz.traces.copies.MAX_COPIES`). */
+export const MAX_COPIES = 131072;
+
+/** List entries the copies of one trace may repeat in all (`copies.MAX_COPIED`). */
+export const MAX_COPIED = 1073741824;
+
+/** Per trace: the events a COPY frame may repeat, by "rank:seq", with their list entries. */
+interface CopySources {
+  events: Map<string, [DDPEvent, number]>;
+  copied: number;
+}
+const copySources = new WeakMap<ParsedTrace, CopySources>();
 
 const FRAME_HEADER_BYTES = 9;
 
@@ -256,6 +282,8 @@ function* readFramesInto(
       sawHeader = true;
     } else if (kind === FRAME_KINDS.events) {
       readEvents(trace, value);
+    } else if (kind === FRAME_KINDS.copy) {
+      readCopies(trace, value);
     } else if (kind === FRAME_KINDS.clock) {
       if (Array.isArray(value) && value.length === 3 && value.every(Number.isFinite)) {
         const [rank, offset, error] = value as number[];
@@ -306,13 +334,102 @@ function readEvents(trace: ParsedTrace, value: unknown): void {
       reject(trace, event);
       continue;
     }
-    let events = trace.byRank.get(event.rank);
-    if (events === undefined) {
-      events = [];
-      trace.byRank.set(event.rank, events);
+    keep(trace, event);
+  }
+}
+
+function keep(trace: ParsedTrace, event: DDPEvent, entries = -1): void {
+  let events = trace.byRank.get(event.rank);
+  if (events === undefined) {
+    events = [];
+    trace.byRank.set(event.rank, events);
+  }
+  events.push(event);
+  trace.count++;
+  if (COPY_SOURCES.has(event.type)) {
+    sourcesOf(trace).events.set(`${event.rank}:${event.seq}`, [
+      event,
+      entries >= 0 ? entries : entriesOf(event)
+    ]);
+  }
+}
+
+function sourcesOf(trace: ParsedTrace): CopySources {
+  let sources = copySources.get(trace);
+  if (sources === undefined) {
+    sources = { events: new Map(), copied: 0 };
+    copySources.set(trace, sources);
+  }
+  return sources;
+}
+
+/** The entries of an event's list fields, one level of nesting counted (`copies.entries`). */
+function entriesOf(event: DDPEvent): number {
+  let n = 1;
+  for (const value of Object.values(event)) {
+    if (Array.isArray(value)) {
+      n += value.length;
+      for (const v of value) {
+        if (Array.isArray(v)) {
+          n += v.length;
+        }
+      }
     }
-    events.push(event);
-    trace.count++;
+  }
+  return n;
+}
+
+const isInt = (v: unknown, lo: number, hi: number): boolean =>
+  typeof v === 'number' && Number.isInteger(v) && v >= lo && v <= hi;
+
+/**
+ * A COPY frame (See [Note: the COPY frame] in ddpviz/traces/fileformat.py): each entry
+ * `[src_rank, src_seq, rank, step, t_ns, seq]` appends to `rank`'s events the event read
+ * before as (src_rank, src_seq) with these four fields, its lists shared. An entry that is
+ * malformed, out of limits or names no such event is rejected (counted), as a bad event is.
+ */
+function readCopies(trace: ParsedTrace, value: unknown): void {
+  if (!Array.isArray(value) || value.length > MAX_COPIES) {
+    reject(trace, `a copy frame that is not a list of at most ${MAX_COPIES} copies`);
+    return;
+  }
+  const sources = sourcesOf(trace);
+  for (const item of value) {
+    if (!Array.isArray(item) || item.length !== 6) {
+      reject(trace, 'a copy that is not [src_rank, src_seq, rank, step, t_ns, seq]');
+      continue;
+    }
+    const [srcRank, srcSeq, rank, step, tNs, seq] = item as unknown[];
+    if (
+      !isInt(srcRank, 0, MAX_WORLD_SIZE - 1) ||
+      !isInt(rank, 0, MAX_WORLD_SIZE - 1) ||
+      !isInt(srcSeq, 0, Infinity) ||
+      !isInt(seq, 0, Infinity) ||
+      !isInt(step, -1, MAX_STEP) ||
+      !isInt(tNs, -Infinity, Infinity)
+    ) {
+      reject(trace, "a copy's rank, step, t_ns or seq is out of ddpviz's limits or malformed");
+      continue;
+    }
+    const source = sources.events.get(`${srcRank}:${srcSeq}`);
+    if (source === undefined) {
+      reject(trace, 'a copy of no earlier event that a copy may repeat');
+      continue;
+    }
+    const [event, entries] = source;
+    if (sources.copied + entries > MAX_COPIED) {
+      reject(trace, `copies repeating more than ${MAX_COPIED} list entries in all`);
+      continue;
+    }
+    sources.copied += entries;
+    const copy = {
+      ...event,
+      rank: rank as number,
+      step: step as number,
+      t_ns: tNs as number,
+      seq: seq as number
+    } as DDPEvent;
+    keep(trace, copy, entries);
   }
 }
 

@@ -1,0 +1,156 @@
+"""COPY frames (fileformat.py, [Note: the COPY frame]): the payloads every rank reports alike
+written once and repeated by reference in the bytes a view sends, read back event for event."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddpviz import events as ev
+from ddpviz.traces import copies
+from ddpviz.traces.fileformat import COPY, EVENTS, FRAME, MAGIC, TailReader, TraceWriter
+from ddpviz.traces.trace import Trace
+from ddpviz.traces.view_bytes import trace_bytes
+from ddpviz.traces.view_summary import summarized, summarized_bytes
+from tests.widgets.streams import synthetic_run
+
+
+def frames(data: bytes) -> list[tuple[int, bytes]]:
+    """(kind, payload) of every frame after the magic."""
+    assert data[:len(MAGIC)] == MAGIC
+    out, pos = [], len(MAGIC)
+    while pos < len(data):
+        kind, length, _ = FRAME.unpack_from(data, pos)
+        pos += FRAME.size
+        out.append((kind, data[pos:pos + length]))
+        pos += length
+    return out
+
+
+def same_events(a: Trace, b: Trace) -> None:
+    assert a.ranks == b.ranks
+    for rank in a.ranks:
+        left, right = a.events(rank), b.events(rank)
+        assert len(left) == len(right)
+        for x, y in zip(left, right, strict=True):
+            assert type(x) is type(y)
+            assert msgspec.structs.asdict(x) == msgspec.structs.asdict(y)
+
+
+def big_run(world: int = 8, params: int = 300, steps: int = 3) -> Trace:
+    return Trace(synthetic_run(world, params, steps), meta={"run": "copies"},
+                 clock={r: (r * 10, 5) for r in range(world)})
+
+
+def test_a_views_bytes_copy_the_payloads_every_rank_repeats_and_read_back_equal() -> None:
+    trace = big_run()
+    data, _ = trace_bytes(trace, limit=1 << 30)
+    with tempfile.TemporaryDirectory() as folder:
+        plain = trace.save(Path(folder) / "t.ddpviz").read_bytes()
+    kinds = [k for k, _ in frames(data)]
+    assert COPY in kinds and COPY not in [k for k, _ in frames(plain)]
+    # ranks 1-7's parameter lists (and bucket maps) are not written again
+    built_bytes = len(msgspec.msgpack.encode(trace.of_type(ev.ParamsBuilt)[0]))
+    assert len(plain) - len(data) > 7 * (built_bytes - 100)  # (less a copy entry and frame)
+    back = Trace.from_bytes(data)
+    same_events(trace, back)
+    assert back == trace and back.meta == trace.meta and back.clock == trace.clock
+    # the copies share the source's payload objects: memory is shared too
+    built = back.of_type(ev.ParamsBuilt)
+    assert len(built) == 8 and all(b.params is built[0].params for b in built)
+
+
+def test_each_copy_entry_is_the_source_rank_and_seq_then_the_copys_own_fields() -> None:
+    trace = big_run(world=3)
+    data, _ = trace_bytes(trace, limit=1 << 30)
+    entries = [e for k, p in frames(data) if k == COPY for e in msgspec.msgpack.decode(p)]
+    firsts = {type(e): e for e in trace.events(0) if type(e) in copies.COPY_SOURCES
+              and len(msgspec.msgpack.encode(e)) >= copies.MIN_BYTES}
+    assert firsts  # ParamsBuilt and the bucket maps at least
+    for e in (e for r in (1, 2) for e in trace.events(r) if type(e) in firsts):
+        src = firsts[type(e)]
+        assert [src.rank, src.seq, e.rank, e.step, e.t_ns, e.seq] in entries
+
+
+def test_a_summarized_runs_bytes_hold_copies_and_read_back_as_the_summarized_trace() -> None:
+    trace = big_run(world=6, params=200, steps=4)
+    data, total, folded = summarized_bytes(trace)
+    expected, folded_too = summarized(trace)
+    assert folded == folded_too > 0 and total == len(expected)
+    assert sum(k == COPY for k, _ in frames(data)) >= 5  # ranks 1-5 copy rank 0's payloads
+    back = Trace.from_bytes(data)
+    same_events(expected, back)
+
+
+def test_the_order_of_a_ranks_events_holds_around_its_copies() -> None:
+    """Events before and after a copy, within one write_many, keep their places."""
+    trace = big_run(world=2, params=100, steps=2)
+    events = [e for r in trace.ranks for e in trace.events(r)]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.ddpviz"
+        with TraceWriter(path, copies=True, chunk=7) as w:
+            w.write_many(events)  # both ranks in one batch: copies mid-batch
+        data = path.read_bytes()
+    kinds = [k for k, _ in frames(data)]
+    assert COPY in kinds and kinds.index(COPY) < len(kinds) - 1
+    assert kinds[kinds.index(COPY) - 1] == EVENTS  # (the events before it flushed first)
+    same_events(trace, Trace.from_bytes(data))
+
+
+def test_a_different_event_at_a_sources_rank_and_seq_ends_that_source() -> None:
+    """A reader takes the later event at a (rank, seq); the writer then copies neither."""
+    params = synthetic_run(1, 100, 1)
+    built = next(e for e in params if isinstance(e, ev.ParamsBuilt))
+    other = msgspec.structs.replace(built, ignored=("x",))  # same (rank, seq), other payload
+    again = msgspec.structs.replace(built, rank=1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.ddpviz"
+        with TraceWriter(path, copies=True) as w:
+            w.write_many([built, other, again])
+        data = path.read_bytes()
+    assert COPY not in [k for k, _ in frames(data)]
+    back = Trace.from_bytes(data)
+    assert back.events(0) == [built, other] and back.events(1) == [again]
+
+
+def test_trace_save_writes_no_copies() -> None:
+    """Files on disk stay readable by every format-1 reader (older ones skip unknown kinds)."""
+    trace = big_run(world=3)
+    with tempfile.TemporaryDirectory() as folder:
+        data = trace.save(Path(folder) / "t.ddpviz").read_bytes()
+    assert COPY not in [k for k, _ in frames(data)]
+
+
+def test_a_followed_file_resolves_its_copies_in_order() -> None:
+    trace = big_run(world=3, params=100, steps=2)
+    data, _ = trace_bytes(trace, limit=1 << 30)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.ddpviz"
+        path.write_bytes(data)
+        reader = TailReader(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            records = list(reader.read(fd, len(data), 1 << 30))
+        finally:
+            os.close(fd)
+    got = Trace([e for r in records if isinstance(r, list) for e in r])
+    same_events(trace, got)
+    assert reader.events == len(trace)
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_small_events_are_written_whole(n: int) -> None:
+    """Below MIN_BYTES a copy saves nothing worth a frame."""
+    events = [ev.BucketsRebuilt(rank=r, step=0, t_ns=r, seq=0, grad_ready_order=tuple(range(n)))
+              for r in range(4)]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.ddpviz"
+        with TraceWriter(path, copies=True) as w:
+            w.write_many(events)
+        data = path.read_bytes()
+    assert COPY not in [k for k, _ in frames(data)]
+    assert Trace.from_bytes(data).events() == events
