@@ -10,6 +10,7 @@ fileformat.py for the format). `CopyFinder` is the writer's side, `Sources` the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Annotated
 
@@ -36,7 +37,7 @@ KEEP = 64  # distinct payloads a writer remembers as sources (bounds its memory)
 MAX_COPIED = 1 << 30
 
 
-class Copy(msgspec.Struct, array_like=True, frozen=True):
+class Copy(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     """One entry of a COPY frame: `[src_rank, src_seq, rank, step, t_ns, seq]`."""
 
     src_rank: limits.Rank
@@ -52,13 +53,28 @@ _decode = msgspec.msgpack.Decoder(
 
 
 def decode_copies(payload: bytes | memoryview) -> list[Copy]:
-    """The entries of a COPY frame's payload, within ddpviz's limits (else msgspec's
-    ValidationError naming the field and entry).
+    """The entries of a COPY frame's payload, within ddpviz's limits.
 
     Returns:
         The copies in file order.
+
+    Raises:
+        msgspec.ValidationError: an entry is not 6 integers within limits.py's bounds (the
+            message names the copy and its field), or the frame holds over MAX_COPIES.
     """
-    return _decode(payload)
+    try:
+        return _decode(payload)
+    except msgspec.ValidationError as e:
+        raise msgspec.ValidationError(_WHERE.sub(_named, str(e))) from None
+
+
+_WHERE = re.compile(r"`\$\[(\d+)\](?:\[(\d)\])?`")
+_FIELDS = Copy.__struct_fields__
+
+
+def _named(m: re.Match[str]) -> str:
+    i, j = int(m.group(1)), m.group(2)
+    return f"copy {i}" if j is None else f"copy {i}'s {_FIELDS[int(j)]}"
 
 
 class CopyError(ValueError):

@@ -1,7 +1,8 @@
 """The hypothesis fuzz over structured hostile traces, run by test_fuzz.py in a child process
 under a memory cap (RLIMIT_AS) and a time cap (not collected on its own: no test_ prefix).
 
-Each example is a `.ddpviz` file of events of every type (found by introspecting
+Each example is a `.ddpviz` file (written with and without COPY frames, and with a COPY frame of
+hostile entries after the events) of events of every type (found by introspecting
 `ddpviz.events`) whose ints sit at and just beyond their limits and at 64-bit extremes, whose
 strings carry markup or exceed their limits, whose lists are empty, short or long, and whose
 metadata nests. Loading either raises TraceError or gives a trace that diagnose(), the
@@ -14,9 +15,11 @@ import os
 import tempfile
 import typing
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import msgspec.inspect as mi
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +28,7 @@ import ddpviz
 from ddpviz import events as ev
 from ddpviz import limits
 from ddpviz.report import html as report
-from ddpviz.traces.fileformat import TraceWriter
+from ddpviz.traces.fileformat import COPY, FRAME, TraceWriter
 from ddpviz.traces.trace import Trace, TraceError
 from ddpviz.widgets.dashboard import Dashboard
 from tests.security.hostile import PAYLOAD, raw_markup, without_own_scripts
@@ -117,6 +120,15 @@ def _nested(depth: int) -> Any:
     return out
 
 
+# COPY frames' entries (fileformat.py, [Note: the COPY frame]): [src_rank, src_seq, rank,
+# step, t_ns, seq], at and beyond their bounds, of any length, or not a list at all
+_copy_int = st.one_of(st.integers(-2, 8), st.sampled_from(
+    [limits.MAX_WORLD_SIZE - 1, limits.MAX_WORLD_SIZE, limits.MAX_COUNT, limits.MAX_COUNT + 1,
+     I64[0], I64[1]]))
+copy_frames = st.lists(st.one_of(st.lists(_copy_int, min_size=6, max_size=6),
+                                 st.lists(_copy_int, max_size=8), st.just("copy")), max_size=6)
+
+
 def exercise(path: Path) -> None:
     """Load; if it loads, every consumer of a trace must cope."""
     LOADED[1] += 1
@@ -140,9 +152,10 @@ def exercise(path: Path) -> None:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(traces, meta,
-       st.sampled_from([0, 1, 2]))
+       st.sampled_from([0, 1, 2]), st.booleans(), copy_frames)
 def test_hostile_traces_load_or_raise_trace_error_and_render(evs: list[Any], md: Any,
-                                                             ranks: int) -> None:
+                                                             ranks: int, copies: bool,
+                                                             copied: list[Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hostile.ddpviz"
         # move most events onto a few ranks so that they meet in the views
@@ -150,10 +163,14 @@ def test_hostile_traces_load_or_raise_trace_error_and_render(evs: list[Any], md:
                type(e)(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "rank": i % ranks})
                for i, e in enumerate(evs)]
         try:
-            with TraceWriter(path, meta=md) as w:
+            with TraceWriter(path, meta=md, copies=copies) as w:
                 w.write_many(evs)
         except (OverflowError, ValueError, RecursionError):
             return  # msgpack cannot hold it: no file an attacker could write either
+        if copied:  # a COPY frame of any entries, after the events
+            payload = msgspec.msgpack.encode(copied)
+            with open(path, "ab") as f:
+                f.write(FRAME.pack(COPY, len(payload), zlib.crc32(payload)) + payload)
         exercise(path)
 
 
