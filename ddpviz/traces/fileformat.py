@@ -3,8 +3,9 @@
 A `.ddpviz` file is data only (msgpack through msgspec's typed decoders, never pickle): the
 8-byte magic, then frames `kind (u8) | length (u32 LE) | crc32 (u32 LE) | payload`. The first
 frame is the header (format and event-schema versions, metadata); then event chunks and clock
-records in any order (and, in the bytes a view sends, COPY frames: See [Note: the COPY frame]). `TraceWriter` appends and flushes frame by frame, so a writer that dies
-mid-run leaves every flushed frame loadable; `read_trace` walks the frames of a file (the
+records in any order (and, in the bytes a view sends, COPY frames: See [Note: the COPY
+frame]). `TraceWriter` appends and flushes frame by frame, so a writer that dies mid-run leaves
+every flushed frame loadable; `read_trace` walks the frames of a file (the
 `Trace` container, trace.py, is built from what it yields), keeps the complete frames before a
 torn last one with a warning, and raises TraceError on anything else; `TailReader` reads a file
 a running job still appends to (`listen(follow=DIR)`), whole frames only, from where it stopped.
@@ -38,28 +39,28 @@ FRAME = struct.Struct("<BII")
 HEADER, EVENTS, CLOCK, END, COPY = 1, 2, 3, 4, 5
 
 # [Note: the COPY frame]
-# Every rank reports the same constructor payloads (a ParamsBuilt of 10,000 parameters, the
-# bucket maps): written out for each of 256 ranks, they made that run, its hooks summarized for
-# a view, 298 MiB, over the 64 MiB a view sends; copied, it is 42 MiB. A COPY frame's payload is a msgpack array of
-# entries `[src_rank, src_seq, rank, step, t_ns, seq]` (copies.py `Copy`), each meaning: append
-# to `rank`'s events, at this point of the file, the event that `src_rank` wrote with seq
-# `src_seq` earlier in this file, with these four fields (the only ones an Event has of its
-# own: events.py `Event`). Positional, so each rank's events stay in file order, which is its
-# emission order (the TS reader and the columns rely on it); a reader decodes the event frames
-# before a COPY frame first. The source is looked up by (rank, seq) among the events read so
-# far of the types with list fields (copies.py COPY_SOURCES: never a hot type, so a reader keeps
-# a dict of a few events per rank, O(1) per copy); a copy is itself such an event, so a copy of
-# a copy resolves to the one payload, no chain is walked; a later event at the same (rank, seq)
-# replaces an earlier one. A copy that names no such event, or entries beyond limits.py's bounds
-# or MAX_COPIES a frame, is damage: TraceError (Python), a rejected event (TS). The copies of a
-# file may repeat at most copies.MAX_COPIED list entries in all, so a file of a few bytes per
-# copy cannot present what a file of more than a GB would. Readers share the payload: Python
-# copies with `msgspec.structs.replace`, TS with `{...src, rank, step, t_ns, seq}`.
+# Every rank reports the same constructor payloads (a ParamsBuilt of 10,000 parameters, the bucket
+# maps): written out for each of 256 ranks, they made that run, its hooks summarized for a view,
+# 298 MiB, over the 64 MiB a view sends; copied, it is 42 MiB. A COPY frame's payload is a msgpack
+# array of entries `[src_rank, src_seq, rank, step, t_ns, seq]` (copies.py `Copy`), each meaning:
+# append to `rank`'s events, at this point of the file, the event that `src_rank` wrote with seq
+# `src_seq` earlier in this file, with these four fields (the only ones an Event has of its own:
+# events.py `Event`). Positional, so each rank's events stay in file order, which is its emission
+# order (the TS reader and the columns rely on it); a reader decodes the event frames before a
+# COPY frame first. The source is looked up by (rank, seq) among the events read so far of the
+# types with list fields (copies.py COPY_SOURCES: never a hot type, so a reader keeps a dict of a
+# few events per rank, O(1) per copy); a copy is itself such an event, so a copy of a copy
+# resolves to the one payload, no chain is walked; a later event at the same (rank, seq) replaces
+# an earlier one. A copy that names no such event, or entries beyond limits.py's bounds or
+# MAX_COPIES a frame, is damage: TraceError (Python), a rejected event (TS). The copies of a file
+# may repeat at most copies.MAX_COPIED list entries in all, so a file of a few bytes per copy
+# cannot present what a file of more than a GB would. Readers share the payload: Python copies
+# with `msgspec.structs.replace`, TS with `{...src, rank, step, t_ns, seq}`.
 # Who writes it: `TraceWriter(copies=True)`, for what a view sends to the browser (view_bytes.py,
-# view_summary.py: those bytes are read by this ddpviz's own readers). `Trace.save` does not:
-# an older ddpviz skips frame kinds it does not know, so it would load a file with COPY frames
-# without the copied events, silently; files on disk stay readable by every format-1 reader.
-# A rank's sender never writes one; `TailReader` (follow.py) still resolves them.
+# view_summary.py: those bytes are read by this ddpviz's own readers). `Trace.save` does not: an
+# older ddpviz skips frame kinds it does not know, so it would load a file with COPY frames
+# without the copied events, silently; files on disk stay readable by every format-1 reader. A
+# rank's sender never writes one; `TailReader` (follow.py) still resolves them.
 
 # [Note: a rank's end in its file]
 # A rank's sender (transport/sender.py, `Sender.to_file`) closing its file at the end of the run
