@@ -14,6 +14,7 @@ import { bucketBar } from './bucketBar';
 import { h, note, s, section, ViewOptions } from './dom';
 import { TraceModel } from './eventModel';
 import { MAX_BUCKETS, MAX_NAME, MAX_PARAMS, MAX_TEXT, MAX_WORLD_SIZE } from './limits';
+import { zoomable } from './zoom';
 
 /** The wire version read (wire.py's WIRE_VERSION). */
 export const ADVICE_VERSION = 1;
@@ -454,7 +455,11 @@ export function renderAdvice(
               (map.rebuilt ? ' (after the rebuild in gradient-ready order)' : '') +
               ` · ${map.buckets.length} bucket${map.buckets.length === 1 ? '' : 's'}`
           ),
-          bucketBar(map.buckets, map.bytes, map.limits, params, options, false)
+          zoomable(
+            bucketBar(map.buckets, map.bytes, map.limits, params, options, false),
+            'advice',
+            options.picks
+          )
         ),
     advice.notes.map(n => note(`note: ${n}`))
   );

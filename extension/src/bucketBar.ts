@@ -9,7 +9,7 @@ import { bucketColor } from './colors';
 import { h, humanBytes, ViewOptions } from './dom';
 import { paramBytes } from './eventModel';
 import { ParamInfo } from './events';
-import { bucketButtonAttrs } from './selection';
+import { pickableAttrs } from './selection';
 
 /**
  * The bar of one map.
@@ -50,7 +50,7 @@ export function bucketBar(
       'div',
       {
         class: 'ddpviz-bucket',
-        ...(selectable ? bucketButtonAttrs() : {}),
+        ...(selectable ? pickableAttrs() : {}),
         'data-bucket': b,
         'data-params': indices.length,
         'data-bytes': size,

@@ -23,6 +23,11 @@ export interface Picks {
   rank?: string;
   /** The bucket selected (selection.ts): its map's kind and its index there; none: none. */
   bucket?: { rebuilt: boolean; bucket: number };
+  /** Per bucket map (zoom.ts's key): its zoom and where the view stands in it (the scroll
+   * position as a fraction of the bar's width). */
+  zoom?: Record<string, { zoom: number; at: number }>;
+  /** The parameter selected from the verification matrix (selection.ts); none: none. */
+  param?: number;
   /** Where replay stands (replay.ts); none: follow a live run, else show everything. */
   replay?: ReplayCursor;
 }

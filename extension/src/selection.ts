@@ -2,8 +2,10 @@
  * Linked selection, all in the browser (no kernel round-trip, so it answers while the kernel
  * is busy): clicking a bucket of a bucket map (or Enter/Space on it, or a click on one of its
  * parameter segments or on a gradient mark of the hook timeline) selects it; its parameters
- * are then highlighted in every bucket map and timeline of the view, and everything else is
- * dimmed. A click on the selected bucket again, Escape or a click on empty space clears it.
+ * are then highlighted in every bucket map and timeline of the view and in the verification
+ * matrix's rows, and everything else is dimmed. A click on a parameter's row of the matrix
+ * selects that one parameter the same way. A click on the selection again, Escape or a click
+ * on empty space clears it.
  *
  * What is selected is a set of parameter indices (the clicked bucket's own), since the
  * constructor's map and the rebuilt map group parameters differently: in the maps, segments
@@ -25,16 +27,21 @@ const DIMMED = 'ddpviz-dimmed';
 const BUCKET_MARKS =
   '.ddpviz-allreduce, .ddpviz-grad-summary, .ddpviz-spread-ready, .ddpviz-spread-allreduce';
 
-/** The selected bucket: its map's kind, its index there, its parameters. */
+/** The selection: a bucket (its map's kind, its index there, its parameters) or one parameter
+ * picked in the verification matrix (`param`; `bucket` -1). */
 interface Selected {
   rebuilt: boolean;
   bucket: number;
   params: Set<number>;
   bytes: number;
+  param?: { index: number; name: string };
 }
 
-/** Attributes that make a bucket element a toggle button (view.ts spreads them in). */
-export function bucketButtonAttrs(): Record<string, string> {
+/** Matrix rows that select a parameter. */
+const PARAM_ROW = 'table.ddpviz-vm tr[data-param]';
+
+/** Attributes that make an element a toggle button (a bucket, a matrix row). */
+export function pickableAttrs(): Record<string, string> {
   return {
     tabindex: '0',
     role: 'button',
@@ -57,12 +64,20 @@ export function linkSelection(root: HTMLElement, picks?: Picks): void {
   const set = (next: Selected | null) => {
     selected = next;
     if (picks) {
-      picks.bucket = next === null ? undefined : { rebuilt: next.rebuilt, bucket: next.bucket };
+      picks.bucket =
+        next === null || next.param ? undefined : { rebuilt: next.rebuilt, bucket: next.bucket };
+      picks.param = next?.param?.index;
     }
     apply(root, selected);
   };
   const before = picks?.bucket;
-  if (before !== undefined) {
+  const row =
+    picks?.param === undefined
+      ? null
+      : root.querySelector(`${PARAM_ROW}[data-param="${Number(picks.param)}"]`);
+  if (row !== null) {
+    set(fromRow(row));
+  } else if (before !== undefined) {
     const bucket = root.querySelector(
       `.ddpviz-bucketmap[data-rebuilt="${before.rebuilt}"] ` +
         `.ddpviz-bucket[data-bucket="${Number(before.bucket)}"]`
@@ -75,6 +90,7 @@ export function linkSelection(root: HTMLElement, picks?: Picks): void {
     const same =
       next !== null &&
       selected !== null &&
+      next.param?.index === selected.param?.index &&
       next.rebuilt === selected.rebuilt &&
       next.bucket === selected.bucket &&
       next.params.size === selected.params.size &&
@@ -97,6 +113,11 @@ export function linkSelection(root: HTMLElement, picks?: Picks): void {
       toggle(fromGrad(root, grad));
       return;
     }
+    const row = target.closest(PARAM_ROW);
+    if (row !== null && root.contains(row)) {
+      toggle(fromRow(row));
+      return;
+    }
     if (selected !== null) {
       set(null); // empty space
     }
@@ -107,12 +128,14 @@ export function linkSelection(root: HTMLElement, picks?: Picks): void {
       set(null);
       event.preventDefault();
       event.stopPropagation();
-    } else if (
-      (event.key === 'Enter' || event.key === ' ') &&
-      target !== null &&
-      target.classList.contains('ddpviz-bucket')
-    ) {
-      toggle(fromBucket(target));
+    } else if ((event.key === 'Enter' || event.key === ' ') && target !== null) {
+      if (target.classList.contains('ddpviz-bucket')) {
+        toggle(fromBucket(target));
+      } else if (target.matches(PARAM_ROW)) {
+        toggle(fromRow(target));
+      } else {
+        return;
+      }
       event.preventDefault(); // Space would scroll
     }
   });
@@ -136,6 +159,18 @@ function fromBucket(bucket: Element): Selected {
     bucket: dataNumber(bucket, 'bucket'),
     params,
     bytes: dataNumber(bucket, 'bytes')
+  };
+}
+
+/** A parameter's row of the verification matrix selects that parameter alone. */
+function fromRow(row: Element): Selected {
+  const index = dataNumber(row, 'param');
+  return {
+    rebuilt: false,
+    bucket: -1,
+    params: new Set([index]),
+    bytes: 0,
+    param: { index, name: row.getAttribute('data-name') ?? '' }
   };
 }
 
@@ -226,12 +261,20 @@ function apply(root: Element, selected: Selected | null): void {
       .querySelectorAll(BUCKET_MARKS)
       .forEach(m => mark(m, buckets === null ? null : buckets.has(dataNumber(m, 'bucket'))));
   });
+  root.querySelectorAll(PARAM_ROW).forEach(row => {
+    const on = params?.has(dataNumber(row, 'param')) === true;
+    row.classList.toggle(SELECTED, on);
+    row.setAttribute('aria-pressed', String(selected?.param?.index === dataNumber(row, 'param')));
+  });
   root.querySelectorAll('.ddpviz-selection-status').forEach(status => {
-    status.replaceChildren(...(selected === null ? [] : [statusLine(selected)]));
+    status.replaceChildren(...(selected === null ? [] : [statusLine(root, selected)]));
   });
 }
 
-function statusLine(selected: Selected): HTMLElement {
+function statusLine(root: Element, selected: Selected): HTMLElement {
+  if (selected.param) {
+    return paramLine(root, selected.param);
+  }
   const n = selected.params.size;
   return h(
     'span',
@@ -239,5 +282,34 @@ function statusLine(selected: Selected): HTMLElement {
     h('strong', {}, `bucket ${selected.bucket}`),
     ` (${selected.rebuilt ? 'rebuilt' : 'constructor'} map): ${n} parameter${n === 1 ? '' : 's'}, ` +
       `${humanBytes(selected.bytes)} — click it again or press Escape to clear`
+  );
+}
+
+/** What a parameter picked in the matrix is: which bucket holds it in each map drawn. */
+function paramLine(root: Element, param: { index: number; name: string }): HTMLElement {
+  const where: string[] = [];
+  root.querySelectorAll('.ddpviz-bucketmap').forEach(map => {
+    const bucket = map
+      .querySelector(`.ddpviz-param[data-param="${param.index}"]`)
+      ?.closest('.ddpviz-bucket');
+    if (bucket) {
+      const kind = map.getAttribute('data-rebuilt') === 'true' ? 'rebuilt' : 'constructor';
+      const ranks = map.getAttribute('data-ranks') ?? '';
+      where.push(
+        `bucket ${dataNumber(bucket, 'bucket')} of the ${kind} map` +
+          (root.querySelectorAll(`.ddpviz-bucketmap[data-rebuilt="${kind === 'rebuilt'}"]`).length >
+          1
+            ? ` (ranks ${ranks})`
+            : '')
+      );
+    }
+  });
+  return h(
+    'span',
+    {},
+    h('strong', {}, `parameter ${param.index}`),
+    ` '${param.name}': ` +
+      (where.length ? `in ${where.join(', ')}` : 'in no bucket map drawn') +
+      ' — click its row again or press Escape to clear'
   );
 }

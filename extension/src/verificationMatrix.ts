@@ -24,6 +24,7 @@ import { h, note } from './dom';
 import { ParamsBuilt, VerificationFailed, VerificationPassed } from './events';
 import { TraceModel } from './eventModel';
 import { formatRanges, MANY_RANKS, rankLabel } from './rankGroups';
+import { pickableAttrs } from './selection';
 
 export type CellStatus = 'same' | 'differs' | 'missing' | 'pending';
 export type MatrixState = 'waiting' | 'verifying' | 'passed' | 'failed' | 'unverified';
@@ -994,7 +995,7 @@ function detail(m: VerificationMatrix, row: MatrixRow): HTMLElement {
  *
  * DOM hooks: `p.ddpviz-vm-verdict[data-state]`; `table.ddpviz-vm[data-grouped]`, its header
  * `th[data-ranks][data-count]` per column; a `tr[data-name][data-kind][data-status]` per row
- * drawn, a `td.ddpviz-vm-<status>[data-status][title]` per column; `p.ddpviz-vm-more`
+ * drawn (a parameter's also `[data-param][role=button]`: a click selects it), a `td.ddpviz-vm-<status>[data-status][title]` per column; `p.ddpviz-vm-more`
  * (rows or columns left out), `p.ddpviz-vm-note` (mismatches of no row),
  * `div.ddpviz-vm-detail[data-name][data-kind]` per differing row (at most MAX_DETAILS).
  */
@@ -1037,7 +1038,14 @@ export function renderVerificationMatrix(model: TraceModel, many = MANY_RANKS): 
   const body = shown.map(row =>
     h(
       'tr',
-      { 'data-name': row.name, 'data-kind': row.kind, 'data-status': row.status },
+      {
+        'data-name': row.name,
+        'data-kind': row.kind,
+        'data-status': row.status,
+        // a parameter's row selects it (selection.ts): `position` is its index on the lowest
+        // rank holding it, as the bucket maps of that rank number it
+        ...(row.kind === 'param' ? { 'data-param': row.position, ...pickableAttrs() } : {})
+      },
       h('td', {}, `${row.kind === 'param' ? 'p' : 'b'}${row.position}`),
       h('td', {}, row.name),
       columns.map(g => {

@@ -23,6 +23,7 @@ import { linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
 import { verdict, verdictLine } from './verdict';
 import { renderVerificationMatrix } from './verificationMatrix';
+import { zoomable } from './zoom';
 
 export { humanBytes } from './dom';
 export type { ViewOptions } from './dom';
@@ -286,7 +287,11 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
             'data-buckets': group.buckets.length
           },
           h('h4', {}, mapTitle(group)),
-          bucketBar(group.buckets, group.bytes, group.limits, params, options)
+          zoomable(
+            bucketBar(group.buckets, group.bytes, group.limits, params, options),
+            `${group.rebuilt ? 'rebuilt' : 'constructor'} ${group.ranks.join(',')}`,
+            options.picks
+          )
         )
       );
     }
@@ -296,9 +301,10 @@ function renderBuckets(model: TraceModel, options: ViewOptions): HTMLElement {
     'Bucket map',
     note(
       'Buckets in reduction order (bucket 0 is all-reduced first); width is gradient bytes, ' +
-        'each segment one parameter (hover for name, shape, dtype). Click a bucket (or a ' +
-        'gradient mark in the hook timeline) to highlight its parameters in every map and ' +
-        'in the timeline.'
+        'each segment one parameter (hover for name, shape, dtype; zoom in with + or ' +
+        'Ctrl + wheel where segments are too thin). Click a bucket (or a gradient mark in ' +
+        'the hook timeline) to highlight its parameters in every map, the timeline and the ' +
+        'verification matrix; click a parameter row of the matrix to highlight that one.'
     ),
     selectionStatus(),
     maps

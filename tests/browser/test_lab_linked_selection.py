@@ -5,7 +5,10 @@ its parameters in both maps and those parameters' gradient marks and all-reduces
 timeline (each checked against what Python's `ddpviz.Trace` reads), dims the rest, survives
 the iteration picker, and clears on a second click, Escape or a click on empty space; Enter
 and Space select from the keyboard; a parameter segment or a gradient mark selects its
-bucket. In `trace.view()` the same happens while the kernel is busy with a cell."""
+bucket. A parameter's row of the verification matrix selects that one parameter (and a bucket
+marks its parameters' rows there). Each bucket map zooms and pans in the browser (+, -, fit,
+Ctrl + wheel about the pointer), and a redraw keeps the zoom. In `trace.view()` the same happens
+while the kernel is busy with a cell."""
 
 from __future__ import annotations
 
@@ -103,6 +106,36 @@ def check_highlight(root: Any, trace: Trace, rebuilt: bool, bucket: int) -> set[
     return chosen
 
 
+def check_param(root: Any, trace: Trace, param: int) -> None:
+    """Everything a matrix row of `param` selected shows, against the trace."""
+    for shown in root.locator(".ddpviz-bucketmap").all():
+        kind = shown.get_attribute("data-rebuilt") == "true"
+        assert params_of(shown.locator(".ddpviz-param.ddpviz-selected")) == [param]
+        assert shown.locator(".ddpviz-param.ddpviz-dimmed").count() == \
+            shown.locator(".ddpviz-param").count() - 1
+        for b, indices in enumerate(maps_of(trace)[kind]):
+            cell = shown.locator(f".ddpviz-bucket[data-bucket='{b}']")
+            assert cell.get_attribute("aria-pressed") == "false"  # a parameter, not a bucket
+            assert has_class(cell, "ddpviz-dimmed") == (param not in indices)
+    svg = root.locator("svg.ddpviz-timeline")
+    step = int(svg.get_attribute("data-step"))
+    mine = [e for e in trace.of_type(ev.GradReady) if e.step == step and e.param == param]
+    assert params_of(svg.locator("line.ddpviz-grad.ddpviz-selected")) == [param] * len(mine)
+    assert len(mine) > 0
+    assert sorted(buckets_of(svg.locator("rect.ddpviz-allreduce.ddpviz-selected"))) == sorted(
+        e.bucket for e in trace.of_type(ev.AllReduceDone)
+        if e.step == step and e.bucket in {g.bucket for g in mine})
+    assert params_of(root.locator("table.ddpviz-vm tr.ddpviz-selected[data-param]")) == [param]
+    assert params_of(root.locator("table.ddpviz-vm tr[aria-pressed='true']")) == [param]
+    name = next(p.name for p in trace.of_type(ev.ParamsBuilt, rank=0)[0].params
+                if p.index == param)
+    where = ", ".join(
+        f"bucket {next(b for b, ix in enumerate(maps_of(trace)[kind]) if param in ix)} of the "
+        f"{'rebuilt' if kind else 'constructor'} map" for kind in (False, True))
+    status = root.locator(".ddpviz-buckets .ddpviz-selection-status").inner_text()
+    assert status.startswith(f"parameter {param} '{name}': in {where} — ")
+
+
 def check_cleared(root: Any) -> None:
     assert root.locator(".ddpviz-selected, .ddpviz-dimmed").count() == 0
     assert root.locator(".ddpviz-bucket[aria-pressed='true']").count() == 0
@@ -182,6 +215,92 @@ def test_clicking_a_bucket_highlights_its_parameters_in_the_maps_and_the_timelin
     # empty space (a panel's heading) clears it
     viewer.locator(".ddpviz-buckets h3").click()
     check_cleared(viewer)
+    assert console.errors == []
+
+
+def test_a_matrix_row_selects_its_parameter_and_the_maps_zoom_in_the_browser(
+        page: Any, lab: LabServer, console: ConsoleLog, real_trace: Trace) -> None:
+    trace = real_trace
+    params = [p.index for p in trace.of_type(ev.ParamsBuilt, rank=0)[0].params]
+    page.set_viewport_size({"width": 1280, "height": 1500})
+    open_lab(page, lab)
+    double_click_file(page, FILE)
+    viewer = wait_for_viewer(page, FILE)
+    rows = viewer.locator("table.ddpviz-vm tr[data-param]")
+    assert sorted(params_of(rows)) == sorted(params)  # one row a parameter, each selectable
+
+    # a parameter's row: that parameter alone, in both maps, the timeline and the matrix
+    row = viewer.locator("table.ddpviz-vm tr[data-param='3']")
+    row.locator("td").first.click()
+    check_param(viewer, trace, 3)
+    screenshot(page, "matrix_selection", viewer.locator(".ddpviz-vm-panel"))
+    screenshot(page, "matrix_selection_maps", viewer.locator(".ddpviz-buckets"))
+    row.locator("td").first.click()  # again: cleared
+    check_cleared(viewer)
+    row.focus()  # the keyboard, as on a bucket
+    page.keyboard.press("Enter")
+    check_param(viewer, trace, 3)
+    page.keyboard.press("Escape")
+    check_cleared(viewer)
+    # a bucket marks its parameters' rows
+    rebuilt = viewer.locator(".ddpviz-bucketmap[data-rebuilt='true']")
+    rebuilt.locator(".ddpviz-bucket[data-bucket='1'] .ddpviz-bucket-label").click()
+    chosen = check_highlight(viewer, trace, True, 1)
+    assert sorted(params_of(viewer.locator("table.ddpviz-vm tr.ddpviz-selected"))) == sorted(
+        chosen)
+    assert viewer.locator("table.ddpviz-vm tr[aria-pressed='true']").count() == 0
+    viewer.locator(".ddpviz-buckets h3").click()
+    check_cleared(viewer)
+
+    # zoom: + doubles the bar's width in its scroller, about the middle; fit returns to 1x
+    zoom = rebuilt.locator(".ddpviz-zoom")
+    scroller = zoom.locator(".ddpviz-zoom-scroll")
+    bar = scroller.locator(".ddpviz-bar")
+    width = scroller.evaluate("e => e.clientWidth")
+    assert scroller.get_attribute("data-zoom") == "1"
+    assert zoom.locator("button", has_text="fit").is_disabled()
+    for level in (2, 4, 8):
+        zoom.locator("button", has_text="+").click()
+        assert scroller.get_attribute("data-zoom") == str(level)
+        assert abs(bar.evaluate("e => e.getBoundingClientRect().width") - level * width) < 2
+    assert zoom.locator(".ddpviz-zoom-level").inner_text() == "8x"
+    screenshot(page, "bucket_map_zoom", rebuilt)
+    # about the middle: the bar's point at the scroller's middle stayed there
+    middle = scroller.evaluate("e => (e.scrollLeft + e.clientWidth / 2) / e.scrollWidth")
+    assert abs(middle - 0.5) < 0.01
+    # Ctrl + wheel about the pointer: the point of the bar under it stays under it
+    box = scroller.bounding_box()
+    x = box["x"] + box["width"] * 0.25
+    page.mouse.move(x, box["y"] + 10)
+    under = scroller.evaluate(f"e => (e.scrollLeft + {x - box['x']}) / e.scrollWidth")
+    page.keyboard.down("Control")
+    page.mouse.wheel(0, -100)
+    page.keyboard.up("Control")
+    page.wait_for_function("e => e.dataset.zoom === '10'", arg=scroller.element_handle())
+    after = scroller.evaluate(f"e => (e.scrollLeft + {x - box['x']}) / e.scrollWidth")
+    assert abs(after - under) < 0.01
+    # the replay's redraw keeps the zoom
+    steps = sorted({e.step for e in trace.events() if e.step >= 0})
+    viewer.locator(".ddpviz-replay-step").evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', "
+        "{bubbles: true})); }", steps[0])
+    page.wait_for_function(f"el => el.dataset.step === '{steps[0]}'",
+                           arg=viewer.locator(".ddpviz-panels").element_handle())
+    again = viewer.locator(".ddpviz-bucketmap[data-rebuilt='true'] .ddpviz-zoom-scroll")
+    if again.count():  # (the rebuilt map is drawn from iteration 1 on)
+        assert again.get_attribute("data-zoom") == "10"
+    assert viewer.locator(".ddpviz-bucketmap[data-rebuilt='false'] .ddpviz-zoom-scroll"
+                          ).get_attribute("data-zoom") == "1"
+    viewer.locator(".ddpviz-replay-step").evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', "
+        "{bubbles: true})); }", steps[-1])
+    page.wait_for_function(f"el => el.dataset.step === '{steps[-1]}'",
+                           arg=viewer.locator(".ddpviz-panels").element_handle())
+    assert again.get_attribute("data-zoom") == "10"
+    zoom = viewer.locator(".ddpviz-bucketmap[data-rebuilt='true'] .ddpviz-zoom")
+    zoom.locator("button", has_text="fit").click()
+    assert again.get_attribute("data-zoom") == "1"
+    assert zoom.locator(".ddpviz-zoom-level").inner_text() == ""
     assert console.errors == []
 
 
