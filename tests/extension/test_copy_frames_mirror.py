@@ -104,3 +104,23 @@ def test_ts_rejects_each_hostile_copy_and_keeps_the_rest() -> None:
         == got["byRank"]["0"][[e["seq"] for e in got["byRank"]["0"]].index(built.seq)]["params"]
     assert any("no earlier event" in r for r in got["reasons"])
     assert len(got["byRank"]["5"]) == 1  # the later event itself, not the copy before it
+
+
+def test_a_copy_in_a_live_update_repeats_an_event_of_the_trace_it_continues() -> None:
+    """A live view appends frames to the parsed trace in place (trace.ts `appendFrames`): its
+    sources are the events read before, in the file and in earlier updates."""
+    trace = Trace(synthetic_run(1, 150, 1))
+    data, _ = trace_bytes(trace, limit=1 << 30)
+    built = trace.of_type(copies.ev.ParamsBuilt)[0]
+    update = _frame(COPY, [[0, built.seq, 7, -1, 5, 0]])
+    got = run_typescript("trace", """(() => {
+      const t = g.parseTrace(g.base64ToBytes(cases[0]), 'run');
+      g.appendFrames(t, g.base64ToBytes(cases[1]), 'run');
+      const [copy] = t.byRank.get(7);
+      const src = t.byRank.get(0).find(e => e.type === 'ParamsBuilt');
+      return { copy: { ...copy, params: copy.params.length }, shared: copy.params === src.params,
+               rejected: t.rejected };
+    })()""", [base64.b64encode(data).decode(), base64.b64encode(update).decode()])
+    assert got["rejected"] == 0 and got["shared"]
+    assert got["copy"]["type"] == "ParamsBuilt" and got["copy"]["params"] == len(built.params)
+    assert [got["copy"][k] for k in ("rank", "step", "t_ns", "seq")] == [7, -1, 5, 0]
