@@ -352,6 +352,8 @@ class Controller:
         if command.request < self._applied:
             return  # an older whole break set than the one in force (a park applies in any order)
         self._applied = command.request
+        for older in [r for r in self._breaks if r <= command.request]:
+            del self._breaks[older]  # (superseded: an agreed claim of one returns at once)
         at: set[tuple[int, str, int]] = set()
         kinds: set[str] = set()
         predicates: list[str] = []
@@ -391,8 +393,13 @@ class Controller:
                 self._deferred.append((str(c.request), "pause", "pause"))
             elif isinstance(c, protocol.SetBreaks):
                 self._breaks[c.request] = c
-                if not any(d[0] == str(c.request) for d in self._deferred):
-                    self._deferred.append((str(c.request), "breaks", "breaks"))
+                # each set is whole: the newest supersedes the ones not claimed yet, so a
+                # break set, cleared and set again before a boundary takes one boundary, with
+                # the last set (claimed one a boundary, they would apply in turn, the first
+                # in force at the next step). An older one another rank claimed still applies
+                # where agreed (kept in _breaks until a newer one is applied).
+                self._deferred = [d for d in self._deferred if d[1] != "breaks"]
+                self._deferred.append((str(c.request), "breaks", "breaks"))
             elif isinstance(c, protocol.Abort):
                 self._raise_abort()
             elif pending:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,12 +61,16 @@ def train_in_phases(go: str, phases: tuple[int, ...], bucket_cap_mb: float) -> f
         seen = ctl._last_request if ctl is not None else 0
         while i and not os.path.exists(f"{go}{i}"):
             time.sleep(0.05)
-        if i and Path(f"{go}{i}").read_text().strip() == "after-command":
+        said = Path(f"{go}{i}").read_text().split() if i else []
+        if said[:1] == ["after-command"]:
             # the test clicked (a break, a pause) before it let the ranks go on: wait until
             # that command reached this rank (its Sender's thread, which a loaded machine can
-            # leave behind while the steps of the phase would run past the point meant)
+            # leave behind while the steps of the phase would run past the point meant);
+            # "after-command STEP BUCKET": until the break set holding only a break at STEP
+            # before BUCKET did (the last of several commands: the queue keeps them all while
+            # the training thread waits here)
             deadline = time.monotonic() + 60
-            while (ctl := controller._current) is None or ctl._last_request <= seen:
+            while not _reached(controller._current, seen, said[1:]):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no debugger command reached this rank in 60 s "
                                        f"before phase {i}")
@@ -76,6 +81,19 @@ def train_in_phases(go: str, phases: tuple[int, ...], bucket_cap_mb: float) -> f
             loss.backward()
             opt.step()
     return float(loss.item())
+
+
+def _reached(ctl: Any, seen: int, expect: list[str]) -> bool:
+    """Whether the command a phase waits for reached this rank (train_in_phases)."""
+    if ctl is None or ctl._last_request <= seen:
+        return False
+    if not expect:
+        return True
+    from ddpviz.debugger import protocol
+
+    want = (protocol.BreakAt(step=int(expect[0]), where="bucket", bucket=int(expect[1])),)
+    return any(isinstance(c, protocol.SetBreaks) and c.breaks == want
+               for c in list(ctl._queue))
 
 
 def train_diverging(steps: int, edit_step: int) -> float:

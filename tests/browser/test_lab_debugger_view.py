@@ -2,8 +2,9 @@
 with `debugger=True`; extension/src/
 debuggerPanel.ts, ddpviz/widgets/debugger_wire.py) in real JupyterLab in Chromium, on 2 real
 gloo ranks (`ddpviz.launch(..., debug=True)`, ddpviz's DDP) that wait between phases of
-training: a click on a bucket in the hook timeline sets a break there (said in the panel, and
-in the kernel's `dbg.breaks`); the ranks stop there (the status line says so, the timeline
+training: a click on a bucket in the bucket map sets a break there (said in the panel; "clear
+breaks" removes it), and so does a click on a bucket in the hook timeline (said in the panel,
+and in the kernel's `dbg.breaks`); the ranks stop there (the status line says so, the timeline
 marks the park on every lane, the bucket map outlines the bucket); the panel's resume clears
 the marks; its pause stops the ranks before the next forward, marked too; resumed, the run
 ends. A hostile parameter name typed into the inspect row comes back in the error line as
@@ -57,11 +58,12 @@ def _run_new_cell(page: Any, code: str) -> None:
     page.keyboard.press("Shift+Enter")
 
 
-def _go_after_command(path: Path) -> None:
+def _go_after_command(path: Path, *until: int) -> None:
     """Let the ranks' next phase go, once the command just sent reached each of them
-    (rank_fns.train_in_phases); renamed in place, never read half written."""
+    (rank_fns.train_in_phases; `until` (step, bucket): once the break set holding only that
+    break did); renamed in place, never read half written."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("after-command")
+    tmp.write_text(" ".join(["after-command", *map(str, until)]))
     tmp.replace(path)
 
 
@@ -101,10 +103,19 @@ def test_the_view_breaks_at_a_clicked_bucket_and_marks_the_park(
     assert HOSTILE in error.inner_text() and error.locator("img").count() == 0
     assert page.locator(PANEL).get_by_label("parameter name").input_value() == HOSTILE
 
+    # a bucket of the (rebuilt) bucket map sets a break too; "clear breaks" removes it
+    other = 1 - BUCKET
+    page.locator(f".jp-OutputArea-output .ddpviz-bucketmap[data-rebuilt='true'] "
+                 f".ddpviz-bucket[data-bucket='{other}'] .ddpviz-bucket-label").first.click()
+    _said(page, f"break set before bucket {other}'s all-reduce at step 3")
+    _said(page, f"breaks: step 3 bucket {other}")
+    _button(page, "clear breaks").click()
+    _said(page, "breaks: none")
+
     hit.click()  # the break row's step: the first a break set now surely stops (3)
     _said(page, f"break set before bucket {BUCKET}'s all-reduce at step 3")
     _said(page, f"breaks: step 3 bucket {BUCKET}")
-    _go_after_command(go.with_name("go1"))  # on once the break reached them
+    _go_after_command(go.with_name("go1"), 3, BUCKET)  # on once the break reached them
     _said(page, f"paused at step 3, before bucket {BUCKET}'s all-reduce on ranks 0,1")
     marks = "svg.ddpviz-timeline g.ddpviz-stop[data-point='bucket']"
     _count_becomes(page, marks, 2)

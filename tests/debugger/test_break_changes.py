@@ -36,3 +36,23 @@ def test_break_set_changes_in_a_row_stop_every_rank_at_the_same_points(tmp_path:
             job.send(Resume(request()))
         values = job.run.wait(timeout=240)
     assert values == [ref[0]["final"], ref[1]["final"]]
+
+
+def test_the_newest_break_set_before_a_boundary_is_the_one_in_force(tmp_path: Path) -> None:
+    """A break set, cleared, set and cleared again, then a break elsewhere, all before the ranks
+    reach a boundary (a notebook user who clicks a bucket, thinks better of it and clicks
+    another): each set is whole, so the newest is the one in force at the next boundary. Claimed
+    one a boundary in turn, the third (bucket 0 at STEP) was still in force at STEP and every
+    rank parked there instead (found with the dashboard's "clear breaks")."""
+    ref = reference("torch", STEPS, tmp_path / "ref")
+    first, last = BreakAt(STEP, "bucket", 0), BreakAt(STEP, "bucket", 1)
+    sets = tuple(SetBreaks(request(), breaks)
+                 for breaks in ((first,), (), (first,), (), (last,)))
+    with debug_job("twin", STEPS, tmp_path / "run", commands=sets) as job:
+        parked = job.parked(1, timeout=120)
+        assert {(p.rank, p.step, p.point, p.bucket) for p in parked} == {
+            (r, STEP, "bucket", 1) for r in range(2)}, parked
+        job.send(Resume(request()))
+        values = job.run.wait(timeout=240)
+        assert len([e for e in job.replies.events if type(e).__name__ == "Parked"]) == 2
+    assert values == [ref[0]["final"], ref[1]["final"]]
