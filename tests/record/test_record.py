@@ -73,52 +73,70 @@ def test_without_the_variable_no_ddpviz_module_is_imported(python: str) -> None:
     assert armed.stdout.split() == ["['ddpviz_autowatch']", "True"]
 
 
-def test_torchrun_job_writes_per_rank_traces_with_torch_ddp_events(python: str,
-                                                                   tmp_path: Path) -> None:
-    out = tmp_path / "traces"
+# The healthy job of DEFAULT_REPLICAS (below): 40 steps, the default recording, the job ends
+# with dist.destroy_process_group(). Run once under `ddpviz record --out` and once unwatched,
+# for the two tests that read it (the per-rank traces; the default's silence on it).
+HEALTHY_KNOBS = {"TRAIN_STEPS": "40", "TRAIN_DESTROY": "1"}
+
+
+class RecordedAndPlain:
+    def __init__(self, done: subprocess.CompletedProcess[str], out: Path,
+                 plain: subprocess.CompletedProcess[str]) -> None:
+        self.done, self.out, self.plain = done, out, plain
+
+
+@pytest.fixture(scope="module")
+def healthy_job(python: str, tmp_path_factory: pytest.TempPathFactory) -> RecordedAndPlain:
+    out = tmp_path_factory.mktemp("healthy") / "traces"
+    env = job_env(**HEALTHY_KNOBS)
     done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
-               job_env())
+               env)
+    plain = run(torchrun(python), env)
+    return RecordedAndPlain(done, out, plain)
+
+
+def test_torchrun_job_writes_per_rank_traces_with_torch_ddp_events(
+        healthy_job: RecordedAndPlain) -> None:
+    done, out = healthy_job.done, healthy_job.out
     assert done.returncode == 0, done.stdout + done.stderr
     files = sorted(out.glob("ddpviz-trace-rank*.ddpviz"))
     assert [f.name for f in files] == ["ddpviz-trace-rank0.ddpviz", "ddpviz-trace-rank1.ddpviz"]
+    steps = int(HEALTHY_KNOBS["TRAIN_STEPS"])
     for rank, path in enumerate(files):
         trace = ddpviz.Trace.load(path)
         assert trace.ranks == [rank]
         counts = kinds(trace)
         assert counts["ParamsBuilt"] == 1
-        assert counts["ForwardStarted"] == 3
+        assert counts["ForwardStarted"] == steps
         assert counts["AllReduceDone"] == counts["AllReduceLaunched"] >= 3
-        assert counts["GradReady"] == 3 * 4  # 4 parameters, 3 steps
+        # 4 parameters in each step the default samples per parameter (steps 0-2)
+        assert counts["GradReady"] == 3 * 4
+        assert {e.step for e in trace if isinstance(e, ev.GradReady)} == {0, 1, 2}
     # Unwatched, the same job ends with the same parameters.
-    plain = run(torchrun(python), job_env())
+    plain = healthy_job.plain
     assert plain.returncode == 0, plain.stderr
     assert digests(done.stdout) == digests(plain.stdout) and len(digests(plain.stdout)) == 2
 
 
-def test_torchrun_job_streams_into_a_listening_session(python: str) -> None:
+def test_torchrun_job_streams_into_a_listening_session_and_wraps_the_scripts_comm_hook(
+        python: str, tmp_path: Path) -> None:
+    # one job for both claims: streamed (--connect, no trace folder), the script's own comm
+    # hook (registered after construction) runs under watch's wrapper on every rank
+    log = tmp_path / "hook"
     with ddpviz.listen(show=False) as session:
         done = run([python, "-m", "ddpviz", "record", "--connect", session.connect_string, "--",
-                    *torchrun(python)], job_env())
+                    *torchrun(python)], job_env(TRAIN_HOOK="1", TRAIN_HOOK_LOG=str(log)))
         assert done.returncode == 0, done.stdout + done.stderr
+        # ranks=2: both senders closed and everything they sent is in
         assert session.wait(ranks=2, events=2 * 30, timeout=30)
         trace = session.trace
     assert sorted(trace.ranks) == [0, 1]
     for rank in (0, 1):
         counts = Counter(type(e).__name__ for e in trace if e.rank == rank)
         assert counts["ParamsBuilt"] == 1 and counts["AllReduceDone"] >= 3
-
-
-def test_a_comm_hook_registered_by_the_script_is_wrapped(python: str, tmp_path: Path) -> None:
-    out = tmp_path / "traces"
-    log = tmp_path / "hook"
-    done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--", *torchrun(python)],
-               job_env(TRAIN_HOOK="1", TRAIN_HOOK_LOG=str(log)))
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
         calls = Path(f"{log}.{rank}").read_text().split()
-        trace = ddpviz.Trace.load(out / f"ddpviz-trace-rank{rank}.ddpviz")
-        launched = [e for e in trace if isinstance(e, ev.AllReduceLaunched)]
-        assert len(calls) == len(launched) >= 3  # the script's hook ran under watch's wrapper
+        # the script's hook ran under watch's wrapper: once per all-reduce launched
+        assert len(calls) == counts["AllReduceLaunched"] >= 3
 
 
 @pytest.mark.parametrize("how", ["python", "python -m"])
@@ -311,24 +329,28 @@ DEFAULT_REPLICAS = {
                            "the first differing step is between 1 and 19): '2.bias'"),
     "lr_2x": ({"TRAIN_STEPS": "40", "TRAIN_LR2": "1"}, 0,
               "4 of 4 parameters differ across ranks first differing after step 0: '0.weight'"),
-    "healthy": ({"TRAIN_STEPS": "40", "TRAIN_DESTROY": "1"}, None, ""),
+    "healthy": (HEALTHY_KNOBS, None, ""),  # (the job of the fixture healthy_job)
 }
 
 
 @pytest.mark.parametrize("case", list(DEFAULT_REPLICAS))
 def test_the_default_names_replicas_that_drift_apart_within_25_steps_or_at_the_end(
-        python: str, tmp_path: Path, case: str) -> None:
+        python: str, tmp_path: Path, case: str, request: pytest.FixtureRequest) -> None:
     knobs, step, words = DEFAULT_REPLICAS[case]
-    env = job_env(**knobs)
-    done = run([python, "-m", "ddpviz", "record", "--out", str(tmp_path), "--",
-                *torchrun(python)], env)
+    if step is None:  # the healthy job: run once for this test and the per-rank traces' test
+        job: RecordedAndPlain = request.getfixturevalue("healthy_job")
+        done, out = job.done, job.out
+    else:
+        out = tmp_path
+        done = run([python, "-m", "ddpviz", "record", "--out", str(out), "--",
+                    *torchrun(python)], job_env(**knobs))
     assert done.returncode == 0, done.stdout + done.stderr
-    trace = ddpviz.Trace.load(tmp_path / "ddpviz-trace-rank0.ddpviz")
+    trace = ddpviz.Trace.load(out / "ddpviz-trace-rank0.ddpviz")
     found = [e.finding for e in trace if isinstance(e, ev.FindingReported)
              and e.finding.kind == "replicas_diverged"]
     if step is None:
         assert found == [] and "replicas diverged" not in done.stderr, done.stderr
-        plain = run(torchrun(python), env)  # bitwise the unwatched job
+        plain = job.plain  # bitwise the unwatched job
         assert plain.returncode == 0 and bits(done.stdout) == bits(plain.stdout), plain.stderr
         assert len(bits(plain.stdout)) == 2
         return
