@@ -90,7 +90,10 @@ def _legend(buckets: list[int], summarized: bool, stopped: bool) -> str:
                                             "the wait for the all-reduces)"),
              swatch(PHASE_FILL["optimizer step"], "optimizer step"),
              *(swatch(COLORS[b % len(COLORS)], f"all-reduce of bucket {b} (launch to done)")
-               for b in buckets),
+               for b in buckets[:len(COLORS)]),
+             *([markup.fmt("<li>{}</li>", f"… and {len(buckets) - len(COLORS):,} more buckets, "
+                           "their colours in the same cycle (bucket b as bucket b mod "
+                           f"{len(COLORS)})")] if len(buckets) > len(COLORS) else []),
              markup.fmt("<li><svg width='22' height='12' aria-hidden='true'><rect x='10' "
                         "width='2' height='12' fill='#222'/></svg>{}</li>",
                         "every gradient computed and handed to its all-reduce (what follows "

@@ -150,6 +150,22 @@ def test_the_timeline_says_how_many_steps_it_left_out() -> None:
     assert "Not drawn" not in timeline_section(spans, [], [], [0, 1], [], {}, {})
 
 
+def test_the_legend_names_one_cycle_of_bucket_colours_and_counts_the_rest() -> None:
+    """A swatch per bucket was a legend entry per bucket: 100,000 of them in the report of a
+    100,000-bucket trace (a 50 MB page)."""
+    from ddpviz.report.timeline import COLORS
+
+    for n in (len(COLORS) - 1, len(COLORS), 2_000):
+        spans = [_ar(0, 0, b, 10 * b, 10 * b + 5) for b in range(n)]
+        drawn = timeline_section(spans, [], [], [0], [], {}, {})
+        legend = drawn[drawn.index("<ul class='legend'>"):]
+        named = re.findall(r"all-reduce of bucket (\d+) \(launch to done\)", legend)
+        assert named == [str(b) for b in range(min(n, len(COLORS)))]
+        more = n - len(COLORS)
+        assert (f"… and {more:,} more buckets, their colours in the same cycle" in legend) == (
+            more > 0)
+
+
 def test_a_rank_with_nothing_in_the_hang_step_says_where_it_stopped() -> None:
     spans = [*_spans_for(range(3)), _phase(0, 3, "forward", 300, 320)]
     marks = [Computed(0, 3, 325, 340)]
