@@ -11,6 +11,7 @@ gradient clipping and a periodic evaluation. One planted defect chosen by TRAIN_
 - eval: only rank 0 evaluates, through the DDP, every TRAIN_EVAL steps (evaluate); its eval
   forward broadcasts buffers that rank 1 does not; healthy twin: eval_all;
 - none: healthy.
+Defects combine, comma-separated (TRAIN_DEFECT=clip_all,eval_all: both healthy twins at once).
 TRAIN_STEPS (default 30 optimizer steps), TRAIN_AT (default 12).
 Each marked line carries a comment (`# <name>`) the test finds the line number by.
 """
@@ -25,20 +26,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-DEFECT = os.environ.get("TRAIN_DEFECT", "none")
+DEFECTS = set(os.environ.get("TRAIN_DEFECT", "none").split(","))
 AT = int(os.environ.get("TRAIN_AT", "12"))
 ACCUM = int(os.environ.get("TRAIN_ACCUM", "4"))
 EVAL = int(os.environ.get("TRAIN_EVAL", "10"))
 
 
 def next_batch(data: torch.Generator, rank: int, step: int, micro: int) -> torch.Tensor:
-    if DEFECT == "crash" and rank == 1 and step == AT and micro == 1:
+    if "crash" in DEFECTS and rank == 1 and step == AT and micro == 1:
         raise RuntimeError(f"planted: corrupt batch at step {step}")  # <crash>
     return torch.randn(8, 8, generator=data)
 
 
 def clip(model: nn.Module, rank: int) -> None:
-    if DEFECT == "clip_all" or (DEFECT == "clip" and rank == 0):
+    if "clip_all" in DEFECTS or ("clip" in DEFECTS and rank == 0):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # <clip>
 
 
@@ -74,7 +75,8 @@ def main() -> None:
         clip(model, rank)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if (step + 1) % EVAL == 0 and (DEFECT == "eval_all" or (DEFECT == "eval" and rank == 0)):
+        if (step + 1) % EVAL == 0 and (
+                "eval_all" in DEFECTS or ("eval" in DEFECTS and rank == 0)):
             evaluate(ddp, rank)
     state = model.state_dict().values()
     raw = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in state))
