@@ -20,6 +20,7 @@ import { debuggerPanelFor, focusedField, refocus, watchDebugger } from './debugg
 import { TraceModel } from './eventModel';
 import { h, note, Picks } from './dom';
 import { asEvent, Finding } from './events';
+import { MAX_WORLD_SIZE } from './limits';
 import { LiveModel, LiveTrace, liveTraceOf } from './liveTrace';
 import { dragging, kernelStatusOf } from './replay';
 import { parseTraceAsync, TraceError, traceBytes } from './trace';
@@ -42,17 +43,26 @@ export const MAX_DIAGNOSIS = 4096;
 
 /**
  * diagnose()'s findings, sent by the kernel as msgpack FindingReported events (each checked
- * as the trace's own are); null when none were sent (empty bytes) or they do not read, so the
- * view says the ranks' reported findings instead, labelled as such, never a wrong verdict.
+ * as the trace's own are); null when none were sent (empty bytes); when they were sent but do
+ * not read, why not (a string): the view then says that the verdict is unknown, never the
+ * verdict of the ranks' own findings in its place (they hold no hang, straggler or replica
+ * verdict: "healthy" there could be wrong).
  */
-export function diagnosisOf(bytes: Uint8Array): Finding[] | null {
+export function diagnosisOf(bytes: Uint8Array): Finding[] | null | string {
   if (bytes.length === 0) {
     return null;
   }
   try {
-    const value = decode(bytes, { useBigInt64: false, maxArrayLength: MAX_DIAGNOSIS });
+    // (a finding names up to a world of ranks; the findings themselves are counted below)
+    const value = decode(bytes, {
+      useBigInt64: false,
+      maxArrayLength: Math.max(MAX_DIAGNOSIS, MAX_WORLD_SIZE)
+    });
     if (!Array.isArray(value)) {
       throw new Error('not a list');
+    }
+    if (value.length > MAX_DIAGNOSIS) {
+      throw new Error(`${value.length} findings, over the ${MAX_DIAGNOSIS} a view reads`);
     }
     return value.map(item => {
       const event = asEvent(item);
@@ -62,11 +72,8 @@ export function diagnosisOf(bytes: Uint8Array): Finding[] | null {
       return event.finding;
     });
   } catch (err) {
-    console.warn(
-      `ddpviz: the kernel's diagnosis does not read (${err}); showing the ` +
-        "ranks' reported findings instead."
-    );
-    return null;
+    console.warn(`ddpviz: the kernel's diagnosis does not read (${err}).`);
+    return String(err instanceof Error ? err.message : err);
   }
 }
 

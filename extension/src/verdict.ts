@@ -16,6 +16,23 @@ export function verdict(severities: string[]): Verdict {
 }
 
 /**
+ * The verdict of the ranks' own reported findings (a viewer without a kernel): as
+ * `verdictLine`, but never "healthy", which only diagnose() can say (it also reads hangs,
+ * stragglers and replica checks from the events): 'no problems reported by the ranks.'
+ */
+export function reportedLine(severities: string[]): string {
+  if (verdict(severities) !== 'healthy') {
+    return verdictLine(severities);
+  }
+  const notes = severities.filter(x => x === 'info').length;
+  return (
+    'no problems reported by the ranks' +
+    (notes ? ` (${notes} note${notes > 1 ? 's' : ''})` : '') +
+    '.'
+  );
+}
+
+/**
  * The verdict first, then the counts: 'healthy: no problems found.', 'healthy: no problems
  * found (1 note, last: what was not checked).', 'errors: 1 error, 2 warnings, 1 note.'
  */

@@ -21,7 +21,7 @@ import { renderReplicas } from './replicas';
 import { KernelStatus, mountReplay } from './replay';
 import { linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
-import { verdict, verdictLine } from './verdict';
+import { reportedLine, verdict, verdictLine } from './verdict';
 import { renderVerificationMatrix } from './verificationMatrix';
 import { zoomable } from './zoom';
 
@@ -42,7 +42,8 @@ export function formatRanks(ranks: number[]): string {
  * @param model - the trace's model.
  * @param name - the file name shown as the title.
  * @param options - colour scheme and event limit.
- * @param diagnosis - diagnose()'s findings, where a kernel sent them; null: the ranks' own.
+ * @param diagnosis - diagnose()'s findings, where a kernel sent them; null: the ranks' own
+ *   (no kernel); a string: a kernel sent them and they did not read (why).
  * @param live - "running" while a live run goes on, then how it ended; "": not live.
  * @param advice - the bucket advisor's answer a kernel sent (advice.ts's adviceOf); null:
  *   none (the file viewer, which has no kernel, says where to get it).
@@ -52,7 +53,7 @@ export function renderTrace(
   model: TraceModel,
   name: string,
   options: ViewOptions,
-  diagnosis: Finding[] | null = null,
+  sent: Finding[] | null | string = null,
   live = '',
   advice: Advice | string | null = null,
   kernel: KernelStatus | null = null
@@ -61,10 +62,11 @@ export function renderTrace(
   const picks = options.picks ?? {};
   const opts: ViewOptions = { ...options, picks };
   const root = h('div', { class: 'ddpviz-trace' });
+  const diagnosis = typeof sent === 'string' ? null : sent;
   // the panels, of the model as of the replay's cursor (replay.ts)
   mountReplay(root, model, picks, live, kernel, m =>
     [
-      guarded('verdict', 'Verdict', () => renderVerdict(m, diagnosis, live)),
+      guarded('verdict', 'Verdict', () => renderVerdict(m, sent, live)),
       guarded('summary', 'Summary', () => renderSummary(m, name)),
       guarded('findings', 'Findings', () => renderFindings(diagnosis ?? m.findings)),
       guarded('replicas', 'Replicas', () => renderReplicas(diagnosis ?? m.findings)),
@@ -187,9 +189,31 @@ function renderSummary(model: TraceModel, name: string): HTMLElement {
  * (diagnose()'s findings, computed in a kernel: the TraceView widget), of those; else of the
  * findings the ranks reported while the job ran (what this file holds), said as such, since
  * diagnose reads more from the events (hangs, stragglers, replica checks) than a viewer
- * without a kernel. `live` "running": a run still going, whose verdict is one so far.
+ * without a kernel: none of those is "healthy", only "no problems reported by the ranks". A
+ * diagnosis that was sent and did not read (a string: why) gives no verdict at all. `live`
+ * "running": a run still going, whose verdict is one so far.
  */
-function renderVerdict(model: TraceModel, diagnosis: Finding[] | null, live: string): HTMLElement {
+function renderVerdict(
+  model: TraceModel,
+  diagnosis: Finding[] | null | string,
+  live: string
+): HTMLElement {
+  if (typeof diagnosis === 'string') {
+    return h(
+      'div',
+      {
+        class: 'ddpviz-verdict',
+        'data-section': 'verdict',
+        'data-verdict': 'unknown',
+        'data-scope': 'unreadable',
+        'data-live': live || undefined
+      },
+      h('strong', {}, 'verdict unknown: '),
+      `diagnose()'s findings came with this view but did not read here (${diagnosis}). ` +
+        'Run `ddpviz diagnose` on the run for them; the findings below are only those the ' +
+        'ranks reported while the job ran.'
+    );
+  }
   const severities = (diagnosis ?? model.findings).map(f => f.severity);
   const running = live === 'running';
   return h(
@@ -202,7 +226,7 @@ function renderVerdict(model: TraceModel, diagnosis: Finding[] | null, live: str
       'data-live': live || undefined
     },
     running ? h('em', { class: 'ddpviz-so-far' }, 'So far: ') : null,
-    h('strong', {}, verdictLine(severities)),
+    h('strong', {}, diagnosis !== null ? verdictLine(severities) : reportedLine(severities)),
     ' ',
     h(
       'span',

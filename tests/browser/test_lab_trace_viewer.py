@@ -58,7 +58,7 @@ def test_real_trace_opens_from_the_file_browser_and_matches_python(
 
     verdict = viewer.locator(".ddpviz-verdict")  # first, before the summary
     assert attr(verdict, "data-verdict") == "healthy"
-    assert verdict.inner_text().startswith("healthy: no problems found.")
+    assert verdict.inner_text().startswith("no problems reported by the ranks.")
     assert "ddpviz diagnose" in verdict.inner_text()
     summary = viewer.locator(".ddpviz-summary")
     assert attr(summary, "data-ranks") == str(len(trace.ranks)) == "2"
