@@ -303,7 +303,12 @@ export function phaseGroups(phases: Map<number, string>): string {
   return [...groups.entries()].map(([p, rs]) => `${ranksLabel(rs)} ${p}`).join('; ');
 }
 
-/** Events in the iterations a second (over the steps, as a finished run's status rate). */
+/** Spans of the steps shorter than this give no rate (a few events 10 ns apart in a file
+ * written by hand read as billions of events a second). */
+const MIN_RATE_SPAN_NS = 10e6;
+
+/** Events in the iterations a second (over the steps, as a finished run's status rate); 0
+ * over a span too short to say a rate. */
 function eventsPerSecond(model: TraceModel): number {
   const index = indexOf(model);
   let inSteps = 0;
@@ -320,13 +325,13 @@ function eventsPerSecond(model: TraceModel): number {
       start = Math.min(start, b[0]);
     }
   }
-  if (index.empty || index.t1 <= index.t0) {
+  if (index.empty || index.t1 - index.t0 < MIN_RATE_SPAN_NS) {
     return 0;
   }
-  if (Number.isFinite(start) && index.t1 > start) {
+  if (Number.isFinite(start) && index.t1 - start >= MIN_RATE_SPAN_NS) {
     return inSteps / ((index.t1 - start) / 1e9);
   }
-  return model.trace.count / ((index.t1 - index.t0) / 1e9);
+  return Number.isFinite(start) ? 0 : model.trace.count / ((index.t1 - index.t0) / 1e9);
 }
 
 /**
@@ -390,8 +395,8 @@ export function renderStatusLine(
     h(
       'span',
       { class: 'ddpviz-status-events' },
-      `${shown.trace.count.toLocaleString('en')} events (` +
-        `${Math.round(rate).toLocaleString('en')} events/s over the steps)`
+      `${shown.trace.count.toLocaleString('en')} events` +
+        (rate > 0 ? ` (${Math.round(rate).toLocaleString('en')} events/s over the steps)` : '')
     )
   );
   const dropped = Math.max(shown.dropped, kernel?.dropped ?? 0);
