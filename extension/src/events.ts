@@ -6,7 +6,7 @@
  * structs, so a change on either side fails the tests until the other follows.
  */
 
-import { outOfLimits } from './limits';
+import { fieldLimit, findingInLimits, LimitCheck, outOfLimits } from './limits';
 
 /** `ddpviz.events.SCHEMA_VERSION`: traces with another event schema are refused. */
 export const SCHEMA_VERSION = 1;
@@ -532,6 +532,77 @@ export function hasKind(value: unknown, kind: FieldKind): boolean {
   }
 }
 
+/** One field of an event type as `asEvent` checks it: its kind, then its bound if any. */
+const fieldCheck = (kind: FieldKind, limit: LimitCheck | null): LimitCheck => {
+  if (limit === null) {
+    return v => hasKind(v, kind);
+  }
+  return v => hasKind(v, kind) && limit(v);
+};
+
+/** An event type's checks, made once: the fields' (base first), and how many keys it has. */
+interface TypeCheck {
+  names: string[];
+  checks: LimitCheck[];
+  /** Own keys of an event with these fields and no other: `type` and the fields. */
+  keys: number;
+  finding: boolean;
+}
+
+const TYPE_CHECKS: ReadonlyMap<string, TypeCheck> = new Map(
+  EVENT_TYPES.map(type => {
+    const fields: [string, FieldKind][] = [
+      ...Object.entries(BASE_FIELDS),
+      ...Object.entries(EVENT_FIELDS[type] as Readonly<Record<string, FieldKind>>)
+    ];
+    return [
+      type,
+      {
+        names: fields.map(([name]) => name),
+        checks: fields.map(([name, kind]) => fieldCheck(kind, fieldLimit(name))),
+        keys: new Set(['type', ...fields.map(([name]) => name)]).size,
+        finding: type === 'FindingReported'
+      }
+    ];
+  })
+);
+
+/** The number of own enumerable keys of `record`, without allocating. */
+function keyCount(record: Record<string, unknown>): number {
+  let n = 0;
+  for (const key in record) {
+    if (Object.prototype.hasOwnProperty.call(record, key)) {
+      n++;
+    }
+  }
+  return n;
+}
+
+/**
+ * True when `record` is an event of its `type` that `checkedEvent` accepts, decided by its
+ * type's checks made once. False leaves the verdict (and the reason) to `checkedEvent`: an
+ * event with a key its type does not declare takes that path, as does every rejected one.
+ */
+function fastAccepts(record: Record<string, unknown>): boolean {
+  const type = record.type;
+  const compiled = typeof type === 'string' ? TYPE_CHECKS.get(type) : undefined;
+  if (compiled === undefined) {
+    return false;
+  }
+  const { names, checks } = compiled;
+  for (let i = 0; i < names.length; i++) {
+    if (!checks[i](record[names[i]])) {
+      return false;
+    }
+  }
+  if (compiled.finding && !findingInLimits(record.finding)) {
+    return false;
+  }
+  // with exactly its fields as own keys (each present: it passed its kind) and a plain
+  // object's prototype, no other bounded field is `in` it
+  return keyCount(record) === compiled.keys && Object.getPrototypeOf(record) === Object.prototype;
+}
+
 /**
  * The event in `value`, or a one-line reason why it is not one: an unknown `type`, a missing
  * field or a field of the wrong kind.
@@ -540,7 +611,14 @@ export function asEvent(value: unknown): DDPEvent | string {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     return 'not a map';
   }
-  const record = value as Record<string, unknown>;
+  if (fastAccepts(value as Record<string, unknown>)) {
+    return value as DDPEvent;
+  }
+  return checkedEvent(value as Record<string, unknown>);
+}
+
+/** `asEvent` field by field, in declared order: the first problem found is the reason. */
+function checkedEvent(record: Record<string, unknown>): DDPEvent | string {
   const type = record.type;
   if (typeof type !== 'string' || !Object.prototype.hasOwnProperty.call(EVENT_FIELDS, type)) {
     return `unknown event type ${JSON.stringify(type)}`;
@@ -557,5 +635,5 @@ export function asEvent(value: unknown): DDPEvent | string {
   if (bad !== null) {
     return `${bad} is out of ddpviz's limits or malformed`;
   }
-  return value as DDPEvent;
+  return record as unknown as DDPEvent;
 }

@@ -16,7 +16,9 @@ export const MAX_NAME = 4096;
 export const MAX_TEXT = 65536;
 export const MAX_LINES = 1024;
 
-type Check = (value: unknown) => boolean;
+/** A check of one value: true when it is within its bounds and well formed inside. */
+export type LimitCheck = (value: unknown) => boolean;
+type Check = LimitCheck;
 
 const int =
   (lo: number, hi: number): Check =>
@@ -40,20 +42,21 @@ const list =
     }
     return true;
   };
-const struct =
-  (fields: Record<string, Check>, optional = false): Check =>
-  v => {
+const struct = (fields: Record<string, Check>, optional = false): Check => {
+  const entries = Object.entries(fields);
+  return v => {
     if (typeof v !== 'object' || v === null || Array.isArray(v)) {
       return false;
     }
     const record = v as Record<string, unknown>;
-    for (const [k, check] of Object.entries(fields)) {
+    for (const [k, check] of entries) {
       if (!(optional && record[k] === undefined) && !check(record[k])) {
         return false;
       }
     }
     return true;
   };
+};
 
 const rank = int(0, MAX_WORLD_SIZE - 1);
 const ranks = list(MAX_WORLD_SIZE, rank);
@@ -80,6 +83,19 @@ const tensorGroups = list(
   v => Array.isArray(v) && v.length === 2 && name(v[0]) && heldBy(v[1])
 );
 
+// ParamsBuilt's params, or UnusedParametersFound's (indexes)
+const paramIndexes = list(MAX_PARAMS, param);
+const paramInfos = list(
+  MAX_PARAMS,
+  struct({
+    index: param,
+    name,
+    shape: list(MAX_DIMS, nonNegative),
+    dtype: name,
+    device: name
+  })
+);
+
 /** Field name -> its check, for every event field with a bound (by name, as in limits.py). */
 const FIELDS: Record<string, Check> = {
   rank,
@@ -103,18 +119,7 @@ const FIELDS: Record<string, Check> = {
   buffers: names,
   ignored: names,
   names,
-  params: v =>
-    list(MAX_PARAMS, param)(v) ||
-    list(
-      MAX_PARAMS,
-      struct({
-        index: param,
-        name,
-        shape: list(MAX_DIMS, nonNegative),
-        dtype: name,
-        device: name
-      })
-    )(v),
+  params: v => paramIndexes(v) || paramInfos(v),
   grad_ready_order: list(MAX_PARAMS, param),
   buckets: list(MAX_BUCKETS, list(MAX_PARAMS, param)),
   limits: list(MAX_BUCKETS, nonNegative),
@@ -142,12 +147,15 @@ const FINDING_OPTIONAL: Check = struct(
   true
 );
 
+// FIELDS as a list, made once (outOfLimits checks them in this order)
+const FIELD_LIST = Object.entries(FIELDS);
+
 /**
  * Null when every bounded field of `event` (already checked for its kinds) is within the
  * limits and well formed inside; else the first offending field, as `Type.field`.
  */
 export function outOfLimits(type: string, event: Record<string, unknown>): string | null {
-  for (const [field, check] of Object.entries(FIELDS)) {
+  for (const [field, check] of FIELD_LIST) {
     if (field in event && !check(event[field])) {
       return `${type}.${field}`;
     }
@@ -156,4 +164,24 @@ export function outOfLimits(type: string, event: Record<string, unknown>): strin
     return `${type}.finding`;
   }
   return null;
+}
+
+/**
+ * The check `outOfLimits` applies to an event field of this name, or null for a field with
+ * no bound (for `finding`, its required fields; `findingInLimits` checks the optional ones).
+ *
+ * @param field - an event field's name.
+ */
+export function fieldLimit(field: string): LimitCheck | null {
+  return Object.prototype.hasOwnProperty.call(FIELDS, field) ? FIELDS[field] : null;
+}
+
+/**
+ * True when the optional fields of a FindingReported's `finding` are within the limits (what
+ * `outOfLimits` checks after the fields, for that type only).
+ *
+ * @param finding - the event's `finding`.
+ */
+export function findingInLimits(finding: unknown): boolean {
+  return FINDING_OPTIONAL(finding);
 }
