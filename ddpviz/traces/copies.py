@@ -145,6 +145,9 @@ def entries(e: Event) -> int:
     return n
 
 
+_HEADER = frozenset(Event.__struct_fields__)  # rank, step, t_ns, seq: every event's own
+
+
 class CopyFinder:
     """The writer's side: which events to write as a copy of one written before. An event of
     a COPY_SOURCES type whose encoding with the four common fields zeroed is at least
@@ -156,6 +159,11 @@ class CopyFinder:
         self._encode = msgspec.msgpack.Encoder().encode
         self._by_payload: dict[bytes, tuple[int, int]] = {}  # payload -> (rank, seq) source
         self._at: dict[tuple[int, int], bytes] = {}  # the inverse
+        # payloads already encoded, by their fields' identity (an in-memory Trace shares one
+        # parameter list between ranks: columns.py's `Shared`), so that 256 ranks' 1 MB lists
+        # are encoded once, not compared by encoding each; the events are kept (their ids
+        # stay theirs), at most KEEP
+        self._encoded: dict[tuple[object, ...], tuple[Event, bytes]] = {}
 
     def copy_of(self, e: Event) -> Copy | None:
         """`e` as a copy of an event written before, or None: `e` is written whole (call
@@ -177,7 +185,15 @@ class CopyFinder:
         return Copy(src[0], src[1], e.rank, e.step, e.t_ns, e.seq)
 
     def _key(self, e: Event) -> bytes | None:
-        key = self._encode(msgspec.structs.replace(e, rank=0, step=0, t_ns=0, seq=0))
+        ident = (type(e), *(id(v) if isinstance(v := getattr(e, f), tuple) else v
+                            for f in e.__struct_fields__ if f not in _HEADER))
+        got = self._encoded.get(ident)
+        if got is not None:
+            key = got[1]
+        else:
+            key = self._encode(msgspec.structs.replace(e, rank=0, step=0, t_ns=0, seq=0))
+            if len(self._encoded) < KEEP:
+                self._encoded[ident] = (e, key)
         return key if len(key) >= MIN_BYTES else None
 
     def _forget(self, at: tuple[int, int]) -> None:

@@ -63,13 +63,14 @@ def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
 def summarized_ranks(trace: Trace) -> Iterator[tuple[int, list[ev.Event], int]]:
     """Per rank: its events with the GradReady ones summarized, and how many were folded."""
     tables = trace.columns()
+    sizes: dict[int, tuple[object, np.ndarray]] = {}  # id(params) -> (params, bytes each)
     for rank in sorted(tables):
         table = tables[rank]
         grads = table.rows(ev.GradReady)
         if len(grads) == 0:
             yield rank, table.events(), 0
             continue
-        summaries = _summaries(rank, table, grads)
+        summaries = _summaries(rank, table, grads, sizes)
         keep = np.ones(len(table), dtype=bool)
         keep[grads] = False
         kept_rows = np.flatnonzero(keep)
@@ -86,13 +87,15 @@ def has_hooks(trace: Trace) -> bool:
     return any(len(t.rows(ev.GradReady)) for t in trace.columns().values())
 
 
-def _summaries(rank: int, table: Table, grads: np.ndarray) -> list[tuple[int, ev.Event]]:
-    """One (row, GradsSummarized) per (step, bucket) of this rank's GradReady rows."""
+def _summaries(rank: int, table: Table, grads: np.ndarray,
+               known: dict[int, tuple[object, np.ndarray]]) -> list[tuple[int, ev.Event]]:
+    """One (row, GradsSummarized) per (step, bucket) of this rank's GradReady rows (`known`:
+    the parameter sizes of the parameter lists met so far, by identity)."""
     steps = table.step[grads]
     buckets = table.b[grads]
     times = table.t[grads]
     params = table.a[grads]
-    sizes = _param_bytes(table)
+    sizes = _param_bytes(table, known)
     nbytes = np.where((params >= 0) & (params < len(sizes)),
                       sizes[np.clip(params, 0, max(len(sizes) - 1, 0))], 0) \
         if len(sizes) else np.zeros(len(grads), dtype=np.int64)
@@ -117,13 +120,24 @@ def _summaries(rank: int, table: Table, grads: np.ndarray) -> list[tuple[int, ev
         last_t_ns=int(last[i]), nbytes=int(total[i]))) for i in range(n)]
 
 
-def _param_bytes(table: Table) -> np.ndarray:
+def _param_bytes(table: Table, known: dict[int, tuple[object, np.ndarray]]) -> np.ndarray:
     """Bytes of each parameter's gradient (index = reducer position), from the rank's first
-    ParamsBuilt; empty when it has none."""
+    ParamsBuilt; empty when it has none. Every rank of a run usually holds the same parameter
+    list object (columns.py's `Shared`): computed once per list (`known`, by identity; the
+    list is kept there, so its id stays its own), not 256 x 10,000 times."""
     built = table.rare(ev.ParamsBuilt)
     if not built:
         return np.zeros(0, dtype=np.int64)
     params = built[0].params
+    seen = known.get(id(params))
+    if seen is not None and seen[0] is params:
+        return seen[1]
+    out = _sizes(params)
+    known[id(params)] = (params, out)
+    return out
+
+
+def _sizes(params: tuple[ev.ParamInfo, ...]) -> np.ndarray:
     size = max((p.index for p in params), default=-1) + 1
     out = np.zeros(size, dtype=np.int64)
     for p in params:

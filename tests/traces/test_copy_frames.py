@@ -154,3 +154,28 @@ def test_small_events_are_written_whole(n: int) -> None:
         data = path.read_bytes()
     assert COPY not in [k for k, _ in frames(data)]
     assert Trace.from_bytes(data).events() == events
+
+
+def test_a_copy_is_found_by_equal_payloads_whether_or_not_they_are_the_same_objects() -> None:
+    """The writer knows a payload it encoded by its fields' identity (a loaded trace shares
+    one list between ranks) and otherwise by its bytes: equal lists are copies either way, and
+    a field outside the lists that differs (a constructor's map against a rebuilt one with the
+    same buckets object) is never taken for the same payload."""
+    buckets = tuple((i,) for i in range(400))
+    limits = (4,) * 400
+
+    def assigned(rank: int, buckets: tuple[tuple[int, ...], ...], rebuilt: bool,
+                 ) -> ev.BucketAssigned:
+        return ev.BucketAssigned(rank=rank, step=-1, t_ns=rank, seq=3, buckets=buckets,
+                                 limits=limits, rebuilt=rebuilt)
+
+    finder = copies.CopyFinder()
+    assert finder.copy_of(assigned(0, buckets, False)) is None  # the first: written whole
+    same = finder.copy_of(assigned(1, buckets, False))  # the same objects
+    equal = finder.copy_of(assigned(2, tuple(tuple(b) for b in [list(x) for x in buckets]),
+                                    False))  # equal, not the same objects
+    assert same is not None and equal is not None
+    assert (same.src_rank, same.rank) == (0, 1) and (equal.src_rank, equal.rank) == (0, 2)
+    assert finder.copy_of(assigned(3, buckets, True)) is None  # rebuilt differs: whole
+    other = tuple((i,) for i in range(1, 401))
+    assert finder.copy_of(assigned(4, other, False)) is None  # other lists: whole
