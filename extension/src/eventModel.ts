@@ -358,8 +358,21 @@ export class TraceModel {
   private _bucketMaps(): BucketMapGroup[] {
     const groups = new Map<string, BucketMapGroup>();
     const sizes = new Map(this.params.map(p => [p.index, paramBytes(p)]));
+    // the maps' text by their lists: a COPY frame's events share their source's lists, so
+    // each distinct pair is written out once, not once per rank
+    const texts = new Map<unknown, Map<unknown, string>>();
     for (const e of this._all('BucketAssigned') as BucketAssigned[]) {
-      const key = JSON.stringify([e.rebuilt, e.buckets, e.limits]);
+      let byLimits = texts.get(e.buckets);
+      if (byLimits === undefined) {
+        byLimits = new Map();
+        texts.set(e.buckets, byLimits);
+      }
+      let text = byLimits.get(e.limits);
+      if (text === undefined) {
+        text = JSON.stringify([e.buckets, e.limits]);
+        byLimits.set(e.limits, text);
+      }
+      const key = `${e.rebuilt}:${text}`;
       const group = groups.get(key);
       if (group === undefined) {
         groups.set(key, {

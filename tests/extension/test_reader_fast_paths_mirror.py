@@ -1,5 +1,6 @@
 """The TS reader's fast paths (extension/src/trace.ts `decodePayload`, extension/src/events.ts
-`asEvent`'s checks made once per type) give what the plain paths give: the same values as
+`asEvent`'s checks made once per type, extension/src/eventModel.ts's bucket maps keyed by
+their shared lists) give what the plain paths give: the same values as
 @msgpack/msgpack's `decode` (or its very error) for every payload, well formed or hostile, and
 the same event or the same reason as checking each field in declared order then `outOfLimits`."""
 
@@ -13,6 +14,7 @@ from typing import Any
 import msgspec
 
 from ddpviz.traces.trace import Trace
+from ddpviz.traces.view_bytes import trace_bytes
 from tests.extension.mirror import run_typescript
 from tests.widgets.streams import synthetic_run
 
@@ -155,3 +157,39 @@ def test_as_event_gives_the_plain_paths_event_or_reason() -> None:
     got = run_typescript("events", EVENT_OUT, [_b64(msgspec.msgpack.encode(c)) for c in cases])
     assert len(got) == len(cases)
     assert [cases[i] for i, ok in enumerate(got) if not ok][:3] == []
+
+
+# the bucket maps of a view's trace (its COPY frames' events share their lists) with events
+# added whose lists are equal copies, differ, or are shared with another `rebuilt`: grouped as
+# by each map's whole text, in first-seen order
+MAPS_OUT = """(() => {
+  const { parseTrace, base64ToBytes } = load('./trace');
+  const t = parseTrace(base64ToBytes(cases[0]), 'run');
+  const first = [...t.byRank.values()].flat().find(e => e.type === 'BucketAssigned');
+  const add = (rank, e) => t.byRank.get(rank).push({ ...first, rank, ...e });
+  add(0, { buckets: JSON.parse(JSON.stringify(first.buckets)) });
+  add(1, { rebuilt: !first.rebuilt });
+  add(2, { buckets: [[0], ...first.buckets] });
+  add(1, { limits: [...first.limits, 1] });
+  add(2, { limits: [...first.limits, 1] });
+  const groups = new Map();
+  for (const r of [...t.byRank.keys()].sort((a, b) => a - b)) {
+    for (const e of t.byRank.get(r)) {
+      if (e.type !== 'BucketAssigned') continue;
+      const key = JSON.stringify([e.rebuilt, e.buckets, e.limits]);
+      if (!groups.has(key)) groups.set(key, []);
+      if (!groups.get(key).includes(e.rank)) groups.get(key).push(e.rank);
+    }
+  }
+  const got = new g.TraceModel(t).bucketMaps;
+  return { want: [...groups.values()], got: got.map(m => m.ranks),
+           texts: got.map(m => JSON.stringify([m.rebuilt, m.buckets, m.limits])),
+           wantTexts: [...groups.keys()] };
+})()"""
+
+
+def test_bucket_maps_group_by_content_whether_lists_are_shared_or_not() -> None:
+    sent, _ = trace_bytes(Trace(synthetic_run(4, 30, 2)), limit=1 << 30)
+    got = run_typescript("eventModel", MAPS_OUT, [_b64(sent)])
+    assert got["got"] == got["want"] and got["texts"] == got["wantTexts"]
+    assert len(got["want"]) >= 4  # the added maps make groups of their own
