@@ -5,7 +5,10 @@ Environment knobs: TRAIN_STEPS; TRAIN_NAN=grad (rank 1's fc1.weight gradient mad
 gradient hook at step TRAIN_NAN_STEP) or input (rank 1's batch gets a NaN at that step);
 TRAIN_MODE=bf16|bucket_view|static_graph|find_unused (healthy variants: the model in bf16, DDP's
 gradient_as_bucket_view / static_graph / find_unused_parameters). Prints each rank's parameter
-bits at the end (bitwise comparison with an unwatched run).
+bits at the end (bitwise comparison with an unwatched run). Several modes, comma-separated
+(TRAIN_MODE=,bf16,bucket_view: fp32 first), train one after another in the same processes, each
+from the same seeds as alone, and each prints its bits as "rank R mode=MODE bits ...": the
+unwatched runs of several configurations in one launch.
 """
 
 import atexit
@@ -29,13 +32,8 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.set_num_threads(1)
-    mode = os.environ.get("TRAIN_MODE", "")
-    plant = os.environ.get("TRAIN_NAN", "")
-    at = int(os.environ.get("TRAIN_NAN_STEP", "-1"))
+def train(rank: int, mode: str, plant: str, at: int) -> str:
+    """Train one model in `mode`; the hash of its parameters' bits."""
     dtype = torch.bfloat16 if mode == "bf16" else torch.float32
     torch.manual_seed(0)
     model = Net().to(dtype)
@@ -57,7 +55,20 @@ def main() -> None:
         opt.step()
     raw = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes()
                                   for p in model.parameters()))
-    print(f"rank {rank} bits {raw.hexdigest()[:20]}", flush=True)
+    return raw.hexdigest()[:20]
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    modes = os.environ.get("TRAIN_MODE", "").split(",")
+    plant = os.environ.get("TRAIN_NAN", "")
+    at = int(os.environ.get("TRAIN_NAN_STEP", "-1"))
+    for mode in modes:
+        bits = train(rank, mode, plant, at)
+        label = f" mode={mode}" if len(modes) > 1 else ""
+        print(f"rank {rank}{label} bits {bits}", flush=True)
     dist.barrier()  # (leave as train_plain.py does: atexit handlers, then os._exit)
     sys.stdout.flush()
     atexit._run_exitfuncs()
