@@ -17,6 +17,7 @@ import pytest
 
 from ddpviz.traces.trace import Trace
 from tests.browser.lab import CHROMIUM, CHROMIUM_ARGS, ROOT, LabServer
+from tests.browser.served import logged_page
 
 # Screenshots land in out/screenshots (ignored by git); DDPVIZ_UPDATE_SCREENSHOTS=1 writes them
 # into docs/screenshots instead, which is how the README's and the docs site's pictures are
@@ -80,14 +81,8 @@ def console() -> ConsoleLog:
 @pytest.fixture
 def page(browser: Any, lab: LabServer, console: ConsoleLog) -> Iterator[Any]:
     lab.delete_sessions()
-    context = browser.new_context(viewport={"width": 1280, "height": 800},
-                                  device_scale_factor=1)
-    page = context.new_page()
-    page.on("console", console.on_console)
-    page.on("pageerror", console.on_page_error)
-    page.set_default_timeout(60_000)
-    yield page
-    context.close()
+    with logged_page(browser, console, height=800, timeout_ms=60_000) as page:
+        yield page
 
 
 def screenshot(page: Any, name: str, locator: Any = None) -> Path:

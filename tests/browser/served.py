@@ -45,13 +45,18 @@ class ServedProcess:
 
 
 @contextmanager
-def logged_page(browser: Any, console: Any) -> Iterator[Any]:
-    """A page of its own (a tall viewport) whose console errors and uncaught errors go to
-    `console` (conftest.ConsoleLog); closed after."""
-    context = browser.new_context(viewport={"width": 1280, "height": 1500})
+def logged_page(browser: Any, console: Any, *, height: int = 1500,
+                timeout_ms: float | None = None) -> Iterator[Any]:
+    """A page of its own (1280 px wide, `height` tall, device scale 1) whose console errors
+    and uncaught errors go to `console` (conftest.ConsoleLog), each wait within `timeout_ms`
+    (None: Playwright's default); closed after."""
+    context = browser.new_context(viewport={"width": 1280, "height": height},
+                                  device_scale_factor=1)
     page = context.new_page()
     page.on("console", console.on_console)
     page.on("pageerror", console.on_page_error)
+    if timeout_ms is not None:
+        page.set_default_timeout(timeout_ms)
     try:
         yield page
     finally:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.browser.conftest import ConsoleLog, screenshot
 from tests.browser.lab import ROOT
+from tests.browser.served import logged_page
 from tests.docs_build import MARKS, wait_for_docs_build
 
 pytestmark = [pytest.mark.browser, *MARKS]
@@ -51,13 +52,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture
 def docs_page(browser: Any, console: ConsoleLog) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
-    page = context.new_page()
-    page.on("console", console.on_console)
-    page.on("pageerror", console.on_page_error)
-    page.set_default_timeout(30_000)
-    yield page
-    context.close()
+    with logged_page(browser, console, height=900, timeout_ms=30_000) as page:
+        yield page
 
 
 def images(page: Any) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from ddpviz.report.html import write_report
 from ddpviz.report.interactive import DIAGNOSIS_ID
 from ddpviz.traces.trace import Trace
 from tests.browser.conftest import ConsoleLog
+from tests.browser.served import logged_page
 from tests.security.bombs import (
     broadcast_chunks,
     long_reference_order,
@@ -44,13 +45,8 @@ BOMBS: dict[str, Callable[[], list[Event]]] = {
 
 @pytest.fixture
 def tab(browser: Any, console: ConsoleLog) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.on("console", console.on_console)
-    page.on("pageerror", console.on_page_error)
-    page.set_default_timeout(90_000)
-    yield page
-    context.close()
+    with logged_page(browser, console, height=900, timeout_ms=90_000) as page:
+        yield page
 
 
 def _report(tmp_path: Path, make: Callable[[], list[Event]]) -> tuple[Path, str]:
