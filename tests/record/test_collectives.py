@@ -276,16 +276,19 @@ def test_a_late_mismatch_is_named_from_the_rings_without_a_trace_folder(
     """The same late mismatch under `ddpviz record --connect` (events go to a notebook's
     session, no trace folder): the rings go to a private folder of the record command, which
     says the first difference once after the failed job and removes the folder."""
-    import tempfile
-
     from ddpviz.private_dir import PREFIX
 
+    # the job's own $TMPDIR: other jobs on the machine (pytest's other worker among them) make
+    # and remove private folders of their own in the shared one meanwhile
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+
     def ring_folders() -> set[Path]:
-        return {p.parent for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*/*.ring")}
+        return {p.parent for p in tmpdir.glob(f"{PREFIX}*/*.ring")}
 
     before = ring_folders()
     env = job_env(TRAIN_DEFECT="gather_late", TRAIN_AT="3", TRAIN_PG_TIMEOUT="8",
-                  DDPVIZ_HANG_TIMEOUT="4")
+                  DDPVIZ_HANG_TIMEOUT="4", TMPDIR=str(tmpdir))
     with ddpviz.listen() as session:
         args = command(python, tmp_path / "unused")
         args[args.index("--out"):args.index("--out") + 2] = ["--connect",
