@@ -36,7 +36,8 @@ VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limit
               "ddpviz.model_mismatch", "ddpviz.envvars"}
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps", "ddpviz.private_dir",
              "ddpviz.units", "ddpviz.interrupts", "ddpviz.torch_support"}
-FORMAT = {"ddpviz.traces.fileformat", "ddpviz.traces.framecolumns"}  # the file format, both ways
+FORMAT = {"ddpviz.traces.fileformat", "ddpviz.traces.framecolumns",  # the file format, both ways
+          "ddpviz.traces.copies"}
 # What transport/ feeds (it must work without any of them: the light rank-side install).
 ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz._diagnose",
                    "ddpviz.plan", "ddpviz.report", "ddpviz.traces.trace",

@@ -20,6 +20,7 @@ from ddpviz import events as ev
 from ddpviz.report import interactive
 from ddpviz.report.html import render
 from ddpviz.traces import view_bytes
+from ddpviz.traces.fileformat import TraceWriter
 from ddpviz.traces.trace import Trace
 from tests.security.hostile import hostile_trace, raw_markup, without_own_scripts
 from tests.widgets.streams import synthetic_run
@@ -108,10 +109,11 @@ def test_raw_text_refuses_what_would_end_its_element() -> None:
 
 def test_a_run_that_cannot_be_written_out_gets_a_line_and_the_report_is_whole(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(self: Trace, path: object) -> None:
+    def full(self: TraceWriter, *args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Trace, "save", full)
+    # (the run is written out as Trace.save writes it, through a TraceWriter)
+    monkeypatch.setattr(TraceWriter, "__init__", full)
     page = render(Trace(synthetic_run(2, steps=3)))  # (a Trace: written out to be embedded)
     assert "<script" not in page and "could not be written out" in page
     assert "No space left" in page and "id='timeline'" in page
