@@ -26,24 +26,26 @@ def work_unit(nodeid: str) -> str:
 # framework launches and notebook kernels ~30 s a test, torchrun jobs 10-40 s a test, torch's
 # own DDP tests ~2 min in 2 tests). xdist starts the units with the most tests first, which
 # left these among the last: one worker ran a long unit while the other had nothing left.
-# (CI's seconds, the frameworks files estimated from their share of the directory's 760 s.)
+# (CI's seconds at stop 60, out/junit.xml through .ci/durations.py.)
 LONG_UNITS = (
-    "tests/browser",  # 487
-    "tests/record/test_record.py",  # 372
-    "tests/record/test_where.py",  # 225
-    "tests/frameworks/test_lightning_hangs.py",  # ~200
-    "tests/test_notebooks.py",  # 191
-    "tests/record/test_collectives.py",  # 190
-    "tests/frameworks/test_torch_forms.py",  # ~190
-    "tests/frameworks/test_lightning.py",  # ~170
-    "tests/record/test_straggler.py",  # 140
-    "tests/diagnose/test_scenarios.py",  # 131
-    "tests/frameworks/test_hf_trainer.py",  # ~120
-    "tests/conformance/test_conformance.py",  # 102
-    "tests/record/test_nonfinite.py",  # 99
-    "tests/record/test_accum.py",  # 86
-    "tests/frameworks/test_accelerate.py",  # ~40
-    "tests/dist/test_watch_quiet.py",
+    "tests/browser",  # 833
+    "tests/record/test_record.py",  # 509
+    "tests/record/test_where.py",  # 263
+    "tests/test_notebooks.py",  # 237
+    "tests/record/test_collectives.py",  # 234
+    "tests/frameworks/test_lightning.py",  # 224
+    "tests/frameworks/test_lightning_hangs.py",  # 196
+    "tests/frameworks/test_torch_forms.py",  # 195
+    "tests/record/test_straggler.py",  # 180
+    "tests/diagnose/test_scenarios.py",  # 159
+    "tests/record/test_accum.py",  # 124
+    "tests/record/test_nonfinite.py",  # 117
+    "tests/conformance/test_conformance.py",  # 103
+    "tests/debugger/test_many_ranks.py",  # 94
+    "tests/launch/test_launch.py",  # 91
+    "tests/frameworks/test_hf_trainer.py",  # 82
+    "tests/dist/test_watch_quiet.py",  # 57
+    "tests/frameworks/test_accelerate.py",  # 46
     "tests/record/test_attach.py",
     "tests/record/test_contract.py",
 )
