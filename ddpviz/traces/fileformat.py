@@ -310,6 +310,16 @@ class TraceWriter:
             self._frame(EVENTS, pending[i:i + self._chunk])
         self.count += len(pending)
 
+    def write_ranks(self, clock: Mapping[int, tuple[int, int]],
+                    ranks: Iterable[Iterable[Event]]) -> None:
+        """A whole run as `Trace.save` lays it out: its clock records (rank -> (offset_ns,
+        error_ns)), then each rank's events in turn, flushed rank by rank."""
+        for rank, (offset, error) in sorted(clock.items()):
+            self.write_clock(rank, offset, error)
+        for events in ranks:
+            self.write_many(events)
+            self.flush()
+
     def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
         """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
         self._frame(CLOCK, Clock(rank, offset_ns, error_ns))

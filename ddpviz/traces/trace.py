@@ -246,11 +246,7 @@ class Trace:
                 `path`, if any, is unchanged.
         """
         with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK) as w:
-            for rank, (offset, error) in sorted(self.clock.items()):
-                w.write_clock(rank, offset, error)
-            for rank in self.ranks:
-                w.write_many(self.events(rank))
-                w.flush()
+            w.write_ranks(self.clock, (self.events(rank) for rank in self.ranks))
         return Path(path)
 
     @classmethod

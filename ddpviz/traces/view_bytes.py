@@ -57,11 +57,7 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
         # as Trace.save writes it, but with the payloads every rank repeats as COPY frames
         # (See [Note: the COPY frame] in fileformat.py): bytes for this ddpviz's readers only
         with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True) as w:
-            for rank, (offset, error) in sorted(trace.clock.items()):
-                w.write_clock(rank, offset, error)
-            for rank in trace.ranks:
-                w.write_many(trace.events(rank))
-                w.flush()
+            w.write_ranks(trace.clock, (trace.events(rank) for rank in trace.ranks))
         _bounded(path.stat().st_size, name, limit, carrier)
         return path.read_bytes(), name
 

@@ -47,16 +47,18 @@ def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
     COPY frames: See [Note: the COPY frame] in fileformat.py), its number of events, and how
     many GradReady events were folded away."""
     total = folded = 0
+
+    def ranks() -> Iterator[list[ev.Event]]:
+        nonlocal total, folded
+        for _, events, n in summarized_ranks(trace):
+            total += len(events)
+            folded += n
+            yield events
+
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
         with TraceWriter(path, meta=trace.meta, copies=True) as w:
-            for rank, (offset, error) in sorted(trace.clock.items()):
-                w.write_clock(rank, offset, error)
-            for _, events, n in summarized_ranks(trace):
-                w.write_many(events)
-                w.flush()
-                total += len(events)
-                folded += n
+            w.write_ranks(trace.clock, ranks())
         return path.read_bytes(), total, folded
 
 
