@@ -24,12 +24,14 @@ export function reportedLine(severities: string[]): string {
   if (verdict(severities) !== 'healthy') {
     return verdictLine(severities);
   }
+  const noted = notesOf(severities);
+  return 'no problems reported by the ranks' + (noted ? ` (${noted})` : '') + '.';
+}
+
+/** '2 notes' (the findings of severity "info"); '' for none. */
+function notesOf(severities: string[]): string {
   const notes = severities.filter(x => x === 'info').length;
-  return (
-    'no problems reported by the ranks' +
-    (notes ? ` (${notes} note${notes > 1 ? 's' : ''})` : '') +
-    '.'
-  );
+  return notes ? `${notes} note${notes > 1 ? 's' : ''}` : '';
 }
 
 /**
@@ -38,16 +40,15 @@ export function reportedLine(severities: string[]): string {
  */
 export function verdictLine(severities: string[]): string {
   const count = (s: string) => severities.filter(x => x === s).length;
-  const notes = count('info');
-  const noted = `${notes} note${notes > 1 ? 's' : ''}`;
+  const noted = notesOf(severities);
   const word = verdict(severities);
   if (word === 'healthy') {
     return (
-      'healthy: no problems found' + (notes ? ` (${noted}, last: what was not checked)` : '') + '.'
+      'healthy: no problems found' + (noted ? ` (${noted}, last: what was not checked)` : '') + '.'
     );
   }
   const told = ['error', 'warning']
     .filter(s => count(s) > 0)
     .map(s => `${count(s)} ${s}${count(s) > 1 ? 's' : ''}`);
-  return `${word}: ${[...told, ...(notes ? [noted] : [])].join(', ')}.`;
+  return `${word}: ${[...told, ...(noted ? [noted] : [])].join(', ')}.`;
 }
