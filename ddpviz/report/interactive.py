@@ -6,17 +6,20 @@ selection and "Open in Perfetto", as one file that works offline.
 
 The run goes in as the bytes of one `.ddpviz` file, diagnose()'s findings and the bucket
 advisor's answer as msgpack (the TraceView's own `trace_bytes`, `diagnosis_bytes` and
-`advice_bytes`: numbers and words computed here, drawn by the front end), each base64 text in a
-`<script type="application/octet-stream">` element: data the browser never runs or parses as
-markup, which the front end checks as the viewer checks a file. The bundle and its stylesheet
-go in through `markup.raw_text`, which refuses text that could end their element. A run over
-EMBED_MAX as a trace, or a ddpviz whose front end is not built, gets a line saying so instead;
-the rest of the report does not depend on it.
+`advice_bytes`: numbers and words computed here, drawn by the front end), each compressed with
+zlib (the view element's `data-encoding='deflate'`: the page inflates them with the browser's
+own DecompressionStream, refusing any that would inflate past the 64 MiB a view reads) and
+written as base64 text in a `<script type="application/octet-stream">` element: data the
+browser never runs or parses as markup, which the front end checks as the viewer checks a
+file. The bundle and its stylesheet go in through `markup.raw_text`, which refuses text that
+could end their element. A run over EMBED_MAX as a trace, or a ddpviz whose front end is not
+built, gets a line saying so instead; the rest of the report does not depend on it.
 """
 
 from __future__ import annotations
 
 import base64
+import zlib
 
 from ddpviz import markup
 from ddpviz.advisor.wire import REPORT_MAX_EVENTS, advice_bytes
@@ -24,8 +27,13 @@ from ddpviz.findings import Finding
 from ddpviz.traces.source import RunSource
 from ddpviz.traces.view_bytes import STATIC, TraceViewError, diagnosis_bytes, front_end, trace_bytes
 
-# The most a report embeds of a run, as a trace (base64 makes it a third larger in the page).
+# The most a report embeds of a run, as a trace (compressed, then base64 in the page).
 EMBED_MAX = 16 << 20
+# The data elements' encoding (reportView.ts's ENCODING) and zlib level: 6 measured on the
+# scale runs' bytes at 6.0-6.4x smaller (level 9: 6.4-6.5x at 4x the time; level 1: 5.7-5.9x),
+# 0.13 s for 4.4 MiB of trace; the page inflates them in tens of ms, and its HTML parser reads
+# a sixth of the base64 text it used to (benchmarks/bench_first_paint.py).
+ENCODING, LEVEL = "deflate", 6
 # bytes an event takes in a .ddpviz file at the least (66-75 measured on synthetic runs): a run
 # whose events surely exceed the limit is refused before it is written out to be measured
 MIN_EVENT_BYTES = 16
@@ -68,7 +76,7 @@ def interactive_section(source: object, run: RunSource,
     try:
         parts = [markup.raw_text("style", css),
                  markup.tag("div", markup.fmt("<p class='muted'>{}</p>", _NO_SCRIPT), id=VIEW_ID,
-                            data_name=name),
+                            data_name=name, data_encoding=ENCODING),
                  _data(TRACE_ID, data), _data(DIAGNOSIS_ID, diagnosis_bytes(findings)),
                  _data(ADVICE_ID, advice_bytes(run, REPORT_MAX_EVENTS, "a report")),
                  markup.raw_text("script", script, type="module")]
@@ -87,5 +95,6 @@ def _section(*parts: markup.Markup) -> markup.Markup:
 
 
 def _data(element_id: str, data: bytes) -> markup.Markup:
-    text = base64.b64encode(data).decode("ascii")  # (A-Z a-z 0-9 + / =: nothing to escape)
+    # (A-Z a-z 0-9 + / =: nothing to escape)
+    text = base64.b64encode(zlib.compress(data, LEVEL)).decode("ascii")
     return markup.raw_text("script", text, type="application/octet-stream", id=element_id)

@@ -1,15 +1,16 @@
 """The report's interactive view (report/interactive.py): the run embedded as the TraceView
-sends it (the `.ddpviz` bytes, diagnose()'s findings and the bucket advisor's answer, base64
-in data elements the browser never runs), the viewer's bundle inlined once; a run over the
-bound, or a front end that is not built, gets a line instead; a report for the notebook's
-static copy holds no script. That the panels draw from it, offline, with the payloads of a
-hostile trace as text:
+sends it (the `.ddpviz` bytes, diagnose()'s findings and the bucket advisor's answer, zlib-
+compressed and base64 in data elements the browser never runs), the viewer's bundle inlined
+once; a run over the bound, or a front end that is not built, gets a line instead; a report
+for the notebook's static copy holds no script. That the panels draw from it, offline, with
+the payloads of a hostile trace as text:
 tests/browser/test_report_pages.py and test_hostile_trace.py."""
 
 from __future__ import annotations
 
 import base64
 import re
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -33,7 +34,9 @@ def _data(page: str, element_id: str) -> bytes:
     found = re.search(rf"<script type='application/octet-stream' id='{element_id}'>"
                       r"([A-Za-z0-9+/=]*)</script>", page)
     assert found is not None, element_id
-    return base64.b64decode(found.group(1))
+    # zlib-compressed, as the view element says (reportView.ts inflates them)
+    assert f"data-encoding='{interactive.ENCODING}'" in page
+    return zlib.decompress(base64.b64decode(found.group(1)))
 
 
 def test_the_run_and_diagnose_s_findings_are_embedded_as_data(tmp_path: Path) -> None:
