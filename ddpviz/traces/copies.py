@@ -87,7 +87,9 @@ class Sources:
     with the same (rank, seq) replaces an earlier one, as a writer that reuses a seq means."""
 
     def __init__(self) -> None:
-        self._events: dict[tuple[int, int], tuple[Event, int]] = {}  # -> (event, entries)
+        # -> (event, its entries: counted when first copied, -1 until then: a file without
+        # copies never walks its events' lists here)
+        self._events: dict[tuple[int, int], tuple[Event, int]] = {}
         self.copied = 0  # entries repeated by the copies so far (at most MAX_COPIED)
 
     def add(self, events: Iterable[Event]) -> None:
@@ -95,7 +97,7 @@ class Sources:
         sources = COPY_SOURCES
         for e in events:
             if type(e) in sources:
-                self._events[(e.rank, e.seq)] = (e, entries(e))
+                self._events[(e.rank, e.seq)] = (e, -1)
 
     def resolve(self, copies: list[Copy]) -> list[Event]:
         """The events these copies append, in order (each one's payload shared with its
@@ -118,6 +120,9 @@ class Sources:
                     "and no event before it in the file is one a copy may repeat (one of "
                     f"{', '.join(sorted(t.__name__ for t in COPY_SOURCES))})")
             src, size = got
+            if size < 0:
+                size = entries(src)
+                self._events[(c.src_rank, c.src_seq)] = (src, size)
             self.copied += size
             if self.copied > MAX_COPIED:
                 raise CopyError(

@@ -15,6 +15,7 @@ ddpviz.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import struct
@@ -26,17 +27,28 @@ from pathlib import Path
 from typing import Any, NamedTuple, NoReturn, cast
 
 import msgspec
+import numpy as np
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
-from ddpviz.traces.copies import COPY_SOURCES, MAX_COPIES, CopyFinder, Sources, decode_copies
+from ddpviz.traces.columns import Table
+from ddpviz.traces.copies import (
+    COPY_SOURCES,
+    MAX_COPIES,
+    Copy,
+    CopyFinder,
+    Sources,
+    decode_copies,
+)
 from ddpviz.traces.framecolumns import EventColumns, RareCache, decode_frames
+from ddpviz.traces.tablebytes import Encoded, encode_parts
 
 FORMAT_VERSION = 1
 SUFFIX = ".ddpviz"
 MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
 FRAME = struct.Struct("<BII")
 HEADER, EVENTS, CLOCK, END, COPY = 1, 2, 3, 4, 5
+ENCODE_ROWS = 1 << 16  # rows a TraceWriter encodes from columns at once (bounds its memory)
 
 # [Note: the COPY frame]
 # Every rank reports the same constructor payloads (a ParamsBuilt of 10,000 parameters, the bucket
@@ -311,14 +323,97 @@ class TraceWriter:
         self.count += len(pending)
 
     def write_ranks(self, clock: Mapping[int, tuple[int, int]],
-                    ranks: Iterable[Iterable[Event]]) -> None:
+                    ranks: Iterable[Iterable[Event] | Table]) -> None:
         """A whole run as `Trace.save` lays it out: its clock records (rank -> (offset_ns,
-        error_ns)), then each rank's events in turn, flushed rank by rank."""
+        error_ns)), then each rank's events (or its columns: `write_table`) in turn, flushed
+        rank by rank."""
         for rank, (offset, error) in sorted(clock.items()):
             self.write_clock(rank, offset, error)
+        tables: list[Table] = []
         for events in ranks:
+            if isinstance(events, Table):
+                tables.append(events)
+                continue
+            self.write_tables(tables)
+            tables = []
             self.write_many(events)
             self.flush()
+        self.write_tables(tables)
+
+    def write_tables(self, tables: Iterable[Table]) -> None:
+        """Ranks' events from their columns, rank by rank in row order, without an object per
+        event (See [Note: encoding columns as msgspec would] in tablebytes.py): after what was
+        written before, the frames (and COPY frames) that `write_many(table.events())` then
+        `flush()` for each table write, byte for byte. Encoded ENCODE_ROWS rows at a time."""
+        self.flush()
+        batch: list[_Op] = []
+        rows = 0
+        for op in self._ops(tables):
+            batch.append(op)
+            rows += len(op.rows) if op.rows is not None else 0
+            if rows >= ENCODE_ROWS:
+                self._write_ops(batch)
+                batch, rows = [], 0
+        self._write_ops(batch)
+        self._file.flush()
+
+    def _ops(self, tables: Iterable[Table]) -> Iterator[_Op]:
+        """What writing these tables does, in order: rows to write as event frames (a run
+        between copies, in blocks of whole frames), copies, and each rank's end."""
+        block = self._chunk * max(1, ENCODE_ROWS // self._chunk)
+        for table in tables:
+            copies: dict[int, Copy] = {}
+            if self._finder is not None:
+                for row in sorted(table.objects):
+                    e = table.objects[row]
+                    if type(e) in COPY_SOURCES and (copy := self._finder.copy_of(e)):
+                        copies[row] = copy
+            keep = np.ones(len(table), dtype=bool)
+            keep[list(copies)] = False
+            rows = np.flatnonzero(keep)
+            done = 0  # of `rows`
+            for before, at in itertools.pairwise([-1, *copies, len(table)]):
+                run = at - before - 1
+                for start in range(done, done + run, block):
+                    yield _Op(table, rows[start:min(start + block, done + run)], None)
+                done += run
+                if at in copies:
+                    yield _Op(table, None, copies[at])
+            yield _Op(table, None, None)
+
+    def _write_ops(self, ops: list[_Op]) -> None:
+        parts = [(op.table, op.rows) for op in ops if op.rows is not None]
+        if not parts:
+            encoded = Encoded(np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64))
+        else:
+            encoded = encode_parts(parts)
+        at = 0  # rows of `encoded` written
+        for op in ops:
+            if op.rows is not None:  # (a run's events: copies before them go first)
+                if self._copies:
+                    self._write_copies()
+                self._write_encoded(encoded.data, encoded.offsets[at:at + len(op.rows) + 1])
+                at += len(op.rows)
+            elif op.copy is not None:
+                self._copies.append(op.copy)
+                if len(self._copies) >= MAX_COPIES:
+                    self._write_copies()
+            elif self._copies:  # the rank's end (its flush)
+                self._write_copies()
+
+    def _write_encoded(self, data: np.ndarray, offsets: np.ndarray) -> None:
+        """Encoded events (data[offsets[i]:offsets[i + 1]] each) as EVENTS frames of at most
+        `chunk` events each."""
+        n = len(offsets) - 1
+        for i in range(0, n, self._chunk):
+            j = min(i + self._chunk, n)
+            head = _array_head(j - i)
+            body = data[offsets[i]:offsets[j]].data
+            self._file.write(FRAME.pack(EVENTS, len(head) + len(body),
+                                        zlib.crc32(body, zlib.crc32(head))))
+            self._file.write(head)
+            self._file.write(body)
+        self.count += n
 
     def write_clock(self, rank: int, offset_ns: int, error_ns: int) -> None:
         """Record a rank's clock offset (see Trace.aligned_ns); the latest record wins."""
@@ -355,6 +450,22 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Op(NamedTuple):
+    """One step of writing tables (TraceWriter._ops): rows, a copy, or (neither) a rank's
+    end."""
+
+    table: Table
+    rows: np.ndarray | None
+    copy: Copy | None
+
+
+def _array_head(n: int) -> bytes:
+    """The header of a msgpack array of n items, as msgspec writes it."""
+    if n < 16:
+        return bytes([0x90 | n])
+    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
 
 
 # --- reading ----------------------------------------------------------------------------------

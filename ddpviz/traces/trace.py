@@ -246,7 +246,7 @@ class Trace:
                 `path`, if any, is unchanged.
         """
         with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK) as w:
-            w.write_ranks(self.clock, (self.events(rank) for rank in self.ranks))
+            w.write_ranks(self.clock, self.columns().values())
         return Path(path)
 
     @classmethod

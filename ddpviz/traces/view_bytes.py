@@ -16,6 +16,7 @@ from ddpviz import events as ev
 from ddpviz.findings import Finding
 from ddpviz.traces.fileformat import SUFFIX, TraceWriter
 from ddpviz.traces.source import RunSource, open_run
+from ddpviz.traces.tablebytes import min_bytes
 from ddpviz.traces.trace import CHUNK
 from ddpviz.traces.view_summary import has_hooks, summarized_bytes
 
@@ -57,15 +58,9 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
         # as Trace.save writes it, but with the payloads every rank repeats as COPY frames
         # (See [Note: the COPY frame] in fileformat.py): bytes for this ddpviz's readers only
         with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True) as w:
-            w.write_ranks(trace.clock, (trace.events(rank) for rank in trace.ranks))
+            w.write_ranks(trace.clock, trace.columns().values())
         _bounded(path.stat().st_size, name, limit, carrier)
         return path.read_bytes(), name
-
-
-# No event takes fewer bytes in a `.ddpviz` file than this (a GradReady: its tag and six
-# ints): a run of more events than limit / MIN_EVENT_BYTES cannot fit, so it is not written
-# whole to learn that.
-MIN_EVENT_BYTES = 16
 
 
 class ViewBytes(NamedTuple):
@@ -86,7 +81,8 @@ def view_bytes(source: object, run: RunSource, *, limit: int,
     """
     trace = run.as_trace()
     is_file = isinstance(source, (str, Path)) and Path(source).is_file()
-    if is_file or len(trace) * MIN_EVENT_BYTES <= limit:
+    # (a run whose hot events alone cannot fit is not written whole to learn that)
+    if is_file or sum(min_bytes(t) for t in trace.columns().values()) <= limit:
         try:
             data, name = trace_bytes(source, run, limit=limit, carrier=carrier)
             return ViewBytes(data, name, len(trace), 0)

@@ -15,6 +15,7 @@ from every event: only the drawing is coarser.
 
 from __future__ import annotations
 
+import itertools
 import math
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ddpviz import events as ev
-from ddpviz.traces.columns import Table
+from ddpviz.traces.columns import CODE, Table
 from ddpviz.traces.fileformat import SUFFIX, TraceWriter
 from ddpviz.traces.trace import Trace
 
@@ -35,25 +36,25 @@ def summarized(trace: Trace) -> tuple[Trace, int]:
         return trace, 0
     out = Trace(meta=dict(trace.meta), clock=dict(trace.clock))
     folded = 0
-    for _, events, n in summarized_ranks(trace):
-        out.extend(events)
+    for table, n in summarized_tables(trace):
+        out.extend(table.events())
         folded += n
     return out, folded
 
 
 def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
     """`summarized(trace)` as the bytes of one `.ddpviz` file (written as `Trace.save` writes,
-    without building the summarized Trace first, and with the payloads every rank repeats as
-    COPY frames: See [Note: the COPY frame] in fileformat.py), its number of events, and how
-    many GradReady events were folded away."""
+    from the columns, and with the payloads every rank repeats as COPY frames: See [Note: the
+    COPY frame] in fileformat.py), its number of events, and how many GradReady events were
+    folded away."""
     total = folded = 0
 
-    def ranks() -> Iterator[list[ev.Event]]:
+    def ranks() -> Iterator[Table]:
         nonlocal total, folded
-        for _, events, n in summarized_ranks(trace):
-            total += len(events)
+        for table, n in summarized_tables(trace):
+            total += len(table)
             folded += n
-            yield events
+            yield table
 
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
@@ -62,26 +63,57 @@ def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
         return path.read_bytes(), total, folded
 
 
-def summarized_ranks(trace: Trace) -> Iterator[tuple[int, list[ev.Event], int]]:
-    """Per rank: its events with the GradReady ones summarized, and how many were folded."""
+def summarized_tables(trace: Trace) -> Iterator[tuple[Table, int]]:
+    """Per rank, in rank order: its columns with the GradReady rows summarized (each
+    (step, bucket)'s GradsSummarized at the row of its last GradReady), and how many rows
+    were folded away."""
     tables = trace.columns()
     sizes: dict[int, tuple[object, np.ndarray]] = {}  # id(params) -> (params, bytes each)
     for rank in sorted(tables):
         table = tables[rank]
         grads = table.rows(ev.GradReady)
         if len(grads) == 0:
-            yield rank, table.events(), 0
+            yield table, 0
             continue
         summaries = _summaries(rank, table, grads, sizes)
         keep = np.ones(len(table), dtype=bool)
         keep[grads] = False
         kept_rows = np.flatnonzero(keep)
-        kept = table.events(kept_rows)
-        # merged in row order: each summary at the row of its bucket's last GradReady
         at = np.array([row for row, _ in summaries], dtype=np.int64)
+        # merged in row order: each summary at the row of its bucket's last GradReady
         order = np.argsort(np.concatenate([kept_rows, at]), kind="stable")
-        both: list[ev.Event] = kept + [e for _, e in summaries]
-        yield rank, [both[i] for i in order.tolist()], len(grads) - len(summaries)
+        yield _merged(table, kept_rows, [e for _, e in summaries], order), \
+            len(grads) - len(summaries)
+
+
+def _merged(table: Table, kept_rows: np.ndarray, summaries: list[ev.GradsSummarized],
+            order: np.ndarray) -> Table:
+    """The kept rows of `table` then one row per summary, put in `order` (positions into
+    that concatenation)."""
+    n = len(summaries)
+    code = np.uint8(CODE[ev.GradsSummarized])
+    cols = []
+    for name, extra in (("kind", np.full(n, code, dtype=np.uint8)),
+                        ("step", [e.step for e in summaries]), ("t", [e.t_ns for e in summaries]),
+                        ("seq", [e.seq for e in summaries]),
+                        ("a", [e.bucket for e in summaries]),
+                        ("b", [e.n_grads for e in summaries]),
+                        ("s", np.full(n, -1, dtype=np.int32))):
+        column = getattr(table, name)
+        cols.append(np.concatenate([column[kept_rows],
+                                    np.asarray(extra, dtype=column.dtype)])[order])
+    new_row = np.empty(len(order), dtype=np.int64)
+    new_row[order] = np.arange(len(order))
+    # (every row with an object is a kept one: its place among them by bisection)
+    rows = np.fromiter(table.objects, dtype=np.int64, count=len(table.objects))
+    placed = new_row[np.searchsorted(kept_rows, rows)].tolist()
+    objects: dict[int, ev.Event] = dict(zip(placed, table.objects.values(), strict=True))
+    base = len(kept_rows)
+    for i, e in enumerate(summaries):
+        objects[int(new_row[base + i])] = e
+    kind, step, t, seq, a, b, s_ = cols
+    return Table(table.rank, kind, step, t, seq, a, b, s_, dict(sorted(objects.items())),
+                 table.strings)
 
 
 def has_hooks(trace: Trace) -> bool:
@@ -90,7 +122,8 @@ def has_hooks(trace: Trace) -> bool:
 
 
 def _summaries(rank: int, table: Table, grads: np.ndarray,
-               known: dict[int, tuple[object, np.ndarray]]) -> list[tuple[int, ev.Event]]:
+               known: dict[int, tuple[object, np.ndarray]]
+               ) -> list[tuple[int, ev.GradsSummarized]]:
     """One (row, GradsSummarized) per (step, bucket) of this rank's GradReady rows (`known`:
     the parameter sizes of the parameter lists met so far, by identity)."""
     steps = table.step[grads]
@@ -102,24 +135,22 @@ def _summaries(rank: int, table: Table, grads: np.ndarray,
                       sizes[np.clip(params, 0, max(len(sizes) - 1, 0))], 0) \
         if len(sizes) else np.zeros(len(grads), dtype=np.int64)
     span = int(buckets.max()) + 1 if len(buckets) else 1
-    uniq, inverse = np.unique(steps * span + buckets, return_inverse=True)  # (step, bucket)
-    inverse = inverse.reshape(-1)
+    key = steps * span + buckets  # (step, bucket)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    uniq = key[starts]
+    first = np.minimum.reduceat(times[order], starts)
+    last = np.maximum.reduceat(times[order], starts)
+    last_row = np.maximum.reduceat(grads[order], starts)
+    counts = np.diff(np.append(starts, len(key)))
+    total = np.add.reduceat(nbytes[order], starts)
     n = len(uniq)
-    uniq_step, uniq_bucket = uniq // span, uniq % span
-    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(first, inverse, times)
-    np.maximum.at(last, inverse, times)
-    counts = np.bincount(inverse, minlength=n)
-    total = np.bincount(inverse, weights=nbytes, minlength=n).astype(np.int64)
-    last_row = np.zeros(n, dtype=np.int64)
-    np.maximum.at(last_row, inverse, grads)
-    seq = table.seq[last_row]
-    t_at = table.t[last_row]
-    return [(int(last_row[i]), ev.GradsSummarized(
-        rank=rank, step=int(uniq_step[i]), t_ns=int(t_at[i]), seq=int(seq[i]),
-        bucket=int(uniq_bucket[i]), n_grads=int(counts[i]), first_t_ns=int(first[i]),
-        last_t_ns=int(last[i]), nbytes=int(total[i]))) for i in range(n)]
+    summaries = map(ev.GradsSummarized, itertools.repeat(rank, n), (uniq // span).tolist(),
+                    table.t[last_row].tolist(), table.seq[last_row].tolist(),
+                    (uniq % span).tolist(), counts.tolist(), first.tolist(), last.tolist(),
+                    total.tolist())
+    return list(zip(last_row.tolist(), summaries, strict=True))
 
 
 def _param_bytes(table: Table, known: dict[int, tuple[object, np.ndarray]]) -> np.ndarray:
