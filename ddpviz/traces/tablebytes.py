@@ -73,6 +73,7 @@ _KINDS: dict[int, _Kind] = {
 _DTYPE_KEY = _key("dtype")
 _CODES = np.array(sorted(_KINDS), dtype=np.uint8)
 _encode = msgspec.msgpack.Encoder().encode
+_SMALL = 512  # bytes of a rare event placed with the others at once (8x in index memory)
 
 
 class Encoded(NamedTuple):
@@ -111,8 +112,18 @@ def encode_parts(parts: Sequence[tuple[Table, np.ndarray]]) -> Encoded:
     data = np.empty(int(offsets[-1]), dtype=np.uint8)
     for spec, at, plan in plans:
         _write(data, offsets[at], spec, plan, cols["strings"])
+    # the small rare events' bytes put at their offsets at once (a summarized view has
+    # 100,000s), the big ones (a ParamsBuilt: ~100 bytes a parameter) one by one
+    small = [i for i, raw in zip(rare, rare_bytes, strict=True) if len(raw) <= _SMALL]
+    if small:
+        joined = np.frombuffer(b"".join(r for r in rare_bytes if len(r) <= _SMALL),
+                               dtype=np.uint8)
+        lengths = sizes[small]
+        shift = offsets[small] - (np.cumsum(lengths) - lengths)  # (from its place in `joined`)
+        data[np.repeat(shift, lengths) + np.arange(len(joined))] = joined
     for i, raw in zip(rare, rare_bytes, strict=True):
-        data[offsets[i]:offsets[i + 1]] = np.frombuffer(raw, dtype=np.uint8)
+        if len(raw) > _SMALL:
+            data[offsets[i]:offsets[i + 1]] = np.frombuffer(raw, dtype=np.uint8)
     return Encoded(data, offsets)
 
 
