@@ -6,8 +6,8 @@ imports under `if TYPE_CHECKING:` do not (they never run). The layers, bottom up
   itself; the utilities (atomic saves, HTML escaping, the lab dependency list) import nothing
   from ddpviz;
 - tracefile (the .ddpviz frame format, reader and writer), framecolumns (its decoder of hot
-  events into columns), tablebytes (its encoder of columns) and the columns they fill and read
-  import only the vocabulary and each other;
+  events into columns), tablebytes (its encoder of columns), columnframe (the COLUMNS frame)
+  and the columns they fill and read import only the vocabulary and each other;
 - model/ (the run model: the one fold of the event stream) imports only the vocabulary, the
   columns and itself;
 - engine/ (the DDP twin) imports only the vocabulary, the recording policy and engine/, and
@@ -38,7 +38,8 @@ VOCABULARY = {"ddpviz.events", "ddpviz.findings", "ddpviz.errors", "ddpviz.limit
 UTILITIES = {"ddpviz.atomic", "ddpviz.markup", "ddpviz.lab_deps", "ddpviz.private_dir",
              "ddpviz.units", "ddpviz.interrupts", "ddpviz.torch_support"}
 FORMAT = {"ddpviz.traces.fileformat", "ddpviz.traces.framecolumns",  # the file format, both ways
-          "ddpviz.traces.copies", "ddpviz.traces.tablebytes", "ddpviz.traces.columns"}
+          "ddpviz.traces.copies", "ddpviz.traces.tablebytes", "ddpviz.traces.columns",
+          "ddpviz.traces.columnframe"}
 # What transport/ feeds (it must work without any of them: the light rank-side install).
 ABOVE_TRANSPORT = ("ddpviz.session", "ddpviz.launcher", "ddpviz.widgets", "ddpviz._diagnose",
                    "ddpviz.plan", "ddpviz.report", "ddpviz.traces.trace",

@@ -31,7 +31,15 @@ import numpy as np
 
 from ddpviz import limits
 from ddpviz.events import ANY_EVENT, SCHEMA_VERSION, Event
-from ddpviz.traces.columns import Table
+from ddpviz.traces.columnframe import (
+    COLUMN_CHUNK,
+    COLUMNS,
+    decode_columns,
+    encode_columns,
+    events_of,
+    is_hot,
+)
+from ddpviz.traces.columns import CODE, Table
 from ddpviz.traces.copies import (
     COPY_SOURCES,
     MAX_COPIES,
@@ -43,11 +51,12 @@ from ddpviz.traces.copies import (
 from ddpviz.traces.framecolumns import EventColumns, RareCache, decode_frames
 from ddpviz.traces.tablebytes import Encoded, encode_parts
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest: files that may hold COLUMNS frames (See columnframe.py)
+READ_FORMATS = (1, 2)  # 1: event frames only, what a writer without columns still writes
 SUFFIX = ".ddpviz"
 MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
 FRAME = struct.Struct("<BII")
-HEADER, EVENTS, CLOCK, END, COPY = 1, 2, 3, 4, 5
+HEADER, EVENTS, CLOCK, END, COPY = 1, 2, 3, 4, 5  # and COLUMNS (6): columnframe.py
 ENCODE_ROWS = 1 << 16  # rows a TraceWriter encodes from columns at once (bounds its memory)
 
 # [Note: the COPY frame]
@@ -69,10 +78,11 @@ ENCODE_ROWS = 1 << 16  # rows a TraceWriter encodes from columns at once (bounds
 # cannot present what a file of more than a GB would. Readers share the payload: Python copies
 # with `msgspec.structs.replace`, TS with `{...src, rank, step, t_ns, seq}`.
 # Who writes it: `TraceWriter(copies=True)`, for what a view sends to the browser (view_bytes.py,
-# view_summary.py: those bytes are read by this ddpviz's own readers). `Trace.save` does not: an
-# older ddpviz skips frame kinds it does not know, so it would load a file with COPY frames
-# without the copied events, silently; files on disk stay readable by every format-1 reader. A
-# rank's sender never writes one; `TailReader` (follow.py) still resolves them.
+# view_summary.py) and for `Trace.save`'s files, which are format 2 (they hold COLUMNS frames:
+# columnframe.py). Only in format 2: a format-1 reader of an older ddpviz skips frame kinds it
+# does not know, so it would read a format-1 file with COPY frames without the copied events,
+# silently; it refuses a format-2 file with a message instead. A rank's sender never writes one
+# (its files are format 1); `TailReader` (follow.py) still resolves them.
 
 # [Note: a rank's end in its file]
 # A rank's sender (transport/sender.py, `Sender.to_file`) closing its file at the end of the run
@@ -248,23 +258,26 @@ class TraceWriter:
         meta: plain data (str/int/float/bool/None, lists, dicts) stored in the header.
         chunk: events per frame; a full chunk is written (not fsynced) immediately.
         copies: write a big event that equals one written before but for its rank, step, t_ns
-            and seq as a COPY frame (See [Note: the COPY frame]); only for bytes read by this
-            ddpviz's own readers (a view's), never for a file on disk.
+            and seq as a COPY frame (See [Note: the COPY frame]); the file is then format 2.
+        columns: write the hot events of `write_tables` as COLUMNS frames (See [Note: the
+            COLUMNS frame] in columnframe.py); the file is then format 2.
     Also an emitter: `writer(event)`. Not thread-safe: one writing thread.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
-                 chunk: int = 4096, copies: bool = False) -> None:
+                 chunk: int = 4096, copies: bool = False, columns: bool = False) -> None:
         self.path = Path(path)
         self._encoder = msgspec.msgpack.Encoder()
         self._pending: list[Event] = []
         self._finder = CopyFinder() if copies else None
         self._copies: list[Any] = []  # copies not yet written (never with events pending)
         self._chunk = chunk
+        self._columns = columns
         self.count = 0  # events written to the OS so far
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
         self._file.write(MAGIC)
-        self._frame(HEADER, FileHeader(FORMAT_VERSION, SCHEMA_VERSION, dict(meta or {})))
+        self._frame(HEADER, FileHeader(FORMAT_VERSION if columns or copies else 1,
+                                       SCHEMA_VERSION, dict(meta or {})))
         self._file.flush()
 
     def _frame(self, kind: int, obj: object) -> None:
@@ -382,6 +395,9 @@ class TraceWriter:
             yield _Op(table, None, None)
 
     def _write_ops(self, ops: list[_Op]) -> None:
+        if self._columns:
+            self._write_column_ops(ops)
+            return
         parts = [(op.table, op.rows) for op in ops if op.rows is not None]
         if not parts:
             encoded = Encoded(np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64))
@@ -400,6 +416,38 @@ class TraceWriter:
                     self._write_copies()
             elif self._copies:  # the rank's end (its flush)
                 self._write_copies()
+
+    def _write_column_ops(self, ops: list[_Op]) -> None:
+        """`_write_ops` with the runs of hot rows as COLUMNS frames (of at most COLUMN_CHUNK
+        rows) and the rare rows between them as EVENTS frames."""
+        for op in ops:
+            if op.rows is None:
+                if op.copy is not None:
+                    self._copies.append(op.copy)
+                    if len(self._copies) < MAX_COPIES:
+                        continue
+                if self._copies:
+                    self._write_copies()
+                continue
+            if self._copies:
+                self._write_copies()
+            table, rows = op.table, op.rows
+            hot = is_hot(table)[rows]
+            # runs of rows alike (hot or not): where `hot` changes
+            cuts = [0, *(np.flatnonzero(hot[1:] != hot[:-1]) + 1).tolist(), len(rows)]
+            for start, stop in itertools.pairwise(cuts):
+                run = rows[start:stop]
+                if hot[start]:
+                    for i in range(0, len(run), COLUMN_CHUNK):
+                        self._frame_bytes(COLUMNS, encode_columns(table, run[i:i + COLUMN_CHUNK]))
+                    self.count += len(run)
+                else:
+                    encoded = encode_parts([(table, run)])
+                    self._write_encoded(encoded.data, encoded.offsets)
+
+    def _frame_bytes(self, kind: int, payload: bytes) -> None:
+        self._file.write(FRAME.pack(kind, len(payload), zlib.crc32(payload)))
+        self._file.write(payload)
 
     def _write_encoded(self, data: np.ndarray, offsets: np.ndarray) -> None:
         """Encoded events (data[offsets[i]:offsets[i + 1]] each) as EVENTS frames of at most
@@ -663,6 +711,12 @@ def _walk(src: _Source, partial: Callable[[], Any],
                 copied = batch.sources.resolve(decode_copies(payload))
             events += len(copied)
             yield copied
+        elif kind == COLUMNS:  # (See [Note: the COLUMNS frame] in columnframe.py)
+            events += yield from batch.flush()  # (the events before it come first)
+            with _decoding(path, where):
+                block = decode_columns(payload, codes if codes is not None else CODE)
+            events += len(block)
+            yield block if codes is not None else events_of(block, CODE)
         # other kinds: records from a later minor format; skip them
     yield from batch.flush()
     if not header:
@@ -740,9 +794,10 @@ def read_header(path: Path, kind: int, payload: bytes | memoryview) -> FileHeade
         raise TraceError(f"ddpviz: {str(path)!r}: the first frame is not a header.\nThe file "
                          "is damaged; restore it from the original run.")
     fmt = msgspec.msgpack.decode(payload, type=Format).format
-    if fmt != FORMAT_VERSION:
+    if fmt not in READ_FORMATS:
         raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
-                         f"format {FORMAT_VERSION}.\nUse the ddpviz version that wrote it.")
+                         f"formats {' and '.join(map(str, READ_FORMATS))}.\nUse the ddpviz "
+                         "version that wrote it.")
     header = msgspec.msgpack.decode(payload, type=FileHeader)
     limits.check_meta(header.meta)
     if header.schema != SCHEMA_VERSION:
@@ -872,6 +927,10 @@ class TailReader:
                 return chunk
             if kind == COPY:  # (a sender writes none; a view's bytes saved to a file may)
                 chunk = self._sources.resolve(decode_copies(payload))
+                self.events += len(chunk)
+                return chunk
+            if kind == COLUMNS:  # (Trace.save writes them: See columnframe.py)
+                chunk = events_of(decode_columns(payload, CODE), CODE)
                 self.events += len(chunk)
                 return chunk
             if kind == CLOCK:

@@ -245,7 +245,8 @@ class Trace:
             SaveError: the write failed (a full disk, no permission); the previous file at
                 `path`, if any, is unchanged.
         """
-        with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK) as w:
+        with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK,
+                                                 copies=True, columns=True) as w:
             w.write_ranks(self.clock, self.columns().values())
         return Path(path)
 

@@ -27,8 +27,10 @@ from hypothesis import strategies as st
 import ddpviz
 from ddpviz import events as ev
 from ddpviz import limits
+from ddpviz.limits import LimitError
 from ddpviz.report import html as report
-from ddpviz.traces.fileformat import COPY, FRAME, TraceWriter
+from ddpviz.traces.columns import tables_of
+from ddpviz.traces.fileformat import COLUMNS, COPY, FRAME, TraceWriter
 from ddpviz.traces.trace import Trace, TraceError
 from ddpviz.widgets.dashboard import Dashboard
 from tests.security.hostile import PAYLOAD, raw_markup, without_own_scripts
@@ -129,6 +131,7 @@ copy_frames = st.lists(st.one_of(st.lists(_copy_int, min_size=6, max_size=6),
                                  st.lists(_copy_int, max_size=8), st.just("copy")), max_size=6)
 
 
+
 def exercise(path: Path) -> None:
     """Load; if it loads, every consumer of a trace must cope."""
     LOADED[1] += 1
@@ -156,6 +159,9 @@ def exercise(path: Path) -> None:
 def test_hostile_traces_load_or_raise_trace_error_and_render(evs: list[Any], md: Any,
                                                              ranks: int, copies: bool,
                                                              copied: list[Any]) -> None:
+    # (no draws of their own, so the examples stay those the fuzz drew before columns: a
+    # third written with COLUMNS frames, and the hostile entries then a COLUMNS frame's head)
+    columns = ranks == 1
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hostile.ddpviz"
         # move most events onto a few ranks so that they meet in the views
@@ -163,14 +169,20 @@ def test_hostile_traces_load_or_raise_trace_error_and_render(evs: list[Any], md:
                type(e)(**{**{f: getattr(e, f) for f in e.__struct_fields__}, "rank": i % ranks})
                for i, e in enumerate(evs)]
         try:
-            with TraceWriter(path, meta=md, copies=copies) as w:
-                w.write_many(evs)
-        except (OverflowError, ValueError, RecursionError):
+            with TraceWriter(path, meta=md, copies=copies, columns=columns) as w:
+                if columns:  # (hot events as COLUMNS frames, from their columns)
+                    w.write_tables(tables_of(evs).values())
+                else:
+                    w.write_many(evs)
+        except (OverflowError, ValueError, RecursionError, LimitError):
             return  # msgpack cannot hold it: no file an attacker could write either
-        if copied:  # a COPY frame of any entries, after the events
-            payload = msgspec.msgpack.encode(copied)
+        if copied:  # a COPY frame of any entries, or a COLUMNS frame of any head and bytes
+            kind = COLUMNS if columns else COPY
+            payload = msgspec.msgpack.encode(copied[:4] if columns else copied)
+            if columns:
+                payload += msgspec.msgpack.encode(copied[4:])
             with open(path, "ab") as f:
-                f.write(FRAME.pack(COPY, len(payload), zlib.crc32(payload)) + payload)
+                f.write(FRAME.pack(kind, len(payload), zlib.crc32(payload)) + payload)
         exercise(path)
 
 

@@ -50,7 +50,9 @@ def test_a_views_bytes_copy_the_payloads_every_rank_repeats_and_read_back_equal(
     trace = big_run()
     data, _ = trace_bytes(trace, limit=1 << 30)
     with tempfile.TemporaryDirectory() as folder:
-        plain = trace.save(Path(folder) / "t.ddpviz").read_bytes()
+        with TraceWriter(Path(folder) / "t.ddpviz", meta=trace.meta) as w:  # (no copies)
+            w.write_ranks(trace.clock, (trace.events(r) for r in trace.ranks))
+        plain = (Path(folder) / "t.ddpviz").read_bytes()
     kinds = [k for k, _ in frames(data)]
     assert COPY in kinds and COPY not in [k for k, _ in frames(plain)]
     # ranks 1-7's parameter lists (and bucket maps) are not written again
@@ -117,12 +119,20 @@ def test_a_different_event_at_a_sources_rank_and_seq_ends_that_source() -> None:
     assert back.events(0) == [built, other] and back.events(1) == [again]
 
 
-def test_trace_save_writes_no_copies() -> None:
-    """Files on disk stay readable by every format-1 reader (older ones skip unknown kinds)."""
+def test_only_a_format_2_file_holds_copies(tmp_path: Path) -> None:
+    """A format-1 reader of an older ddpviz skips kinds it does not know, so a file with COPY
+    frames says format 2, which it refuses; a writer without copies or columns (a rank's
+    sender) still writes format 1."""
     trace = big_run(world=3)
-    with tempfile.TemporaryDirectory() as folder:
-        data = trace.save(Path(folder) / "t.ddpviz").read_bytes()
-    assert COPY not in [k for k, _ in frames(data)]
+    saved = trace.save(tmp_path / "t.ddpviz").read_bytes()
+    assert COPY in [k for k, _ in frames(saved)]
+    with TraceWriter(tmp_path / "plain.ddpviz", meta=trace.meta) as w:
+        w.write_ranks(trace.clock, (trace.events(r) for r in trace.ranks))
+    plain = (tmp_path / "plain.ddpviz").read_bytes()
+    assert COPY not in [k for k, _ in frames(plain)]
+    formats = [msgspec.msgpack.decode(frames(d)[0][1])["format"] for d in (saved, plain)]
+    assert formats == [2, 1]
+    assert Trace.from_bytes(saved) == Trace.from_bytes(plain) == trace
 
 
 def test_a_followed_file_resolves_its_copies_in_order() -> None:

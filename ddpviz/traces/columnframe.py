@@ -1,0 +1,276 @@
+"""The COLUMNS frame of a `.ddpviz` file: a run of one rank's hot events as integer columns.
+
+[Note: the COLUMNS frame]
+An EVENTS frame holds msgpack maps, ~62 bytes a gradient hook, which cost ~0.5 us each to read
+even through framecolumns.py's numpy reader: 13.2M events of a 256-rank run took 7-9 s to load.
+A COLUMNS frame (kind 6) holds the hot types' events of one rank (columns.py's HOT: ~99% of a
+trace) as little-endian integer columns, ~20 bytes a row, which numpy reads as they lie. Its
+payload is a head, the msgpack array `[rank, rows, widths, strings]`, then the columns `kind`
+(u8), `step`, `t_ns`, `seq`, `a`, `b`, `s`, each `rows` signed integers of its width in
+`widths` (1, 2, 4 or 8 bytes, in that order but for kind's); exactly that many bytes. Row i is
+one event of `rank`, after every event of the frames before it:
+
+    kind  type               a       b       s
+    0     GradReady          param   bucket  -1
+    1     BucketReady        bucket  0       -1
+    2     AllReduceDone      bucket  0       -1
+    3     AllReduceLaunched  bucket  nbytes  dtype: an index into `strings`
+    4-6   ForwardStarted, BackwardStarted, BackwardFinished: a, b 0, s -1
+
+Every value is held to limits.py's bounds (the event's own field types'), and a, b and s to the
+table, so a row means exactly one event, the one its fields would decode to from msgpack; a
+frame that breaks a rule is damage (TraceError, naming it). Reading is linear in the payload:
+a fixed number of numpy passes over its rows. `TraceWriter(columns=True)` writes them (the rare
+events between runs of hot rows stay EVENTS frames); files that may hold them are format 2.
+extension/src/columnsFrame.ts reads them the same way (tests/extension/
+test_columns_frame_mirror.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+import numpy as np
+
+from ddpviz import events as ev
+from ddpviz import limits
+from ddpviz.events import Event
+from ddpviz.traces.columns import CODE, Table
+from ddpviz.traces.framecolumns import EventColumns
+
+COLUMNS = 6  # the frame kind (fileformat.py's kinds)
+MAX_COLUMN_ROWS = 1 << 20  # rows of one frame
+MAX_COLUMN_STRINGS = 4096  # dtype strings of one frame
+COLUMN_CHUNK = 1 << 16  # rows a writer puts in one frame
+
+# The frame's kind codes, in order (format, not columns.py's codes).
+TYPES: tuple[type[Event], ...] = (ev.GradReady, ev.BucketReady, ev.AllReduceDone,
+                                  ev.AllReduceLaunched, ev.ForwardStarted, ev.BackwardStarted,
+                                  ev.BackwardFinished)
+_LAUNCHED = TYPES.index(ev.AllReduceLaunched)
+# per frame code: the bounds of a and b (an exact 0 where the type has no such field)
+_A = (np.zeros(len(TYPES), dtype=np.int64),
+      np.array([limits.MAX_PARAMS - 1, *[limits.MAX_BUCKETS - 1] * 3, 0, 0, 0], dtype=np.int64))
+_B = (np.zeros(len(TYPES), dtype=np.int64),
+      np.array([limits.MAX_BUCKETS - 1, 0, 0, limits.MAX_BYTES, 0, 0, 0], dtype=np.int64))
+_NAMES = ("step", "t_ns", "seq", "a", "b", "s")
+_BOUNDS = {"step": (-1, limits.MAX_STEP), "t_ns": (-limits.MAX_COUNT, limits.MAX_COUNT),
+           "seq": (0, limits.MAX_COUNT)}
+_WIDTHS = (1, 2, 4, 8)
+# columns.py's code -> the frame's code (255: not a hot type)
+_TO_FRAME = np.full(256, 255, dtype=np.uint8)
+for _i, _cls in enumerate(TYPES):
+    _TO_FRAME[CODE[_cls]] = _i
+
+
+class ColumnsHead(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """A COLUMNS frame's head: whose rows, how many, the columns' widths, the dtype strings."""
+
+    rank: limits.Rank
+    rows: int
+    widths: tuple[int, int, int, int, int, int]
+    strings: tuple[limits.Name, ...]
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_head = msgspec.msgpack.Decoder(ColumnsHead).decode
+
+
+class ColumnsError(ValueError):
+    """A COLUMNS frame breaks the format (the message says how)."""
+
+
+def is_hot(table: Table) -> np.ndarray:
+    """Which rows of `table` a COLUMNS frame holds (bool per row)."""
+    return _TO_FRAME[table.kind] != 255
+
+
+def encode_columns(table: Table, rows: np.ndarray) -> bytes:
+    """The payload of a COLUMNS frame of these rows of `table` (hot rows, in order)."""
+    code = _TO_FRAME[table.kind[rows]]
+    s = table.s[rows]
+    strings: tuple[str, ...] = ()
+    if np.any(code == _LAUNCHED):  # only the strings these rows use, in order of first use
+        used, first, inverse = np.unique(s[code == _LAUNCHED], return_index=True,
+                                         return_inverse=True)
+        order = np.argsort(first)
+        rank_of = np.empty(len(used), dtype=np.int64)
+        rank_of[order] = np.arange(len(used))
+        s = np.full(len(rows), -1, dtype=np.int64)
+        s[code == _LAUNCHED] = rank_of[inverse.reshape(-1)]
+        strings = tuple(table.strings[i] for i in used[order].tolist())
+    else:
+        s = np.full(len(rows), -1, dtype=np.int64)
+    columns = (table.step[rows], table.t[rows], table.seq[rows], table.a[rows], table.b[rows], s)
+    widths = tuple(_width(c) for c in columns)
+    head = _encode(ColumnsHead(table.rank, len(rows), widths, strings))  # type: ignore[arg-type]
+    return b"".join([head, code.tobytes(), *(c.astype(f"<i{w}").tobytes()
+                                            for c, w in zip(columns, widths, strict=True))])
+
+
+def _width(column: np.ndarray) -> int:
+    """The fewest bytes of a signed integer that hold every value of `column`."""
+    if not len(column):
+        return 1
+    lo, hi = int(column.min()), int(column.max())
+    return next(w for w in _WIDTHS if -(1 << (8 * w - 1)) <= lo and hi < 1 << (8 * w - 1))
+
+
+def decode_columns(payload: memoryview | bytes,
+                   codes: Mapping[type[Event], int]) -> EventColumns:
+    """A COLUMNS frame's events as columns (`kind` in the caller's `codes`, as framecolumns.py
+    gives them), every rule of the Note checked.
+
+    Raises:
+        ColumnsError: the frame breaks a rule (said which); msgspec's ValidationError for a
+            head out of limits.
+    """
+    data = memoryview(payload)
+    end = _head_end(data)
+    try:
+        head = _decode_head(data[:end])
+    except msgspec.ValidationError as e:  # (the field named, not its place in the array)
+        text = str(e)
+        for i, name in enumerate(("rank", "rows", "widths", "strings")):
+            text = text.replace(f" - at `$[{i}]", f" - at `{name}").replace(
+                f"`$[{i}]", f"`{name}")
+        field = next((n for n in ("rank", "rows", "widths", "strings") if f"`{n}" in text),
+                     "")
+        raise ColumnsError(f"its head's {field}: {text.split(' - at ')[0]}" if field
+                           else f"its head: {text}") from None
+    rows = head.rows
+    if not 1 <= rows <= MAX_COLUMN_ROWS:
+        raise ColumnsError(f"it holds {rows:,} rows, not 1 to {MAX_COLUMN_ROWS:,}")
+    if any(w not in _WIDTHS for w in head.widths):
+        raise ColumnsError(f"column widths {list(head.widths)}: each must be 1, 2, 4 or 8")
+    if len(head.strings) > MAX_COLUMN_STRINGS:
+        raise ColumnsError(f"{len(head.strings):,} strings, over the {MAX_COLUMN_STRINGS:,} a "
+                           "frame may hold")
+    need = end + rows * (1 + sum(head.widths))
+    if len(data) != need:
+        raise ColumnsError(f"{len(data):,} bytes where its head says {need:,}")
+    kind = np.frombuffer(data, dtype=np.uint8, count=rows, offset=end)
+    if int(kind.max()) >= len(TYPES):
+        raise ColumnsError(f"kind {int(kind.max())} at row {int(np.argmax(kind >= len(TYPES)))}"
+                           f": a row's kind is 0 to {len(TYPES) - 1}")
+    at = end + rows
+    cols: dict[str, np.ndarray] = {}
+    for name, w in zip(_NAMES, head.widths, strict=True):
+        cols[name] = np.frombuffer(data, dtype=f"<i{w}", count=rows, offset=at).astype(np.int64)
+        at += rows * w
+    for name, (lo, hi) in _BOUNDS.items():
+        _within(cols[name], lo, hi, name)
+    launched = kind == _LAUNCHED
+    s = cols["s"]
+    if np.any(s[~launched] != -1):
+        raise ColumnsError(f"s = {int(s[~launched][s[~launched] != -1][0])} on a row that is "
+                           "not an AllReduceLaunched (its s is -1)")
+    if np.any(launched):
+        _within(s[launched], 0, len(head.strings) - 1, "s (AllReduceLaunched's dtype)")
+    for name, (lows, highs) in (("a", _A), ("b", _B)):
+        low, high = lows[kind], highs[kind]
+        bad = (cols[name] < low) | (cols[name] > high)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise ColumnsError(f"{name} = {int(cols[name][i])} at row {i}, out of "
+                               f"[{int(low[i])}, {int(high[i])}] for a "
+                               f"{TYPES[kind[i]].__name__}")
+    to_caller = np.array([codes[cls] for cls in TYPES], dtype=np.uint8)
+    return EventColumns(np.full(rows, head.rank, dtype=np.int64), to_caller[kind],
+                        cols["step"], cols["t_ns"], cols["seq"], cols["a"], cols["b"],
+                        s.astype(np.int32), tuple(head.strings), {})
+
+
+def _within(values: np.ndarray, lo: int, hi: int, name: str) -> None:
+    bad = (values < lo) | (values > hi)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ColumnsError(f"{name} = {int(values[i])} at row {i}, out of [{lo}, {hi}]")
+
+
+def _head_end(data: memoryview) -> int:
+    """Where the head (a msgpack array of 4: two ints, an array of 6 ints, an array of
+    strings) ends; ColumnsError when the bytes are not of that shape. Reads only the head's
+    own bytes: at most 4 + 9 + 9 + 1 + 6 x 9 + 5 + MAX_COLUMN_STRINGS x (5 + 4 x MAX_NAME)."""
+    p = _expect_array(data, 0, 4)
+    p = _skip_int(data, p)
+    p = _skip_int(data, p)
+    p = _expect_array(data, p, 6)
+    for _ in range(6):
+        p = _skip_int(data, p)
+    p, n = _array(data, p)
+    if n > MAX_COLUMN_STRINGS:
+        raise ColumnsError(f"{n:,} strings, over the {MAX_COLUMN_STRINGS:,} a frame may hold")
+    for _ in range(n):
+        p = _skip_str(data, p)
+    if p > len(data):
+        raise ColumnsError("its head is cut short")
+    return p
+
+
+def _byte(data: memoryview, p: int) -> int:
+    if p >= len(data):
+        raise ColumnsError("its head is cut short")
+    return data[p]
+
+
+def _expect_array(data: memoryview, p: int, n: int) -> int:
+    p, got = _array(data, p)
+    if got != n:
+        raise ColumnsError(f"its head holds an array of {got} where the format has {n}")
+    return p
+
+
+def _array(data: memoryview, p: int) -> tuple[int, int]:
+    b = _byte(data, p)
+    if 0x90 <= b <= 0x9F:
+        return p + 1, b & 15
+    if b in (0xDC, 0xDD):
+        size = 2 if b == 0xDC else 4
+        if p + 1 + size > len(data):
+            raise ColumnsError("its head is cut short")
+        return p + 1 + size, int.from_bytes(data[p + 1:p + 1 + size], "big")
+    raise ColumnsError(f"its head has byte 0x{b:02x} at {p} where the format has an array")
+
+
+def _skip_int(data: memoryview, p: int) -> int:
+    b = _byte(data, p)
+    if b < 0x80 or b >= 0xE0:
+        return p + 1
+    if 0xCC <= b <= 0xD3:
+        return p + 1 + (1 << ((b - 0xCC) & 3))
+    raise ColumnsError(f"its head has byte 0x{b:02x} at {p} where the format has an integer")
+
+
+def _skip_str(data: memoryview, p: int) -> int:
+    b = _byte(data, p)
+    if 0xA0 <= b <= 0xBF:
+        return p + 1 + (b & 31)
+    if 0xD9 <= b <= 0xDB:
+        size = 1 << (b - 0xD9)
+        if p + 1 + size > len(data):
+            raise ColumnsError("its head is cut short")
+        return p + 1 + size + int.from_bytes(data[p + 1:p + 1 + size], "big")
+    raise ColumnsError(f"its head has byte 0x{b:02x} at {p} where the format has a string")
+
+
+def events_of(columns: EventColumns, codes: Mapping[type[Event], int]) -> list[Event]:
+    """The events of decoded columns as objects (for readers that take events)."""
+    from_caller = {code: cls for cls, code in codes.items()}
+    out: list[Event] = []
+    strings = columns.strings
+    for k, rank, step, t, seq, a, b, s in zip(
+            columns.kind.tolist(), columns.rank.tolist(), columns.step.tolist(),
+            columns.t.tolist(), columns.seq.tolist(), columns.a.tolist(), columns.b.tolist(),
+            columns.s.tolist(), strict=True):
+        cls = from_caller[k]
+        if cls is ev.GradReady:
+            out.append(ev.GradReady(rank, step, t, seq, a, b))
+        elif cls is ev.AllReduceLaunched:
+            out.append(ev.AllReduceLaunched(rank, step, t, seq, a, b, strings[s]))
+        elif cls in (ev.BucketReady, ev.AllReduceDone):
+            out.append(cls(rank, step, t, seq, a))
+        else:
+            out.append(cls(rank, step, t, seq))
+    return out

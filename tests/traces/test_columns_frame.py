@@ -1,0 +1,80 @@
+"""COLUMNS frames (columnframe.py, [Note: the COLUMNS frame]): Trace.save writes a rank's hot
+events as integer columns and reads them back event for event, through every reader."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddpviz import events as ev
+from ddpviz import limits
+from ddpviz.traces import columnframe
+from ddpviz.traces.columnframe import COLUMNS, decode_columns, encode_columns
+from ddpviz.traces.columns import CODE, tables_of
+from ddpviz.traces.fileformat import EVENTS, TailReader, TraceWriter, read_trace
+from ddpviz.traces.trace import Trace
+from tests.traces.test_copy_frames import frames, same_events
+from tests.widgets.streams import synthetic_run
+
+
+def run(world: int = 3, params: int = 120, steps: int = 3) -> Trace:
+    return Trace(synthetic_run(world, params, steps), meta={"run": "columns"},
+                 clock={r: (r * 11, 2) for r in range(world)})
+
+
+def test_save_writes_the_hot_events_as_columns_and_loads_them_back_equal(tmp_path: Path) -> None:
+    trace = run()
+    data = trace.save(tmp_path / "t.ddpviz").read_bytes()
+    kinds = [k for k, _ in frames(data)]
+    assert COLUMNS in kinds and EVENTS in kinds  # (the rare events stay msgpack)
+    back = Trace.from_bytes(data)
+    same_events(trace, back)
+    assert back == trace and back.clock == trace.clock and back.meta == trace.meta
+    # a third of the bytes of the same events as msgpack maps
+    with TraceWriter(tmp_path / "plain.ddpviz", meta=trace.meta) as w:
+        w.write_ranks(trace.clock, (trace.events(r) for r in trace.ranks))
+    assert len(data) < 0.6 * (tmp_path / "plain.ddpviz").stat().st_size
+
+
+def test_every_reader_reads_the_same_events(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columnframe, "COLUMN_CHUNK", 50)  # runs split over several frames
+    import ddpviz.traces.fileformat as fileformat
+    monkeypatch.setattr(fileformat, "COLUMN_CHUNK", 50)
+    trace = run(world=2, params=60, steps=2)
+    path = trace.save(tmp_path / "t.ddpviz")
+    assert sum(k == COLUMNS for k, _ in frames(path.read_bytes())) > 4
+    # read_trace without column codes: event objects, in file order per rank
+    objects = [e for rec in read_trace(path) if isinstance(rec, list) for e in rec]
+    assert Trace(objects, meta=trace.meta, clock=trace.clock) == trace
+    # TailReader (a followed folder)
+    reader = TailReader(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        records = list(reader.read(fd, path.stat().st_size, 1 << 30))
+    finally:
+        os.close(fd)
+    assert Trace([e for r in records if isinstance(r, list) for e in r], meta=trace.meta,
+                 clock=trace.clock) == trace
+
+
+def test_extreme_values_and_every_hot_type_round_trip() -> None:
+    big = limits.MAX_COUNT
+    events: list[ev.Event] = [
+        ev.GradReady(7, -1, -big, 0, 0, 0),
+        ev.GradReady(7, limits.MAX_STEP, big, big, limits.MAX_PARAMS - 1,
+                     limits.MAX_BUCKETS - 1),
+        ev.AllReduceLaunched(7, 3, 5, 1, limits.MAX_BUCKETS - 1, limits.MAX_BYTES, "x" * 300),
+        ev.AllReduceLaunched(7, 3, 6, 2, 0, 0, "torch.bfloat16"),
+        ev.AllReduceLaunched(7, 3, 7, 3, 1, 9, "x" * 300),
+        ev.BucketReady(7, 2, 3, 4, 5), ev.AllReduceDone(7, 2, 3, 4, 6),
+        ev.ForwardStarted(7, 1, 2, 3), ev.BackwardStarted(7, 1, 2, 3),
+        ev.BackwardFinished(7, 1, 2, 3)]
+    table = tables_of(events)[7]
+    payload = encode_columns(table, np.arange(len(table)))
+    got = decode_columns(payload, CODE)
+    assert columnframe.events_of(got, CODE) == events
+    assert got.strings == ("x" * 300, "torch.bfloat16")  # in order of first use, each once
