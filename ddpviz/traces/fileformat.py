@@ -57,6 +57,7 @@ SUFFIX = ".ddpviz"
 MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
 FRAME = struct.Struct("<BII")
 HEADER, EVENTS, CLOCK, END, COPY = 1, 2, 3, 4, 5  # and COLUMNS (6): columnframe.py
+MIN_COLUMN_RUN = 64  # hot rows in a row below which a columns writer writes them as events
 ENCODE_ROWS = 1 << 16  # rows a TraceWriter encodes from columns at once (bounds its memory)
 
 # [Note: the COPY frame]
@@ -433,11 +434,20 @@ class TraceWriter:
                 self._write_copies()
             table, rows = op.table, op.rows
             hot = is_hot(table)[rows]
-            # runs of rows alike (hot or not): where `hot` changes
+            # runs of rows alike (hot or not): where `hot` changes; a short hot run goes with
+            # the rare rows around it (a frame per few rows costs more than it saves)
             cuts = [0, *(np.flatnonzero(hot[1:] != hot[:-1]) + 1).tolist(), len(rows)]
-            for start, stop in itertools.pairwise(cuts):
+            runs = [(a, b, bool(hot[a]) and b - a >= MIN_COLUMN_RUN)
+                    for a, b in itertools.pairwise(cuts)]
+            merged: list[tuple[int, int, bool]] = []
+            for a, b, columnar in runs:
+                if merged and not columnar and not merged[-1][2]:
+                    merged[-1] = (merged[-1][0], b, False)
+                else:
+                    merged.append((a, b, columnar))
+            for start, stop, columnar in merged:
                 run = rows[start:stop]
-                if hot[start]:
+                if columnar:
                     for i in range(0, len(run), COLUMN_CHUNK):
                         self._frame_bytes(COLUMNS, encode_columns(table, run[i:i + COLUMN_CHUNK]))
                     self.count += len(run)

@@ -57,7 +57,7 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
         path = Path(folder) / f"view{SUFFIX}"
         # as Trace.save writes it, but with the payloads every rank repeats as COPY frames
         # (See [Note: the COPY frame] in fileformat.py): bytes for this ddpviz's readers only
-        with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True) as w:
+        with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True, columns=True) as w:
             w.write_ranks(trace.clock, trace.columns().values())
         _bounded(path.stat().st_size, name, limit, carrier)
         return path.read_bytes(), name

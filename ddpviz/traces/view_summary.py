@@ -58,7 +58,7 @@ def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
 
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
-        with TraceWriter(path, meta=trace.meta, copies=True) as w:
+        with TraceWriter(path, meta=trace.meta, copies=True, columns=True) as w:
             w.write_ranks(trace.clock, ranks())
         return path.read_bytes(), total, folded
 

@@ -78,3 +78,27 @@ def test_extreme_values_and_every_hot_type_round_trip() -> None:
     got = decode_columns(payload, CODE)
     assert columnframe.events_of(got, CODE) == events
     assert got.strings == ("x" * 300, "torch.bfloat16")  # in order of first use, each once
+
+
+def test_short_hot_runs_between_rare_events_stay_event_frames(tmp_path: Path) -> None:
+    events: list[ev.Event] = []
+    for i in range(200):  # a rare event after every 3 hot ones
+        events += [ev.ForwardStarted(0, i, 4 * i, 4 * i),
+                   ev.BackwardStarted(0, i, 4 * i, 4 * i + 1),
+                   ev.BackwardFinished(0, i, 4 * i, 4 * i + 2),
+                   ev.OptimizerStepStarted(0, i, 4 * i, 4 * i + 3)]
+    events += [ev.ForwardStarted(0, 200 + i, i, 800 + i) for i in range(100)]  # and a long run
+    trace = Trace(events)
+    data = trace.save(tmp_path / "t.ddpviz").read_bytes()
+    kinds = [k for k, _ in frames(data)]
+    assert kinds.count(COLUMNS) == 1  # the long run only
+    assert Trace.from_bytes(data) == trace
+
+
+def test_a_views_bytes_hold_columns_and_read_back_equal() -> None:
+    from ddpviz.traces.view_bytes import trace_bytes
+
+    trace = run(world=2, params=200, steps=2)
+    data, _ = trace_bytes(trace, limit=1 << 30)
+    assert COLUMNS in [k for k, _ in frames(data)]
+    assert Trace.from_bytes(data) == trace
