@@ -230,9 +230,9 @@ def _put_int(rec: np.ndarray, p: int, cls: int, v: np.ndarray) -> None:
 
 
 def min_bytes(table: Table) -> int:
-    """The fewest bytes `table`'s hot events can take in a `.ddpviz` file (each integer in one
-    byte; rare events and frames not counted): a bound below their true size, from the counts
-    of each type alone."""
+    """The fewest bytes `table`'s hot events take as event maps (each integer in one byte;
+    rare events and frames not counted), from the counts of each type alone: a bound below
+    their size in an EVENTS frame (a COLUMNS frame holds them in fewer)."""
     counts = np.bincount(table.kind, minlength=256)
     return sum(int(counts[code]) * (len(spec.opening) + sum(len(k) + 1 for k, _ in spec.fields)
                                     + (len(_DTYPE_KEY) + 1 if spec.dtype else 0))

@@ -81,7 +81,9 @@ def view_bytes(source: object, run: RunSource, *, limit: int,
     """
     trace = run.as_trace()
     is_file = isinstance(source, (str, Path)) and Path(source).is_file()
-    # (a run whose hot events alone cannot fit is not written whole to learn that)
+    # A run whose hot events alone would be over `limit` as event maps is summarized, though
+    # its COLUMNS frames might fit: the browser's work is per event, so a view sends at most
+    # the events that `limit` of event maps holds (~1M hooks), as before columns.
     if is_file or sum(min_bytes(t) for t in trace.columns().values()) <= limit:
         try:
             data, name = trace_bytes(source, run, limit=limit, carrier=carrier)
