@@ -420,40 +420,47 @@ class TraceWriter:
 
     def _write_column_ops(self, ops: list[_Op]) -> None:
         """`_write_ops` with the runs of hot rows as COLUMNS frames (of at most COLUMN_CHUNK
-        rows) and the rare rows between them as EVENTS frames."""
+        rows) and the rare rows between them as EVENTS frames (all encoded in one pass)."""
+        steps: list[tuple[_Op, np.ndarray | None, bool]] = []  # (op, its run, columnar)
         for op in ops:
             if op.rows is None:
-                if op.copy is not None:
-                    self._copies.append(op.copy)
-                    if len(self._copies) < MAX_COPIES:
-                        continue
-                if self._copies:
-                    self._write_copies()
+                steps.append((op, None, False))
                 continue
-            if self._copies:
-                self._write_copies()
-            table, rows = op.table, op.rows
-            hot = is_hot(table)[rows]
+            hot = is_hot(op.table)[op.rows]
             # runs of rows alike (hot or not): where `hot` changes; a short hot run goes with
             # the rare rows around it (a frame per few rows costs more than it saves)
-            cuts = [0, *(np.flatnonzero(hot[1:] != hot[:-1]) + 1).tolist(), len(rows)]
-            runs = [(a, b, bool(hot[a]) and b - a >= MIN_COLUMN_RUN)
-                    for a, b in itertools.pairwise(cuts)]
+            cuts = [0, *(np.flatnonzero(hot[1:] != hot[:-1]) + 1).tolist(), len(op.rows)]
             merged: list[tuple[int, int, bool]] = []
-            for a, b, columnar in runs:
+            for a, b in itertools.pairwise(cuts):
+                columnar = bool(hot[a]) and b - a >= MIN_COLUMN_RUN
                 if merged and not columnar and not merged[-1][2]:
                     merged[-1] = (merged[-1][0], b, False)
                 else:
                     merged.append((a, b, columnar))
-            for start, stop, columnar in merged:
-                run = rows[start:stop]
-                if columnar:
-                    for i in range(0, len(run), COLUMN_CHUNK):
-                        self._frame_bytes(COLUMNS, encode_columns(table, run[i:i + COLUMN_CHUNK]))
-                    self.count += len(run)
-                else:
-                    encoded = encode_parts([(table, run)])
-                    self._write_encoded(encoded.data, encoded.offsets)
+            steps += [(op, op.rows[a:b], columnar) for a, b, columnar in merged]
+        parts = [(op.table, run) for op, run, columnar in steps
+                 if run is not None and not columnar]
+        encoded = encode_parts(parts) if parts else None
+        at = 0  # rows of `encoded` written
+        for op, run, columnar in steps:
+            if run is None:
+                if op.copy is not None:
+                    self._copies.append(op.copy)
+                    if len(self._copies) < MAX_COPIES:
+                        continue
+                if self._copies:  # (a full COPY frame, or the rank's end)
+                    self._write_copies()
+                continue
+            if self._copies:
+                self._write_copies()
+            if columnar:
+                for i in range(0, len(run), COLUMN_CHUNK):
+                    self._frame_bytes(COLUMNS, encode_columns(op.table, run[i:i + COLUMN_CHUNK]))
+                self.count += len(run)
+            else:
+                assert encoded is not None
+                self._write_encoded(encoded.data, encoded.offsets[at:at + len(run) + 1])
+                at += len(run)
 
     def _frame_bytes(self, kind: int, payload: bytes) -> None:
         self._file.write(FRAME.pack(kind, len(payload), zlib.crc32(payload)))
