@@ -49,11 +49,11 @@ TYPES: tuple[type[Event], ...] = (ev.GradReady, ev.BucketReady, ev.AllReduceDone
                                   ev.AllReduceLaunched, ev.ForwardStarted, ev.BackwardStarted,
                                   ev.BackwardFinished)
 _LAUNCHED = TYPES.index(ev.AllReduceLaunched)
-# per frame code: the bounds of a and b (an exact 0 where the type has no such field)
-_A = (np.zeros(len(TYPES), dtype=np.int64),
-      np.array([limits.MAX_PARAMS - 1, *[limits.MAX_BUCKETS - 1] * 3, 0, 0, 0], dtype=np.int64))
-_B = (np.zeros(len(TYPES), dtype=np.int64),
-      np.array([limits.MAX_BUCKETS - 1, 0, 0, limits.MAX_BYTES, 0, 0, 0], dtype=np.int64))
+# per frame code: the highest a and b (each at least 0; exactly 0 where the type has no such
+# field)
+_A_MAX = np.array([limits.MAX_PARAMS - 1, *[limits.MAX_BUCKETS - 1] * 3, 0, 0, 0],
+                  dtype=np.int64)
+_B_MAX = np.array([limits.MAX_BUCKETS - 1, 0, 0, limits.MAX_BYTES, 0, 0, 0], dtype=np.int64)
 _NAMES = ("step", "t_ns", "seq", "a", "b", "s")
 _BOUNDS = {"step": (-1, limits.MAX_STEP), "t_ns": (-limits.MAX_COUNT, limits.MAX_COUNT),
            "seq": (0, limits.MAX_COUNT)}
@@ -160,22 +160,32 @@ def decode_columns(payload: memoryview | bytes,
         cols[name] = np.frombuffer(data, dtype=f"<i{w}", count=rows, offset=at).astype(np.int64)
         at += rows * w
     for name, (lo, hi) in _BOUNDS.items():
-        _within(cols[name], lo, hi, name)
-    launched = kind == _LAUNCHED
+        column = cols[name]
+        if int(column.min()) < lo or int(column.max()) > hi:
+            _within(column, lo, hi, name)
     s = cols["s"]
-    if np.any(s[~launched] != -1):
-        raise ColumnsError(f"s = {int(s[~launched][s[~launched] != -1][0])} on a row that is "
-                           "not an AllReduceLaunched (its s is -1)")
+    launched = kind == _LAUNCHED
     if np.any(launched):
+        if np.any(s[~launched] != -1):
+            raise ColumnsError(f"s = {int(s[~launched][s[~launched] != -1][0])} on a row that "
+                               "is not an AllReduceLaunched (its s is -1)")
         _within(s[launched], 0, len(head.strings) - 1, "s (AllReduceLaunched's dtype)")
-    for name, (lows, highs) in (("a", _A), ("b", _B)):
-        low, high = lows[kind], highs[kind]
-        bad = (cols[name] < low) | (cols[name] > high)
+    elif int(s.min()) != -1 or int(s.max()) != -1:
+        raise ColumnsError(f"s = {int(s[s != -1][0])} on a row that is not an "
+                           "AllReduceLaunched (its s is -1)")
+    for name, highs in (("a", _A_MAX), ("b", _B_MAX)):
+        values = cols[name]
+        # (every low bound is 0: one min; the high bounds by kind, gathered once)
+        bad = values > highs[kind] if int(values.min()) >= 0 else values < 0
         if np.any(bad):
             i = int(np.argmax(bad))
-            raise ColumnsError(f"{name} = {int(cols[name][i])} at row {i}, out of "
-                               f"[{int(low[i])}, {int(high[i])}] for a "
-                               f"{TYPES[kind[i]].__name__}")
+            raise ColumnsError(f"{name} = {int(values[i])} at row {i}, out of "
+                               f"[0, {int(highs[kind[i]])}] for a {TYPES[kind[i]].__name__}")
+    return _columns(head, rows, kind, cols, s, codes)
+
+
+def _columns(head: ColumnsHead, rows: int, kind: np.ndarray, cols: dict[str, np.ndarray],
+             s: np.ndarray, codes: Mapping[type[Event], int]) -> EventColumns:
     to_caller = np.array([codes[cls] for cls in TYPES], dtype=np.uint8)
     return EventColumns(np.full(rows, head.rank, dtype=np.int64), to_caller[kind],
                         cols["step"], cols["t_ns"], cols["seq"], cols["a"], cols["b"],
