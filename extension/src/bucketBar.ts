@@ -28,22 +28,25 @@ export function bucketBar(
   options: ViewOptions,
   selectable = true
 ): HTMLElement {
+  const labels = labelsOf(params);
   const blocks = buckets.map((indices, b) => {
     const size = bytes[b] ?? 0;
     const color = bucketColor(options.scheme, b);
-    const segments = indices.map((i, k) => {
-      const p = params.get(i);
-      const label = p
-        ? `param ${i} ${p.name}: (${p.shape.join(', ')}) ${p.dtype}, ${humanBytes(paramBytes(p))}`
-        : `param ${i}`;
-      return h('span', {
-        class: 'ddpviz-param',
-        'data-param': i,
-        title: label,
-        style:
-          `flex-grow: ${p ? Math.max(paramBytes(p), 1) : 1}; background: ${color}; ` +
-          `opacity: ${k % 2 === 0 ? 1 : 0.72}`
-      });
+    // (a map has a segment per parameter: tens of thousands. Each a copy of one of the
+    // bucket's two, its colour and opacity set once: no style text parsed per segment.)
+    const segments = h('div', { class: 'ddpviz-params' });
+    const even = document.createElement('span');
+    even.className = 'ddpviz-param';
+    even.style.background = color;
+    even.style.opacity = '1';
+    const odd = even.cloneNode() as HTMLElement;
+    odd.style.opacity = '0.72';
+    indices.forEach((i, k) => {
+      const span = (k % 2 === 0 ? even : odd).cloneNode() as HTMLElement;
+      span.setAttribute('data-param', String(i));
+      span.title = labels.get(i) ?? `param ${i}`;
+      span.style.flexGrow = String(labels.grow(i));
+      segments.append(span);
     });
     const limit = limits[b];
     return h(
@@ -59,9 +62,47 @@ export function bucketBar(
           (limit !== undefined ? ` (limit ${humanBytes(limit)})` : ''),
         style: `flex-grow: ${Math.max(size, 1)}`
       },
-      h('div', { class: 'ddpviz-params' }, segments),
+      segments,
       h('div', { class: 'ddpviz-bucket-label' }, `b${b} · ${indices.length} · ${humanBytes(size)}`)
     );
   });
   return h('div', { class: 'ddpviz-bar' }, blocks);
+}
+
+/** A parameter's hover text and segment width, made once per parameter for all of a view's maps. */
+interface Labels {
+  get(index: number): string | undefined;
+  grow(index: number): number;
+}
+
+const labelCache = new WeakMap<Map<number, ParamInfo>, Labels>();
+
+function labelsOf(params: Map<number, ParamInfo>): Labels {
+  let labels = labelCache.get(params);
+  if (labels === undefined) {
+    const text = new Map<number, string>();
+    const grow = new Map<number, number>();
+    labels = {
+      get: index => {
+        let label = text.get(index);
+        const p = params.get(index);
+        if (label === undefined && p !== undefined) {
+          label = `param ${index} ${p.name}: (${p.shape.join(', ')}) ${p.dtype}, ${humanBytes(paramBytes(p))}`;
+          text.set(index, label);
+        }
+        return label;
+      },
+      grow: index => {
+        let g = grow.get(index);
+        if (g === undefined) {
+          const p = params.get(index);
+          g = p ? Math.max(paramBytes(p), 1) : 1;
+          grow.set(index, g);
+        }
+        return g;
+      }
+    };
+    labelCache.set(params, labels);
+  }
+  return labels;
 }

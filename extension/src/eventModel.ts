@@ -177,6 +177,27 @@ function cloneRow(row: TimelineRow): TimelineRow {
 }
 
 /** Everything the viewer shows, computed once per file. */
+/**
+ * The events a rank's state is read from (its model, its verification, its state broadcast,
+ * its bucket maps): TraceModel.setupEvents keeps them apart, in file order, so the panels
+ * that read them do not scan the rank's hooks.
+ */
+export const SETUP_TYPES: ReadonlySet<EventType> = new Set<EventType>([
+  'ParamsBuilt',
+  'VerificationStarted',
+  'VerificationPassed',
+  'VerificationFailed',
+  'BroadcastStarted',
+  'BroadcastChunkDone',
+  'BroadcastFinished',
+  'BucketAssigned'
+]);
+
+interface RankIndex {
+  byType: Map<EventType, DDPEvent[]>;
+  setup: DDPEvent[];
+}
+
 export class TraceModel {
   /**
    * @param trace - a parsed trace.
@@ -212,14 +233,52 @@ export class TraceModel {
     return this.trace.byRank.get(rank) ?? [];
   }
 
-  /** How many events of each type one rank emitted. */
+  /** How many events of each type one rank emitted (in the order of their first). */
   counts(rank: number): Map<EventType, number> {
     const out = new Map<EventType, number>();
-    for (const e of this.events(rank)) {
-      out.set(e.type, (out.get(e.type) ?? 0) + 1);
+    for (const [type, events] of this.index(rank).byType) {
+      out.set(type, events.length);
     }
     return out;
   }
+
+  /** One rank's events of one type, in file order. */
+  ofType<T extends EventType>(rank: number, type: T): Extract<DDPEvent, { type: T }>[] {
+    return (this.index(rank).byType.get(type) ?? []) as Extract<DDPEvent, { type: T }>[];
+  }
+
+  /**
+   * One rank's model, verification, broadcast and bucket-map events (SETUP_TYPES), in file
+   * order: the few events the panels that read a rank's state scan, without its hooks.
+   */
+  setupEvents(rank: number): DDPEvent[] {
+    return this.index(rank).setup;
+  }
+
+  /** A rank's events by type and its setup events, made in one pass at the first use. */
+  private index(rank: number): RankIndex {
+    let index = this._index.get(rank);
+    if (index === undefined) {
+      const byType = new Map<EventType, DDPEvent[]>();
+      const setup: DDPEvent[] = [];
+      for (const e of this.events(rank)) {
+        let list = byType.get(e.type);
+        if (list === undefined) {
+          list = [];
+          byType.set(e.type, list);
+        }
+        list.push(e);
+        if (SETUP_TYPES.has(e.type)) {
+          setup.push(e);
+        }
+      }
+      index = { byType, setup };
+      this._index.set(rank, index);
+    }
+    return index;
+  }
+
+  private readonly _index = new Map<number, RankIndex>();
 
   /** `t_ns` on the reference clock: t_ns + the rank's offset (0 on one host). */
   aligned(e: DDPEvent): number {
@@ -281,9 +340,11 @@ export class TraceModel {
         continue;
       }
       rows.push(this._row(rank, events));
+      const offset = this.trace.clock.get(rank)?.[0] ?? 0; // (aligned's, once a rank)
       for (const e of events) {
-        t0 = Math.min(t0, this.aligned(e));
-        t1 = Math.max(t1, this.aligned(e));
+        const t = e.t_ns + offset;
+        t0 = Math.min(t0, t);
+        t1 = Math.max(t1, t);
       }
     }
     this._rowCache.set(step, { rows, t0, t1 });
@@ -309,12 +370,11 @@ export class TraceModel {
     if (this._waits === null) {
       this._waits = whoWaited(
         this.ranks.map(rank => {
-          const events = this.events(rank);
-          const launched = events.filter(e => e.type === 'AllReduceLaunched');
-          const ready = launched.length ? launched : events.filter(e => e.type === 'BucketReady');
+          const launched = this.ofType(rank, 'AllReduceLaunched');
+          const ready: DDPEvent[] = launched.length ? launched : this.ofType(rank, 'BucketReady');
           return {
             rank,
-            forwardSteps: events.filter(e => e.type === 'ForwardStarted').map(e => e.step),
+            forwardSteps: this.ofType(rank, 'ForwardStarted').map(e => e.step),
             launches: ready.map(
               e =>
                 [e.step, (e as { bucket: number }).bucket, this.aligned(e)] as [
@@ -323,9 +383,9 @@ export class TraceModel {
                   number
                 ]
             ),
-            ends: events
-              .filter(e => e.type === 'BackwardFinished')
-              .map(e => [e.step, this.aligned(e)] as [number, number]),
+            ends: this.ofType(rank, 'BackwardFinished').map(
+              e => [e.step, this.aligned(e)] as [number, number]
+            ),
             error: this.trace.clock.get(rank)?.[1] ?? 0
           };
         })
@@ -341,10 +401,8 @@ export class TraceModel {
   private _all<T extends EventType>(type: T): Extract<DDPEvent, { type: T }>[] {
     const out: Extract<DDPEvent, { type: T }>[] = [];
     for (const rank of this.ranks) {
-      for (const e of this.events(rank)) {
-        if (e.type === type) {
-          out.push(e as Extract<DDPEvent, { type: T }>);
-        }
+      for (const e of this.ofType(rank, type)) {
+        out.push(e);
       }
     }
     return out;
@@ -400,7 +458,7 @@ export class TraceModel {
       digest: '',
       mismatches: []
     };
-    for (const e of this.events(rank)) {
+    for (const e of this.setupEvents(rank)) {
       if (e.type === 'VerificationStarted') {
         Object.assign(row, {
           status: 'running',
@@ -425,7 +483,7 @@ export class TraceModel {
 
   private _broadcast(rank: number): BroadcastRow | null {
     let row: BroadcastRow | null = null;
-    for (const e of this.events(rank)) {
+    for (const e of this.setupEvents(rank)) {
       if (e.type === 'BroadcastStarted') {
         row = {
           rank,
@@ -451,9 +509,11 @@ export class TraceModel {
   private _steps(): number[] {
     const steps = new Set<number>();
     for (const rank of this.ranks) {
-      for (const e of this.events(rank)) {
-        if (e.step >= 0 && (e.type === 'GradReady' || e.type === 'BackwardStarted')) {
-          steps.add(e.step);
+      for (const type of ['GradReady', 'BackwardStarted'] as const) {
+        for (const e of this.ofType(rank, type)) {
+          if (e.step >= 0) {
+            steps.add(e.step);
+          }
         }
       }
     }

@@ -80,18 +80,25 @@ const CONSTRUCTION_PHASED = new Set<EventType>([
 export class ReplayIndex {
   constructor(readonly model: TraceModel) {
     for (const rank of model.ranks) {
+      const offset = model.trace.clock.get(rank)?.[0] ?? 0; // (model.aligned's, once a rank)
+      let step = NaN;
+      let b: [number, number] | undefined;
       for (const e of model.events(rank)) {
         if (DEBUGGER_EVENTS.has(e.type)) {
           continue;
         }
-        const t = model.aligned(e);
-        const b = this.bounds.get(e.step);
-        if (b === undefined) {
-          this.bounds.set(e.step, [t, t]);
-        } else {
-          b[0] = Math.min(b[0], t);
-          b[1] = Math.max(b[1], t);
+        const t = e.t_ns + offset;
+        if (e.step !== step) {
+          step = e.step; // (a rank's events come step after step: one lookup a step)
+          b = this.bounds.get(step);
+          if (b === undefined) {
+            b = [t, t];
+            this.bounds.set(step, b);
+          }
         }
+        const bounds = b as [number, number];
+        bounds[0] = Math.min(bounds[0], t);
+        bounds[1] = Math.max(bounds[1], t);
       }
     }
     for (const [, [t0, t1]] of this.bounds) {
@@ -193,18 +200,20 @@ export function phasesAt(
   const phases = new Map<number, string>();
   const steps = new Map<number, number>();
   for (const rank of full.ranks) {
-    const events = full.events(rank).filter(e => !DEBUGGER_EVENTS.has(e.type));
     if (asOf === null) {
       let phase = 'waiting';
       let step = CONSTRUCTION;
-      for (const e of events) {
-        phase = STATUS_OF[e.type] ?? phase;
-        step = Math.max(step, e.step);
+      for (const e of full.events(rank)) {
+        if (!DEBUGGER_EVENTS.has(e.type)) {
+          phase = STATUS_OF[e.type] ?? phase;
+          step = Math.max(step, e.step);
+        }
       }
       phases.set(rank, phase);
       steps.set(rank, step);
       continue;
     }
+    const events = full.events(rank).filter(e => !DEBUGGER_EVENTS.has(e.type));
     // an iteration counts from its first event on this rank (StepRecord.first)
     const first = new Map<number, number>();
     for (const e of events) {

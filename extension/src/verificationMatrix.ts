@@ -298,7 +298,8 @@ export function rankFacts(model: TraceModel): {
       broadcastStarted: false,
       maps: false
     };
-    for (const e of model.events(rank)) {
+    // (the rank's model, verification, broadcast and map events: all this reads)
+    for (const e of model.setupEvents(rank)) {
       switch (e.type) {
         case 'ParamsBuilt':
           facts.params = e;
