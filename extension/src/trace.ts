@@ -8,17 +8,18 @@
 
 import { decode } from '@msgpack/msgpack';
 
+import { readColumns } from './columnsFrame';
 import { asEvent, DDPEvent, SCHEMA_VERSION } from './events';
 import { MAX_STEP, MAX_WORLD_SIZE } from './limits';
 
-/** `ddpviz.traces.fileformat.FORMAT_VERSION`. */
-export const FORMAT_VERSION = 1;
+/** `ddpviz.traces.fileformat.FORMAT_VERSION`, the newest (format 1 is read too). */
+export const FORMAT_VERSION = 2;
 
 /** `ddpviz.traces.fileformat.MAGIC`: "DDPVIZ\0\x1a". */
 export const MAGIC = [0x44, 0x44, 0x50, 0x56, 0x49, 0x5a, 0x00, 0x1a];
 
-/** Frame kinds (`ddpviz.traces.fileformat.HEADER`, `EVENTS`, `CLOCK`, `COPY`). */
-export const FRAME_KINDS = { header: 1, events: 2, clock: 3, copy: 5 } as const;
+/** Frame kinds (`ddpviz.traces.fileformat.HEADER`, `EVENTS`, `CLOCK`, `COPY`, `COLUMNS`). */
+export const FRAME_KINDS = { header: 1, events: 2, clock: 3, copy: 5, columns: 6 } as const;
 
 /**
  * The event types a COPY frame may repeat (`ddpviz.traces.copies.COPY_SOURCES`): the ones
@@ -562,6 +563,11 @@ function* readFramesInto(
           'The file was modified after writing; restore it from the original run.'
       );
     }
+    if (sawHeader && kind === FRAME_KINDS.columns) {
+      readColumns(trace, payload, where); // not msgpack past its head: columnsFrame.ts
+      yield;
+      continue;
+    }
     let value: unknown;
     try {
       value = decodePayload(payload);
@@ -598,10 +604,10 @@ function readHeader(trace: ParsedTrace, kind: number, value: unknown, name: stri
         'The file is damaged; restore it from the original run.'
     );
   }
-  if (header.format !== FORMAT_VERSION) {
+  if (header.format !== 1 && header.format !== FORMAT_VERSION) {
     throw new TraceError(
-      `ddpviz: '${name}' is trace format ${header.format}; this viewer reads format ` +
-        `${FORMAT_VERSION}.\nUse the ddpviz version that wrote it.`
+      `ddpviz: '${name}' is trace format ${header.format}; this viewer reads formats 1 ` +
+        `and ${FORMAT_VERSION}.\nUse the ddpviz version that wrote it.`
     );
   }
   if (header.schema !== SCHEMA_VERSION) {

@@ -208,5 +208,6 @@ def test_trace_reader_constants_match_tracefile_py() -> None:
     assert bytes(int(b, 16) for b in m.group(1).split(",")) == tracefile.MAGIC
     assert ts_flat_table(text, "FRAME_KINDS") == {
         "header": str(tracefile.HEADER), "events": str(tracefile.EVENTS),
-        "clock": str(tracefile.CLOCK), "copy": str(tracefile.COPY)}
+        "clock": str(tracefile.CLOCK), "copy": str(tracefile.COPY),
+        "columns": str(tracefile.COLUMNS)}
     assert tracefile.FRAME.format == "<BII"  # kind u8, length u32 LE, crc32 u32 LE: as read
