@@ -164,8 +164,12 @@ def browser_paint(html_path: Path, sent: Sent, repeat: int) -> tuple[list[float]
                 for row in (report, binary):
                     context = browser.new_context(viewport={"width": 1280, "height": 1500})
                     tab = context.new_page()
-                    errors: list[Any] = []
-                    tab.on("pageerror", errors.append)
+                    errors: list[str] = []
+
+                    def threw(error: Any, errors: list[str] = errors) -> None:
+                        errors.append(str(error))
+
+                    tab.on("pageerror", threw)
                     if row is report:
                         tab.goto(html_path.as_uri(), wait_until="commit")
                     else:
