@@ -169,7 +169,11 @@ def decode_columns(payload: memoryview | bytes,
         if np.any(s[~launched] != -1):
             raise ColumnsError(f"s = {int(s[~launched][s[~launched] != -1][0])} on a row that "
                                "is not an AllReduceLaunched (its s is -1)")
-        _within(s[launched], 0, len(head.strings) - 1, "s (AllReduceLaunched's dtype)")
+        bad = launched & ((s < 0) | (s >= len(head.strings)))
+        if np.any(bad):
+            i = int(np.argmax(bad))  # (the row in the frame)
+            raise ColumnsError(f"s (AllReduceLaunched's dtype) = {int(s[i])} at row {i}, out "
+                               f"of [0, {len(head.strings) - 1}]")
     elif int(s.min()) != -1 or int(s.max()) != -1:
         raise ColumnsError(f"s = {int(s[s != -1][0])} on a row that is not an "
                            "AllReduceLaunched (its s is -1)")
