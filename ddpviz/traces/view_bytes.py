@@ -6,6 +6,7 @@ that front end's built files (`front_end`).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -80,11 +81,11 @@ def view_bytes(source: object, run: RunSource, *, limit: int,
         TraceViewError: the run is over `limit` even summarized.
     """
     trace = run.as_trace()
-    is_file = isinstance(source, (str, Path)) and Path(source).is_file()
     # A run whose hot events alone would be over `limit` as event maps is summarized, though
     # its COLUMNS frames might fit: the browser's work is per event, so a view sends at most
-    # the events that `limit` of event maps holds (~1M hooks), as before columns.
-    if is_file or sum(min_bytes(t) for t in trace.columns().values()) <= limit:
+    # the events that `limit` of event maps holds (~1M hooks), as before columns; a file too.
+    few = sum(min_bytes(t) for t in trace.columns().values()) <= limit
+    if few:
         try:
             data, name = trace_bytes(source, run, limit=limit, carrier=carrier)
             return ViewBytes(data, name, len(trace), 0)
@@ -94,6 +95,10 @@ def view_bytes(source: object, run: RunSource, *, limit: int,
     name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
     data, events, folded = summarized_bytes(trace)
     if len(data) > limit:
+        if not few:  # (small buckets: a summary per bucket can take more than the hooks did)
+            with contextlib.suppress(TraceViewError):
+                whole, name = trace_bytes(source, run, limit=limit, carrier=carrier)
+                return ViewBytes(whole, name, len(trace), 0)
         _bounded(len(data), f"{name} (its gradient hooks summarized per bucket)", limit,
                  carrier)
     return ViewBytes(data, name, events, folded)

@@ -154,11 +154,12 @@ def test_a_run_over_what_a_view_sends_is_drawn_with_its_hooks_summarized_and_say
 
     # rank 1's hooks fire in another order at step 2: diagnose() names it from every event
     # (the summary drawn has no per-parameter order left to show it)
-    events = synthetic_run(2, 200, 4, plant=Plant(swap={1: (2, 0, 1)}))
+    # (big buckets: summarized per bucket, the hooks take fewer bytes than in COLUMNS frames)
+    events = synthetic_run(2, 200, 4, cap=60_000, plant=Plant(swap={1: (2, 0, 1)}))
     path = ddpviz.Trace(events).save(tmp_path / "run.ddpviz")
-    # the run whole as a view writes it (its constructor payloads as COPY frames: smaller)
+    # the run whole as a view writes it (as Trace.save does: COPY and COLUMNS frames)
     whole = len(trace_bytes(ddpviz.Trace.load(path), limit=1 << 30)[0])
-    assert whole < path.stat().st_size
+    assert whole == path.stat().st_size
     monkeypatch.setattr(trace_view, "MAX_BYTES", whole - 1)  # just over the bound
     for source in (path, ddpviz.Trace.load(path)):
         d = Dashboard(source)
@@ -172,3 +173,21 @@ def test_a_run_over_what_a_view_sends_is_drawn_with_its_hooks_summarized_and_say
     monkeypatch.setattr(trace_view, "MAX_BYTES", 1000)  # over even summarized: refused
     with pytest.raises(trace_view.TraceViewError, match="gradient hooks summarized per bucket"):
         Dashboard(path)
+
+
+def test_a_run_of_small_buckets_is_sent_whole_where_its_summary_would_be_bigger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpviz.traces.tablebytes import min_bytes
+    from ddpviz.widgets import trace_view
+
+    # ~4 parameters a bucket: a summary per bucket takes more bytes than the hooks' columns
+    trace = ddpviz.Trace(synthetic_run(2, 200, 20))
+    whole = len(trace_bytes(trace, limit=1 << 30)[0])
+    monkeypatch.setattr(trace_view, "MAX_BYTES", whole)
+    assert sum(min_bytes(t) for t in trace.columns().values()) > whole  # (as event maps: over)
+    d = Dashboard(trace)
+    try:
+        assert len(d.trace) == whole and d.events_sent == len(trace) and not d.notice
+        assert ddpviz.Trace.from_bytes(d.trace) == trace
+    finally:
+        d.close()
