@@ -12,10 +12,11 @@ Playwright), two rows:
   same components and reader as the dashboard's), opened from disk; timed from the page's
   navigation start to the first animation frame after the hook timeline's SVG exists (parsing
   the page, reading and inflating the embedded bytes, parsing the trace, building the model,
-  drawing). (A real report embeds 16 MiB of trace at most: the 13.2M-event run's 42 MiB is
+  drawing). (A real report embeds 16 MiB of trace at most: the 13.2M-event run's 38-42 MiB is
   over it, so that row is the page's cost at a size no report is written at.)
 - dashboard (binary): the dashboard widget's own path. Its anywidget front end (trace_view.js)
-  rendered on a page served through Playwright's `page.route` with a model whose `trace`,
+  rendered on a page served from this process's memory (an HTTP server on 127.0.0.1:
+  Playwright's `page.route` took 2 minutes to hand over 38 MB) with a model whose `trace`,
   `diagnosis` and `advice` are DataViews over ArrayBuffers the page fetched as binary
   responses (no base64, no HTML parse: anywidget hands the kernel's buffers over as such);
   timed from the moment the buffers are in hand to the first animation frame after the
@@ -35,9 +36,11 @@ import base64
 import os
 import sys
 import tempfile
+import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +59,6 @@ VIEW_ID, TRACE_ID, DIAGNOSIS_ID = "ddpviz-view", "ddpviz-view-trace", "ddpviz-vi
 ADVICE_ID = "ddpviz-view-advice"
 PAINTED = "svg.ddpviz-timeline"  # the hook timeline: the view's main drawing
 ENCODING, LEVEL = "deflate", 6  # report/interactive.py's ENCODING and LEVEL
-ORIGIN = "http://ddpviz-bench.test"  # the binary row's page (served by page.route, never fetched)
 # ms from navigation start to the first frame painted after the timeline exists
 FIRST_PAINT = ("new Promise(r => requestAnimationFrame(() => "
                "setTimeout(() => r(performance.now()))))")
@@ -124,29 +126,41 @@ widget.render({ model, el: document.getElementById('ddpviz-view') });
 </script></body></html>"""
 
 
-def binary_goto(tab: Any, sent: Sent) -> None:
-    """Open the binary row's page in `tab` (served by page.route: nothing leaves the machine)."""
+@contextmanager
+def served(sent: Sent) -> Iterator[str]:
+    """The binary row's page and its files, served from memory on 127.0.0.1: its address."""
     import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     files: dict[str, tuple[str, bytes]] = {
-        "index.html": ("text/html", _BINARY_PAGE.encode()),
-        "trace_view.js": ("text/javascript", front_end("trace_view.js").encode()),
-        "trace_view.css": ("text/css", front_end("trace_view.css").encode()),
-        "traits.json": ("application/json", json.dumps(sent.traits).encode()),
-        "trace.bin": ("application/octet-stream", sent.trace),
-        "diagnosis.bin": ("application/octet-stream", sent.diagnosis),
-        "advice.bin": ("application/octet-stream", sent.advice)}
+        "/index.html": ("text/html", _BINARY_PAGE.encode()),
+        "/trace_view.js": ("text/javascript", front_end("trace_view.js").encode()),
+        "/trace_view.css": ("text/css", front_end("trace_view.css").encode()),
+        "/traits.json": ("application/json", json.dumps(sent.traits).encode()),
+        "/trace.bin": ("application/octet-stream", sent.trace),
+        "/diagnosis.bin": ("application/octet-stream", sent.diagnosis),
+        "/advice.bin": ("application/octet-stream", sent.advice)}
 
-    def serve(route: Any) -> None:
-        name = route.request.url.removeprefix(ORIGIN + "/")
-        if name not in files:
-            route.fulfill(status=404, body=b"")
-            return
-        kind, body = files[name]
-        route.fulfill(status=200, headers={"content-type": kind}, body=body)
+    class Files(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            kind, body = files.get(self.path, ("text/plain", b""))
+            self.send_response(200 if self.path in files else 404)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    tab.route(ORIGIN + "/**", serve)
-    tab.goto(f"{ORIGIN}/index.html", wait_until="commit")
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def browser_paint(html_path: Path, sent: Sent, repeat: int) -> tuple[list[float], list[float]]:
@@ -156,7 +170,7 @@ def browser_paint(html_path: Path, sent: Sent, repeat: int) -> tuple[list[float]
 
     report: list[float] = []
     binary: list[float] = []
-    with sync_playwright() as p:
+    with sync_playwright() as p, served(sent) as address:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
                                     headless=True)
         try:
@@ -173,7 +187,7 @@ def browser_paint(html_path: Path, sent: Sent, repeat: int) -> tuple[list[float]
                     if row is report:
                         tab.goto(html_path.as_uri(), wait_until="commit")
                     else:
-                        binary_goto(tab, sent)
+                        tab.goto(address, wait_until="commit")
                     tab.wait_for_selector(PAINTED, timeout=300_000)
                     painted = tab.evaluate(FIRST_PAINT)
                     start = 0.0 if row is report else tab.evaluate("window.__ddpviz_bytes_ms")
