@@ -240,18 +240,9 @@ function rowEvents(
         });
         break;
       case 1:
-        out.push({
-          type: 'BucketReady',
-          rank,
-          step,
-          t_ns: t,
-          seq,
-          bucket: intAt(view, pA + i * wA, wA)
-        });
-        break;
       case 2:
         out.push({
-          type: 'AllReduceDone',
+          type: kind[i] === 1 ? 'BucketReady' : 'AllReduceDone',
           rank,
           step,
           t_ns: t,
