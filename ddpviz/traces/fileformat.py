@@ -49,7 +49,7 @@ from ddpviz.traces.copies import (
     decode_copies,
 )
 from ddpviz.traces.framecolumns import EventColumns, RareCache, decode_frames
-from ddpviz.traces.tablebytes import Encoded, encode_parts
+from ddpviz.traces.tablebytes import encode_parts
 
 FORMAT_VERSION = 2  # the newest: files that may hold COLUMNS frames (See columnframe.py)
 READ_FORMATS = (1, 2)  # 1: event frames only, what a writer without columns still writes
@@ -396,35 +396,14 @@ class TraceWriter:
             yield _Op(table, None, None)
 
     def _write_ops(self, ops: list[_Op]) -> None:
-        if self._columns:
-            self._write_column_ops(ops)
-            return
-        parts = [(op.table, op.rows) for op in ops if op.rows is not None]
-        if not parts:
-            encoded = Encoded(np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64))
-        else:
-            encoded = encode_parts(parts)
-        at = 0  # rows of `encoded` written
-        for op in ops:
-            if op.rows is not None:  # (a run's events: copies before them go first)
-                if self._copies:
-                    self._write_copies()
-                self._write_encoded(encoded.data, encoded.offsets[at:at + len(op.rows) + 1])
-                at += len(op.rows)
-            elif op.copy is not None:
-                self._copies.append(op.copy)
-                if len(self._copies) >= MAX_COPIES:
-                    self._write_copies()
-            elif self._copies:  # the rank's end (its flush)
-                self._write_copies()
-
-    def _write_column_ops(self, ops: list[_Op]) -> None:
-        """`_write_ops` with the runs of hot rows as COLUMNS frames (of at most COLUMN_CHUNK
-        rows) and the rare rows between them as EVENTS frames (all encoded in one pass)."""
+        """Carry out `_ops`: each run of rows as EVENTS frames (all of the batch's encoded in
+        one pass) or, for a columns writer, a long enough run of hot rows as COLUMNS frames
+        (of at most COLUMN_CHUNK rows); copies as COPY frames before the next events, when
+        MAX_COPIES are waiting, or at the rank's end."""
         steps: list[tuple[_Op, np.ndarray | None, bool]] = []  # (op, its run, columnar)
         for op in ops:
-            if op.rows is None:
-                steps.append((op, None, False))
+            if op.rows is None or not self._columns:
+                steps.append((op, op.rows, False))
                 continue
             hot = is_hot(op.table)[op.rows]
             # runs of rows alike (hot or not): where `hot` changes; a short hot run goes with
