@@ -20,6 +20,7 @@ import math
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,38 +80,44 @@ def summarized_tables(trace: Trace) -> Iterator[tuple[Table, int]]:
         keep = np.ones(len(table), dtype=bool)
         keep[grads] = False
         kept_rows = np.flatnonzero(keep)
-        at = np.array([row for row, _ in summaries], dtype=np.int64)
         # merged in row order: each summary at the row of its bucket's last GradReady
-        order = np.argsort(np.concatenate([kept_rows, at]), kind="stable")
-        yield _merged(table, kept_rows, [e for _, e in summaries], order), \
-            len(grads) - len(summaries)
+        order = np.argsort(np.concatenate([kept_rows, summaries.row]), kind="stable")
+        yield _merged(table, kept_rows, summaries, order), \
+            len(grads) - len(summaries.events)
 
 
-def _merged(table: Table, kept_rows: np.ndarray, summaries: list[ev.GradsSummarized],
+class _Summaries(NamedTuple):
+    """A rank's GradsSummarized events, and their columns (columns.py's `a`: the bucket,
+    `b`: the count), with the row of each one's bucket's last GradReady."""
+
+    row: np.ndarray
+    step: np.ndarray
+    t: np.ndarray
+    seq: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    events: list[ev.GradsSummarized]
+
+
+def _merged(table: Table, kept_rows: np.ndarray, summaries: _Summaries,
             order: np.ndarray) -> Table:
     """The kept rows of `table` then one row per summary, put in `order` (positions into
     that concatenation)."""
-    n = len(summaries)
+    n = len(summaries.events)
     code = np.uint8(CODE[ev.GradsSummarized])
     cols = []
-    for name, extra in (("kind", np.full(n, code, dtype=np.uint8)),
-                        ("step", [e.step for e in summaries]), ("t", [e.t_ns for e in summaries]),
-                        ("seq", [e.seq for e in summaries]),
-                        ("a", [e.bucket for e in summaries]),
-                        ("b", [e.n_grads for e in summaries]),
-                        ("s", np.full(n, -1, dtype=np.int32))):
+    for name, extra in (("kind", np.full(n, code, dtype=np.uint8)), ("step", summaries.step),
+                        ("t", summaries.t), ("seq", summaries.seq), ("a", summaries.a),
+                        ("b", summaries.b), ("s", np.full(n, -1, dtype=np.int32))):
         column = getattr(table, name)
-        cols.append(np.concatenate([column[kept_rows],
-                                    np.asarray(extra, dtype=column.dtype)])[order])
+        cols.append(np.concatenate([column[kept_rows], extra.astype(column.dtype)])[order])
     new_row = np.empty(len(order), dtype=np.int64)
     new_row[order] = np.arange(len(order))
     # (every row with an object is a kept one: its place among them by bisection)
     rows = np.fromiter(table.objects, dtype=np.int64, count=len(table.objects))
     placed = new_row[np.searchsorted(kept_rows, rows)].tolist()
     objects: dict[int, ev.Event] = dict(zip(placed, table.objects.values(), strict=True))
-    base = len(kept_rows)
-    for i, e in enumerate(summaries):
-        objects[int(new_row[base + i])] = e
+    objects.update(zip(new_row[len(kept_rows):].tolist(), summaries.events, strict=True))
     kind, step, t, seq, a, b, s_ = cols
     return Table(table.rank, kind, step, t, seq, a, b, s_, dict(sorted(objects.items())),
                  table.strings)
@@ -122,10 +129,9 @@ def has_hooks(trace: Trace) -> bool:
 
 
 def _summaries(rank: int, table: Table, grads: np.ndarray,
-               known: dict[int, tuple[object, np.ndarray]]
-               ) -> list[tuple[int, ev.GradsSummarized]]:
-    """One (row, GradsSummarized) per (step, bucket) of this rank's GradReady rows (`known`:
-    the parameter sizes of the parameter lists met so far, by identity)."""
+               known: dict[int, tuple[object, np.ndarray]]) -> _Summaries:
+    """One GradsSummarized per (step, bucket) of this rank's GradReady rows (`known`: the
+    parameter sizes of the parameter lists met so far, by identity)."""
     steps = table.step[grads]
     buckets = table.b[grads]
     times = table.t[grads]
@@ -145,12 +151,12 @@ def _summaries(rank: int, table: Table, grads: np.ndarray,
     last_row = np.maximum.reduceat(grads[order], starts)
     counts = np.diff(np.append(starts, len(key)))
     total = np.add.reduceat(nbytes[order], starts)
-    n = len(uniq)
-    summaries = map(ev.GradsSummarized, itertools.repeat(rank, n), (uniq // span).tolist(),
-                    table.t[last_row].tolist(), table.seq[last_row].tolist(),
-                    (uniq % span).tolist(), counts.tolist(), first.tolist(), last.tolist(),
-                    total.tolist())
-    return list(zip(last_row.tolist(), summaries, strict=True))
+    step, bucket = uniq // span, uniq % span
+    t, seq = table.t[last_row], table.seq[last_row]
+    events = list(map(ev.GradsSummarized, itertools.repeat(rank, len(uniq)), step.tolist(),
+                      t.tolist(), seq.tolist(), bucket.tolist(), counts.tolist(),
+                      first.tolist(), last.tolist(), total.tolist()))
+    return _Summaries(last_row, step, t, seq, bucket, counts, events)
 
 
 def _param_bytes(table: Table, known: dict[int, tuple[object, np.ndarray]]) -> np.ndarray:
