@@ -31,6 +31,7 @@ import numpy as np
 from ddpviz import events as ev
 from ddpviz.events import Event
 from ddpviz.traces.columns import CODE, Table
+from ddpviz.traces.framecolumns import _key  # (a map key as msgpack writes it)
 
 # Width classes of a msgpack integer, by np.searchsorted(_BOUNDS, v, side="right"): int64,
 # int32, int16, int8, negative fixint, positive fixint, uint8, uint16, uint32, uint64.
@@ -40,11 +41,6 @@ _WIDTH = (9, 5, 3, 2, 1, 1, 2, 3, 5, 9)  # bytes in all
 _MARKER = (0xD3, 0xD2, 0xD1, 0xD0, -1, -1, 0xCC, 0xCD, 0xCE, 0xCF)
 _BIG_ENDIAN = (">i8", ">i4", ">i2", "i1", "", "", "u1", ">u2", ">u4", ">u8")
 _CLASSES = len(_WIDTH)
-
-
-def _key(name: str) -> bytes:
-    raw = name.encode()
-    return bytes([0xA0 | len(raw)]) + raw
 
 
 class _Kind(NamedTuple):

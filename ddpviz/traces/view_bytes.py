@@ -39,8 +39,8 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
                 carrier: str = "a TraceView sends to the browser") -> tuple[bytes, str]:
     """The run as the bytes of one `.ddpviz` file, and the name the view shows: a single
     file's own bytes; anything else (a folder, several files, a Trace, a live run) merged and
-    written as `Trace.save` writes it, but for COPY frames (fileformat.py). `run`: `source`
-    opened already (`open_run`).
+    written as `Trace.save` writes it (COPY and COLUMNS frames). `run`: `source` opened
+    already (`open_run`).
 
     Raises:
         TraceViewError: the bytes would be over `limit` (what `carrier` carries at most).
@@ -56,8 +56,7 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
     name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
-        # as Trace.save writes it, but with the payloads every rank repeats as COPY frames
-        # (See [Note: the COPY frame] in fileformat.py): bytes for this ddpviz's readers only
+        # as Trace.save writes it (a temporary file: no atomic replace, no fsync)
         with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True, columns=True) as w:
             w.write_ranks(trace.clock, trace.columns().values())
         _bounded(path.stat().st_size, name, limit, carrier)
