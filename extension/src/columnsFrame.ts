@@ -23,7 +23,7 @@
 
 import type { DDPEvent } from './events';
 import { MAX_BUCKETS, MAX_NAME, MAX_PARAMS, MAX_STEP, MAX_WORLD_SIZE } from './limits';
-import { decodePayload, ParsedTrace } from './trace';
+import { decodePayload, ParsedTrace, reject } from './trace';
 
 /** Rows of one COLUMNS frame at most (`columnframe.MAX_COLUMN_ROWS`). */
 export const MAX_COLUMN_ROWS = 1048576;
@@ -81,11 +81,7 @@ export function readColumns(trace: ParsedTrace, payload: Uint8Array, where: numb
     [rank, events] = decodeColumns(payload);
   } catch (err) {
     const damage = err instanceof Damage ? err : new Damage(String(err), 1);
-    trace.rejected += damage.rows;
-    const reason = `a COLUMNS frame at byte ${where}: ${damage.what}`;
-    if (trace.rejectReasons.length < 5 && !trace.rejectReasons.includes(reason)) {
-      trace.rejectReasons.push(reason);
-    }
+    reject(trace, `a COLUMNS frame at byte ${where}: ${damage.what}`, damage.rows);
     return;
   }
   const kept = trace.byRank.get(rank);

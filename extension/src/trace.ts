@@ -733,8 +733,15 @@ function readCopies(trace: ParsedTrace, value: unknown): void {
   }
 }
 
-function reject(trace: ParsedTrace, reason: string): void {
-  trace.rejected++;
+/**
+ * Count `n` events of `trace` as rejected, keeping the first few distinct reasons.
+ *
+ * @param trace - the trace being read.
+ * @param reason - why they were rejected.
+ * @param n - how many events.
+ */
+export function reject(trace: ParsedTrace, reason: string, n = 1): void {
+  trace.rejected += n;
   if (trace.rejectReasons.length < 5 && !trace.rejectReasons.includes(reason)) {
     trace.rejectReasons.push(reason);
   }
