@@ -34,9 +34,10 @@ EMBED_MAX = 16 << 20
 # 0.13 s for 4.4 MiB of trace; the page inflates them in tens of ms, and its HTML parser reads
 # a sixth of the base64 text it used to (benchmarks/bench_first_paint.py).
 ENCODING, LEVEL = "deflate", 6
-# bytes an event takes in a .ddpviz file at the least (66-75 measured on synthetic runs): a run
-# whose events surely exceed the limit is refused before it is written out to be measured
-MIN_EVENT_BYTES = 16
+# bytes an event takes in a .ddpviz file at the least (a COLUMNS frame's row of one-byte
+# integers: its kind and six columns; 66-75 as event maps on synthetic runs): a run whose
+# events surely exceed the limit is refused before it is written out to be measured
+MIN_EVENT_BYTES = 7
 # the ids reportView.ts reads (VIEW_ID, TRACE_ID, DIAGNOSIS_ID, ADVICE_ID)
 VIEW_ID, TRACE_ID, DIAGNOSIS_ID = "ddpviz-view", "ddpviz-view-trace", "ddpviz-view-diagnosis"
 ADVICE_ID = "ddpviz-view-advice"
