@@ -176,7 +176,6 @@ function cloneRow(row: TimelineRow): TimelineRow {
   };
 }
 
-/** Everything the viewer shows, computed once per file. */
 /**
  * The events a rank's state is read from (its model, its verification, its state broadcast,
  * its bucket maps): TraceModel.setupEvents keeps them apart, in file order, so the panels
@@ -198,6 +197,7 @@ interface RankIndex {
   setup: DDPEvent[];
 }
 
+/** Everything the viewer shows, computed once per file. */
 export class TraceModel {
   /**
    * @param trace - a parsed trace.
