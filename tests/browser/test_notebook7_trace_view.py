@@ -76,6 +76,20 @@ def served(request: pytest.FixtureRequest, tmp_path: Path, lab_root: Path, real_
         server.close()
 
 
+def _answer_kernel_choice(page: Any) -> None:
+    """A Shift+Enter pressed before the kernel is connected opens Notebook 7's "Select Kernel"
+    dialog, which then covers the cell: choose its default (the notebook's own kernel), as a
+    user does. Any other dialog fails the test with its text."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() == 0:
+        return
+    text = dialog.first.inner_text()
+    if "Select Kernel" not in text:
+        raise AssertionError(f"Notebook 7 shows a dialog: {text!r}")
+    dialog.first.locator(".jp-Dialog-button.jp-mod-accept").click()
+    dialog.first.wait_for(state="detached", timeout=10_000)
+
+
 def test_notebook_7_draws_the_view_of_a_real_run(browser: Any, console: ConsoleLog,
                                                  served: tuple[NotebookServer, Trace]) -> None:
     server, trace = served
@@ -87,6 +101,7 @@ def test_notebook_7_draws_the_view_of_a_real_run(browser: Any, console: ConsoleL
         # run the cell as a user does (Shift+Enter); right after the page opens the kernel may
         # not be connected yet and the keypress is lost: press again until its prompt moves
         for _ in range(10):
+            _answer_kernel_choice(page)
             cell.locator(".jp-InputArea-editor").click()
             page.keyboard.press("Shift+Enter")
             try:
