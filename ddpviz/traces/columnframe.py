@@ -154,26 +154,87 @@ def decode_columns(payload: memoryview | bytes,
     if int(kind.max()) >= len(TYPES):
         raise ColumnsError(f"kind {int(kind.max())} at row {int(np.argmax(kind >= len(TYPES)))}"
                            f": a row's kind is 0 to {len(TYPES) - 1}")
+    kinds = bytes(data[end:end + rows])
     at = end + rows
-    cols: dict[str, np.ndarray] = {}
+    raw: dict[str, np.ndarray] = {}  # the columns as they lie in the payload
     for name, w in zip(_NAMES, head.widths, strict=True):
-        cols[name] = np.frombuffer(data, dtype=f"<i{w}", count=rows, offset=at).astype(np.int64)
+        raw[name] = np.frombuffer(data, dtype=f"<i{w}", count=rows, offset=at)
         at += rows * w
+    if not _fine(raw, kind, kinds, len(head.strings)):
+        _damage(raw, kind, len(head.strings))  # (raises, naming the first rule broken)
+    return _columns(head, rows, kinds, raw, codes)
+
+
+# [Note: checking a COLUMNS frame fast]
+# The rules are checked on the columns as they lie (1 to 8 bytes a value), never widened: a
+# column's min and max settle its bounds for every kind at once, unless they are past the
+# bounds of some kinds (b: a GradReady's bucket is below MAX_BUCKETS, an AllReduceLaunched's
+# nbytes may be any size; a and b: 0 for the types without such a field); only those kinds'
+# rows are then compared, through a mask made by `bytes.translate` of the kind column (a
+# numpy gather by a uint8 index took as long as the rest). `_fine` says whether every rule
+# holds; where one does not, `_damage` checks them one by one in the Note's order, on int64
+# copies, and names the first broken: the message is the same whichever check found it.
+# Linear in the rows, a few passes over narrow columns: 13.2M rows in ~0.2 s, where widening
+# every column to int64 first and gathering each row's bounds took ~1 s.
+
+
+def _groups(highs: np.ndarray) -> tuple[tuple[int, bytes], ...]:
+    """Per distinct high bound of a column, ascending: it and a `bytes.translate` table
+    mapping a kind code to 1 where that kind has it (0 elsewhere)."""
+    out = []
+    for hi in sorted(set(highs.tolist())):
+        out.append((hi, bytes(int(k < len(highs) and highs[k] == hi) for k in range(256))))
+    return tuple(out)
+
+
+_KIND_HIGHS = (("a", _groups(_A_MAX)), ("b", _groups(_B_MAX)))
+
+
+def _fine(raw: Mapping[str, np.ndarray], kind: np.ndarray, kinds: bytes,
+          n_strings: int) -> bool:
+    """Whether the frame's columns keep every rule (See [Note: checking a COLUMNS frame
+    fast])."""
     for name, (lo, hi) in _BOUNDS.items():
-        column = cols[name]
+        column = raw[name]
         if int(column.min()) < lo or int(column.max()) > hi:
-            _within(column, lo, hi, name)
+            return False
+    s = raw["s"]
+    if int(s.min()) < -1 or int(s.max()) >= n_strings:
+        return False
+    # (s is in [-1, n_strings): it is a string's index exactly on AllReduceLaunched's rows)
+    if not np.array_equal(s >= 0, kind == _LAUNCHED):
+        return False
+    for name, groups in _KIND_HIGHS:
+        values = raw[name]
+        low, high = int(values.min()), int(values.max())
+        if low < 0:
+            return False
+        for hi, table in groups:
+            if high <= hi:
+                break  # (and every higher bound)
+            mine = np.frombuffer(kinds.translate(table), dtype=np.bool_)
+            if np.any(mine & (values != 0 if hi == 0 else values > hi)):
+                return False
+    return True
+
+
+def _damage(raw: Mapping[str, np.ndarray], kind: np.ndarray, n_strings: int) -> None:
+    """Raises ColumnsError naming the first rule of the Note the columns break, in its
+    order."""
+    cols = {name: column.astype(np.int64) for name, column in raw.items()}
+    for name, (lo, hi) in _BOUNDS.items():
+        _within(cols[name], lo, hi, name)
     s = cols["s"]
     launched = kind == _LAUNCHED
     if np.any(launched):
         if np.any(s[~launched] != -1):
             raise ColumnsError(f"s = {int(s[~launched][s[~launched] != -1][0])} on a row that "
                                "is not an AllReduceLaunched (its s is -1)")
-        bad = launched & ((s < 0) | (s >= len(head.strings)))
+        bad = launched & ((s < 0) | (s >= n_strings))
         if np.any(bad):
             i = int(np.argmax(bad))  # (the row in the frame)
             raise ColumnsError(f"s (AllReduceLaunched's dtype) = {int(s[i])} at row {i}, out "
-                               f"of [0, {len(head.strings) - 1}]")
+                               f"of [0, {n_strings - 1}]")
     elif int(s.min()) != -1 or int(s.max()) != -1:
         raise ColumnsError(f"s = {int(s[s != -1][0])} on a row that is not an "
                            "AllReduceLaunched (its s is -1)")
@@ -185,15 +246,32 @@ def decode_columns(payload: memoryview | bytes,
             i = int(np.argmax(bad))
             raise ColumnsError(f"{name} = {int(values[i])} at row {i}, out of "
                                f"[0, {int(highs[kind[i]])}] for a {TYPES[kind[i]].__name__}")
-    return _columns(head, rows, kind, cols, s, codes)
 
 
-def _columns(head: ColumnsHead, rows: int, kind: np.ndarray, cols: dict[str, np.ndarray],
-             s: np.ndarray, codes: Mapping[type[Event], int]) -> EventColumns:
-    to_caller = np.array([codes[cls] for cls in TYPES], dtype=np.uint8)
-    return EventColumns(np.full(rows, head.rank, dtype=np.int64), to_caller[kind],
-                        cols["step"], cols["t_ns"], cols["seq"], cols["a"], cols["b"],
-                        s.astype(np.int32), tuple(head.strings), {})
+def _columns(head: ColumnsHead, rows: int, kinds: bytes, raw: Mapping[str, np.ndarray],
+             codes: Mapping[type[Event], int]) -> EventColumns:
+    """The checked columns as EventColumns: copies of them as narrow as they lie (the
+    columns widen them once, as they join a rank's blocks: columns.py `table`), the kinds in
+    the caller's codes, the rank one broadcast value (no memory per row)."""
+    kind = np.frombuffer(kinds.translate(_to_caller(codes)), dtype=np.uint8).copy()
+    step, t, seq, a, b, s = (raw[name].astype(raw[name].dtype.newbyteorder("="))
+                             for name in _NAMES)
+    return EventColumns(np.broadcast_to(np.int64(head.rank), (rows,)), kind, step, t, seq, a,
+                        b, s, tuple(head.strings), {})
+
+
+_caller_tables: dict[int, tuple[Mapping[type[Event], int], bytes]] = {}
+
+
+def _to_caller(codes: Mapping[type[Event], int]) -> bytes:
+    """A `bytes.translate` table from the frame's kind codes to the caller's."""
+    cached = _caller_tables.get(id(codes))
+    if cached is None or cached[0] is not codes:
+        table = bytearray(256)
+        for i, cls in enumerate(TYPES):
+            table[i] = codes[cls]
+        cached = _caller_tables[id(codes)] = (codes, bytes(table))
+    return cached[1]
 
 
 def _within(values: np.ndarray, lo: int, hi: int, name: str) -> None:

@@ -70,6 +70,9 @@ OPTIMIZER_END = CODE[ev.OptimizerStepFinished]
 COMPUTED = CODE[ev.BackwardComputed]  # rare (one a step): a=param, b=its gradient's time
 
 SEAL = 4096  # pending events sealed into columns at once
+# a Table's dtypes: kind, step, t, seq, a, b, s
+_DTYPES = tuple(map(np.dtype, (np.uint8, np.int64, np.int64, np.int64, np.int64, np.int64,
+                               np.int32)))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -279,7 +282,11 @@ class RankColumns:
         if rows is not None:
             cols = [c[rows] for c in cols]
         kind, step, t, seq, a, b, s = cols
-        if block.strings:
+        known = self._known(block.strings) if rows is None else None
+        if known is not None:  # (every string interned before: no new one to intern)
+            if known != list(range(len(known))):
+                s = np.where(s >= 0, np.array([*known, -1], dtype=np.int32)[s], -1)
+        elif block.strings:
             has = np.flatnonzero(s >= 0)
             used, first, inverse = np.unique(s[has], return_index=True, return_inverse=True)
             mine = np.empty(len(used), dtype=np.int32)
@@ -290,7 +297,7 @@ class RankColumns:
             s[has] = mine[inverse]
         start = self._n_sealed
         if rare:
-            a, b = a.copy(), b.copy()
+            a, b = a.astype(np.int64), b.astype(np.int64)  # (copies, wide enough for any field)
             share = self._shared.share
             for i, e in rare.items():
                 field_a, field_b, _ = _FIELDS.get(type(e), (None, None, None))
@@ -301,6 +308,13 @@ class RankColumns:
                 self.objects[start + i] = share(e)
         self._blocks.append((kind, step, t, seq, a, b, s))
         self._n_sealed += n
+
+    def _known(self, strings: Sequence[str]) -> list[int] | None:
+        """The index of each of a single rank's block's strings (as many as its rows may use:
+        linear in the block), if every one is interned already; else None."""
+        index = self._string_index
+        known = [index.get(x, -1) for x in strings]
+        return None if -1 in known else known
 
     def _intern(self, value: str) -> int:
         i = self._string_index.get(value)
@@ -345,9 +359,13 @@ class RankColumns:
     def table(self) -> Table:
         """Every event so far as one snapshot (its arrays are never written to again)."""
         self.seal()
-        if len(self._blocks) > 1:
-            self._blocks = [tuple(np.concatenate(cols) for cols in zip(*self._blocks,
-                                                                       strict=True))]
+        blocks = self._blocks
+        if len(blocks) > 1 or (blocks and any(c.dtype != d for c, d in zip(blocks[0], _DTYPES,
+                                                                            strict=True))):
+            # (a COLUMNS frame's block holds its columns as narrow as they lay in the file:
+            # widened here, as they are joined)
+            self._blocks = [tuple(np.concatenate(cols, dtype=d) for cols, d in zip(
+                zip(*blocks, strict=True), _DTYPES, strict=True))]
         if self._blocks:
             kind, step, t, seq, a, b, s = self._blocks[0]
         else:

@@ -43,7 +43,8 @@ from ddpviz.events import ANY_EVENT, Event
 
 class EventColumns(NamedTuple):
     """The events of an event frame as columns, in file order (see columns.py for what `a`,
-    `b` and `s` hold per type)."""
+    `b` and `s` hold per type). A COLUMNS frame's (columnframe.py) keep the integer widths of
+    the file (signed, 1 to 8 bytes) and a broadcast `rank`; columns.py widens them."""
 
     rank: np.ndarray  # int64
     kind: np.ndarray  # uint8: the caller's code of the event's type

@@ -28,6 +28,13 @@ _HEADER = msgspec.msgpack.encode(tracefile.FileHeader(tracefile.FORMAT_VERSION,
                                                       ev.SCHEMA_VERSION, {}))
 
 
+@pytest.fixture(autouse=True)
+def _every_frame_through_the_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy reader takes frames of any size here (loading leaves a few KiB of frames to
+    msgspec: fileformat.FEW_BYTES), so these small files test it."""
+    monkeypatch.setattr(tracefile, "FEW_BYTES", 0)
+
+
 def _file(*payloads: bytes) -> bytes:
     out = bytearray(MAGIC)
     for kind, payload in ((tracefile.HEADER, _HEADER), *((EVENTS, p) for p in payloads)):
