@@ -68,6 +68,7 @@ def test_01_buckets_widgets_render_with_the_kernels_data(
     for i in range(2):
         shown = sorted(tuple(bar) for bar in plots.nth(i).evaluate(_FIGURE_BARS))
         assert shown == expected_bars
+        plots.nth(i).locator("g.point").first.wait_for()  # plotly draws after the div exists
         assert plots.nth(i).locator("g.point").count() == 52  # every segment drawn as SVG
 
     maps = page.locator(".jp-OutputArea-output .widget-vbox:has(.js-plotly-plot)")

@@ -239,7 +239,9 @@ def test_new_ddp_debugging_notebook_from_the_launcher_runs_and_its_trace_opens(
     assert "final loss per rank" in text
     assert "saved ddp_run.ddpviz" in text
     plot = page.locator(".jp-NotebookPanel:visible .js-plotly-plot")
-    plot.wait_for()
+    # plotly draws the figure's traces after its div is attached (an anywidget render, later
+    # under load): wait for the first point; a trace's points are drawn together
+    plot.locator("g.point").first.wait_for()
     assert plot.locator("g.point").count() == 6  # the template's MLP: 6 parameters
     plot.scroll_into_view_if_needed()
     screenshot(page, "ddp_debugging_notebook", page.locator("#jp-main-dock-panel"))
