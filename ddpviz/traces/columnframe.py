@@ -10,25 +10,33 @@ payload is a head, the msgpack array `[rank, rows, widths, strings]`, then the c
 `widths` (1, 2, 4 or 8 bytes, in that order but for kind's); exactly that many bytes. Row i is
 one event of `rank`, after every event of the frames before it:
 
-    kind  type               a       b       s
-    0     GradReady          param   bucket  -1
-    1     BucketReady        bucket  0       -1
-    2     AllReduceDone      bucket  0       -1
-    3     AllReduceLaunched  bucket  nbytes  dtype: an index into `strings`
-    4-6   ForwardStarted, BackwardStarted, BackwardFinished: a, b 0, s -1
+    kind  type               a       b        s      c           d          e
+    0     GradReady          param   bucket   -1     0           0          0
+    1     BucketReady        bucket  0        -1     0           0          0
+    2     AllReduceDone      bucket  0        -1     0           0          0
+    3     AllReduceLaunched  bucket  nbytes   dtype  0           0          0
+    4-6   ForwardStarted, BackwardStarted, BackwardFinished: a to e 0, s -1
+    7     GradsSummarized    bucket  n_grads  -1     first_t_ns  last_t_ns  nbytes
 
-Every value is held to limits.py's bounds (the event's own field types'), and a, b and s to the
-table, so a row means exactly one event, the one its fields would decode to from msgpack; a
-frame that breaks a rule is damage (TraceError, naming it). Reading is linear in the payload:
-a fixed number of numpy passes over its rows. `TraceWriter(columns=True)` writes them (the rare
-events between runs of hot rows stay EVENTS frames); files that may hold them are format 2.
-extension/src/columnsFrame.ts reads them the same way (tests/extension/
-test_columns_frame_mirror.py).
+(dtype: an index into `strings`.) A frame has 6 widths (the columns step to s; kinds 0-6) or
+9: then the columns `c`, `d`, `e` follow `s`, and rows may be of kind 7. The wide frame
+carries a view's gradient hooks summarized per bucket (view_summary.py: 128,000
+GradsSummarized events for a 256-rank run, which as msgpack maps took ~1 s to write) and runs
+recorded at detail "buckets". Every value is held to limits.py's bounds (the event's own field
+types'), and a to e and s to the table, so a row means exactly one event, the one its fields
+would decode to from msgpack; a frame that breaks a rule is damage (TraceError, naming it).
+Reading is linear in the payload: a fixed number of numpy passes over its rows (See [Note:
+checking a COLUMNS frame fast]). `TraceWriter(columns=True)` writes them (the rare events
+between runs of hot rows stay EVENTS frames, and so do GradsSummarized rows unless
+`summaries=True`); files that may hold them are format 2, format 3 where they may hold wide
+ones (a format-2 reader would take a wide frame for damage). extension/src/columnsFrame.ts
+reads them the same way (tests/extension/test_columns_frame_mirror.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterable, Mapping
 
 import msgspec
 import numpy as np
@@ -43,20 +51,31 @@ COLUMNS = 6  # the frame kind (fileformat.py's kinds)
 MAX_COLUMN_ROWS = 1 << 20  # rows of one frame
 MAX_COLUMN_STRINGS = 4096  # dtype strings of one frame
 COLUMN_CHUNK = 1 << 16  # rows a writer puts in one frame
+NARROW, WIDE = 6, 9  # the widths a frame has: columns step to s, or to e
 
-# The frame's kind codes, in order (format, not columns.py's codes).
+# The frame's kind codes, in order (format, not columns.py's codes); the last only in a wide
+# frame.
 TYPES: tuple[type[Event], ...] = (ev.GradReady, ev.BucketReady, ev.AllReduceDone,
                                   ev.AllReduceLaunched, ev.ForwardStarted, ev.BackwardStarted,
-                                  ev.BackwardFinished)
+                                  ev.BackwardFinished, ev.GradsSummarized)
 _LAUNCHED = TYPES.index(ev.AllReduceLaunched)
-# per frame code: the highest a and b (each at least 0; exactly 0 where the type has no such
-# field)
-_A_MAX = np.array([limits.MAX_PARAMS - 1, *[limits.MAX_BUCKETS - 1] * 3, 0, 0, 0],
-                  dtype=np.int64)
-_B_MAX = np.array([limits.MAX_BUCKETS - 1, 0, 0, limits.MAX_BYTES, 0, 0, 0], dtype=np.int64)
-_NAMES = ("step", "t_ns", "seq", "a", "b", "s")
+_SUMMARIZED = TYPES.index(ev.GradsSummarized)
+_NAMES = ("step", "t_ns", "seq", "a", "b", "s", "c", "d", "e")
 _BOUNDS = {"step": (-1, limits.MAX_STEP), "t_ns": (-limits.MAX_COUNT, limits.MAX_COUNT),
            "seq": (0, limits.MAX_COUNT)}
+_MB, _MP, _MC = limits.MAX_BUCKETS - 1, limits.MAX_PARAMS, limits.MAX_COUNT
+# per column a to e, per frame code: its lowest and highest value ((0, 0): the type has no
+# such field)
+_KIND_BOUNDS: dict[str, tuple[tuple[int, int], ...]] = {
+    "a": ((0, _MP - 1), (0, _MB), (0, _MB), (0, _MB), (0, 0), (0, 0), (0, 0), (0, _MB)),
+    "b": ((0, _MB), (0, 0), (0, 0), (0, limits.MAX_BYTES), (0, 0), (0, 0), (0, 0), (0, _MP)),
+    "c": ((0, 0),) * 7 + ((-_MC, _MC),),
+    "d": ((0, 0),) * 7 + ((-_MC, _MC),),
+    "e": ((0, 0),) * 7 + ((0, limits.MAX_BYTES),),
+}
+_LOWS = {name: np.array([lo for lo, _ in b], dtype=np.int64) for name, b in _KIND_BOUNDS.items()}
+_HIGHS = {name: np.array([hi for _, hi in b], dtype=np.int64)
+          for name, b in _KIND_BOUNDS.items()}
 _WIDTHS = (1, 2, 4, 8)
 # columns.py's code -> the frame's code (255: not a hot type)
 _TO_FRAME = np.full(256, 255, dtype=np.uint8)
@@ -65,11 +84,12 @@ for _i, _cls in enumerate(TYPES):
 
 
 class ColumnsHead(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
-    """A COLUMNS frame's head: whose rows, how many, the columns' widths, the dtype strings."""
+    """A COLUMNS frame's head: whose rows, how many, the columns' widths (6 or 9: checked
+    before it is decoded, by `_head_end`), the dtype strings."""
 
     rank: limits.Rank
     rows: int
-    widths: tuple[int, int, int, int, int, int]
+    widths: tuple[int, ...]
     strings: tuple[limits.Name, ...]
 
 
@@ -81,13 +101,22 @@ class ColumnsError(ValueError):
     """A COLUMNS frame breaks the format (the message says how)."""
 
 
-def is_hot(table: Table) -> np.ndarray:
-    """Which rows of `table` a COLUMNS frame holds (bool per row)."""
-    return _TO_FRAME[table.kind] != 255
+def is_hot(table: Table, summaries: bool = False) -> np.ndarray:
+    """Which rows of `table` a COLUMNS frame holds (bool per row); GradsSummarized's only
+    with `summaries` (in wide frames)."""
+    return _TO_FRAME[table.kind] < (len(TYPES) if summaries else _SUMMARIZED)
+
+
+def summarizes(tables: Iterable[Table]) -> bool:
+    """Whether any of `tables` holds a GradsSummarized row (what a columns writer writes in
+    wide frames with `summaries=True`, in a format-3 file)."""
+    code = CODE[ev.GradsSummarized]
+    return any(bool(np.any(t.kind == code)) for t in tables)
 
 
 def encode_columns(table: Table, rows: np.ndarray) -> bytes:
-    """The payload of a COLUMNS frame of these rows of `table` (hot rows, in order)."""
+    """The payload of a COLUMNS frame of these rows of `table` (hot rows, in order): a wide
+    one where a GradsSummarized row is among them."""
     code = _TO_FRAME[table.kind[rows]]
     s = table.s[rows]
     strings: tuple[str, ...] = ()
@@ -102,9 +131,19 @@ def encode_columns(table: Table, rows: np.ndarray) -> bytes:
         strings = tuple(table.strings[i] for i in used[order].tolist())
     else:
         s = np.full(len(rows), -1, dtype=np.int64)
-    columns = (table.step[rows], table.t[rows], table.seq[rows], table.a[rows], table.b[rows], s)
+    columns: tuple[np.ndarray, ...] = (table.step[rows], table.t[rows], table.seq[rows],
+                                       table.a[rows], table.b[rows], s)
+    summarized = code == _SUMMARIZED
+    if np.any(summarized):
+        objects = table.objects
+        extra = np.zeros((3, len(rows)), dtype=np.int64)  # c, d, e
+        extra[:, summarized] = np.array(
+            [(e.first_t_ns, e.last_t_ns, e.nbytes)  # type: ignore[attr-defined]
+             for e in map(objects.__getitem__, rows[summarized].tolist())],
+            dtype=np.int64).reshape(-1, 3).T
+        columns = (*columns, *extra)
     widths = tuple(_width(c) for c in columns)
-    head = _encode(ColumnsHead(table.rank, len(rows), widths, strings))  # type: ignore[arg-type]
+    head = _encode(ColumnsHead(table.rank, len(rows), widths, strings))
     return b"".join([head, code.tobytes(), *(c.astype(f"<i{w}").tobytes()
                                             for c, w in zip(columns, widths, strict=True))])
 
@@ -120,7 +159,7 @@ def _width(column: np.ndarray) -> int:
 def decode_columns(payload: memoryview | bytes,
                    codes: Mapping[type[Event], int]) -> EventColumns:
     """A COLUMNS frame's events as columns (`kind` in the caller's `codes`, as framecolumns.py
-    gives them), every rule of the Note checked.
+    gives them; a GradsSummarized row's event in `rare`), every rule of the Note checked.
 
     Raises:
         ColumnsError: the frame breaks a rule (said which); msgspec's ValidationError for a
@@ -151,43 +190,44 @@ def decode_columns(payload: memoryview | bytes,
     if len(data) != need:
         raise ColumnsError(f"{len(data):,} bytes where its head says {need:,}")
     kind = np.frombuffer(data, dtype=np.uint8, count=rows, offset=end)
-    if int(kind.max()) >= len(TYPES):
-        raise ColumnsError(f"kind {int(kind.max())} at row {int(np.argmax(kind >= len(TYPES)))}"
-                           f": a row's kind is 0 to {len(TYPES) - 1}")
+    n_types = len(TYPES) if len(head.widths) == WIDE else _SUMMARIZED
+    if int(kind.max()) >= n_types:
+        raise ColumnsError(f"kind {int(kind.max())} at row {int(np.argmax(kind >= n_types))}"
+                           f": a row's kind is 0 to {n_types - 1} in a frame of "
+                           f"{len(head.widths)} widths")
     kinds = bytes(data[end:end + rows])
     at = end + rows
     raw: dict[str, np.ndarray] = {}  # the columns as they lie in the payload
-    for name, w in zip(_NAMES, head.widths, strict=True):
+    for name, w in zip(_NAMES, head.widths, strict=False):
         raw[name] = np.frombuffer(data, dtype=f"<i{w}", count=rows, offset=at)
         at += rows * w
     if not _fine(raw, kind, kinds, len(head.strings)):
         _damage(raw, kind, len(head.strings))  # (raises, naming the first rule broken)
-    return _columns(head, rows, kinds, raw, codes)
+    return _columns(head, rows, kind, kinds, raw, codes)
 
 
 # [Note: checking a COLUMNS frame fast]
 # The rules are checked on the columns as they lie (1 to 8 bytes a value), never widened: a
 # column's min and max settle its bounds for every kind at once, unless they are past the
 # bounds of some kinds (b: a GradReady's bucket is below MAX_BUCKETS, an AllReduceLaunched's
-# nbytes may be any size; a and b: 0 for the types without such a field); only those kinds'
+# nbytes may be any size; a to e: 0 for the types without such a field); only those kinds'
 # rows are then compared, through a mask made by `bytes.translate` of the kind column (a
 # numpy gather by a uint8 index took as long as the rest). `_fine` says whether every rule
 # holds; where one does not, `_damage` checks them one by one in the Note's order, on int64
 # copies, and names the first broken: the message is the same whichever check found it.
-# Linear in the rows, a few passes over narrow columns: 13.2M rows in ~0.2 s, where widening
-# every column to int64 first and gathering each row's bounds took ~1 s.
+# Linear in the rows, a few passes over narrow columns: ~0.3 s less for 13.2M rows than
+# widening every column to int64 first and gathering each row's bounds.
 
 
-def _groups(highs: np.ndarray) -> tuple[tuple[int, bytes], ...]:
-    """Per distinct high bound of a column, ascending: it and a `bytes.translate` table
-    mapping a kind code to 1 where that kind has it (0 elsewhere)."""
-    out = []
-    for hi in sorted(set(highs.tolist())):
-        out.append((hi, bytes(int(k < len(highs) and highs[k] == hi) for k in range(256))))
-    return tuple(out)
+def _groups(bounds: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int, bytes], ...]:
+    """Per distinct (low, high) of a column: they, and a `bytes.translate` table mapping a
+    kind code to 1 where that kind has them (0 elsewhere)."""
+    return tuple((lo, hi, bytes(int(k < len(bounds) and bounds[k] == (lo, hi))
+                                for k in range(256)))
+                 for lo, hi in sorted(set(bounds)))
 
 
-_KIND_HIGHS = (("a", _groups(_A_MAX)), ("b", _groups(_B_MAX)))
+_KIND_GROUPS = {name: _groups(bounds) for name, bounds in _KIND_BOUNDS.items()}
 
 
 def _fine(raw: Mapping[str, np.ndarray], kind: np.ndarray, kinds: bytes,
@@ -204,16 +244,17 @@ def _fine(raw: Mapping[str, np.ndarray], kind: np.ndarray, kinds: bytes,
     # (s is in [-1, n_strings): it is a string's index exactly on AllReduceLaunched's rows)
     if not np.array_equal(s >= 0, kind == _LAUNCHED):
         return False
-    for name, groups in _KIND_HIGHS:
-        values = raw[name]
+    for name, groups in _KIND_GROUPS.items():
+        values = raw.get(name)
+        if values is None:
+            continue  # (c, d and e of a frame of 6 widths)
         low, high = int(values.min()), int(values.max())
-        if low < 0:
-            return False
-        for hi, table in groups:
-            if high <= hi:
-                break  # (and every higher bound)
+        for lo, hi, table in groups:
+            if lo <= low and high <= hi:
+                continue
             mine = np.frombuffer(kinds.translate(table), dtype=np.bool_)
-            if np.any(mine & (values != 0 if hi == 0 else values > hi)):
+            if np.any(mine & ((values != 0) if lo == hi == 0 else
+                              (values < lo) | (values > hi))):
                 return False
     return True
 
@@ -238,26 +279,40 @@ def _damage(raw: Mapping[str, np.ndarray], kind: np.ndarray, n_strings: int) -> 
     elif int(s.min()) != -1 or int(s.max()) != -1:
         raise ColumnsError(f"s = {int(s[s != -1][0])} on a row that is not an "
                            "AllReduceLaunched (its s is -1)")
-    for name, highs in (("a", _A_MAX), ("b", _B_MAX)):
-        values = cols[name]
-        # (every low bound is 0: one min; the high bounds by kind, gathered once)
-        bad = values > highs[kind] if int(values.min()) >= 0 else values < 0
+    for name in _KIND_BOUNDS:
+        values = cols.get(name)
+        if values is None:
+            continue
+        lows, highs = _LOWS[name][kind], _HIGHS[name][kind]  # (gathered once)
+        if name in ("a", "b"):  # (every low is 0: the first negative, if any)
+            bad = values > highs if int(values.min()) >= 0 else values < 0
+        else:
+            bad = (values < lows) | (values > highs)
         if np.any(bad):
             i = int(np.argmax(bad))
             raise ColumnsError(f"{name} = {int(values[i])} at row {i}, out of "
-                               f"[0, {int(highs[kind[i]])}] for a {TYPES[kind[i]].__name__}")
+                               f"[{int(lows[i])}, {int(highs[i])}] for a "
+                               f"{TYPES[kind[i]].__name__}")
 
 
-def _columns(head: ColumnsHead, rows: int, kinds: bytes, raw: Mapping[str, np.ndarray],
-             codes: Mapping[type[Event], int]) -> EventColumns:
-    """The checked columns as EventColumns: copies of them as narrow as they lie (the
-    columns widen them once, as they join a rank's blocks: columns.py `table`), the kinds in
-    the caller's codes, the rank one broadcast value (no memory per row)."""
-    kind = np.frombuffer(kinds.translate(_to_caller(codes)), dtype=np.uint8).copy()
+def _columns(head: ColumnsHead, rows: int, kind: np.ndarray, kinds: bytes,
+             raw: Mapping[str, np.ndarray], codes: Mapping[type[Event], int]) -> EventColumns:
+    """The checked columns as EventColumns: copies as narrow as they lie (columns.py widens
+    them once, as it joins a rank's blocks), the kinds in the caller's codes, the rank one
+    broadcast value (no memory per row), each GradsSummarized row's event in `rare`."""
+    caller = np.frombuffer(kinds.translate(_to_caller(codes)), dtype=np.uint8).copy()
     step, t, seq, a, b, s = (raw[name].astype(raw[name].dtype.newbyteorder("="))
-                             for name in _NAMES)
-    return EventColumns(np.broadcast_to(np.int64(head.rank), (rows,)), kind, step, t, seq, a,
-                        b, s, tuple(head.strings), {})
+                             for name in _NAMES[:6])
+    rare: dict[int, Event] = {}
+    where = np.flatnonzero(kind == _SUMMARIZED) if "c" in raw else np.zeros(0, np.int64)
+    if len(where):
+        fields = [raw[name][where].tolist() for name in ("step", "t_ns", "seq", "a", "b",
+                                                         "c", "d", "e")]
+        rare = dict(zip(where.tolist(), map(ev.GradsSummarized,
+                                            itertools.repeat(head.rank, len(where)), *fields),
+                        strict=True))
+    return EventColumns(np.broadcast_to(np.int64(head.rank), (rows,)), caller, step, t, seq,
+                        a, b, s, tuple(head.strings), rare)
 
 
 _caller_tables: dict[int, tuple[Mapping[type[Event], int], bytes]] = {}
@@ -282,14 +337,17 @@ def _within(values: np.ndarray, lo: int, hi: int, name: str) -> None:
 
 
 def _head_end(data: memoryview) -> int:
-    """Where the head (a msgpack array of 4: two ints, an array of 6 ints, an array of
+    """Where the head (a msgpack array of 4: two ints, an array of 6 or 9 ints, an array of
     strings) ends; ColumnsError when the bytes are not of that shape. Reads only the head's
-    own bytes: at most 4 + 9 + 9 + 1 + 6 x 9 + 5 + MAX_COLUMN_STRINGS x (5 + 4 x MAX_NAME)."""
+    own bytes: at most 4 + 9 + 9 + 1 + 9 x 9 + 5 + MAX_COLUMN_STRINGS x (5 + 4 x MAX_NAME)."""
     p = _expect_array(data, 0, 4)
     p = _skip_int(data, p)
     p = _skip_int(data, p)
-    p = _expect_array(data, p, 6)
-    for _ in range(6):
+    p, n = _array(data, p)
+    if n not in (NARROW, WIDE):
+        raise ColumnsError(f"its head holds an array of {n} where the format has {NARROW} or "
+                           f"{WIDE}")
+    for _ in range(n):
         p = _skip_int(data, p)
     p, n = _array(data, p)
     if n > MAX_COLUMN_STRINGS:
@@ -352,10 +410,11 @@ def events_of(columns: EventColumns, codes: Mapping[type[Event], int]) -> list[E
     from_caller = {code: cls for cls, code in codes.items()}
     out: list[Event] = []
     strings = columns.strings
-    for k, rank, step, t, seq, a, b, s in zip(
+    rare = columns.rare
+    for i, (k, rank, step, t, seq, a, b, s) in enumerate(zip(
             columns.kind.tolist(), columns.rank.tolist(), columns.step.tolist(),
             columns.t.tolist(), columns.seq.tolist(), columns.a.tolist(), columns.b.tolist(),
-            columns.s.tolist(), strict=True):
+            columns.s.tolist(), strict=True)):
         cls = from_caller[k]
         if cls is ev.GradReady:
             out.append(ev.GradReady(rank, step, t, seq, a, b))
@@ -363,6 +422,8 @@ def events_of(columns: EventColumns, codes: Mapping[type[Event], int]) -> list[E
             out.append(ev.AllReduceLaunched(rank, step, t, seq, a, b, strings[s]))
         elif cls in (ev.BucketReady, ev.AllReduceDone):
             out.append(cls(rank, step, t, seq, a))
+        elif cls is ev.GradsSummarized:
+            out.append(rare[i])
         else:
             out.append(cls(rank, step, t, seq))
     return out

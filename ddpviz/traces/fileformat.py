@@ -51,8 +51,9 @@ from ddpviz.traces.copies import (
 from ddpviz.traces.framecolumns import EventColumns, RareCache, decode_frames
 from ddpviz.traces.tablebytes import encode_parts
 
-FORMAT_VERSION = 2  # the newest: files that may hold COLUMNS frames (See columnframe.py)
-READ_FORMATS = (1, 2)  # 1: event frames only, what a writer without columns still writes
+FORMAT_VERSION = 3  # the newest: files that may hold wide COLUMNS frames (See columnframe.py)
+READ_FORMATS = (1, 2, 3)  # 1: event frames only, what a writer without columns still writes;
+# 2: COLUMNS frames of 6 widths and COPY frames
 SUFFIX = ".ddpviz"
 MAGIC = b"DDPVIZ\x00\x1a"  # \x1a stops `type`/`cat` on Windows; \x00 marks it binary
 FRAME = struct.Struct("<BII")
@@ -79,11 +80,12 @@ ENCODE_ROWS = 1 << 16  # rows a TraceWriter encodes from columns at once (bounds
 # cannot present what a file of more than a GB would. Readers share the payload: Python copies
 # with `msgspec.structs.replace`, TS with `{...src, rank, step, t_ns, seq}`.
 # Who writes it: `TraceWriter(copies=True)`, for what a view sends to the browser (view_bytes.py,
-# view_summary.py) and for `Trace.save`'s files, which are format 2 (they hold COLUMNS frames:
-# columnframe.py). Only in format 2: a format-1 reader of an older ddpviz skips frame kinds it
-# does not know, so it would read a format-1 file with COPY frames without the copied events,
-# silently; it refuses a format-2 file with a message instead. A rank's sender never writes one
-# (its files are format 1); `TailReader` (follow.py) still resolves them.
+# view_summary.py) and for `Trace.save`'s files, which are format 2 or 3 (they hold COLUMNS
+# frames: columnframe.py). Only in format 2 and later: a format-1 reader of an older ddpviz
+# skips frame kinds it does not know, so it would read a format-1 file with COPY frames without
+# the copied events, silently; it refuses a format-2 file with a message instead. A rank's
+# sender never writes one (its files are format 1); `TailReader` (follow.py) still resolves
+# them.
 
 # [Note: a rank's end in its file]
 # A rank's sender (transport/sender.py, `Sender.to_file`) closing its file at the end of the run
@@ -262,11 +264,14 @@ class TraceWriter:
             and seq as a COPY frame (See [Note: the COPY frame]); the file is then format 2.
         columns: write the hot events of `write_tables` as COLUMNS frames (See [Note: the
             COLUMNS frame] in columnframe.py); the file is then format 2.
+        summaries: with `columns`, write its GradsSummarized events in COLUMNS frames too (wide
+            ones); the file is then format 3.
     Also an emitter: `writer(event)`. Not thread-safe: one writing thread.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, meta: dict[str, Any] | None = None,
-                 chunk: int = 4096, copies: bool = False, columns: bool = False) -> None:
+                 chunk: int = 4096, copies: bool = False, columns: bool = False,
+                 summaries: bool = False) -> None:
         self.path = Path(path)
         self._encoder = msgspec.msgpack.Encoder()
         self._pending: list[Event] = []
@@ -274,10 +279,12 @@ class TraceWriter:
         self._copies: list[Any] = []  # copies not yet written (never with events pending)
         self._chunk = chunk
         self._columns = columns
+        self._summaries = columns and summaries
         self.count = 0  # events written to the OS so far
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
         self._file.write(MAGIC)
-        self._frame(HEADER, FileHeader(FORMAT_VERSION if columns or copies else 1,
+        self._frame(HEADER, FileHeader(FORMAT_VERSION if self._summaries else
+                                       2 if columns or copies else 1,
                                        SCHEMA_VERSION, dict(meta or {})))
         self._file.flush()
 
@@ -405,7 +412,7 @@ class TraceWriter:
             if op.rows is None or not self._columns:
                 steps.append((op, op.rows, False))
                 continue
-            hot = is_hot(op.table)[op.rows]
+            hot = is_hot(op.table, self._summaries)[op.rows]
             # runs of rows alike (hot or not): where `hot` changes; a short hot run goes with
             # the rare rows around it (a frame per few rows costs more than it saves)
             cuts = [0, *(np.flatnonzero(hot[1:] != hot[:-1]) + 1).tolist(), len(op.rows)]
@@ -797,8 +804,8 @@ def read_header(path: Path, kind: int, payload: bytes | memoryview) -> FileHeade
     fmt = msgspec.msgpack.decode(payload, type=Format).format
     if fmt not in READ_FORMATS:
         raise TraceError(f"ddpviz: {str(path)!r} is trace format {fmt}; this ddpviz reads "
-                         f"formats {' and '.join(map(str, READ_FORMATS))}.\nUse the ddpviz "
-                         "version that wrote it.")
+                         f"formats {', '.join(map(str, READ_FORMATS[:-1]))} and "
+                         f"{READ_FORMATS[-1]}.\nUse the ddpviz version that wrote it.")
     header = msgspec.msgpack.decode(payload, type=FileHeader)
     limits.check_meta(header.meta)
     if header.schema != SCHEMA_VERSION:

@@ -25,6 +25,7 @@ from ddpviz.atomic import replacing
 from ddpviz.events import E, Event
 from ddpviz.model.event_model import EventModel
 from ddpviz.model.spans import Span, table_spans
+from ddpviz.traces.columnframe import summarizes
 from ddpviz.traces.columns import CODE, RankColumns, Shared, Table, by_rank
 from ddpviz.traces.fileformat import (
     Clock,
@@ -245,9 +246,11 @@ class Trace:
             SaveError: the write failed (a full disk, no permission); the previous file at
                 `path`, if any, is unchanged.
         """
+        tables = self.columns().values()
         with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK,
-                                                 copies=True, columns=True) as w:
-            w.write_ranks(self.clock, self.columns().values())
+                                                 copies=True, columns=True,
+                                                 summaries=summarizes(tables)) as w:
+            w.write_ranks(self.clock, tables)
         return Path(path)
 
     @classmethod

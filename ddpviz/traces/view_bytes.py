@@ -15,6 +15,7 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz.findings import Finding
+from ddpviz.traces.columnframe import summarizes
 from ddpviz.traces.fileformat import SUFFIX, TraceWriter
 from ddpviz.traces.source import RunSource, open_run
 from ddpviz.traces.tablebytes import min_bytes
@@ -57,8 +58,10 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
         # as Trace.save writes it (a temporary file: no atomic replace, no fsync)
-        with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True, columns=True) as w:
-            w.write_ranks(trace.clock, trace.columns().values())
+        tables = trace.columns().values()
+        with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True, columns=True,
+                         summaries=summarizes(tables)) as w:
+            w.write_ranks(trace.clock, tables)
         _bounded(path.stat().st_size, name, limit, carrier)
         return path.read_bytes(), name
 

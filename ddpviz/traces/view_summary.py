@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ddpviz import events as ev
-from ddpviz.traces.columns import CODE, Table
+from ddpviz.traces.columns import CODE, GRAD_READY, Table
 from ddpviz.traces.fileformat import SUFFIX, TraceWriter
 from ddpviz.traces.trace import Trace
 
@@ -59,7 +59,8 @@ def summarized_bytes(trace: Trace) -> tuple[bytes, int, int]:
 
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
-        with TraceWriter(path, meta=trace.meta, copies=True, columns=True) as w:
+        with TraceWriter(path, meta=trace.meta, copies=True, columns=True,
+                         summaries=True) as w:  # (GradsSummarized in wide COLUMNS frames)
             w.write_ranks(trace.clock, ranks())
         return path.read_bytes(), total, folded
 
@@ -72,14 +73,13 @@ def summarized_tables(trace: Trace) -> Iterator[tuple[Table, int]]:
     sizes: dict[int, tuple[object, np.ndarray]] = {}  # id(params) -> (params, bytes each)
     for rank in sorted(tables):
         table = tables[rank]
-        grads = table.rows(ev.GradReady)
+        hooks = table.kind == GRAD_READY
+        grads = np.flatnonzero(hooks)
         if len(grads) == 0:
             yield table, 0
             continue
-        summaries = _summaries(rank, table, grads, sizes)
-        keep = np.ones(len(table), dtype=bool)
-        keep[grads] = False
-        kept_rows = np.flatnonzero(keep)
+        summaries = _summaries(rank, table, hooks, grads, sizes)
+        kept_rows = np.flatnonzero(~hooks)
         # merged in row order: each summary at the row of its bucket's last GradReady
         order = np.argsort(np.concatenate([kept_rows, summaries.row]), kind="stable")
         yield _merged(table, kept_rows, summaries, order), \
@@ -128,29 +128,35 @@ def has_hooks(trace: Trace) -> bool:
     return any(len(t.rows(ev.GradReady)) for t in trace.columns().values())
 
 
-def _summaries(rank: int, table: Table, grads: np.ndarray,
+def _summaries(rank: int, table: Table, hooks: np.ndarray, grads: np.ndarray,
                known: dict[int, tuple[object, np.ndarray]]) -> _Summaries:
-    """One GradsSummarized per (step, bucket) of this rank's GradReady rows (`known`: the
-    parameter sizes of the parameter lists met so far, by identity)."""
-    steps = table.step[grads]
-    buckets = table.b[grads]
-    times = table.t[grads]
-    params = table.a[grads]
+    """One GradsSummarized per (step, bucket) of this rank's GradReady rows (`hooks`: which
+    rows they are; `grads`: their numbers; `known`: the parameter sizes of the parameter
+    lists met so far, by identity)."""
+    steps = table.step[hooks]
+    buckets = table.b[hooks]
+    times = table.t[hooks]
+    params = table.a[hooks]
     sizes = _param_bytes(table, known)
-    nbytes = np.where((params >= 0) & (params < len(sizes)),
-                      sizes[np.clip(params, 0, max(len(sizes) - 1, 0))], 0) \
-        if len(sizes) else np.zeros(len(grads), dtype=np.int64)
+    if not len(sizes):
+        nbytes = np.zeros(len(grads), dtype=np.int64)
+    elif int(params.min()) >= 0 and int(params.max()) < len(sizes):
+        nbytes = sizes[params]  # (the usual case: every parameter in the list)
+    else:
+        nbytes = np.where((params >= 0) & (params < len(sizes)),
+                          sizes[np.clip(params, 0, len(sizes) - 1)], 0)
     span = int(buckets.max()) + 1 if len(buckets) else 1
     key = steps * span + buckets  # (step, bucket)
-    order = np.argsort(key, kind="stable")
-    key = key[order]
+    if len(key) > 1 and not bool((key[1:] >= key[:-1]).all()):
+        order = np.argsort(key, kind="stable")  # (else the rows are in key order already)
+        key, times, grads, nbytes = key[order], times[order], grads[order], nbytes[order]
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     uniq = key[starts]
-    first = np.minimum.reduceat(times[order], starts)
-    last = np.maximum.reduceat(times[order], starts)
-    last_row = np.maximum.reduceat(grads[order], starts)
+    first = np.minimum.reduceat(times, starts)
+    last = np.maximum.reduceat(times, starts)
+    last_row = np.maximum.reduceat(grads, starts)
     counts = np.diff(np.append(starts, len(key)))
-    total = np.add.reduceat(nbytes[order], starts)
+    total = np.add.reduceat(nbytes, starts)
     step, bucket = uniq // span, uniq % span
     t, seq = table.t[last_row], table.seq[last_row]
     events = list(map(ev.GradsSummarized, itertools.repeat(rank, len(uniq)), step.tolist(),

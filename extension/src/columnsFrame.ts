@@ -7,13 +7,16 @@
  * integers of its width in `widths` (1, 2, 4 or 8 bytes), exactly that many bytes. Row i is one
  * event of `rank`, after every event of the frames before it:
  *
- *     kind  type               a       b       s
- *     0     GradReady          param   bucket  -1
- *     1     BucketReady        bucket  0       -1
- *     2     AllReduceDone      bucket  0       -1
- *     3     AllReduceLaunched  bucket  nbytes  dtype: an index into `strings`
- *     4-6   ForwardStarted, BackwardStarted, BackwardFinished: a, b 0, s -1
+ *     kind  type               a       b        s      c           d          e
+ *     0     GradReady          param   bucket   -1     0           0          0
+ *     1     BucketReady        bucket  0        -1     0           0          0
+ *     2     AllReduceDone      bucket  0        -1     0           0          0
+ *     3     AllReduceLaunched  bucket  nbytes   dtype  0           0          0
+ *     4-6   ForwardStarted, BackwardStarted, BackwardFinished: a to e 0, s -1
+ *     7     GradsSummarized    bucket  n_grads  -1     first_t_ns  last_t_ns  nbytes
  *
+ * (dtype: an index into `strings`.) A frame has 6 widths (columns step to s; kinds 0-6) or 9
+ * (a wide frame: the columns `c`, `d`, `e` follow `s`, and rows may be of kind 7; format 3).
  * A row's event is the plain object a msgpack event map of the same fields decodes to (keys in
  * the Python struct's order, 64-bit values as the nearest double, as `decodePayload` reads
  * them). A frame that breaks a rule (a bound of limits.ts / limits.py, the table above, the
@@ -39,7 +42,8 @@ export const COLUMN_TYPES = [
   'AllReduceLaunched',
   'ForwardStarted',
   'BackwardStarted',
-  'BackwardFinished'
+  'BackwardFinished',
+  'GradsSummarized'
 ] as const;
 
 /** `limits.MAX_COUNT` (2^62): the bound of a sequence number and of a time in ns, +-. */
@@ -48,10 +52,25 @@ const MAX_COUNT = 4611686018427387904;
 const MAX_BYTES = '9223372036854775807';
 
 const LAUNCHED = 3;
-const NAMES = ['step', 't_ns', 'seq', 'a', 'b', 's'] as const;
+const SUMMARIZED = 7;
+/** The widths a frame has: columns step to s, or step to e (`columnframe.NARROW`, `WIDE`). */
+const NARROW = 6;
+const WIDE = 9;
+const NAMES = ['step', 't_ns', 'seq', 'a', 'b', 's', 'c', 'd', 'e'] as const;
 // per kind code: the largest a and b (0: the type has no such field); the smallest is 0
-const A_MAX = [MAX_PARAMS - 1, MAX_BUCKETS - 1, MAX_BUCKETS - 1, MAX_BUCKETS - 1, 0, 0, 0];
-const B_MAX = [MAX_BUCKETS - 1, 0, 0, Infinity, 0, 0, 0];
+const A_MAX = [
+  MAX_PARAMS - 1,
+  MAX_BUCKETS - 1,
+  MAX_BUCKETS - 1,
+  MAX_BUCKETS - 1,
+  0,
+  0,
+  0,
+  MAX_BUCKETS - 1
+];
+const B_MAX = [MAX_BUCKETS - 1, 0, 0, Infinity, 0, 0, 0, MAX_PARAMS];
+// c, d and e: 0 but for a GradsSummarized (first_t_ns and last_t_ns within +-MAX_COUNT,
+// nbytes any non-negative int64)
 
 const UTF8 = new TextDecoder('utf-8', { fatal: true });
 
@@ -136,17 +155,19 @@ export function decodeColumns(payload: Uint8Array): [number, DDPEvent[]] {
   }
   const view = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
   const kind = payload.subarray(end, end + rows);
+  const nTypes = widths.length === WIDE ? COLUMN_TYPES.length : SUMMARIZED;
   for (let i = 0; i < rows; i++) {
-    if (kind[i] >= COLUMN_TYPES.length) {
+    if (kind[i] >= nTypes) {
       throw new Damage(
-        `kind ${kind[i]} at row ${i}: a row's kind is 0 to ${COLUMN_TYPES.length - 1}`,
+        `kind ${kind[i]} at row ${i}: a row's kind is 0 to ${nTypes - 1} in a frame of ` +
+          `${widths.length} widths`,
         rows
       );
     }
   }
-  // the first byte of the columns step, t_ns, seq, a, b and s (kind's is `end`)
+  // the first byte of the columns step, t_ns, seq, a, b, s (and c, d, e; kind's is `end`)
   const at = [end + rows];
-  for (let c = 1; c < 6; c++) {
+  for (let c = 1; c < widths.length; c++) {
     at.push(at[c - 1] + rows * widths[c - 1]);
   }
   const col = (c: number, i: number): number => intAt(view, at[c] + i * widths[c], widths[c]);
@@ -203,6 +224,30 @@ export function decodeColumns(payload: Uint8Array): [number, DDPEvent[]] {
       }
     }
   }
+  for (let c = 6; c < widths.length; c++) {
+    for (let i = 0; i < rows; i++) {
+      const v = col(c, i);
+      const k = kind[i];
+      let bounds = '[0, 0]';
+      if (k === SUMMARIZED && c < 8) {
+        if (v >= -MAX_COUNT && v <= MAX_COUNT && !past(c, i, v)) {
+          continue;
+        }
+        bounds = `[${-BigInt(MAX_COUNT)}, ${BigInt(MAX_COUNT)}]`;
+      } else if (k === SUMMARIZED) {
+        if (v >= 0) {
+          continue;
+        }
+        bounds = `[0, ${MAX_BYTES}]`;
+      } else if (v === 0) {
+        continue;
+      }
+      throw new Damage(
+        `${NAMES[c]} = ${exact(c, i)} at row ${i}, out of ${bounds} for a ${COLUMN_TYPES[k]}`,
+        rows
+      );
+    }
+  }
   return [rank, rowEvents(rank, rows, kind, view, at, widths, strings)];
 }
 
@@ -216,8 +261,8 @@ function rowEvents(
   widths: number[],
   strings: string[]
 ): DDPEvent[] {
-  const [pStep, pT, pSeq, pA, pB, pS] = at;
-  const [wStep, wT, wSeq, wA, wB, wS] = widths;
+  const [pStep, pT, pSeq, pA, pB, pS, pC, pD, pE] = at;
+  const [wStep, wT, wSeq, wA, wB, wS, wC, wD, wE] = widths;
   const out: DDPEvent[] = [];
   for (let i = 0; i < rows; i++) {
     const step = intAt(view, pStep + i * wStep, wStep);
@@ -264,8 +309,22 @@ function rowEvents(
       case 5:
         out.push({ type: 'BackwardStarted', rank, step, t_ns: t, seq });
         break;
-      default:
+      case 6:
         out.push({ type: 'BackwardFinished', rank, step, t_ns: t, seq });
+        break;
+      default:
+        out.push({
+          type: 'GradsSummarized',
+          rank,
+          step,
+          t_ns: t,
+          seq,
+          bucket: intAt(view, pA + i * wA, wA),
+          n_grads: intAt(view, pB + i * wB, wB),
+          first_t_ns: intAt(view, pC + i * wC, wC),
+          last_t_ns: intAt(view, pD + i * wD, wD),
+          nbytes: intAt(view, pE + i * wE, wE)
+        });
     }
   }
   return out;
@@ -315,7 +374,7 @@ function codePoints(text: string): number {
 }
 
 /**
- * Where the head (a msgpack array of 4: two ints, an array of 6 ints, an array of at most
+ * Where the head (a msgpack array of 4: two ints, an array of 6 or 9 ints, an array of at most
  * MAX_COLUMN_STRINGS strings, each valid UTF-8) ends, as columnframe.py's `_head_end` finds
  * it; Damage when the bytes are not of that shape. Reads only the head's own bytes.
  */
@@ -337,8 +396,15 @@ function headEnd(bytes: Uint8Array): number {
 
 /** `headEnd` past `rows`, from `p`: the widths and the strings. */
 function headRest(bytes: Uint8Array, p: number): number {
-  p = expectArray(bytes, p, 6);
-  for (let i = 0; i < 6; i++) {
+  const [first, widths] = arrayAt(bytes, p);
+  if (widths !== NARROW && widths !== WIDE) {
+    throw new Damage(
+      `its head holds an array of ${widths} where the format has ${NARROW} or ${WIDE}`,
+      1
+    );
+  }
+  p = first;
+  for (let i = 0; i < widths; i++) {
     p = skipInt(bytes, p);
   }
   const [start, n] = arrayAt(bytes, p);

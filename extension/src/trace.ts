@@ -12,8 +12,8 @@ import { readColumns } from './columnsFrame';
 import { asEvent, DDPEvent, SCHEMA_VERSION } from './events';
 import { MAX_STEP, MAX_WORLD_SIZE } from './limits';
 
-/** `ddpviz.traces.fileformat.FORMAT_VERSION`, the newest (format 1 is read too). */
-export const FORMAT_VERSION = 2;
+/** `ddpviz.traces.fileformat.FORMAT_VERSION`, the newest (formats 1 and 2 are read too). */
+export const FORMAT_VERSION = 3;
 
 /** `ddpviz.traces.fileformat.MAGIC`: "DDPVIZ\0\x1a". */
 export const MAGIC = [0x44, 0x44, 0x50, 0x56, 0x49, 0x5a, 0x00, 0x1a];
@@ -604,9 +604,9 @@ function readHeader(trace: ParsedTrace, kind: number, value: unknown, name: stri
         'The file is damaged; restore it from the original run.'
     );
   }
-  if (header.format !== 1 && header.format !== FORMAT_VERSION) {
+  if (header.format !== 1 && header.format !== 2 && header.format !== FORMAT_VERSION) {
     throw new TraceError(
-      `ddpviz: '${name}' is trace format ${header.format}; this viewer reads formats 1 ` +
+      `ddpviz: '${name}' is trace format ${header.format}; this viewer reads formats 1, 2 ` +
         `and ${FORMAT_VERSION}.\nUse the ddpviz version that wrote it.`
     );
   }

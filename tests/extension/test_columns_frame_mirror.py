@@ -22,7 +22,8 @@ from ddpviz.events import SCHEMA_VERSION
 from ddpviz.traces import columnframe
 from ddpviz.traces.columns import CODE
 from ddpviz.traces.fileformat import EVENTS, FRAME, HEADER, MAGIC, FileHeader
-from ddpviz.traces.trace import Trace
+from ddpviz.traces.trace import Trace, TraceError
+from ddpviz.traces.view_summary import summarized
 from tests.extension.mirror import run_typescript
 from tests.extension.test_copy_frames_mirror import _js, plain
 from tests.widgets.streams import synthetic_run
@@ -36,16 +37,17 @@ OUT = """cases.map(c => {
            format: t.format, frames: g.FRAME_KINDS, version: g.FORMAT_VERSION };
 })"""
 
-NAMES = ("step", "t_ns", "seq", "a", "b", "s")
+NAMES = ("step", "t_ns", "seq", "a", "b", "s", "c", "d", "e")
 
 
 def columns_payload(rank: Any, rows: Sequence[tuple[int, ...]], strings: list[str] | None = None,
                     widths: list[int] | None = None, head_rows: Any = None,
                     head: Any = None) -> bytes:
     """A COLUMNS payload as the spec lays it out: the head `[rank, rows, widths, strings]`
-    (msgpack), then the columns kind (u8), step, t_ns, seq, a, b, s, little-endian signed of
-    their widths. `rows`: (kind, step, t_ns, seq, a, b, s) each; the widths default to the
-    fewest bytes holding each column; `head_rows`/`head` replace the head's rows or the head."""
+    (msgpack), then the columns kind (u8), step, t_ns, seq, a, b, s (and c, d, e: a wide
+    frame), little-endian signed of their widths. `rows`: (kind, step, t_ns, seq, a, b, s) each,
+    or (..., s, c, d, e); the widths default to the fewest bytes holding each column;
+    `head_rows`/`head` replace the head's rows or the head."""
     cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     if widths is None:
         widths = [_width(c) for c in cols[1:]]
@@ -66,7 +68,7 @@ def frame(kind: int, payload: bytes) -> bytes:
     return FRAME.pack(kind, len(payload), zlib.crc32(payload)) + payload
 
 
-def trace_file(*frames: bytes, fmt: int = 2) -> bytes:
+def trace_file(*frames: bytes, fmt: int = 3) -> bytes:
     header = msgspec.msgpack.encode(FileHeader(fmt, SCHEMA_VERSION, {}))
     return MAGIC + frame(HEADER, header) + b"".join(frames)
 
@@ -99,14 +101,21 @@ GOOD = [
 ]
 STRINGS = ["float32", "bfloat16"]
 TYPES = ["GradReady", "BucketReady", "AllReduceDone", "AllReduceLaunched", "ForwardStarted",
-         "BackwardStarted", "BackwardFinished"]
+         "BackwardStarted", "BackwardFinished", "GradsSummarized"]
+# a wide frame (9 widths): GOOD's rows with c, d, e 0, and GradsSummarized rows (kind 7) at
+# their bounds
+GOOD_WIDE = [*((*row, 0, 0, 0) for row in GOOD),
+             (7, 0, 700, 8, 1, 40, -1, 650, 690, 4096),
+             (7, 1, 800, 9, limits.MAX_BUCKETS - 1, limits.MAX_PARAMS, -1, -limits.MAX_COUNT,
+              limits.MAX_COUNT, limits.MAX_BYTES),
+             (7, 2, 900, 10, 0, 0, -1, BIG, -BIG, 0)]
 
 
 def expected(rank: int, rows: Sequence[tuple[int, ...]],
              strings: list[str]) -> list[dict[str, Any]]:
     """The events of rows as the TS reader holds them (the spec's table, Python's key order)."""
     out = []
-    for k, step, t, seq, a, b, s in rows:
+    for k, step, t, seq, a, b, s, *cde in rows:
         e: dict[str, Any] = {"type": TYPES[k], "rank": rank, "step": step, "t_ns": t, "seq": seq}
         if k == 0:
             e |= {"param": a, "bucket": b}
@@ -114,6 +123,9 @@ def expected(rank: int, rows: Sequence[tuple[int, ...]],
             e |= {"bucket": a}
         elif k == 3:
             e |= {"bucket": a, "nbytes": b, "dtype": strings[s]}
+        elif k == 7:
+            e |= {"bucket": a, "n_grads": b, "first_t_ns": cde[0], "last_t_ns": cde[1],
+                  "nbytes": cde[2]}
         out.append(e)
     return _js(out)
 
@@ -153,7 +165,7 @@ def test_ts_reads_every_kind_and_wide_values_as_the_spec_says() -> None:
         assert _js(g["byRank"]["7"]) == expected(7, GOOD, STRINGS)
         assert [list(e) for e in g["byRank"]["7"]] == [list(e) for e in
                                                         expected(7, GOOD, STRINGS)]
-    assert [g["format"] for g in got] == [2, 2, 1]
+    assert [g["format"] for g in got] == [3, 3, 1]
     # a name of MAX_NAME characters (Python counts code points: 2 UTF-16 units each here)
     names = ["\U0001f600" * limits.MAX_NAME, "é"]
     rows = [(3, 0, 0, 0, 0, 0, 0), (3, 0, 0, 1, 0, 0, 1)]
@@ -167,7 +179,7 @@ def test_ts_knows_pythons_frame_kind_version_and_bounds() -> None:
     got = parse(trace_file())[0]
     assert got["frames"]["columns"] == columnframe.COLUMNS == 6
     from ddpviz.traces import fileformat
-    assert got["version"] == fileformat.FORMAT_VERSION == 2
+    assert got["version"] == fileformat.FORMAT_VERSION == 3
     consts = run_typescript("columnsFrame", "[g.MAX_COLUMN_ROWS, g.MAX_COLUMN_STRINGS, "
                             "g.COLUMN_TYPES]", [])
     assert consts == [columnframe.MAX_COLUMN_ROWS, columnframe.MAX_COLUMN_STRINGS,
@@ -178,11 +190,61 @@ def test_ts_knows_pythons_frame_kind_version_and_bounds() -> None:
 def test_other_formats_are_still_refused() -> None:
     err = run_typescript("trace", """cases.map(c => { try { g.parseTrace(
       g.base64ToBytes(c), 'run'); return null; } catch (e) { return String(e.message); } })""",
-                         [base64.b64encode(trace_file(fmt=f)).decode() for f in (0, 3)])
-    assert all("formats 1 and 2" in e for e in err)
+                         [base64.b64encode(trace_file(fmt=f)).decode() for f in (0, 4)])
+    assert all("formats 1, 2 and 3" in e for e in err)
+    with pytest.raises(TraceError, match="formats 1, 2 and 3"):
+        Trace.from_bytes(trace_file(fmt=4))
+
+
+def test_ts_reads_a_wide_frame_as_the_spec_says() -> None:
+    """A frame of 9 widths: its rows of every kind, GradsSummarized's fields from c, d, e; in
+    a format-2 or -3 file alike (and every column 8 bytes wide)."""
+    payload = columns_payload(4, GOOD_WIDE, STRINGS)
+    wide = columns_payload(4, GOOD_WIDE, STRINGS, widths=[8] * 9)
+    assert python_reads(payload) and python_reads(wide)
+    got = parse(trace_file(frame(columnframe.COLUMNS, payload)),
+                trace_file(frame(columnframe.COLUMNS, wide)),
+                trace_file(frame(columnframe.COLUMNS, payload), fmt=2))
+    want = expected(4, GOOD_WIDE, STRINGS)
+    for g in got:
+        assert g["rejected"] == 0, g["reasons"]
+        assert _js(g["byRank"]["4"]) == want
+        assert [list(e) for e in g["byRank"]["4"]] == [list(e) for e in want]  # Python's order
+    # Python reads the same events from the same bytes
+    events = columnframe.events_of(columnframe.decode_columns(payload, CODE), CODE)
+    assert _js([msgspec.to_builtins(e) for e in events]) == want
+
+
+def test_ts_reads_a_saved_run_with_summaries_as_python_does(tmp_path: Path) -> None:
+    """A trace holding GradsSummarized events (recorded at detail "buckets", or a view's
+    summary) is saved with them in wide COLUMNS frames, as format 3; TS reads it as Python
+    does."""
+    trace, _ = summarized(Trace(synthetic_run(3, 60, 3)))
+    path = trace.save(tmp_path / "run.ddpviz")
+    assert Trace.load(path) == trace
+    data = path.read_bytes()
+    wide = []
+    pos = len(MAGIC)
+    while pos < len(data):
+        kind, length, _ = FRAME.unpack_from(data, pos)
+        if kind == columnframe.COLUMNS:
+            head = data[pos + FRAME.size:pos + FRAME.size + length]
+            wide.append(len(msgspec.msgpack.Decoder().decode(head[:columnframe._head_end(
+                memoryview(head))])[2]) == columnframe.WIDE)
+        pos += FRAME.size + length
+    assert any(wide)
+    got = parse(data)[0]
+    assert got["rejected"] == 0 and got["reasons"] == []
+    assert got["format"] == 3 and got["count"] == len(trace)
+    by_rank = _js(got["byRank"])
+    assert by_rank == plain(trace)
+    assert all(list(a) == list(b) for r, events in plain(trace).items()
+               for a, b in zip(by_rank[r], events, strict=True))
 
 
 OK = (0, 0, 300, 2, 5, 1, -1)
+WIDE_OK = (*OK, 0, 0, 0)
+SUMMARY = (7, 0, 300, 3, 1, 40, -1, 250, 290, 4096)
 HOSTILE: dict[str, tuple[bytes, int]] = {  # name: (payload, rows rejected)
     "payload short": (columns_payload(0, [OK, OK])[:-1], 2),
     "payload long": (columns_payload(0, [OK, OK]) + b"\0", 2),
@@ -201,6 +263,25 @@ HOSTILE: dict[str, tuple[bytes, int]] = {  # name: (payload, rows rejected)
     "string not UTF-8": (columns_payload(0, [OK], ["flo@t32"]).replace(b"flo@", b"flo\xff"),
                          1),
     "kind 7": (columns_payload(0, [OK, (7, 0, 0, 0, 0, 0, -1)]), 2),
+    "wide: kind 8": (columns_payload(0, [WIDE_OK, (8, 0, 0, 0, 0, 0, -1, 0, 0, 0)]), 2),
+    "wide: widths 8": (columns_payload(0, [WIDE_OK], widths=[2] * 8), 1),
+    "wide: widths 10": (columns_payload(0, [WIDE_OK], widths=[2] * 10), 1),
+    "wide: payload short": (columns_payload(0, [WIDE_OK, SUMMARY])[:-1], 2),
+    "wide: c 1 for GradReady": (columns_payload(0, [(0, 0, 0, 0, 0, 0, -1, 1, 0, 0)]), 1),
+    "wide: d -1 for AllReduceLaunched": (columns_payload(
+        0, [(3, 0, 0, 0, 0, 0, 0, 0, -1, 0)], ["f"]), 1),
+    "wide: e 1 for ForwardStarted": (columns_payload(0, [(4, 0, 0, 0, 0, 0, -1, 0, 0, 1)]), 1),
+    "wide: first_t_ns past MAX_COUNT": (columns_payload(
+        0, [SUMMARY, (7, 0, 0, 0, 0, 0, -1, limits.MAX_COUNT + 1, 0, 0)]), 2),
+    "wide: last_t_ns below -MAX_COUNT": (columns_payload(
+        0, [(7, 0, 0, 0, 0, 0, -1, 0, -limits.MAX_COUNT - 1, 0)]), 1),
+    "wide: nbytes -1": (columns_payload(0, [(7, 0, 0, 0, 0, 0, -1, 0, 0, -1)]), 1),
+    "wide: n_grads past MAX_PARAMS": (columns_payload(
+        0, [(7, 0, 0, 0, 0, limits.MAX_PARAMS + 1, -1, 0, 0, 0)]), 1),
+    "wide: bucket MAX_BUCKETS": (columns_payload(
+        0, [(7, 0, 0, 0, limits.MAX_BUCKETS, 0, -1, 0, 0, 0)]), 1),
+    "wide: s 0 for GradsSummarized": (columns_payload(0, [(7, 0, 0, 0, 0, 0, 0, 0, 0, 0)],
+                                                      ["f"]), 1),
     "step -2": (columns_payload(0, [OK, (4, -2, 0, 0, 0, 0, -1)]), 2),
     "step past MAX_STEP": (columns_payload(0, [(4, limits.MAX_STEP + 1, 0, 0, 0, 0, -1)]), 1),
     "t_ns past MAX_COUNT": (columns_payload(0, [OK, (4, 0, limits.MAX_COUNT + 1, 0, 0, 0, -1)]),
@@ -257,6 +338,15 @@ def test_ts_rejects_each_hostile_frame_and_reads_the_frames_after_it() -> None:
 
 def test_ts_rejection_reasons_say_what_was_wrong() -> None:
     cases = {"kind 7": "kind 7 at row 1", "step -2": "step = -2 at row 1",
+             "wide: kind 8": "kind 8 at row 1: a row's kind is 0 to 7",
+             "wide: widths 8": "an array of 8 where the format has 6 or 9",
+             "wide: c 1 for GradReady": "c = 1 at row 0, out of [0, 0] for a GradReady",
+             "wide: first_t_ns past MAX_COUNT": f"c = {limits.MAX_COUNT + 1} at row 1, out of "
+                                                f"[{-limits.MAX_COUNT}, {limits.MAX_COUNT}]",
+             "wide: nbytes -1": f"e = -1 at row 0, out of [0, {limits.MAX_BYTES}] for a "
+                                "GradsSummarized",
+             "wide: n_grads past MAX_PARAMS": f"b = {limits.MAX_PARAMS + 1} at row 0, out of "
+                                              f"[0, {limits.MAX_PARAMS}] for a GradsSummarized",
              "t_ns past MAX_COUNT": f"t_ns = {limits.MAX_COUNT + 1} at row 1",
              "seq past MAX_COUNT": f"seq = {limits.MAX_COUNT + 1} at row 0",
              "payload long": "bytes where its head says", "width 3": "column widths",

@@ -23,13 +23,15 @@ from ddpviz.traces.fileformat import FRAME, TailReader, TraceWriter
 from ddpviz.traces.trace import Trace, TraceError
 
 FIRST = ev.ForwardStarted(rank=0, step=0, t_ns=1, seq=0)
-NAMES = ("step", "t_ns", "seq", "a", "b", "s")
+NAMES = ("step", "t_ns", "seq", "a", "b", "s", "c", "d", "e")
+WIDE = (8,) * 9  # a wide frame's widths: the columns c, d, e too (GradsSummarized's)
 
 
 def payload(rows: list[dict[str, int]], *, rank: int = 0, widths: Any = (8,) * 6,
             strings: Any = ("torch.float32",), head: Any = None, extra: bytes = b"",
             n: int | None = None) -> bytes:
-    """A COLUMNS payload of these rows (each: kind and the six columns, missing ones 0, s -1)."""
+    """A COLUMNS payload of these rows (each: kind and the columns, missing ones 0, s -1; c,
+    d and e with 9 widths)."""
     n = len(rows) if n is None else n
     out = msgspec.msgpack.encode([rank, n, list(widths), list(strings)] if head is None
                                  else head)
@@ -50,6 +52,8 @@ def file_with(path: Path, *payloads: bytes) -> Path:
 
 
 GOOD = {"kind": 0, "step": 1, "t_ns": 5, "seq": 1, "a": 3, "b": 0}
+SUMMARY = {"kind": 7, "step": 1, "t_ns": 9, "seq": 2, "a": 0, "b": 10, "c": 3, "d": 8,
+           "e": 40}
 
 
 @pytest.mark.parametrize(("frame", "why"), [
@@ -78,6 +82,27 @@ GOOD = {"kind": 0, "step": 1, "t_ns": 5, "seq": 1, "a": 3, "b": 0}
     (payload([{**GOOD, "kind": 1, "b": 1}]), "b = 1 at row 0, out of [0, 0] for a BucketReady"),
     (payload([{**GOOD, "kind": 4, "a": 1}]), "out of [0, 0] for a ForwardStarted"),
     (payload([{**GOOD, "kind": 3, "s": 0, "b": -1}]), "b = -1"),
+    # a wide frame (9 widths): kind 7, GradsSummarized, and the columns c, d, e
+    (payload([GOOD], widths=(8,) * 8), "array of 8 where the format has 6 or 9"),
+    (payload([GOOD], widths=(8,) * 10), "array of 10 where the format has 6 or 9"),
+    (payload([{**GOOD, "kind": 7}]), "kind 7 at row 0: a row's kind is 0 to 6"),
+    (payload([SUMMARY, {**SUMMARY, "kind": 8}], widths=WIDE), "kind 8 at row 1"),
+    (payload([SUMMARY], widths=WIDE, extra=b"\0"), "bytes where its head says"),
+    (payload([{**GOOD, "c": 1}], widths=WIDE), "c = 1 at row 0, out of [0, 0] for a GradReady"),
+    (payload([{**GOOD, "kind": 3, "s": 0, "d": -1}], widths=WIDE), "d = -1 at row 0"),
+    (payload([{**GOOD, "kind": 4, "a": 0, "e": 1}], widths=WIDE),
+     "e = 1 at row 0, out of [0, 0] for a ForwardStarted"),
+    (payload([SUMMARY, {**SUMMARY, "c": limits.MAX_COUNT + 1}], widths=WIDE),
+     f"c = {limits.MAX_COUNT + 1} at row 1"),
+    (payload([{**SUMMARY, "d": -limits.MAX_COUNT - 1}], widths=WIDE),
+     f"d = {-limits.MAX_COUNT - 1} at row 0"),
+    (payload([{**SUMMARY, "e": -1}], widths=WIDE), "e = -1 at row 0"),
+    (payload([{**SUMMARY, "b": limits.MAX_PARAMS + 1}], widths=WIDE),
+     f"b = {limits.MAX_PARAMS + 1} at row 0, out of [0, {limits.MAX_PARAMS}] for a "
+     "GradsSummarized"),
+    (payload([{**SUMMARY, "a": limits.MAX_BUCKETS}], widths=WIDE),
+     f"a = {limits.MAX_BUCKETS} at row 0"),
+    (payload([{**SUMMARY, "s": 0}], widths=WIDE), "not an AllReduceLaunched"),
 ])
 def test_a_broken_rule_is_a_trace_error_naming_the_frame(tmp_path: Path, frame: bytes,
                                                          why: str) -> None:
@@ -104,6 +129,27 @@ def test_a_valid_frame_of_every_width_loads(tmp_path: Path) -> None:
         assert trace.events(0)[1:] == [
             ev.AllReduceLaunched(0, 2, -7, 9, 1, 300, "torch.float32"),
             ev.GradReady(0, -1, 1 << 40, 10, 2, 1)]
+
+
+def test_a_valid_wide_frame_loads_in_trace_load_and_the_tail_reader(tmp_path: Path) -> None:
+    rows = [{**GOOD, "seq": 1}, {**SUMMARY, "t_ns": -1, "c": -limits.MAX_COUNT,
+                                 "d": limits.MAX_COUNT, "e": limits.MAX_BYTES},
+            {"kind": 3, "step": 2, "t_ns": -7, "seq": 9, "a": 1, "b": 300, "s": 0}]
+    want = [ev.GradReady(0, 1, 5, 1, 3, 0),
+            ev.GradsSummarized(0, 1, -1, 2, 0, 10, -limits.MAX_COUNT, limits.MAX_COUNT,
+                               limits.MAX_BYTES),
+            ev.AllReduceLaunched(0, 2, -7, 9, 1, 300, "torch.float32")]
+    for widths in (WIDE, (1, 8, 1, 1, 2, 1, 8, 8, 8)):
+        path = file_with(tmp_path / "t.ddpviz", payload(rows, widths=widths))
+        assert Trace.load(path).events(0)[1:] == want
+        reader = TailReader(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = [e for r in reader.read(fd, os.path.getsize(path), 1 << 30)
+                   if isinstance(r, list) for e in r]
+        finally:
+            os.close(fd)
+        assert got[1:] == want
 
 
 def test_a_big_frame_loads_in_linear_time(tmp_path: Path) -> None:
