@@ -13,6 +13,9 @@ export interface ViewOptions {
   /** What the user picked, read when drawing and written on each pick (a live view keeps it
    * across redraws: traceWidget.ts); none: the defaults. */
   picks?: Picks;
+  /** A view's first drawing: the panels below the hook timeline are drawn after the first
+   * paint (view.ts's renderTrace). */
+  drawLater?: boolean;
 }
 
 /** What the user picked in a view. */

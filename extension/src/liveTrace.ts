@@ -7,6 +7,7 @@
  * ddpviz/widgets/trace_feed.py.
  */
 
+import { measureSince } from './stages';
 import { appendFrames, ParsedTrace, parseTraceAsync, traceBytes } from './trace';
 
 type Bytes = DataView | ArrayBuffer | Uint8Array | null;
@@ -87,7 +88,9 @@ export class LiveTrace {
     let error: unknown = null;
     if (bytes.length > 0) {
       try {
+        const start = performance.now();
         parsed = await parseTraceAsync(bytes, this.name());
+        measureSince('parse', start);
       } catch (err) {
         error = err;
       }

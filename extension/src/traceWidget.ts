@@ -23,6 +23,7 @@ import { asEvent, Finding } from './events';
 import { MAX_WORLD_SIZE } from './limits';
 import { LiveModel, LiveTrace, liveTraceOf } from './liveTrace';
 import { dragging, kernelStatusOf } from './replay';
+import { measured, measureSince } from './stages';
 import { parseTraceAsync, TraceError, traceBytes } from './trace';
 
 export { traceBytes } from './trace';
@@ -96,17 +97,21 @@ export async function draw(
   }
   const options = {
     scheme: model.get('scheme') || DEFAULT_SCHEME,
-    maxEvents: model.get('max_events') || 20000
+    maxEvents: model.get('max_events') || 20000,
+    drawLater: true
   };
   let content: HTMLElement;
   try {
+    const start = performance.now();
     const parsed = await parseTraceAsync(bytes, name);
+    measureSince('parse', start);
     if (!isCurrent()) {
       return;
     }
     const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
     const advice = adviceOf(traceBytes(model.get('advice')));
-    content = renderTrace(new TraceModel(parsed), name, options, diagnosis, '', advice);
+    const full = measured('model', () => new TraceModel(parsed));
+    content = measured('panels', () => renderTrace(full, name, options, diagnosis, '', advice));
   } catch (err) {
     content = renderError(
       err instanceof TraceError
@@ -119,6 +124,9 @@ export async function draw(
     el.replaceChildren(content);
   }
 }
+
+/** Elements a run was drawn into (the first drawing of a view puts some panels after paint). */
+const drawnIn = new WeakSet<HTMLElement>();
 
 /**
  * Draw what a model's live trace holds into `el`: a line on the run's state (live, how it
@@ -145,19 +153,17 @@ export function paint(live: LiveTrace, model: LiveModel, el: HTMLElement, picks:
     const options = {
       scheme: model.get('scheme') || DEFAULT_SCHEME,
       maxEvents: model.get('max_events') || 20000,
-      picks
+      picks,
+      drawLater: !drawnIn.has(el)
     };
+    drawnIn.add(el);
     const diagnosis = diagnosisOf(traceBytes(model.get('diagnosis')));
     const advice = adviceOf(traceBytes(model.get('advice')));
     const kernel = kernelStatusOf(model.get('status'));
-    content = renderTrace(
-      new TraceModel(live.parsed),
-      name,
-      options,
-      diagnosis,
-      state,
-      advice,
-      kernel
+    const parsed = live.parsed;
+    const full = measured('model', () => new TraceModel(parsed));
+    content = measured('panels', () =>
+      renderTrace(full, name, options, diagnosis, state, advice, kernel)
     );
   }
   const lines = [
@@ -188,7 +194,7 @@ export function paint(live: LiveTrace, model: LiveModel, el: HTMLElement, picks:
   const focus = focusedField(el);
   el.replaceChildren(...lines, ...(panel === null ? [] : [panel]), content);
   refocus(el, focus);
-  restore(el, scroll);
+  measured('scroll', () => restore(el, scroll));
   el.dataset.drawMs = (performance.now() - started).toFixed(1);
   el.dataset.draws = String(Number(el.dataset.draws || 0) + 1);
   el.dataset.events = String(live.total);
@@ -207,6 +213,9 @@ function scrolled(el: HTMLElement): Map<string, [number, number]> {
 
 function restore(el: HTMLElement, scroll: Map<string, [number, number]>): void {
   const [top, left] = scroll.get('') ?? [0, 0];
+  if (scroll.size === 1 && top === 0 && left === 0) {
+    return; // nothing was scrolled: setting a scroll position would lay the page out now
+  }
   el.scrollTop = top;
   el.scrollLeft = left;
   el.querySelectorAll<HTMLElement>('[data-section], .ddpviz-timeline-holder').forEach(e => {

@@ -18,6 +18,7 @@ import { formatRanges, MANY_RANKS, spread, valueGroups } from './rankGroups';
 import { renderTimelineSection } from './hookTimeline';
 import { renderTraceActions } from './perfetto';
 import { renderReplicas } from './replicas';
+import { measured } from './stages';
 import { KernelStatus, mountReplay } from './replay';
 import { linkSelection, selectionStatus } from './selection';
 import { waitRows } from './straggler';
@@ -63,26 +64,79 @@ export function renderTrace(
   const opts: ViewOptions = { ...options, picks };
   const root = h('div', { class: 'ddpviz-trace' });
   const diagnosis = typeof sent === 'string' ? null : sent;
-  // the panels, of the model as of the replay's cursor (replay.ts)
-  mountReplay(root, model, picks, live, kernel, m =>
-    [
-      guarded('verdict', 'Verdict', () => renderVerdict(m, sent, live)),
-      guarded('summary', 'Summary', () => renderSummary(m, name)),
-      guarded('findings', 'Findings', () => renderFindings(diagnosis ?? m.findings)),
-      guarded('replicas', 'Replicas', () => renderReplicas(diagnosis ?? m.findings)),
-      guarded('buckets', 'Bucket map', () => renderBuckets(m, opts)),
-      guarded('verification', 'Verification', () => renderVerification(m)),
-      guarded('broadcast', 'State broadcast', () => renderBroadcast(m)),
-      guarded('timeline', 'Hook timeline', () => renderTimelineSection(m, opts)),
-      guarded('waits', 'Who made the all-reduce wait', () => renderWaits(m)),
-      guarded('advice', 'Bucket advice', () => renderAdvice(advice, m, opts, live)),
-      guarded('counts', 'Events', () => renderCounts(m))
-    ].filter((el): el is HTMLElement => el !== null)
-  );
+  // the panels, of the model as of the replay's cursor (replay.ts): down to the hook
+  // timeline, then those below it
+  const first = (m: TraceModel) => [
+    guarded('verdict', 'Verdict', () => renderVerdict(m, sent, live)),
+    guarded('summary', 'Summary', () => renderSummary(m, name)),
+    guarded('findings', 'Findings', () => renderFindings(diagnosis ?? m.findings)),
+    guarded('replicas', 'Replicas', () => renderReplicas(diagnosis ?? m.findings)),
+    guarded('buckets', 'Bucket map', () => renderBuckets(m, opts)),
+    guarded('verification', 'Verification', () => renderVerification(m)),
+    guarded('broadcast', 'State broadcast', () => renderBroadcast(m)),
+    guarded('timeline', 'Hook timeline', () => renderTimelineSection(m, opts))
+  ];
+  const rest = (m: TraceModel) => [
+    guarded('waits', 'Who made the all-reduce wait', () => renderWaits(m)),
+    guarded('advice', 'Bucket advice', () => renderAdvice(advice, m, opts, live)),
+    guarded('counts', 'Events', () => renderCounts(m))
+  ];
+  let later = options.drawLater === true;
+  mountReplay(root, model, picks, live, kernel, m => {
+    const drawn = first(m).filter(isElement);
+    if (!later || drawn.length === 0) {
+      root.dataset.panels = 'all';
+      return [...drawn, ...rest(m).filter(isElement)];
+    }
+    // The first drawing: the panels below the timeline (a wait table folded from every
+    // launch, the advice, the counts) come after the first paint, so the screen the view
+    // opens on shows sooner. (Only the first: a redraw that dropped them for a frame would
+    // shorten the page under a user scrolled down to them.)
+    later = false;
+    const anchor = drawn[drawn.length - 1];
+    root.dataset.panels = 'first';
+    afterPaint(() => {
+      const holder = anchor.parentElement;
+      // (else the view was drawn again meanwhile: a live view's next drawing replaced this
+      // one, or the replay drew every panel again)
+      if (root.parentNode !== null && holder !== null && anchor.nextSibling === null) {
+        holder.append(...rest(m).filter(isElement));
+        root.dataset.panels = 'all';
+      }
+    });
+    return drawn;
+  });
   // a bucket highlights its parameters in the maps and the timeline (kept in picks; one
   // picked before this drawing, a live view's, is picked again: after the panels are drawn)
   linkSelection(root, picks);
   return root;
+}
+
+function isElement(el: HTMLElement | null): el is HTMLElement {
+  return el !== null;
+}
+
+type PostTask = (fn: () => void, options: { priority: string }) => Promise<void>;
+
+/**
+ * Call `fn` once the page has painted what it holds now: in a task after the next frame, of
+ * background priority where the browser has `scheduler.postTask` (input and the page's other
+ * tasks go first).
+ */
+function afterPaint(fn: () => void): void {
+  const scheduler = (globalThis as { scheduler?: { postTask?: PostTask } }).scheduler;
+  const later = () => {
+    if (typeof scheduler?.postTask === 'function') {
+      void scheduler.postTask(fn, { priority: 'background' });
+    } else {
+      setTimeout(fn, 0);
+    }
+  };
+  if (typeof requestAnimationFrame === 'function') {
+    requestAnimationFrame(later);
+  } else {
+    later();
+  }
 }
 
 /**
@@ -91,7 +145,7 @@ export function renderTrace(
  */
 function guarded(kind: string, title: string, draw: () => HTMLElement | null): HTMLElement | null {
   try {
-    return draw();
+    return measured(`panel:${kind}`, draw);
   } catch (err) {
     return section(
       kind,

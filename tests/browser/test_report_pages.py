@@ -87,6 +87,12 @@ def _open(browser: Any, path: Path, name: str) -> tuple[Any, Any]:
     page.goto(path.as_uri())
     page.wait_for_selector("#timeline")
     page.wait_for_selector("#ddpviz-view .ddpviz-trace")
+    # the panels below the hook timeline are drawn after the first paint (view.ts), in order
+    page.wait_for_selector("#ddpviz-view .ddpviz-trace[data-panels=all]")
+    sections = page.eval_on_selector_all("#ddpviz-view .ddpviz-panels > [data-section]",
+                                         "els => els.map(e => e.dataset.section)")
+    assert sections[0] == "verdict" and sections[-1] == "counts", sections
+    assert sections.index("timeline") < sections.index("waits") < sections.index("counts")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / f"report-{name}.png"
     page.screenshot(path=str(shot), full_page=True)
