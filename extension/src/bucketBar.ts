@@ -1,11 +1,12 @@
 /**
  * One bucket map drawn as a bar: a block per bucket in reduction order, as wide as its
- * gradient bytes, a segment per parameter (hover: name, shape, dtype, size). The buckets
- * panel draws the run's maps with it (selectable: linked selection, selection.ts) and the
- * advice panel the advisor's recommended map (not selectable: its buckets are not the run's).
+ * gradient bytes, a segment per parameter (hover: name, shape, dtype, size; the text is made
+ * at the first hover). The buckets panel draws the run's maps with it (selectable: linked
+ * selection, selection.ts) and the advice panel the advisor's recommended map (not
+ * selectable: its buckets are not the run's).
  */
 
-import { bucketColor } from './colors';
+import { bucketColor, withAlpha } from './colors';
 import { h, humanBytes, ViewOptions } from './dom';
 import { paramBytes } from './eventModel';
 import { ParamInfo } from './events';
@@ -33,18 +34,17 @@ export function bucketBar(
     const size = bytes[b] ?? 0;
     const color = bucketColor(options.scheme, b);
     // (a map has a segment per parameter: tens of thousands. Each a copy of one of the
-    // bucket's two, its colour and opacity set once: no style text parsed per segment.)
+    // bucket's two, its colour set once: no style text parsed per segment. Every other one
+    // is the colour at 72%, as a translucent colour: an opacity would make each a layer.)
     const segments = h('div', { class: 'ddpviz-params' });
     const even = document.createElement('span');
     even.className = 'ddpviz-param';
     even.style.background = color;
-    even.style.opacity = '1';
     const odd = even.cloneNode() as HTMLElement;
-    odd.style.opacity = '0.72';
+    odd.style.background = withAlpha(color, 0.72);
     indices.forEach((i, k) => {
       const span = (k % 2 === 0 ? even : odd).cloneNode() as HTMLElement;
       span.setAttribute('data-param', String(i));
-      span.title = labels.get(i) ?? `param ${i}`;
       span.style.flexGrow = String(labels.grow(i));
       segments.append(span);
     });
@@ -66,7 +66,17 @@ export function bucketBar(
       h('div', { class: 'ddpviz-bucket-label' }, `b${b} · ${indices.length} · ${humanBytes(size)}`)
     );
   });
-  return h('div', { class: 'ddpviz-bar' }, blocks);
+  const bar = h('div', { class: 'ddpviz-bar' }, blocks);
+  // a segment's hover text is written when the pointer first comes over it (tens of
+  // thousands of segments, a few of them ever hovered: none is made before it is wanted)
+  bar.addEventListener('pointerover', event => {
+    const target = event.target as HTMLElement | null;
+    if (target?.classList.contains('ddpviz-param') && !target.hasAttribute('title')) {
+      const i = Number(target.getAttribute('data-param'));
+      target.title = labels.get(i) ?? `param ${i}`;
+    }
+  });
+  return bar;
 }
 
 /** A parameter's hover text and segment width, made once per parameter for all of a view's maps. */

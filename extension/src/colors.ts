@@ -43,3 +43,17 @@ export function bucketColor(scheme: string, i: number): string {
   const palette = PALETTES[scheme] ?? PALETTES[DEFAULT_SCHEME];
   return palette[((i % palette.length) + palette.length) % palette.length];
 }
+
+/**
+ * `color` (a palette's `#rrggbb`) at `alpha`: what the colour drawn with that opacity looks
+ * like over whatever is behind it, without the opacity (an element with opacity below 1 is a
+ * layer of its own for the browser to paint: tens of thousands of bucket map segments were).
+ */
+export function withAlpha(color: string, alpha: number): string {
+  const hex = /^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i.exec(color);
+  if (hex === null) {
+    return `color-mix(in srgb, ${color} ${alpha * 100}%, transparent)`;
+  }
+  const [r, g, b] = hex.slice(1).map(x => parseInt(x, 16));
+  return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+}
