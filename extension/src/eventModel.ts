@@ -370,6 +370,7 @@ export class TraceModel {
     if (this._waits === null) {
       this._waits = whoWaited(
         this.ranks.map(rank => {
+          const offset = this.trace.clock.get(rank)?.[0] ?? 0; // (aligned's, once a rank)
           const launched = this.ofType(rank, 'AllReduceLaunched');
           const ready: DDPEvent[] = launched.length ? launched : this.ofType(rank, 'BucketReady');
           return {
@@ -377,14 +378,14 @@ export class TraceModel {
             forwardSteps: this.ofType(rank, 'ForwardStarted').map(e => e.step),
             launches: ready.map(
               e =>
-                [e.step, (e as { bucket: number }).bucket, this.aligned(e)] as [
+                [e.step, (e as { bucket: number }).bucket, e.t_ns + offset] as [
                   number,
                   number,
                   number
                 ]
             ),
             ends: this.ofType(rank, 'BackwardFinished').map(
-              e => [e.step, this.aligned(e)] as [number, number]
+              e => [e.step, e.t_ns + offset] as [number, number]
             ),
             error: this.trace.clock.get(rank)?.[1] ?? 0
           };
@@ -534,16 +535,18 @@ export class TraceModel {
 
   private _row(rank: number, events: DDPEvent[]): TimelineRow {
     const row: TimelineRow = { rank, phases: [], grads: [], allreduces: [], summaries: [] };
-    const last = this.aligned(events[events.length - 1]);
+    const offset = this.trace.clock.get(rank)?.[0] ?? 0; // (aligned's, once a lane)
+    const aligned = (e: DDPEvent) => e.t_ns + offset;
+    const last = aligned(events[events.length - 1]);
     let forward: DDPEvent | null = null;
     let backward: DDPEvent | null = null;
     // the optimizer step after this step's backward (recorded on sampled steps only)
     let optimizer: DDPEvent | null = null;
     const open = new Map<number, AllReduceLaunched[]>();
     const phase = (name: string, start: DDPEvent, end: number, finished: boolean) =>
-      row.phases.push({ name, start: this.aligned(start), end, finished });
+      row.phases.push({ name, start: aligned(start), end, finished });
     for (const e of events) {
-      const t = this.aligned(e);
+      const t = aligned(e);
       switch (e.type) {
         case 'ForwardStarted':
           if (forward !== null) {
@@ -600,7 +603,7 @@ export class TraceModel {
               name: `all-reduce b${start.bucket}`,
               bucket: start.bucket,
               nbytes: start.nbytes,
-              start: this.aligned(start),
+              start: aligned(start),
               end: t,
               finished: true
             });
@@ -626,7 +629,7 @@ export class TraceModel {
           name: `all-reduce b${start.bucket}`,
           bucket: start.bucket,
           nbytes: start.nbytes,
-          start: this.aligned(start),
+          start: aligned(start),
           end: last,
           finished: false
         });

@@ -15,6 +15,7 @@ import { DDPEvent, EventType } from './events';
 import { h, Picks, ReplayCursor } from './dom';
 import { TraceModel } from './eventModel';
 import { formatRanges } from './rankGroups';
+import { measured } from './stages';
 import { TIMELINE_DRAWN } from './selection';
 import { ParsedTrace } from './trace';
 
@@ -76,6 +77,16 @@ const CONSTRUCTION_PHASED = new Set<EventType>([
   'BroadcastChunkSent'
 ]);
 
+/** Whether `rank` has debugger events (most runs have none: no event is then looked up). */
+function hasDebuggerEvents(model: TraceModel, rank: number): boolean {
+  for (const type of DEBUGGER_EVENTS) {
+    if (model.ofType(rank, type).length > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 /** Each iteration's first and last instant over all ranks, and the run's span (aligned ns). */
 export class ReplayIndex {
   constructor(readonly model: TraceModel) {
@@ -83,8 +94,9 @@ export class ReplayIndex {
       const offset = model.trace.clock.get(rank)?.[0] ?? 0; // (model.aligned's, once a rank)
       let step = NaN;
       let b: [number, number] | undefined;
+      const debugged = hasDebuggerEvents(model, rank);
       for (const e of model.events(rank)) {
-        if (DEBUGGER_EVENTS.has(e.type)) {
+        if (debugged && DEBUGGER_EVENTS.has(e.type)) {
           continue;
         }
         const t = e.t_ns + offset;
@@ -201,12 +213,21 @@ export function phasesAt(
   const steps = new Map<number, number>();
   for (const rank of full.ranks) {
     if (asOf === null) {
+      // the latest event's phase (of those that say one), the highest iteration
+      const events = full.events(rank);
+      const debugged = hasDebuggerEvents(full, rank);
       let phase = 'waiting';
+      for (let i = events.length - 1; i >= 0; i--) {
+        const said = STATUS_OF[events[i].type];
+        if (said !== undefined && !(debugged && DEBUGGER_EVENTS.has(events[i].type))) {
+          phase = said;
+          break;
+        }
+      }
       let step = CONSTRUCTION;
-      for (const e of full.events(rank)) {
-        if (!DEBUGGER_EVENTS.has(e.type)) {
-          phase = STATUS_OF[e.type] ?? phase;
-          step = Math.max(step, e.step);
+      for (const e of events) {
+        if (e.step > step && !(debugged && DEBUGGER_EVENTS.has(e.type))) {
+          step = e.step;
         }
       }
       phases.set(rank, phase);
@@ -323,8 +344,9 @@ function eventsPerSecond(model: TraceModel): number {
   let inSteps = 0;
   let start = Infinity;
   for (const rank of model.ranks) {
+    const debugged = hasDebuggerEvents(model, rank);
     for (const e of model.events(rank)) {
-      if (e.step >= 0 && !DEBUGGER_EVENTS.has(e.type)) {
+      if (e.step >= 0 && !(debugged && DEBUGGER_EVENTS.has(e.type))) {
         inSteps++;
       }
     }
@@ -554,7 +576,7 @@ export function mountReplay(
   const redraw = () => {
     const at = asOf();
     const model = modelAt(full, at);
-    status.replaceChildren(renderStatusLine(full, model, at, kernel));
+    status.replaceChildren(measured('status', () => renderStatusLine(full, model, at, kernel)));
     panels.replaceChildren(...draw(model));
     panels.dataset.asOf = at === null ? '' : String(at);
     panels.dataset.step = String(shownStep());

@@ -539,6 +539,9 @@ export function buildMatrix(
     );
   });
   const rows: MatrixRow[] = [];
+  // rows held by one class: each row's cells, counts and differing fields are those of its
+  // class (its ParamsBuilt alone lists it: nothing to compare), made once per class
+  const single = new Map<number, MatrixRow>();
   for (const key of keys) {
     const kind = kinds.get(key) as RowKind;
     const name = key.slice(key.indexOf(':') + 1);
@@ -551,6 +554,23 @@ export function buildMatrix(
       if (members === undefined) {
         members = held.flatMap(c => classes[c].members).sort((a, b) => a - b);
         membersOf.set(groupKey, members);
+      }
+      const like = held.length === 1 ? single.get(held[0]) : undefined;
+      if (like !== undefined) {
+        const values = classValues[held[0]].get(key) as Values;
+        rows.push(
+          new MatrixRow(
+            kind,
+            position,
+            name,
+            like.differing,
+            like.counts,
+            like.known,
+            new ByClass(classOf, new Map([[held[0], values]]), members),
+            base
+          )
+        );
+        continue;
       }
       rows.push(
         classRow(
@@ -567,6 +587,9 @@ export function buildMatrix(
           ctx
         )
       );
+      if (held.length === 1) {
+        single.set(held[0], rows[rows.length - 1]);
+      }
     } else {
       rows.push(rankRow(kind, position, name, rowValues, flagged.get(key) ?? new Map(), ctx));
     }
