@@ -23,10 +23,21 @@ Playwright), two rows:
   timeline's SVG exists (parse, model, draw). The transfer itself (the kernel's websocket in
   a notebook) is not in it.
 
+Each row gives two times, both taken in the page itself (a script before the view's): to the
+first frame painted after the timeline's SVG exists, and to the first after every panel was
+drawn (a view draws the panels below the timeline after its first paint). Then one more
+opening of each row under Chromium's tracing says where the time went: the view's own User
+Timing measures (ddpviz:parse, model, status, panels, panel:<kind>: stages.ts) and, from the
+trace, the main thread's style, layout, paint and GC up to the first paint.
+
+`--front-end DIR` measures another build beside this tree's (trace_view.js, trace_view.css and
+report_view.js as `node build-widget.js` writes them, e.g. from an earlier commit's
+extension/src), the openings in turn: before and after under the same load.
+
 Prints CPU and wall seconds per stage; nothing is asserted.
 
     PYTHONPATH=. python benchmarks/bench_first_paint.py /work/scale/scale-64x1000x20.ddpviz \
-        [/work/scale/scale-256x10000x5.ddpviz ...] [--repeat 3]
+        [/work/scale/scale-256x10000x5.ddpviz ...] [--repeat 3] [--front-end DIR]
 """
 
 from __future__ import annotations
@@ -57,11 +68,31 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # reportView.ts's element ids (VIEW_ID, TRACE_ID, DIAGNOSIS_ID, ADVICE_ID)
 VIEW_ID, TRACE_ID, DIAGNOSIS_ID = "ddpviz-view", "ddpviz-view-trace", "ddpviz-view-diagnosis"
 ADVICE_ID = "ddpviz-view-advice"
-PAINTED = "svg.ddpviz-timeline"  # the hook timeline: the view's main drawing
 ENCODING, LEVEL = "deflate", 6  # report/interactive.py's ENCODING and LEVEL
-# ms from navigation start to the first frame painted after the timeline exists
-FIRST_PAINT = ("new Promise(r => requestAnimationFrame(() => "
-               "setTimeout(() => r(performance.now()))))")
+# In the page before the view: when the first frame after the timeline's SVG exists was
+# painted (window.__ddpviz_painted, ms from navigation start), and the first after every
+# panel was drawn (window.__ddpviz_all: the view's root marked data-panels="all"; the panels
+# below the timeline are drawn after the first paint). Taken in the page, not by asking it
+# from here: by the time a question came, the page could be drawing those panels.
+OBSERVER = """<script>(() => {
+  const seen = {};
+  const at = (key, selector) => {
+    if (!seen[key] && document.querySelector(selector)) {
+      seen[key] = true;
+      requestAnimationFrame(() => setTimeout(() => {
+        window[key] = performance.now();
+        performance.mark(key);
+      }));
+    }
+  };
+  performance.mark('__ddpviz_page');
+  new MutationObserver(() => {
+    at('__ddpviz_painted', 'svg.ddpviz-timeline');  // the hook timeline: the main drawing
+    // (a view built before data-panels: its last panel, the event counts)
+    at('__ddpviz_all', '.ddpviz-trace[data-panels="all"], [data-section="counts"]');
+  }).observe(document, { subtree: true, childList: true, attributes: true,
+                         attributeFilter: ['data-panels'] });
+})();</script>"""
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
@@ -71,17 +102,31 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - start, time.process_time() - cpu, out
 
 
-def page(name: str, trace: bytes, diagnosis: bytes, advice: bytes) -> str:
+class FrontEnd:
+    """A build of the front end: the package's (`folder` None) or one in a folder (a build of
+    another commit: `node build-widget.js` writes trace_view.js, trace_view.css and
+    report_view.js), measured side by side with it."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.label = "this tree" if folder is None else str(folder)
+        self.files = {name: front_end(name) if folder is None else
+                      (folder / name).read_text(encoding="utf-8")
+                      for name in ("trace_view.js", "trace_view.css", "report_view.js")}
+
+
+def page(name: str, trace: bytes, diagnosis: bytes, advice: bytes,
+         front: FrontEnd | None = None) -> str:
     """The benchmark's page: the front end over the embedded bytes (trusted: ddpviz's own)."""
+    front = front or FrontEnd(None)
     def data(element_id: str, raw: bytes) -> str:
         text = base64.b64encode(zlib.compress(raw, LEVEL)).decode("ascii")
         return f'<script type="application/octet-stream" id="{element_id}">{text}</script>'
 
     return ("<!doctype html><html><head><meta charset='utf-8'><style>"
-            f"{front_end('trace_view.css')}</style></head><body>"
+            f"{front.files['trace_view.css']}</style>{OBSERVER}</head><body>"
             f'<div id="{VIEW_ID}" data-name="{name}" data-encoding="{ENCODING}"></div>'
             f"{data(TRACE_ID, trace)}{data(DIAGNOSIS_ID, diagnosis)}{data(ADVICE_ID, advice)}"
-            f'<script type="module">{front_end("report_view.js")}</script></body></html>')
+            f'<script type="module">{front.files["report_view.js"]}</script></body></html>')
 
 
 class Sent:
@@ -113,13 +158,15 @@ def kernel(path: Path) -> tuple[list[str], str, Sent, int]:
 # the binary row's page: the widget's bundle rendered over the buffers it fetched, as anywidget
 # renders it over the kernel's (DataViews); window.__ddpviz_bytes_ms: when they were in hand
 _BINARY_PAGE = """<!doctype html><html><head><meta charset='utf-8'>
-<link rel="stylesheet" href="trace_view.css"></head><body><div id="ddpviz-view"></div>
+<link rel="stylesheet" href="trace_view.css">""" + OBSERVER + """</head><body>
+<div id="ddpviz-view"></div>
 <script type="module">
 import widget from './trace_view.js';
 const traits = await (await fetch('traits.json')).json();
 const [trace, diagnosis, advice] = await Promise.all(['trace', 'diagnosis', 'advice'].map(
   async n => new DataView(await (await fetch(n + '.bin')).arrayBuffer())));
 window.__ddpviz_bytes_ms = performance.now();
+performance.mark('__ddpviz_bytes');
 const values = { ...traits, trace, diagnosis, advice };
 const model = { get: n => values[n], on: () => undefined, off: () => undefined };
 widget.render({ model, el: document.getElementById('ddpviz-view') });
@@ -127,19 +174,22 @@ widget.render({ model, el: document.getElementById('ddpviz-view') });
 
 
 @contextmanager
-def served(sent: Sent) -> Iterator[str]:
-    """The binary row's page and its files, served from memory on 127.0.0.1: its address."""
+def served(sent: Sent, fronts: list[FrontEnd]) -> Iterator[list[str]]:
+    """The binary row's page and its files, served from memory on 127.0.0.1: its address,
+    for each front end."""
     import json
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    files: dict[str, tuple[str, bytes]] = {
-        "/index.html": ("text/html", _BINARY_PAGE.encode()),
-        "/trace_view.js": ("text/javascript", front_end("trace_view.js").encode()),
-        "/trace_view.css": ("text/css", front_end("trace_view.css").encode()),
-        "/traits.json": ("application/json", json.dumps(sent.traits).encode()),
-        "/trace.bin": ("application/octet-stream", sent.trace),
-        "/diagnosis.bin": ("application/octet-stream", sent.diagnosis),
-        "/advice.bin": ("application/octet-stream", sent.advice)}
+    files: dict[str, tuple[str, bytes]] = {}
+    for i, front in enumerate(fronts):
+        files.update({
+            f"/{i}/index.html": ("text/html", _BINARY_PAGE.encode()),
+            f"/{i}/trace_view.js": ("text/javascript", front.files["trace_view.js"].encode()),
+            f"/{i}/trace_view.css": ("text/css", front.files["trace_view.css"].encode()),
+            f"/{i}/traits.json": ("application/json", json.dumps(sent.traits).encode()),
+            f"/{i}/trace.bin": ("application/octet-stream", sent.trace),
+            f"/{i}/diagnosis.bin": ("application/octet-stream", sent.diagnosis),
+            f"/{i}/advice.bin": ("application/octet-stream", sent.advice)})
 
     class Files(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -157,74 +207,195 @@ def served(sent: Sent) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
+        yield [f"http://127.0.0.1:{server.server_address[1]}/{i}/index.html"
+               for i in range(len(fronts))]
     finally:
         server.shutdown()
         server.server_close()
 
 
-def browser_paint(html_path: Path, sent: Sent, repeat: int) -> tuple[list[float], list[float]]:
-    """Seconds to the timeline's first paint, per opening: of the report page (from navigation
-    start) and of the binary path (from the buffers in hand)."""
+# the renderer's work by kind, from a Chromium trace (its main thread's events' self time)
+TRACED = ["devtools.timeline", "disabled-by-default-devtools.timeline", "v8",
+          "blink.user_timing", "disabled-by-default-v8.gc"]
+
+
+def _kind(name: str) -> str:
+    if "GC" in name or name in ("MinorGC", "MajorGC"):
+        return "GC"
+    if "Style" in name or "LayoutTree" in name:
+        return "style"
+    if "Layout" in name:
+        return "layout"
+    if "Paint" in name or name in ("Layerize", "Commit", "UpdateLayer"):
+        return "paint"
+    return "other"
+
+
+def traced_kinds(events: list[dict[str, Any]], start: str, end: str) -> dict[str, float]:
+    """Seconds of style, layout, paint and GC on the page's main thread between the marks
+    `start` and `end` (self time: an event's time less that of the events within it)."""
+    marks = {e["name"]: e["ts"] for e in events if "user_timing" in e.get("cat", "")}
+    t0, t1 = marks[start], marks[end]
+    main = {(e["pid"], e["tid"]) for e in events if e.get("name") == "thread_name"
+            and e.get("args", {}).get("name") == "CrRendererMain"}
+    spans = sorted(((e["ts"], e["dur"], e["name"]) for e in events
+                    if (e["pid"], e["tid"]) in main and e.get("ph") == "X" and "dur" in e
+                    and t0 <= e["ts"] <= t1), key=lambda x: (x[0], -x[1]))
+    own = [float(d) for _, d, _ in spans]
+    stack: list[int] = []
+    for i, (ts, dur, _) in enumerate(spans):
+        while stack and spans[stack[-1]][0] + spans[stack[-1]][1] <= ts:
+            stack.pop()
+        if stack:
+            own[stack[-1]] -= dur
+        stack.append(i)
+    out = {"style": 0.0, "layout": 0.0, "paint": 0.0, "GC": 0.0}
+    for (_, _, name), t in zip(spans, own, strict=True):
+        kind = _kind(name)
+        if kind in out:
+            out[kind] += t / 1e6
+    return out
+
+
+def _traced(tab: Any, cdp: Any) -> list[dict[str, Any]]:
+    """The trace that `cdp` (a CDP session of `tab`) has been recording, ended."""
+    import json
+
+    done: list[Any] = []
+
+    def complete(event: Any) -> None:
+        done.append(event)
+
+    cdp.on("Tracing.tracingComplete", complete)
+    cdp.send("Tracing.end")
+    while not done:
+        tab.wait_for_timeout(100)
+    chunks = []
+    while True:
+        part = cdp.send("IO.read", {"handle": done[0]["stream"], "size": 1 << 22})
+        chunks.append(part["data"])
+        if part.get("eof"):
+            break
+    data = json.loads("".join(chunks))
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+Openings = dict[str, list[tuple[float, float]]]  # row -> (first paint, every panel) s
+
+
+def browser_paint(pages: list[Path], sent: Sent, fronts: list[FrontEnd], repeat: int
+                  ) -> tuple[list[Openings], list[dict[str, dict[str, float]]]]:
+    """Per front end, per row (report, binary): seconds to the timeline's first paint and to
+    every panel's, per opening (the front ends in turn): of the report page (`pages`, one per
+    front end) from navigation start, of the binary path from the buffers in hand; then, of
+    one more opening of each under Chromium's tracing, its stages (the view's own measures:
+    parse, model, panels; the trace's style, layout, paint, GC)."""
     from playwright.sync_api import sync_playwright
 
-    report: list[float] = []
-    binary: list[float] = []
-    with sync_playwright() as p, served(sent) as address:
+    openings: list[Openings] = [{"report": [], "binary": []} for _ in fronts]
+    stages: list[dict[str, dict[str, float]]] = [{} for _ in fronts]
+    with sync_playwright() as p, served(sent, fronts) as addresses:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
                                     headless=True)
         try:
-            for _ in range(repeat):
-                for row in (report, binary):
-                    context = browser.new_context(viewport={"width": 1280, "height": 1500})
-                    tab = context.new_page()
-                    errors: list[str] = []
-
-                    def threw(error: Any, errors: list[str] = errors) -> None:
-                        errors.append(str(error))
-
-                    tab.on("pageerror", threw)
-                    if row is report:
-                        tab.goto(html_path.as_uri(), wait_until="commit")
-                    else:
-                        tab.goto(address, wait_until="commit")
-                    tab.wait_for_selector(PAINTED, timeout=300_000)
-                    painted = tab.evaluate(FIRST_PAINT)
-                    start = 0.0 if row is report else tab.evaluate("window.__ddpviz_bytes_ms")
-                    row.append((painted - start) / 1e3)
-                    if errors:
-                        raise SystemExit(f"the page threw: {errors[:3]}")
-                    context.close()
+            for opening in range(repeat + 1):
+                traced = opening == repeat
+                for f in range(len(fronts)):
+                    for row in ("report", "binary"):
+                        url = pages[f].as_uri() if row == "report" else addresses[f]
+                        out = _open(browser, url, row, traced)
+                        if traced:
+                            stages[f][row] = out
+                        else:
+                            openings[f][row].append((out["first paint"], out["every panel"]))
         finally:
             browser.close()
-    return report, binary
+    return openings, stages
+
+
+def _open(browser: Any, url: str, row: str, traced: bool) -> dict[str, float]:
+    """One opening of a page: its first paint and every panel's (s), and traced: its stages."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1500})
+    tab = context.new_page()
+    errors: list[str] = []
+
+    def threw(error: Any, errors: list[str] = errors) -> None:
+        errors.append(str(error))
+
+    tab.on("pageerror", threw)
+    cdp = context.new_cdp_session(tab) if traced else None
+    if cdp is not None:
+        cdp.send("Tracing.start", {
+            "traceConfig": {"includedCategories": TRACED}, "transferMode": "ReturnAsStream"})
+    tab.goto(url, wait_until="commit")
+    tab.wait_for_function("window.__ddpviz_all !== undefined", timeout=300_000, polling=100)
+    painted, done, start = tab.evaluate(
+        "[window.__ddpviz_painted, window.__ddpviz_all, window.__ddpviz_bytes_ms || 0]")
+    if errors:
+        raise SystemExit(f"the page threw: {errors[:3]}")
+    out = {"first paint": (painted - start) / 1e3, "every panel": (done - start) / 1e3}
+    if cdp is not None:
+        out.update(tab.evaluate(
+            "Object.fromEntries(performance.getEntriesByType('measure')"
+            ".filter(m => m.name.startsWith('ddpviz:'))"
+            ".map(m => [m.name.slice(7), m.duration / 1e3]))"))
+        out.update(traced_kinds(_traced(tab, cdp),
+                                "__ddpviz_page" if row == "report" else "__ddpviz_bytes",
+                                "__ddpviz_painted"))
+    context.close()
+    return out
+
+
+STAGES = ["parse", "model", "status", "panel:buckets", "panel:verification", "panel:timeline",
+          "panels", "style", "layout", "paint", "GC", "first paint", "every panel"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", type=Path, nargs="+")
     parser.add_argument("--repeat", type=int, default=3, help="browser openings per file")
+    parser.add_argument("--front-end", type=Path, action="append", default=[],
+                        help="also measure the front end built in this folder (trace_view.js, "
+                        "trace_view.css, report_view.js: a build of another commit), the "
+                        "openings in turn with this tree's")
     args = parser.parse_args()
     if not front_end("report_view.js") or not front_end("trace_view.js"):
         raise SystemExit("the front end is not built: cd extension && jlpm build")
+    fronts = [FrontEnd(folder) for folder in args.front_end] + [FrontEnd(None)]
     Dashboard(Trace()).close()  # (the widgets' first import, outside the stages)
     for path in args.files:
         rows, html, sent, events = kernel(path)
         with tempfile.TemporaryDirectory(prefix="ddpviz-paint-") as folder:
-            html_path = Path(folder) / "first_paint.html"
-            html_path.write_text(html, encoding="utf-8")
-            report, binary = browser_paint(html_path, sent, args.repeat)
+            pages = []
+            for i, front in enumerate(fronts):
+                pages.append(Path(folder) / f"first_paint_{i}.html")
+                pages[-1].write_text(html if front.label == "this tree" else
+                                     page(path.name, sent.trace, sent.diagnosis, sent.advice,
+                                          front), encoding="utf-8")
+            openings, stages = browser_paint(pages, sent, fronts, args.repeat)
         print(f"\n## {path.name}: {events:,} events, file {path.stat().st_size / 2**20:,.0f} "
               f"MiB, {len(sent.trace) / 2**20:,.1f} MiB sent; load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
         print("| stage | wall s | CPU s |\n|---|---|---|")
         print("\n".join(rows))
-        for what, paints in (
-                ("report page: navigation start to the timeline's first paint", report),
-                ("dashboard (binary buffers): bytes in hand to the timeline's first paint",
-                 binary)):
-            print(f"| browser, {what} (Chromium; best of {len(paints)}: "
-                  f"{', '.join(f'{s:.2f}' for s in paints)}) | {min(paints):.2f} | |")
+        for front, paints in zip(fronts, openings, strict=True):
+            for key, what in (("report", "report page: navigation start to"),
+                              ("binary", "dashboard (binary buffers): bytes in hand to")):
+                for i, part in enumerate(("the timeline's first paint",
+                                          "every panel painted")):
+                    times = [o[i] for o in paints[key]]
+                    print(f"| browser ({front.label}), {what} {part} (Chromium; best of "
+                          f"{len(times)}: {', '.join(f'{t:.2f}' for t in times)}) | "
+                          f"{min(times):.2f} | |")
+        print("\nWhere the page's time goes (one more opening each, under Chromium's tracing:"
+              " slower than the rows above; seconds; style, layout, paint and GC: up to the "
+              "first paint; the view's own measures hold the GC that ran within them)\n")
+        heads = [f"{k} ({front.label})" for front in fronts for k in ("report", "dashboard")]
+        print(f"| stage | {' | '.join(heads)} |\n|---|{'---|' * len(heads)}")
+        for name in STAGES:
+            cells = [st.get(k, {}).get(name) for st in stages for k in ("report", "binary")]
+            print(f"| {name} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells)
+                  + " |")
 
 
 if __name__ == "__main__":
