@@ -102,3 +102,90 @@ def test_a_views_bytes_hold_columns_and_read_back_equal() -> None:
     data, _ = trace_bytes(trace, limit=1 << 30)
     assert COLUMNS in [k for k, _ in frames(data)]
     assert Trace.from_bytes(data) == trace
+
+
+def test_summaries_are_saved_in_wide_frames_as_format_3_and_read_back_equal(
+        tmp_path: Path) -> None:
+    """A run holding GradsSummarized events (a view's summary, or recorded at detail "buckets")
+    is saved with them in wide COLUMNS frames, format 3; a run without stays format 2 (an older
+    reader reads it). Every reader reads the same events."""
+    from ddpviz.traces.fileformat import FileHeader
+    from ddpviz.traces.view_summary import summarized
+    plain = run()
+    folded, n = summarized(plain)
+    assert n > 0
+    for trace, fmt in ((plain, 2), (folded, 3)):
+        path = trace.save(tmp_path / f"f{fmt}.ddpviz")
+        header = next(r for r in read_trace(path) if isinstance(r, FileHeader))
+        assert header.format == fmt
+        assert Trace.load(path) == trace
+        reader = TailReader(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = [e for r in reader.read(fd, os.path.getsize(path), 1 << 30)
+                   if isinstance(r, list) for e in r]
+        finally:
+            os.close(fd)
+        assert sorted(got, key=lambda e: (e.rank, e.seq)) == sorted(
+            trace.events(), key=lambda e: (e.rank, e.seq))
+    data = (tmp_path / "f3.ddpviz").read_bytes()
+    summaries = [e for r in folded.ranks for e in folded.events(r)
+                 if type(e) is ev.GradsSummarized]
+    held = [e for kind, payload in frames(data) if kind == COLUMNS
+            for e in decode_columns(payload, CODE).rare.values()]
+    # (a run of fewer than MIN_COLUMN_RUN hot rows between rare events stays event maps)
+    assert all(type(e) is ev.GradsSummarized for e in held)
+    assert len(held) > 0.8 * len(summaries) and all(e in summaries for e in held)
+
+
+def test_loaded_columns_are_int64_whatever_width_the_file_gave(tmp_path: Path) -> None:
+    """A COLUMNS frame's columns stay as narrow as the file holds them until a rank's blocks are
+    joined: the tables read int64 (kind uint8, s int32) and hold the same values."""
+    trace = run()
+    back = Trace.load(trace.save(tmp_path / "t.ddpviz"))
+    data = (tmp_path / "t.ddpviz").read_bytes()
+    narrow = [decode_columns(p, CODE) for k, p in frames(data) if k == COLUMNS]
+    assert any(c.a.dtype.itemsize < 8 for c in narrow)  # (the file's widths, kept)
+    for rank, table in back.columns().items():
+        assert (table.kind.dtype, table.s.dtype) == (np.uint8, np.int32)
+        assert all(getattr(table, n).dtype == np.int64 for n in ("step", "t", "seq", "a", "b"))
+        mine = trace.columns()[rank]
+        for name in ("kind", "step", "t", "seq", "a", "b", "s"):
+            assert np.array_equal(getattr(table, name), getattr(mine, name)), name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fast_check_and_the_rule_by_rule_check_agree(seed: int) -> None:
+    """[Note: checking a COLUMNS frame fast]: on frames with values at, inside and past every
+    bound (random kinds, widths of 6 and 9), the fast check passes a frame exactly when the
+    rule-by-rule check finds nothing broken."""
+    rng = np.random.default_rng(seed)
+    edges = [0, 1, -1, -2, limits.MAX_PARAMS - 1, limits.MAX_PARAMS, limits.MAX_BUCKETS - 1,
+             limits.MAX_BUCKETS, limits.MAX_STEP, limits.MAX_STEP + 1, limits.MAX_COUNT,
+             limits.MAX_COUNT + 1, -limits.MAX_COUNT, -limits.MAX_COUNT - 1, limits.MAX_BYTES,
+             -(1 << 63)]
+    agreed = {True: 0, False: 0}
+    for _ in range(400):
+        wide = bool(rng.integers(2))
+        n = int(rng.integers(1, 6))
+        kind = rng.integers(0, 8 if wide else 7, n).astype(np.uint8)
+        raw = {}
+        for name in ("step", "t_ns", "seq", "a", "b", "s", *(("c", "d", "e") if wide else ())):
+            base = np.where(kind == 3, 0, -1) if name == "s" else np.zeros(n, dtype=np.int64)
+            if rng.random() < 0.3:  # one value anywhere, most often at an edge
+                i = int(rng.integers(n))
+                base = base.astype(np.int64)
+                base[i] = int(rng.choice(edges)) if rng.random() < 0.8 else int(
+                    rng.integers(-5, 5))
+            raw[name] = np.asarray(base, dtype=np.int64)
+        strings = int(rng.integers(0, 3))
+        kinds = kind.tobytes()
+        fine = columnframe._fine(raw, kind, kinds, strings)
+        try:
+            columnframe._damage(raw, kind, strings)
+            damaged = False
+        except columnframe.ColumnsError:
+            damaged = True
+        assert fine != damaged, (raw, kind.tolist(), strings)
+        agreed[fine] += 1
+    assert agreed[True] > 20 and agreed[False] > 20  # (both outcomes were tried)
