@@ -135,12 +135,13 @@ def encode_columns(table: Table, rows: np.ndarray) -> bytes:
                                        table.a[rows], table.b[rows], s)
     summarized = code == _SUMMARIZED
     if np.any(summarized):
-        objects = table.objects
+        held: list[ev.GradsSummarized] = list(map(table.objects.__getitem__,  # type: ignore
+                                                  rows[summarized].tolist()))
         extra = np.zeros((3, len(rows)), dtype=np.int64)  # c, d, e
-        extra[:, summarized] = np.array(
-            [(e.first_t_ns, e.last_t_ns, e.nbytes)  # type: ignore[attr-defined]
-             for e in map(objects.__getitem__, rows[summarized].tolist())],
-            dtype=np.int64).reshape(-1, 3).T
+        # (a list of ints per field: numpy reads it ~10x faster than one of tuples)
+        extra[0, summarized] = [e.first_t_ns for e in held]
+        extra[1, summarized] = [e.last_t_ns for e in held]
+        extra[2, summarized] = [e.nbytes for e in held]
         columns = (*columns, *extra)
     widths = tuple(_width(c) for c in columns)
     head = _encode(ColumnsHead(table.rank, len(rows), widths, strings))
