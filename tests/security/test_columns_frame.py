@@ -6,7 +6,6 @@ reader's side is tests/extension/test_columns_frame_mirror.py."""
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 from pathlib import Path
@@ -21,6 +20,7 @@ from ddpviz import limits
 from ddpviz.traces.columnframe import COLUMNS, MAX_COLUMN_ROWS, MAX_COLUMN_STRINGS
 from ddpviz.traces.fileformat import FRAME, TailReader, TraceWriter
 from ddpviz.traces.trace import Trace, TraceError
+from tests.traces.tailed import tail_read, tailed_events
 
 FIRST = ev.ForwardStarted(rank=0, step=0, t_ns=1, seq=0)
 NAMES = ("step", "t_ns", "seq", "a", "b", "s", "c", "d", "e")
@@ -112,12 +112,8 @@ def test_a_broken_rule_is_a_trace_error_naming_the_frame(tmp_path: Path, frame: 
     assert why in str(info.value)
     # the followed file's reader says the same, with the events before it kept
     reader = TailReader(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(TraceError) as tail:
-            list(reader.read(fd, os.path.getsize(path), 1 << 30))
-    finally:
-        os.close(fd)
+    with pytest.raises(TraceError) as tail:
+        tail_read(reader, path)
     assert why in str(tail.value) and reader.events == 1
 
 
@@ -142,14 +138,7 @@ def test_a_valid_wide_frame_loads_in_trace_load_and_the_tail_reader(tmp_path: Pa
     for widths in (WIDE, (1, 8, 1, 1, 2, 1, 8, 8, 8)):
         path = file_with(tmp_path / "t.ddpviz", payload(rows, widths=widths))
         assert Trace.load(path).events(0)[1:] == want
-        reader = TailReader(path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = [e for r in reader.read(fd, os.path.getsize(path), 1 << 30)
-                   if isinstance(r, list) for e in r]
-        finally:
-            os.close(fd)
-        assert got[1:] == want
+        assert tailed_events(path)[1:] == want
 
 
 def test_a_big_frame_loads_in_linear_time(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from ddpviz import limits
 from ddpviz.traces import copies
 from ddpviz.traces.fileformat import COPY, EVENTS, FRAME, TailReader, TraceWriter
 from ddpviz.traces.trace import Trace, TraceError
+from tests.traces.tailed import tail_read
 
 
 def params(n: int) -> tuple[ev.ParamInfo, ...]:
@@ -126,10 +127,6 @@ def test_a_chain_of_copies_of_copies_loads_in_linear_time(tmp_path: Path) -> Non
 def test_a_followed_file_with_a_bad_copy_raises_trace_error(tmp_path: Path) -> None:
     path = written(tmp_path / "t.ddpviz", [BUILT, HOT], frame(COPY, [[0, 1, 1, 0, 0, 0]]))
     reader = TailReader(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(TraceError, match="no event before it"):
-            list(reader.read(fd, os.path.getsize(path), 1 << 30))
-    finally:
-        os.close(fd)
+    with pytest.raises(TraceError, match="no event before it"):
+        tail_read(reader, path)
     assert reader.events == 2  # the events before it stay read

@@ -3,7 +3,6 @@ events as integer columns and reads them back event for event, through every rea
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,9 @@ from ddpviz import limits
 from ddpviz.traces import columnframe
 from ddpviz.traces.columnframe import COLUMNS, decode_columns, encode_columns
 from ddpviz.traces.columns import CODE, tables_of
-from ddpviz.traces.fileformat import EVENTS, TailReader, TraceWriter, read_trace
+from ddpviz.traces.fileformat import EVENTS, TraceWriter, read_trace
 from ddpviz.traces.trace import Trace
+from tests.traces.tailed import tailed_events
 from tests.traces.test_copy_frames import frames, same_events
 from tests.widgets.streams import synthetic_run
 
@@ -51,14 +51,7 @@ def test_every_reader_reads_the_same_events(tmp_path: Path,
     objects = [e for rec in read_trace(path) if isinstance(rec, list) for e in rec]
     assert Trace(objects, meta=trace.meta, clock=trace.clock) == trace
     # TailReader (a followed folder)
-    reader = TailReader(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        records = list(reader.read(fd, path.stat().st_size, 1 << 30))
-    finally:
-        os.close(fd)
-    assert Trace([e for r in records if isinstance(r, list) for e in r], meta=trace.meta,
-                 clock=trace.clock) == trace
+    assert Trace(tailed_events(path), meta=trace.meta, clock=trace.clock) == trace
 
 
 def test_extreme_values_and_every_hot_type_round_trip() -> None:
@@ -119,13 +112,7 @@ def test_summaries_are_saved_in_wide_frames_as_format_3_and_read_back_equal(
         header = next(r for r in read_trace(path) if isinstance(r, FileHeader))
         assert header.format == fmt
         assert Trace.load(path) == trace
-        reader = TailReader(path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = [e for r in reader.read(fd, os.path.getsize(path), 1 << 30)
-                   if isinstance(r, list) for e in r]
-        finally:
-            os.close(fd)
+        got = tailed_events(path)
         assert sorted(got, key=lambda e: (e.rank, e.seq)) == sorted(
             trace.events(), key=lambda e: (e.rank, e.seq))
     data = (tmp_path / "f3.ddpviz").read_bytes()
