@@ -62,14 +62,14 @@ docs: $(BIN)/.test
 # the three does, and prints the two logs at the end. The tests that read the built site
 # (tests/browser/test_docs_site.py, the atlas's examples) wait for out/docs.status
 # (DDPVIZ_DOCS_STATUS) and run last in their unit (tests/conftest.py: marker docs_build).
-# Three pytest-xdist workers on CI's two cores: a test file (tests/browser: two halves) is
+# Two pytest-xdist workers: a test file (a directory, for tests/browser) is
 # one worker's whole (tests/conftest.py); half the suite's time is ranks waiting on each other
-# and on timeouts, which a third worker fills.
+# and on timeouts, so two workers keep both cores busy.
 test: $(BIN)/.test $(CHROMIUM)
 	@mkdir -p out && rm -f out/lint.status out/docs.status
 	@{ $(MAKE) --no-print-directory lint > out/lint.log 2>&1; echo $$? > out/lint.status; } & \
 	{ $(MAKE) --no-print-directory docs > out/docs.log 2>&1; echo $$? > out/docs.status; } & \
-	status=0; DDPVIZ_DOCS_STATUS=$(CURDIR)/out/docs.status $(BIN)/python -m pytest -n 3 --junitxml=out/junit.xml || status=$$?; \
+	status=0; DDPVIZ_DOCS_STATUS=$(CURDIR)/out/docs.status $(BIN)/python -m pytest -n 2 --junitxml=out/junit.xml || status=$$?; \
 	wait; \
 	for s in lint docs; do \
 	  echo "--- make $$s (out/$$s.log):"; cat out/$$s.log; \

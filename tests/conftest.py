@@ -11,23 +11,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _SHARED = ("browser",)
 
 
-# tests/browser runs as two units (~500 s each in CI), each with its own JupyterLab server and
-# Chromium: these files, and the others.
-BROWSER_SECOND = frozenset((
-    "test_lab_notebook.py", "test_lab_linked_selection.py", "test_lab_debugger_view.py",
-    "test_lab_trace_view_live.py", "test_lab_replay.py", "test_report_bombs.py",
-))
-
-
 def work_unit(nodeid: str) -> str:
-    """What one pytest-xdist worker runs as a whole (`make test` runs `-n 3`): a test file,
+    """What one pytest-xdist worker runs as a whole (`make test` runs `-n 2`): a test file,
     since most files compute their real multi-rank runs once in a module fixture, and a
-    directory of _SHARED whole (tests/browser in two halves)."""
+    directory of _SHARED whole."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
     if len(parts) > 2 and parts[0] == "tests" and parts[1] in _SHARED:
-        unit = "/".join(parts[:2])
-        return f"{unit}#2" if parts[1] == "browser" and parts[2] in BROWSER_SECOND else unit
+        return "/".join(parts[:2])
     return path
 
 
@@ -37,8 +28,7 @@ def work_unit(nodeid: str) -> str:
 # left these among the last: one worker ran a long unit while the other had nothing left.
 # (CI's seconds at stop 60, out/junit.xml through .ci/durations.py.)
 LONG_UNITS = (
-    "tests/browser",  # 833, the two halves
-    "tests/browser#2",
+    "tests/browser",  # 833
     "tests/record/test_record.py",  # 509
     "tests/record/test_where.py",  # 263
     "tests/test_notebooks.py",  # 237
