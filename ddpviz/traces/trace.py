@@ -246,11 +246,8 @@ class Trace:
             SaveError: the write failed (a full disk, no permission); the previous file at
                 `path`, if any, is unchanged.
         """
-        tables = self.columns().values()
-        with replacing(path) as tmp, TraceWriter(tmp, meta=self.meta, chunk=CHUNK,
-                                                 copies=True, columns=True,
-                                                 summaries=summarizes(tables)) as w:
-            w.write_ranks(self.clock, tables)
+        with replacing(path) as tmp:
+            write_run(self, tmp)
         return Path(path)
 
     @classmethod
@@ -465,3 +462,13 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def write_run(trace: Trace, path: Path) -> None:
+    """`trace` written to `path` as `Trace.save` writes it (COLUMNS and COPY frames; wide
+    COLUMNS frames, format 3, where it holds GradsSummarized), but in place: no atomic replace,
+    no fsync (what a view's bytes are written as, in a temporary folder: view_bytes.py)."""
+    tables = trace.columns().values()
+    with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True, columns=True,
+                     summaries=summarizes(tables)) as w:
+        w.write_ranks(trace.clock, tables)

@@ -15,11 +15,10 @@ import msgspec
 
 from ddpviz import events as ev
 from ddpviz.findings import Finding
-from ddpviz.traces.columnframe import summarizes
-from ddpviz.traces.fileformat import SUFFIX, TraceWriter
+from ddpviz.traces.fileformat import SUFFIX
 from ddpviz.traces.source import RunSource, open_run
 from ddpviz.traces.tablebytes import min_bytes
-from ddpviz.traces.trace import CHUNK
+from ddpviz.traces.trace import write_run
 from ddpviz.traces.view_summary import has_hooks, summarized_bytes
 
 # the viewer's front end as extension/build-widget.js builds it (not in git)
@@ -57,11 +56,7 @@ def trace_bytes(source: object, run: RunSource | None = None, *, limit: int,
     name = Path(source).name if isinstance(source, (str, Path)) else type(source).__name__
     with tempfile.TemporaryDirectory(prefix="ddpviz-view-") as folder:
         path = Path(folder) / f"view{SUFFIX}"
-        # as Trace.save writes it (a temporary file: no atomic replace, no fsync)
-        tables = trace.columns().values()
-        with TraceWriter(path, meta=trace.meta, chunk=CHUNK, copies=True, columns=True,
-                         summaries=summarizes(tables)) as w:
-            w.write_ranks(trace.clock, tables)
+        write_run(trace, path)
         _bounded(path.stat().st_size, name, limit, carrier)
         return path.read_bytes(), name
 
